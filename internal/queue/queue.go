@@ -1,0 +1,65 @@
+// Package queue holds the contract between the gateway, which accepts OpenAI
+// requests, and the durable queue that carries them to the dispatcher and
+// carries the engine's answer back. The gateway depends on the Queue
+// interface only; internal/natsqueue implements it on NATS JetStream, and
+// tests may use an in-memory implementation.
+package queue
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// Job is one accepted OpenAI request, ready to be queued for an application.
+type Job struct {
+	// ID is unique per request; it is used for de-duplication and logs.
+	ID string
+	// App is the application (the routing key) that serves the model.
+	App string
+	// Path is the engine path to call, for example "/v1/chat/completions".
+	Path string
+	// Body is the JSON request body to send to the engine.
+	Body []byte
+	// Stream is true when the client asked for server-sent events.
+	Stream bool
+}
+
+// Chunk is one ordered piece of the engine's answer.
+type Chunk struct {
+	// Status is the engine's HTTP status. It is set on the first chunk only.
+	Status int
+	// Header holds the engine's response headers worth passing on (at least
+	// Content-Type). It is set on the first chunk only.
+	Header http.Header
+	// Data is the next bytes of the body, exactly as the engine sent them.
+	Data []byte
+}
+
+// Reply is the ordered answer to one Job.
+type Reply interface {
+	// Next returns the next chunk. It returns io.EOF after the last one, and
+	// one of the errors below (or ctx.Err()) when the answer cannot complete.
+	Next(ctx context.Context) (Chunk, error)
+	// Close releases the reply; when the answer is not complete it also
+	// cancels the request all the way to the engine.
+	Close() error
+}
+
+// Queue accepts jobs durably: once Submit returns without error the job
+// survives restarts of the gateway, the dispatcher and the queue itself.
+type Queue interface {
+	Submit(ctx context.Context, job Job) (Reply, error)
+}
+
+// ErrDeadLettered means the job was delivered the maximum number of times
+// without completing and was moved to the dead-letter stream.
+var ErrDeadLettered = errors.New("request dead-lettered after repeated delivery failures")
+
+// ErrRetriedAfterPartial means the job was redelivered after part of a
+// streamed answer had already been returned, so it cannot be completed
+// without duplicating or losing output.
+var ErrRetriedAfterPartial = errors.New("request interrupted after a partial answer")
+
+// ErrUnavailable means the queue cannot accept the job right now.
+var ErrUnavailable = errors.New("queue unavailable")
