@@ -1,0 +1,13 @@
+// Package orchestra holds the ModelOrchestra domain plugins: the values
+// translator, the post-renderers and the status plugin that watches.yaml
+// names for the ModelOrchestra kind.
+package orchestra
+
+import "github.com/model-orchestra/operator/internal/plugin"
+
+// Register adds the ModelOrchestra plugins to r. The operator and the
+// offline preview (orchestra template) both call it, so they run exactly
+// the same plugins.
+func Register(r *plugin.Registry) {
+	_ = r // plugins are registered here as they are written
+}
