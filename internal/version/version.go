@@ -4,7 +4,7 @@ package version
 
 // Version is the operator version. The Makefile sets it with
 // -ldflags "-X github.com/model-orchestra/operator/internal/version.Version=$(VERSION)".
-var Version = "0.1.0"
+var Version = "1.0.0"
 
 // ImageRepository is where the project's images are published.
 const ImageRepository = "ghcr.io/model-orchestra"
