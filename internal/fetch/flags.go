@@ -1,0 +1,68 @@
+package fetch
+
+import (
+	"fmt"
+
+	"github.com/spf13/pflag"
+)
+
+// bytesValue is a pflag.Value accepting sizes such as 64MiB.
+type bytesValue struct{ p *int64 }
+
+func (b bytesValue) String() string {
+	if b.p == nil {
+		return ""
+	}
+	return FormatBytes(*b.p)
+}
+func (b bytesValue) Type() string { return "size" }
+func (b bytesValue) Set(s string) error {
+	n, err := ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b.p = n
+	return nil
+}
+
+// BindFlags registers the orchestra-fetch flags on fs, writing into c (whose
+// current values are the defaults shown in --help).
+func BindFlags(fs *pflag.FlagSet, c *Config) {
+	fs.StringVar(&c.Source, "source", c.Source, "model source: hf://org/repo[@rev], https://host/file, s3://bucket/prefix or pvc://claim/path")
+	fs.StringVar(&c.Dest, "dest", c.Dest, "cache directory the model is published into (absolute)")
+	fs.StringVar(&c.Revision, "revision", c.Revision, "hf:// revision (branch, tag or commit); default main")
+	fs.StringArrayVar(&c.Include, "include", c.Include, "only fetch files matching this glob (repeatable; a glob without / matches base names)")
+	fs.StringArrayVar(&c.Exclude, "exclude", c.Exclude, "skip files matching this glob (repeatable)")
+	fs.StringVar(&c.Format, "format", c.Format, "check the result is a gguf, safetensors or dllama model")
+	fs.StringVar(&c.HFEndpoint, "hf-endpoint", c.HFEndpoint, "Hugging Face compatible hub URL (env HF_ENDPOINT)")
+	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the hub bearer token (else env HF_TOKEN)")
+	fs.StringVar(&c.SHA256, "sha256", c.SHA256, "expected sha256 of an https:// file")
+	fs.StringVar(&c.S3Endpoint, "s3-endpoint", c.S3Endpoint, "S3-compatible endpoint URL, e.g. http://minio:9000 (default AWS)")
+	fs.StringVar(&c.S3Region, "s3-region", c.S3Region, "S3 region (default: asked from the bucket)")
+	fs.StringVar(&c.S3AccessKeyFile, "s3-access-key-file", c.S3AccessKeyFile, "file holding the S3 access key (else env AWS_ACCESS_KEY_ID)")
+	fs.StringVar(&c.S3SecretKeyFile, "s3-secret-key-file", c.S3SecretKeyFile, "file holding the S3 secret key (else env AWS_SECRET_ACCESS_KEY)")
+	fs.StringVar(&c.PVCRoot, "pvc-root", c.PVCRoot, "where pvc://claim/path claims are mounted when --dest is not given")
+	fs.BoolVar(&c.PreConverted, "pre-converted", c.PreConverted, "--dest already holds the model: verify and size it, download nothing")
+	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "parallel range requests")
+	fs.Var(bytesValue{&c.ChunkSize}, "chunk-size", "bytes per range request (e.g. 64MiB)")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "attempts without progress per range before giving up")
+	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "time to connect and receive response headers")
+	fs.DurationVar(&c.StallTimeout, "stall-timeout", c.StallTimeout, "abort an attempt that receives no bytes for this long")
+	fs.DurationVar(&c.BackoffBase, "backoff-base", c.BackoffBase, "first retry delay (doubles, with jitter)")
+	fs.DurationVar(&c.BackoffMax, "backoff-max", c.BackoffMax, "longest retry delay")
+	fs.Var(bytesValue{&c.MinFreeBytes}, "min-free", "space to leave free on the cache filesystem")
+	fs.BoolVar(&c.VerifySHA256, "verify-sha256", c.VerifySHA256, "hash every file (turn off only for trusted sources)")
+	fs.BoolVar(&c.Refresh, "refresh", c.Refresh, "ask the source again even if the cache is complete")
+	fs.BoolVar(&c.VerifyExisting, "verify-existing", c.VerifyExisting, "re-hash cached files before trusting them")
+	fs.StringVar(&c.ProgressConfigMap, "progress-configmap", c.ProgressConfigMap, "existing ConfigMap to write progress.json into")
+	fs.StringVar(&c.ProgressNamespace, "progress-namespace", c.ProgressNamespace, "namespace of --progress-configmap (default: the pod's)")
+	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "how often progress is logged and written")
+}
+
+// Redacted returns c safe to print (no token).
+func (c Config) Redacted() Config {
+	if c.Token != "" {
+		c.Token = fmt.Sprintf("<%d bytes>", len(c.Token))
+	}
+	return c
+}
