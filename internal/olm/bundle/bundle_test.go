@@ -1,0 +1,422 @@
+package bundle
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/blang/semver/v4"
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/internal/olm/check"
+	"github.com/model-orchestra/operator/internal/olm/manifest"
+)
+
+func fixtureConfig() Config {
+	c := Default()
+	c.Root = "testdata/repo"
+	c.Version = "1.2.0"
+	c.PackageName = "widget-operator"
+	c.ImageRepository = "registry.example.io/widgets"
+	c.OperatorImageName = "widget-operator"
+	c.CSVBase = "config/manifests/bases/widget-operator.clusterserviceversion.yaml"
+	c.PreviousVersions = []semver.Version{semver.MustParse("1.1.0"), semver.MustParse("1.0.0"), semver.MustParse("2.0.0")}
+	return c
+}
+
+func obj(apiVersion, kind, name string, fields map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"apiVersion": apiVersion, "kind": kind, "metadata": map[string]any{"name": name}}}
+	for k, v := range fields {
+		u.Object[k] = v
+	}
+	return u
+}
+
+// fakeChart renders what a small product chart would: a Deployment running
+// the image the operator's RELATED_IMAGE_WIDGET_SERVER names, a Service, a
+// Role (whose rules the operator must hold), a cluster-scoped PriorityClass
+// and a Job with an image no variable names.
+var fakeChart = RenderFunc(func(_ context.Context, cr *unstructured.Unstructured, env map[string]string) ([]*unstructured.Unstructured, error) {
+	pod := func(image string) map[string]any {
+		return map[string]any{"template": map[string]any{"spec": map[string]any{"containers": []any{map[string]any{"name": "c", "image": image}}}}}
+	}
+	return []*unstructured.Unstructured{
+		obj("apps/v1", "Deployment", cr.GetName(), map[string]any{"spec": pod(env["RELATED_IMAGE_WIDGET_SERVER"])}),
+		obj("v1", "Service", cr.GetName(), nil),
+		obj("rbac.authorization.k8s.io/v1", "Role", cr.GetName(), map[string]any{"rules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get"}}}}),
+		obj("scheduling.k8s.io/v1", "PriorityClass", cr.GetName(), nil),
+		obj("batch/v1", "Job", cr.GetName(), map[string]any{"spec": pod("docker.io/library/busybox:1")}),
+	}, nil
+})
+
+func generate(t *testing.T) *Result {
+	t.Helper()
+	res, err := Generate(context.Background(), fixtureConfig(), fakeChart)
+	if err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return res
+}
+
+func TestGenerateFillsTheCSV(t *testing.T) {
+	res := generate(t)
+	csv := res.Bundle.CSV
+
+	if got, want := csv.Name, "widget-operator.v1.2.0"; got != want {
+		t.Errorf("name = %q, want %q", got, want)
+	}
+	if got, want := csv.Spec.Version, "1.2.0"; got != want {
+		t.Errorf("version = %q, want %q", got, want)
+	}
+	// Replaces the highest earlier release; 2.0.0 is later and ignored.
+	if got, want := csv.Spec.Replaces, "widget-operator.v1.1.0"; got != want {
+		t.Errorf("replaces = %q, want %q", got, want)
+	}
+	if got, want := csv.Annotations[manifest.AnnotationSkipRange], ">=1.0.0 <1.2.0"; got != want {
+		t.Errorf("olm.skipRange = %q, want %q", got, want)
+	}
+	if got, want := csv.Annotations[manifest.AnnotationContainerImage], "registry.example.io/widgets/widget-operator:v1.2.0"; got != want {
+		t.Errorf("containerImage = %q, want %q", got, want)
+	}
+
+	// Project images are re-tagged to the release, third-party ones kept.
+	wantImages := []manifest.RelatedImage{
+		{Name: "cache", Image: "docker.io/library/redis:7.2"},
+		{Name: "widget-operator", Image: "registry.example.io/widgets/widget-operator:v1.2.0"},
+		{Name: "widget-server", Image: "registry.example.io/widgets/widget-server:v1.2.0"},
+	}
+	if d := cmp.Diff(wantImages, csv.Spec.RelatedImages); d != "" {
+		t.Errorf("relatedImages (-want +got):\n%s", d)
+	}
+	c := csv.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec.Containers[0]
+	if c.Image != "registry.example.io/widgets/widget-operator:v1.2.0" {
+		t.Errorf("operator image = %q", c.Image)
+	}
+	if got := envValue(c.Env, "RELATED_IMAGE_WIDGET_SERVER"); got != "registry.example.io/widgets/widget-server:v1.2.0" {
+		t.Errorf("RELATED_IMAGE_WIDGET_SERVER = %q", got)
+	}
+
+	// Permissions: the operator's own rules, Helm verbs on every rendered
+	// namespaced kind, and the rules of the rendered Role.
+	perms := csv.Spec.InstallStrategy.StrategySpec.Permissions
+	if len(perms) != 1 || perms[0].ServiceAccountName != "widget-operator" {
+		t.Fatalf("permissions = %+v", perms)
+	}
+	for _, want := range []struct{ group, resource, verb string }{
+		{"apps", "deployments", "patch"}, {"", "services", "create"}, {"batch", "jobs", "delete"},
+		{"rbac.authorization.k8s.io", "roles", "update"}, {"", "configmaps", "get"},
+		{"example.io", "widgets/status", "update"}, {"", "secrets", "list"},
+	} {
+		if !Allows(perms[0].Rules, want.group, want.resource, want.verb) {
+			t.Errorf("permissions do not allow %s %s.%s", want.verb, want.resource, want.group)
+		}
+	}
+	if Allows(perms[0].Rules, "scheduling.k8s.io", "priorityclasses", "create") {
+		t.Errorf("a cluster-scoped kind leaked into namespaced permissions")
+	}
+	cperms := csv.Spec.InstallStrategy.StrategySpec.ClusterPermissions
+	if len(cperms) != 1 || !Allows(cperms[0].Rules, "scheduling.k8s.io", "priorityclasses", "create") {
+		t.Errorf("clusterPermissions = %+v, want priorityclasses", cperms)
+	}
+	if Allows(perms[0].Rules, "", "configmaps", "delete") {
+		t.Errorf("permissions grant more than the rendered Role on configmaps")
+	}
+
+	// Owned CRDs keep the base's descriptors and take the description from
+	// the schema.
+	owned := csv.Spec.CustomResourceDefinitions.Owned
+	if len(owned) != 1 || owned[0].Kind != "Widget" || len(owned[0].SpecDescriptors) != 1 || owned[0].Description != "Widget is a test fixture." {
+		t.Errorf("owned = %+v", owned)
+	}
+
+	var examples []map[string]any
+	if err := json.Unmarshal([]byte(csv.Annotations[manifest.AnnotationALMExamples]), &examples); err != nil {
+		t.Fatalf("alm-examples: %v", err)
+	}
+	if len(examples) != 1 || examples[0]["kind"] != "Widget" {
+		t.Errorf("alm-examples = %v, want the one Widget sample", examples)
+	}
+	if md := examples[0]["metadata"].(map[string]any); md["namespace"] != nil {
+		t.Errorf("alm-examples keep the sample namespace %v", md["namespace"])
+	}
+	if len(csv.Spec.Icon) != 1 || csv.Spec.Icon[0].MediaType != "image/svg+xml" {
+		t.Errorf("icon = %+v", csv.Spec.Icon)
+	}
+
+	wantAnn := map[string]string{
+		manifest.AnnotationMediaType: "registry+v1", manifest.AnnotationManifests: "manifests/", manifest.AnnotationMetadata: "metadata/",
+		manifest.AnnotationPackage: "widget-operator", manifest.AnnotationChannels: "candidate-v1,fast-v1,stable-v1", manifest.AnnotationDefaultChannel: "stable-v1",
+	}
+	if d := cmp.Diff(wantAnn, res.Bundle.Annotations.Annotations); d != "" {
+		t.Errorf("annotations (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{"the chart renders image docker.io/library/busybox:1, which no RELATED_IMAGE_* variable names"}, res.Notes); d != "" {
+		t.Errorf("notes (-want +got):\n%s", d)
+	}
+}
+
+func envValue(env []corev1.EnvVar, name string) string {
+	for _, e := range env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+func TestGenerateIsDeterministicAndRoundTrips(t *testing.T) {
+	a, b := generate(t), generate(t)
+	if d := cmp.Diff(a.Bundle.Files, b.Bundle.Files); d != "" {
+		t.Fatalf("two generations differ:\n%s", d)
+	}
+	dir := t.TempDir()
+	// A stale file from an earlier generation must not survive.
+	if err := os.MkdirAll(filepath.Join(dir, "manifests"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "manifests", "old.yaml"), []byte("kind: X"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Bundle.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := Load(dir)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if d := cmp.Diff(a.Bundle.Files, loaded.Files); d != "" {
+		t.Errorf("files after write+load (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(a.Bundle.Annotations, loaded.Annotations); d != "" {
+		t.Errorf("annotations after write+load (-want +got):\n%s", d)
+	}
+	if rep := Validate(loaded); rep.HasErrors() {
+		t.Errorf("loaded bundle does not validate: %v", rep.Findings)
+	}
+}
+
+func TestDockerfileLabelsMatchAnnotations(t *testing.T) {
+	a := generate(t).Bundle.Annotations
+	df := string(Dockerfile(a, "bundle"))
+	for k, v := range a.Annotations {
+		if !strings.Contains(df, "LABEL "+k+"="+v+"\n") {
+			t.Errorf("Dockerfile lacks LABEL %s=%s", k, v)
+		}
+	}
+	for _, want := range []string{"FROM scratch\n", "COPY bundle/manifests /manifests/\n", "COPY bundle/metadata /metadata/\n"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile lacks %q", want)
+		}
+	}
+}
+
+func TestGenerateRefusesBadSources(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string
+	}{
+		{"not semver", func(c *Config) { c.Version = "v1.2" }, "not semver"},
+		{"no CRDs", func(c *Config) { c.CRDDir = "config/samples" }, "expected apiextensions.k8s.io/v1 CustomResourceDefinition"},
+		{"no samples", func(c *Config) { c.SamplesDir = "config/rbac" }, "not a served version of an owned CRD"},
+		{"default channel not a channel", func(c *Config) { c.Channels = []string{"stable-v1"}; c.DefaultChannel = "fast-v1" }, "is not one of the channels"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fixtureConfig()
+			tc.mutate(&c)
+			_, err := Generate(context.Background(), c, fakeChart)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidBundleHasNoFindings(t *testing.T) {
+	rep := Validate(generate(t).Bundle)
+	if len(rep.Findings) != 0 {
+		var buf bytes.Buffer
+		_ = rep.Print(&buf)
+		t.Fatalf("findings on the valid fixture:\n%s", buf.String())
+	}
+}
+
+// TestValidateRules breaks a valid bundle in one way per case and checks
+// that the matching rule, and only rules of the expected severity, report it.
+func TestValidateRules(t *testing.T) {
+	dep := func(b *Bundle) *corev1.Container {
+		return &b.CSV.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec.Containers[0]
+	}
+	perms := func(b *Bundle) *manifest.StrategyDeploymentPermissions {
+		return &b.CSV.Spec.InstallStrategy.StrategySpec.Permissions[0]
+	}
+	ann := func(b *Bundle) map[string]string { return b.Annotations.Annotations }
+	tests := []struct {
+		rule     string
+		severity check.Severity
+		mutate   func(b *Bundle)
+	}{
+		{"annotations-required", check.Error, func(b *Bundle) { delete(ann(b), manifest.AnnotationPackage) }},
+		{"annotations-mediatype", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationMediaType] = "plain+v0" }},
+		{"annotations-dirs", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationManifests] = "manifest/" }},
+		{"annotations-package", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationPackage] = "Widget_Operator" }},
+		{"annotations-channels", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationChannels] = "stable-v1,,fast-v1" }},
+		{"annotations-default-channel", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationDefaultChannel] = "beta" }},
+		{"annotations-default-channel", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationDefaultChannel] = "" }},
+		{"bundle-supported-kinds", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("apps/v1", "Deployment", "x", nil)) }},
+		{"crd-api-version", check.Error, func(b *Bundle) { b.CRDs[0].APIVersion = "apiextensions.k8s.io/v1beta1" }},
+		{"bundle-size", check.Error, func(b *Bundle) {
+			noise := make([]byte, 2<<20)
+			_, _ = rand.Read(noise)
+			b.Files = append(b.Files, File{Name: "noise.yaml", Data: noise})
+		}},
+		{"bundle-size", check.Warning, func(b *Bundle) {
+			noise := make([]byte, 900<<10)
+			_, _ = rand.Read(noise)
+			b.Files = append(b.Files, File{Name: "noise.yaml", Data: noise})
+		}},
+		{"bundle-csv", check.Error, func(b *Bundle) { b.CSV = nil }},
+		{"csv-apiversion", check.Error, func(b *Bundle) { b.CSV.Kind = "CSV" }},
+		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.DisplayName = "" }},
+		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.InstallStrategy.StrategyName = "helm" }},
+		{"csv-required-fields", check.Error, func(b *Bundle) { perms(b).ServiceAccountName = "" }},
+		{"csv-apiservices", check.Error, func(b *Bundle) {
+			b.CSV.Spec.APIServiceDefinitions = &manifest.APIServiceDefinitions{Owned: []manifest.APIServiceDescription{{Name: "v1.metrics.example.io", Group: "metrics.example.io", Version: "v1", Kind: "M"}}}
+		}},
+		{"csv-name", check.Error, func(b *Bundle) { b.CSV.Name = "Widget_Operator.v1.2.0" }},
+		{"csv-name", check.Error, func(b *Bundle) { b.CSV.Spec.Replaces = "widget-operator.v1.1.0-" + strings.Repeat("x", 60) }},
+		{"csv-replaces", check.Error, func(b *Bundle) { b.CSV.Spec.Replaces = b.CSV.Name }},
+		{"csv-replaces", check.Error, func(b *Bundle) { b.CSV.Spec.Skips = []string{""} }},
+		{"csv-skip-range", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationSkipRange] = "from 1 to 2" }},
+		{"csv-min-kube-version", check.Error, func(b *Bundle) { b.CSV.Spec.MinKubeVersion = "one" }},
+		{"csv-min-kube-version", check.Warning, func(b *Bundle) { b.CSV.Spec.MinKubeVersion = "" }},
+		{"operatorhub-version", check.Error, func(b *Bundle) { b.CSV.Spec.Version = "" }},
+		{"operatorhub-version", check.Error, func(b *Bundle) { b.CSV.Spec.Version = "1.2" }},
+		{"good-practices-csv-name", check.Warning, func(b *Bundle) { b.CSV.Name = "widget-operator.v9.9.9" }},
+		{"csv-installmodes", check.Error, func(b *Bundle) { b.CSV.Spec.InstallModes = nil }},
+		{"csv-installmodes", check.Error, func(b *Bundle) {
+			b.CSV.Spec.InstallModes = append(b.CSV.Spec.InstallModes, manifest.InstallMode{Type: manifest.InstallModeOwnNamespace, Supported: true})
+		}},
+		{"csv-installmodes", check.Error, func(b *Bundle) {
+			b.CSV.Spec.InstallModes = []manifest.InstallMode{{Type: manifest.InstallModeOwnNamespace}, {Type: manifest.InstallModeAllNamespaces}}
+		}},
+		{"csv-installmodes", check.Error, func(b *Bundle) {
+			b.CSV.Spec.InstallModes = append(b.CSV.Spec.InstallModes, manifest.InstallMode{Type: "ClusterWide", Supported: true})
+		}},
+		{"csv-conversion-webhook", check.Error, func(b *Bundle) {
+			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "cwh", Type: "ConversionWebhook", ConversionCRDs: []string{"widgets.example.io"}}}
+		}},
+		{"csv-conversion-webhook", check.Error, func(b *Bundle) {
+			b.CSV.Spec.InstallModes = []manifest.InstallMode{{Type: manifest.InstallModeAllNamespaces, Supported: true}}
+			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "cwh", Type: "ConversionWebhook", ConversionCRDs: []string{"gadgets.example.io"}}}
+		}},
+		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned = nil }},
+		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CRDs = nil }},
+		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Kind = "Gadget" }},
+		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Version = "v2" }},
+		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CRDs = append(b.CRDs, b.CRDs[0].DeepCopy()) }},
+		{"good-practices-crd-description", check.Warning, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Description = "" }},
+		{"bundle-service-account", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("v1", "ServiceAccount", "widget-operator", nil)) }},
+		{"crd-validation", check.Error, func(b *Bundle) {
+			b.CRDs[0].Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties["size"] = jsonSchemaType("integr")
+		}},
+		{"crd-validation", check.Error, func(b *Bundle) { b.CRDs[0].Spec.Versions[0].Storage = false }},
+		{"csv-alm-examples", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationALMExamples] = "{not json" }},
+		{"csv-alm-examples", check.Error, func(b *Bundle) {
+			b.CSV.Annotations[manifest.AnnotationALMExamples] = `[{"apiVersion":"example.io/v1alpha1","kind":"Widget"},{"apiVersion":"example.io/v1","kind":"Gadget"}]`
+		}},
+		{"csv-alm-examples", check.Warning, func(b *Bundle) { delete(b.CSV.Annotations, manifest.AnnotationALMExamples) }},
+		{"csv-annotation-case", check.Error, func(b *Bundle) { b.CSV.Annotations["olm.skiprange"] = ">=1.0.0 <1.2.0" }},
+		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages = nil }},
+		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages[0].Image = "Docker.io/Library/Redis:7.2" }},
+		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages[1].Name = b.CSV.Spec.RelatedImages[0].Name }},
+		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Env[1].Value = "registry.example.io/widgets/widget-server:v9" }},
+		{"related-images-env", check.Error, func(b *Bundle) {
+			b.CSV.Spec.RelatedImages = append(b.CSV.Spec.RelatedImages, manifest.RelatedImage{Name: "unused", Image: "docker.io/library/nginx:1"})
+		}},
+		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Image = "registry.example.io/widgets/widget-operator:dev" }},
+		{"watch-namespace", check.Error, func(b *Bundle) { dep(b).Env = dep(b).Env[1:] }},
+		{"watch-namespace", check.Error, func(b *Bundle) { dep(b).Env[0].ValueFrom.FieldRef.FieldPath = "metadata.namespace" }},
+		{"permissions-own-crd", check.Error, func(b *Bundle) {
+			var keep []rbacv1.PolicyRule
+			for _, r := range perms(b).Rules {
+				if !(len(r.Resources) == 1 && r.Resources[0] == "widgets/status") {
+					keep = append(keep, r)
+				}
+			}
+			perms(b).Rules = keep
+		}},
+		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon = append(b.CSV.Spec.Icon, b.CSV.Spec.Icon[0]) }},
+		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].MediaType = "image/bmp" }},
+		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].Data = "aGVsbG8=" }},
+		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].Data = "%%%" }},
+		{"operatorhub-links", check.Error, func(b *Bundle) { b.CSV.Spec.Links[0].URL = "example.io/widgets" }},
+		{"operatorhub-links", check.Warning, func(b *Bundle) { b.CSV.Spec.Links = nil }},
+		{"operatorhub-maintainers", check.Error, func(b *Bundle) { b.CSV.Spec.Maintainers[0].Email = "widgets at example" }},
+		{"operatorhub-maintainers", check.Error, func(b *Bundle) { b.CSV.Spec.Maintainers = nil }},
+		{"operatorhub-provider", check.Error, func(b *Bundle) { b.CSV.Spec.Provider = nil }},
+		{"operatorhub-description", check.Error, func(b *Bundle) { b.CSV.Spec.Description = " " }},
+		{"operatorhub-capabilities", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationCapabilities] = "Magic" }},
+		{"operatorhub-capabilities", check.Error, func(b *Bundle) { delete(b.CSV.Annotations, manifest.AnnotationCapabilities) }},
+		{"operatorhub-categories", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationCategories] = "Developer Tools, Toys" }},
+		{"operatorhub-keywords", check.Warning, func(b *Bundle) { b.CSV.Spec.Keywords = nil }},
+		{"operatorhub-maturity", check.Warning, func(b *Bundle) { b.CSV.Spec.Maturity = "" }},
+		{"good-practices-resources", check.Warning, func(b *Bundle) { dep(b).Resources = corev1.ResourceRequirements{} }},
+		{"good-practices-channels", check.Warning, func(b *Bundle) {
+			ann(b)[manifest.AnnotationChannels] = "beta"
+			delete(ann(b), manifest.AnnotationDefaultChannel)
+		}},
+		{"good-practices-crd-rbac", check.Warning, func(b *Bundle) {
+			perms(b).Rules = append(perms(b).Rules, rbacv1.PolicyRule{APIGroups: []string{"apiextensions.k8s.io"}, Resources: []string{"customresourcedefinitions"}, Verbs: []string{"*"}})
+		}},
+		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].SpecDescriptors[0].Path = "colour" }},
+		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].StatusDescriptors[0].Path = "size" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.rule, func(t *testing.T) {
+			b := generate(t).Bundle
+			tc.mutate(b)
+			rep := Validate(b)
+			rules := rep.Rules(tc.severity)
+			found := false
+			for _, r := range rules {
+				if r == tc.rule {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("rule %s did not report a %s; findings: %v", tc.rule, tc.severity, rep.Findings)
+			}
+			if tc.severity == check.Warning && rep.HasErrors() {
+				t.Errorf("a warning-only break also produced errors: %v", rep.Errors())
+			}
+		})
+	}
+}
+
+func TestMergeRules(t *testing.T) {
+	got := MergeRules([]rbacv1.PolicyRule{
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"statefulsets", "deployments"}, Verbs: []string{"list", "get"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"b", "a"}, Verbs: []string{"get"}},
+	})
+	want := []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"a", "b"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments", "statefulsets"}, Verbs: []string{"get", "list"}},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("MergeRules (-want +got):\n%s", d)
+	}
+}
+
+func jsonSchemaType(t string) apiextv1.JSONSchemaProps { return apiextv1.JSONSchemaProps{Type: t} }
