@@ -1,0 +1,294 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the whole configuration of the gateway. It is read from one YAML
+// file (see LoadConfig); Default returns the values used for omitted fields.
+type Config struct {
+	// Server holds the listen addresses and the HTTP server timeouts.
+	Server ServerConfig `json:"server"`
+	// Models maps the served model names that clients send to the
+	// applications (queue routing keys) that serve them.
+	Models []ModelConfig `json:"models"`
+	// Auth configures API token authentication.
+	Auth AuthConfig `json:"auth"`
+	// Limits holds the request size limit and the default per-token limits.
+	Limits LimitsConfig `json:"limits"`
+	// Timeouts bounds how long one request may take end to end.
+	Timeouts TimeoutsConfig `json:"timeouts"`
+	// Log configures logging.
+	Log LogConfig `json:"log"`
+}
+
+// ServerConfig holds the listen addresses and HTTP server settings.
+type ServerConfig struct {
+	// Address serves the OpenAI API, /healthz and /readyz.
+	Address string `json:"address"`
+	// OpsAddress serves /metrics, /healthz and /readyz. Empty disables it.
+	OpsAddress string `json:"opsAddress"`
+	// ReadHeaderTimeout bounds reading the request headers.
+	ReadHeaderTimeout metav1.Duration `json:"readHeaderTimeout"`
+	// ReadTimeout bounds reading a whole request, body included.
+	ReadTimeout metav1.Duration `json:"readTimeout"`
+	// IdleTimeout closes keep-alive connections idle for longer.
+	IdleTimeout metav1.Duration `json:"idleTimeout"`
+	// DrainDelay is how long the gateway keeps serving, while reporting
+	// not ready, after it is told to stop, so that load balancers notice.
+	DrainDelay metav1.Duration `json:"drainDelay"`
+	// DrainTimeout is how long in-flight requests (streams included) may
+	// run after the listeners closed before they are cancelled.
+	DrainTimeout metav1.Duration `json:"drainTimeout"`
+}
+
+// ModelConfig maps one served model name to an application.
+type ModelConfig struct {
+	// Name is the served model name clients put in "model".
+	Name string `json:"name"`
+	// App is the application (queue routing key) that serves the model.
+	App string `json:"app"`
+	// OwnedBy is reported by GET /v1/models. Default "model-orchestra".
+	OwnedBy string `json:"ownedBy,omitempty"`
+}
+
+// AuthConfig configures bearer token authentication.
+type AuthConfig struct {
+	// Anonymous lets requests without an Authorization header through, with
+	// the default limits and access to every model. A presented token is
+	// still checked, and an unknown one is refused.
+	Anonymous bool `json:"anonymous"`
+	// SecretSelector is the label selector of the Secrets holding API
+	// tokens. Empty disables token Secrets (then Anonymous must be true).
+	SecretSelector string `json:"secretSelector"`
+	// Namespace is where the token Secrets live. Empty means the gateway's
+	// own namespace (POD_NAMESPACE, or the service account's namespace).
+	Namespace string `json:"namespace,omitempty"`
+	// Kubeconfig is a kubeconfig file to use instead of the in-cluster
+	// configuration (for running outside a cluster).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// HashKeyFile holds a secret key. When set, tokens are held as
+	// HMAC-SHA256 digests under that key instead of plain SHA-256.
+	HashKeyFile string `json:"hashKeyFile,omitempty"`
+}
+
+// LimitsConfig holds the size limit and the default per-token limits.
+type LimitsConfig struct {
+	// MaxBodyBytes is the largest accepted request body; larger gets 413.
+	MaxBodyBytes int64 `json:"maxBodyBytes"`
+	// Default applies to every token that does not override a value, and
+	// to anonymous requests (which share one budget).
+	Default Limits `json:"default"`
+}
+
+// Limits are the per-token limits. Zero means unlimited.
+type Limits struct {
+	// RequestsPerMinute caps the request rate (a token bucket with a burst
+	// of one minute's worth).
+	RequestsPerMinute int `json:"requestsPerMinute"`
+	// TokensPerMinute caps prompt plus completion tokens, counted from the
+	// engine's usage after each request.
+	TokensPerMinute int `json:"tokensPerMinute"`
+	// MaxConcurrentStreams caps streaming requests in flight at once.
+	MaxConcurrentStreams int `json:"maxConcurrentStreams"`
+}
+
+// TimeoutsConfig bounds the time a request may take end to end.
+type TimeoutsConfig struct {
+	// Request bounds a non-streaming request.
+	Request metav1.Duration `json:"request"`
+	// Stream bounds a streaming request.
+	Stream metav1.Duration `json:"stream"`
+}
+
+// LogConfig configures logging.
+type LogConfig struct {
+	// Level is debug, info, warn or error.
+	Level string `json:"level"`
+	// AccessLog writes one structured line per API request.
+	AccessLog bool `json:"accessLog"`
+}
+
+// Default returns the configuration used for every omitted field.
+func Default() Config {
+	return Config{
+		Server: ServerConfig{
+			Address:           ":8080",
+			OpsAddress:        ":9090",
+			ReadHeaderTimeout: metav1.Duration{Duration: 10 * time.Second},
+			ReadTimeout:       metav1.Duration{Duration: time.Minute},
+			IdleTimeout:       metav1.Duration{Duration: 2 * time.Minute},
+			DrainDelay:        metav1.Duration{Duration: 5 * time.Second},
+			DrainTimeout:      metav1.Duration{Duration: 60 * time.Second},
+		},
+		Auth: AuthConfig{
+			SecretSelector: "modelorchestra.io/api-token=true",
+		},
+		Limits: LimitsConfig{
+			MaxBodyBytes: 8 << 20,
+			Default: Limits{
+				RequestsPerMinute:    600,
+				TokensPerMinute:      0,
+				MaxConcurrentStreams: 16,
+			},
+		},
+		Timeouts: TimeoutsConfig{
+			Request: metav1.Duration{Duration: 5 * time.Minute},
+			Stream:  metav1.Duration{Duration: 30 * time.Minute},
+		},
+		Log: LogConfig{Level: "info", AccessLog: true},
+	}
+}
+
+// Validate reports every problem in the configuration at once.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if c.Server.Address == "" {
+		add("server.address is required")
+	}
+	if c.Server.OpsAddress != "" && c.Server.OpsAddress == c.Server.Address {
+		add("server.opsAddress must differ from server.address")
+	}
+	for name, d := range map[string]time.Duration{
+		"server.readHeaderTimeout": c.Server.ReadHeaderTimeout.Duration,
+		"server.readTimeout":       c.Server.ReadTimeout.Duration,
+		"server.idleTimeout":       c.Server.IdleTimeout.Duration,
+		"server.drainDelay":        c.Server.DrainDelay.Duration,
+		"server.drainTimeout":      c.Server.DrainTimeout.Duration,
+	} {
+		if d < 0 {
+			add("%s must not be negative, got %s", name, d)
+		}
+	}
+	if c.Timeouts.Request.Duration <= 0 {
+		add("timeouts.request must be positive, got %s", c.Timeouts.Request.Duration)
+	}
+	if c.Timeouts.Stream.Duration <= 0 {
+		add("timeouts.stream must be positive, got %s", c.Timeouts.Stream.Duration)
+	}
+
+	if len(c.Models) == 0 {
+		add("models: at least one model is required")
+	}
+	seen := make(map[string]bool, len(c.Models))
+	for i, m := range c.Models {
+		switch {
+		case m.Name == "":
+			add("models[%d].name is required", i)
+		case seen[m.Name]:
+			add("models[%d].name %q is listed twice", i, m.Name)
+		case strings.TrimSpace(m.Name) != m.Name:
+			add("models[%d].name %q has surrounding spaces", i, m.Name)
+		}
+		seen[m.Name] = true
+		if m.App == "" {
+			add("models[%d].app is required", i)
+		}
+	}
+
+	if c.Auth.SecretSelector == "" && !c.Auth.Anonymous {
+		add("auth: set auth.secretSelector, or auth.anonymous: true to serve without tokens")
+	}
+	if c.Auth.SecretSelector != "" {
+		if _, err := labels.Parse(c.Auth.SecretSelector); err != nil {
+			add("auth.secretSelector: %v", err)
+		}
+	}
+	if c.Auth.HashKeyFile != "" {
+		if _, err := readHashKey(c.Auth.HashKeyFile); err != nil {
+			add("auth.hashKeyFile: %v", err)
+		}
+	}
+
+	if c.Limits.MaxBodyBytes <= 0 {
+		add("limits.maxBodyBytes must be positive, got %d", c.Limits.MaxBodyBytes)
+	}
+	if err := c.Limits.Default.validate("limits.default"); err != nil {
+		errs = append(errs, err)
+	}
+
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		add("log.level: %v", err)
+	}
+	return errors.Join(errs...)
+}
+
+func (l Limits) validate(where string) error {
+	var errs []error
+	if l.RequestsPerMinute < 0 {
+		errs = append(errs, fmt.Errorf("%s.requestsPerMinute must not be negative", where))
+	}
+	if l.TokensPerMinute < 0 {
+		errs = append(errs, fmt.Errorf("%s.tokensPerMinute must not be negative", where))
+	}
+	if l.MaxConcurrentStreams < 0 {
+		errs = append(errs, fmt.Errorf("%s.maxConcurrentStreams must not be negative", where))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads a YAML configuration file over Default. Unknown fields
+// are errors, so that a misspelt key is not silently ignored. The result is
+// validated.
+func LoadConfig(path string) (Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading config: %w", err)
+	}
+	return ParseConfig(raw)
+}
+
+// ParseConfig parses a YAML configuration over Default and validates it.
+func ParseConfig(raw []byte) (Config, error) {
+	cfg := Default()
+	if err := yaml.UnmarshalStrict(raw, &cfg); err != nil {
+		return Config{}, fmt.Errorf("parsing config: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("invalid config: %w", err)
+	}
+	return cfg, nil
+}
+
+// LogLevel returns the configured slog level (info when unset or invalid;
+// Validate reports an invalid one).
+func (c *Config) LogLevel() slog.Level {
+	l, _ := parseLevel(c.Log.Level)
+	return l
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if s == "" {
+		return slog.LevelInfo, nil
+	}
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return slog.LevelInfo, err
+	}
+	return l, nil
+}
+
+// readHashKey reads the HMAC key; surrounding whitespace is ignored so that
+// a key file written with a trailing newline works.
+func readHashKey(path string) ([]byte, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	key := []byte(strings.TrimSpace(string(raw)))
+	if len(key) < 16 {
+		return nil, fmt.Errorf("key in %s is shorter than 16 bytes", path)
+	}
+	return key, nil
+}

@@ -1,0 +1,465 @@
+// Package gateway is the OpenAI-compatible front door of a model orchestra.
+// It authenticates API tokens held in Kubernetes Secrets, applies per-token
+// limits, validates and routes each request by its served model name to an
+// application, hands it to the queue, and streams the engine's answer back
+// (server-sent events for streams) while counting tokens from the usage.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// Pinger is implemented by queues that can report whether they are
+// reachable; /readyz uses it when the queue has it.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Options are the gateway's collaborators besides its queue.
+type Options struct {
+	// Tokens authenticates bearer tokens. It may be nil only when
+	// cfg.Auth.Anonymous is true.
+	Tokens TokenSource
+	// Logger receives access logs and events. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Gateway serves the OpenAI API in front of a queue.
+type Gateway struct {
+	cfg      Config
+	queue    queue.Queue
+	tokens   TokenSource
+	logger   *slog.Logger
+	models   map[string]*ModelConfig
+	anon     *Principal
+	limiter  limiter
+	metrics  *metrics
+	created  int64
+	draining atomic.Bool
+	// active counts inference requests being served, so that a hard stop
+	// can wait for their replies to be closed.
+	active sync.WaitGroup
+
+	api http.Handler
+	ops http.Handler
+}
+
+// New builds a gateway. cfg must be valid (see Config.Validate).
+func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid config: %w", err)
+	}
+	if q == nil {
+		return nil, errors.New("gateway needs a queue")
+	}
+	if opts.Tokens == nil && !cfg.Auth.Anonymous {
+		return nil, errors.New("gateway needs a token source unless auth.anonymous is true")
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	g := &Gateway{
+		cfg:     cfg,
+		queue:   q,
+		tokens:  opts.Tokens,
+		logger:  logger,
+		models:  make(map[string]*ModelConfig, len(cfg.Models)),
+		anon:    &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
+		limiter: limiter{now: time.Now},
+		metrics: newMetrics(),
+		created: time.Now().Unix(),
+	}
+	for i := range cfg.Models {
+		m := &g.cfg.Models[i]
+		if m.OwnedBy == "" {
+			m.OwnedBy = "model-orchestra"
+		}
+		g.models[m.Name] = m
+	}
+	if st, ok := opts.Tokens.(*SecretTokens); ok {
+		st.onChange = func(n int) { g.metrics.apiTokens.Set(float64(n)) }
+	}
+
+	api := http.NewServeMux()
+	api.HandleFunc("POST /v1/chat/completions", g.inference(endpointChat))
+	api.HandleFunc("POST /v1/completions", g.inference(endpointCompletions))
+	api.HandleFunc("POST /v1/embeddings", g.inference(endpointEmbeddings))
+	api.HandleFunc("GET /v1/models", g.listModels)
+	api.HandleFunc("GET /v1/models/{model...}", g.getModel)
+	api.HandleFunc("GET /healthz", g.healthz)
+	api.HandleFunc("GET /readyz", g.readyz)
+	api.HandleFunc("/", g.notFound)
+	g.api = api
+
+	ops := http.NewServeMux()
+	ops.Handle("GET /metrics", promhttp.HandlerFor(g.metrics.registry, promhttp.HandlerOpts{}))
+	ops.HandleFunc("GET /healthz", g.healthz)
+	ops.HandleFunc("GET /readyz", g.readyz)
+	g.ops = ops
+	return g, nil
+}
+
+// Handler serves the OpenAI API (/v1/...), /healthz and /readyz.
+func (g *Gateway) Handler() http.Handler { return g.api }
+
+// OpsHandler serves /metrics, /healthz and /readyz.
+func (g *Gateway) OpsHandler() http.Handler { return g.ops }
+
+// exchange is what the gateway records about one API request.
+type exchange struct {
+	start      time.Time
+	id         string
+	endpoint   endpoint
+	model      string // metric label: a served model name, or modelUnknown/modelNone
+	app        string
+	consumer   string
+	stream     bool
+	status     int
+	started    bool // response headers were sent
+	ttft       time.Duration
+	usage      usage
+	err        error
+	rejectedBy string
+}
+
+// usage is the engine's token usage.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func (u usage) total() int {
+	if u.TotalTokens > 0 {
+		return u.TotalTokens
+	}
+	return u.PromptTokens + u.CompletionTokens
+}
+
+// inference serves one of the inference endpoints.
+func (g *Gateway) inference(ep endpoint) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		g.active.Add(1)
+		defer g.active.Done()
+		x := &exchange{start: time.Now(), id: newRequestID(), endpoint: ep, model: modelNone}
+		w.Header().Set("X-Request-Id", x.id)
+		err := g.serveInference(w, r, x)
+		if err != nil {
+			g.fail(w, x, err)
+		}
+		g.record(r, x)
+	}
+}
+
+func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exchange) error {
+	p, err := g.authenticate(r)
+	if err != nil {
+		return err
+	}
+	x.consumer = p.Name
+
+	body, err := g.readBody(r)
+	if err != nil {
+		return err
+	}
+	req, err := parseRequest(x.endpoint, body)
+	if err != nil {
+		return err
+	}
+	x.stream = req.Stream
+	model, ok := g.models[req.Model]
+	if !ok {
+		x.model = modelUnknown
+		return modelNotFound(req.Model, false)
+	}
+	x.model, x.app = model.Name, model.App
+	if !p.mayUse(req.Model) {
+		return modelNotFound(req.Model, true)
+	}
+
+	st, err := g.limiter.admit(p, req.Stream)
+	if err != nil {
+		return err
+	}
+	defer func() { g.limiter.release(st, p, req.Stream, x.usage.total()) }()
+
+	inFlight := g.metrics.inFlight.WithLabelValues(x.endpoint.label(), strconv.FormatBool(req.Stream))
+	inFlight.Inc()
+	defer inFlight.Dec()
+
+	timeout := g.cfg.Timeouts.Request.Duration
+	if req.Stream {
+		timeout = g.cfg.Timeouts.Stream.Duration
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+
+	reply, err := g.queue.Submit(ctx, queue.Job{
+		ID:     x.id,
+		App:    model.App,
+		Path:   x.endpoint.path(),
+		Body:   req.Body,
+		Stream: req.Stream,
+	})
+	if err != nil {
+		return fmt.Errorf("submitting request: %w", err)
+	}
+	// Closing an unfinished reply cancels the request down to the engine:
+	// this is what happens when the client disconnects or time runs out.
+	defer func() { _ = reply.Close() }()
+
+	if req.Stream {
+		return g.proxyStream(ctx, w, reply, x, req.IncludeUsage)
+	}
+	return g.proxyUnary(ctx, w, reply, x)
+}
+
+// authenticate returns the request's principal.
+func (g *Gateway) authenticate(r *http.Request) (*Principal, error) {
+	token, ok := bearerToken(r)
+	if !ok {
+		if g.cfg.Auth.Anonymous {
+			return g.anon, nil
+		}
+		return nil, errMissingToken
+	}
+	if g.tokens == nil {
+		return nil, errInvalidToken
+	}
+	p, ok := g.tokens.Authenticate(token)
+	if !ok {
+		return nil, errInvalidToken
+	}
+	return p, nil
+}
+
+// readBody reads the request body up to the configured limit.
+func (g *Gateway) readBody(r *http.Request) ([]byte, error) {
+	limit := g.cfg.Limits.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	body := http.MaxBytesReader(nil, r.Body, limit)
+	if r.ContentLength > 0 {
+		buf := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, fmt.Errorf("reading request body: %w", err)
+		}
+		return buf, nil
+	}
+	buf, err := io.ReadAll(body)
+	if err != nil {
+		return nil, fmt.Errorf("reading request body: %w", err)
+	}
+	return buf, nil
+}
+
+// fail answers with err: a JSON error before the response started, an SSE
+// error event after a stream started.
+func (g *Gateway) fail(w http.ResponseWriter, x *exchange, err error) {
+	ae := toAPIError(err)
+	x.err = err
+	x.rejectedBy = ae.reason
+	if !x.started {
+		x.status = ae.status
+		ae.write(w)
+		return
+	}
+	if x.stream && !errors.Is(err, errClientGone) {
+		// The status line is gone; tell the client in the stream, and end
+		// it without [DONE] so that it cannot pass for a complete answer.
+		if _, werr := w.Write(ae.sseEvent()); werr == nil {
+			_ = http.NewResponseController(w).Flush()
+		}
+	}
+	// Record the failure, not the 200 already sent, in logs and metrics.
+	x.status = ae.status
+}
+
+// record writes the access log line and the metrics of one request.
+func (g *Gateway) record(r *http.Request, x *exchange) {
+	elapsed := time.Since(x.start)
+	m := g.metrics
+	ep := x.endpoint.label()
+	m.requests.WithLabelValues(x.model, ep, strconv.Itoa(x.status)).Inc()
+	m.duration.WithLabelValues(x.model, ep, strconv.FormatBool(x.stream)).Observe(elapsed.Seconds())
+	if x.ttft > 0 {
+		m.ttft.WithLabelValues(x.model, ep).Observe(x.ttft.Seconds())
+	}
+	if x.usage.PromptTokens > 0 {
+		m.tokens.WithLabelValues(x.model, x.consumer, "prompt").Add(float64(x.usage.PromptTokens))
+	}
+	if x.usage.CompletionTokens > 0 {
+		m.tokens.WithLabelValues(x.model, x.consumer, "completion").Add(float64(x.usage.CompletionTokens))
+	}
+	if x.rejectedBy != "" {
+		m.rejections.WithLabelValues(x.rejectedBy).Inc()
+	}
+	if !g.cfg.Log.AccessLog {
+		return
+	}
+	level := slog.LevelInfo
+	if x.status >= 500 && x.status != statusClientClosed {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("request_id", x.id),
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", x.status),
+		slog.String("model", x.model),
+		slog.String("app", x.app),
+		slog.String("consumer", x.consumer),
+		slog.Bool("stream", x.stream),
+		slog.Duration("duration", elapsed),
+		slog.Int("prompt_tokens", x.usage.PromptTokens),
+		slog.Int("completion_tokens", x.usage.CompletionTokens),
+		slog.String("remote", r.RemoteAddr),
+	}
+	if x.ttft > 0 {
+		attrs = append(attrs, slog.Duration("ttft", x.ttft))
+	}
+	if x.rejectedBy != "" {
+		attrs = append(attrs, slog.String("rejected", x.rejectedBy))
+	}
+	if x.err != nil {
+		attrs = append(attrs, slog.String("error", x.err.Error()))
+	}
+	g.logger.LogAttrs(r.Context(), level, "request", attrs...)
+}
+
+// modelObject is one entry of GET /v1/models.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (g *Gateway) modelObject(m *ModelConfig) modelObject {
+	return modelObject{ID: m.Name, Object: "model", Created: g.created, OwnedBy: m.OwnedBy}
+}
+
+// listModels serves GET /v1/models: the served models the caller may use.
+func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
+	p, err := g.authenticate(r)
+	if err != nil {
+		g.writeSimpleError(w, err)
+		return
+	}
+	list := struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{Object: "list", Data: []modelObject{}}
+	for i := range g.cfg.Models {
+		if m := &g.cfg.Models[i]; p.mayUse(m.Name) {
+			list.Data = append(list.Data, g.modelObject(m))
+		}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// getModel serves GET /v1/models/{model}.
+func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) {
+	p, err := g.authenticate(r)
+	if err != nil {
+		g.writeSimpleError(w, err)
+		return
+	}
+	name := r.PathValue("model")
+	m, ok := g.models[name]
+	if !ok || !p.mayUse(name) {
+		g.writeSimpleError(w, modelNotFound(name, ok))
+		return
+	}
+	writeJSON(w, http.StatusOK, g.modelObject(m))
+}
+
+// notFound answers paths and methods the gateway does not serve, as OpenAI
+// does.
+func (g *Gateway) notFound(w http.ResponseWriter, r *http.Request) {
+	g.writeSimpleError(w, &apiError{
+		status:  http.StatusNotFound,
+		message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path),
+		typ:     typeInvalidRequest,
+		reason:  reasonNotFound,
+	})
+}
+
+// writeSimpleError answers a non-inference request with an error.
+func (g *Gateway) writeSimpleError(w http.ResponseWriter, err error) {
+	ae := toAPIError(err)
+	if ae.reason != "" {
+		g.metrics.rejections.WithLabelValues(ae.reason).Inc()
+	}
+	ae.write(w)
+}
+
+func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// readyz reports ready when the gateway is not draining, its tokens are
+// loaded and its queue (when it can tell) is reachable.
+func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	var problem string
+	switch {
+	case g.draining.Load():
+		problem = "draining"
+	case g.tokens != nil && !g.tokens.HasSynced():
+		problem = "api tokens not loaded yet"
+	default:
+		if p, ok := g.queue.(Pinger); ok {
+			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			err := p.Ping(ctx)
+			cancel()
+			if err != nil {
+				problem = "queue unreachable: " + err.Error()
+			}
+		}
+	}
+	if problem != "" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, problem+"\n")
+		return
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		toAPIError(err).write(w)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// newRequestID returns a random 128-bit id, used as the job id (which the
+// queue de-duplicates on) and returned as X-Request-Id.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,306 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// endpoint is one of the OpenAI inference endpoints the gateway serves.
+type endpoint uint8
+
+const (
+	endpointChat endpoint = iota
+	endpointCompletions
+	endpointEmbeddings
+)
+
+// path is the OpenAI (and engine) path of the endpoint.
+func (e endpoint) path() string {
+	switch e {
+	case endpointChat:
+		return "/v1/chat/completions"
+	case endpointCompletions:
+		return "/v1/completions"
+	default:
+		return "/v1/embeddings"
+	}
+}
+
+// label is the endpoint's value of the endpoint metric label.
+func (e endpoint) label() string {
+	switch e {
+	case endpointChat:
+		return "chat"
+	case endpointCompletions:
+		return "completions"
+	default:
+		return "embeddings"
+	}
+}
+
+// parsedRequest is what the gateway needs to know about a request body.
+type parsedRequest struct {
+	// Model is the served model name.
+	Model string
+	// Stream is true when the client asked for server-sent events.
+	Stream bool
+	// IncludeUsage is true when a streaming client asked for the usage
+	// chunk (stream_options.include_usage).
+	IncludeUsage bool
+	// Body is the body to send to the engine: the client's body, except
+	// that a streaming request always asks for usage, so that the gateway
+	// can count tokens.
+	Body []byte
+}
+
+// chatRoles are the message roles of the chat completions API.
+var chatRoles = map[string]bool{
+	"system": true, "developer": true, "user": true,
+	"assistant": true, "tool": true, "function": true,
+}
+
+// parseRequest validates the parts of a request body the gateway relies on
+// (model, stream, stream_options, and the shape of messages, prompt or
+// input) and leaves every other field to the engine. Errors are *apiError
+// with the offending field in param.
+func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+		return parsedRequest{}, invalidRequest("",
+			"We could not parse the JSON body of your request. The body must be a JSON object "+
+				"(see the OpenAI API reference for %s).", ep.path())
+	}
+
+	var req parsedRequest
+	model, ok := fields["model"]
+	if !ok || isNull(model) {
+		return parsedRequest{}, invalidRequest("model", "You must provide a model parameter.")
+	}
+	if err := json.Unmarshal(model, &req.Model); err != nil || kind(model) != '"' {
+		return parsedRequest{}, invalidRequest("model", "Invalid type for 'model': expected a string.")
+	}
+	if req.Model == "" {
+		return parsedRequest{}, invalidRequest("model", "You must provide a model parameter.")
+	}
+
+	if raw, ok := fields["stream"]; ok && !isNull(raw) {
+		switch string(raw) {
+		case "true":
+			req.Stream = true
+		case "false":
+		default:
+			return parsedRequest{}, invalidRequest("stream", "Invalid type for 'stream': expected a boolean.")
+		}
+	}
+	if req.Stream && ep == endpointEmbeddings {
+		return parsedRequest{}, invalidRequest("stream", "Streaming is not supported for embeddings.")
+	}
+
+	var streamOptions map[string]json.RawMessage
+	if raw, ok := fields["stream_options"]; ok && !isNull(raw) {
+		if !req.Stream {
+			return parsedRequest{}, invalidRequest("stream_options",
+				"The 'stream_options' parameter is only allowed when 'stream' is enabled.")
+		}
+		if kind(raw) != '{' || json.Unmarshal(raw, &streamOptions) != nil {
+			return parsedRequest{}, invalidRequest("stream_options",
+				"Invalid type for 'stream_options': expected an object.")
+		}
+		if iu, ok := streamOptions["include_usage"]; ok && !isNull(iu) {
+			switch string(iu) {
+			case "true":
+				req.IncludeUsage = true
+			case "false":
+			default:
+				return parsedRequest{}, invalidRequest("stream_options.include_usage",
+					"Invalid type for 'stream_options.include_usage': expected a boolean.")
+			}
+		}
+	}
+
+	var err error
+	switch ep {
+	case endpointChat:
+		err = checkMessages(fields["messages"])
+	case endpointCompletions:
+		err = checkPromptLike("prompt", fields["prompt"], true)
+	case endpointEmbeddings:
+		err = checkPromptLike("input", fields["input"], false)
+	}
+	if err != nil {
+		return parsedRequest{}, err
+	}
+
+	req.Body = body
+	if req.Stream && !req.IncludeUsage {
+		// Ask the engine for the usage chunk; the gateway counts the
+		// tokens and drops the chunk before it reaches the client.
+		if streamOptions == nil {
+			streamOptions = make(map[string]json.RawMessage, 1)
+		}
+		streamOptions["include_usage"] = json.RawMessage("true")
+		so, err := json.Marshal(streamOptions)
+		if err != nil {
+			return parsedRequest{}, fmt.Errorf("encoding stream_options: %w", err)
+		}
+		fields["stream_options"] = so
+		if req.Body, err = json.Marshal(fields); err != nil {
+			return parsedRequest{}, fmt.Errorf("encoding request body: %w", err)
+		}
+	}
+	return req, nil
+}
+
+// checkMessages validates the messages of a chat completion request.
+func checkMessages(raw json.RawMessage) error {
+	if raw == nil || isNull(raw) {
+		return invalidRequest("messages", "You must provide a messages parameter.")
+	}
+	var msgs []json.RawMessage
+	if kind(raw) != '[' || json.Unmarshal(raw, &msgs) != nil {
+		return invalidRequest("messages", "Invalid type for 'messages': expected an array of objects.")
+	}
+	if len(msgs) == 0 {
+		return invalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+	}
+	for i, m := range msgs {
+		var msg map[string]json.RawMessage
+		if kind(m) != '{' || json.Unmarshal(m, &msg) != nil {
+			return invalidRequest(fmt.Sprintf("messages[%d]", i),
+				"Invalid type for 'messages[%d]': expected an object.", i)
+		}
+		var role string
+		if r, ok := msg["role"]; !ok || kind(r) != '"' || json.Unmarshal(r, &role) != nil {
+			return invalidRequest(fmt.Sprintf("messages[%d].role", i),
+				"Missing or invalid 'messages[%d].role': expected a string.", i)
+		}
+		if !chatRoles[role] {
+			return invalidRequest(fmt.Sprintf("messages[%d].role", i),
+				"Invalid value for 'messages[%d].role': %q is not one of system, developer, user, assistant, tool, function.", i, role)
+		}
+		if c, ok := msg["content"]; ok {
+			if err := checkContent(i, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkContent validates a message's content: a string, null, or an array
+// of content parts (objects with a string "type").
+func checkContent(i int, raw json.RawMessage) error {
+	param := fmt.Sprintf("messages[%d].content", i)
+	switch kind(raw) {
+	case '"', 'n':
+		return nil
+	case '[':
+		var parts []json.RawMessage
+		if json.Unmarshal(raw, &parts) != nil {
+			break
+		}
+		for j, p := range parts {
+			var part struct {
+				Type json.RawMessage `json:"type"`
+			}
+			if kind(p) != '{' || json.Unmarshal(p, &part) != nil || kind(part.Type) != '"' {
+				return invalidRequest(fmt.Sprintf("%s[%d]", param, j),
+					"Invalid '%s[%d]': expected an object with a string 'type'.", param, j)
+			}
+		}
+		return nil
+	}
+	return invalidRequest(param, "Invalid type for '%s': expected a string, an array of content parts, or null.", param)
+}
+
+// checkPromptLike validates a completions prompt or an embeddings input: a
+// string, an array of strings, an array of token ids, or an array of arrays
+// of token ids. allowEmptyString is false for embeddings, whose input
+// strings must not be empty.
+func checkPromptLike(name string, raw json.RawMessage, allowEmptyString bool) error {
+	if raw == nil || isNull(raw) {
+		return invalidRequest(name, "You must provide a %s parameter.", name)
+	}
+	invalid := func() error {
+		return invalidRequest(name, "Invalid type for '%s': expected a string, an array of strings, "+
+			"an array of integers, or an array of arrays of integers.", name)
+	}
+	switch kind(raw) {
+	case '"':
+		if !allowEmptyString && string(raw) == `""` {
+			return invalidRequest(name, "'%s' cannot be an empty string.", name)
+		}
+		return nil
+	case '[':
+	default:
+		return invalid()
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return invalid()
+	}
+	if len(items) == 0 {
+		return invalidRequest(name, "Invalid '%s': empty array. Expected an array with minimum length 1.", name)
+	}
+	first := kind(items[0])
+	for i, it := range items {
+		if kind(it) != first {
+			return invalidRequest(name, "Invalid '%s': all items must have the same type.", name)
+		}
+		switch first {
+		case '"':
+			if !allowEmptyString && string(it) == `""` {
+				return invalidRequest(fmt.Sprintf("%s[%d]", name, i), "'%s[%d]' cannot be an empty string.", name, i)
+			}
+		case '0':
+			if !isTokenID(it) {
+				return invalidRequest(fmt.Sprintf("%s[%d]", name, i), "Invalid '%s[%d]': expected a non-negative integer token id.", name, i)
+			}
+		case '[':
+			var ids []json.RawMessage
+			if json.Unmarshal(it, &ids) != nil || len(ids) == 0 {
+				return invalidRequest(fmt.Sprintf("%s[%d]", name, i), "Invalid '%s[%d]': expected a non-empty array of integer token ids.", name, i)
+			}
+			for _, id := range ids {
+				if !isTokenID(id) {
+					return invalidRequest(fmt.Sprintf("%s[%d]", name, i), "Invalid '%s[%d]': expected a non-empty array of integer token ids.", name, i)
+				}
+			}
+		default:
+			return invalid()
+		}
+	}
+	return nil
+}
+
+// kind classifies a JSON value by its first byte: '"' string, '[' array,
+// '{' object, '0' number, 't' or 'f' boolean, 'n' null, 0 for nothing.
+func kind(raw json.RawMessage) byte {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return 0
+	}
+	switch c := raw[0]; {
+	case c == '-' || (c >= '0' && c <= '9'):
+		return '0'
+	default:
+		return c
+	}
+}
+
+func isNull(raw json.RawMessage) bool { return kind(raw) == 'n' }
+
+// isTokenID reports whether raw is a non-negative integer literal.
+func isTokenID(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || len(raw) > 10 {
+		return false
+	}
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
