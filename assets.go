@@ -1,0 +1,41 @@
+// Package operator carries the files the operator and the orchestra CLI
+// need at run time, so that a single binary is enough: watches.yaml, the
+// charts it names and the CustomResourceDefinitions.
+package operator
+
+import (
+	"embed"
+	"io/fs"
+)
+
+// WatchesFile is the name of the embedded watches file in FS.
+const WatchesFile = "watches.yaml"
+
+// CRDFile is the embedded ModelOrchestra CustomResourceDefinition in FS.
+const CRDFile = "config/crd/bases/modelorchestra.io_modelorchestras.yaml"
+
+//go:embed watches.yaml all:charts/modelorchestra config/crd/bases/*.yaml
+var files embed.FS
+
+// FS holds watches.yaml, charts/modelorchestra and config/crd/bases, at the
+// paths they have in the repository; watches.yaml names charts relative to
+// its root.
+var FS fs.FS = files
+
+// Watches returns the embedded watches.yaml.
+func Watches() []byte {
+	b, err := fs.ReadFile(files, WatchesFile)
+	if err != nil {
+		panic("embedded watches.yaml is missing: " + err.Error()) // impossible: go:embed checked it at build time
+	}
+	return b
+}
+
+// ModelOrchestraCRD returns the embedded ModelOrchestra CRD as YAML.
+func ModelOrchestraCRD() []byte {
+	b, err := fs.ReadFile(files, CRDFile)
+	if err != nil {
+		panic("embedded CRD is missing: " + err.Error()) // impossible: go:embed checked it at build time
+	}
+	return b
+}

@@ -1,0 +1,477 @@
+package orchestra
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/version"
+)
+
+// TranslatorName is the values translator's name in watches.yaml.
+const TranslatorName = "modelorchestra"
+
+// DefaultTokenSecretSelector selects the API token Secrets when
+// spec.gateway.auth.tokenSecretSelector is not set.
+const DefaultTokenSecretSelector = "modelorchestra.io/api-token=true"
+
+// Image is one image the chart references, overridable by an environment
+// variable of the operator (set by OLM from the CSV's relatedImages).
+type Image struct {
+	// Key is the key under the chart's images value.
+	Key string
+	// Env is the environment variable that overrides Default.
+	Env string
+	// Default is used when Env is unset or empty.
+	Default string
+}
+
+// Images are the images of the stack. The engines' defaults are upstream
+// images; the project's own are built with the operator at its version.
+func Images() []Image {
+	return []Image{
+		{Key: "gateway", Env: "RELATED_IMAGE_GATEWAY", Default: version.Image("orchestra-gateway")},
+		{Key: "dispatcher", Env: "RELATED_IMAGE_DISPATCHER", Default: version.Image("orchestra-dispatcher")},
+		{Key: "fetch", Env: "RELATED_IMAGE_FETCH", Default: version.Image("orchestra-fetch")},
+		{Key: "sim", Env: "RELATED_IMAGE_SIM", Default: version.Image("orchestra-sim")},
+		{Key: "nats", Env: "RELATED_IMAGE_NATS", Default: version.Image("nats-server")},
+		{Key: "llamacpp", Env: "RELATED_IMAGE_LLAMACPP", Default: "ghcr.io/ggml-org/llama.cpp:full"},
+		{Key: "dllama", Env: "RELATED_IMAGE_DLLAMA", Default: "ghcr.io/b4rtaz/distributed-llama:v0.16.2"},
+		{Key: "vllm", Env: "RELATED_IMAGE_VLLM", Default: "docker.io/vllm/vllm-openai:v0.11.0"},
+		{Key: "ollama", Env: "RELATED_IMAGE_OLLAMA", Default: "docker.io/ollama/ollama:0.12.6"},
+	}
+}
+
+// Defaults of fields without a schema default, documented in the API.
+var (
+	defaultCacheSize          = resource.MustParse("20Gi")
+	defaultNATSStorageSize    = resource.MustParse("10Gi")
+	defaultGatewayResources   = requirements("100m", "128Mi", "512Mi")
+	defaultDispatcherResource = requirements("50m", "64Mi", "256Mi")
+	defaultNATSResources      = requirements("100m", "256Mi", "1Gi")
+)
+
+func requirements(cpu, memory, memoryLimit string) corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse(cpu),
+			corev1.ResourceMemory: resource.MustParse(memory),
+		},
+		Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memoryLimit)},
+	}
+}
+
+// Translator turns a ModelOrchestra into the values of the modelorchestra
+// chart: the spec with defaults filled in, images resolved and the fields
+// the binaries need in their own units (for example bytes, label selector
+// strings).
+type Translator struct {
+	// Getenv reads the image overrides; nil means os.Getenv.
+	Getenv func(string) string
+}
+
+// Translate implements plugin.Translator.
+func (t Translator) Translate(_ context.Context, obj *unstructured.Unstructured) (map[string]any, error) {
+	mo, err := Decode(obj)
+	if err != nil {
+		return nil, err
+	}
+	Default(mo)
+	return t.values(mo)
+}
+
+// Decode converts obj to a ModelOrchestra, refusing unknown fields.
+func Decode(obj *unstructured.Unstructured) (*v1alpha1.ModelOrchestra, error) {
+	var mo v1alpha1.ModelOrchestra
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(obj.Object, &mo, true); err != nil {
+		return nil, fmt.Errorf("decoding %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
+	}
+	return &mo, nil
+}
+
+// Default fills in the defaults of the CRD schema, so that a resource that
+// did not pass through the API server (a unit test, an old stored object)
+// is translated like one that did. It also fills the defaults that depend
+// on other fields and therefore live in code.
+func Default(mo *v1alpha1.ModelOrchestra) {
+	s := &mo.Spec
+	if s.NATS.Replicas == 0 {
+		s.NATS.Replicas = 1
+	}
+	g := &s.Gateway
+	if g.Replicas == 0 {
+		g.Replicas = 2
+	}
+	if g.Service.Type == "" {
+		g.Service.Type = "ClusterIP"
+	}
+	if g.Service.Port == 0 {
+		g.Service.Port = 80
+	}
+	if g.Limits.MaxBodySize.IsZero() {
+		// The limits never saw the schema defaults (maxBodySize is always
+		// set once they did, and cannot be zero): 0 is not "unlimited" here.
+		g.Limits.MaxBodySize = resource.MustParse("8Mi")
+		if g.Limits.RequestsPerMinute == 0 {
+			g.Limits.RequestsPerMinute = 600
+		}
+		if g.Limits.MaxConcurrent == 0 {
+			g.Limits.MaxConcurrent = 16
+		}
+	}
+	if g.Ingress != nil && g.Ingress.Path == "" {
+		g.Ingress.Path = "/"
+	}
+	if g.HTTPRoute != nil && g.HTTPRoute.Path == "" {
+		g.HTTPRoute.Path = "/"
+	}
+	if s.Dispatcher.Replicas == 0 {
+		s.Dispatcher.Replicas = 1
+	}
+	for name, app := range s.Applications {
+		rt := &app.Runtime
+		if rt.Engine == "" {
+			rt.Engine = v1alpha1.EngineLlamaCPP
+		}
+		if rt.ImagePullPolicy == "" {
+			rt.ImagePullPolicy = corev1.PullIfNotPresent
+		}
+		if app.Serving.MaxConcurrency == 0 {
+			app.Serving.MaxConcurrency = 4
+		}
+		if app.Serving.ServedModelName == "" {
+			app.Serving.ServedModelName = name
+		}
+		if rt.Engine == v1alpha1.EngineDllama {
+			// dllama-api answers one request at a time.
+			app.Serving.MaxConcurrency = 1
+		}
+		if app.Model.Format == "" {
+			app.Model.Format = nativeFormat(rt.Engine)
+		}
+		if app.Model.TokenSecretRef != nil && app.Model.TokenSecretRef.Key == "" {
+			app.Model.TokenSecretRef.Key = "token"
+		}
+		if !strings.HasPrefix(app.Model.Source, "pvc://") {
+			if app.Model.Cache == nil {
+				app.Model.Cache = &v1alpha1.CacheSpec{}
+			}
+			c := app.Model.Cache
+			if c.ExistingClaim == "" {
+				if c.Size == nil {
+					size := defaultCacheSize.DeepCopy()
+					c.Size = &size
+				}
+				if c.AccessMode == "" {
+					c.AccessMode = corev1.ReadWriteOnce
+				}
+			}
+		}
+		s.Applications[name] = app
+	}
+	if s.Gateway.Auth.HMACKeySecretRef != nil && s.Gateway.Auth.HMACKeySecretRef.Key == "" {
+		s.Gateway.Auth.HMACKeySecretRef.Key = "token"
+	}
+	if s.NATS.URL == "" && s.NATS.Storage == nil {
+		s.NATS.Storage = &v1alpha1.VolumeSpec{}
+	}
+	if s.NATS.Storage != nil && s.NATS.Storage.Size.IsZero() {
+		s.NATS.Storage.Size = defaultNATSStorageSize.DeepCopy()
+	}
+}
+
+// nativeFormat is the model format an engine loads when none is given.
+func nativeFormat(e v1alpha1.Engine) v1alpha1.ModelFormat {
+	switch e {
+	case v1alpha1.EngineDllama:
+		return v1alpha1.ModelFormatDllama
+	case v1alpha1.EngineVLLM:
+		return v1alpha1.ModelFormatSafetensors
+	case v1alpha1.EngineSimulator:
+		return ""
+	default:
+		return v1alpha1.ModelFormatGGUF
+	}
+}
+
+func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) {
+	getenv := t.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	images := map[string]any{}
+	for _, img := range Images() {
+		v := strings.TrimSpace(getenv(img.Env))
+		if v == "" {
+			v = img.Default
+		}
+		images[img.Key] = v
+	}
+
+	s := mo.Spec
+	pullSecrets := make([]any, 0, len(s.ImagePullSecrets))
+	for _, ps := range s.ImagePullSecrets {
+		pullSecrets = append(pullSecrets, map[string]any{"name": ps.Name})
+	}
+
+	gateway, err := gatewayValues(s.Gateway)
+	if err != nil {
+		return nil, err
+	}
+	apps := map[string]any{}
+	for name, app := range s.Applications {
+		v, err := applicationValues(app)
+		if err != nil {
+			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
+		}
+		apps[name] = v
+	}
+
+	nats := map[string]any{
+		"url":       s.NATS.URL,
+		"replicas":  int64(s.NATS.Replicas),
+		"resources": toMap(orDefault(s.NATS.Resources, defaultNATSResources)),
+		"storage":   map[string]any{"size": defaultNATSStorageSize.String(), "storageClassName": ""},
+	}
+	if s.NATS.CredentialsSecretRef != nil {
+		nats["credentialsSecret"] = s.NATS.CredentialsSecretRef.Name
+	}
+	if st := s.NATS.Storage; st != nil {
+		nats["storage"] = map[string]any{"size": st.Size.String(), "storageClassName": st.StorageClassName}
+	}
+
+	return map[string]any{
+		"images":           images,
+		"imagePullSecrets": pullSecrets,
+		"nats":             nats,
+		"gateway":          gateway,
+		"dispatcher": map[string]any{
+			"replicas":  int64(s.Dispatcher.Replicas),
+			"resources": toMap(orDefault(s.Dispatcher.Resources, defaultDispatcherResource)),
+		},
+		"applications": apps,
+	}, nil
+}
+
+func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
+	selector := ""
+	if !g.Auth.Anonymous {
+		selector = DefaultTokenSecretSelector
+		if g.Auth.TokenSecretSelector != nil {
+			sel, err := metav1.LabelSelectorAsSelector(g.Auth.TokenSecretSelector)
+			if err != nil {
+				return nil, fmt.Errorf("spec.gateway.auth.tokenSecretSelector: %w", err)
+			}
+			if sel.Empty() {
+				return nil, fmt.Errorf("spec.gateway.auth.tokenSecretSelector: an empty selector would accept every Secret in the namespace as a token")
+			}
+			selector = sel.String()
+		}
+	}
+	hmac := map[string]any{"name": "", "key": "token"}
+	if r := g.Auth.HMACKeySecretRef; r != nil {
+		hmac = map[string]any{"name": r.Name, "key": r.Key}
+	}
+	maxBody, ok := g.Limits.MaxBodySize.AsInt64()
+	if !ok || maxBody <= 0 {
+		return nil, fmt.Errorf("spec.gateway.limits.maxBodySize: %s is not a positive whole number of bytes", g.Limits.MaxBodySize.String())
+	}
+	annotations := map[string]any{}
+	for k, v := range g.Service.Annotations {
+		annotations[k] = v
+	}
+	out := map[string]any{
+		"replicas": int64(g.Replicas),
+		"service": map[string]any{
+			"type":        string(g.Service.Type),
+			"port":        int64(g.Service.Port),
+			"nodePort":    int64(g.Service.NodePort),
+			"annotations": annotations,
+		},
+		"ingress":   map[string]any{"enabled": false},
+		"httpRoute": map[string]any{"enabled": false},
+		"auth": map[string]any{
+			"anonymous":      g.Auth.Anonymous,
+			"secretSelector": selector,
+			"hmacKeySecret":  hmac,
+		},
+		"limits": map[string]any{
+			"requestsPerMinute":    int64(g.Limits.RequestsPerMinute),
+			"tokensPerMinute":      int64(g.Limits.TokensPerMinute),
+			"maxConcurrentStreams": int64(g.Limits.MaxConcurrent),
+			"maxBodyBytes":         maxBody,
+		},
+		"resources": toMap(orDefault(g.Resources, defaultGatewayResources)),
+	}
+	if in := g.Ingress; in != nil {
+		ann := map[string]any{}
+		for k, v := range in.Annotations {
+			ann[k] = v
+		}
+		out["ingress"] = map[string]any{
+			"enabled":       true,
+			"className":     in.ClassName,
+			"host":          in.Host,
+			"path":          in.Path,
+			"tlsSecretName": in.TLSSecretName,
+			"annotations":   ann,
+		}
+	}
+	if r := g.HTTPRoute; r != nil {
+		refs := make([]any, 0, len(r.ParentRefs))
+		for _, p := range r.ParentRefs {
+			refs = append(refs, map[string]any{"name": p.Name, "namespace": p.Namespace, "sectionName": p.SectionName})
+		}
+		hosts := make([]any, 0, len(r.Hostnames))
+		for _, h := range r.Hostnames {
+			hosts = append(hosts, h)
+		}
+		out["httpRoute"] = map[string]any{"enabled": true, "parentRefs": refs, "hostnames": hosts, "path": r.Path}
+	}
+	return out, nil
+}
+
+func applicationValues(app v1alpha1.Application) (map[string]any, error) {
+	m := app.Model
+	model := map[string]any{
+		"source":        m.Source,
+		"include":       strings2any(m.Include),
+		"exclude":       strings2any(m.Exclude),
+		"format":        string(m.Format),
+		"file":          m.File,
+		"tokenizerFile": m.TokenizerFile,
+		"sha256":        m.SHA256,
+	}
+	if r := m.TokenSecretRef; r != nil {
+		model["tokenSecret"] = map[string]any{"name": r.Name, "key": r.Key}
+	}
+	if r := m.CredentialsSecretRef; r != nil {
+		model["credentialsSecret"] = r.Name
+	}
+	if s3 := m.S3; s3 != nil {
+		model["s3"] = map[string]any{"endpoint": s3.Endpoint, "region": s3.Region}
+	}
+	if c := m.Cache; c != nil {
+		cache := map[string]any{
+			"storageClassName": c.StorageClassName,
+			"accessMode":       string(c.AccessMode),
+			"existingClaim":    c.ExistingClaim,
+		}
+		if c.Size != nil {
+			cache["size"] = c.Size.String()
+		}
+		model["cache"] = cache
+	}
+
+	rt := app.Runtime
+	runtimeValues := map[string]any{
+		"engine":          string(rt.Engine),
+		"image":           rt.Image,
+		"imagePullPolicy": string(rt.ImagePullPolicy),
+		"args":            strings2any(rt.Args),
+		"workers":         int64(rt.Workers),
+		"gpu":             map[string]any{"count": int64(rt.GPU.Count), "product": rt.GPU.Product},
+	}
+	if len(rt.Env) > 0 {
+		env, err := toJSONValue(rt.Env)
+		if err != nil {
+			return nil, fmt.Errorf("runtime.env: %w", err)
+		}
+		runtimeValues["env"] = env
+	}
+	if rt.Resources != nil {
+		runtimeValues["resources"] = toMap(*rt.Resources)
+	}
+	if len(rt.NodeSelector) > 0 {
+		ns := map[string]any{}
+		for k, v := range rt.NodeSelector {
+			ns[k] = v
+		}
+		runtimeValues["nodeSelector"] = ns
+	}
+	if len(rt.Tolerations) > 0 {
+		tol, err := toJSONValue(rt.Tolerations)
+		if err != nil {
+			return nil, fmt.Errorf("runtime.tolerations: %w", err)
+		}
+		runtimeValues["tolerations"] = tol
+	}
+	if rt.Affinity != nil {
+		aff, err := toJSONValue(rt.Affinity)
+		if err != nil {
+			return nil, fmt.Errorf("runtime.affinity: %w", err)
+		}
+		runtimeValues["affinity"] = aff
+	}
+
+	sv := app.Serving
+	serving := map[string]any{
+		"servedModelName": sv.ServedModelName,
+		"maxConcurrency":  int64(sv.MaxConcurrency),
+		"contextLength":   int64(sv.ContextLength),
+		"warmupPrompts":   strings2any(sv.WarmupPrompts),
+	}
+	return map[string]any{
+		"model":   model,
+		"runtime": runtimeValues,
+		"serving": serving,
+		"scaling": map[string]any{"replicas": int64(app.Scaling.Replicas)},
+	}, nil
+}
+
+func orDefault(r *corev1.ResourceRequirements, def corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if r == nil {
+		return def
+	}
+	return *r
+}
+
+// toMap converts resource requirements to plain values (quantities as
+// strings), dropping empty parts.
+func toMap(r corev1.ResourceRequirements) map[string]any {
+	out := map[string]any{}
+	list := func(l corev1.ResourceList) map[string]any {
+		m := make(map[string]any, len(l))
+		for k, q := range l {
+			m[string(k)] = q.String()
+		}
+		return m
+	}
+	if len(r.Requests) > 0 {
+		out["requests"] = list(r.Requests)
+	}
+	if len(r.Limits) > 0 {
+		out["limits"] = list(r.Limits)
+	}
+	return out
+}
+
+func strings2any(in []string) []any {
+	out := make([]any, 0, len(in))
+	for _, s := range in {
+		out = append(out, s)
+	}
+	return out
+}
+
+// toJSONValue converts a Kubernetes API value to plain JSON values.
+func toJSONValue(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var out any
+	if err := json.Unmarshal(b, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
