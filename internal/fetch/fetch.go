@@ -296,7 +296,8 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 	if err := writeManifest(dest, m); err != nil {
 		return nil, fmt.Errorf("writing manifest: %w", err)
 	}
-	os.Remove(filepath.Join(dest, metaDir, partialDir)) // only when empty
+	pruneUnselected(dest, old, m, log)
+	removeEmptyDirs(filepath.Join(dest, metaDir, partialDir))
 	t.setVerified(cfg.VerifySHA256)
 	t.setPhase(PhaseComplete, fmt.Sprintf("%d files, %s", len(m.Files), FormatBytes(m.TotalBytes)))
 	log.Info("fetch complete", "dir", dest, "files", len(m.Files), "bytes", m.TotalBytes, "downloaded", downloaded)
@@ -470,4 +471,35 @@ func verifyInPlace(ctx context.Context, cfg Config, dir string, t *tracker, log 
 	t.setPhase(PhaseComplete, fmt.Sprintf("verified %d files, %s", len(m.Files), FormatBytes(m.TotalBytes)))
 	log.Info("model verified", "dir", dir, "files", len(m.Files), "bytes", m.TotalBytes)
 	return &Result{Files: len(m.Files), TotalBytes: m.TotalBytes, CacheHit: true, Dir: dir}, nil
+}
+
+// pruneUnselected removes files an earlier run published that the current
+// selection no longer contains. Files the fetcher never recorded are left
+// alone.
+func pruneUnselected(dest string, old, cur *Manifest, log *slog.Logger) {
+	if old == nil {
+		return
+	}
+	for _, f := range old.Files {
+		if _, ok := cur.file(f.Path); ok {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dest, filepath.FromSlash(f.Path))); err == nil {
+			log.Info("removed file no longer selected", "file", f.Path)
+		}
+	}
+}
+
+// removeEmptyDirs removes dir and its subdirectories when they hold no files.
+func removeEmptyDirs(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			removeEmptyDirs(filepath.Join(dir, e.Name()))
+		}
+	}
+	os.Remove(dir) // fails, harmlessly, when not empty
 }
