@@ -1,0 +1,53 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// ErrCrashed is returned by Run when an injected crash with
+// Faults.CrashExits took the simulated engine down.
+var ErrCrashed = errors.New("simulated engine crashed")
+
+// Run serves the simulator on cfg.Addr until ctx ends (graceful stop) or an
+// injected crash takes it down (abrupt stop, ErrCrashed).
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid simulator config: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
+	}
+	return Serve(ctx, ln, New(cfg, WithLogger(log)), log)
+}
+
+// Serve serves s on ln until ctx ends or s crashes.
+func Serve(ctx context.Context, ln net.Listener, s *Simulator, log *slog.Logger) error {
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("simulator serving", "addr", ln.Addr().String(), "model", s.cfg.Model)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-s.Crashed():
+		s.Stop()
+		_ = srv.Close()
+		return ErrCrashed
+	case <-ctx.Done():
+	}
+	s.Stop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	return nil
+}
