@@ -9,5 +9,9 @@ import "github.com/model-orchestra/operator/internal/plugin"
 // offline preview (orchestra template) both call it, so they run exactly
 // the same plugins.
 func Register(r *plugin.Registry) {
-	_ = r // plugins are registered here as they are written
+	r.RegisterTranslator(TranslatorName, Translator{})
+	r.RegisterPostRenderer(ConfigChecksumName, NewConfigChecksum)
+	r.RegisterPostRenderer(GPUSchedulingName, NewGPUScheduling)
+	r.RegisterPostRenderer(NATSWiringName, NewNATSWiring)
+	r.RegisterStatus(StatusName, Status{})
 }

@@ -1,0 +1,191 @@
+// Package preview renders ModelOrchestra resources offline, exactly as the
+// operator would install them: the resource is validated and defaulted
+// against the embedded CRD (schema and CEL rules, as the API server does),
+// then rendered by the engine's pipeline (internal/render) with the
+// embedded watches.yaml, the embedded chart and the same plugin registry.
+package preview
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/strvals"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	operator "github.com/model-orchestra/operator"
+	"github.com/model-orchestra/operator/internal/orchestra"
+	"github.com/model-orchestra/operator/internal/orchestra/validation"
+	"github.com/model-orchestra/operator/internal/plugin"
+	"github.com/model-orchestra/operator/internal/render"
+	"github.com/model-orchestra/operator/internal/watches"
+)
+
+// ErrNoResource means the input held no resource to render.
+var ErrNoResource = errors.New("no ModelOrchestra resource in the input")
+
+// Options configure a preview.
+type Options struct {
+	// Set are --set style assignments applied to each resource before it is
+	// validated, for example "spec.applications.chat.scaling.replicas=2".
+	Set []string
+	// Namespace is used for resources that do not name one; empty means
+	// "default".
+	Namespace string
+	// KubeVersion is the Kubernetes version the chart is rendered for;
+	// empty uses DefaultKubeVersion.
+	KubeVersion string
+}
+
+// DefaultKubeVersion is the Kubernetes version a preview renders for unless
+// told otherwise: the version of the Kubernetes libraries the operator is
+// built with.
+const DefaultKubeVersion = "v1.36.0"
+
+// Renderer previews resources. Build it once with New; it is safe for
+// sequential use.
+type Renderer struct {
+	validator *validation.Validator
+	entries   []watches.Entry
+}
+
+// New loads the embedded CRD, watches.yaml and charts, and the plugins.
+func New() (*Renderer, error) {
+	v, err := validation.New(operator.ModelOrchestraCRD(), "")
+	if err != nil {
+		return nil, fmt.Errorf("loading the embedded CRD: %w", err)
+	}
+	reg := plugin.NewRegistry()
+	orchestra.Register(reg)
+	entries, err := watches.Parse(operator.WatchesFile, operator.Watches(), operator.FS, reg)
+	if err != nil {
+		return nil, fmt.Errorf("loading the embedded watches.yaml: %w", err)
+	}
+	return &Renderer{validator: v, entries: entries}, nil
+}
+
+// Template renders every resource in the YAML stream r and returns the
+// manifests, separated by "---". The first invalid resource stops it with
+// an error naming the resource and its fields.
+func (p *Renderer) Template(ctx context.Context, r io.Reader, opts Options) (string, error) {
+	objs, err := decode(r)
+	if err != nil {
+		return "", err
+	}
+	var out strings.Builder
+	for _, obj := range objs {
+		manifest, err := p.templateOne(ctx, obj, opts)
+		if err != nil {
+			return "", err
+		}
+		out.WriteString(manifest)
+	}
+	return out.String(), nil
+}
+
+// Render validates one resource and renders it; it returns the rendered
+// result and the validated, defaulted resource.
+func (p *Renderer) Render(ctx context.Context, obj *unstructured.Unstructured, opts Options) (*render.Result, *unstructured.Unstructured, error) {
+	obj = obj.DeepCopy()
+	for _, s := range opts.Set {
+		if err := strvals.ParseInto(s, obj.Object); err != nil {
+			return nil, nil, fmt.Errorf("--set %s: %w", s, err)
+		}
+	}
+	if obj.GetNamespace() == "" {
+		ns := opts.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		obj.SetNamespace(ns)
+	}
+	valid, err := p.validator.Validate(ctx, obj)
+	if err != nil {
+		return nil, nil, err
+	}
+	entry, err := p.entry(valid)
+	if err != nil {
+		return nil, nil, err
+	}
+	kubeVersion := opts.KubeVersion
+	if kubeVersion == "" {
+		kubeVersion = DefaultKubeVersion
+	}
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube version %q: %w", kubeVersion, err)
+	}
+	ro := render.Options{KubeVersion: kv}
+	res, err := render.ForResource(ctx, entry, valid, ro)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, valid, nil
+}
+
+func (p *Renderer) templateOne(ctx context.Context, obj *unstructured.Unstructured, opts Options) (string, error) {
+	res, _, err := p.Render(ctx, obj, opts)
+	if err != nil {
+		return "", err
+	}
+	return render.FormatManifest(res.Objects)
+}
+
+func (p *Renderer) entry(obj *unstructured.Unstructured) (*watches.Entry, error) {
+	gvk := obj.GroupVersionKind()
+	for i := range p.entries {
+		if p.entries[i].GVK == gvk {
+			return &p.entries[i], nil
+		}
+	}
+	return nil, fmt.Errorf("watches.yaml serves no %s", gvk)
+}
+
+// decode reads every document of a YAML or JSON stream; empty documents
+// are skipped. Numbers decode as the API server decodes them: whole numbers
+// as int64.
+func decode(r io.Reader) ([]*unstructured.Unstructured, error) {
+	docs := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	var out []*unstructured.Unstructured
+	for i := 1; ; i++ {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading document %d: %w", i, err)
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
+			continue
+		}
+		var m map[string]any
+		if err := utiljson.Unmarshal(js, &m); err != nil {
+			return nil, fmt.Errorf("document %d: want an object: %w", i, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	if len(out) == 0 {
+		return nil, ErrNoResource
+	}
+	return out, nil
+}
+
+// TemplateBytes is Template over a byte slice.
+func (p *Renderer) TemplateBytes(ctx context.Context, data []byte, opts Options) (string, error) {
+	return p.Template(ctx, bytes.NewReader(data), opts)
+}
