@@ -1,0 +1,141 @@
+package helmreconciler
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// objectKey identifies one object of a release.
+type objectKey struct {
+	GVK       schema.GroupVersionKind
+	Namespace string
+	Name      string
+}
+
+func (k objectKey) String() string {
+	if k.Namespace == "" {
+		return fmt.Sprintf("%s %s", k.GVK.Kind, k.Name)
+	}
+	return fmt.Sprintf("%s %s/%s", k.GVK.Kind, k.Namespace, k.Name)
+}
+
+func keyOf(o *unstructured.Unstructured) objectKey {
+	return objectKey{GVK: o.GroupVersionKind(), Namespace: o.GetNamespace(), Name: o.GetName()}
+}
+
+func (k objectKey) namespacedName() types.NamespacedName {
+	return types.NamespacedName{Namespace: k.Namespace, Name: k.Name}
+}
+
+// Helm's ownership metadata, which it sets on every object it applies.
+const (
+	helmReleaseNameAnnotation      = "meta.helm.sh/release-name"
+	helmReleaseNamespaceAnnotation = "meta.helm.sh/release-namespace"
+)
+
+// desiredObjects turns a release manifest into the objects as Helm applies
+// them: namespaced objects without a namespace get the release's, and Helm's
+// ownership metadata is added.
+func desiredObjects(objs []*unstructured.Unstructured, release, namespace string, mapper meta.RESTMapper) []*unstructured.Unstructured {
+	out := make([]*unstructured.Unstructured, 0, len(objs))
+	for _, o := range objs {
+		o = o.DeepCopy()
+		gvk := o.GroupVersionKind()
+		if o.GetNamespace() == "" {
+			if m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version); err == nil && m.Scope.Name() == meta.RESTScopeNameNamespace {
+				o.SetNamespace(namespace)
+			}
+		}
+		l := o.GetLabels()
+		if l == nil {
+			l = map[string]string{}
+		}
+		l["app.kubernetes.io/managed-by"] = "Helm"
+		o.SetLabels(l)
+		a := o.GetAnnotations()
+		if a == nil {
+			a = map[string]string{}
+		}
+		a[helmReleaseNameAnnotation] = release
+		a[helmReleaseNamespaceAnnotation] = namespace
+		o.SetAnnotations(a)
+		out = append(out, o)
+	}
+	return out
+}
+
+// contains reports whether every field set in want has the same value in
+// have. Fields that only have (defaults, other writers) sets are ignored;
+// lists must have the same length, element by element.
+func contains(want, have any) bool {
+	switch w := want.(type) {
+	case map[string]any:
+		h, ok := have.(map[string]any)
+		if !ok {
+			return len(w) == 0 && have == nil
+		}
+		for k, wv := range w {
+			hv, ok := h[k]
+			if !ok {
+				if isEmpty(wv) {
+					continue
+				}
+				return false
+			}
+			if !contains(wv, hv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		h, ok := have.([]any)
+		if !ok {
+			return len(w) == 0 && have == nil
+		}
+		if len(w) != len(h) {
+			return false
+		}
+		for i := range w {
+			if !contains(w[i], h[i]) {
+				return false
+			}
+		}
+		return true
+	case nil:
+		return true
+	case int64:
+		return numberEqual(float64(w), have)
+	case float64:
+		return numberEqual(w, have)
+	default:
+		return want == have
+	}
+}
+
+func numberEqual(w float64, have any) bool {
+	switch h := have.(type) {
+	case int64:
+		return float64(h) == w
+	case float64:
+		return h == w
+	}
+	return false
+}
+
+func isEmpty(v any) bool {
+	switch t := v.(type) {
+	case nil:
+		return true
+	case map[string]any:
+		return len(t) == 0
+	case []any:
+		return len(t) == 0
+	case string:
+		return t == ""
+	}
+	return false
+}

@@ -1,0 +1,197 @@
+// Package helmreconciler is the generic Helm reconciler engine: for each
+// watches.yaml entry it turns custom resources of one kind into Helm
+// releases of the entry's chart, through the render pipeline that the
+// offline preview also runs.
+//
+// A reconcile with nothing to change is cheap: the digest of the inputs is
+// compared with the digest label of the latest release Secret, read from the
+// operator's cache (metadata only), and the live objects are compared with
+// the deployed manifest kept in memory, by resourceVersion first. Nothing is
+// rendered and nothing is read from the API server.
+package helmreconciler
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	"github.com/model-orchestra/operator/internal/watches"
+)
+
+// Annotations on a custom resource. They use the helm-operator's
+// helm.sdk.operatorframework.io/ prefix and meaning, so that resources and
+// runbooks written for the operator-sdk helm-operator keep working.
+const (
+	// AnnotationUpgradeForce "true" upgrades with Helm's --force (replace
+	// objects that cannot be patched).
+	AnnotationUpgradeForce = "helm.sdk.operatorframework.io/upgrade-force"
+	// AnnotationUninstallWait "true" keeps the finalizer, and so the custom
+	// resource, until every object of the release is gone.
+	AnnotationUninstallWait = "helm.sdk.operatorframework.io/uninstall-wait"
+	// AnnotationReconcilePeriod (a Go duration) overrides the entry's and
+	// the operator's resync period for this resource.
+	AnnotationReconcilePeriod = "helm.sdk.operatorframework.io/reconcile-period"
+	// AnnotationPauseReconcile "true" stops all Helm actions and drift
+	// repair for this resource (deletion still uninstalls).
+	AnnotationPauseReconcile = "helm.sdk.operatorframework.io/pause-reconcile"
+
+	// Finalizer makes deletion uninstall the release. It is the
+	// helm-operator's, so that resources it served are uninstalled too.
+	Finalizer = "helm.sdk.operatorframework.io/uninstall-release"
+
+	// LabelEngine marks release Secrets written by the engine; the
+	// operator's cache holds only Secrets and dependents carrying it or the
+	// engine's managed objects' instance label.
+	LabelEngine = "modelorchestra.io/engine"
+	// EngineName is the value of LabelEngine.
+	EngineName = "helm-reconciler"
+	// LabelDigest on a release (and its Secret) is the digest of the inputs
+	// it was rendered from.
+	LabelDigest = "modelorchestra.io/digest"
+
+	fieldOwner        = "model-orchestra-operator"
+	maxHistory        = 10
+	uninstallWaitPoll = 2 * time.Second
+)
+
+// Options configure a Reconciler.
+type Options struct {
+	// ReconcilePeriod is the resync period when neither the entry nor the
+	// resource sets one. Zero disables periodic resync.
+	ReconcilePeriod time.Duration
+	// MaxConcurrentReconciles is the number of workers when the entry sets
+	// none. Default 1.
+	MaxConcurrentReconciles int
+	// ActionTimeout bounds one Helm action. Default 5 minutes.
+	ActionTimeout time.Duration
+	// ChunkSize is the largest release data kept in one Secret; larger
+	// releases are split across Secrets. Default DefaultChunkSize.
+	ChunkSize int
+}
+
+// Reconciler reconciles the custom resources of one watches.yaml entry.
+type Reconciler struct {
+	entry    *watches.Entry
+	opts     Options
+	client   client.Client
+	reader   client.Reader // uncached
+	cache    cache.Cache
+	mapper   meta.RESTMapper
+	recorder events.EventRecorder
+	actions  *actionConfigs
+	ctrl     controller.Controller
+
+	watchMu sync.Mutex
+	watched map[schema.GroupVersionKind]bool
+
+	states sync.Map // types.NamespacedName -> *releaseState
+}
+
+// releaseState is what the engine remembers about one deployed release, so
+// that a no-op reconcile reads nothing from storage.
+type releaseState struct {
+	uid      types.UID
+	revision int
+	digest   string
+	desired  []*unstructured.Unstructured
+	verified map[objectKey]string // resourceVersion at which the object matched
+}
+
+// New builds the reconciler of entry and registers it with mgr.
+func New(mgr ctrl.Manager, entry *watches.Entry, opts Options) (*Reconciler, error) {
+	if opts.MaxConcurrentReconciles < 1 {
+		opts.MaxConcurrentReconciles = 1
+	}
+	if opts.ActionTimeout <= 0 {
+		opts.ActionTimeout = 5 * time.Minute
+	}
+	if opts.ChunkSize <= 0 {
+		opts.ChunkSize = DefaultChunkSize
+	}
+	ac, err := newActionConfigs(mgr.GetConfig(), mgr.GetRESTMapper(), opts.ChunkSize, map[string]string{LabelEngine: EngineName})
+	if err != nil {
+		return nil, err
+	}
+	r := &Reconciler{
+		entry:    entry,
+		opts:     opts,
+		client:   mgr.GetClient(),
+		reader:   mgr.GetAPIReader(),
+		cache:    mgr.GetCache(),
+		mapper:   mgr.GetRESTMapper(),
+		recorder: mgr.GetEventRecorder(controllerName(entry)),
+		actions:  ac,
+		watched:  map[schema.GroupVersionKind]bool{},
+	}
+	return r, r.setup(mgr)
+}
+
+func controllerName(e *watches.Entry) string {
+	return strings.ToLower(e.GVK.Kind + "." + e.GVK.Group + "-" + e.GVK.Version)
+}
+
+func (r *Reconciler) newObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(r.entry.GVK)
+	return u
+}
+
+func (r *Reconciler) setup(mgr ctrl.Manager) error {
+	workers := r.entry.MaxConcurrentReconciles
+	if workers == 0 {
+		workers = r.opts.MaxConcurrentReconciles
+	}
+	owner := r.newObject()
+	forOpts := []builder.ForOption{builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
+		predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}, deletingPredicate{}))}
+	if r.entry.Selector != nil {
+		sel := r.entry.Selector
+		forOpts = append(forOpts, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return sel.Matches(labelsOf(o))
+		})))
+	}
+	releaseSecrets := &metav1.PartialObjectMetadata{}
+	releaseSecrets.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	c, err := ctrl.NewControllerManagedBy(mgr).
+		Named(controllerName(r.entry)).
+		For(owner, forOpts...).
+		WatchesMetadata(releaseSecrets,
+			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), owner, handler.OnlyControllerOwner()),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetLabels()["owner"] == "helm"
+			}))).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
+		Build(r)
+	if err != nil {
+		return fmt.Errorf("building controller for %s: %w", r.entry.GVK, err)
+	}
+	r.ctrl = c
+	return nil
+}
+
+func labelsOf(o client.Object) labels.Set { return labels.Set(o.GetLabels()) }
+
+// deletingPredicate passes updates that start a deletion.
+type deletingPredicate struct{ predicate.Funcs }
+
+func (deletingPredicate) Update(e event.UpdateEvent) bool {
+	return e.ObjectNew.GetDeletionTimestamp() != nil
+}

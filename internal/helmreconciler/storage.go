@@ -1,0 +1,232 @@
+package helmreconciler
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+)
+
+// Release storage.
+//
+// Releases are stored as Helm stores them (driver "secret": one Secret
+// sh.helm.release.v1.<name>.v<revision> per revision, labelled owner=helm),
+// so `helm list`, `helm history` and `helm get` work on them. The engine wraps
+// the Secrets client that Helm's driver uses to add three things:
+//
+//   - a controller owner reference to the custom resource, so that the
+//     garbage collector removes the history if the resource is ever deleted
+//     without the finalizer running;
+//   - the engine label, so that the operator's cache sees the release Secrets
+//     (metadata only) and a no-op reconcile reads nothing from the API;
+//   - chunking: Kubernetes refuses a Secret over 1 MiB, and Helm's encoded
+//     release (gzip of chart, values and manifest) can exceed it. A larger
+//     release is split: the first chunk stays in the usual Secret, labelled
+//     with the number of chunks, and the rest go to Secrets named
+//     <secret>.chunk-<i> of type modelorchestra.io/release-chunk.v1. The helm
+//     CLI cannot decode a chunked release; the operator can.
+
+const (
+	// DefaultChunkSize is the largest release data kept in one Secret. It
+	// leaves room under the 1 MiB Secret limit for metadata.
+	DefaultChunkSize = 1000 * 1024
+
+	labelChunks     = "modelorchestra.io/release-chunks"
+	labelChunkOf    = "modelorchestra.io/release-chunk-of"
+	chunkSecretType = corev1.SecretType("modelorchestra.io/release-chunk.v1")
+	releaseDataKey  = "release"
+)
+
+// releaseSecrets is a SecretInterface for Helm's Secrets driver.
+type releaseSecrets struct {
+	corev1client.SecretInterface
+	owner     *metav1.OwnerReference
+	labels    map[string]string
+	chunkSize int
+}
+
+func (s *releaseSecrets) decorate(sec *corev1.Secret) {
+	if sec.Labels == nil {
+		sec.Labels = map[string]string{}
+	}
+	for k, v := range s.labels {
+		sec.Labels[k] = v
+	}
+	if s.owner != nil {
+		sec.OwnerReferences = []metav1.OwnerReference{*s.owner}
+	}
+}
+
+func chunkName(main string, i int) string { return main + ".chunk-" + strconv.Itoa(i) }
+
+func (s *releaseSecrets) split(sec *corev1.Secret) (head []byte, rest [][]byte) {
+	data := sec.Data[releaseDataKey]
+	size := s.chunkSize
+	if size <= 0 {
+		size = DefaultChunkSize
+	}
+	if len(data) <= size {
+		return data, nil
+	}
+	head, data = data[:size], data[size:]
+	for len(data) > 0 {
+		n := min(size, len(data))
+		rest = append(rest, data[:n])
+		data = data[n:]
+	}
+	return head, rest
+}
+
+func (s *releaseSecrets) writeChunks(ctx context.Context, main *corev1.Secret, rest [][]byte) error {
+	for i, part := range rest {
+		c := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:      chunkName(main.Name, i+1),
+				Namespace: main.Namespace,
+				Labels:    map[string]string{labelChunkOf: main.Labels["name"]},
+			},
+			Type: chunkSecretType,
+			Data: map[string][]byte{releaseDataKey: part},
+		}
+		for k, v := range s.labels {
+			c.Labels[k] = v
+		}
+		if s.owner != nil {
+			c.OwnerReferences = []metav1.OwnerReference{*s.owner}
+		}
+		_, err := s.SecretInterface.Create(ctx, c, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			_, err = s.SecretInterface.Update(ctx, c, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			return fmt.Errorf("writing release chunk %s: %w", c.Name, err)
+		}
+	}
+	return nil
+}
+
+func (s *releaseSecrets) deleteChunks(ctx context.Context, main string, from, to int) error {
+	for i := from; i < to; i++ {
+		err := s.SecretInterface.Delete(ctx, chunkName(main, i), metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting release chunk %s: %w", chunkName(main, i), err)
+		}
+	}
+	return nil
+}
+
+func chunkCount(sec *corev1.Secret) int {
+	n, err := strconv.Atoi(sec.Labels[labelChunks])
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+// join reads the chunks of sec, if any, into its release data.
+func (s *releaseSecrets) join(ctx context.Context, sec *corev1.Secret) (*corev1.Secret, error) {
+	n := chunkCount(sec)
+	if n == 1 {
+		return sec, nil
+	}
+	var b bytes.Buffer
+	b.Write(sec.Data[releaseDataKey])
+	for i := 1; i < n; i++ {
+		c, err := s.SecretInterface.Get(ctx, chunkName(sec.Name, i), metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("reading release chunk %d/%d of %s: %w", i+1, n, sec.Name, err)
+		}
+		b.Write(c.Data[releaseDataKey])
+	}
+	out := sec.DeepCopy()
+	out.Data[releaseDataKey] = b.Bytes()
+	return out, nil
+}
+
+func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	sec = sec.DeepCopy()
+	s.decorate(sec)
+	head, rest := s.split(sec)
+	if len(rest) > 0 {
+		if _, err := s.SecretInterface.Get(ctx, sec.Name, metav1.GetOptions{}); err == nil {
+			return nil, apierrors.NewAlreadyExists(corev1.Resource("secrets"), sec.Name)
+		}
+		if err := s.writeChunks(ctx, sec, rest); err != nil {
+			return nil, err
+		}
+		sec.Data[releaseDataKey] = head
+		sec.Labels[labelChunks] = strconv.Itoa(len(rest) + 1)
+	}
+	return s.SecretInterface.Create(ctx, sec, opts)
+}
+
+func (s *releaseSecrets) Update(ctx context.Context, sec *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	sec = sec.DeepCopy()
+	s.decorate(sec)
+	old, err := s.SecretInterface.Get(ctx, sec.Name, metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	oldN := 1
+	if old != nil && err == nil {
+		oldN = chunkCount(old)
+	}
+	head, rest := s.split(sec)
+	if len(rest) > 0 {
+		if err := s.writeChunks(ctx, sec, rest); err != nil {
+			return nil, err
+		}
+		sec.Data[releaseDataKey] = head
+		sec.Labels[labelChunks] = strconv.Itoa(len(rest) + 1)
+	}
+	out, err := s.SecretInterface.Update(ctx, sec, opts)
+	if err != nil {
+		return nil, err
+	}
+	return out, s.deleteChunks(ctx, sec.Name, len(rest)+1, oldN)
+}
+
+func (s *releaseSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
+	sec, err := s.SecretInterface.Get(ctx, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	return s.join(ctx, sec)
+}
+
+func (s *releaseSecrets) List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error) {
+	list, err := s.SecretInterface.List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	for i := range list.Items {
+		joined, err := s.join(ctx, &list.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		list.Items[i] = *joined
+	}
+	return list, nil
+}
+
+func (s *releaseSecrets) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	sec, err := s.SecretInterface.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if err := s.SecretInterface.Delete(ctx, name, opts); err != nil {
+		return err
+	}
+	return s.deleteChunks(ctx, name, 1, chunkCount(sec))
+}
+
+// releaseSelector selects the Secrets of release name (all revisions).
+func releaseSelector(name string) labels.Selector {
+	return labels.SelectorFromSet(labels.Set{"owner": "helm", "name": name})
+}
