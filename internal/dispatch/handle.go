@@ -1,0 +1,293 @@
+package dispatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/model-orchestra/operator/internal/natsqueue"
+)
+
+// chunkSize bounds one response message.
+const chunkSize = 256 << 10
+
+// responder publishes one attempt's response messages, in order.
+type responder struct {
+	nc      *nats.Conn
+	subject string
+	attempt string
+
+	mu  sync.Mutex
+	seq int
+}
+
+func (r *responder) send(kind string, build func(h nats.Header)) error {
+	if r.subject == "" {
+		return nil
+	}
+	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}}
+	m.Header.Set(natsqueue.HeaderKind, kind)
+	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
+	if build != nil {
+		build(m.Header)
+	}
+	return r.nc.PublishMsg(m)
+}
+
+// data publishes the next data message; status and contentType go on the
+// first one only.
+func (r *responder) data(p []byte, status int, contentType string, end bool) error {
+	if r.subject == "" {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}, Data: p}
+	m.Header.Set(natsqueue.HeaderKind, natsqueue.KindData)
+	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
+	m.Header.Set(natsqueue.HeaderSeq, strconv.Itoa(r.seq))
+	if r.seq == 0 {
+		m.Header.Set(natsqueue.HeaderStatus, strconv.Itoa(status))
+		if contentType != "" {
+			m.Header.Set(natsqueue.HeaderContentType, contentType)
+		}
+	}
+	if end {
+		m.Header.Set(natsqueue.HeaderEnd, "1")
+	}
+	r.seq++
+	return r.nc.PublishMsg(m)
+}
+
+// attemptError is a failed attempt: retried until maxDeliver, and counted
+// against the root when it was the engine's fault.
+type attemptError struct {
+	reason    string
+	rootFault bool
+	err       error
+}
+
+func (e *attemptError) Error() string { return e.reason + ": " + e.err.Error() }
+func (e *attemptError) Unwrap() error { return e.err }
+
+// handle runs one delivery on root rt and settles the message: Ack when the
+// answer was published, Nak for a retry, Term when the client cancelled,
+// dead-letter after MaxDeliver attempts.
+func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt *root) {
+	md, err := msg.Metadata()
+	if err != nil {
+		a.pool.release(rt, true, false)
+		d.log.Error("request without JetStream metadata", "app", a.Name, "err", err)
+		_ = msg.Term()
+		return
+	}
+	seq, attempt := md.Sequence.Stream, int(md.NumDelivered)
+	h := msg.Headers()
+	resp := &responder{nc: d.nc, subject: h.Get(natsqueue.HeaderReply), attempt: strconv.Itoa(attempt)}
+	log := d.log.With("app", a.Name, "job", h.Get(natsqueue.HeaderJobID), "seq", seq, "attempt", attempt)
+
+	if attempt == 1 {
+		d.m.queueWait.WithLabelValues(a.Name).Observe(time.Since(md.Timestamp).Seconds())
+	} else {
+		d.m.redelivered.WithLabelValues(a.Name).Inc()
+	}
+	if attempt > d.cfg.MaxDeliver {
+		// An earlier attempt died with its dispatcher.
+		a.pool.release(rt, true, false)
+		d.deadLetter(work, a, msg, resp, "maximum deliveries reached", log)
+		return
+	}
+
+	ctx, cancel := context.WithCancelCause(work)
+	defer cancel(nil)
+	if d.cfg.RequestTimeout.Duration > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeout(ctx, d.cfg.RequestTimeout.Duration)
+		defer stop()
+	}
+	if !d.track(seq, cancel) {
+		a.pool.release(rt, true, false)
+		d.m.cancelled.WithLabelValues(a.Name).Inc()
+		_ = msg.TermWithReason("cancelled by client")
+		return
+	}
+	defer d.untrack(seq)
+
+	d.m.inflight.WithLabelValues(a.Name).Inc()
+	defer d.m.inflight.WithLabelValues(a.Name).Dec()
+	d.m.dispatched.WithLabelValues(a.Name).Inc()
+	_ = resp.send(natsqueue.KindAccepted, nil)
+
+	// Keep the gateway and JetStream informed while the engine works.
+	stopBeats := make(chan struct{})
+	var beats sync.WaitGroup
+	beats.Go(func() { d.keepAlive(msg, resp, stopBeats) })
+
+	began := time.Now()
+	status, err := d.call(ctx, a, rt, h, msg.Data(), resp)
+	close(stopBeats)
+	beats.Wait()
+	d.m.engineTime.WithLabelValues(a.Name).Observe(time.Since(began).Seconds())
+
+	var ae *attemptError
+	switch {
+	case err == nil:
+		a.pool.release(rt, true, true)
+		if err := msg.Ack(); err != nil {
+			log.Warn("acknowledging a completed request", "err", err)
+		}
+		d.m.completed.WithLabelValues(a.Name, strconv.Itoa(status)).Inc()
+	case errors.Is(context.Cause(ctx), errCancelled):
+		a.pool.release(rt, true, false)
+		d.m.cancelled.WithLabelValues(a.Name).Inc()
+		_ = msg.TermWithReason("cancelled by client")
+	case errors.Is(context.Cause(ctx), errShutdown):
+		a.pool.release(rt, true, false)
+		_ = msg.Nak()
+	case errors.As(err, &ae):
+		a.pool.release(rt, !ae.rootFault, ae.rootFault)
+		d.m.failed.WithLabelValues(a.Name, ae.reason).Inc()
+		if attempt >= d.cfg.MaxDeliver {
+			log.Warn("request failed on its last attempt", "err", err)
+			d.deadLetter(work, a, msg, resp, err.Error(), log)
+			return
+		}
+		delay := d.cfg.RetryDelay.Duration * time.Duration(min(attempt, 10))
+		log.Info("request failed; retrying", "err", err, "delay", delay)
+		_ = msg.NakWithDelay(delay)
+	default:
+		a.pool.release(rt, true, false)
+		d.m.failed.WithLabelValues(a.Name, "internal").Inc()
+		log.Error("request failed", "err", err)
+		_ = msg.NakWithDelay(d.cfg.RetryDelay.Duration)
+	}
+}
+
+// keepAlive sends heartbeats to the gateway and progress to JetStream.
+func (d *Dispatcher) keepAlive(msg jetstream.Msg, resp *responder, stop <-chan struct{}) {
+	beat := d.cfg.HeartbeatInterval.Duration
+	progress := d.cfg.AckWait.Duration / 3
+	t := time.NewTicker(min(beat, progress))
+	defer t.Stop()
+	lastBeat, lastProgress := time.Now(), time.Now()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			if now.Sub(lastBeat) >= beat-beat/10 {
+				_ = resp.send(natsqueue.KindHeartbeat, nil)
+				lastBeat = now
+			}
+			if now.Sub(lastProgress) >= progress-progress/10 {
+				_ = msg.InProgress()
+				lastProgress = now
+			}
+		}
+	}
+}
+
+// call sends the request to the engine and relays the answer. It returns the
+// engine's status, or an *attemptError for a retryable failure.
+func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, body []byte, resp *responder) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rt.url+h.Get(natsqueue.HeaderPath), bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("building engine request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := d.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return 0, &attemptError{reason: "engine_unreachable", rootFault: true, err: err}
+	}
+	defer res.Body.Close()
+	switch res.StatusCode {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+		return 0, &attemptError{reason: "engine_status_" + strconv.Itoa(res.StatusCode), rootFault: true,
+			err: fmt.Errorf("engine %s answered %s", rt.url, res.Status)}
+	}
+	ct := res.Header.Get("Content-Type")
+	if h.Get(natsqueue.HeaderStream) != "1" {
+		full, err := io.ReadAll(io.LimitReader(res.Body, d.cfg.MaxResponseBytes+1))
+		if err != nil {
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, &attemptError{reason: "engine_broke_off", rootFault: true, err: err}
+		}
+		if int64(len(full)) > d.cfg.MaxResponseBytes {
+			// Retrying would not shrink it: answer with a clear error.
+			res.StatusCode, ct = http.StatusBadGateway, "application/json"
+			full = fmt.Appendf(nil, `{"error":{"message":"the engine's answer exceeds %d bytes","type":"BadGateway","param":null,"code":502}}`, d.cfg.MaxResponseBytes)
+		}
+		for first := true; first || len(full) > 0; first = false {
+			n := min(len(full), chunkSize)
+			if err := resp.data(full[:n], res.StatusCode, ct, n == len(full)); err != nil {
+				return 0, &attemptError{reason: "publish_failed", err: err}
+			}
+			full = full[n:]
+		}
+		return res.StatusCode, nil
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := res.Body.Read(buf)
+		if n > 0 {
+			// Copy: the message may still sit in the connection's buffer.
+			if err := resp.data(bytes.Clone(buf[:n]), res.StatusCode, ct, false); err != nil {
+				return 0, &attemptError{reason: "publish_failed", err: err}
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				return 0, context.Cause(ctx)
+			}
+			return 0, &attemptError{reason: "engine_broke_off", rootFault: true, err: rerr}
+		}
+	}
+	if err := resp.data(nil, res.StatusCode, ct, true); err != nil {
+		return 0, &attemptError{reason: "publish_failed", err: err}
+	}
+	return res.StatusCode, nil
+}
+
+// deadLetter moves a request to the dead-letter stream and tells the
+// gateway. If the move fails the request is retried later, never dropped.
+func (d *Dispatcher) deadLetter(ctx context.Context, a *app, msg jetstream.Msg, resp *responder, reason string, log *slog.Logger) {
+	dl := nats.NewMsg(d.names.DeadLetter(a.Name))
+	for k, v := range msg.Headers() {
+		dl.Header[k] = v
+	}
+	dl.Header.Set(natsqueue.HeaderReason, reason)
+	dl.Header.Set(natsqueue.HeaderAttempt, resp.attempt)
+	dl.Data = msg.Data()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := d.js.PublishMsg(pctx, dl); err != nil {
+		log.Warn("moving request to the dead-letter stream; will retry", "err", err)
+		_ = msg.NakWithDelay(5 * time.Second)
+		return
+	}
+	d.m.deadLettered.WithLabelValues(a.Name).Inc()
+	log.Warn("request dead-lettered", "reason", reason)
+	_ = resp.send(natsqueue.KindDeadLettered, func(h nats.Header) { h.Set(natsqueue.HeaderReason, reason) })
+	if err := msg.TermWithReason("dead-lettered"); err != nil {
+		log.Warn("terminating a dead-lettered request", "err", err)
+	}
+}

@@ -1,0 +1,52 @@
+package dispatch
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	backlog      *prometheus.GaugeVec
+	ackPending   *prometheus.GaugeVec
+	inflight     *prometheus.GaugeVec
+	queueWait    *prometheus.HistogramVec
+	engineTime   *prometheus.HistogramVec
+	rootHealthy  *prometheus.GaugeVec
+	dispatched   *prometheus.CounterVec
+	completed    *prometheus.CounterVec
+	failed       *prometheus.CounterVec
+	redelivered  *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	cancelled    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns = "orchestra_dispatcher"
+	buckets := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	m := &metrics{
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "backlog",
+			Help: "Requests queued and not yet delivered, per application (consumer NumPending)."}, []string{"app"}),
+		ackPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "ack_pending",
+			Help: "Requests delivered to dispatchers and not yet acknowledged, per application."}, []string{"app"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "inflight",
+			Help: "Requests this dispatcher is running on engines."}, []string{"app"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "queue_wait_seconds",
+			Help: "Time from a request being stored to its first delivery.", Buckets: buckets}, []string{"app"}),
+		engineTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_request_seconds",
+			Help: "Duration of engine requests, including streaming the answer.", Buckets: buckets}, []string{"app"}),
+		rootHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "root_healthy",
+			Help: "1 when an engine root receives traffic, 0 while ejected or gone."}, []string{"app", "root"}),
+		dispatched: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dispatched_total",
+			Help: "Deliveries sent to an engine."}, []string{"app"}),
+		completed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "completed_total",
+			Help: "Requests answered and acknowledged, by engine status code."}, []string{"app", "code"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "failed_total",
+			Help: "Failed attempts, by reason; they are retried until maxDeliver."}, []string{"app", "reason"}),
+		redelivered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "redelivered_total",
+			Help: "Deliveries that were not the first attempt."}, []string{"app"}),
+		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dead_lettered_total",
+			Help: "Requests moved to the dead-letter stream."}, []string{"app"}),
+		cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cancelled_total",
+			Help: "Requests cancelled by their client."}, []string{"app"}),
+	}
+	reg.MustRegister(m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
+		m.dispatched, m.completed, m.failed, m.redelivered, m.deadLettered, m.cancelled)
+	return m
+}

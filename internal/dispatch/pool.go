@@ -1,0 +1,163 @@
+package dispatch
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+)
+
+// pool holds an application's engine roots: their concurrency slots and
+// their health. A root that fails FailureThreshold times in a row is
+// ejected for a back-off that doubles with every further failure; once the
+// back-off passes it gets traffic again, and one success heals it.
+type pool struct {
+	max    int
+	health Health
+	now    func() time.Time
+	report func(url string, healthy bool)
+
+	mu      sync.Mutex
+	roots   map[string]*root
+	changed chan struct{} // closed and replaced on every change
+}
+
+type root struct {
+	url          string
+	inflight     int
+	failures     int
+	ejectedUntil time.Time
+	removed      bool
+}
+
+func newPool(maxConcurrency int, h Health, report func(string, bool)) *pool {
+	return &pool{max: maxConcurrency, health: h, now: time.Now, report: report,
+		roots: map[string]*root{}, changed: make(chan struct{})}
+}
+
+func (p *pool) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// set replaces the list of roots. Roots that left keep their in-flight
+// requests but get no new ones.
+func (p *pool) set(urls []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	keep := map[string]bool{}
+	for _, u := range urls {
+		keep[u] = true
+		if r, ok := p.roots[u]; ok {
+			r.removed = false
+			continue
+		}
+		p.roots[u] = &root{url: u}
+		p.report(u, true)
+	}
+	for u, r := range p.roots {
+		if !keep[u] {
+			r.removed = true
+			if r.inflight == 0 {
+				delete(p.roots, u)
+			}
+			p.report(u, false)
+		}
+	}
+	p.notify()
+}
+
+// urls lists the current roots, sorted.
+func (p *pool) urls() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for u, r := range p.roots {
+		if !r.removed {
+			out = append(out, u)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// acquire reserves a slot on the healthy root with the fewest requests in
+// flight, waiting until one is free.
+func (p *pool) acquire(ctx context.Context) (*root, error) {
+	for {
+		p.mu.Lock()
+		now := p.now()
+		var best *root
+		var wake time.Time
+		for _, r := range p.roots {
+			if r.removed || r.inflight >= p.max {
+				continue
+			}
+			if now.Before(r.ejectedUntil) {
+				if wake.IsZero() || r.ejectedUntil.Before(wake) {
+					wake = r.ejectedUntil
+				}
+				continue
+			}
+			if best == nil || r.inflight < best.inflight || (r.inflight == best.inflight && r.url < best.url) {
+				best = r
+			}
+		}
+		if best != nil {
+			best.inflight++
+			p.mu.Unlock()
+			return best, nil
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		var timer <-chan time.Time
+		var t *time.Timer
+		if !wake.IsZero() {
+			t = time.NewTimer(wake.Sub(now))
+			timer = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-changed:
+		case <-timer:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// release returns r's slot and records the outcome: ok false counts as a
+// failure of the root; neutral outcomes (client cancels) pass ok true with
+// counted false.
+func (p *pool) release(r *root, ok, counted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r.inflight--
+	if counted {
+		if ok {
+			if r.failures >= p.health.FailureThreshold {
+				p.report(r.url, true)
+			}
+			r.failures = 0
+			r.ejectedUntil = time.Time{}
+		} else {
+			r.failures++
+			if over := r.failures - p.health.FailureThreshold; over >= 0 {
+				backoff := p.health.EjectBase.Duration << min(over, 16)
+				if backoff > p.health.EjectMax.Duration || backoff <= 0 {
+					backoff = p.health.EjectMax.Duration
+				}
+				r.ejectedUntil = p.now().Add(backoff)
+				p.report(r.url, false)
+			}
+		}
+	}
+	if r.removed && r.inflight == 0 {
+		delete(p.roots, r.url)
+	}
+	p.notify()
+}

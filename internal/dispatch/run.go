@@ -1,0 +1,113 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Run connects to NATS (and Kubernetes when an application names a
+// Service), serves /healthz, /readyz and /metrics on cfg.ListenAddr and
+// dispatches until ctx ends. kubeconfig may be empty (in-cluster config).
+func Run(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid dispatcher config: %w", err)
+	}
+	opts := []nats.Option{
+		nats.Name("orchestra-dispatcher"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from NATS", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
+	}
+	if cfg.NATS.CredentialsFile != "" {
+		opts = append(opts, nats.UserCredentials(cfg.NATS.CredentialsFile))
+	}
+	nc, err := nats.Connect(cfg.NATS.URL, opts...)
+	if err != nil {
+		return fmt.Errorf("connecting to NATS at %s: %w", cfg.NATS.URL, err)
+	}
+	defer nc.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	dopts := []Option{WithRegistry(reg)}
+	if needsKubernetes(cfg) {
+		cs, err := kubeClient(kubeconfig)
+		if err != nil {
+			return err
+		}
+		dopts = append(dopts, WithKubernetes(cs))
+	}
+	d, err := New(cfg, nc, log, dopts...)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serving health and metrics", "err", err)
+		}
+	}()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return d.Run(ctx)
+}
+
+func needsKubernetes(cfg Config) bool {
+	for _, a := range cfg.Apps {
+		if len(a.Endpoints) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading Kubernetes client config: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	return cs, nil
+}

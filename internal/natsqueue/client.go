@@ -1,0 +1,290 @@
+package natsqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// ClientConfig configures the gateway side of the queue.
+type ClientConfig struct {
+	// Orchestra is the ModelOrchestra name; it selects the stream.
+	Orchestra string
+	// Instance names this gateway instance (for example the pod name); its
+	// replies arrive under Names.ReplyPrefix(Instance). Empty: a random ID.
+	Instance string
+	// SubmitTimeout bounds the wait for JetStream's acknowledgement.
+	SubmitTimeout time.Duration
+	// StallTimeout is how long a reply may see no sign of life (no message
+	// for it, and while not started, no heartbeat of a dispatcher serving the
+	// application) before it fails.
+	StallTimeout time.Duration
+	// MaxQueueWait bounds the time a job may wait before a dispatcher picks
+	// it up (0: no bound beyond StallTimeout and the caller's context).
+	MaxQueueWait time.Duration
+}
+
+// DefaultClientConfig returns production defaults.
+func DefaultClientConfig() ClientConfig {
+	return ClientConfig{
+		SubmitTimeout: 5 * time.Second,
+		StallTimeout:  30 * time.Second,
+		MaxQueueWait:  10 * time.Minute,
+	}
+}
+
+// Validate reports every invalid field.
+func (c ClientConfig) Validate() error {
+	var errs []error
+	if err := ValidToken(c.Orchestra); err != nil {
+		errs = append(errs, fmt.Errorf("orchestra: %w", err))
+	}
+	if c.Instance != "" {
+		if err := ValidToken(c.Instance); err != nil {
+			errs = append(errs, fmt.Errorf("instance: %w", err))
+		}
+	}
+	if c.SubmitTimeout <= 0 || c.StallTimeout <= 0 {
+		errs = append(errs, errors.New("submit and stall timeouts must be positive"))
+	}
+	if c.MaxQueueWait < 0 {
+		errs = append(errs, errors.New("max queue wait must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// ErrResponseLost means part of an answer never arrived (the connection to
+// NATS broke while it was in flight). It wraps queue.ErrUnavailable.
+var ErrResponseLost = fmt.Errorf("%w: part of the response was lost", queue.ErrUnavailable)
+
+// Client is the gateway's queue.Queue on JetStream. It is safe for
+// concurrent use.
+type Client struct {
+	cfg    ClientConfig
+	names  Names
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	log    *slog.Logger
+	prefix string
+
+	mu      sync.Mutex
+	replies map[string]*reply
+
+	hbMu      sync.Mutex
+	appAlive  map[string]time.Time
+	reconnect atomic.Int64 // unix nanos of the last reconnect
+
+	subs []*nats.Subscription
+}
+
+var _ queue.Queue = (*Client)(nil)
+
+// NewClient starts a client on an existing connection, which the caller
+// keeps owning. Give the connection unlimited reconnects
+// (nats.MaxReconnects(-1)) so replies survive a NATS restart.
+func NewClient(nc *nats.Conn, cfg ClientConfig, log *slog.Logger) (*Client, error) {
+	if cfg.Instance == "" {
+		cfg.Instance = strings.ToLower(nuid.Next())
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid queue client config: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("creating JetStream context: %w", err)
+	}
+	names := Names{Orchestra: cfg.Orchestra}
+	c := &Client{
+		cfg:      cfg,
+		names:    names,
+		nc:       nc,
+		js:       js,
+		log:      log,
+		prefix:   names.ReplyPrefix(cfg.Instance) + ".",
+		replies:  make(map[string]*reply),
+		appAlive: make(map[string]time.Time),
+	}
+	sub, err := nc.Subscribe(c.prefix+"*", c.route)
+	if err != nil {
+		return nil, fmt.Errorf("subscribing to replies: %w", err)
+	}
+	c.subs = append(c.subs, sub)
+	sub, err = nc.Subscribe(names.Heartbeat("*"), c.heartbeat)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("subscribing to dispatcher heartbeats: %w", err)
+	}
+	c.subs = append(c.subs, sub)
+	for _, s := range c.subs {
+		_ = s.SetPendingLimits(-1, -1) // replies must not be dropped as slow-consumer overflow
+	}
+	// A reconnect restarts every stall clock: nothing could progress while
+	// the connection was down.
+	prev := nc.Opts.ReconnectedCB
+	nc.SetReconnectHandler(func(conn *nats.Conn) {
+		c.reconnect.Store(time.Now().UnixNano())
+		if prev != nil {
+			prev(conn)
+		}
+	})
+	if err := nc.Flush(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("flushing subscriptions: %w", err)
+	}
+	return c, nil
+}
+
+// Close stops receiving replies. Open replies fail with ErrUnavailable.
+func (c *Client) Close() {
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	c.mu.Lock()
+	rs := c.replies
+	c.replies = map[string]*reply{}
+	c.mu.Unlock()
+	for _, r := range rs {
+		r.fail(fmt.Errorf("%w: queue client closed", queue.ErrUnavailable))
+	}
+}
+
+// Submit queues job durably: it returns only once JetStream has stored it.
+// A job whose ID was already submitted within the de-duplication window is
+// not queued again; if its reply is still open on this instance, Submit
+// fails rather than answer twice.
+func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error) {
+	if err := ValidToken(job.App); err != nil {
+		return nil, fmt.Errorf("application: %w", err)
+	}
+	if job.ID == "" {
+		return nil, errors.New("job ID must not be empty")
+	}
+	token := replyToken(job.ID)
+	r := newReply(c, job, token)
+	c.mu.Lock()
+	if _, dup := c.replies[token]; dup {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("job %s is already in flight", job.ID)
+	}
+	c.replies[token] = r
+	c.mu.Unlock()
+
+	msg := nats.NewMsg(c.names.Request(job.App))
+	msg.Header.Set(HeaderJobID, job.ID)
+	msg.Header.Set(HeaderApp, job.App)
+	msg.Header.Set(HeaderPath, job.Path)
+	msg.Header.Set(HeaderReply, c.prefix+token)
+	if job.Stream {
+		msg.Header.Set(HeaderStream, "1")
+	} else {
+		msg.Header.Set(HeaderStream, "0")
+	}
+	msg.Data = job.Body
+
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
+	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()))
+	cancel()
+	if err != nil {
+		c.forget(token)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("submitting job %s: %w", job.ID, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: submitting job %s: %v", queue.ErrUnavailable, job.ID, err)
+	}
+	r.seq.Store(ack.Sequence)
+	return r, nil
+}
+
+// replyToken turns a job ID into one subject token. IDs made of letters,
+// digits, '-' and '_' are used as they are.
+func replyToken(id string) string {
+	safe := len(id) <= 128
+	for i := 0; safe && i < len(id); i++ {
+		b := id[i]
+		safe = b == '-' || b == '_' || (b >= '0' && b <= '9') || (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z')
+	}
+	if safe {
+		return id
+	}
+	var sb strings.Builder
+	for _, b := range []byte(id) {
+		if (b >= '0' && b <= '9') || (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') {
+			sb.WriteByte(b)
+		} else {
+			fmt.Fprintf(&sb, "_%02x", b)
+		}
+	}
+	return sb.String()
+}
+
+func (c *Client) forget(token string) {
+	c.mu.Lock()
+	delete(c.replies, token)
+	c.mu.Unlock()
+}
+
+// route hands a response message to its reply.
+func (c *Client) route(m *nats.Msg) {
+	token := strings.TrimPrefix(m.Subject, c.prefix)
+	c.mu.Lock()
+	r := c.replies[token]
+	c.mu.Unlock()
+	if r != nil {
+		r.push(m)
+	}
+}
+
+func (c *Client) heartbeat(m *nats.Msg) {
+	app := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	c.hbMu.Lock()
+	c.appAlive[app] = time.Now()
+	c.hbMu.Unlock()
+}
+
+// lastSignOfLife returns the last time a dispatcher announced app, or the
+// last reconnect, whichever is later.
+func (c *Client) lastSignOfLife(app string) time.Time {
+	c.hbMu.Lock()
+	t := c.appAlive[app]
+	c.hbMu.Unlock()
+	if rc := time.Unix(0, c.reconnect.Load()); rc.After(t) {
+		t = rc
+	}
+	return t
+}
+
+func (c *Client) lastReconnect() time.Time { return time.Unix(0, c.reconnect.Load()) }
+
+// cancel tells dispatchers to stop the job, and removes it from the stream
+// if no dispatcher took it yet.
+func (c *Client) cancel(app string, seq uint64) {
+	if seq == 0 {
+		return
+	}
+	if err := c.nc.Publish(c.names.Cancel(app), []byte(strconv.FormatUint(seq, 10))); err != nil {
+		c.log.Warn("publishing cancel", "app", app, "seq", seq, "err", err)
+	}
+	go func() {
+		ctx, done := context.WithTimeout(context.Background(), c.cfg.SubmitTimeout)
+		defer done()
+		s, err := c.js.Stream(ctx, c.names.Stream())
+		if err == nil {
+			err = s.DeleteMsg(ctx, seq)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			c.log.Debug("removing cancelled job from the stream", "app", app, "seq", seq, "err", err)
+		}
+	}()
+}

@@ -1,0 +1,259 @@
+package natsqueue
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// reply assembles the answer to one job from response messages. Messages
+// are pushed by the client's subscription goroutine and consumed by Next.
+type reply struct {
+	c     *Client
+	job   queue.Job
+	token string
+	seq   atomic.Uint64 // stream sequence of the job, for cancelling
+
+	mu      sync.Mutex
+	inbox   []*nats.Msg
+	wake    chan struct{}
+	failure error // set by the client (closed), read by Next
+
+	// Owned by Next.
+	submitted    time.Time
+	lastProgress time.Time
+	attempt      int
+	nextSeq      int
+	delivered    bool // a chunk went to the caller
+	finished     bool // the final chunk went to the caller
+	err          error
+	start        *queue.Chunk // stream: status and headers held until data
+	buf          []byte       // non-stream: body of the current attempt
+	closed       atomic.Bool
+	settled      atomic.Bool // finished, or dead-lettered: nothing to cancel
+}
+
+func newReply(c *Client, job queue.Job, token string) *reply {
+	now := time.Now()
+	return &reply{c: c, job: job, token: token, wake: make(chan struct{}, 1), submitted: now, lastProgress: now}
+}
+
+func (r *reply) push(m *nats.Msg) {
+	r.mu.Lock()
+	r.inbox = append(r.inbox, m)
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *reply) fail(err error) {
+	r.mu.Lock()
+	if r.failure == nil {
+		r.failure = err
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *reply) take() ([]*nats.Msg, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	msgs := r.inbox
+	r.inbox = nil
+	return msgs, r.failure
+}
+
+// Next implements queue.Reply.
+func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
+	var pending []*nats.Msg
+	for {
+		if r.err != nil {
+			return queue.Chunk{}, r.err
+		}
+		if r.finished {
+			return queue.Chunk{}, io.EOF
+		}
+		for len(pending) > 0 {
+			m := pending[0]
+			pending = pending[1:]
+			chunk, ok, err := r.handle(m)
+			if err != nil {
+				r.err = err
+				r.requeue(pending)
+				return queue.Chunk{}, err
+			}
+			if ok {
+				r.requeue(pending)
+				return chunk, nil
+			}
+		}
+		msgs, failure := r.take()
+		if len(msgs) > 0 {
+			pending = msgs
+			continue
+		}
+		if failure != nil {
+			r.err = failure
+			continue
+		}
+		if err := r.checkStall(); err != nil {
+			r.err = err
+			r.cancel()
+			continue
+		}
+		timer := time.NewTimer(r.c.cfg.StallTimeout / 4)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return queue.Chunk{}, ctx.Err()
+		case <-r.wake:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// requeue puts back messages taken but not yet handled, ahead of newer ones.
+func (r *reply) requeue(msgs []*nats.Msg) {
+	if len(msgs) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.inbox = append(msgs, r.inbox...)
+	r.mu.Unlock()
+}
+
+// handle applies one response message; ok reports a chunk for the caller.
+func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
+	attempt, err := strconv.Atoi(m.Header.Get(HeaderAttempt))
+	if err != nil || attempt < r.attempt {
+		return queue.Chunk{}, false, nil // malformed, or from a superseded attempt
+	}
+	r.lastProgress = time.Now()
+	if attempt > r.attempt {
+		if r.delivered {
+			// Part of this answer is already with the client; a new
+			// attempt would repeat or contradict it.
+			r.cancel()
+			return queue.Chunk{}, false, queue.ErrRetriedAfterPartial
+		}
+		r.attempt, r.nextSeq, r.start, r.buf = attempt, 0, nil, r.buf[:0]
+	}
+	switch m.Header.Get(HeaderKind) {
+	case KindDeadLettered:
+		r.settled.Store(true)
+		return queue.Chunk{}, false, queue.ErrDeadLettered
+	case KindData:
+	default:
+		return queue.Chunk{}, false, nil // accepted, heartbeat: progress only
+	}
+	seq, err := strconv.Atoi(m.Header.Get(HeaderSeq))
+	if err != nil || seq != r.nextSeq {
+		r.cancel()
+		if r.delivered {
+			return queue.Chunk{}, false, fmt.Errorf("%w (expected chunk %d of attempt %d, got %q)", queue.ErrRetriedAfterPartial, r.nextSeq, attempt, m.Header.Get(HeaderSeq))
+		}
+		return queue.Chunk{}, false, fmt.Errorf("%w (expected chunk %d of attempt %d, got %q)", ErrResponseLost, r.nextSeq, attempt, m.Header.Get(HeaderSeq))
+	}
+	r.nextSeq++
+	end := m.Header.Get(HeaderEnd) == "1"
+	if seq == 0 {
+		status, err := strconv.Atoi(m.Header.Get(HeaderStatus))
+		if err != nil {
+			r.cancel()
+			return queue.Chunk{}, false, fmt.Errorf("%w: first chunk without a status", ErrResponseLost)
+		}
+		h := http.Header{}
+		if ct := m.Header.Get(HeaderContentType); ct != "" {
+			h.Set("Content-Type", ct)
+		}
+		r.start = &queue.Chunk{Status: status, Header: h}
+	}
+	if !r.job.Stream {
+		// Hold the whole body: a redelivery can then replace it unseen.
+		r.buf = append(r.buf, m.Data...)
+		if !end {
+			return queue.Chunk{}, false, nil
+		}
+		chunk := *r.start
+		chunk.Data = r.buf
+		r.delivered, r.finished = true, true
+		r.settled.Store(true)
+		return chunk, true, nil
+	}
+	if end {
+		r.finished = true
+		r.settled.Store(true)
+	}
+	var chunk queue.Chunk
+	if r.start != nil {
+		if len(m.Data) == 0 && !end {
+			return queue.Chunk{}, false, nil // nothing to show yet: keep it retryable
+		}
+		chunk, r.start = *r.start, nil
+	}
+	chunk.Data = m.Data
+	if len(chunk.Data) == 0 && chunk.Status == 0 {
+		return queue.Chunk{}, false, nil // an empty final marker
+	}
+	r.delivered = true
+	return chunk, true, nil
+}
+
+// checkStall fails a reply that stopped making progress.
+func (r *reply) checkStall() error {
+	now := time.Now()
+	last := r.lastProgress
+	if rc := r.c.lastReconnect(); rc.After(last) {
+		last = rc
+	}
+	stall := r.c.cfg.StallTimeout
+	if r.attempt == 0 && r.c.cfg.MaxQueueWait > 0 && now.Sub(r.submitted) > r.c.cfg.MaxQueueWait {
+		return fmt.Errorf("%w: job waited in the queue for more than %v", queue.ErrUnavailable, r.c.cfg.MaxQueueWait)
+	}
+	if now.Sub(last) <= stall {
+		return nil
+	}
+	if r.job.Stream && r.delivered {
+		return fmt.Errorf("%w: no progress for %v", queue.ErrRetriedAfterPartial, stall)
+	}
+	// Nothing reached the caller yet: the job will be (re)delivered as long
+	// as some dispatcher serves the application.
+	if now.Sub(r.c.lastSignOfLife(r.job.App)) <= stall {
+		return nil
+	}
+	return fmt.Errorf("%w: no dispatcher serving application %s for %v", queue.ErrUnavailable, r.job.App, stall)
+}
+
+func (r *reply) cancel() {
+	if r.closed.Load() {
+		return
+	}
+	r.c.cancel(r.job.App, r.seq.Load())
+}
+
+// Close implements queue.Reply. An unfinished job is cancelled.
+func (r *reply) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	r.c.forget(r.token)
+	if !r.settled.Load() {
+		r.c.cancel(r.job.App, r.seq.Load())
+	}
+	return nil
+}
