@@ -54,7 +54,7 @@ func desiredObjects(objs []*unstructured.Unstructured, release, namespace string
 		if l == nil {
 			l = map[string]string{}
 		}
-		l["app.kubernetes.io/managed-by"] = "Helm"
+		l[LabelManagedBy] = ManagedByHelm
 		o.SetLabels(l)
 		a := o.GetAnnotations()
 		if a == nil {

@@ -57,15 +57,20 @@ const (
 	// helm-operator's, so that resources it served are uninstalled too.
 	Finalizer = "helm.sdk.operatorframework.io/uninstall-release"
 
-	// LabelEngine marks release Secrets written by the engine; the
-	// operator's cache holds only Secrets and dependents carrying it or the
-	// engine's managed objects' instance label.
+	// LabelEngine marks release Secrets written by the engine.
 	LabelEngine = "modelorchestra.io/engine"
 	// EngineName is the value of LabelEngine.
 	EngineName = "helm-reconciler"
 	// LabelDigest on a release (and its Secret) is the digest of the inputs
 	// it was rendered from.
 	LabelDigest = "modelorchestra.io/digest"
+
+	// LabelManagedBy is Helm's on every object it applies, with value
+	// ManagedByHelm. The engine also puts it on release Secrets, so that the
+	// operator's cache, restricted to this label, holds both the owned
+	// objects and the release Secrets, and nothing else of the cluster.
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByHelm  = "Helm"
 
 	fieldOwner        = "model-orchestra-operator"
 	maxHistory        = 10
@@ -126,7 +131,9 @@ func New(mgr ctrl.Manager, entry *watches.Entry, opts Options) (*Reconciler, err
 	if opts.ChunkSize <= 0 {
 		opts.ChunkSize = DefaultChunkSize
 	}
-	ac, err := newActionConfigs(mgr.GetConfig(), mgr.GetRESTMapper(), opts.ChunkSize, map[string]string{LabelEngine: EngineName})
+	ac, err := newActionConfigs(mgr.GetConfig(), mgr.GetRESTMapper(), opts.ChunkSize, map[string]string{
+		LabelEngine: EngineName, LabelManagedBy: ManagedByHelm,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -29,9 +29,11 @@ const (
 	LabelComponent = "app.kubernetes.io/component"
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 
-	// ManagedBy is the value of LabelManagedBy on every rendered object. The
-	// operator's cache only holds dependent objects with this label.
-	ManagedBy = "model-orchestra-operator"
+	// ManagedBy is the value of LabelManagedBy on every rendered object.
+	// Helm requires it on the objects of a release (it refuses to adopt
+	// objects without it) and overwrites any other value when it applies
+	// them, so the preview shows what the cluster will hold.
+	ManagedBy = "Helm"
 
 	// AnnotationOwner ("<namespace>/<name>", or "<name>" for a
 	// cluster-scoped owner) and AnnotationOwnerKind ("<Kind>.<group>") mark
