@@ -439,6 +439,7 @@ type ModelSpec struct {
 	// file is the model file the engine loads, relative to the model
 	// directory (for gguf and dllama models).
 	// +optional
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.contains('..')",message="file must be a relative path inside the model directory"
 	File string `json:"file,omitempty"`
@@ -446,6 +447,7 @@ type ModelSpec struct {
 	// tokenizerFile is the distributed-llama tokenizer file (.t) relative to
 	// the model directory.
 	// +optional
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.contains('..')",message="tokenizerFile must be a relative path inside the model directory"
 	TokenizerFile string `json:"tokenizerFile,omitempty"`

@@ -70,7 +70,6 @@ func resolveNATS(owner *unstructured.Unstructured) (natsConnection, string, erro
 	if err != nil {
 		return natsConnection{}, "", err
 	}
-	Default(mo)
 	n := mo.Spec.NATS
 	conn := natsConnection{url: n.URL, streamReplicas: n.Replicas}
 	if n.CredentialsSecretRef != nil {

@@ -57,7 +57,6 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	if err != nil {
 		return plugin.StatusResult{}, err
 	}
-	Default(mo)
 	idx, err := indexObjects(in.Objects)
 	if err != nil {
 		return plugin.StatusResult{}, err

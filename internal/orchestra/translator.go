@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -13,7 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	operator "github.com/model-orchestra/operator"
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/orchestra/validation"
 	"github.com/model-orchestra/operator/internal/version"
 )
 
@@ -85,69 +88,43 @@ func (t Translator) Translate(_ context.Context, obj *unstructured.Unstructured)
 	if err != nil {
 		return nil, err
 	}
-	Default(mo)
 	return t.values(mo)
 }
 
-// Decode converts obj to a ModelOrchestra, refusing unknown fields.
+// crdDefaults applies the CRD schema's defaults; built once from the
+// embedded CRD.
+var crdDefaults = sync.OnceValues(func() (*validation.Validator, error) {
+	return validation.New(operator.ModelOrchestraCRD(), v1alpha1.GroupVersion.Version)
+})
+
+// Decode converts obj to a ModelOrchestra with every default applied: the
+// CRD schema's (exactly as the API server applies them, so that a resource
+// that did not pass through it, such as a stored object from before a new
+// default, is treated alike) and those that depend on other fields and so
+// live in code (see Default). Unknown fields are refused.
 func Decode(obj *unstructured.Unstructured) (*v1alpha1.ModelOrchestra, error) {
+	v, err := crdDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("loading the ModelOrchestra schema: %w", err)
+	}
+	defaulted := v.Default(obj)
 	var mo v1alpha1.ModelOrchestra
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(obj.Object, &mo, true); err != nil {
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(defaulted.Object, &mo, true); err != nil {
 		return nil, fmt.Errorf("decoding %s %s/%s: %w", obj.GetKind(), obj.GetNamespace(), obj.GetName(), err)
 	}
+	Default(&mo)
 	return &mo, nil
 }
 
-// Default fills in the defaults of the CRD schema, so that a resource that
-// did not pass through the API server (a unit test, an old stored object)
-// is translated like one that did. It also fills the defaults that depend
-// on other fields and therefore live in code.
+// Default fills the defaults that depend on other fields, which the CRD
+// schema cannot express: the served model name (the application name),
+// the model format (the engine's own), the model cache (20Gi
+// ReadWriteOnce, unless the source is pvc://), secret keys, the in-cluster
+// NATS volume (10Gi), and distributed-llama's concurrency of one.
 func Default(mo *v1alpha1.ModelOrchestra) {
 	s := &mo.Spec
-	if s.NATS.Replicas == 0 {
-		s.NATS.Replicas = 1
-	}
-	g := &s.Gateway
-	if g.Replicas == 0 {
-		g.Replicas = 2
-	}
-	if g.Service.Type == "" {
-		g.Service.Type = "ClusterIP"
-	}
-	if g.Service.Port == 0 {
-		g.Service.Port = 80
-	}
-	if g.Limits.MaxBodySize.IsZero() {
-		// The limits never saw the schema defaults (maxBodySize is always
-		// set once they did, and cannot be zero): 0 is not "unlimited" here.
-		g.Limits.MaxBodySize = resource.MustParse("8Mi")
-		if g.Limits.RequestsPerMinute == 0 {
-			g.Limits.RequestsPerMinute = 600
-		}
-		if g.Limits.MaxConcurrent == 0 {
-			g.Limits.MaxConcurrent = 16
-		}
-	}
-	if g.Ingress != nil && g.Ingress.Path == "" {
-		g.Ingress.Path = "/"
-	}
-	if g.HTTPRoute != nil && g.HTTPRoute.Path == "" {
-		g.HTTPRoute.Path = "/"
-	}
-	if s.Dispatcher.Replicas == 0 {
-		s.Dispatcher.Replicas = 1
-	}
 	for name, app := range s.Applications {
 		rt := &app.Runtime
-		if rt.Engine == "" {
-			rt.Engine = v1alpha1.EngineLlamaCPP
-		}
-		if rt.ImagePullPolicy == "" {
-			rt.ImagePullPolicy = corev1.PullIfNotPresent
-		}
-		if app.Serving.MaxConcurrency == 0 {
-			app.Serving.MaxConcurrency = 4
-		}
 		if app.Serving.ServedModelName == "" {
 			app.Serving.ServedModelName = name
 		}

@@ -120,7 +120,10 @@ func (v *Validator) validate(ctx context.Context, obj *unstructured.Unstructured
 		return errs
 	}
 
+	// As the API server's decoder: defaults first, then nulls of fields
+	// that may not be null and have no default are dropped.
 	defaulting.Default(obj.Object, v.structural)
+	defaulting.PruneNonNullableNullsWithoutDefaults(obj.Object, v.structural)
 
 	errs = append(errs, apiservervalidation.ValidateCustomResource(nil, obj.Object, v.schema)...)
 	errs = append(errs, listtype.ValidateListSetsAndMaps(nil, v.structural, obj.Object)...)
@@ -130,4 +133,15 @@ func (v *Validator) validate(ctx context.Context, obj *unstructured.Unstructured
 	}
 	celErrs, _ := v.cel.Validate(ctx, nil, v.structural, obj.Object, nil, celconfig.RuntimeCELCostBudget)
 	return append(errs, celErrs...)
+}
+
+// Default returns a copy of obj with the schema defaults applied, as the
+// API server applies them when it reads an object: absent fields with a
+// default get it, nulls of fields that may not be null are dropped.
+// Nothing is validated.
+func (v *Validator) Default(obj *unstructured.Unstructured) *unstructured.Unstructured {
+	out := obj.DeepCopy()
+	defaulting.Default(out.Object, v.structural)
+	defaulting.PruneNonNullableNullsWithoutDefaults(out.Object, v.structural)
+	return out
 }

@@ -1,0 +1,131 @@
+package orchestra
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/model-orchestra/operator/internal/plugin"
+)
+
+func mountsConfig(name string) corev1.PodTemplateSpec {
+	p := pod(corev1.Container{Name: "c"})
+	p.Spec.Volumes = []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: name}}}}}
+	return p
+}
+
+func usesSecret(name string) corev1.PodTemplateSpec {
+	return pod(corev1.Container{Name: "c", Env: []corev1.EnvVar{{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{
+		SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name}, Key: "token"},
+	}}}})
+}
+
+// checksum runs config-checksum over objs and returns the annotation of
+// the object named target ("" when absent).
+func checksum(t *testing.T, reader client.Reader, target string, objs ...*unstructuredT) string {
+	t.Helper()
+	pr, err := NewConfigChecksum(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pr.PostRender(context.Background(), plugin.RenderContext{Reader: reader}, objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out {
+		if o.GetName() == target {
+			if o.GetKind() == "ConfigMap" {
+				t.Fatalf("target %s is a ConfigMap", target)
+			}
+			return template(t, o).Annotations[DefaultChecksumAnnotation]
+		}
+	}
+	t.Fatalf("no object %s", target)
+	return ""
+}
+
+func TestConfigChecksum(t *testing.T) {
+	secret := func(token string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "hf", Namespace: "ns"}, Data: map[string][]byte{"token": []byte(token)}}
+	}
+	cases := []struct {
+		name string
+		// a and b are two renders; same says whether the checksums must be equal.
+		a, b func(t *testing.T) string
+		same bool
+	}{
+		{
+			name: "a changed rendered ConfigMap rolls the pods",
+			a: func(t *testing.T) string {
+				return checksum(t, nil, "gw", configMap("cfg", map[string]any{"k": "1"}), workload(t, "Deployment", "gw", mountsConfig("cfg")))
+			},
+			b: func(t *testing.T) string {
+				return checksum(t, nil, "gw", configMap("cfg", map[string]any{"k": "2"}), workload(t, "Deployment", "gw", mountsConfig("cfg")))
+			},
+		},
+		{
+			name: "a change to a ConfigMap the pod does not use does not roll it",
+			a: func(t *testing.T) string {
+				return checksum(t, nil, "gw", configMap("cfg", map[string]any{"k": "1"}), configMap("other", map[string]any{"k": "1"}), workload(t, "Deployment", "gw", mountsConfig("cfg")))
+			},
+			b: func(t *testing.T) string {
+				return checksum(t, nil, "gw", configMap("cfg", map[string]any{"k": "1"}), configMap("other", map[string]any{"k": "2"}), workload(t, "Deployment", "gw", mountsConfig("cfg")))
+			},
+			same: true,
+		},
+		{
+			name: "a changed user Secret rolls the pods when the live Secret is readable",
+			a: func(t *testing.T) string {
+				return checksum(t, fake.NewClientBuilder().WithObjects(secret("one")).Build(), "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+			b: func(t *testing.T) string {
+				return checksum(t, fake.NewClientBuilder().WithObjects(secret("two")).Build(), "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+		},
+		{
+			name: "creating a missing Secret rolls the pods",
+			a: func(t *testing.T) string {
+				return checksum(t, fake.NewClientBuilder().Build(), "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+			b: func(t *testing.T) string {
+				return checksum(t, fake.NewClientBuilder().WithObjects(secret("one")).Build(), "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+		},
+		{
+			name: "offline the checksum of a user Secret is stable",
+			a: func(t *testing.T) string {
+				return checksum(t, nil, "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+			b: func(t *testing.T) string {
+				return checksum(t, nil, "engine", workload(t, "StatefulSet", "engine", usesSecret("hf")))
+			},
+			same: true,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := tc.a(t), tc.b(t)
+			if a == "" || b == "" {
+				t.Fatalf("no checksum annotation: %q %q", a, b)
+			}
+			if (a == b) != tc.same {
+				t.Errorf("checksums %s and %s: equal = %v, want %v", a, b, a == b, tc.same)
+			}
+		})
+	}
+}
+
+func TestConfigChecksumLeavesOthersAlone(t *testing.T) {
+	// Jobs have immutable pod templates; pods without configuration have
+	// nothing to roll for.
+	if got := checksum(t, nil, "fetch", configMap("cfg", map[string]any{"k": "1"}), workload(t, "Job", "fetch", mountsConfig("cfg"))); got != "" {
+		t.Errorf("Job annotated with %s", got)
+	}
+	if got := checksum(t, nil, "plain", workload(t, "Deployment", "plain", pod(corev1.Container{Name: "c"}))); got != "" {
+		t.Errorf("pod without configuration annotated with %s", got)
+	}
+}

@@ -1,0 +1,242 @@
+package preview
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/model-orchestra/operator/internal/orchestra/validation"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files from the current output")
+
+const samplesDir = "../../../config/samples"
+
+func newRenderer(t *testing.T) *Renderer {
+	t.Helper()
+	p, err := New()
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return p
+}
+
+// TestSamplesGolden renders every sample in config/samples and compares
+// the result with testdata/<sample>.golden.yaml.
+func TestSamplesGolden(t *testing.T) {
+	samples, err := filepath.Glob(filepath.Join(samplesDir, "*.yaml"))
+	if err != nil || len(samples) == 0 {
+		t.Fatalf("no samples in %s (%v)", samplesDir, err)
+	}
+	p := newRenderer(t)
+	for _, sample := range samples {
+		name := strings.TrimSuffix(filepath.Base(sample), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(sample)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := p.TemplateBytes(context.Background(), data, Options{})
+			if err != nil {
+				t.Fatalf("template: %v", err)
+			}
+			golden := filepath.Join("testdata", name+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("rendered %s differs from %s (-want +got; go test -update refreshes):\n%s", sample, golden, diff)
+			}
+		})
+	}
+}
+
+// TestTemplateIsDeterministic renders the same resource twice: the operator
+// relies on identical output to skip needless upgrades.
+func TestTemplateIsDeterministic(t *testing.T) {
+	p := newRenderer(t)
+	data, err := os.ReadFile(filepath.Join(samplesDir, "vllm.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := p.TemplateBytes(context.Background(), data, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		again, err := p.TemplateBytes(context.Background(), data, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again != first {
+			t.Fatalf("two renders of the same resource differ:\n%s", cmp.Diff(first, again))
+		}
+	}
+}
+
+const minimal = `
+apiVersion: modelorchestra.io/v1alpha1
+kind: ModelOrchestra
+metadata:
+  name: t
+spec:
+  applications:
+    chat:
+      model:
+        source: hf://org/repo
+        file: m.gguf
+`
+
+func TestSetChangesTheResource(t *testing.T) {
+	p := newRenderer(t)
+	got, err := p.TemplateBytes(context.Background(), []byte(minimal), Options{
+		Set:       []string{"spec.applications.chat.scaling.replicas=3", "spec.gateway.replicas=4"},
+		Namespace: "team-a",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"name: t-chat\n  namespace: team-a", "replicas: 3", "replicas: 4"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// TestInvalidResources checks that what the API server would refuse is
+// refused offline too, with a message naming the field.
+func TestInvalidResources(t *testing.T) {
+	p := newRenderer(t)
+	cases := []struct {
+		name string
+		set  []string
+		doc  string
+		want []string
+	}{
+		{
+			name: "dllama workers not a power of two",
+			set:  []string{"spec.applications.chat.runtime.engine=dllama", "spec.applications.chat.runtime.workers=2", "spec.applications.chat.model.tokenizerFile=t.t", "spec.applications.chat.model.format=dllama"},
+			want: []string{"spec.applications[chat].runtime.workers", "power of two"},
+		},
+		{
+			name: "gpu product without count",
+			set:  []string{"spec.applications.chat.runtime.gpu.product=NVIDIA-A100"},
+			want: []string{"spec.applications[chat].runtime.gpu.count", "product needs count"},
+		},
+		{
+			name: "pvc source with a cache",
+			set:  []string{"spec.applications.chat.model.source=pvc://models/llama", "spec.applications.chat.model.cache.size=5Gi"},
+			want: []string{"spec.applications[chat].model.cache", "pvc:// source"},
+		},
+		{
+			name: "unknown source scheme",
+			set:  []string{"spec.applications.chat.model.source=ftp://x/y"},
+			want: []string{"spec.applications[chat].model.source", "source must be hf://"},
+		},
+		{
+			name: "unknown engine",
+			set:  []string{"spec.applications.chat.runtime.engine=tgi"},
+			want: []string{"spec.applications.chat.runtime.engine", `Unsupported value: "tgi"`},
+		},
+		{
+			name: "format does not fit the engine",
+			set:  []string{"spec.applications.chat.model.format=safetensors"},
+			want: []string{"spec.applications[chat].model.format", "format does not fit the engine"},
+		},
+		{
+			name: "gguf engine with an empty file",
+			set:  []string{"spec.applications.chat.model.file="},
+			want: []string{"spec.applications.chat.model.file", "should be at least 1 chars long"},
+		},
+		{
+			name: "gguf engine without file",
+			set:  []string{"spec.applications.chat.model.file=null"},
+			want: []string{"spec.applications[chat].model.file", "file is required"},
+		},
+		{
+			name: "multi-node vllm on a ReadWriteOnce cache",
+			set:  []string{"spec.applications.chat.runtime.engine=vllm", "spec.applications.chat.runtime.workers=1", "spec.applications.chat.model.file=null"},
+			want: []string{"spec.applications[chat].model.cache", "ReadWriteMany"},
+		},
+		{
+			name: "workers on a single-node engine",
+			set:  []string{"spec.applications.chat.runtime.engine=ollama", "spec.applications.chat.runtime.workers=1"},
+			want: []string{"spec.applications[chat].runtime.workers", "workers are supported by"},
+		},
+		{
+			name: "nats replicas not 1, 3 or 5",
+			set:  []string{"spec.nats.replicas=2"},
+			want: []string{"spec.nats.replicas", "Unsupported value: 2"},
+		},
+		{
+			name: "credentials for the in-cluster nats",
+			set:  []string{"spec.nats.credentialsSecretRef.name=creds"},
+			want: []string{"spec.nats.credentialsSecretRef", "external url"},
+		},
+		{
+			name: "bad application name",
+			doc:  strings.Replace(minimal, "    chat:", "    Chat_Bot:", 1),
+			want: []string{"spec.applications", "DNS labels"},
+		},
+		{
+			name: "unknown field",
+			set:  []string{"spec.applications.chat.runtime.gpus=1"},
+			want: []string{"spec.applications.chat.runtime.gpus", "unknown field"},
+		},
+		{
+			name: "name too long",
+			set:  []string{"metadata.name=a-name-that-is-much-longer-than-forty-characters"},
+			want: []string{"metadata.name must be at most 40"},
+		},
+		{
+			name: "nodePort on a ClusterIP service",
+			set:  []string{"spec.gateway.service.nodePort=30080"},
+			want: []string{"spec.gateway.service.nodePort", "nodePort needs type"},
+		},
+		{
+			name: "no applications",
+			doc:  "apiVersion: modelorchestra.io/v1alpha1\nkind: ModelOrchestra\nmetadata: {name: t}\nspec: {applications: {}}\n",
+			want: []string{"spec.applications", "should have at least 1 properties"},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := tc.doc
+			if doc == "" {
+				doc = minimal
+			}
+			_, err := p.TemplateBytes(context.Background(), []byte(doc), Options{Set: tc.set})
+			if err == nil {
+				t.Fatal("rendered an invalid resource")
+			}
+			if !errors.Is(err, validation.ErrInvalid) {
+				t.Errorf("error %v does not wrap validation.ErrInvalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestNoResource(t *testing.T) {
+	p := newRenderer(t)
+	if _, err := p.TemplateBytes(context.Background(), []byte("---\n# nothing\n"), Options{}); !errors.Is(err, ErrNoResource) {
+		t.Fatalf("got %v, want ErrNoResource", err)
+	}
+}
