@@ -133,8 +133,12 @@ func LoadWatches(c Config, reg *plugin.Registry, embedded fs.FS, embeddedWatches
 	return watches.Load(c.WatchesFile, charts, reg)
 }
 
+// Option adjusts the controller-runtime options of New, for embedding and
+// tests (for example several managers in one test process).
+type Option func(*ctrl.Options)
+
 // New builds a manager serving entries, with one reconciler per entry.
-func New(restCfg *rest.Config, c Config, entries []watches.Entry) (ctrl.Manager, error) {
+func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option) (ctrl.Manager, error) {
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
@@ -161,7 +165,7 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry) (ctrl.Manager,
 		}
 	}
 	shutdown := c.GracefulShutdownTimeout
-	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
+	mopts := ctrl.Options{
 		Cache:                         cacheOpts,
 		Client:                        client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Metrics:                       metricsserver.Options{BindAddress: c.MetricsAddr},
@@ -171,7 +175,11 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry) (ctrl.Manager,
 		LeaderElectionNamespace:       c.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
 		GracefulShutdownTimeout:       &shutdown,
-	})
+	}
+	for _, o := range opts {
+		o(&mopts)
+	}
+	mgr, err := ctrl.NewManager(restCfg, mopts)
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}

@@ -1,0 +1,568 @@
+package helmreconciler_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/release"
+	"helm.sh/helm/v3/pkg/storage"
+	"helm.sh/helm/v3/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/model-orchestra/operator/internal/helmreconciler"
+	"github.com/model-orchestra/operator/internal/manager"
+	"github.com/model-orchestra/operator/internal/render"
+)
+
+func TestInstallUpgradeUninstall(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+
+	create(t, newCR(sampleGVK, ns, "demo", map[string]any{"greeting": "hi"}))
+	cr := waitDeployed(t, sampleGVK, ns, "demo", 1)
+	for _, typ := range []string{"Initialized", "Deployed"} {
+		if c := condition(cr, typ); c == nil || c.Status != metav1.ConditionTrue {
+			t.Errorf("condition %s = %+v, want True", typ, c)
+		}
+	}
+	for _, typ := range []string{"ReleaseFailed", "Irreconcilable"} {
+		if c := condition(cr, typ); c == nil || c.Status != metav1.ConditionFalse {
+			t.Errorf("condition %s = %+v, want False", typ, c)
+		}
+	}
+	dr, _, _ := unstructured.NestedMap(cr.Object, "status", "deployedRelease")
+	if dr["name"] != "demo" || dr["chart"] != "small" || dr["version"] != "0.1.0" || len(fmt.Sprint(dr["digest"])) != 32 {
+		t.Errorf("status.deployedRelease = %v", dr)
+	}
+	if _, hasManifest := dr["manifest"]; hasManifest {
+		t.Error("status.deployedRelease carries the manifest")
+	}
+
+	cm, ok := configMap(t, ns, "demo-config")
+	if !ok || cm.Data["greeting"] != "hi" {
+		t.Fatalf("ConfigMap = %v, want greeting hi", cm)
+	}
+	if ref := metav1.GetControllerOf(cm); ref == nil || ref.Kind != "Sample" || ref.UID != cr.GetUID() {
+		t.Errorf("ConfigMap controller = %v, want the Sample", ref)
+	}
+	for k, v := range map[string]string{render.LabelInstance: "demo", render.LabelName: "small", render.LabelVersion: "1.0.0", render.LabelManagedBy: "Helm"} {
+		if cm.Labels[k] != v {
+			t.Errorf("ConfigMap label %s = %q, want %q", k, cm.Labels[k], v)
+		}
+	}
+	role := &rbacv1.ClusterRole{}
+	if err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-demo-reader"}, role); err != nil {
+		t.Fatalf("cluster-scoped object: %v", err)
+	}
+	if role.Annotations[render.AnnotationOwner] != ns+"/demo" || len(role.OwnerReferences) != 0 {
+		t.Errorf("ClusterRole ownership = %v / %v, want owner annotations and no reference", role.Annotations, role.OwnerReferences)
+	}
+	if got := cr.GetFinalizers(); len(got) != 1 || got[0] != helmreconciler.Finalizer {
+		t.Errorf("finalizers = %v", got)
+	}
+	waitEvent(t, ns, "demo", "InstallSuccessful")
+
+	// The helm CLI sees the release.
+	if out := helmCLI(t, "list", "-n", ns); !strings.Contains(out, "demo") || !strings.Contains(out, "deployed") || !strings.Contains(out, "small-0.1.0") {
+		t.Errorf("helm list:\n%s", out)
+	}
+
+	// A spec change upgrades.
+	update(t, sampleGVK, ns, "demo", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "bonjour", "spec", "greeting")
+	})
+	cr2 := waitDeployed(t, sampleGVK, ns, "demo", 2)
+	if c := condition(cr2, "Deployed"); c.Reason != "UpgradeSuccessful" {
+		t.Errorf("Deployed reason = %s, want UpgradeSuccessful", c.Reason)
+	}
+	if cm, _ := configMap(t, ns, "demo-config"); cm.Data["greeting"] != "bonjour" {
+		t.Errorf("ConfigMap greeting = %q after the upgrade", cm.Data["greeting"])
+	}
+	waitEvent(t, ns, "demo", "UpgradeSuccessful")
+	hist := helmCLI(t, "history", "demo", "-n", ns)
+	if !strings.Contains(hist, "superseded") || strings.Count(hist, "small-0.1.0") != 2 {
+		t.Errorf("helm history:\n%s", hist)
+	}
+	if vals := helmCLI(t, "get", "values", "demo", "-n", ns); !strings.Contains(vals, "greeting: bonjour") {
+		t.Errorf("helm get values:\n%s", vals)
+	}
+
+	// Deleting uninstalls: objects, cluster-scoped ones and history go.
+	if err := k8s.Delete(ctx, cr2); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the Sample to be gone", func() (bool, string) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(sampleGVK)
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo"}, u)
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if _, ok := configMap(t, ns, "demo-config"); ok {
+		t.Error("ConfigMap left after uninstall")
+	}
+	if err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-demo-reader"}, role); !apierrors.IsNotFound(err) {
+		t.Errorf("ClusterRole left after uninstall: %v", err)
+	}
+	if s := releaseSecrets(t, ns); len(s) != 0 {
+		t.Errorf("%d release Secrets left after uninstall", len(s))
+	}
+	waitEvent(t, ns, "demo", "UninstallSuccessful")
+}
+
+func TestNoOpReconcileDoesNotRender(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "quiet", map[string]any{"greeting": "hi"}))
+	waitDeployed(t, sampleGVK, ns, "quiet", 1)
+
+	rendersBefore := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"})
+	for i := range 5 {
+		// An annotation change triggers a reconcile but changes no input.
+		update(t, sampleGVK, ns, "quiet", func(u *unstructured.Unstructured) {
+			a := u.GetAnnotations()
+			if a == nil {
+				a = map[string]string{}
+			}
+			a["example.com/poke"] = fmt.Sprint(i)
+			u.SetAnnotations(a)
+		})
+	}
+	noops := func() float64 {
+		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
+	}
+	before := noops()
+	eventually(t, 30*time.Second, "no-op reconciles of the pokes", func() (bool, string) {
+		return noops() > before, ""
+	})
+	if after := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"}); after != rendersBefore {
+		t.Errorf("renders went from %v to %v on reconciles that changed nothing", rendersBefore, after)
+	}
+	cr := get(t, sampleGVK, ns, "quiet")
+	if rev, _, _ := unstructured.NestedInt64(cr.Object, "status", "deployedRelease", "revision"); rev != 1 {
+		t.Errorf("revision = %d after no-op reconciles, want 1", rev)
+	}
+	if len(releaseSecrets(t, ns)) != 1 {
+		t.Error("no-op reconciles stored revisions")
+	}
+}
+
+func histogramCount(t *testing.T, name string, match map[string]string) float64 {
+	t.Helper()
+	families, err := ctrlGather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if labelsMatch(m, match) {
+				n += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return n
+}
+
+func TestDriftRepair(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	create(t, newCR(sampleGVK, ns, "drift", map[string]any{"greeting": "hi"}))
+	waitDeployed(t, sampleGVK, ns, "drift", 1)
+
+	// Deleted: recreated (the resync period is an hour, so the watch did it).
+	cm, _ := configMap(t, ns, "drift-config")
+	if err := k8s.Delete(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the deleted ConfigMap to come back", func() (bool, string) {
+		got, ok := configMap(t, ns, "drift-config")
+		return ok && got.UID != cm.UID && got.Data["greeting"] == "hi", ""
+	})
+
+	// Edited: the chart's field is restored, another writer's field stays.
+	eventually(t, 10*time.Second, "editing the ConfigMap", func() (bool, string) {
+		got, _ := configMap(t, ns, "drift-config")
+		got.Data["greeting"] = "tampered"
+		got.Data["added-by-someone"] = "keep me"
+		got.Labels["team"] = "blue"
+		err := k8s.Update(ctx, got)
+		return err == nil, fmt.Sprint(err)
+	})
+	eventually(t, 20*time.Second, "the edited field to be restored", func() (bool, string) {
+		got, _ := configMap(t, ns, "drift-config")
+		return got.Data["greeting"] == "hi", fmt.Sprint(got.Data)
+	})
+	got, _ := configMap(t, ns, "drift-config")
+	if got.Data["added-by-someone"] != "keep me" || got.Labels["team"] != "blue" {
+		t.Errorf("another writer's fields were dropped: data %v labels %v", got.Data, got.Labels)
+	}
+	// Deployment edited: replicas restored.
+	eventually(t, 10*time.Second, "scaling the Deployment", func() (bool, string) {
+		d := &unstructured.Unstructured{}
+		d.SetAPIVersion("apps/v1")
+		d.SetKind("Deployment")
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "drift"}, d); err != nil {
+			return false, err.Error()
+		}
+		_ = unstructured.SetNestedField(d.Object, int64(5), "spec", "replicas")
+		err := k8s.Update(ctx, d)
+		return err == nil, fmt.Sprint(err)
+	})
+	eventually(t, 20*time.Second, "replicas to be restored", func() (bool, string) {
+		d := &unstructured.Unstructured{}
+		d.SetAPIVersion("apps/v1")
+		d.SetKind("Deployment")
+		_ = k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "drift"}, d)
+		r, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas")
+		return r == 1, fmt.Sprint(r)
+	})
+	waitEvent(t, ns, "drift", "DriftRepaired")
+	if rev, _, _ := unstructured.NestedInt64(get(t, sampleGVK, ns, "drift").Object, "status", "deployedRelease", "revision"); rev != 1 {
+		t.Errorf("drift repair made revision %d; it must not upgrade", rev)
+	}
+}
+
+func TestInvalidValuesNameTheField(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "bad", map[string]any{"replicas": "three"}))
+	cr := waitCondition(t, sampleGVK, ns, "bad", "Irreconcilable", metav1.ConditionTrue, "ValuesInvalid")
+	if msg := condition(cr, "Irreconcilable").Message; !strings.Contains(msg, "/replicas") {
+		t.Errorf("message %q does not name the field /replicas", msg)
+	}
+	if len(releaseSecrets(t, ns)) != 0 {
+		t.Error("a release was stored for invalid values")
+	}
+	update(t, sampleGVK, ns, "bad", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, int64(3), "spec", "replicas")
+	})
+	cr = waitDeployed(t, sampleGVK, ns, "bad", 1)
+	if c := condition(cr, "Irreconcilable"); c.Status != metav1.ConditionFalse {
+		t.Errorf("Irreconcilable = %+v after fixing the values", c)
+	}
+}
+
+func TestFailedInstallRemovesPartialRelease(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "broken", map[string]any{"breakApply": true}))
+	cr := waitCondition(t, sampleGVK, ns, "broken", "ReleaseFailed", metav1.ConditionTrue, "InstallFailed")
+	if msg := condition(cr, "ReleaseFailed").Message; !strings.Contains(msg, "partial release was removed") {
+		t.Errorf("message %q does not say the partial release was removed", msg)
+	}
+	if c := condition(cr, "Deployed"); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("Deployed = %+v, want False", c)
+	}
+	waitEvent(t, ns, "broken", "InstallFailed")
+	// Between retries nothing of the failed install stays behind.
+	eventually(t, 20*time.Second, "no release stored between retries", func() (bool, string) {
+		return len(releaseSecrets(t, ns)) == 0, ""
+	})
+	update(t, sampleGVK, ns, "broken", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, false, "spec", "breakApply")
+	})
+	waitDeployed(t, sampleGVK, ns, "broken", 0)
+}
+
+func TestFailedUpgradeRollsBack(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "rb", map[string]any{"greeting": "v1"}))
+	waitDeployed(t, sampleGVK, ns, "rb", 1)
+
+	update(t, sampleGVK, ns, "rb", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "v2", "spec", "greeting")
+		_ = unstructured.SetNestedField(u.Object, true, "spec", "breakApply")
+	})
+	cr := waitCondition(t, sampleGVK, ns, "rb", "ReleaseFailed", metav1.ConditionTrue, "UpgradeFailed")
+	if msg := condition(cr, "ReleaseFailed").Message; !strings.Contains(msg, "rolled back to revision 1") {
+		t.Errorf("message %q does not report the rollback", msg)
+	}
+	waitEvent(t, ns, "rb", "RollbackSuccessful")
+	if c := condition(cr, "Deployed"); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Deployed = %+v; the rolled-back release is deployed", c)
+	}
+	if cm, _ := configMap(t, ns, "rb-config"); cm.Data["greeting"] != "v1" {
+		t.Errorf("greeting = %q after rollback, want v1", cm.Data["greeting"])
+	}
+	hist := helmCLI(t, "history", "rb", "-n", ns)
+	if !strings.Contains(hist, "failed") || !strings.Contains(hist, "Rollback to 1") {
+		t.Errorf("helm history does not show the failed upgrade and the rollback:\n%s", hist)
+	}
+}
+
+// storeRelease writes a release record as an operator killed mid-action
+// leaves it.
+func storeRelease(t *testing.T, ns string, rel *release.Release) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := storage.Init(driver.NewSecrets(cs.CoreV1().Secrets(ns)))
+	if err := store.Create(rel); err != nil {
+		t.Fatalf("storing release: %v", err)
+	}
+}
+
+func TestPendingInstallIsRecovered(t *testing.T) {
+	ns := newNamespace(t)
+	create(t, newCR(sampleGVK, ns, "crashed", map[string]any{"greeting": "hi"}))
+	// An operator was killed during the install: revision 1 is
+	// pending-install, and one object of it already exists.
+	storeRelease(t, ns, &release.Release{
+		Name: "crashed", Namespace: ns, Version: 1,
+		Info:     &release.Info{Status: release.StatusPendingInstall, Description: "Initial install underway"},
+		Chart:    &chart.Chart{Metadata: &chart.Metadata{Name: "small", Version: "0.1.0", APIVersion: "v2"}},
+		Config:   map[string]any{"greeting": "hi"},
+		Manifest: "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: crashed-config\ndata:\n  greeting: half\n",
+		Labels:   map[string]string{helmreconciler.LabelEngine: helmreconciler.EngineName},
+	})
+	create(t, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "crashed-config", Namespace: ns,
+			Labels:      map[string]string{"app.kubernetes.io/managed-by": "Helm"},
+			Annotations: map[string]string{"meta.helm.sh/release-name": "crashed", "meta.helm.sh/release-namespace": ns}},
+		Data: map[string]string{"greeting": "half"},
+	})
+
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "crashed", 0)
+	waitEvent(t, ns, "crashed", "PendingReleaseRecovered")
+	if cm, _ := configMap(t, ns, "crashed-config"); cm.Data["greeting"] != "hi" {
+		t.Errorf("greeting = %q, want the chart's", cm.Data["greeting"])
+	}
+	if out := helmCLI(t, "status", "crashed", "-n", ns); !strings.Contains(out, "STATUS: deployed") {
+		t.Errorf("helm status:\n%s", out)
+	}
+}
+
+func TestPendingUpgradeIsRecovered(t *testing.T) {
+	ns := newNamespace(t)
+	entries := loadEntries(t, sampleWatch)
+	create(t, newCR(sampleGVK, ns, "stuck", map[string]any{"greeting": "one"}))
+	// A first operator deploys revision 1 and is stopped.
+	stop := startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "stuck", 1)
+	stop()
+
+	// It was killed while upgrading: revision 2 is pending-upgrade.
+	storeRelease(t, ns, &release.Release{
+		Name: "stuck", Namespace: ns, Version: 2,
+		Info:   &release.Info{Status: release.StatusPendingUpgrade, Description: "Preparing upgrade"},
+		Chart:  &chart.Chart{Metadata: &chart.Metadata{Name: "small", Version: "0.1.0", APIVersion: "v2"}},
+		Config: map[string]any{"greeting": "two"},
+		Labels: map[string]string{helmreconciler.LabelEngine: helmreconciler.EngineName},
+	})
+	update(t, sampleGVK, ns, "stuck", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "two", "spec", "greeting")
+	})
+
+	startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "stuck", 3)
+	waitEvent(t, ns, "stuck", "PendingReleaseRecovered")
+	if cm, _ := configMap(t, ns, "stuck-config"); cm.Data["greeting"] != "two" {
+		t.Errorf("greeting = %q, want two", cm.Data["greeting"])
+	}
+	hist := helmCLI(t, "history", "stuck", "-n", ns)
+	if !strings.Contains(hist, "marked failed by the operator") {
+		t.Errorf("helm history does not show revision 2 marked failed:\n%s", hist)
+	}
+}
+
+func TestUninstallWait(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	cr := newCR(sampleGVK, ns, "waiter", map[string]any{})
+	cr.SetAnnotations(map[string]string{helmreconciler.AnnotationUninstallWait: "true"})
+	create(t, cr)
+	waitDeployed(t, sampleGVK, ns, "waiter", 1)
+
+	// Another controller holds the ConfigMap with a finalizer.
+	eventually(t, 10*time.Second, "adding a finalizer to the ConfigMap", func() (bool, string) {
+		cm, _ := configMap(t, ns, "waiter-config")
+		cm.Finalizers = append(cm.Finalizers, "example.com/hold")
+		err := k8s.Update(ctx, cm)
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := k8s.Delete(ctx, get(t, sampleGVK, ns, "waiter")); err != nil {
+		t.Fatal(err)
+	}
+	cr2 := waitCondition(t, sampleGVK, ns, "waiter", "Deployed", metav1.ConditionFalse, "WaitingForObjectsGone")
+	if msg := condition(cr2, "Deployed").Message; !strings.Contains(msg, "ConfigMap "+ns+"/waiter-config") {
+		t.Errorf("message %q does not name the remaining ConfigMap", msg)
+	}
+	eventually(t, 10*time.Second, "releasing the ConfigMap", func() (bool, string) {
+		cm, _ := configMap(t, ns, "waiter-config")
+		cm.Finalizers = nil
+		err := k8s.Update(ctx, cm)
+		return err == nil, fmt.Sprint(err)
+	})
+	eventually(t, 30*time.Second, "the Sample to be gone", func() (bool, string) {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(sampleGVK)
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "waiter"}, u)
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if s := releaseSecrets(t, ns); len(s) != 0 {
+		t.Errorf("%d release Secrets left after uninstall-wait", len(s))
+	}
+}
+
+func TestPauseReconcile(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	cr := newCR(sampleGVK, ns, "paused", map[string]any{})
+	cr.SetAnnotations(map[string]string{helmreconciler.AnnotationPauseReconcile: "true"})
+	create(t, cr)
+	waitCondition(t, sampleGVK, ns, "paused", "Paused", metav1.ConditionTrue, "PauseReconcileAnnotationTrue")
+	if len(releaseSecrets(t, ns)) != 0 {
+		t.Error("a paused resource was installed")
+	}
+	update(t, sampleGVK, ns, "paused", func(u *unstructured.Unstructured) {
+		u.SetAnnotations(map[string]string{helmreconciler.AnnotationPauseReconcile: "false"})
+	})
+	u := waitDeployed(t, sampleGVK, ns, "paused", 1)
+	if c := condition(u, "Paused"); c != nil {
+		t.Errorf("Paused condition %+v kept after resuming", c)
+	}
+}
+
+func TestSelectorAndTwoEntries(t *testing.T) {
+	ns := newNamespace(t)
+	entries := loadEntries(t, sampleWatch+`  selector:
+    matchLabels: {tier: gold}
+- group: test.modelorchestra.io
+  version: v1
+  kind: Other
+  chart: other
+  status: greeting-status
+`)
+	startManager(t, entries, managerOpts{namespaces: []string{ns}})
+
+	gold := newCR(sampleGVK, ns, "gold", map[string]any{"greeting": "g"})
+	gold.SetLabels(map[string]string{"tier": "gold"})
+	create(t, gold)
+	create(t, newCR(sampleGVK, ns, "iron", map[string]any{"greeting": "i"}))
+	create(t, newCR(otherGVK, ns, "o1", map[string]any{"color": "red"}))
+
+	waitDeployed(t, sampleGVK, ns, "gold", 1)
+	o := waitDeployed(t, otherGVK, ns, "o1", 1)
+	if cm, _ := configMap(t, ns, "o1-other"); cm.Data["color"] != "red" {
+		t.Errorf("Other's ConfigMap = %v", cm)
+	}
+	if dr, _, _ := unstructured.NestedString(o.Object, "status", "deployedRelease", "chart"); dr != "other" {
+		t.Errorf("Other's chart = %q", dr)
+	}
+	// The selector keeps the engine off iron entirely.
+	iron := get(t, sampleGVK, ns, "iron")
+	if len(iron.GetFinalizers()) != 0 || iron.Object["status"] != nil {
+		t.Errorf("a resource outside the selector was touched: finalizers %v status %v", iron.GetFinalizers(), iron.Object["status"])
+	}
+	if _, ok := configMap(t, ns, "iron-config"); ok {
+		t.Error("a resource outside the selector was installed")
+	}
+}
+
+func TestStatusPluginFieldsAreKept(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch+"  status: greeting-status\n"), managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "st", map[string]any{"greeting": "salut"}))
+	var cr *unstructured.Unstructured
+	eventually(t, 60*time.Second, "the status plugin's fields", func() (bool, string) {
+		cr = get(t, sampleGVK, ns, "st")
+		g, _, _ := unstructured.NestedString(cr.Object, "status", "greeting")
+		return g == "salut", describe(cr)
+	})
+	if n, _, _ := unstructured.NestedInt64(cr.Object, "status", "objects"); n != 3 {
+		t.Errorf("status.objects = %d, want 3 live objects", n)
+	}
+	if c := condition(cr, "GreetingPublished"); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("plugin condition = %+v", c)
+	}
+	if c := condition(cr, "Deployed"); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("engine condition Deployed = %+v next to the plugin's fields", c)
+	}
+	if _, ok, _ := unstructured.NestedMap(cr.Object, "status", "deployedRelease"); !ok {
+		t.Error("deployedRelease missing next to the plugin's fields")
+	}
+	// An upgrade keeps them too.
+	update(t, sampleGVK, ns, "st", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "hola", "spec", "greeting")
+	})
+	eventually(t, 60*time.Second, "the plugin's fields after an upgrade", func() (bool, string) {
+		cr = get(t, sampleGVK, ns, "st")
+		g, _, _ := unstructured.NestedString(cr.Object, "status", "greeting")
+		rev, _, _ := unstructured.NestedInt64(cr.Object, "status", "deployedRelease", "revision")
+		return g == "hola" && rev == 2, describe(cr)
+	})
+}
+
+func TestWatchNamespace(t *testing.T) {
+	served, ignored := newNamespace(t), newNamespace(t)
+	t.Setenv(manager.EnvWatchNamespace, " "+served+" ,")
+	cfgNamespaces := manager.Default().WatchNamespaces
+	if len(cfgNamespaces) != 1 || cfgNamespaces[0] != served {
+		t.Fatalf("WATCH_NAMESPACE parsed as %v", cfgNamespaces)
+	}
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: cfgNamespaces})
+	create(t, newCR(sampleGVK, ignored, "outside", map[string]any{}))
+	create(t, newCR(sampleGVK, served, "inside", map[string]any{}))
+	waitDeployed(t, sampleGVK, served, "inside", 1)
+	// Give the engine the time it took for the served one, twice over.
+	time.Sleep(2 * time.Second)
+	if u := get(t, sampleGVK, ignored, "outside"); u.Object["status"] != nil || len(u.GetFinalizers()) != 0 {
+		t.Errorf("a resource outside WATCH_NAMESPACE was reconciled: %s", describe(u))
+	}
+}
+
+func TestChunkedReleaseOnCluster(t *testing.T) {
+	ns := newNamespace(t)
+	// A small chunk size makes this small release span several Secrets,
+	// as a release over 1 MiB does with the default size.
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}, chunkSize: 1024})
+	create(t, newCR(sampleGVK, ns, "chunky", map[string]any{"padding": strings.Repeat("x", 4096)}))
+	waitDeployed(t, sampleGVK, ns, "chunky", 1)
+	list := &corev1.SecretList{}
+	if err := k8s.List(context.Background(), list, client.InNamespace(ns), client.MatchingLabels{"modelorchestra.io/release-chunk-of": "chunky"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) == 0 {
+		t.Fatal("the release was not chunked")
+	}
+	update(t, sampleGVK, ns, "chunky", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, "again", "spec", "greeting")
+	})
+	waitDeployed(t, sampleGVK, ns, "chunky", 2)
+	if cm, _ := configMap(t, ns, "chunky-config"); cm.Data["greeting"] != "again" {
+		t.Errorf("greeting = %q after upgrading a chunked release", cm.Data["greeting"])
+	}
+}
+
+func TestBadReconcilePeriodAnnotation(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	cr := newCR(sampleGVK, ns, "period", map[string]any{})
+	cr.SetAnnotations(map[string]string{helmreconciler.AnnotationReconcilePeriod: "often"})
+	create(t, cr)
+	u := waitCondition(t, sampleGVK, ns, "period", "Irreconcilable", metav1.ConditionTrue, "ReconcileError")
+	if msg := condition(u, "Irreconcilable").Message; !strings.Contains(msg, helmreconciler.AnnotationReconcilePeriod) {
+		t.Errorf("message %q does not name the annotation", msg)
+	}
+}
