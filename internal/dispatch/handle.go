@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -272,7 +273,12 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 func (d *Dispatcher) deadLetter(ctx context.Context, a *app, msg jetstream.Msg, resp *responder, reason string, log *slog.Logger) {
 	dl := nats.NewMsg(d.names.DeadLetter(a.Name))
 	for k, v := range msg.Headers() {
-		dl.Header[k] = v
+		if strings.HasPrefix(k, "Orch-") {
+			dl.Header[k] = v
+		}
+	}
+	if id := msg.Headers().Get(natsqueue.HeaderJobID); id != "" {
+		dl.Header.Set(jetstream.MsgIDHeader, id)
 	}
 	dl.Header.Set(natsqueue.HeaderReason, reason)
 	dl.Header.Set(natsqueue.HeaderAttempt, resp.attempt)

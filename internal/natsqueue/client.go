@@ -86,7 +86,8 @@ type Client struct {
 	appAlive  map[string]time.Time
 	reconnect atomic.Int64 // unix nanos of the last reconnect
 
-	subs []*nats.Subscription
+	subs  []*nats.Subscription
+	owned bool // Close closes nc
 }
 
 var _ queue.Queue = (*Client)(nil)
@@ -146,10 +147,50 @@ func NewClient(nc *nats.Conn, cfg ClientConfig, log *slog.Logger) (*Client, erro
 	return c, nil
 }
 
-// Close stops receiving replies. Open replies fail with ErrUnavailable.
+// Connect dials NATS at url (reconnecting forever) and starts a client that
+// owns the connection.
+func Connect(url string, cfg ClientConfig, log *slog.Logger, opts ...nats.Option) (*Client, error) {
+	opts = append([]nats.Option{
+		nats.Name("orchestra-gateway"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from NATS", "err", err) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
+	}, opts...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NATS at %s: %w", url, err)
+	}
+	c, err := NewClient(nc, cfg, log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.owned = true
+	return c, nil
+}
+
+// Ping reports whether jobs can be submitted: NATS is connected and the
+// request stream exists.
+func (c *Client) Ping(ctx context.Context) error {
+	if !c.nc.IsConnected() {
+		return fmt.Errorf("%w: not connected to NATS", queue.ErrUnavailable)
+	}
+	if _, err := c.js.Stream(ctx, c.names.Stream()); err != nil {
+		return fmt.Errorf("%w: looking up stream %s: %v", queue.ErrUnavailable, c.names.Stream(), err)
+	}
+	return nil
+}
+
+// Close stops receiving replies (and closes the connection if Connect made
+// it). Open replies fail with ErrUnavailable.
 func (c *Client) Close() {
 	for _, s := range c.subs {
 		_ = s.Unsubscribe()
+	}
+	if c.owned {
+		defer c.nc.Close()
 	}
 	c.mu.Lock()
 	rs := c.replies

@@ -1,0 +1,83 @@
+// Package dataplanetest holds the end-to-end tests of the data plane
+// (gateway -> JetStream -> dispatcher -> engine), the data-plane benchmark,
+// and the small harness both use: an in-process NATS server and a counted
+// in-process engine simulator.
+package dataplanetest
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+// StartNATS starts an in-process NATS server with JetStream storing in dir.
+// Port -1 picks a free port; pass a former server's port to restart it.
+func StartNATS(dir string, port int) (*server.Server, error) {
+	opts := &server.Options{
+		ServerName: "orchestra-test",
+		Host:       "127.0.0.1",
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   dir,
+		NoLog:      true,
+		NoSigs:     true,
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("creating NATS server: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("NATS server did not become ready")
+	}
+	return s, nil
+}
+
+// Port returns the client port of s.
+func Port(s *server.Server) int { return s.Addr().(*net.TCPAddr).Port }
+
+// Engine is an in-process simulator that counts the requests it receives
+// and those still running.
+type Engine struct {
+	*httptest.Server
+	Sim *sim.Simulator
+	// Requests counts requests received; Active those not finished yet
+	// (finished includes aborted by the client).
+	Requests atomic.Int64
+	Active   atomic.Int64
+}
+
+// StartEngine serves a simulator for cfg.
+func StartEngine(cfg sim.Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("simulator config: %w", err)
+	}
+	e := &Engine{Sim: sim.New(cfg)}
+	h := e.Sim.Handler()
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			e.Requests.Add(1)
+			e.Active.Add(1)
+			defer e.Active.Add(-1)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	return e, nil
+}
+
+// FastSim is a simulator configuration without artificial latency.
+func FastSim() sim.Config {
+	cfg := sim.Default()
+	cfg.TimeToFirstToken = 0
+	cfg.InterTokenLatency = 0
+	cfg.OutputTokens = 16
+	return cfg
+}

@@ -1,0 +1,499 @@
+package dispatch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/internal/dataplanetest"
+	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/queue"
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+const app = "chat"
+
+type env struct {
+	t      *testing.T
+	srv    *server.Server
+	engine *dataplanetest.Engine
+	cfg    dispatch.Config
+}
+
+func newEnv(t *testing.T, simCfg sim.Config) *env {
+	t.Helper()
+	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	engine, err := dataplanetest.StartEngine(simCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(engine.Close)
+	cfg := dispatch.Default()
+	cfg.Orchestra = "test"
+	cfg.NATS.URL = srv.ClientURL()
+	cfg.Apps = []dispatch.App{{Name: app, Endpoints: []string{engine.URL}, MaxConcurrency: 8}}
+	cfg.AckWait = metav1.Duration{Duration: 2 * time.Second}
+	cfg.HeartbeatInterval = metav1.Duration{Duration: 100 * time.Millisecond}
+	cfg.RetryDelay = metav1.Duration{Duration: 10 * time.Millisecond}
+	cfg.ShutdownTimeout = metav1.Duration{Duration: 5 * time.Second}
+	return &env{t: t, srv: srv, engine: engine, cfg: cfg}
+}
+
+func (e *env) connect() *nats.Conn {
+	e.t.Helper()
+	nc, err := nats.Connect(e.srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(nc.Close)
+	return nc
+}
+
+// dispatcher runs a dispatcher on its own connection; kill stops it
+// abruptly (connection first, as if the process died).
+func (e *env) dispatcher() (kill func()) {
+	e.t.Helper()
+	nc := e.connect()
+	d, err := dispatch.New(e.cfg, nc, testLogger(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	eventually(e.t, 10*time.Second, "dispatcher ready", d.Ready)
+	stopped := false
+	stop := func(abrupt bool) {
+		if stopped {
+			return
+		}
+		stopped = true
+		if abrupt {
+			nc.Close()
+		}
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("dispatcher: %v", err)
+		}
+	}
+	e.t.Cleanup(func() { stop(false) })
+	return func() { stop(true) }
+}
+
+func (e *env) client(mut func(*natsqueue.ClientConfig)) *natsqueue.Client {
+	e.t.Helper()
+	cfg := natsqueue.DefaultClientConfig()
+	cfg.Orchestra = "test"
+	cfg.StallTimeout = 2 * time.Second
+	if mut != nil {
+		mut(&cfg)
+	}
+	c, err := natsqueue.NewClient(e.connect(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(c.Close)
+	return c
+}
+
+func (e *env) stream() jetstream.Stream {
+	e.t.Helper()
+	js, err := jetstream.New(e.connect())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	s, err := js.Stream(context.Background(), natsqueue.Names{Orchestra: "test"}.Stream())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func chatJob(id, prompt string, stream bool) queue.Job {
+	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}],"stream":%v}`, prompt, stream)
+	return queue.Job{ID: id, App: app, Path: "/v1/chat/completions", Body: []byte(body), Stream: stream}
+}
+
+// collect reads a reply to the end.
+func collect(ctx context.Context, r queue.Reply) (status int, body []byte, chunks int, err error) {
+	for {
+		c, err := r.Next(ctx)
+		if err == io.EOF {
+			return status, body, chunks, nil
+		}
+		if err != nil {
+			return status, body, chunks, err
+		}
+		if chunks == 0 {
+			status = c.Status
+		} else if c.Status != 0 {
+			return status, body, chunks, fmt.Errorf("status on chunk %d", chunks)
+		}
+		chunks++
+		body = append(body, c.Data...)
+	}
+}
+
+// direct asks the engine itself, for the expected answer.
+func direct(t *testing.T, e *env, job queue.Job) []byte {
+	t.Helper()
+	res, err := http.Post(e.engine.URL+job.Path, "application/json", bytes.NewReader(job.Body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return b
+}
+
+// withoutIDs blanks the parts of an answer that differ per request.
+func withoutIDs(b []byte) string {
+	s := string(b)
+	var out strings.Builder
+	for {
+		i := strings.Index(s, `"id":"`)
+		if i < 0 {
+			out.WriteString(s)
+			break
+		}
+		out.WriteString(s[:i+6])
+		s = s[i+6:]
+		s = s[strings.IndexByte(s, '"'):]
+	}
+	r := out.String()
+	for {
+		i := strings.Index(r, `"created":`)
+		if i < 0 {
+			return r
+		}
+		j := i + len(`"created":`)
+		k := j
+		for k < len(r) && r[k] >= '0' && r[k] <= '9' {
+			k++
+		}
+		r = r[:i] + `"created_":0` + r[k:]
+	}
+}
+
+func TestAnswersArriveCompleteAndInOrder(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.OutputTokens = 40
+	simCfg.InterTokenLatency = time.Millisecond
+	e := newEnv(t, simCfg)
+	e.dispatcher()
+	c := e.client(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			job := chatJob(fmt.Sprintf("job-order-%v", stream), "tell me a story", stream)
+			r, err := c.Submit(ctx, job)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			status, body, chunks, err := collect(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if status != http.StatusOK {
+				t.Errorf("status = %d", status)
+			}
+			if want := direct(t, e, job); withoutIDs(body) != withoutIDs(want) {
+				t.Errorf("answer through the queue differs from the engine's:\n got %s\nwant %s", body, want)
+			}
+			if !stream && chunks != 1 {
+				t.Errorf("a non-streamed answer came in %d chunks, want 1", chunks)
+			}
+			if stream && chunks < 2 {
+				t.Errorf("a streamed answer came in %d chunks, want it streamed", chunks)
+			}
+		})
+	}
+}
+
+func TestEngineErrorsPassThrough(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	e.dispatcher()
+	c := e.client(nil)
+	ctx := context.Background()
+	job := chatJob("job-bad-model", "x", false)
+	job.Body = []byte(`{"model":"other","messages":[{"role":"user","content":"x"}]}`)
+	r, err := c.Submit(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	status, body, _, err := collect(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != http.StatusNotFound || !strings.Contains(string(body), "does not exist") {
+		t.Errorf("got %d %s, want the engine's 404", status, body)
+	}
+	if n := e.engine.Requests.Load(); n != 1 {
+		t.Errorf("engine saw %d requests, want 1 (a 404 is an answer, not a failure)", n)
+	}
+}
+
+func TestDuplicateJobIDsRunOnce(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	// Provision without serving, so both submissions wait in the queue.
+	kill := e.dispatcher()
+	kill()
+	a, b := e.client(nil), e.client(nil)
+	ctx := context.Background()
+	job := chatJob("job-dup", "once", false)
+	ra, err := a.Submit(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	rb, err := b.Submit(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	info, err := e.stream().Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages after a duplicate submit, want 1", info.State.Msgs)
+	}
+	e.dispatcher()
+	if _, _, _, err := collect(ctx, ra); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.engine.Requests.Load(); n != 1 {
+		t.Errorf("engine ran the job %d times, want 1", n)
+	}
+}
+
+func TestSlowGenerationOutlivesAckWait(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.OutputTokens = 30
+	simCfg.InterTokenLatency = 200 * time.Millisecond // 6s, three times AckWait
+	e := newEnv(t, simCfg)
+	e.dispatcher()
+	c := e.client(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := c.Submit(ctx, chatJob("job-slow", "take your time", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, body, _, err := collect(ctx, r); err != nil || !bytes.Contains(body, []byte(`"completion_tokens":30`)) {
+		t.Fatalf("slow answer: %v %s", err, body)
+	}
+	if n := e.engine.Requests.Load(); n != 1 {
+		t.Errorf("engine saw %d requests, want 1: a slow generation must not be redelivered", n)
+	}
+}
+
+func TestRepeatedFailuresDeadLetter(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.Faults.ErrorRate = 1
+	simCfg.Faults.ErrorStatus = http.StatusServiceUnavailable
+	e := newEnv(t, simCfg)
+	e.cfg.MaxDeliver = 3
+	e.cfg.Health.FailureThreshold = 100
+	e.dispatcher()
+	c := e.client(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := c.Submit(ctx, chatJob("job-doomed", "x", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrDeadLettered) {
+		t.Fatalf("err = %v, want ErrDeadLettered", err)
+	}
+	if n := e.engine.Requests.Load(); n != 3 {
+		t.Errorf("engine saw %d attempts, want maxDeliver = 3", n)
+	}
+	js, _ := jetstream.New(e.connect())
+	dlq, err := js.Stream(ctx, natsqueue.Names{Orchestra: "test"}.DeadLetterStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dlq.GetLastMsgForSubject(ctx, natsqueue.Names{Orchestra: "test"}.DeadLetter(app))
+	if err != nil {
+		t.Fatalf("no dead letter: %v", err)
+	}
+	if m.Header.Get(natsqueue.HeaderJobID) != "job-doomed" {
+		t.Errorf("dead letter is for job %q", m.Header.Get(natsqueue.HeaderJobID))
+	}
+	eventually(t, 5*time.Second, "request stream to empty", func() bool {
+		info, err := e.stream().Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+}
+
+func TestCloseCancelsTheEngineRequest(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.OutputTokens = 1000
+	simCfg.InterTokenLatency = 20 * time.Millisecond
+	e := newEnv(t, simCfg)
+	e.dispatcher()
+	c := e.client(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r, err := c.Submit(ctx, chatJob("job-cancel", "long", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.engine.Active.Load() != 1 {
+		t.Fatalf("engine runs %d requests, want 1", e.engine.Active.Load())
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the engine request to be cancelled", func() bool { return e.engine.Active.Load() == 0 })
+	eventually(t, 5*time.Second, "the job to leave the stream", func() bool {
+		info, err := e.stream().Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	if n := e.engine.Requests.Load(); n != 1 {
+		t.Errorf("engine saw %d requests, want 1: a cancelled job must not be retried", n)
+	}
+}
+
+func TestCloseRemovesAQueuedJob(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	kill := e.dispatcher()
+	kill()
+	c := e.client(nil)
+	ctx := context.Background()
+	r, err := c.Submit(ctx, chatJob("job-never", "x", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	eventually(t, 5*time.Second, "the queued job to be removed", func() bool {
+		info, err := e.stream().Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+	e.dispatcher()
+	time.Sleep(300 * time.Millisecond) // give a wrongly kept job the chance to run
+	if n := e.engine.Requests.Load(); n != 0 {
+		t.Errorf("engine ran %d cancelled jobs", n)
+	}
+}
+
+func TestDispatcherDeathMidAnswer(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.OutputTokens = 50
+	simCfg.InterTokenLatency = 20 * time.Millisecond
+	e := newEnv(t, simCfg)
+
+	t.Run("non-streamed completes on redelivery", func(t *testing.T) {
+		kill := e.dispatcher()
+		c := e.client(func(cfg *natsqueue.ClientConfig) { cfg.StallTimeout = 5 * time.Second })
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		job := chatJob("job-survivor", "survive", false)
+		r, err := c.Submit(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		kill()
+		defer e.dispatcher()()
+		status, body, _, err := collect(ctx, r)
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("after redelivery: %d %v", status, err)
+		}
+		if want := direct(t, e, job); withoutIDs(body) != withoutIDs(want) {
+			t.Errorf("answer after redelivery differs:\n got %s\nwant %s", body, want)
+		}
+	})
+
+	t.Run("streamed fails cleanly after partial output", func(t *testing.T) {
+		kill := e.dispatcher()
+		c := e.client(func(cfg *natsqueue.ClientConfig) { cfg.StallTimeout = 5 * time.Second })
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r, err := c.Submit(ctx, chatJob("job-partial", "partial", true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if _, err := r.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+		kill()
+		defer e.dispatcher()()
+		_, _, _, err = collect(ctx, r)
+		if !errors.Is(err, queue.ErrRetriedAfterPartial) {
+			t.Fatalf("err = %v, want ErrRetriedAfterPartial", err)
+		}
+	})
+}
+
+func TestNoDispatcherFailsInsteadOfHanging(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	kill := e.dispatcher()
+	kill()
+	c := e.client(func(cfg *natsqueue.ClientConfig) { cfg.StallTimeout = 500 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := c.Submit(ctx, chatJob("job-orphan", "x", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestSubmitWithoutStreamIsUnavailable(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	c := e.client(func(cfg *natsqueue.ClientConfig) { cfg.SubmitTimeout = time.Second })
+	if _, err := c.Submit(context.Background(), chatJob("job-nowhere", "x", false)); !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+}
