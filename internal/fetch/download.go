@@ -57,7 +57,7 @@ type fileTask struct {
 	chunkSize int64
 	nchunks   int
 	fh        *os.File
-	doneCh    chan int // chunk indices written by workers
+	doneCh    chan chunkDone // chunks written by workers
 	pending   []int
 	j         journal
 }
@@ -70,6 +70,14 @@ func (ft *fileTask) chunkRange(i int) (int64, int64) {
 type chunkJob struct {
 	ft  *fileTask
 	idx int
+}
+
+// chunkDone tells the finisher a chunk is written; the worker waits on ack
+// until the chunk is durable and recorded in the journal, so a crash costs
+// at most the chunk each worker is busy with.
+type chunkDone struct {
+	idx int
+	ack chan error
 }
 
 // downloader fetches the pending files of one run.
@@ -146,7 +154,7 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 			ft.pending = append(ft.pending, i)
 		}
 	}
-	ft.doneCh = make(chan int, ft.nchunks+1)
+	ft.doneCh = make(chan chunkDone, ft.nchunks+1)
 	if resumed > 0 {
 		d.progress.add(resumed)
 		d.log.Info("resuming file", "file", rf.Path, "chunksDone", len(done), "chunks", ft.nchunks, "bytes", resumed)
@@ -165,7 +173,16 @@ func (d *downloader) run(ctx context.Context, files []RemoteFile) error {
 				if err := d.fetchChunk(ctx, job.ft, job.idx); err != nil {
 					return err
 				}
-				job.ft.doneCh <- job.idx
+				ack := make(chan error, 1)
+				job.ft.doneCh <- chunkDone{job.idx, ack}
+				select {
+				case err := <-ack:
+					if err != nil {
+						return err
+					}
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 			return nil
 		})
@@ -428,53 +445,53 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 	if err := hashUpTo(); err != nil {
 		return err
 	}
+	var batch []chan error
+	take := func(c chunkDone) {
+		if !done[c.idx] {
+			done[c.idx] = true
+			ndone++
+		}
+		batch = append(batch, c.ack)
+	}
+	drain := func() {
+		for {
+			select {
+			case c := <-ft.doneCh:
+				take(c)
+			default:
+				return
+			}
+		}
+	}
+	ackAll := func(err error) {
+		for _, a := range batch {
+			a <- err
+		}
+		batch = batch[:0]
+	}
 	for ndone < ft.nchunks {
 		select {
 		case <-ctx.Done():
 			// Keep what already arrived for the next run.
-			changed := false
-			for drained := false; !drained; {
-				select {
-				case i := <-ft.doneCh:
-					if !done[i] {
-						done[i], changed = true, true
-						ndone++
-					}
-				default:
-					drained = true
-				}
-			}
-			if changed {
+			drain()
+			if len(batch) > 0 {
 				if err := saveJournal(); err != nil {
 					d.log.Warn("saving resume state", "file", ft.rf.Path, "err", err)
 				}
 			}
+			ackAll(ctx.Err())
 			return ctx.Err()
-		case i := <-ft.doneCh:
-			if !done[i] {
-				done[i] = true
-				ndone++
-			}
+		case c := <-ft.doneCh:
+			take(c)
 		}
-		// Coalesce chunks that finished meanwhile into one fsync.
-		for drained := false; !drained; {
-			select {
-			case i := <-ft.doneCh:
-				if !done[i] {
-					done[i] = true
-					ndone++
-				}
-			default:
-				drained = true
-			}
+		drain() // chunks that finished meanwhile share one fsync
+		err := saveJournal()
+		ackAll(err)
+		if err != nil {
+			return err
 		}
 		if err := hashUpTo(); err != nil {
 			return err
-		}
-		if ndone < ft.nchunks {
-			if err := saveJournal(); err != nil {
-				return err
-			}
 		}
 	}
 	if err := hashUpTo(); err != nil {

@@ -64,7 +64,11 @@ type statusError struct {
 }
 
 func (e *statusError) Error() string {
-	return fmt.Sprintf("%s: HTTP %d %s", e.What, e.Code, http.StatusText(e.Code))
+	msg := fmt.Sprintf("%s: HTTP %d %s", e.What, e.Code, http.StatusText(e.Code))
+	if class := e.Unwrap(); class != nil {
+		msg += " (" + class.Error() + ")"
+	}
+	return msg
 }
 
 // Unwrap classifies the status for errors.Is.

@@ -220,3 +220,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+func newBufLogger(b *bytes.Buffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(&syncWriter{w: b}, nil))
+}

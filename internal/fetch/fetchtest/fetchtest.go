@@ -105,7 +105,7 @@ type fileContent struct {
 	size int64
 }
 
-func (f *fileContent) Size() int64                              { return f.size }
+func (f *fileContent) Size() int64                             { return f.size }
 func (f *fileContent) ReadAt(p []byte, off int64) (int, error) { return f.f.ReadAt(p, off) }
 
 // SHA256 hashes c.
@@ -357,7 +357,7 @@ func ServeContent(w http.ResponseWriter, r *http.Request, name string, c Content
 		if err != nil {
 			return
 		}
-		if p.throttle > 0 {
+		if p.throttle > 0 && pos < end {
 			time.Sleep(p.throttle)
 		}
 	}

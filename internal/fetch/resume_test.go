@@ -1,0 +1,202 @@
+package fetch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+)
+
+const childEnv = "ORCHESTRA_FETCH_TEST_CHILD_CONFIG"
+
+// TestMain lets a test run the fetcher in a child process (this test
+// binary) so that it can be killed with SIGKILL mid-download.
+func TestMain(m *testing.M) {
+	if raw := os.Getenv(childEnv); raw != "" {
+		var cfg Config
+		if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "child config:", err)
+			os.Exit(99)
+		}
+		_, err := Run(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+		}
+		os.Exit(ExitCode(err))
+	}
+	os.Exit(m.Run())
+}
+
+// journals reads the resume state the killed process left behind.
+func journals(t *testing.T, dest string) map[string]journal {
+	t.Helper()
+	out := map[string]journal{}
+	root := filepath.Join(dest, metaDir, partialDir)
+	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".journal") {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		var j journal
+		if json.Unmarshal(b, &j) == nil {
+			out[j.Path] = j
+		}
+		return nil
+	})
+	return out
+}
+
+func TestKilledDownloadResumesWithoutRefetchingFinishedChunks(t *testing.T) {
+	fx := newRepoFixture("acme/resume").
+		add("a.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 11)), true).
+		add("b.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 12)), true)
+	hub := startHub(t, fx)
+	hub.Faults.Throttle(10 * time.Millisecond) // ~6 MB/s per connection: slow enough to kill mid-way
+	cfg := testConfig(t, "hf://acme/resume", hub.URL())
+	cfg.Concurrency = 3
+	total := totalSize(fx.files)
+
+	raw, _ := json.Marshal(cfg)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	// Kill once at least one chunk is durably recorded and ranges are in flight.
+	deadline := time.After(30 * time.Second)
+poll:
+	for {
+		select {
+		case err := <-exited:
+			t.Fatalf("child finished before it could be killed (%v):\n%s", err, stderr.String())
+		case <-deadline:
+			cmd.Process.Kill()
+			t.Fatalf("no progress recorded in time:\n%s", stderr.String())
+		case <-time.After(5 * time.Millisecond):
+			done := 0
+			for _, j := range journals(t, cfg.Dest) {
+				done += len(j.Done)
+			}
+			if done > 0 && hub.Stats.BytesServed() >= 3<<20 {
+				break poll
+			}
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-exited
+	// Let the server notice the dead connections before counting.
+	servedBeforeKill := waitQuiet(hub.Stats.BytesServed)
+	killed := journals(t, cfg.Dest)
+	var recorded int64
+	for _, j := range killed {
+		recorded += int64(len(j.Done)) * cfg.ChunkSize
+	}
+	if got := readTree(t, cfg.Dest); len(got) != 0 {
+		for p, b := range got {
+			if string(b) != string(fx.files[p]) {
+				t.Errorf("killed run left a half-written %s under its final name", p)
+			}
+		}
+	}
+	t.Logf("killed after %d bytes served, %d bytes in finished chunks", servedBeforeKill, recorded)
+
+	hub.Faults.Throttle(0)
+	hub.Stats.Reset()
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("resumed run: %v", err)
+	}
+	assertTree(t, cfg.Dest, fx.files)
+
+	// No chunk the killed run had recorded is requested again.
+	for _, seg := range hub.Stats.Segments() {
+		j, ok := killed[seg.Path]
+		if !ok {
+			continue
+		}
+		for _, idx := range j.Done {
+			lo, hi := int64(idx)*j.ChunkSize, int64(idx+1)*j.ChunkSize
+			if seg.Start < hi && seg.Start+seg.N > lo {
+				t.Errorf("resumed run fetched %s bytes %d-%d again, chunk %d was finished", seg.Path, seg.Start, seg.Start+seg.N, idx)
+			}
+		}
+	}
+	// At most one chunk per in-flight range is downloaded twice.
+	servedAfter := hub.Stats.BytesServed()
+	if limit := total + int64(cfg.Concurrency)*cfg.ChunkSize; servedBeforeKill+servedAfter > limit {
+		t.Errorf("served %d + %d bytes for a %d-byte repository, more than one chunk per range (limit %d)",
+			servedBeforeKill, servedAfter, total, limit)
+	}
+}
+
+func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
+	fx := newRepoFixture("acme/cancel").add("w.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 21)), true)
+	hub := startHub(t, fx)
+	hub.Faults.Throttle(10 * time.Millisecond)
+	cfg := testConfig(t, "hf://acme/cancel", hub.URL())
+	cfg.Concurrency = 2
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, cfg, Options{Logger: testLogger(t)})
+		errc <- err
+	}()
+	for hub.Stats.BytesServed() < 2<<20 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	err := <-errc
+	if ExitCode(err) != ExitCanceled {
+		t.Fatalf("err = %v (exit %d), want exit %d", err, ExitCode(err), ExitCanceled)
+	}
+	j := journals(t, cfg.Dest)["w.safetensors"]
+	if len(j.Done) == 0 {
+		t.Fatalf("no finished chunk recorded on cancel")
+	}
+	waitQuiet(hub.Stats.BytesServed)
+	hub.Faults.Throttle(0)
+	hub.Stats.Reset()
+	res, err := runFetch(t, cfg, Options{})
+	if err != nil {
+		t.Fatalf("resumed run: %v", err)
+	}
+	assertTree(t, cfg.Dest, fx.files)
+	if want := totalSize(fx.files) - int64(len(j.Done))*cfg.ChunkSize; hub.Stats.BytesServed() > want {
+		t.Errorf("resumed run downloaded %d bytes, want at most %d", hub.Stats.BytesServed(), want)
+	}
+	if res.Downloaded > totalSize(fx.files) {
+		t.Errorf("Downloaded = %d", res.Downloaded)
+	}
+}
+
+// waitQuiet polls counter until it stops changing for 100ms and returns it.
+func waitQuiet(counter func() int64) int64 {
+	last, since := counter(), time.Now()
+	for time.Since(since) < 100*time.Millisecond {
+		time.Sleep(10 * time.Millisecond)
+		if n := counter(); n != last {
+			last, since = n, time.Now()
+		}
+	}
+	return last
+}
