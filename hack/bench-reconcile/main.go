@@ -46,14 +46,14 @@ import (
 var sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Sample"}
 
 type result struct {
-	n            int
-	deploy       time.Duration
-	noopCount    float64
-	noopCPU      time.Duration // operator CPU per no-op reconcile
-	rendersNoop  float64       // renders during the no-op window (want 0)
-	rssMiB       float64
-	peakRSSMiB   float64
-	noopMean string
+	n           int
+	deploy      time.Duration
+	noopCount   float64
+	noopCPU     time.Duration // operator CPU per no-op reconcile
+	rendersNoop float64       // renders during the no-op window (want 0)
+	rssMiB      float64
+	peakRSSMiB  float64
+	noopMean    string
 }
 
 func main() {
