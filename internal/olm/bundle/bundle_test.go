@@ -30,6 +30,10 @@ func fixtureConfig() Config {
 	c.OperatorImageName = "widget-operator"
 	c.CSVBase = "config/manifests/bases/widget-operator.clusterserviceversion.yaml"
 	c.PreviousVersions = []semver.Version{semver.MustParse("1.1.0"), semver.MustParse("1.0.0"), semver.MustParse("2.0.0")}
+	c.ImageDefaults = map[string]string{
+		"RELATED_IMAGE_WIDGET_SERVER": "registry.example.io/widgets/widget-server:v0.0.1",
+		"RELATED_IMAGE_PROXY":         "docker.io/library/envoy:1.30",
+	}
 	return c
 }
 
@@ -52,7 +56,7 @@ var fakeChart = RenderFunc(func(_ context.Context, cr *unstructured.Unstructured
 	return []*unstructured.Unstructured{
 		obj("apps/v1", "Deployment", cr.GetName(), map[string]any{"spec": pod(env["RELATED_IMAGE_WIDGET_SERVER"])}),
 		obj("v1", "Service", cr.GetName(), nil),
-		obj("rbac.authorization.k8s.io/v1", "Role", cr.GetName(), map[string]any{"rules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get"}}}}),
+		obj("rbac.authorization.k8s.io/v1", "Role", cr.GetName(), map[string]any{"rules": []any{map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "resourceNames": []any{cr.GetName() + "-progress"}, "verbs": []any{"get"}}}}),
 		obj("scheduling.k8s.io/v1", "PriorityClass", cr.GetName(), nil),
 		obj("batch/v1", "Job", cr.GetName(), map[string]any{"spec": pod("docker.io/library/busybox:1")}),
 	}, nil
@@ -91,6 +95,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	// Project images are re-tagged to the release, third-party ones kept.
 	wantImages := []manifest.RelatedImage{
 		{Name: "cache", Image: "docker.io/library/redis:7.2"},
+		{Name: "proxy", Image: "docker.io/library/envoy:1.30"},
 		{Name: "widget-operator", Image: "registry.example.io/widgets/widget-operator:v1.2.0"},
 		{Name: "widget-server", Image: "registry.example.io/widgets/widget-server:v1.2.0"},
 	}
@@ -159,7 +164,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if d := cmp.Diff(wantAnn, res.Bundle.Annotations.Annotations); d != "" {
 		t.Errorf("annotations (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff([]string{"the chart renders image docker.io/library/busybox:1, which no RELATED_IMAGE_* variable names"}, res.Notes); d != "" {
+	if d := cmp.Diff([]string{`the chart renders image "docker.io/library/busybox:1" (in Job /sample), which no RELATED_IMAGE_* variable names`}, res.Notes); d != "" {
 		t.Errorf("notes (-want +got):\n%s", d)
 	}
 }
@@ -229,6 +234,8 @@ func TestGenerateRefusesBadSources(t *testing.T) {
 		{"no CRDs", func(c *Config) { c.CRDDir = "config/samples" }, "expected apiextensions.k8s.io/v1 CustomResourceDefinition"},
 		{"no samples", func(c *Config) { c.SamplesDir = "config/rbac" }, "not a served version of an owned CRD"},
 		{"default channel not a channel", func(c *Config) { c.Channels = []string{"stable-v1"}; c.DefaultChannel = "fast-v1" }, "is not one of the channels"},
+		{"image variable the operator reads is missing", func(c *Config) { c.ImageDefaults["RELATED_IMAGE_METRICS"] = "docker.io/x/y:1" }, "does not set it"},
+		{"image variable without value or default", func(c *Config) { delete(c.ImageDefaults, "RELATED_IMAGE_PROXY") }, "no value and no default"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -409,10 +416,15 @@ func TestMergeRules(t *testing.T) {
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, Verbs: []string{"get", "list"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"statefulsets", "deployments"}, Verbs: []string{"list", "get"}},
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"b", "a"}, Verbs: []string{"get"}},
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments"}, ResourceNames: []string{"x"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"", "events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"patch"}},
 	})
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{"a", "b"}, Verbs: []string{"get"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{APIGroups: []string{"apps"}, Resources: []string{"deployments", "statefulsets"}, Verbs: []string{"get", "list"}},
+		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("MergeRules (-want +got):\n%s", d)

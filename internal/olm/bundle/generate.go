@@ -69,6 +69,10 @@ type Config struct {
 	SkipRange string
 	// PreviousVersions are the versions already released.
 	PreviousVersions []semver.Version
+	// ImageDefaults maps every RELATED_IMAGE_* variable the operator reads
+	// to its default image (internal/orchestra.Images). The Deployment must
+	// list each of them; one written without a value takes its default.
+	ImageDefaults map[string]string
 
 	CSVBase        string // config/manifests/bases/<pkg>.clusterserviceversion.yaml
 	Icon           string // config/manifests/icon.svg
@@ -514,8 +518,14 @@ func setImages(pod *corev1.PodSpec, cfg Config) ([]manifest.RelatedImage, error)
 			if !strings.HasPrefix(e.Name, RelatedImagePrefix) {
 				continue
 			}
+			if e.ValueFrom != nil {
+				return nil, fmt.Errorf("container %s: %s must be a literal image, not valueFrom", c.Name, e.Name)
+			}
 			if e.Value == "" {
-				return nil, fmt.Errorf("container %s: %s must have a literal image value", c.Name, e.Name)
+				e.Value = cfg.ImageDefaults[e.Name]
+			}
+			if e.Value == "" {
+				return nil, fmt.Errorf("container %s: %s has no value and no default image", c.Name, e.Name)
 			}
 			if strings.HasPrefix(e.Value, cfg.ImageRepository+"/") {
 				e.Value = retag(e.Value, "v"+cfg.Version)
@@ -525,6 +535,11 @@ func setImages(pod *corev1.PodSpec, cfg Config) ([]manifest.RelatedImage, error)
 				return nil, fmt.Errorf("related image %s is set twice to different images (%s, %s)", name, prev, e.Value)
 			}
 			related[name] = e.Value
+		}
+	}
+	for _, env := range sortedKeys(cfg.ImageDefaults) {
+		if _, ok := related[RelatedImageName(env)]; !ok {
+			return nil, fmt.Errorf("the operator reads %s but its Deployment does not set it, so OLM could not point it at a mirrored image", env)
 		}
 	}
 	out := make([]manifest.RelatedImage, 0, len(related))
@@ -553,17 +568,20 @@ func unrelatedImages(objs []*unstructured.Unstructured, related []manifest.Relat
 	for _, r := range related {
 		known[r.Image] = true
 	}
-	missing := map[string]bool{}
+	missing := map[string]map[string]bool{}
 	for _, o := range objs {
 		for _, img := range containerImages(o.Object) {
 			if !known[img] {
-				missing[img] = true
+				if missing[img] == nil {
+					missing[img] = map[string]bool{}
+				}
+				missing[img][o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName()] = true
 			}
 		}
 	}
 	var notes []string
 	for _, img := range sortedKeys(missing) {
-		notes = append(notes, fmt.Sprintf("the chart renders image %s, which no RELATED_IMAGE_* variable names", img))
+		notes = append(notes, fmt.Sprintf("the chart renders image %q (in %s), which no RELATED_IMAGE_* variable names", img, strings.Join(sortedKeys(missing[img]), ", ")))
 	}
 	return notes
 }

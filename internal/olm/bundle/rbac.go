@@ -97,6 +97,12 @@ func DeriveRules(objs []*unstructured.Unstructured) (DerivedRules, error) {
 			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &role); err != nil {
 				return DerivedRules{}, fmt.Errorf("decoding rendered %s %s: %w", gvk.Kind, o.GetName(), err)
 			}
+			// The chart names objects after each custom resource, so a
+			// rule limited to the sample's resourceNames would not cover
+			// the next resource: hold the rule on the whole resource.
+			for i := range role.Rules {
+				role.Rules[i].ResourceNames = nil
+			}
 			if gvk.Kind == "Role" {
 				granted = append(granted, role.Rules...)
 			} else {
@@ -120,36 +126,53 @@ func rulesFor(byGroup map[string]map[string]bool) []rbacv1.PolicyRule {
 	return rules
 }
 
-// MergeRules normalises rules: rules on the same API group and the same
-// verbs are merged, resources are de-duplicated and sorted, and the result
-// is sorted, so that equal permissions always print the same way. Rules
-// with resourceNames or nonResourceURLs are kept as they are.
+// MergeRules normalises rules into a canonical, minimal form: every
+// (API group, resource) gets the union of the verbs granted on it, resources
+// with the same group and verbs share one rule, and rules are sorted. Rules
+// with resourceNames or nonResourceURLs are kept unless a plain rule already
+// grants all they do. Equal permissions therefore always print the same way.
 func MergeRules(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
-	type key struct{ group, verbs string }
-	merged := map[key]map[string]bool{}
+	type gr struct{ group, resource string }
+	verbs := map[gr]map[string]bool{}
 	var special []rbacv1.PolicyRule
 	for _, r := range rules {
-		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 || len(r.APIGroups) != 1 {
+		if len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
 			special = append(special, normaliseRule(r))
 			continue
 		}
-		verbs := append([]string(nil), r.Verbs...)
-		sort.Strings(verbs)
-		k := key{r.APIGroups[0], strings.Join(dedupe(verbs), ",")}
-		if merged[k] == nil {
-			merged[k] = map[string]bool{}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				k := gr{g, res}
+				if verbs[k] == nil {
+					verbs[k] = map[string]bool{}
+				}
+				for _, v := range r.Verbs {
+					verbs[k][v] = true
+				}
+			}
 		}
-		for _, res := range r.Resources {
-			merged[k][res] = true
+	}
+	type gv struct{ group, verbs string }
+	grouped := map[gv]map[string]bool{}
+	for k, vs := range verbs {
+		key := gv{k.group, strings.Join(sortedKeys(vs), ",")}
+		if grouped[key] == nil {
+			grouped[key] = map[string]bool{}
 		}
+		grouped[key][k.resource] = true
 	}
 	var out []rbacv1.PolicyRule
-	for k, res := range merged {
+	for k, res := range grouped {
 		out = append(out, rbacv1.PolicyRule{APIGroups: []string{k.group}, Resources: sortedKeys(res), Verbs: strings.Split(k.verbs, ",")})
 	}
-	out = append(out, special...)
+	plain := append([]rbacv1.PolicyRule(nil), out...)
+	for _, r := range special {
+		if len(r.NonResourceURLs) == 0 && coveredBy(plain, r) {
+			continue
+		}
+		out = append(out, r)
+	}
 	sort.SliceStable(out, func(i, j int) bool { return ruleKey(out[i]) < ruleKey(out[j]) })
-	// Drop exact duplicates (possible among special rules).
 	var dedup []rbacv1.PolicyRule
 	for i, r := range out {
 		if i > 0 && ruleKey(r) == ruleKey(out[i-1]) {
@@ -158,6 +181,20 @@ func MergeRules(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
 		dedup = append(dedup, r)
 	}
 	return dedup
+}
+
+// coveredBy reports whether plain rules grant everything r grants.
+func coveredBy(plain []rbacv1.PolicyRule, r rbacv1.PolicyRule) bool {
+	for _, g := range r.APIGroups {
+		for _, res := range r.Resources {
+			for _, v := range r.Verbs {
+				if !Allows(plain, g, res, v) {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 func normaliseRule(r rbacv1.PolicyRule) rbacv1.PolicyRule {
@@ -170,16 +207,6 @@ func normaliseRule(r rbacv1.PolicyRule) rbacv1.PolicyRule {
 
 func ruleKey(r rbacv1.PolicyRule) string {
 	return strings.Join([]string{strings.Join(r.APIGroups, ","), strings.Join(r.Resources, ","), strings.Join(r.ResourceNames, ","), strings.Join(r.NonResourceURLs, ","), strings.Join(r.Verbs, ",")}, "\x00")
-}
-
-func dedupe(sorted []string) []string {
-	var out []string
-	for i, s := range sorted {
-		if i == 0 || s != sorted[i-1] {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 // Allows reports whether rules grant verb on group/resource (wildcards

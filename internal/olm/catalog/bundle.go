@@ -171,3 +171,21 @@ func PackageIconAndDescription(p *Package, b *bundle.Bundle) error {
 	}
 	return nil
 }
+
+// ApplySkipRanges sets skipRange on every channel entry of a bundle whose
+// CSV declares olm.skipRange (ranges maps bundle names to ranges). opm's
+// semver template drops the annotation, which leaves no upgrade path from
+// one major channel to the next (1.0.0 neither replaces nor skips 0.2.0,
+// which sits in stable-v0). With it, a Subscription or ClusterExtension
+// moved from stable-v0 to stable-v1 upgrades 0.2.0 to 1.0.0. skipRange adds
+// no incoming edge, so heads and stranded bundles are unchanged.
+func ApplySkipRanges(cfg *DeclarativeConfig, ranges map[string]string) {
+	for ci := range cfg.Channels {
+		for ei := range cfg.Channels[ci].Entries {
+			e := &cfg.Channels[ci].Entries[ei]
+			if r, ok := ranges[e.Name]; ok && r != "" {
+				e.SkipRange = r
+			}
+		}
+	}
+}

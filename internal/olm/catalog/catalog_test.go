@@ -330,6 +330,7 @@ func TestFromRegistryV1(t *testing.T) {
 	c.OperatorImageName = "widget-operator"
 	c.CSVBase = "config/manifests/bases/widget-operator.clusterserviceversion.yaml"
 	c.PreviousVersions = []semver.Version{semver.MustParse("1.1.0")}
+	c.ImageDefaults = map[string]string{"RELATED_IMAGE_PROXY": "docker.io/library/envoy:1.30"}
 	res, err := bundle.Generate(context.Background(), c, bundle.RenderFunc(func(context.Context, *unstructured.Unstructured, map[string]string) ([]*unstructured.Unstructured, error) {
 		return nil, nil
 	}))
@@ -372,6 +373,7 @@ func TestFromRegistryV1(t *testing.T) {
 	wantImages := []RelatedImage{
 		{Name: "", Image: "registry.example.io/widgets/widget-operator-bundle:v1.2.0"},
 		{Name: "cache", Image: "docker.io/library/redis:7.2"},
+		{Name: "proxy", Image: "docker.io/library/envoy:1.30"},
 		{Name: "widget-operator", Image: "registry.example.io/widgets/widget-operator:v1.2.0"},
 		{Name: "widget-server", Image: "registry.example.io/widgets/widget-server:v1.2.0"},
 	}
@@ -384,5 +386,27 @@ func TestFromRegistryV1(t *testing.T) {
 	}
 	if p.Icon == nil || p.Icon.MediaType != "image/svg+xml" || !strings.Contains(string(p.Icon.Data), "<svg") || p.Description != "Makes widgets." {
 		t.Errorf("package icon/description = %+v", p)
+	}
+}
+
+func TestApplySkipRangesLinksMajorChannels(t *testing.T) {
+	cfg, err := Render(tmpl(t, "schema: olm.semver\ngenerateMajorChannels: true\nstable:\n"+images("0.1.0", "0.2.0", "1.0.0")), fakeSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ApplySkipRanges(cfg, map[string]string{"op.v1.0.0": ">=0.1.0 <1.0.0"})
+	got := map[string][]ChannelEntry{}
+	for _, ch := range cfg.Channels {
+		got[ch.Name] = ch.Entries
+	}
+	want := map[string][]ChannelEntry{
+		"stable-v0": {{Name: "op.v0.1.0"}, {Name: "op.v0.2.0", Replaces: "op.v0.1.0"}},
+		"stable-v1": {{Name: "op.v1.0.0", SkipRange: ">=0.1.0 <1.0.0"}},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("channels (-want +got):\n%s", d)
+	}
+	if rep := Validate(cfg); rep.HasErrors() {
+		t.Errorf("catalog with skipRanges fails validation: %v", rep.Errors())
 	}
 }

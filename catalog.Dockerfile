@@ -1,0 +1,18 @@
+# The catalog image: the File-Based Catalog rendered by `make catalog`, served
+# by opm. Build it from the repository root:
+#   docker build -f catalog.Dockerfile -t ghcr.io/model-orchestra/orchestra-operator-catalog:latest .
+# The base image provides /bin/opm (with its serve subcommand) and
+# /bin/grpc_health_probe.
+ARG OPM_IMAGE=quay.io/operator-framework/opm:v1.48.0
+FROM ${OPM_IMAGE}
+
+ENTRYPOINT ["/bin/opm"]
+CMD ["serve", "/configs", "--cache-dir=/tmp/cache"]
+
+# The declarative config root, and a pre-populated serve cache so that the
+# catalog starts fast and read-only.
+ADD catalog/configs /configs
+RUN ["/bin/opm", "serve", "/configs", "--cache-dir=/tmp/cache", "--cache-only"]
+
+# Where OLM finds the declarative config in the image.
+LABEL operators.operatorframework.io.index.configs.v1=/configs

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/model-orchestra/operator/internal/olm/bundle"
+	"github.com/model-orchestra/operator/internal/olm/catalog"
+	"github.com/model-orchestra/operator/internal/olm/check"
+)
+
+func newValidateBundleCommand(root *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate-bundle [DIR...]",
+		Short: "Validate bundles (default bundle/) like operator-sdk bundle validate with the operatorhub and good-practices suites",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				args = []string{"bundle"}
+			}
+			failed := false
+			for _, dir := range args {
+				b, err := bundle.Load(filepath.Join(*root, dir))
+				if err != nil {
+					return err
+				}
+				rep := bundle.Validate(b)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s (%s):\n", dir, b.CSV.Name)
+				if err := rep.Print(cmd.OutOrStdout()); err != nil {
+					return err
+				}
+				failed = failed || rep.HasErrors()
+			}
+			if failed {
+				return errFindings
+			}
+			return nil
+		},
+	}
+}
+
+func newValidateCatalogCommand(root *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate-catalog [DIR]",
+		Short: "Validate a File-Based Catalog (default catalog/configs) with opm validate's rules",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := "catalog/configs"
+			if len(args) == 1 {
+				dir = args[0]
+			}
+			cfg, err := catalog.Load(filepath.Join(*root, dir))
+			if err != nil {
+				return err
+			}
+			rep := catalog.Validate(cfg)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d package(s), %d channel(s), %d bundle(s)\n", dir, len(cfg.Packages), len(cfg.Channels), len(cfg.Bundles))
+			return printReport(cmd, rep)
+		},
+	}
+}
+
+func printReport(cmd *cobra.Command, rep check.Report) error {
+	if err := rep.Print(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	if rep.HasErrors() {
+		return errFindings
+	}
+	return nil
+}
