@@ -2,40 +2,46 @@
 # Builds the pinned tools into bin/ from the Go module proxy.
 #
 # Each tool has a module of its own under hack/tools/<tool>/ whose go.mod is
-# the pin. A tool is rebuilt only when its pin changes: the build writes a
-# stamp named after the hash of that go.mod and go.sum.
+# the pin. A tool is built only when its pin changes: binaries are kept in a
+# per-user cache keyed by the hash of the pin (go.mod + go.sum) and the build
+# recipe, so a fresh clone on the same machine reuses them, and bin/ gets a
+# copy. Binaries a user already has are used instead where the test harness
+# supports it (KUBEBUILDER_ASSETS for etcd and kube-apiserver).
 #
 # usage: hack/tools/install.sh [tool...]   (default: every tool)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${BIN_DIR:-$root/bin}
-stamps=$bin/.stamps
-mkdir -p "$bin" "$stamps"
+cache=${MO_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/model-orchestra/tools}
+# Bump when a build recipe below changes, so that every tool is rebuilt.
+recipe=1
+mkdir -p "$bin" "$cache"
 
 k8s_version=v1.36.3
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
 all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns)
 
-# build <tool>: runs in the tool's module directory.
+# build <tool> <out-dir>: runs in the tool's module directory.
 build() {
+	local out=$2
 	case $1 in
 	kubernetes)
-		go build -trimpath -ldflags "$k8s_ldflags" -o "$bin/" \
+		go build -trimpath -ldflags "$k8s_ldflags" -o "$out/" \
 			k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 			k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
 			k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl ;;
-	etcd) go build -trimpath -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3 ;;
-	kwok) go build -trimpath -ldflags "-s -w" -o "$bin/kwok" sigs.k8s.io/kwok/cmd/kwok ;;
-	coredns) CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$bin/coredns" github.com/coredns/coredns ;;
-	controller-gen) go build -trimpath -o "$bin/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen ;;
+	etcd) go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3 ;;
+	kwok) go build -trimpath -ldflags "-s -w" -o "$out/kwok" sigs.k8s.io/kwok/cmd/kwok ;;
+	coredns) CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/coredns" github.com/coredns/coredns ;;
+	controller-gen) go build -trimpath -o "$out/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen ;;
 	golangci-lint)
 		v=$(go list -m -f '{{.Version}}' github.com/golangci/golangci-lint/v2)
-		go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$bin/golangci-lint" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
+		go build -trimpath -ldflags "-s -w -X main.version=${v#v}" -o "$out/golangci-lint" github.com/golangci/golangci-lint/v2/cmd/golangci-lint ;;
 	helm)
 		v=$(go list -m -f '{{.Version}}' helm.sh/helm/v3)
-		go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" -o "$bin/helm" helm.sh/helm/v3/cmd/helm ;;
+		go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" -o "$out/helm" helm.sh/helm/v3/cmd/helm ;;
 	*) echo "install.sh: unknown tool $1 (known: ${all[*]})" >&2; return 2 ;;
 	esac
 }
@@ -43,15 +49,20 @@ build() {
 for tool in "${@:-${all[@]}}"; do
 	dir=$root/hack/tools/$tool
 	[ -f "$dir/go.mod" ] || { echo "install.sh: no pin for $tool in $dir" >&2; exit 2; }
-	key=$(cat "$dir/go.mod" "$dir/go.sum" "$0" | sha256sum | cut -c1-16)
-	stamp=$stamps/$tool-$key
-	if [ -e "$stamp" ]; then
-		continue
+	key=$( { cat "$dir/go.mod" "$dir/go.sum"; echo "recipe=$recipe"; } | sha256sum | cut -c1-16)
+	stamp=$bin/.stamps/$tool-$key
+	[ -e "$stamp" ] && continue
+	built=$cache/$tool-$key
+	if [ ! -e "$built/.complete" ]; then
+		echo ">> building $tool (pin $key)"
+		start=$(date +%s)
+		rm -rf "$built" && mkdir -p "$built"
+		(cd "$dir" && build "$tool" "$built")
+		touch "$built/.complete"
+		echo ">> built $tool in $(( $(date +%s) - start ))s"
 	fi
-	echo ">> building $tool (pin $key)"
-	start=$(date +%s)
-	(cd "$dir" && build "$tool")
-	rm -f "$stamps/$tool"-*
+	cp -f "$built"/* "$bin/"
+	mkdir -p "$bin/.stamps"
+	rm -f "$bin/.stamps/$tool"-*
 	touch "$stamp"
-	echo ">> built $tool in $(( $(date +%s) - start ))s"
 done
