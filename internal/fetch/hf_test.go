@@ -196,6 +196,9 @@ func TestHFRetriesThroughServerErrors(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	assertTree(t, cfg.Dest, fx.files)
+	if n := hub.Faults.Pending(); n != 0 {
+		t.Errorf("%d injected failures never reached", n)
+	}
 }
 
 func TestHFGivesUpWhenErrorsPersist(t *testing.T) {
@@ -221,6 +224,9 @@ func TestHFResumesDroppedConnections(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	assertTree(t, cfg.Dest, fx.files)
+	if n := hub.Faults.Pending(); n != 0 {
+		t.Errorf("%d injected drops never reached", n)
+	}
 	// Each retry continues where the dropped response stopped.
 	if served, total := hub.Stats.BytesServed(), totalSize(fx.files); served > total+3*(64<<10) {
 		t.Errorf("served %d bytes for %d: dropped ranges were fetched again from their start", served, total)
@@ -238,6 +244,9 @@ func TestHFStallIsDetected(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	assertTree(t, cfg.Dest, fx.files)
+	if n := hub.Faults.Pending(); n != 0 {
+		t.Errorf("injected stall never reached")
+	}
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("stalled response held the run for %s", d)
 	}

@@ -171,6 +171,13 @@ func (f *Faults) Throttle(d time.Duration) {
 	f.mu.Unlock()
 }
 
+// Pending is how many injected faults have not been used yet.
+func (f *Faults) Pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failN + f.dropN + f.stallN
+}
+
 type plan struct {
 	status     int
 	dropAfter  int64 // -1 none
