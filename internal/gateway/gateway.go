@@ -94,7 +94,7 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		g.models[m.Name] = m
 	}
 	if st, ok := opts.Tokens.(*SecretTokens); ok {
-		st.onChange = func(n int) { g.metrics.apiTokens.Set(float64(n)) }
+		st.notify(func(n int) { g.metrics.apiTokens.Set(float64(n)) })
 	}
 
 	api := http.NewServeMux()

@@ -51,13 +51,10 @@ type SecretTokens struct {
 	informer cache.SharedIndexInformer
 	factory  informers.SharedInformerFactory
 	synced   func() bool
-	// onChange, when set, is told the number of usable tokens after each
-	// change.
-	onChange func(usable int)
-
-	mu      sync.Mutex
-	records map[string]*tokenRecord // by namespace/name
-	index   atomic.Pointer[digestIndex]
+	mu       sync.Mutex
+	onChange func(usable int)        // set by notify
+	records  map[string]*tokenRecord // by namespace/name
+	index    atomic.Pointer[digestIndex]
 }
 
 // tokenRecord is what the informer stores for one Secret.
@@ -192,6 +189,15 @@ func (s *SecretTokens) parseSecret(sec *corev1.Secret) (Digest, *Principal, stri
 		*dst = n
 	}
 	return s.hasher.Digest(token), p, ""
+}
+
+// notify makes f be told the number of usable tokens now and after each
+// change.
+func (s *SecretTokens) notify(f func(usable int)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onChange = f
+	f(len(*s.index.Load()))
 }
 
 func (s *SecretTokens) upsert(obj any) {

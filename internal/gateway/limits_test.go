@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const streamBody = `{"model":"llama-3-8b","stream":true,"messages":[{"role":"user","content":"Hi"}]}`
+
+func TestRequestsPerMinute(t *testing.T) {
+	cfg := testConfig()
+	cfg.Limits.Default.RequestsPerMinute = 2
+	h := newHarness(t, cfg, newEngine(engineOptions{}))
+	for i := range 2 {
+		if resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
+	wantError(t, resp, body, http.StatusTooManyRequests,
+		`{"error":{"message":"Rate limit reached for alice: requests per minute limit 2 exhausted. Please try again in 30s.","type":"requests","param":null,"code":"rate_limit_exceeded"}}`)
+	if ra := resp.Header.Get("Retry-After"); ra != "30" {
+		t.Errorf("Retry-After = %q, want 30", ra)
+	}
+	// Budgets are per token: bob is unaffected.
+	body = `{"model":"small","messages":[{"role":"user","content":"Hi"}]}`
+	if resp, got := h.do(t, "POST", "/v1/chat/completions", bobToken, body); resp.StatusCode != 200 {
+		t.Errorf("bob: %d %s", resp.StatusCode, got)
+	}
+	waitMetric(t, "rejections_total{reason=requests_per_minute}", h.g.metrics.rejections.WithLabelValues(reasonRequestRate), 1)
+	if n := h.q.submitted(); n != 3 {
+		t.Errorf("%d jobs reached the queue, want 3", n)
+	}
+}
+
+func TestTokensPerMinute(t *testing.T) {
+	cfg := testConfig()
+	cfg.Limits.Default.TokensPerMinute = 5
+	h := newHarness(t, cfg, newEngine(engineOptions{}))
+	// The first request is admitted with a full budget and spends 11
+	// tokens, which puts the token 6 tokens in debt.
+	if resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody); resp.StatusCode != 200 {
+		t.Fatalf("first request: %d %s", resp.StatusCode, body)
+	}
+	waitMetric(t, "tokens_total{kind=completion}", h.g.metrics.tokens.WithLabelValues("llama-3-8b", "alice", "completion"), fakeCompletionTokens)
+	eventually(t, 5*time.Second, "the tokens to be charged", func() bool {
+		ok, _ := h.g.limiter.state(&Principal{Name: "alice"}).tokens.admit(time.Now(), 5)
+		return !ok
+	})
+	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
+	wantError(t, resp, body, http.StatusTooManyRequests,
+		`{"error":{"message":"Rate limit reached for alice: tokens per minute limit 5 exhausted. Please try again in 1m12s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`)
+	if ra := resp.Header.Get("Retry-After"); ra != "72" {
+		t.Errorf("Retry-After = %q, want 72", ra)
+	}
+}
+
+func TestMaxConcurrentStreams(t *testing.T) {
+	cfg := testConfig()
+	cfg.Limits.Default.MaxConcurrentStreams = 1
+	hold := make(chan struct{})
+	h := newHarness(t, cfg, newEngine(engineOptions{hold: hold}))
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release)
+
+	first := make(chan string)
+	go func() {
+		req, _ := http.NewRequest("POST", h.srv.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			first <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		first <- string(b)
+	}()
+	eventually(t, 5*time.Second, "the first stream to start", func() bool { return h.q.submitted() == 1 })
+
+	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody)
+	wantError(t, resp, body, http.StatusTooManyRequests,
+		`{"error":{"message":"Rate limit reached for alice: at most 1 concurrent streams. Please try again when a stream ends.","type":"requests","param":null,"code":"rate_limit_exceeded"}}`)
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Errorf("Retry-After = %q, want a number of seconds", resp.Header.Get("Retry-After"))
+	}
+	// The limit is on streams only.
+	if resp, got := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody); resp.StatusCode != 200 {
+		t.Errorf("non-streaming request during a stream: %d %s", resp.StatusCode, got)
+	}
+
+	release()
+	if body := <-first; !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Errorf("first stream = %q, want it complete", body)
+	}
+	eventually(t, 5*time.Second, "the stream slot to be released", func() bool {
+		resp, _ := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody)
+		return resp.StatusCode == 200
+	})
+}
+
+func TestBucket(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var b bucket
+	for i := range 3 {
+		if ok, _ := b.take(t0, 3, 1); !ok {
+			t.Fatalf("take %d refused within the burst", i)
+		}
+	}
+	ok, wait := b.take(t0, 3, 1)
+	if ok || wait != 20*time.Second {
+		t.Errorf("take beyond the burst = %v, %s; want refused, 20s", ok, wait)
+	}
+	if ok, _ := b.take(t0.Add(20*time.Second), 3, 1); !ok {
+		t.Error("take refused after refilling one")
+	}
+	// A lowered limit caps the level at once.
+	var c bucket
+	c.take(t0, 100, 1)
+	if ok, _ := c.take(t0, 2, 2); !ok {
+		t.Error("take refused after lowering the limit to 2")
+	}
+	if ok, _ := c.take(t0, 2, 1); ok {
+		t.Error("lowered limit still allowed the old budget")
+	}
+	// Debt: admit refuses until the debt is paid back.
+	var d bucket
+	d.charge(t0, 60, 90)
+	if ok, wait := d.admit(t0, 60); ok || wait.Round(time.Second) != 30*time.Second {
+		t.Errorf("admit in debt = %v, %s; want refused, 30s", ok, wait)
+	}
+	if ok, _ := d.admit(t0.Add(31*time.Second), 60); !ok {
+		t.Error("admit refused after the debt was paid back")
+	}
+}
