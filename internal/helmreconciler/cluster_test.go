@@ -57,32 +57,49 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
 	var logOut io.Writer = io.Discard
 	if os.Getenv("ENGINE_TEST_LOG") != "" {
 		logOut = os.Stderr
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logOut), zap.UseDevMode(true)))
+	code := m.Run()
+	if testCluster != nil {
+		if err := testCluster.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
+var (
+	clusterOnce sync.Once
+	testCluster *localcluster.Cluster
+	clusterErr  error
+)
+
+// needCluster starts the package's control plane on first use (so that the
+// pure unit tests of the package run without one) and fails the test if it
+// cannot start.
+func needCluster(t *testing.T) {
+	t.Helper()
+	clusterOnce.Do(func() { clusterErr = startCluster() })
+	if clusterErr != nil {
+		t.Fatalf("local control plane: %v", clusterErr)
+	}
+}
+
+func startCluster() error {
 	root, err := localcluster.ModuleRoot()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	moduleRoot = root
 	c, err := localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "starting the local control plane: %v\n", err)
-		return 1
+		return fmt.Errorf("starting: %w", err)
 	}
-	defer func() {
-		if err := c.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
-		}
-	}()
+	testCluster = c
 	restCfg = c.Config()
 	restCfg.QPS, restCfg.Burst = 200, 400
 	kubeconfig = c.KubeconfigFile()
@@ -92,14 +109,9 @@ func runTests(m *testing.M) int {
 	_ = apiextensionsv1.AddToScheme(scheme)
 	k8s, err = client.New(restCfg, client.Options{Scheme: scheme})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	if err := installCRDs(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return m.Run()
+	return installCRDs(context.Background())
 }
 
 func installCRDs(ctx context.Context) error {
@@ -142,6 +154,7 @@ var nsCounter atomic.Int64
 
 func newNamespace(t *testing.T) string {
 	t.Helper()
+	needCluster(t)
 	name := fmt.Sprintf("t%d-%s", nsCounter.Add(1), strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name())))
 	if len(name) > 50 {
 		name = name[:50]
