@@ -94,19 +94,18 @@ type NATSSpec struct {
 	URL string `json:"url,omitempty"`
 
 	// credentialsSecretRef names a Secret holding the credentials for the
-	// external server: either the key "creds" (a NATS .creds file), or the
-	// key "token", or the keys "username" and "password". The same
-	// credentials are used by every component.
+	// external server under the key "creds" (a NATS credentials file with
+	// the user JWT and NKey seed). Every component uses these credentials.
 	// +optional
 	CredentialsSecretRef *corev1.LocalObjectReference `json:"credentialsSecretRef,omitempty"`
 
 	// replicas is the number of in-cluster NATS servers: 1 (a single
-	// server) or 3 or 5 (a JetStream cluster). The stack's streams are
-	// replicated this many times; with an external url it is the stream
-	// replica count on that cluster.
+	// server) or 3 (a JetStream cluster that survives the loss of one). The
+	// stack's streams are replicated this many times; with an external url
+	// it is the stream replica count on that cluster.
 	// +optional
 	// +kubebuilder:default=1
-	// +kubebuilder:validation:Enum=1;3;5
+	// +kubebuilder:validation:Enum=1;3
 	Replicas int32 `json:"replicas,omitempty"`
 
 	// storage is the persistent volume of each in-cluster server.

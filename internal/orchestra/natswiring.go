@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/internal/plugin"
 )
@@ -22,12 +24,22 @@ const (
 	// EnvNATSStreamReplicas is the replica count of the stack's streams.
 	EnvNATSStreamReplicas = "NATS_STREAM_REPLICAS"
 	// EnvNATSCredentialsDir is the directory holding the credentials
-	// Secret's keys (creds, token, or username and password); it is unset
-	// when the server needs no credentials.
+	// Secret (its key "creds" is a NATS credentials file); it is unset when
+	// the server needs no credentials.
 	EnvNATSCredentialsDir = "NATS_CREDENTIALS_DIR"
 )
 
 const natsCredentialsVolume = "nats-credentials"
+
+// AnnotationNATSConfig marks a ConfigMap whose data key (the annotation's
+// value) is a YAML configuration file with a "nats" section {url,
+// credentialsFile} and optionally a "stream" section {replicas}, as read by
+// orchestra-dispatcher. nats-wiring owns those settings.
+const AnnotationNATSConfig = "modelorchestra.io/nats-config"
+
+// natsCredentialsKey is the key of the credentials Secret holding the NATS
+// credentials file.
+const natsCredentialsKey = "creds"
 
 // NATSWiringConfig is the nats-wiring config in watches.yaml.
 type NATSWiringConfig struct {
@@ -98,6 +110,12 @@ func (n *natsWiring) PostRender(_ context.Context, rc plugin.RenderContext, objs
 		if obj.GetKind() == "Service" && obj.GetAPIVersion() == "v1" && obj.GetName() == service {
 			serviceFound = true
 		}
+		if key, ok := obj.GetAnnotations()[AnnotationNATSConfig]; ok && obj.GetKind() == "ConfigMap" {
+			clients++
+			if err := n.wireConfigFile(obj, key, conn); err != nil {
+				return nil, fmt.Errorf("%s: ConfigMap %s: %w", NATSWiringName, obj.GetName(), err)
+			}
+		}
 		pt, err := podTemplateOf(obj)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", NATSWiringName, err)
@@ -115,6 +133,41 @@ func (n *natsWiring) PostRender(_ context.Context, rc plugin.RenderContext, objs
 		return nil, fmt.Errorf("%s: the in-cluster NATS URL %s names Service %s, which the chart did not render", NATSWiringName, conn.url, service)
 	}
 	return objs, nil
+}
+
+// wireConfigFile sets the NATS settings of the configuration file held in
+// data key key of the ConfigMap obj.
+func (n *natsWiring) wireConfigFile(obj *unstructured.Unstructured, key string, conn natsConnection) error {
+	raw, found, err := unstructured.NestedString(obj.Object, "data", key)
+	if err != nil || !found {
+		return fmt.Errorf("annotation %s names data key %q, which it does not have", AnnotationNATSConfig, key)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(raw), &doc); err != nil {
+		return fmt.Errorf("data key %q is not YAML: %w", key, err)
+	}
+	if doc == nil {
+		doc = map[string]any{}
+	}
+	natsSection, _ := doc["nats"].(map[string]any)
+	if natsSection == nil {
+		natsSection = map[string]any{}
+	}
+	natsSection["url"] = conn.url
+	if conn.credentialsSecret != "" {
+		natsSection["credentialsFile"] = path.Join(n.cfg.CredentialsPath, natsCredentialsKey)
+	} else {
+		delete(natsSection, "credentialsFile")
+	}
+	doc["nats"] = natsSection
+	if stream, ok := doc["stream"].(map[string]any); ok {
+		stream["replicas"] = int64(conn.streamReplicas)
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return fmt.Errorf("encoding data key %q: %w", key, err)
+	}
+	return unstructured.SetNestedField(obj.Object, string(out), "data", key)
 }
 
 func (n *natsWiring) wire(spec *corev1.PodSpec, conn natsConnection) {

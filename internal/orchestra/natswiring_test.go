@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/internal/plugin"
 )
@@ -142,5 +143,29 @@ func TestNATSWiringDropsRemovedCredentials(t *testing.T) {
 		if e.Name == EnvNATSCredentialsDir {
 			t.Errorf("%s still set", EnvNATSCredentialsDir)
 		}
+	}
+}
+
+func TestNATSWiringConfigFile(t *testing.T) {
+	pr, err := NewNATSWiring(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := configMap("demo-dispatcher", map[string]any{"dispatcher.yaml": "orchestra: demo\nnats:\n  url: nats://stale:4222\nstream:\n  replicas: 1\napps: [{name: chat}]\n"})
+	cm.SetAnnotations(map[string]string{AnnotationNATSConfig: "dispatcher.yaml"})
+	spec := `{nats: {url: "tls://nats.example:4222", credentialsSecretRef: {name: creds}, replicas: 3}, applications: {chat: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+	out, err := pr.PostRender(context.Background(), plugin.RenderContext{Owner: owner(t, spec)}, []*unstructuredT{cm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, _ := unstructured.NestedString(out[0].Object, "data", "dispatcher.yaml")
+	want := "apps:\n- name: chat\nnats:\n  credentialsFile: /etc/orchestra/nats/creds\n  url: tls://nats.example:4222\norchestra: demo\nstream:\n  replicas: 3\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("dispatcher.yaml (-want +got):\n%s", diff)
+	}
+
+	cm.SetAnnotations(map[string]string{AnnotationNATSConfig: "missing.yaml"})
+	if _, err := pr.PostRender(context.Background(), plugin.RenderContext{Owner: owner(t, spec)}, []*unstructuredT{cm}); err == nil || !strings.Contains(err.Error(), `names data key "missing.yaml"`) {
+		t.Errorf("error = %v, want one naming the missing key", err)
 	}
 }

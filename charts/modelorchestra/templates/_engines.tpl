@@ -96,6 +96,54 @@ livenessProbe:
 {{- end }}
 {{- end -}}
 
+{{/* Warm-up: a postStart hook that waits for the engine to answer and
+sends serving.warmupPrompts (env WARMUP_PROMPT_<i>) before Kubernetes
+starts probing, so that the root reports ready only once warm. Failed
+prompts are logged, not fatal. llama.cpp and vLLM images carry python3;
+Ollama uses its CLI; distributed-llama and the simulator are not warmed. */}}
+{{- define "mo.warmup" -}}
+{{- $engine := .spec.runtime.engine -}}
+{{- if and .spec.serving.warmupPrompts (has $engine (list "llamacpp" "vllm" "ollama")) }}
+lifecycle:
+  postStart:
+    exec:
+      command:
+        - /bin/sh
+        - -c
+        {{- if eq $engine "ollama" }}
+        - |
+          until ollama show "$SERVED_MODEL_NAME" >/dev/null 2>&1; do sleep 2; done
+          i=0
+          while eval "p=\"\${WARMUP_PROMPT_$i:-}\""; [ -n "$p" ]; do
+            ollama run "$SERVED_MODEL_NAME" "$p" >/dev/null 2>&1 || echo "warm-up prompt $i failed"
+            i=$((i+1))
+          done
+        {{- else }}
+        - |
+          python3 - <<'EOF'
+          import json, os, time, urllib.request
+          base = "http://127.0.0.1:8080"
+          while True:
+              try:
+                  urllib.request.urlopen(base + "/health", timeout=5)
+                  break
+              except Exception:
+                  time.sleep(2)
+          i = 0
+          while "WARMUP_PROMPT_%d" % i in os.environ:
+              body = json.dumps({"model": os.environ["SERVED_MODEL_NAME"], "max_tokens": 16,
+                                 "messages": [{"role": "user", "content": os.environ["WARMUP_PROMPT_%d" % i]}]}).encode()
+              req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+              try:
+                  urllib.request.urlopen(req, timeout=600).read()
+              except Exception as e:
+                  print("warm-up prompt %d failed: %s" % (i, e))
+              i += 1
+          EOF
+        {{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* Root container of any engine. */}}
 {{- define "mo.rootContainer" -}}
 {{- $rt := .spec.runtime -}}
@@ -236,6 +284,14 @@ env:
   - name: SERVED_MODEL_NAME
     value: {{ $served | quote }}
   {{- end }}
+  {{- range $i, $p := $sv.warmupPrompts }}
+  - name: WARMUP_PROMPT_{{ $i }}
+    value: {{ $p | quote }}
+  {{- end }}
+  {{- if and $sv.warmupPrompts (ne $rt.engine "ollama") }}
+  - name: SERVED_MODEL_NAME
+    value: {{ $served | quote }}
+  {{- end }}
   {{- if eq $rt.engine "vllm" }}
   - name: HOME
     value: /tmp
@@ -255,6 +311,7 @@ ports:
     protocol: TCP
   {{- end }}
 {{- include "mo.rootProbes" (merge (dict "served" $served) .) }}
+{{- include "mo.warmup" (merge (dict "served" $served) .) }}
 resources:
   {{- include "mo.resources" (dict "resources" $rt.resources "default" (dict "requests" (dict "cpu" "1" "memory" "2Gi"))) | nindent 2 }}
 {{- if eq $rt.engine "simulator" }}
