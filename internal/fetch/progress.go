@@ -205,7 +205,6 @@ func (r *reporter) run(ctx context.Context, s sinkSpec, kick <-chan struct{}) {
 			}
 		}
 	}
-	send(false)
 	for {
 		select {
 		case <-r.stop:

@@ -79,6 +79,8 @@ func New(repos ...*Repo) *Server {
 func (s *Server) URL() string { return s.hub.URL }
 
 // SetCDNBase sets where LFS downloads are redirected (when not using New).
+// Empty means a relative redirect to /cdn/ on the hub's own host, which
+// works behind any Service name.
 func (s *Server) SetCDNBase(u string) { s.cdnBase = strings.TrimRight(u, "/") }
 
 // Close stops both servers.
