@@ -387,6 +387,13 @@ func TestValidateRules(t *testing.T) {
 			perms(b).Rules = append(perms(b).Rules, rbacv1.PolicyRule{APIGroups: []string{"apiextensions.k8s.io"}, Resources: []string{"customresourcedefinitions"}, Verbs: []string{"*"}})
 		}},
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].SpecDescriptors[0].Path = "colour" }},
+		{"olmv1-install-mode", check.Warning, func(b *Bundle) { b.CSV.Spec.InstallModes[3].Supported = false }},
+		{"olmv1-webhooks", check.Warning, func(b *Bundle) {
+			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "vwh", Type: "ValidatingAdmissionWebhook"}}
+		}},
+		{"olmv1-dependencies", check.Warning, func(b *Bundle) {
+			b.CSV.Spec.CustomResourceDefinitions.Required = []manifest.CRDDescription{{Name: "gadgets.example.io", Version: "v1", Kind: "Gadget"}}
+		}},
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].StatusDescriptors[0].Path = "size" }},
 	}
 	for _, tc := range tests {

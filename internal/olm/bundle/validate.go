@@ -96,7 +96,22 @@ func Validate(b *Bundle) check.Report {
 	validateOperatorHub(&r, csv)
 	validateGoodPractices(&r, b)
 	validateDescriptors(&r, b)
+	validateOLMv1(&r, csv)
 	return r
+}
+
+// validateOLMv1 warns about what OLM v1 (ClusterExtension) cannot install
+// by default, so that the bundle stays installable by both generations.
+func validateOLMv1(r *check.Report, csv *manifest.ClusterServiceVersion) {
+	if !csv.Spec.Supports(manifest.InstallModeAllNamespaces) {
+		r.Warnf("olmv1-install-mode", csv.Name, "AllNamespaces is not supported: OLM v1 installs this bundle only with its single/own-namespace support enabled")
+	}
+	if len(csv.Spec.WebhookDefinitions) > 0 {
+		r.Warnf("olmv1-webhooks", csv.Name, "OLM v1 installs webhooks only with its webhook support and a certificate provider enabled")
+	}
+	if len(csv.Spec.CustomResourceDefinitions.Required) > 0 {
+		r.Warnf("olmv1-dependencies", csv.Name, "required CRDs are dependencies, which OLM v1 does not resolve")
+	}
 }
 
 func validateAnnotations(r *check.Report, b *Bundle) {

@@ -1,0 +1,343 @@
+package sidebyside
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/model-orchestra/operator/internal/localcluster"
+	"github.com/model-orchestra/operator/internal/olm/bundle"
+	"github.com/model-orchestra/operator/internal/olm/manifest"
+)
+
+// repoRoot is the module root, relative to this package.
+const repoRoot = "../../.."
+
+// operatorVersion is one operator installed as OLM would in OwnNamespace
+// mode.
+type operatorVersion struct {
+	version   string // stamped into the binary
+	bundleDir string // whose CSV permissions are granted
+	namespace string // installed in, and watched
+}
+
+// TestTwoVersionsSideBySide installs operator 0.2.0 in team-a and 1.0.0 in
+// team-b, each with its own bundle's permissions and WATCH_NAMESPACE, both
+// against the one shared CRD of the current bundle. A ModelOrchestra in
+// team-a must be deployed by 0.2.0 (its images carry v0.2.0), one in team-b
+// by 1.0.0, and one in team-c by neither.
+func TestTwoVersionsSideBySide(t *testing.T) {
+	versions := []operatorVersion{
+		{version: "0.2.0", bundleDir: "catalog/bundles/0.2.0", namespace: "team-a"},
+		{version: "1.0.0", bundleDir: "bundle", namespace: "team-b"},
+	}
+	const unwatched = "team-c"
+
+	binDir := t.TempDir()
+	for _, v := range versions {
+		buildOperator(t, v.version, filepath.Join(binDir, "orchestra-operator-"+v.version))
+	}
+
+	c := localcluster.StartForTest(t, localcluster.Options{ControllerManager: true})
+	admin, err := client.New(c.Config(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	// The shared CRD, from the newest bundle, as OLM would apply it.
+	current, err := bundle.Load(filepath.Join(repoRoot, "bundle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range current.CRDs {
+		obj := crd.DeepCopy()
+		obj.ResourceVersion = ""
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatalf("creating CRD %s: %v", crd.Name, err)
+		}
+		waitFor(t, 30*time.Second, "CRD "+crd.Name+" established", func() (bool, error) {
+			var got apiextv1.CustomResourceDefinition
+			if err := admin.Get(ctx, client.ObjectKey{Name: crd.Name}, &got); err != nil {
+				return false, err
+			}
+			for _, cond := range got.Status.Conditions {
+				if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+	}
+
+	for _, ns := range []string{"team-a", "team-b", unwatched} {
+		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, v := range versions {
+		b, err := bundle.Load(filepath.Join(repoRoot, v.bundleDir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.CSV.Spec.Version != v.version {
+			t.Fatalf("%s holds version %s, want %s", v.bundleDir, b.CSV.Spec.Version, v.version)
+		}
+		if !b.CSV.Spec.Supports(manifest.InstallModeOwnNamespace) {
+			t.Fatalf("%s does not support OwnNamespace", b.CSV.Name)
+		}
+		sa := grantOwnNamespace(ctx, t, admin, b, v.namespace)
+		startOperator(t, c, filepath.Join(binDir, "orchestra-operator-"+v.version), v.namespace, sa)
+	}
+
+	sample := loadSample(t)
+	for _, ns := range []string{"team-a", "team-b", unwatched} {
+		obj := sample.DeepCopy()
+		obj.SetNamespace(ns)
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatalf("creating %s in %s: %v", obj.GetName(), ns, err)
+		}
+	}
+
+	for _, v := range versions {
+		want := "ghcr.io/model-orchestra/orchestra-gateway:v" + v.version
+		waitFor(t, 3*time.Minute, fmt.Sprintf("operator %s to deploy the gateway %s in %s", v.version, want, v.namespace), func() (bool, error) {
+			images, err := deploymentImages(ctx, admin, v.namespace)
+			if err != nil {
+				return false, err
+			}
+			for _, img := range images {
+				if img == want {
+					return true, nil
+				}
+				if strings.HasPrefix(img, "ghcr.io/model-orchestra/orchestra-gateway:") {
+					return false, fmt.Errorf("namespace %s runs gateway %s: the wrong operator version reconciled it", v.namespace, img)
+				}
+			}
+			return false, nil
+		})
+		waitFor(t, time.Minute, "status.deployedRelease in "+v.namespace, func() (bool, error) {
+			var mo unstructured.Unstructured
+			mo.SetGroupVersionKind(sample.GroupVersionKind())
+			if err := admin.Get(ctx, client.ObjectKey{Namespace: v.namespace, Name: sample.GetName()}, &mo); err != nil {
+				return false, err
+			}
+			name, _, _ := unstructured.NestedString(mo.Object, "status", "deployedRelease", "name")
+			return name != "", nil
+		})
+	}
+
+	// Both operators are up and have reconciled their namespace; neither
+	// may touch the third one.
+	consistently(t, 5*time.Second, "nothing reconciles "+unwatched, func() error {
+		images, err := deploymentImages(ctx, admin, unwatched)
+		if err != nil {
+			return err
+		}
+		if len(images) > 0 {
+			return fmt.Errorf("deployments appeared in %s: %v", unwatched, images)
+		}
+		var mo unstructured.Unstructured
+		mo.SetGroupVersionKind(sample.GroupVersionKind())
+		if err := admin.Get(ctx, client.ObjectKey{Namespace: unwatched, Name: sample.GetName()}, &mo); err != nil {
+			return err
+		}
+		if len(mo.GetFinalizers()) > 0 || mo.Object["status"] != nil {
+			return fmt.Errorf("the %s resource was reconciled: finalizers %v, status %v", unwatched, mo.GetFinalizers(), mo.Object["status"])
+		}
+		return nil
+	})
+}
+
+// buildOperator builds cmd/orchestra-operator stamped with version.
+func buildOperator(t *testing.T, version, out string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-trimpath",
+		"-ldflags", "-X github.com/model-orchestra/operator/internal/version.Version="+version,
+		"-o", out, "./cmd/orchestra-operator")
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the operator %s: %v\n%s", version, err, b)
+	}
+}
+
+// grantOwnNamespace does what OLM does for an OwnNamespace install: a
+// ServiceAccount and the CSV's permissions as a Role bound to it, in the
+// operator's namespace only. It returns the ServiceAccount name.
+func grantOwnNamespace(ctx context.Context, t *testing.T, c client.Client, b *bundle.Bundle, ns string) string {
+	t.Helper()
+	perms := b.CSV.Spec.InstallStrategy.StrategySpec.Permissions
+	if len(perms) != 1 {
+		t.Fatalf("%s: want one permissions entry, got %d", b.CSV.Name, len(perms))
+	}
+	if len(b.CSV.Spec.InstallStrategy.StrategySpec.ClusterPermissions) > 0 {
+		t.Fatalf("%s asks for clusterPermissions; OwnNamespace installs would grant them cluster-wide", b.CSV.Name)
+	}
+	sa := perms[0].ServiceAccountName
+	objs := []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa, Namespace: ns}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: b.CSV.Name, Namespace: ns}, Rules: perms[0].Rules},
+		&rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: b.CSV.Name, Namespace: ns},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: b.CSV.Name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
+		},
+	}
+	for _, o := range objs {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatalf("granting %s in %s: %v", b.CSV.Name, ns, err)
+		}
+	}
+	return sa
+}
+
+// startOperator runs an operator binary as the ServiceAccount sa of ns,
+// watching ns only, and stops it in t.Cleanup.
+func startOperator(t *testing.T, c *localcluster.Cluster, bin, ns, sa string) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, c.ImpersonateServiceAccount(ns, sa)); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "operator.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin,
+		"--leader-elect", "--leader-election-namespace="+ns,
+		"--metrics-bind-address=0", "--health-probe-bind-address=0")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "WATCH_NAMESPACE="+ns, "POD_NAMESPACE="+ns)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		_ = logFile.Close()
+		if t.Failed() {
+			data, _ := os.ReadFile(logPath)
+			if len(data) > 8000 {
+				data = data[len(data)-8000:]
+			}
+			t.Logf("operator in %s (%s), log tail:\n%s", ns, filepath.Base(bin), data)
+		}
+	})
+}
+
+func writeKubeconfig(path string, cfg *rest.Config) error {
+	cluster := &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, CertificateAuthority: cfg.CAFile}
+	user := &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData, ClientCertificate: cfg.CertFile,
+		ClientKeyData: cfg.KeyData, ClientKey: cfg.KeyFile,
+		Token:             cfg.BearerToken,
+		Impersonate:       cfg.Impersonate.UserName,
+		ImpersonateGroups: cfg.Impersonate.Groups,
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["local"] = cluster
+	kc.AuthInfos["operator"] = user
+	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "operator"}
+	kc.CurrentContext = "local"
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+// loadSample returns the simulator sample, the smallest stack.
+func loadSample(t *testing.T) *unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "config", "samples", "simulator.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := manifest.Objects(data)
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("config/samples/simulator.yaml: %v (%d objects)", err, len(objs))
+	}
+	return objs[0]
+}
+
+func deploymentImages(ctx context.Context, c client.Client, ns string) ([]string, error) {
+	var list unstructured.UnstructuredList
+	list.SetAPIVersion("apps/v1")
+	list.SetKind("DeploymentList")
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, d := range list.Items {
+		containers, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		for _, ct := range containers {
+			var c corev1.Container
+			if m, ok := ct.(map[string]any); ok {
+				if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m, &c); err == nil {
+					out = append(out, c.Image)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// waitFor polls cond until it holds. An error from cond is remembered and
+// reported on timeout, except a permanent one, which fails at once.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if err != nil {
+			last = err
+			if strings.Contains(err.Error(), "wrong operator version") {
+				t.Fatalf("%s: %v", what, err)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, last)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// consistently checks cond repeatedly for d; any error fails.
+func consistently(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if err := cond(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
