@@ -2,6 +2,8 @@ package helmreconciler_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
@@ -127,6 +129,10 @@ func TestNoOpReconcileDoesNotRender(t *testing.T) {
 	create(t, newCR(sampleGVK, ns, "quiet", map[string]any{"greeting": "hi"}))
 	waitDeployed(t, sampleGVK, ns, "quiet", 1)
 
+	noops := func() float64 {
+		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
+	}
+	before := noops()
 	rendersBefore := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"})
 	for i := range 5 {
 		// An annotation change triggers a reconcile but changes no input.
@@ -139,12 +145,8 @@ func TestNoOpReconcileDoesNotRender(t *testing.T) {
 			u.SetAnnotations(a)
 		})
 	}
-	noops := func() float64 {
-		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
-	}
-	before := noops()
 	eventually(t, 30*time.Second, "no-op reconciles of the pokes", func() (bool, string) {
-		return noops() > before, ""
+		return noops() >= before+5, fmt.Sprint(noops() - before)
 	})
 	if after := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"}); after != rendersBefore {
 		t.Errorf("renders went from %v to %v on reconciles that changed nothing", rendersBefore, after)
@@ -521,12 +523,12 @@ func TestWatchNamespace(t *testing.T) {
 	if len(cfgNamespaces) != 1 || cfgNamespaces[0] != served {
 		t.Fatalf("WATCH_NAMESPACE parsed as %v", cfgNamespaces)
 	}
-	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: cfgNamespaces})
+	// The resource outside is created first: by the time the one inside is
+	// deployed, the engine would have taken the outside one too.
 	create(t, newCR(sampleGVK, ignored, "outside", map[string]any{}))
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: cfgNamespaces})
 	create(t, newCR(sampleGVK, served, "inside", map[string]any{}))
 	waitDeployed(t, sampleGVK, served, "inside", 1)
-	// Give the engine the time it took for the served one, twice over.
-	time.Sleep(2 * time.Second)
 	if u := get(t, sampleGVK, ignored, "outside"); u.Object["status"] != nil || len(u.GetFinalizers()) != 0 {
 		t.Errorf("a resource outside WATCH_NAMESPACE was reconciled: %s", describe(u))
 	}
@@ -537,7 +539,9 @@ func TestChunkedReleaseOnCluster(t *testing.T) {
 	// A small chunk size makes this small release span several Secrets,
 	// as a release over 1 MiB does with the default size.
 	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}, chunkSize: 1024})
-	create(t, newCR(sampleGVK, ns, "chunky", map[string]any{"padding": strings.Repeat("x", 4096)}))
+	padding := make([]byte, 3072)
+	_, _ = rand.Read(padding) // incompressible, unlike a repeated letter
+	create(t, newCR(sampleGVK, ns, "chunky", map[string]any{"padding": base64.StdEncoding.EncodeToString(padding)}))
 	waitDeployed(t, sampleGVK, ns, "chunky", 1)
 	list := &corev1.SecretList{}
 	if err := k8s.List(context.Background(), list, client.InNamespace(ns), client.MatchingLabels{"modelorchestra.io/release-chunk-of": "chunky"}); err != nil {

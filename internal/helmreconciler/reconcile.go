@@ -277,6 +277,12 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				}
 				msg += fmt.Sprintf("; rolled back to revision %d", deployed.Version)
 				r.event(obj, corev1.EventTypeWarning, ReasonRollbackSuccessful, "Rollback", "%s", msg)
+				if cur, err := cfg.Releases.Deployed(obj.GetName()); err == nil {
+					if rs, err := r.remember(obj, cur); err == nil {
+						c := r.entry.Chart.Metadata
+						st.deployed = &DeployedRelease{Name: obj.GetName(), Revision: rs.revision, Chart: c.Name, Version: c.Version, Digest: rs.digest}
+					}
+				}
 			}
 			return nil, acted, r.failed(st, obj, ReasonUpgradeFailed, "%s", msg)
 		}
