@@ -90,7 +90,7 @@ type NATSSpec struct {
 	// empty the operator deploys a JetStream StatefulSet.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
-	// +kubebuilder:validation:XValidation:rule="self.split(',').all(u, u.matches('^(nats|tls|ws|wss)://[^ ]+$'))",message="url must be one or more comma-separated nats://, tls://, ws:// or wss:// URLs"
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(nats|tls|ws|wss)://[^ ,]+(,(nats|tls|ws|wss)://[^ ,]+)*$')",message="url must be one or more comma-separated nats://, tls://, ws:// or wss:// URLs"
 	URL string `json:"url,omitempty"`
 
 	// credentialsSecretRef names a Secret holding the credentials for the

@@ -182,6 +182,11 @@ func TestInvalidResources(t *testing.T) {
 			want: []string{"spec.nats.replicas", "Unsupported value: 2"},
 		},
 		{
+			name: "nats url with a foreign scheme",
+			set:  []string{`spec.nats.url=nats://a:4222\,http://b`},
+			want: []string{"spec.nats.url", "comma-separated nats://"},
+		},
+		{
 			name: "credentials for the in-cluster nats",
 			set:  []string{"spec.nats.credentialsSecretRef.name=creds"},
 			want: []string{"spec.nats.credentialsSecretRef", "external url"},

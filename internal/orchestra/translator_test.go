@@ -1,0 +1,81 @@
+package orchestra
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/internal/version"
+)
+
+func TestTranslatorImages(t *testing.T) {
+	env := map[string]string{"RELATED_IMAGE_GATEWAY": "registry.local/gw@sha256:abc", "RELATED_IMAGE_VLLM": " registry.local/vllm:1 "}
+	vals, err := Translator{Getenv: func(k string) string { return env[k] }}.Translate(context.Background(), owner(t, oneApp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	images := vals["images"].(map[string]any)
+	for key, want := range map[string]string{
+		"gateway":    "registry.local/gw@sha256:abc",
+		"vllm":       "registry.local/vllm:1",
+		"dispatcher": version.Image("orchestra-dispatcher"),
+		"nats":       version.Image("nats-server"),
+		"llamacpp":   "ghcr.io/ggml-org/llama.cpp:full",
+	} {
+		if images[key] != want {
+			t.Errorf("images.%s = %v, want %s", key, images[key], want)
+		}
+	}
+	if len(images) != len(Images()) {
+		t.Errorf("images has %d entries, want one per known image (%d)", len(images), len(Images()))
+	}
+}
+
+func TestTranslatorValues(t *testing.T) {
+	spec := `{gateway: {auth: {tokenSecretSelector: {matchLabels: {team: a}}, hmacKeySecretRef: {name: h}}, limits: {maxBodySize: 2Mi}},
+  applications: {
+    chat: {model: {source: "hf://org/repo", file: m.gguf}},
+    kold: {model: {source: "pvc://models/llama", file: m.m, tokenizerFile: t.t}, runtime: {engine: dllama, workers: 3}, serving: {maxConcurrency: 8}}}}`
+	vals, err := Translator{Getenv: func(string) string { return "" }}.Translate(context.Background(), owner(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) any {
+		v, _, err := unstructured.NestedFieldNoCopy(vals, strings.Split(path, ".")...)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return v
+	}
+	for path, want := range map[string]any{
+		"gateway.auth.secretSelector":               "team=a",
+		"gateway.auth.hmacKeySecret":                map[string]any{"name": "h", "key": "token"},
+		"gateway.limits.maxBodyBytes":               int64(2 << 20),
+		"gateway.limits.requestsPerMinute":          int64(600),
+		"applications.chat.serving.servedModelName": "chat",
+		"applications.chat.model.format":            "gguf",
+		"applications.chat.model.cache":             map[string]any{"size": "20Gi", "accessMode": "ReadWriteOnce", "storageClassName": "", "existingClaim": ""},
+		"applications.chat.scaling.replicas":        int64(1),
+		// A pvc:// source is used in place: no cache.
+		"applications.kold.model.cache":  nil,
+		"applications.kold.model.format": "dllama",
+		// distributed-llama answers one request at a time.
+		"applications.kold.serving.maxConcurrency": int64(1),
+		"nats.storage": map[string]any{"size": "10Gi", "storageClassName": ""},
+	} {
+		if diff := cmp.Diff(want, get(path)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", path, diff)
+		}
+	}
+}
+
+func TestTranslatorRefusesEmptyTokenSelector(t *testing.T) {
+	spec := `{gateway: {auth: {tokenSecretSelector: {}}}, applications: {chat: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+	_, err := Translator{}.Translate(context.Background(), owner(t, spec))
+	if err == nil || !strings.Contains(err.Error(), "spec.gateway.auth.tokenSecretSelector") {
+		t.Fatalf("error = %v, want one naming spec.gateway.auth.tokenSecretSelector", err)
+	}
+}
