@@ -293,6 +293,7 @@ func TestValidateRules(t *testing.T) {
 			b.Files = append(b.Files, File{Name: "noise.yaml", Data: noise})
 		}},
 		{"bundle-csv", check.Error, func(b *Bundle) { b.CSV = nil }},
+		{"deprecated-apis", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("policy/v1beta1", "PodDisruptionBudget", "pdb", nil)) }},
 		{"csv-apiversion", check.Error, func(b *Bundle) { b.CSV.Kind = "CSV" }},
 		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.DisplayName = "" }},
 		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.InstallStrategy.StrategyName = "helm" }},

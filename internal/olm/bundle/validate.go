@@ -78,6 +78,7 @@ func Validate(b *Bundle) check.Report {
 	var r check.Report
 	validateAnnotations(&r, b)
 	validateKinds(&r, b)
+	validateDeprecatedAPIs(&r, b)
 	validateSize(&r, b)
 	if b.CSV == nil {
 		r.Errorf("bundle-csv", "bundle", "the bundle has no ClusterServiceVersion")
@@ -172,6 +173,49 @@ func validateKinds(r *check.Report, b *Bundle) {
 	for _, c := range b.CRDs {
 		if c.APIVersion != apiextv1.SchemeGroupVersion.String() {
 			r.Errorf("crd-api-version", c.Name, "CRD apiVersion is %q; only %s is served by supported Kubernetes versions", c.APIVersion, apiextv1.SchemeGroupVersion)
+		}
+	}
+}
+
+// removedAPIs are group/versions no longer served by the Kubernetes
+// versions this operator supports (1.30+), as the alpha-deprecated-apis
+// suite reports them.
+var removedAPIs = map[string]string{
+	"extensions/v1beta1":                   "1.22",
+	"apps/v1beta1":                         "1.16",
+	"apps/v1beta2":                         "1.16",
+	"policy/v1beta1":                       "1.25",
+	"batch/v1beta1":                        "1.25",
+	"networking.k8s.io/v1beta1":            "1.22",
+	"rbac.authorization.k8s.io/v1beta1":    "1.22",
+	"apiextensions.k8s.io/v1beta1":         "1.22",
+	"admissionregistration.k8s.io/v1beta1": "1.22",
+	"autoscaling/v2beta1":                  "1.25",
+	"autoscaling/v2beta2":                  "1.26",
+	"discovery.k8s.io/v1beta1":             "1.25",
+	"events.k8s.io/v1beta1":                "1.25",
+	"flowcontrol.apiserver.k8s.io/v1beta1": "1.26",
+	"flowcontrol.apiserver.k8s.io/v1beta2": "1.29",
+	"storage.k8s.io/v1beta1":               "1.22",
+	"scheduling.k8s.io/v1beta1":            "1.22",
+	"coordination.k8s.io/v1beta1":          "1.22",
+}
+
+func validateDeprecatedAPIs(r *check.Report, b *Bundle) {
+	for _, o := range b.Others {
+		if v, ok := removedAPIs[o.GetAPIVersion()]; ok {
+			r.Errorf("deprecated-apis", o.GetKind()+"/"+o.GetName(), "%s was removed in Kubernetes %s", o.GetAPIVersion(), v)
+		}
+	}
+	if b.CSV == nil {
+		return
+	}
+	var examples []map[string]any
+	if err := json.Unmarshal([]byte(b.CSV.Annotations[manifest.AnnotationALMExamples]), &examples); err == nil {
+		for i, e := range examples {
+			if av, _ := e["apiVersion"].(string); removedAPIs[av] != "" {
+				r.Errorf("deprecated-apis", b.CSV.Name, "example %d uses %s, removed in Kubernetes %s", i, av, removedAPIs[av])
+			}
 		}
 	}
 }
