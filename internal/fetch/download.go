@@ -16,7 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -40,12 +40,47 @@ type journal struct {
 	GitOID    string `json:"gitOid,omitempty"`
 	ETag      string `json:"etag,omitempty"`
 	ChunkSize int64  `json:"chunkSize"`
-	Done      []int  `json:"done"`
+	// Done chunks are written (at least to the page cache of BootID's boot).
+	Done []int `json:"done"`
+	// Durable chunks were fsynced: they survive a node crash.
+	Durable []int `json:"durable"`
+	// BootID identifies the kernel boot that wrote the journal; after a
+	// reboot only Durable chunks are trusted.
+	BootID string `json:"bootId"`
 	// Hashed chunks [0, Hashed) are folded into the saved hash states.
-	Hashed    int    `json:"hashed"`
-	SHAState  []byte `json:"shaState,omitempty"`
-	GitState  []byte `json:"gitState,omitempty"`
-	Verifying bool   `json:"verifying"`
+	Hashed   int    `json:"hashed"`
+	SHAState []byte `json:"shaState,omitempty"`
+	GitState []byte `json:"gitState,omitempty"`
+}
+
+// bootID identifies the running kernel boot ("" when unknown, which is
+// never trusted as the same boot).
+var bootID = func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// trustable returns the chunks of j that can be reused now: all written
+// ones on the same boot, only the fsynced ones after a reboot (the page
+// cache is gone). The hash state is dropped when it covers lost chunks.
+func (j *journal) trustable(boot string) {
+	if boot != "" && j.BootID == boot {
+		return
+	}
+	j.Done = append([]int(nil), j.Durable...)
+	durable := map[int]bool{}
+	for _, i := range j.Durable {
+		durable[i] = true
+	}
+	for i := 0; i < j.Hashed; i++ {
+		if !durable[i] {
+			j.Hashed, j.SHAState, j.GitState = 0, nil, nil
+			break
+		}
+	}
 }
 
 // fileTask is one file being downloaded.
@@ -60,6 +95,13 @@ type fileTask struct {
 	doneCh    chan chunkDone // chunks written by workers
 	pending   []int
 	j         journal
+
+	// The syncer fsyncs the partial file in the background and reports
+	// which chunks that made durable.
+	mu      sync.Mutex
+	written []int // snapshot of done chunks for the syncer
+	durable []int
+	synced  chan struct{}
 }
 
 func (ft *fileTask) chunkRange(i int) (int64, int64) {
@@ -111,6 +153,7 @@ func (d *downloader) resumeState(rf RemoteFile, part, jpath string) *journal {
 	if err != nil || fi.Size() != rf.Size {
 		return nil
 	}
+	j.trustable(bootID())
 	return &j
 }
 
@@ -127,6 +170,7 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 			GitOID: rf.GitOID, ETag: rf.ETag, ChunkSize: d.cfg.ChunkSize}
 	}
 	ft.chunkSize = ft.j.ChunkSize
+	ft.durable = append([]int(nil), ft.j.Durable...)
 	ft.nchunks = int((rf.Size + ft.chunkSize - 1) / ft.chunkSize)
 	if err := os.MkdirAll(filepath.Dir(part), 0o755); err != nil {
 		return nil, fmt.Errorf("creating partial directory: %w", err)
@@ -415,17 +459,20 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 		}
 		return nil
 	}
-	saveJournal := func() error {
-		if err := ft.fh.Sync(); err != nil {
-			return writeErr(ft.rf.Path, err)
-		}
+	// saveJournal records the chunks written so far; durable (after an
+	// fsync by the syncer) also makes the journal itself durable.
+	saveJournal := func(durable bool) error {
 		ft.j.Done = ft.j.Done[:0]
 		for i, ok := range done {
 			if ok {
 				ft.j.Done = append(ft.j.Done, i)
 			}
 		}
-		sort.Ints(ft.j.Done)
+		ft.mu.Lock()
+		ft.written = append(ft.written[:0], ft.j.Done...)
+		ft.j.Durable = append(ft.j.Durable[:0], ft.durable...)
+		ft.mu.Unlock()
+		ft.j.BootID = bootID()
 		if h != nil {
 			ft.j.SHAState, _ = h.sha.(encoding.BinaryMarshaler).MarshalBinary()
 			if h.git != nil {
@@ -436,11 +483,17 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := writeFileAtomic(ft.jpath, b); err != nil {
+		write := writeFileQuick
+		if durable {
+			write = writeFileAtomic
+		}
+		if err := write(ft.jpath, b); err != nil {
 			return writeErr(ft.rf.Path, err)
 		}
 		return nil
 	}
+	stopSyncer := d.startSyncer(ft)
+	defer stopSyncer()
 
 	if err := hashUpTo(); err != nil {
 		return err
@@ -470,12 +523,13 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 		batch = batch[:0]
 	}
 	for ndone < ft.nchunks {
+		durable := false
 		select {
 		case <-ctx.Done():
 			// Keep what already arrived for the next run.
 			drain()
 			if len(batch) > 0 {
-				if err := saveJournal(); err != nil {
+				if err := saveJournal(false); err != nil {
 					d.log.Warn("saving resume state", "file", ft.rf.Path, "err", err)
 				}
 			}
@@ -483,9 +537,11 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 			return ctx.Err()
 		case c := <-ft.doneCh:
 			take(c)
+		case <-ft.synced:
+			durable = true
 		}
-		drain() // chunks that finished meanwhile share one fsync
-		err := saveJournal()
+		drain() // chunks that finished meanwhile share one journal write
+		err := saveJournal(durable)
 		ackAll(err)
 		if err != nil {
 			return err
@@ -497,7 +553,58 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 	if err := hashUpTo(); err != nil {
 		return err
 	}
+	stopSyncer()
 	return d.verifyAndPublish(ft, h)
+}
+
+// syncEvery is how often a partial file is fsynced so that a node crash
+// loses at most this much download time per file.
+var syncEvery = 3 * time.Second
+
+// startSyncer fsyncs ft in the background every syncEvery and records which
+// chunks that made durable. The returned stop function is idempotent.
+func (d *downloader) startSyncer(ft *fileTask) (stop func()) {
+	ft.synced = make(chan struct{}, 1)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(syncEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			ft.mu.Lock()
+			snap := append([]int(nil), ft.written...)
+			n := len(ft.durable)
+			ft.mu.Unlock()
+			if len(snap) == n {
+				continue
+			}
+			if err := ft.fh.Sync(); err != nil {
+				d.log.Warn("fsync of partial file failed", "file", ft.rf.Path, "err", err)
+				continue
+			}
+			ft.mu.Lock()
+			ft.durable = snap
+			ft.mu.Unlock()
+			select {
+			case ft.synced <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(quit)
+			wg.Wait()
+		})
+	}
 }
 
 func (d *downloader) verifyAndPublish(ft *fileTask, h *fileHashers) error {

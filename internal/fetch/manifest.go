@@ -146,6 +146,16 @@ func writeFileAtomic(path string, data []byte) error {
 	return syncDir(dir)
 }
 
+// writeFileQuick replaces path with data atomically with respect to process
+// crashes (temporary name + rename) but without fsync.
+func writeFileQuick(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

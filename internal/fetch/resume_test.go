@@ -154,6 +154,8 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	hub.Faults.Throttle(10 * time.Millisecond)
 	cfg := testConfig(t, "hf://acme/cancel", hub.URL())
 	cfg.Concurrency = 2
+	defer func(d time.Duration) { syncEvery = d }(syncEvery)
+	syncEvery = 20 * time.Millisecond
 
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
@@ -172,6 +174,9 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	j := journals(t, cfg.Dest)["w.safetensors"]
 	if len(j.Done) == 0 {
 		t.Fatalf("no finished chunk recorded on cancel")
+	}
+	if len(j.Durable) == 0 || j.BootID != bootID() {
+		t.Errorf("journal records no fsynced chunk or a wrong boot id: %+v", j)
 	}
 	waitQuiet(hub.Stats.BytesServed)
 	hub.Faults.Throttle(0)
@@ -199,4 +204,59 @@ func waitQuiet(counter func() int64) int64 {
 		}
 	}
 	return last
+}
+
+// TestResumeAfterRebootTrustsOnlyDurableChunks writes the state a node crash
+// leaves: the journal lists chunks 0-2 as written but only chunk 0 as
+// fsynced, and the page cache holding chunks 1-2 is gone (zeros on disk).
+func TestResumeAfterRebootTrustsOnlyDurableChunks(t *testing.T) {
+	content := safetensorsBytes(fetchtest.Random(5<<20, 71))
+	fx := newRepoFixture("acme/reboot").add("w.safetensors", content, true)
+	for _, tc := range []struct {
+		name        string
+		boot        string
+		wantRefetch []int64 // chunk offsets fetched again
+	}{
+		{"after a reboot", "another-boot", []int64{1 << 20, 2 << 20}},
+		{"same boot", bootID(), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hub := startHub(t, fx)
+			cfg := testConfig(t, "hf://acme/reboot", hub.URL())
+			d := &downloader{cfg: cfg, dest: cfg.Dest}
+			part, jpath := d.partPaths("w.safetensors")
+			os.MkdirAll(filepath.Dir(part), 0o755)
+			disk := make([]byte, len(content))
+			copy(disk, content[:1<<20]) // chunk 0 durable
+			if tc.boot == bootID() {
+				copy(disk, content[:3<<20]) // same boot: chunks 1-2 still in the page cache
+			}
+			os.WriteFile(part, disk, 0o644)
+			j := journal{Version: journalVersion, Path: "w.safetensors", Size: int64(len(content)),
+				SHA256: fetchtest.SHA256(fetchtest.Bytes(content)), ChunkSize: cfg.ChunkSize,
+				Done: []int{0, 1, 2}, Durable: []int{0}, BootID: tc.boot}
+			b, _ := json.Marshal(j)
+			os.WriteFile(jpath, b, 0o644)
+
+			if _, err := runFetch(t, cfg, Options{}); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			assertTree(t, cfg.Dest, fx.files)
+			fetched := map[int64]bool{}
+			for _, seg := range hub.Stats.Segments() {
+				fetched[seg.Start/cfg.ChunkSize*cfg.ChunkSize] = true
+			}
+			if fetched[0] {
+				t.Errorf("durable chunk 0 fetched again")
+			}
+			for _, off := range tc.wantRefetch {
+				if !fetched[off] {
+					t.Errorf("chunk at %d not fetched again", off)
+				}
+			}
+			if tc.wantRefetch == nil && (fetched[1<<20] || fetched[2<<20]) {
+				t.Errorf("same boot: written chunks 1-2 fetched again")
+			}
+		})
+	}
 }
