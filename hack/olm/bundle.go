@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -38,21 +39,7 @@ Also writes the generated RBAC to config/rbac/role.yaml and the install chart.`,
 			cfg.Root = *root
 			cfg.Channels = channels
 			cfg.SkipRange = skipRange
-			prev, err := historyVersions(filepath.Join(*root, history))
-			if err != nil {
-				return err
-			}
-			for _, p := range prev {
-				if p.String() != cfg.Version {
-					cfg.PreviousVersions = append(cfg.PreviousVersions, p)
-				}
-			}
-			cfg.ImageDefaults = imageDefaults()
-			kube, err := minKubeVersion(filepath.Join(*root, cfg.CSVBase))
-			if err != nil {
-				return err
-			}
-			res, err := bundle.Generate(cmd.Context(), cfg, chartRenderer{root: *root, kubeVersion: kube})
+			res, err := generateBundle(cmd.Context(), cfg, history)
 			if err != nil {
 				return err
 			}
@@ -107,6 +94,28 @@ Also writes the generated RBAC to config/rbac/role.yaml and the install chart.`,
 	f.StringVar(&chartDir, "chart", "charts/orchestra-operator", "install chart whose files/ get the generated rules (empty: none)")
 	_ = cmd.MarkFlagRequired("version")
 	return cmd
+}
+
+// generateBundle completes cfg with the earlier releases (from history,
+// relative to cfg.Root) and the operator's image defaults, and generates the
+// bundle with the operator's own render pipeline at the CSV's
+// minKubeVersion.
+func generateBundle(ctx context.Context, cfg bundle.Config, history string) (*bundle.Result, error) {
+	prev, err := historyVersions(filepath.Join(cfg.Root, history))
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range prev {
+		if p.String() != cfg.Version {
+			cfg.PreviousVersions = append(cfg.PreviousVersions, p)
+		}
+	}
+	cfg.ImageDefaults = imageDefaults()
+	kube, err := minKubeVersion(filepath.Join(cfg.Root, cfg.CSVBase))
+	if err != nil {
+		return nil, err
+	}
+	return bundle.Generate(ctx, cfg, chartRenderer{root: cfg.Root, kubeVersion: kube})
 }
 
 // historyVersions lists the versions of the bundles under dir/<version>/.

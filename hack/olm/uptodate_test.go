@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/model-orchestra/operator/internal/olm/bundle"
+)
+
+// TestCommittedBundleIsUpToDate regenerates the current release's bundle
+// from config/, the CRD, the samples and the product chart, and compares it
+// with bundle/. A change to any of those sources needs
+// `make bundle VERSION=<version>` (and `make catalog`) in the same commit.
+func TestCommittedBundleIsUpToDate(t *testing.T) {
+	committed, err := bundle.Load("../../bundle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := bundle.Default()
+	cfg.Root = "../.."
+	cfg.Version = committed.CSV.Spec.Version
+	res, err := generateBundle(context.Background(), cfg, "catalog/bundles")
+	if err != nil {
+		t.Fatalf("generating bundle %s: %v", cfg.Version, err)
+	}
+	for i, f := range res.Bundle.Files {
+		if i >= len(committed.Files) || committed.Files[i].Name != f.Name || !bytes.Equal(committed.Files[i].Data, f.Data) {
+			t.Errorf("bundle/manifests/%s is stale: run `make bundle VERSION=%s`", f.Name, cfg.Version)
+		}
+	}
+	if len(res.Bundle.Files) != len(committed.Files) {
+		t.Errorf("bundle/manifests has %d files, generation gives %d: run `make bundle VERSION=%s`", len(committed.Files), len(res.Bundle.Files), cfg.Version)
+	}
+	if d := cmp.Diff(committed.Annotations, res.Bundle.Annotations); d != "" {
+		t.Errorf("bundle/metadata/annotations.yaml is stale (-committed +generated):\n%s", d)
+	}
+	df, err := os.ReadFile("../../bundle.Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(df, bundle.Dockerfile(res.Bundle.Annotations, "bundle")) {
+		t.Errorf("bundle.Dockerfile is stale: run `make bundle VERSION=%s`", cfg.Version)
+	}
+}
+
+// TestCommittedCatalogIsUpToDate re-renders the semver template and
+// compares it with catalog/configs.
+func TestCommittedCatalogIsUpToDate(t *testing.T) {
+	src := catalogSources{root: "../..", template: "catalog/semver-template.yaml", current: "bundle", history: "catalog/bundles"}
+	cfg, err := renderCatalog(src, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cfg.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile(filepath.Join("../..", "catalog/configs/orchestra-operator/catalog.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(committed, append(catalogHeader(src.template), out...)) {
+		t.Errorf("catalog/configs/orchestra-operator/catalog.yaml is stale: run `make catalog`")
+	}
+}
