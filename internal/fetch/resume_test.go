@@ -163,7 +163,13 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 		_, err := Run(ctx, cfg, Options{Logger: testLogger(t)})
 		errc <- err
 	}()
-	for hub.Stats.BytesServed() < 2<<20 {
+	// Cancel once the background fsync has made a chunk durable.
+	deadline := time.Now().Add(20 * time.Second)
+	for len(journals(t, cfg.Dest)["w.safetensors"].Durable) == 0 {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("no chunk became durable: the syncer did not run")
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()
