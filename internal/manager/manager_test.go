@@ -1,0 +1,292 @@
+package manager_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/internal/localcluster"
+	"github.com/model-orchestra/operator/internal/manager"
+	"github.com/model-orchestra/operator/internal/plugin"
+)
+
+func TestParseNamespaces(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":            nil,
+		"a":           {"a"},
+		" a , b ,,c ": {"a", "b", "c"},
+	} {
+		if diff := cmp.Diff(want, manager.ParseNamespaces(in)); diff != "" {
+			t.Errorf("ParseNamespaces(%q) (-want +got):\n%s", in, diff)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := manager.Default()
+	if err := good.Validate(); err != nil {
+		t.Fatalf("default config invalid: %v", err)
+	}
+	for name, mutate := range map[string]func(*manager.Config){
+		"no watches file":       func(c *manager.Config) { c.WatchesFile = "" },
+		"negative period":       func(c *manager.Config) { c.ReconcilePeriod = -time.Second },
+		"no workers":            func(c *manager.Config) { c.MaxConcurrentReconciles = 0 },
+		"no timeout":            func(c *manager.Config) { c.ActionTimeout = 0 },
+		"election without a id": func(c *manager.Config) { c.LeaderElection, c.LeaderElectionID = true, "" },
+	} {
+		c := manager.Default()
+		mutate(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+const otherWatch = `
+- group: test.modelorchestra.io
+  version: v1
+  kind: Other
+  chart: charts/other
+`
+
+func TestLoadWatchesEmbeddedFallbackAndDiskOverride(t *testing.T) {
+	chartFiles := fstest.MapFS{}
+	_ = filepath.WalkDir("testdata/charts/other", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			data, _ := os.ReadFile(p)
+			chartFiles[strings.TrimPrefix(p, "testdata/")] = &fstest.MapFile{Data: data}
+		}
+		return err
+	})
+	chartFiles["watches.yaml"] = &fstest.MapFile{Data: []byte(otherWatch)}
+	reg := plugin.NewRegistry()
+
+	// The default watches file is absent from the working directory: the
+	// embedded one is used.
+	t.Chdir(t.TempDir())
+	c := manager.Default()
+	entries, err := manager.LoadWatches(c, reg, chartFiles, "watches.yaml")
+	if err != nil || len(entries) != 1 || !strings.HasPrefix(entries[0].Source, "embedded") {
+		t.Fatalf("embedded fallback: %v, %+v", err, entries)
+	}
+
+	// A watches file on disk, and charts from disk.
+	dir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(dir, "charts"), os.DirFS(filepath.Join(origWD, "testdata/charts"))); err != nil {
+		t.Fatal(err)
+	}
+	c.WatchesFile = filepath.Join(dir, "w.yaml")
+	c.ChartsDir = dir
+	if err := os.WriteFile(c.WatchesFile, []byte(otherWatch+"  reconcilePeriod: 7s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	entries, err = manager.LoadWatches(c, reg, chartFiles, "watches.yaml")
+	if err != nil || entries[0].ReconcilePeriod != 7*time.Second {
+		t.Fatalf("disk watches: %v, %+v", err, entries)
+	}
+
+	// A watches file given explicitly must exist.
+	c.WatchesFile = filepath.Join(dir, "missing.yaml")
+	if _, err := manager.LoadWatches(c, reg, chartFiles, "watches.yaml"); err == nil {
+		t.Error("a missing explicit watches file was accepted")
+	}
+}
+
+var origWD, _ = os.Getwd()
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func httpGet(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		last = detail
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; last: %s", what, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunServesProbesMetricsAndElectsALeader runs the manager as the
+// operator does: probes, metrics and leader election on a real control
+// plane, then shuts it down gracefully.
+func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
+	c := localcluster.StartForTest(t, localcluster.Options{})
+	cfg := c.Config()
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = apiextensionsv1.AddToScheme(scheme)
+	_ = coordinationv1.AddToScheme(scheme)
+	k8s, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	data, _ := os.ReadFile("testdata/others.yaml")
+	if err := yaml.UnmarshalStrict(data, crd); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Create(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the CRD", func() (bool, string) {
+		got := &apiextensionsv1.CustomResourceDefinition{}
+		_ = k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, ""
+	})
+	ns := "served"
+	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+
+	mc := manager.Default()
+	mc.WatchNamespaces = []string{ns}
+	mc.MetricsAddr, mc.ProbeAddr = freeAddr(t), freeAddr(t)
+	mc.LeaderElection = true
+	mc.LeaderElectionNamespace = ns
+	mc.LeaderElectionID = "orchestra-test"
+	dir := t.TempDir()
+	mc.WatchesFile = filepath.Join(dir, "watches.yaml")
+	mc.ChartsDir = "testdata"
+	if err := os.WriteFile(mc.WatchesFile, []byte(otherWatch), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := manager.LoadWatches(mc, plugin.NewRegistry(), nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- manager.Run(runCtx, cfg, mc, entries)
+	}()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			cancel()
+			<-done
+		}
+	})
+
+	eventually(t, 30*time.Second, "/healthz", func() (bool, string) {
+		code, body := httpGet("http://" + mc.ProbeAddr + "/healthz")
+		return code == http.StatusOK, body
+	})
+	eventually(t, 30*time.Second, "/readyz", func() (bool, string) {
+		code, body := httpGet("http://" + mc.ProbeAddr + "/readyz")
+		return code == http.StatusOK, body
+	})
+	eventually(t, 30*time.Second, "the leader Lease", func() (bool, string) {
+		lease := &coordinationv1.Lease{}
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orchestra-test"}, lease)
+		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", fmt.Sprint(err)
+	})
+
+	// The leader reconciles.
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"color": "green"}}}
+	u.SetAPIVersion("test.modelorchestra.io/v1")
+	u.SetKind("Other")
+	u.SetNamespace(ns)
+	u.SetName("o")
+	if err := k8s.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the ConfigMap of the release", func() (bool, string) {
+		cm := &corev1.ConfigMap{}
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "o-other"}, cm)
+		return err == nil && cm.Data["color"] == "green", fmt.Sprint(err)
+	})
+	_, metrics := httpGet("http://" + mc.MetricsAddr + "/metrics")
+	for _, m := range []string{"orchestra_helm_actions_total", "orchestra_helm_reconcile_duration_seconds", "controller_runtime_reconcile_total"} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("/metrics lacks %s", m)
+		}
+	}
+	if !strings.Contains(metrics, `orchestra_helm_actions_total{action="install",kind="Other",result="success"} 1`) {
+		t.Errorf("/metrics does not count the install:\n%s", grep(metrics, "orchestra_helm_actions_total"))
+	}
+
+	// Graceful shutdown returns, and releases the Lease.
+	cancel()
+	stopped = true
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v on shutdown", err)
+		}
+	case <-time.After(40 * time.Second):
+		t.Fatal("Run did not return after cancellation")
+	}
+	lease := &coordinationv1.Lease{}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orchestra-test"}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
+		t.Errorf("Lease still held by %q after shutdown", *h)
+	}
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func init() {
+	ctrl.SetLogger(ctrlLogger())
+}
