@@ -207,6 +207,11 @@ func TestInvalidResources(t *testing.T) {
 			want: []string{"metadata.name must be at most 40"},
 		},
 		{
+			name: "name that cannot name a Service",
+			set:  []string{"metadata.name=1st.stack"},
+			want: []string{"metadata.name must be a DNS label"},
+		},
+		{
 			name: "nodePort on a ClusterIP service",
 			set:  []string{"spec.gateway.service.nodePort=30080"},
 			want: []string{"spec.gateway.service.nodePort", "nodePort needs type"},
