@@ -29,6 +29,7 @@ func fixtureConfig() Config {
 	c.ImageRepository = "registry.example.io/widgets"
 	c.OperatorImageName = "widget-operator"
 	c.CSVBase = "config/manifests/bases/widget-operator.clusterserviceversion.yaml"
+	c.ChartTemplates = "charts/widget/templates"
 	c.PreviousVersions = []semver.Version{semver.MustParse("1.1.0"), semver.MustParse("1.0.0"), semver.MustParse("2.0.0")}
 	c.ImageDefaults = map[string]string{
 		"RELATED_IMAGE_WIDGET_SERVER": "registry.example.io/widgets/widget-server:v0.0.1",
@@ -120,6 +121,8 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 		{"apps", "deployments", "patch"}, {"", "services", "create"}, {"batch", "jobs", "delete"},
 		{"rbac.authorization.k8s.io", "roles", "update"}, {"", "configmaps", "get"},
 		{"example.io", "widgets/status", "update"}, {"", "secrets", "list"},
+		// Behind a condition no sample meets: found by the template scan.
+		{"gateway.networking.k8s.io", "httproutes", "create"},
 	} {
 		if !Allows(perms[0].Rules, want.group, want.resource, want.verb) {
 			t.Errorf("permissions do not allow %s %s.%s", want.verb, want.resource, want.group)
@@ -164,7 +167,12 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if d := cmp.Diff(wantAnn, res.Bundle.Annotations.Annotations); d != "" {
 		t.Errorf("annotations (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff([]string{`the chart renders image "docker.io/library/busybox:1" (in Job /sample), which no RELATED_IMAGE_* variable names`}, res.Notes); d != "" {
+	wantNotes := []string{
+		"the chart can render HTTPRoute.gateway.networking.k8s.io, which no sample renders; the operator is granted it from the template scan",
+		"cannot tell the kind of route.yaml: {{ .Values.apiVersion }} Widget; make sure a sample renders it",
+		`the chart renders image "docker.io/library/busybox:1" (in Job /sample), which no RELATED_IMAGE_* variable names`,
+	}
+	if d := cmp.Diff(wantNotes, res.Notes); d != "" {
 		t.Errorf("notes (-want +got):\n%s", d)
 	}
 }

@@ -80,6 +80,7 @@ type Config struct {
 	SamplesDir     string // config/samples
 	ManagerFile    string // config/manager/manager.yaml
 	OperatorRules  string // config/rbac/operator_role.yaml
+	ChartTemplates string // charts/modelorchestra/templates (optional: scanned for kinds)
 	ExtraManifests string // config/manifests/extra (optional dir of Services etc.)
 }
 
@@ -96,6 +97,7 @@ func Default() Config {
 		SamplesDir:        "config/samples",
 		ManagerFile:       "config/manager/manager.yaml",
 		OperatorRules:     "config/rbac/operator_role.yaml",
+		ChartTemplates:    "charts/modelorchestra/templates",
 		ExtraManifests:    "config/manifests/extra",
 	}
 }
@@ -199,6 +201,25 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 			return nil, fmt.Errorf("rendering sample %s/%s through the chart: %w", s.GetKind(), s.GetName(), err)
 		}
 		rendered = append(rendered, objs...)
+	}
+	if cfg.ChartTemplates != "" {
+		kinds, unresolved, err := ScanChartKinds(path(cfg.ChartTemplates))
+		if err != nil {
+			return nil, fmt.Errorf("scanning chart templates: %w", err)
+		}
+		renderedKinds := map[string]bool{}
+		for _, o := range rendered {
+			renderedKinds[o.GroupVersionKind().GroupKind().String()] = true
+		}
+		for _, k := range kinds {
+			if !renderedKinds[k.GroupKind().String()] {
+				res.Notes = append(res.Notes, fmt.Sprintf("the chart can render %s, which no sample renders; the operator is granted it from the template scan", k.GroupKind()))
+			}
+		}
+		for _, u := range unresolved {
+			res.Notes = append(res.Notes, fmt.Sprintf("cannot tell the kind of %s; make sure a sample renders it", u))
+		}
+		rendered = append(rendered, kindObjects(kinds)...)
 	}
 	derived, err := DeriveRules(rendered)
 	if err != nil {
