@@ -1,6 +1,6 @@
 // Command orchestra-gateway is the OpenAI-compatible gateway of a model
 // orchestra: it authenticates API tokens, applies per-token limits and hands
-// requests to the queue, streaming the engines' answers back.
+// requests to the NATS JetStream queue, streaming the engines' answers back.
 package main
 
 import (
@@ -13,10 +13,11 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 
 	"github.com/model-orchestra/operator/internal/gateway"
-	"github.com/model-orchestra/operator/internal/queue"
+	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/version"
 )
 
@@ -42,6 +43,9 @@ func run() int {
 
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("app", "orchestra-gateway")
 	cfg, err := gateway.LoadConfig(*configPath)
+	if err == nil {
+		err = cfg.Queue.Validate()
+	}
 	if err != nil {
 		log.Error("invalid configuration", "config", *configPath, "err", err)
 		return 2
@@ -56,11 +60,12 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	q, err := newQueue(ctx, cfg)
+	q, err := connectQueue(cfg.Queue, log)
 	if err != nil {
 		log.Error("connecting to the queue", "err", err)
 		return 1
 	}
+	defer q.Close()
 	if err := gateway.Run(ctx, cfg, q, log); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
@@ -68,7 +73,20 @@ func run() int {
 	return 0
 }
 
-// newQueue connects to the request queue.
-func newQueue(_ context.Context, _ gateway.Config) (queue.Queue, error) {
-	return nil, errors.New("no queue implementation is wired into orchestra-gateway yet")
+// connectQueue connects to the orchestra's JetStream queue.
+func connectQueue(qc gateway.QueueConfig, log *slog.Logger) (*natsqueue.Client, error) {
+	cc := natsqueue.DefaultClientConfig()
+	cc.Orchestra = qc.Orchestra
+	cc.Instance = qc.Instance
+	if cc.Instance == "" {
+		cc.Instance = os.Getenv("POD_NAME")
+	}
+	cc.SubmitTimeout = qc.SubmitTimeout.Duration
+	cc.StallTimeout = qc.StallTimeout.Duration
+	cc.MaxQueueWait = qc.MaxQueueWait.Duration
+	var opts []nats.Option
+	if qc.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(qc.CredsFile))
+	}
+	return natsqueue.Connect(qc.URL, cc, log, opts...)
 }

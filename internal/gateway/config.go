@@ -29,6 +29,47 @@ type Config struct {
 	Timeouts TimeoutsConfig `json:"timeouts"`
 	// Log configures logging.
 	Log LogConfig `json:"log"`
+	// Queue tells the orchestra-gateway binary how to reach the queue. The
+	// gateway itself only uses the queue.Queue it is given, so Validate
+	// does not check this section; QueueConfig.Validate does.
+	Queue QueueConfig `json:"queue"`
+}
+
+// QueueConfig locates the NATS JetStream queue of the orchestra.
+type QueueConfig struct {
+	// URL is the NATS server URL, for example nats://orchestra-nats:4222.
+	URL string `json:"url"`
+	// CredsFile is a NATS credentials file (JWT and NKey seed). Optional.
+	CredsFile string `json:"credsFile,omitempty"`
+	// Orchestra is the ModelOrchestra's name; it selects the stream.
+	Orchestra string `json:"orchestra"`
+	// Instance names this gateway replica for its reply subjects. Empty:
+	// POD_NAME, else a random id.
+	Instance string `json:"instance,omitempty"`
+	// SubmitTimeout bounds the wait for JetStream to accept a job.
+	SubmitTimeout metav1.Duration `json:"submitTimeout"`
+	// StallTimeout fails a reply that shows no sign of life for this long.
+	StallTimeout metav1.Duration `json:"stallTimeout"`
+	// MaxQueueWait bounds how long a job may wait for a dispatcher.
+	MaxQueueWait metav1.Duration `json:"maxQueueWait"`
+}
+
+// Validate reports the problems of the queue section.
+func (q QueueConfig) Validate() error {
+	var errs []error
+	if q.URL == "" {
+		errs = append(errs, errors.New("queue.url is required"))
+	}
+	if q.Orchestra == "" {
+		errs = append(errs, errors.New("queue.orchestra is required"))
+	}
+	if q.SubmitTimeout.Duration <= 0 || q.StallTimeout.Duration <= 0 {
+		errs = append(errs, errors.New("queue.submitTimeout and queue.stallTimeout must be positive"))
+	}
+	if q.MaxQueueWait.Duration < 0 {
+		errs = append(errs, errors.New("queue.maxQueueWait must not be negative"))
+	}
+	return errors.Join(errs...)
 }
 
 // ServerConfig holds the listen addresses and HTTP server settings.
@@ -146,6 +187,11 @@ func Default() Config {
 			Stream:  metav1.Duration{Duration: 30 * time.Minute},
 		},
 		Log: LogConfig{Level: "info", AccessLog: true},
+		Queue: QueueConfig{
+			SubmitTimeout: metav1.Duration{Duration: 5 * time.Second},
+			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
+			MaxQueueWait:  metav1.Duration{Duration: 10 * time.Minute},
+		},
 	}
 }
 

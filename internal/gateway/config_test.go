@@ -30,6 +30,8 @@ func TestLoadConfig(t *testing.T) {
 		Stream:  metav1.Duration{Duration: 20 * time.Minute},
 	}
 	want.Log.Level = "debug"
+	want.Queue.URL = "nats://orchestra-nats:4222"
+	want.Queue.Orchestra = "demo"
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("config (-want +got):\n%s", diff)
 	}
@@ -76,6 +78,20 @@ func TestParseConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestQueueConfigValidate(t *testing.T) {
+	err := Default().Queue.Validate()
+	for _, w := range []string{"queue.url is required", "queue.orchestra is required"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("Validate() = %v, want it to mention %q", err, w)
+		}
+	}
+	q := Default().Queue
+	q.URL, q.Orchestra = "nats://n:4222", "demo"
+	if err := q.Validate(); err != nil {
+		t.Errorf("Validate() = %v for a complete queue section", err)
 	}
 }
 
