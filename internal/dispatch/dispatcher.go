@@ -25,6 +25,8 @@ import (
 var (
 	errShutdown  = errors.New("dispatcher shutting down")
 	errCancelled = errors.New("cancelled by the client")
+	// errNoListener: no gateway listens for the answer (yet).
+	errNoListener = errors.New("no gateway listens for the answer")
 )
 
 // Dispatcher serves the applications of one orchestra.

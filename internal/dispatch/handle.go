@@ -22,6 +22,9 @@ import (
 // chunkSize bounds one response message.
 const chunkSize = 256 << 10
 
+// acceptTimeout bounds the wait for a gateway to confirm it listens.
+const acceptTimeout = 5 * time.Second
+
 // responder publishes one attempt's response messages, in order.
 type responder struct {
 	nc      *nats.Conn
@@ -43,6 +46,28 @@ func (r *responder) send(kind string, build func(h nats.Header)) error {
 		build(m.Header)
 	}
 	return r.nc.PublishMsg(m)
+}
+
+// accept announces the attempt to the gateway and reports whether it still
+// waits: nil when it does (or cannot tell in time), errNoListener when no
+// gateway listens on the reply subject, errCancelled when it gave up.
+func (r *responder) accept(timeout time.Duration) error {
+	if r.subject == "" {
+		return errNoListener
+	}
+	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}}
+	m.Header.Set(natsqueue.HeaderKind, natsqueue.KindAccepted)
+	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
+	res, err := r.nc.RequestMsg(m, timeout)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return errNoListener
+	case err != nil:
+		return nil // slow or disconnected: the answer will tell
+	case string(res.Data) == natsqueue.AcceptGone:
+		return errCancelled
+	}
+	return nil
 }
 
 // data publishes the next data message; status and contentType go on the
@@ -127,7 +152,16 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	d.m.inflight.WithLabelValues(a.Name).Inc()
 	defer d.m.inflight.WithLabelValues(a.Name).Dec()
 	d.m.dispatched.WithLabelValues(a.Name).Inc()
-	_ = resp.send(natsqueue.KindAccepted, nil)
+	// Ask whether the gateway listens while the engine already works; the
+	// job is acknowledged only once it said yes.
+	accepted := make(chan error, 1)
+	go func() {
+		err := resp.accept(acceptTimeout)
+		if err != nil {
+			cancel(err)
+		}
+		accepted <- err
+	}()
 
 	// Keep the gateway and JetStream informed while the engine works.
 	stopBeats := make(chan struct{})
@@ -139,9 +173,24 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	close(stopBeats)
 	beats.Wait()
 	d.m.engineTime.WithLabelValues(a.Name).Observe(time.Since(began).Seconds())
+	if aerr := <-accepted; aerr != nil && err == nil {
+		err = aerr
+	}
 
 	var ae *attemptError
 	switch {
+	case errors.Is(err, errNoListener) || errors.Is(context.Cause(ctx), errNoListener):
+		a.pool.release(rt, true, false)
+		d.m.failed.WithLabelValues(a.Name, "no_listener").Inc()
+		if attempt >= d.cfg.MaxDeliver {
+			d.deadLetter(work, a, msg, resp, "no gateway waiting for the answer", log)
+			return
+		}
+		_ = msg.NakWithDelay(max(time.Second, d.cfg.RetryDelay.Duration*time.Duration(attempt)))
+	case errors.Is(err, errCancelled):
+		a.pool.release(rt, true, false)
+		d.m.cancelled.WithLabelValues(a.Name).Inc()
+		_ = msg.TermWithReason("cancelled by client")
 	case err == nil:
 		a.pool.release(rt, true, true)
 		if err := msg.Ack(); err != nil {

@@ -34,14 +34,19 @@ type ClientConfig struct {
 	// MaxQueueWait bounds the time a job may wait before a dispatcher picks
 	// it up (0: no bound beyond StallTimeout and the caller's context).
 	MaxQueueWait time.Duration
+	// RedeliveryWait is how long, after a started attempt went silent for
+	// StallTimeout, the reply waits for JetStream to redeliver the job to
+	// another dispatcher. Make it longer than the dispatchers' AckWait.
+	RedeliveryWait time.Duration
 }
 
 // DefaultClientConfig returns production defaults.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
-		SubmitTimeout: 5 * time.Second,
-		StallTimeout:  30 * time.Second,
-		MaxQueueWait:  10 * time.Minute,
+		SubmitTimeout:  5 * time.Second,
+		StallTimeout:   30 * time.Second,
+		MaxQueueWait:   10 * time.Minute,
+		RedeliveryWait: time.Minute,
 	}
 }
 
@@ -59,8 +64,8 @@ func (c ClientConfig) Validate() error {
 	if c.SubmitTimeout <= 0 || c.StallTimeout <= 0 {
 		errs = append(errs, errors.New("submit and stall timeouts must be positive"))
 	}
-	if c.MaxQueueWait < 0 {
-		errs = append(errs, errors.New("max queue wait must not be negative"))
+	if c.MaxQueueWait < 0 || c.RedeliveryWait < 0 {
+		errs = append(errs, errors.New("max queue wait and redelivery wait must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -282,6 +287,14 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Lock()
 	r := c.replies[token]
 	c.mu.Unlock()
+	if m.Reply != "" {
+		// A dispatcher asks whether anyone still waits for this answer.
+		answer := AcceptWaiting
+		if r == nil {
+			answer = AcceptGone
+		}
+		_ = c.nc.Publish(m.Reply, []byte(answer))
+	}
 	if r != nil {
 		r.push(m)
 	}

@@ -14,7 +14,12 @@
 // Orch-Kind and Orch-Attempt (the JetStream delivery count of the attempt
 // that produced it):
 //
-//   - KindAccepted: a dispatcher picked the job up for this attempt.
+//   - KindAccepted: a dispatcher picked the job up for this attempt. It is
+//     sent as a request: the gateway answers AcceptWaiting, or AcceptGone
+//     when the reply was already closed; no responders means the gateway
+//     instance is not (yet, after a NATS restart) listening. The dispatcher
+//     acknowledges the job only after a positive answer, so an answer is
+//     never published into the void.
 //   - KindHeartbeat: the attempt is alive (sent every heartbeat interval).
 //   - KindData: Orch-Seq numbers data messages of an attempt from 0. The
 //     first one carries Orch-Status and the engine's Content-Type; the last
@@ -62,6 +67,12 @@ const (
 	KindHeartbeat    = "hb"
 	KindData         = "data"
 	KindDeadLettered = "dl"
+)
+
+// Answers to a KindAccepted request.
+const (
+	AcceptWaiting = "waiting"
+	AcceptGone    = "gone"
 )
 
 // Names derives every subject, stream and consumer name of one orchestra.

@@ -225,18 +225,22 @@ func (r *reply) checkStall() error {
 	if r.attempt == 0 && r.c.cfg.MaxQueueWait > 0 && now.Sub(r.submitted) > r.c.cfg.MaxQueueWait {
 		return fmt.Errorf("%w: job waited in the queue for more than %v", queue.ErrUnavailable, r.c.cfg.MaxQueueWait)
 	}
-	if now.Sub(last) <= stall {
+	silent := now.Sub(last)
+	if silent <= stall {
 		return nil
 	}
 	if r.job.Stream && r.delivered {
-		return fmt.Errorf("%w: no progress for %v", queue.ErrRetriedAfterPartial, stall)
+		return fmt.Errorf("%w: no progress for %v", queue.ErrRetriedAfterPartial, silent.Round(time.Millisecond))
 	}
-	// Nothing reached the caller yet: the job will be (re)delivered as long
-	// as some dispatcher serves the application.
-	if now.Sub(r.c.lastSignOfLife(r.job.App)) <= stall {
-		return nil
+	// Nothing reached the caller yet, so a (re)delivery can still answer
+	// transparently, as long as some dispatcher serves the application.
+	if now.Sub(r.c.lastSignOfLife(r.job.App)) > stall {
+		return fmt.Errorf("%w: no dispatcher serving application %s for %v", queue.ErrUnavailable, r.job.App, stall)
 	}
-	return fmt.Errorf("%w: no dispatcher serving application %s for %v", queue.ErrUnavailable, r.job.App, stall)
+	if r.attempt > 0 && silent > stall+r.c.cfg.RedeliveryWait {
+		return fmt.Errorf("%w: attempt %d went silent and the job was not redelivered within %v", queue.ErrUnavailable, r.attempt, stall+r.c.cfg.RedeliveryWait)
+	}
+	return nil
 }
 
 func (r *reply) cancel() {

@@ -1,0 +1,213 @@
+package dataplanetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/gateway"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+// App is the application the stack serves; Model is its served model name.
+const (
+	App       = "chat"
+	Orchestra = "e2e"
+	// APIKey is the gateway's one API token.
+	APIKey = "sk-e2e-token"
+)
+
+// StackConfig shapes a data plane under test.
+type StackConfig struct {
+	Sim        sim.Config
+	Dispatcher func(*dispatch.Config)
+	Queue      func(*natsqueue.ClientConfig)
+	Log        *slog.Logger
+}
+
+// Stack is a whole data plane in one process: NATS with JetStream, an
+// engine simulator, dispatchers, the queue client and the gateway.
+type Stack struct {
+	NATS    *server.Server
+	Engine  *Engine
+	Queue   *natsqueue.Client
+	Gateway *httptest.Server
+
+	dir      string
+	port     int
+	dispCfg  dispatch.Config
+	log      *slog.Logger
+	closers  []func()
+	gwClient *nats.Conn
+}
+
+// StartStack starts a data plane; Close stops it.
+func StartStack(cfg StackConfig) (_ *Stack, err error) {
+	s := &Stack{log: cfg.Log}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if s.dir, err = os.MkdirTemp("", "orchestra-nats-"); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() { _ = os.RemoveAll(s.dir) })
+	if s.NATS, err = StartNATS(s.dir, -1); err != nil {
+		return nil, err
+	}
+	s.port = Port(s.NATS)
+	s.closers = append(s.closers, func() { s.NATS.Shutdown() })
+	if s.Engine, err = StartEngine(cfg.Sim); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.Engine.Close)
+
+	s.dispCfg = dispatch.Default()
+	s.dispCfg.Orchestra = Orchestra
+	s.dispCfg.NATS.URL = s.NATS.ClientURL()
+	s.dispCfg.Apps = []dispatch.App{{Name: App, Endpoints: []string{s.Engine.URL}, MaxConcurrency: 256}}
+	s.dispCfg.AckWait = metav1.Duration{Duration: 3 * time.Second}
+	s.dispCfg.HeartbeatInterval = metav1.Duration{Duration: 200 * time.Millisecond}
+	s.dispCfg.RetryDelay = metav1.Duration{Duration: 20 * time.Millisecond}
+	s.dispCfg.Prefetch = 64
+	s.dispCfg.MaxAckPending = 10000
+	if cfg.Dispatcher != nil {
+		cfg.Dispatcher(&s.dispCfg)
+	}
+
+	qcfg := natsqueue.DefaultClientConfig()
+	qcfg.Orchestra = Orchestra
+	qcfg.Instance = "gw0"
+	qcfg.StallTimeout = 3 * time.Second
+	qcfg.RedeliveryWait = 6 * time.Second
+	if cfg.Queue != nil {
+		cfg.Queue(&qcfg)
+	}
+	if s.Queue, err = natsqueue.Connect(s.NATS.ClientURL(), qcfg, s.log, nats.ReconnectWait(50*time.Millisecond)); err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, s.Queue.Close)
+
+	gcfg := gateway.Default()
+	gcfg.Models = []gateway.ModelConfig{{Name: cfg.Sim.Model, App: App}}
+	gcfg.Limits.Default = gateway.Limits{}
+	gcfg.Log.AccessLog = false
+	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
+		APIKey: {Name: "e2e"},
+	})
+	g, err := gateway.New(gcfg, s.Queue, gateway.Options{Logger: s.log, Tokens: tokens})
+	if err != nil {
+		return nil, fmt.Errorf("building gateway: %w", err)
+	}
+	s.Gateway = httptest.NewServer(g.Handler())
+	s.closers = append(s.closers, s.Gateway.Close)
+	return s, nil
+}
+
+// DispatcherConfig returns the configuration dispatchers start with.
+func (s *Stack) DispatcherConfig() dispatch.Config { return s.dispCfg }
+
+// Dispatcher is a running dispatcher.
+type Dispatcher struct {
+	*dispatch.Dispatcher
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// StartDispatcher starts a dispatcher on its own connection and waits until
+// it is ready.
+func (s *Stack) StartDispatcher() (*Dispatcher, error) {
+	nc, err := nats.Connect(s.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	d, err := dispatch.New(s.dispCfg, nc, s.log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rd := &Dispatcher{Dispatcher: d, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { rd.done <- d.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !d.Ready() {
+		if time.Now().After(deadline) {
+			rd.Stop()
+			return nil, errors.New("dispatcher did not become ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.closers = append(s.closers, func() { rd.Stop() })
+	return rd, nil
+}
+
+// Stop shuts the dispatcher down gracefully.
+func (d *Dispatcher) Stop() error {
+	d.cancel()
+	err := <-d.done
+	d.done <- err
+	d.nc.Close()
+	return err
+}
+
+// Kill stops the dispatcher abruptly: its connection drops first, as when
+// the process dies, so nothing it holds is acknowledged or handed back.
+func (d *Dispatcher) Kill() {
+	d.nc.Close()
+	d.cancel()
+}
+
+// RestartNATS shuts the server down and starts it again on the same port
+// and store directory.
+func (s *Stack) RestartNATS() error {
+	s.NATS.Shutdown()
+	s.NATS.WaitForShutdown()
+	srv, err := StartNATS(s.dir, s.port)
+	if err != nil {
+		return err
+	}
+	s.NATS = srv
+	return nil
+}
+
+// Close stops everything, last started first.
+func (s *Stack) Close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
+
+// Queued returns the number of requests stored in the request stream.
+func (s *Stack) Queued(ctx context.Context) (int, error) {
+	nc, err := nats.Connect(s.NATS.ClientURL())
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	st, err := js.Stream(ctx, natsqueue.Names{Orchestra: Orchestra}.Stream())
+	if err != nil {
+		return 0, err
+	}
+	return int(st.CachedInfo().State.Msgs), nil
+}
