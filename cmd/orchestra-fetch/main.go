@@ -61,7 +61,7 @@ func run() int {
 		return fetch.ExitCode(err)
 	}
 	if *checkConfig {
-		out, _ := json.MarshalIndent(cfg.Redacted(), "", "  ")
+		out, _ := json.MarshalIndent(cfg.Summary(), "", "  ")
 		fmt.Println(string(out))
 		return fetch.ExitOK
 	}

@@ -175,7 +175,8 @@ func render(results []result, size int64, files int, chunk string, hashTime time
 	for _, r := range results {
 		fmt.Fprintf(&b, "| %s | %.2f | %.0f | %.0f%% | %.2f |\n", r.name, r.wall.Seconds(), r.mibps(), 100*r.mibps()/base, r.cpu.Seconds())
 	}
-	b.WriteString("\norchestra-fetch also fsyncs every chunk before journaling it and each file before publishing it; curl does neither.\n")
+	b.WriteString("\norchestra-fetch also journals every chunk, fsyncs partial files every few seconds and each file before " +
+		"publishing it (rename into place); curl does none of this. CPU is user+system time of the client process.\n")
 	return b.String()
 }
 

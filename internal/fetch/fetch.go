@@ -6,6 +6,7 @@ package fetch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -101,7 +102,10 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 	}
 	rep := startReporter(t, log, sinks)
 	defer func() {
-		if err != nil {
+		switch {
+		case errors.Is(err, context.Canceled):
+			t.setPhase(PhaseFailed, "interrupted; running again resumes the download")
+		case err != nil:
 			t.setPhase(PhaseFailed, err.Error())
 		}
 		rep.Stop()

@@ -1,8 +1,6 @@
 package fetch
 
 import (
-	"fmt"
-
 	"github.com/spf13/pflag"
 )
 
@@ -59,10 +57,24 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.DurationVar(&c.ProgressInterval, "progress-interval", c.ProgressInterval, "how often progress is logged and written")
 }
 
-// Redacted returns c safe to print (no token).
-func (c Config) Redacted() Config {
-	if c.Token != "" {
-		c.Token = fmt.Sprintf("<%d bytes>", len(c.Token))
+// Summary is the effective configuration for --check-config: sizes and
+// durations human-readable, secrets left out.
+func (c Config) Summary() map[string]any {
+	ps, _ := ParseSource(c.Source, c.Revision)
+	return map[string]any{
+		"source": c.Source, "sourceKind": ps.Kind, "repo": ps.Repo, "revision": ps.Revision,
+		"bucket": ps.Bucket, "prefix": ps.Prefix, "claim": ps.Claim,
+		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format,
+		"hfEndpoint": c.HFEndpoint, "tokenFile": c.TokenFile, "tokenSet": c.Token != "",
+		"sha256": c.SHA256, "s3Endpoint": c.S3Endpoint, "s3Region": c.S3Region,
+		"s3AccessKeyFile": c.S3AccessKeyFile, "s3SecretKeyFile": c.S3SecretKeyFile,
+		"pvcRoot": c.PVCRoot, "preConverted": c.PreConverted,
+		"concurrency": c.Concurrency, "chunkSize": FormatBytes(c.ChunkSize), "maxAttempts": c.MaxAttempts,
+		"requestTimeout": c.RequestTimeout.String(), "stallTimeout": c.StallTimeout.String(),
+		"backoffBase": c.BackoffBase.String(), "backoffMax": c.BackoffMax.String(),
+		"minFree": FormatBytes(c.MinFreeBytes), "verifySHA256": c.VerifySHA256,
+		"refresh": c.Refresh, "verifyExisting": c.VerifyExisting,
+		"progressConfigMap": c.ProgressConfigMap, "progressNamespace": c.ProgressNamespace,
+		"progressInterval": c.ProgressInterval.String(),
 	}
-	return c
 }

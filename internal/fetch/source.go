@@ -118,9 +118,11 @@ func newHTTPClient(cfg Config) *http.Client {
 		MaxIdleConnsPerHost:   cfg.Concurrency * 2,
 		IdleConnTimeout:       90 * time.Second,
 		DisableCompression:    true,
-		ForceAttemptHTTP2:     true,
-		ReadBufferSize:        256 << 10,
-		WriteBufferSize:       64 << 10,
+		// HTTP/1.1 on purpose: each range gets its own TCP connection (and
+		// congestion window) instead of sharing one HTTP/2 connection.
+		ForceAttemptHTTP2: false,
+		ReadBufferSize:    256 << 10,
+		WriteBufferSize:   64 << 10,
 	}
 	return &http.Client{
 		Transport: tr,
