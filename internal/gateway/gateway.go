@@ -257,18 +257,23 @@ func (g *Gateway) readBody(r *http.Request) ([]byte, error) {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
 	body := http.MaxBytesReader(nil, r.Body, limit)
+	var buf []byte
+	var err error
 	if r.ContentLength > 0 {
-		buf := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(body, buf); err != nil {
-			return nil, fmt.Errorf("reading request body: %w", err)
-		}
+		buf = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(body, buf)
+	} else {
+		buf, err = io.ReadAll(body)
+	}
+	var mbe *http.MaxBytesError
+	switch {
+	case err == nil:
 		return buf, nil
+	case errors.As(err, &mbe):
+		return nil, err
+	default:
+		return nil, invalidRequest("", "Could not read the request body: %v.", err)
 	}
-	buf, err := io.ReadAll(body)
-	if err != nil {
-		return nil, fmt.Errorf("reading request body: %w", err)
-	}
-	return buf, nil
 }
 
 // fail answers with err: a JSON error before the response started, an SSE
