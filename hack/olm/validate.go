@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
@@ -12,20 +13,33 @@ import (
 )
 
 func newValidateBundleCommand(root *string) *cobra.Command {
-	return &cobra.Command{
+	var dockerfile string
+	cmd := &cobra.Command{
 		Use:   "validate-bundle [DIR...]",
 		Short: "Validate bundles (default bundle/) like operator-sdk bundle validate with the operatorhub and good-practices suites",
+		Long: `Validate bundle directories (default bundle/) with the rules of operator-sdk
+bundle validate (default suite, operatorhub, good-practices) and this
+project's own; see docs/olm.md. The first bundle's image Dockerfile
+(--dockerfile, default bundle.Dockerfile; empty to skip) must carry the same
+labels as its annotations.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				args = []string{"bundle"}
 			}
 			failed := false
-			for _, dir := range args {
+			for i, dir := range args {
 				b, err := bundle.Load(filepath.Join(*root, dir))
 				if err != nil {
 					return err
 				}
 				rep := bundle.Validate(b)
+				if i == 0 && dockerfile != "" {
+					data, err := os.ReadFile(filepath.Join(*root, dockerfile))
+					if err != nil {
+						return err
+					}
+					rep.Merge(bundle.ValidateDockerfile(data, b.Annotations))
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s (%s):\n", dir, b.CSV.Name)
 				if err := rep.Print(cmd.OutOrStdout()); err != nil {
 					return err
@@ -38,6 +52,8 @@ func newValidateBundleCommand(root *string) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&dockerfile, "dockerfile", "bundle.Dockerfile", "image Dockerfile of the first bundle (empty: not checked)")
+	return cmd
 }
 
 func newValidateCatalogCommand(root *string) *cobra.Command {

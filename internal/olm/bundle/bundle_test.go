@@ -448,3 +448,24 @@ func TestMergeRules(t *testing.T) {
 }
 
 func jsonSchemaType(t string) apiextv1.JSONSchemaProps { return apiextv1.JSONSchemaProps{Type: t} }
+
+func TestValidateDockerfile(t *testing.T) {
+	a := generate(t).Bundle.Annotations
+	good := string(Dockerfile(a, "bundle"))
+	if rep := ValidateDockerfile([]byte(good), a); len(rep.Findings) != 0 {
+		t.Fatalf("generated Dockerfile has findings: %v", rep.Findings)
+	}
+	tests := []struct{ name, rule, dockerfile string }{
+		{"label missing", "dockerfile-labels", strings.Replace(good, "LABEL "+manifest.AnnotationPackage+"=widget-operator\n", "", 1)},
+		{"label differs", "dockerfile-labels", strings.Replace(good, "channels.v1=candidate-v1,fast-v1,stable-v1", "channels.v1=stable-v1", 1)},
+		{"no metadata", "dockerfile-layout", strings.Replace(good, "COPY bundle/metadata /metadata/\n", "", 1)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := ValidateDockerfile([]byte(tc.dockerfile), a)
+			if got := rep.Rules(check.Error); len(got) != 1 || got[0] != tc.rule {
+				t.Fatalf("rules = %v, want [%s]; findings %v", got, tc.rule, rep.Findings)
+			}
+		})
+	}
+}
