@@ -215,7 +215,7 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 			for range old.Files {
 				t.fileDone()
 			}
-			t.setVerified(true)
+			t.setVerified(old.Verified || cfg.VerifyExisting)
 			t.setPhase(PhaseComplete, "cache already complete")
 			log.Info("cache already complete; source not contacted", "dir", dest, "files", len(old.Files), "bytes", old.TotalBytes)
 			return &Result{Files: len(old.Files), TotalBytes: old.TotalBytes, CacheHit: true, Revision: old.Revision, Dir: dest}, nil
@@ -249,10 +249,14 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 		Exclude: cfg.Exclude, Format: cfg.Format, Fetcher: "orchestra-fetch/" + version.Version}
 	var pending []RemoteFile
 	var total, reused int64
+	verified := cfg.VerifySHA256
 	for _, f := range files {
 		total += f.Size
 		if old != nil {
 			if e, ok := old.file(f.Path); ok && reusable(e, f, dest) {
+				// An incomplete manifest is only written by runs with the
+				// same source; its entries carry that run's verification.
+				verified = verified && old.Verified
 				m.put(e)
 				reused += f.Size
 				continue
@@ -260,6 +264,7 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 		}
 		pending = append(pending, f)
 	}
+	m.Verified = verified
 	t.setTotals(len(files), total)
 	t.bytesDone.Store(reused)
 	for range len(files) - len(pending) {
@@ -296,13 +301,13 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 	if err := checkFormat(dest, cfg.Format, m.Files); err != nil {
 		return nil, err
 	}
-	m.Complete = true
+	m.Complete, m.Verified = true, verified
 	if err := writeManifest(dest, m); err != nil {
 		return nil, fmt.Errorf("writing manifest: %w", err)
 	}
 	pruneUnselected(dest, old, m, log)
 	removeEmptyDirs(filepath.Join(dest, metaDir, partialDir))
-	t.setVerified(cfg.VerifySHA256)
+	t.setVerified(verified)
 	t.setPhase(PhaseComplete, fmt.Sprintf("%d files, %s", len(m.Files), FormatBytes(m.TotalBytes)))
 	log.Info("fetch complete", "dir", dest, "files", len(m.Files), "bytes", m.TotalBytes, "downloaded", downloaded)
 	return &Result{Files: len(m.Files), TotalBytes: m.TotalBytes, Downloaded: downloaded, Revision: revision, Dir: dest}, nil
@@ -466,7 +471,7 @@ func verifyInPlace(ctx context.Context, cfg Config, dir string, t *tracker, log 
 		return nil, err
 	}
 	if !hadManifest {
-		m.Complete = true
+		m.Complete, m.Verified = true, cfg.VerifySHA256
 		if err := writeManifest(dir, m); err != nil {
 			log.Warn("could not record a manifest (read-only volume?)", "dir", dir, "err", err)
 		}

@@ -1,6 +1,7 @@
 package fetch
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"os"
@@ -363,4 +364,42 @@ func TestHFFormatCheck(t *testing.T) {
 	if diff := diff([]string{"gguf/tiny-q4.gguf"}, got); diff != "" {
 		t.Errorf("cache (-want +got):\n%s", diff)
 	}
+}
+
+func TestVerifiedIsReportedHonestly(t *testing.T) {
+	fx := defaultFixture()
+	hub := startHub(t, fx)
+	cfg := testConfig(t, "hf://acme/tiny-llm", hub.URL())
+	cfg.VerifySHA256 = false
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if mustManifest(t, cfg.Dest).Verified {
+		t.Errorf("manifest claims verification for an unverified download")
+	}
+	var last Status
+	sink := sinkFunc(func(s Status) { last = s })
+	cfg.VerifySHA256 = true
+	if _, err := runFetch(t, cfg, Options{Sinks: []ProgressSink{sink}}); err != nil {
+		t.Fatalf("cache hit: %v", err)
+	}
+	if last.Verified || last.Phase != PhaseComplete {
+		t.Errorf("cache hit of an unverified download reported %+v", last)
+	}
+	cfg.VerifyExisting = true
+	if _, err := runFetch(t, cfg, Options{Sinks: []ProgressSink{sink}}); err != nil {
+		t.Fatalf("re-hash run: %v", err)
+	}
+	if !last.Verified {
+		t.Errorf("re-hashed cache not reported verified: %+v", last)
+	}
+}
+
+type sinkFunc func(Status)
+
+func (f sinkFunc) Report(_ context.Context, s Status, final bool) error {
+	if final {
+		f(s)
+	}
+	return nil
 }

@@ -29,10 +29,13 @@ type Manifest struct {
 	Complete bool   `json:"complete"`
 	Source   string `json:"source,omitempty"`
 	// Revision is the commit an hf:// revision resolved to.
-	Revision   string         `json:"revision,omitempty"`
-	Include    []string       `json:"include,omitempty"`
-	Exclude    []string       `json:"exclude,omitempty"`
-	Format     string         `json:"format,omitempty"`
+	Revision string   `json:"revision,omitempty"`
+	Include  []string `json:"include,omitempty"`
+	Exclude  []string `json:"exclude,omitempty"`
+	Format   string   `json:"format,omitempty"`
+	// Verified is true when every file was checked with sha256 (or its git
+	// blob id) when it was published.
+	Verified   bool           `json:"verified"`
 	TotalBytes int64          `json:"totalBytes"`
 	Files      []ManifestFile `json:"files"`
 	UpdatedAt  time.Time      `json:"updatedAt"`
