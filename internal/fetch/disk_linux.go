@@ -1,9 +1,12 @@
 package fetch
 
 import (
+	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // freeBytes returns the bytes an unprivileged user may still write on the
@@ -43,3 +46,39 @@ func reserve(f *os.File, size int64) error {
 	}
 	return f.Truncate(size)
 }
+
+// lockDir takes an exclusive advisory lock on <dir>/lock, waiting (and
+// calling wait once) while another fetcher holds it. The returned function
+// releases it.
+func lockDir(ctx context.Context, dir string, wait func()) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	waited := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			if errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.ENOTSUP) {
+				return func() {}, nil // filesystem without locks: proceed unlocked
+			}
+			return nil, err
+		}
+		if !waited {
+			wait()
+			waited = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(lockPoll):
+		}
+	}
+}
+
+var lockPoll = 500 * time.Millisecond

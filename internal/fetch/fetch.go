@@ -198,6 +198,16 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 	if err := os.MkdirAll(filepath.Join(dest, metaDir), 0o755); err != nil {
 		return nil, fmt.Errorf("creating cache directory: %w", err)
 	}
+	// Two fetchers on one cache (an overlapping Job retry, a CLI run) would
+	// overwrite each other's partial files: the second one waits.
+	unlock, err := lockDir(ctx, filepath.Join(dest, metaDir), func() {
+		t.setPhase(PhasePending, "waiting for another orchestra-fetch using "+dest)
+		log.Info("another orchestra-fetch is using the cache; waiting", "dir", dest)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("locking %s: %w", dest, err)
+	}
+	defer unlock()
 	old, err := ReadManifest(dest)
 	if err != nil {
 		log.Warn("ignoring unreadable manifest", "err", err)
