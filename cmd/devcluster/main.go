@@ -1,7 +1,7 @@
 // Command devcluster runs the local Kubernetes cluster of `make run` and
 // packs images for it:
 //
-//	devcluster up                      start a real-node cluster in the background
+//	devcluster up [--images DIR]       start a real-node cluster in the background
 //	devcluster status                  show whether it runs
 //	devcluster import IMAGE.tar...     import image tarballs into its node
 //	devcluster down                    stop it and clean up the host
@@ -65,6 +65,7 @@ func newUpCommand(stateDir *string) *cobra.Command {
 		opts       localcluster.Options
 		controlOff bool
 		kwokNodes  []string
+		imageDirs  []string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -83,6 +84,16 @@ plane with kwok nodes that any user can run.`,
 					return err
 				}
 				opts.KwokNodes = append(opts.KwokNodes, n)
+			}
+			for _, dir := range imageDirs {
+				tars, err := filepath.Glob(filepath.Join(dir, "*.tar"))
+				if err != nil {
+					return err
+				}
+				if len(tars) == 0 {
+					return fmt.Errorf("--images %s: no *.tar image tarballs there (run `make images`)", dir)
+				}
+				opts.Images = append(opts.Images, tars...)
 			}
 			for i, img := range opts.Images {
 				abs, err := filepath.Abs(img)
@@ -124,6 +135,7 @@ stop it with: devcluster down --state-dir %s
 	f.StringVar(&opts.GPUProduct, "gpu-product", localcluster.DefaultGPUProduct, "nvidia.com/gpu.product label of the real node")
 	f.StringVar(&opts.NodeName, "node-name", localcluster.DefaultNodeName, "name of the real node")
 	f.StringSliceVar(&opts.Images, "image", nil, "image tarball to import into the real node (repeatable)")
+	f.StringSliceVar(&imageDirs, "images", nil, "directory whose *.tar image tarballs are imported into the real node (repeatable)")
 	f.StringSliceVar(&kwokNodes, "kwok-node", nil, "simulated node NAME[:GPUS] (repeatable)")
 	f.StringVar(&opts.BinDir, "bin-dir", "", "directory of the Kubernetes binaries (default $MO_BIN_DIR or <repo>/bin)")
 	f.DurationVar(&opts.StartTimeout, "timeout", 0, "how long to wait for the cluster (default 5m)")

@@ -183,9 +183,12 @@ func (c *Cluster) Stop() error {
 		if c.node != nil {
 			errs = append(errs, c.node.stop(c, procs))
 		}
-		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].stop(stopGrace)
+		// The rest is thrown away: stop it all at once rather than in turn.
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			wg.Go(func() { p.stop(stopGrace) })
 		}
+		wg.Wait()
 		if c.node != nil {
 			errs = append(errs, c.node.cleanupHost(c.workDir))
 		}

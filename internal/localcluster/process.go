@@ -82,8 +82,7 @@ func (p *process) stop(grace time.Duration) {
 		return
 	}
 	if p.exited() {
-		// The leader is gone; members of its group may remain.
-		_ = signalGroup(p.PID(), syscall.SIGKILL)
+		// Reaped: the group ID may already belong to someone else.
 		return
 	}
 	_ = signalGroup(p.PID(), syscall.SIGTERM)

@@ -778,7 +778,7 @@ func reapProcesses(workDir string) {
 }
 
 // ProcessesUsing lists the component processes (by executable name) whose
-// command line mentions dir, except the calling process.
+// command line names a file inside dir, except the calling process.
 func ProcessesUsing(dir string) []int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
@@ -799,7 +799,9 @@ func ProcessesUsing(dir string) []int {
 		if err != nil {
 			continue
 		}
-		if strings.Contains(string(cmdline), dir) {
+		// Arguments name files inside dir; the separator keeps
+		// /tmp/localcluster-1 from matching /tmp/localcluster-12.
+		if strings.Contains(string(cmdline), filepath.Clean(dir)+"/") {
 			pids = append(pids, pid)
 		}
 	}
