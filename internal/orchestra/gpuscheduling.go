@@ -51,13 +51,15 @@ type gpuScheduling struct {
 
 // NewGPUScheduling builds the gpu-scheduling post-renderer from its config.
 func NewGPUScheduling(config json.RawMessage) (plugin.PostRenderer, error) {
-	cfg := GPUSchedulingConfig{
-		ResourceName: "nvidia.com/gpu",
-		ProductLabel: "nvidia.com/gpu.product",
-		Tolerations:  []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-	}
+	cfg := GPUSchedulingConfig{ResourceName: "nvidia.com/gpu", ProductLabel: "nvidia.com/gpu.product"}
 	if err := decodeConfig(GPUSchedulingName, config, &cfg); err != nil {
 		return nil, err
+	}
+	if cfg.Tolerations == nil {
+		// Set after decoding: decoding into a filled slice would merge the
+		// configured tolerations into the default's fields. An explicit
+		// empty list means none.
+		cfg.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	}
 	if errs := validation.IsQualifiedName(cfg.ResourceName); len(errs) > 0 || !strings.Contains(cfg.ResourceName, "/") {
 		return nil, fmt.Errorf("post-renderer %s: config: resourceName %q must be a domain-qualified extended resource name such as nvidia.com/gpu", GPUSchedulingName, cfg.ResourceName)

@@ -95,6 +95,17 @@ func TestGPUScheduling(t *testing.T) {
 			},
 		},
 		{
+			name:   "configured tolerations replace the default",
+			config: `{"tolerations":[{"key":"gpu","operator":"Equal","value":"a100","effect":"NoExecute"}]}`,
+			tmpl:   gpuPod(map[string]string{AnnotationGPUCount: "1"}, corev1.Container{Name: "engine"}),
+			check: func(t *testing.T, got corev1.PodTemplateSpec) {
+				want := []corev1.Toleration{{Key: "gpu", Operator: corev1.TolerationOpEqual, Value: "a100", Effect: corev1.TaintEffectNoExecute}}
+				if diff := cmp.Diff(want, got.Spec.Tolerations); diff != "" {
+					t.Errorf("tolerations (-want +got):\n%s", diff)
+				}
+			},
+		},
+		{
 			name: "pods without the annotation are untouched",
 			tmpl: pod(corev1.Container{Name: "gateway"}),
 			check: func(t *testing.T, got corev1.PodTemplateSpec) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -32,9 +33,9 @@ const (
 const natsCredentialsVolume = "nats-credentials"
 
 // AnnotationNATSConfig marks a ConfigMap whose data key (the annotation's
-// value) is a YAML configuration file with a "nats" section {url,
-// credentialsFile} and optionally a "stream" section {replicas}, as read by
-// orchestra-dispatcher. nats-wiring owns those settings.
+// value) is a YAML configuration file with NATS settings; the file's
+// layout (NATSWiringConfig.ConfigFiles) says where they are. nats-wiring
+// owns those settings.
 const AnnotationNATSConfig = "modelorchestra.io/nats-config"
 
 // natsCredentialsKey is the key of the credentials Secret holding the NATS
@@ -47,13 +48,39 @@ type NATSWiringConfig struct {
 	ClientLabel string `json:"clientLabel,omitempty"`
 	// CredentialsPath is where the credentials Secret is mounted.
 	CredentialsPath string `json:"credentialsPath,omitempty"`
+	// ConfigFiles are the layouts of the configuration files that carry
+	// NATS settings, by ConfigMap data key. Default: dispatcher.yaml
+	// (orchestra-dispatcher) and gateway.yaml (orchestra-gateway).
+	ConfigFiles []ConfigFileLayout `json:"configFiles,omitempty"`
+}
+
+// ConfigFileLayout says where a configuration file keeps its NATS
+// settings, as dotted paths of YAML keys. An empty path is not written.
+type ConfigFileLayout struct {
+	// Key is the ConfigMap data key holding the file.
+	Key string `json:"key"`
+	// URL is the path of the server URL.
+	URL string `json:"url"`
+	// CredentialsFile is the path of the credentials file's location; it is
+	// removed when there are no credentials.
+	CredentialsFile string `json:"credentialsFile,omitempty"`
+	// StreamReplicas is the path of the streams' replica count.
+	StreamReplicas string `json:"streamReplicas,omitempty"`
+}
+
+// defaultConfigFiles are the layouts of the project's binaries (see
+// internal/dispatch.Config and internal/gateway.QueueConfig).
+var defaultConfigFiles = []ConfigFileLayout{
+	{Key: "dispatcher.yaml", URL: "nats.url", CredentialsFile: "nats.credentialsFile", StreamReplicas: "stream.replicas"},
+	{Key: "gateway.yaml", URL: "queue.url", CredentialsFile: "queue.credsFile"},
 }
 
 // natsWiring gives every NATS client of a stack the same server URL, the
 // same stream replica count and the same credentials, all resolved once
 // from the resource, so that no two components can disagree.
 type natsWiring struct {
-	cfg NATSWiringConfig
+	cfg     NATSWiringConfig
+	layouts map[string]ConfigFileLayout
 }
 
 // NewNATSWiring builds the nats-wiring post-renderer from its config.
@@ -62,10 +89,25 @@ func NewNATSWiring(config json.RawMessage) (plugin.PostRenderer, error) {
 	if err := decodeConfig(NATSWiringName, config, &cfg); err != nil {
 		return nil, err
 	}
+	if cfg.ConfigFiles == nil {
+		// Set after decoding: decoding into a filled slice would merge the
+		// configured layouts into the defaults' elements.
+		cfg.ConfigFiles = append([]ConfigFileLayout(nil), defaultConfigFiles...)
+	}
 	if cfg.ClientLabel == "" || cfg.CredentialsPath == "" || cfg.CredentialsPath[0] != '/' {
 		return nil, fmt.Errorf("post-renderer %s: config: clientLabel must be set and credentialsPath must be absolute", NATSWiringName)
 	}
-	return &natsWiring{cfg: cfg}, nil
+	layouts := map[string]ConfigFileLayout{}
+	for i, l := range cfg.ConfigFiles {
+		if l.Key == "" || l.URL == "" {
+			return nil, fmt.Errorf("post-renderer %s: config: configFiles[%d]: key and url are required", NATSWiringName, i)
+		}
+		if _, dup := layouts[l.Key]; dup {
+			return nil, fmt.Errorf("post-renderer %s: config: configFiles[%d]: key %q is listed twice", NATSWiringName, i, l.Key)
+		}
+		layouts[l.Key] = l
+	}
+	return &natsWiring{cfg: cfg, layouts: layouts}, nil
 }
 
 // natsConnection is what every client is told.
@@ -136,8 +178,12 @@ func (n *natsWiring) PostRender(_ context.Context, rc plugin.RenderContext, objs
 }
 
 // wireConfigFile sets the NATS settings of the configuration file held in
-// data key key of the ConfigMap obj.
+// data key key of the ConfigMap obj, where its layout says.
 func (n *natsWiring) wireConfigFile(obj *unstructured.Unstructured, key string, conn natsConnection) error {
+	layout, ok := n.layouts[key]
+	if !ok {
+		return fmt.Errorf("annotation %s names %q, a file without a configured layout", AnnotationNATSConfig, key)
+	}
 	raw, found, err := unstructured.NestedString(obj.Object, "data", key)
 	if err != nil || !found {
 		return fmt.Errorf("annotation %s names data key %q, which it does not have", AnnotationNATSConfig, key)
@@ -149,19 +195,31 @@ func (n *natsWiring) wireConfigFile(obj *unstructured.Unstructured, key string, 
 	if doc == nil {
 		doc = map[string]any{}
 	}
-	natsSection, _ := doc["nats"].(map[string]any)
-	if natsSection == nil {
-		natsSection = map[string]any{}
+	set := func(path string, v any) error {
+		if path == "" {
+			return nil
+		}
+		if v == nil {
+			unstructured.RemoveNestedField(doc, strings.Split(path, ".")...)
+			return nil
+		}
+		if err := unstructured.SetNestedField(doc, v, strings.Split(path, ".")...); err != nil {
+			return fmt.Errorf("data key %q: setting %s: %w", key, path, err)
+		}
+		return nil
 	}
-	natsSection["url"] = conn.url
+	var creds any
 	if conn.credentialsSecret != "" {
-		natsSection["credentialsFile"] = path.Join(n.cfg.CredentialsPath, natsCredentialsKey)
-	} else {
-		delete(natsSection, "credentialsFile")
+		creds = path.Join(n.cfg.CredentialsPath, natsCredentialsKey)
 	}
-	doc["nats"] = natsSection
-	if stream, ok := doc["stream"].(map[string]any); ok {
-		stream["replicas"] = int64(conn.streamReplicas)
+	if err := set(layout.URL, conn.url); err != nil {
+		return err
+	}
+	if err := set(layout.CredentialsFile, creds); err != nil {
+		return err
+	}
+	if err := set(layout.StreamReplicas, int64(conn.streamReplicas)); err != nil {
+		return err
 	}
 	out, err := yaml.Marshal(doc)
 	if err != nil {

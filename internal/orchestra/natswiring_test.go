@@ -164,8 +164,38 @@ func TestNATSWiringConfigFile(t *testing.T) {
 		t.Errorf("dispatcher.yaml (-want +got):\n%s", diff)
 	}
 
-	cm.SetAnnotations(map[string]string{AnnotationNATSConfig: "missing.yaml"})
-	if _, err := pr.PostRender(context.Background(), plugin.RenderContext{Owner: owner(t, spec)}, []*unstructuredT{cm}); err == nil || !strings.Contains(err.Error(), `names data key "missing.yaml"`) {
-		t.Errorf("error = %v, want one naming the missing key", err)
+	// The gateway keeps its settings elsewhere, and without a stream.
+	gw := configMap("demo-gateway", map[string]any{"gateway.yaml": "queue:\n  orchestra: demo\n"})
+	gw.SetAnnotations(map[string]string{AnnotationNATSConfig: "gateway.yaml"})
+	out, err = pr.PostRender(context.Background(), plugin.RenderContext{Owner: owner(t, spec)}, []*unstructuredT{gw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, _ = unstructured.NestedString(out[0].Object, "data", "gateway.yaml")
+	want = "queue:\n  credsFile: /etc/orchestra/nats/creds\n  orchestra: demo\n  url: tls://nats.example:4222\n"
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("gateway.yaml (-want +got):\n%s", diff)
+	}
+
+	for key, wantErr := range map[string]string{
+		"gateway.yaml": `names data key "gateway.yaml", which it does not have`,
+		"other.yaml":   `names "other.yaml", a file without a configured layout`,
+	} {
+		cm.SetAnnotations(map[string]string{AnnotationNATSConfig: key})
+		if _, err := pr.PostRender(context.Background(), plugin.RenderContext{Owner: owner(t, spec)}, []*unstructuredT{cm}); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("annotation %s: error = %v, want one containing %q", key, err, wantErr)
+		}
+	}
+}
+
+func TestNATSWiringConfig(t *testing.T) {
+	for _, tc := range []struct{ config, wantErr string }{
+		{`{"configFiles":[{"key":"a.yaml"}]}`, "configFiles[0]: key and url are required"},
+		{`{"configFiles":[{"key":"a.yaml","url":"nats.url"},{"key":"a.yaml","url":"x"}]}`, `key "a.yaml" is listed twice`},
+		{`{"credentialsPath":"relative"}`, "credentialsPath must be absolute"},
+	} {
+		if _, err := NewNATSWiring([]byte(tc.config)); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("config %s: error = %v, want one containing %q", tc.config, err, tc.wantErr)
+		}
 	}
 }

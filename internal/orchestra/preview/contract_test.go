@@ -109,7 +109,11 @@ func checkGatewayConfig(t *testing.T, cm *unstructured.Unstructured) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := gateway.ParseConfig(patched); err != nil {
+	cfg, err := gateway.ParseConfig(patched)
+	if err == nil {
+		err = cfg.Queue.Validate()
+	}
+	if err != nil {
 		t.Errorf("gateway.yaml is refused by orchestra-gateway: %v\n%s", err, raw)
 	}
 }
