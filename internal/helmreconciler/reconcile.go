@@ -85,6 +85,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 
 	period, err := r.reconcilePeriod(obj)
 	if err != nil {
+		outcome = "invalid"
 		st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonReconcileError, "%v", err)
 		reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonReconcileError)).Inc()
 		return reconcile.Result{}, r.writeStatus(ctx, obj, st)
@@ -99,6 +100,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		}
 	}
 	if err != nil {
+		outcome = "invalid"
 		return reconcile.Result{}, r.irreconcilable(ctx, obj, st, ReasonValuesInvalid, err)
 	}
 
