@@ -164,14 +164,10 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	}()
 
 	// Keep the gateway and JetStream informed while the engine works.
-	stopBeats := make(chan struct{})
-	var beats sync.WaitGroup
-	beats.Go(func() { d.keepAlive(msg, resp, stopBeats) })
-
+	stopBeats := d.keepAlive(msg, resp)
 	began := time.Now()
 	status, err := d.call(ctx, a, rt, h, msg.Data(), resp)
-	close(stopBeats)
-	beats.Wait()
+	stopBeats()
 	d.m.engineTime.WithLabelValues(a.Name).Observe(time.Since(began).Seconds())
 	if aerr := <-accepted; aerr != nil && err == nil {
 		err = aerr
@@ -223,27 +219,43 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	}
 }
 
-// keepAlive sends heartbeats to the gateway and progress to JetStream.
-func (d *Dispatcher) keepAlive(msg jetstream.Msg, resp *responder, stop <-chan struct{}) {
+// keepAlive sends heartbeats to the gateway and progress to JetStream
+// until the returned stop is called. It runs on timers, not a goroutine of
+// its own, so short requests cost nothing.
+func (d *Dispatcher) keepAlive(msg jetstream.Msg, resp *responder) (stop func()) {
 	beat := d.cfg.HeartbeatInterval.Duration
 	progress := d.cfg.AckWait.Duration / 3
-	t := time.NewTicker(min(beat, progress))
-	defer t.Stop()
-	lastBeat, lastProgress := time.Now(), time.Now()
-	for {
-		select {
-		case <-stop:
+	interval := min(beat, progress)
+	var (
+		mu                     sync.Mutex
+		stopped                bool
+		t                      *time.Timer
+		lastBeat, lastProgress = time.Now(), time.Now()
+	)
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(interval, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
 			return
-		case now := <-t.C:
-			if now.Sub(lastBeat) >= beat-beat/10 {
-				_ = resp.send(natsqueue.KindHeartbeat, nil)
-				lastBeat = now
-			}
-			if now.Sub(lastProgress) >= progress-progress/10 {
-				_ = msg.InProgress()
-				lastProgress = now
-			}
 		}
+		now := time.Now()
+		if now.Sub(lastBeat) >= beat-beat/10 {
+			_ = resp.send(natsqueue.KindHeartbeat, nil)
+			lastBeat = now
+		}
+		if now.Sub(lastProgress) >= progress-progress/10 {
+			_ = msg.InProgress()
+			lastProgress = now
+		}
+		t.Reset(interval)
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 	}
 }
 
