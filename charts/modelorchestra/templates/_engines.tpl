@@ -165,6 +165,7 @@ args:
   - --parallel={{ $sv.maxConcurrency }}
   - --metrics
   {{- with $sv.contextLength }}
+  {{- /* llama-server splits the context among its slots. */}}
   - --ctx-size={{ mul . $sv.maxConcurrency }}
   {{- end }}
   {{- if gt (int (default 0 $rt.gpu.count)) 0 }}
@@ -183,8 +184,6 @@ args:
 {{- else if eq $rt.engine "dllama" }}
 command: ["dllama-api"]
 args:
-  - --host
-  - 0.0.0.0
   - --port
   - "8080"
   - --model
