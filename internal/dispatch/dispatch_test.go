@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
@@ -496,4 +499,44 @@ func TestSubmitWithoutStreamIsUnavailable(t *testing.T) {
 	if _, err := c.Submit(context.Background(), chatJob("job-nowhere", "x", false)); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
+}
+
+func TestRootsFollowEndpointSlices(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	ready := true
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "chat-root-abc", Namespace: "ns",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "chat-root"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+	}
+	other := slice.DeepCopy()
+	other.Name, other.Labels[discoveryv1.LabelServiceName] = "unrelated", "unrelated"
+	other.Endpoints[0].Addresses = []string{"10.9.9.9"}
+	cs := fake.NewClientset(slice, other)
+	cfg := e.cfg
+	cfg.Namespace = "ns"
+	cfg.Apps = []dispatch.App{{Name: app, Service: "chat-root", Port: 8000, MaxConcurrency: 1}}
+	d, err := dispatch.New(cfg, e.connect(), testLogger(t), dispatch.WithKubernetes(cs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = d.Run(ctx) }()
+	roots := func(want ...string) func() bool {
+		return func() bool { return slices.Equal(d.Roots(app), want) }
+	}
+	eventually(t, 10*time.Second, "the slice's endpoint to become a root", roots("http://10.0.0.1:8000"))
+
+	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}})
+	if _, err := cs.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a scaled-up root", roots("http://10.0.0.1:8000", "http://10.0.0.2:8000"))
+
+	if err := cs.DiscoveryV1().EndpointSlices("ns").Delete(ctx, slice.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "roots to go with their slice", roots())
 }

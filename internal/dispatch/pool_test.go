@@ -1,0 +1,157 @@
+package dispatch
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func testHealth() Health {
+	return Health{FailureThreshold: 2, EjectBase: metav1.Duration{Duration: time.Second}, EjectMax: metav1.Duration{Duration: 4 * time.Second}}
+}
+
+func TestPoolPrefersTheLeastLoadedRootAndCapsConcurrency(t *testing.T) {
+	p := newPool(2, testHealth(), func(string, bool) {})
+	p.set([]string{"http://a", "http://b"})
+	ctx := context.Background()
+	var got []string
+	var held []*root
+	for range 4 {
+		r, err := p.acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.url)
+		held = append(held, r)
+	}
+	if diff := cmp.Diff([]string{"http://a", "http://b", "http://a", "http://b"}, got); diff != "" {
+		t.Errorf("acquire order (-want +got):\n%s", diff)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.acquire(short); err == nil {
+		t.Fatal("acquired a fifth slot from two roots of maxConcurrency 2")
+	}
+	p.release(held[1], true, true)
+	r, err := p.acquire(ctx)
+	if err != nil || r.url != "http://b" {
+		t.Fatalf("after releasing b: %v %v", r, err)
+	}
+}
+
+func TestPoolEjectsFailingRootsWithBackoff(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var health []string
+	p := newPool(10, testHealth(), func(u string, ok bool) {
+		if ok {
+			health = append(health, u+" up")
+		} else {
+			health = append(health, u+" down")
+		}
+	})
+	p.now = func() time.Time { return now }
+	p.set([]string{"http://a"})
+	fail := func() {
+		r, err := p.acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.release(r, false, true)
+	}
+	steps := []struct {
+		name        string
+		failures    int
+		advance     time.Duration
+		wantEjected bool
+	}{
+		{"one failure is tolerated", 1, 0, false},
+		{"threshold ejects for ejectBase", 1, 0, true},
+		{"ejection ends after ejectBase", 0, time.Second, false},
+		{"a further failure doubles it", 1, time.Second + time.Millisecond, true},
+		{"but not past ejectMax", 0, 0, true},
+	}
+	for _, s := range steps {
+		for range s.failures {
+			fail()
+		}
+		now = now.Add(s.advance)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		r, err := p.acquire(ctx)
+		cancel()
+		if ejected := err != nil; ejected != s.wantEjected {
+			t.Fatalf("%s: ejected = %v, want %v", s.name, ejected, s.wantEjected)
+		}
+		if r != nil {
+			p.release(r, true, false)
+		}
+	}
+	r := p.roots["http://a"]
+	if got := r.ejectedUntil.Sub(now); got != time.Second*2-time.Millisecond && got > 4*time.Second {
+		t.Errorf("ejection beyond ejectMax: %v", got)
+	}
+	// One success heals the root.
+	now = now.Add(5 * time.Second)
+	r, err := p.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.release(r, true, true)
+	if r.failures != 0 || !r.ejectedUntil.IsZero() {
+		t.Errorf("after a success: %d failures, ejected until %v", r.failures, r.ejectedUntil)
+	}
+	if health[len(health)-1] != "http://a up" {
+		t.Errorf("health reports %v, want the root reported up at the end", health)
+	}
+}
+
+func TestPoolKeepsInflightOfRemovedRoots(t *testing.T) {
+	p := newPool(1, testHealth(), func(string, bool) {})
+	p.set([]string{"http://a"})
+	r, _ := p.acquire(context.Background())
+	p.set([]string{"http://b"})
+	if diff := cmp.Diff([]string{"http://b"}, p.urls()); diff != "" {
+		t.Errorf("roots (-want +got):\n%s", diff)
+	}
+	p.release(r, true, true)
+	if _, ok := p.roots["http://a"]; ok {
+		t.Error("a removed root stayed after its last request")
+	}
+}
+
+func TestRootURLs(t *testing.T) {
+	yes, no := true, false
+	name, port := "http", int32(8001)
+	slice := func(ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{Ports: ports, Endpoints: eps}
+	}
+	ep := func(ready, terminating *bool, addrs ...string) discoveryv1.Endpoint {
+		return discoveryv1.Endpoint{Addresses: addrs, Conditions: discoveryv1.EndpointConditions{Ready: ready, Terminating: terminating}}
+	}
+	tests := []struct {
+		name   string
+		app    App
+		slices []*discoveryv1.EndpointSlice
+		want   []string
+	}{
+		{"ready and unknown endpoints count, others not", App{Port: 8000},
+			[]*discoveryv1.EndpointSlice{slice(nil, ep(&yes, nil, "10.0.0.2"), ep(nil, nil, "10.0.0.1"), ep(&no, nil, "10.0.0.3"), ep(&yes, &yes, "10.0.0.4"))},
+			[]string{"http://10.0.0.1:8000", "http://10.0.0.2:8000"}},
+		{"named port wins", App{Port: 8000, PortName: "http"},
+			[]*discoveryv1.EndpointSlice{slice([]discoveryv1.EndpointPort{{Name: &name, Port: &port}}, ep(&yes, nil, "10.0.0.1"))},
+			[]string{"http://10.0.0.1:8001"}},
+		{"IPv6 and duplicates across slices", App{Port: 8000},
+			[]*discoveryv1.EndpointSlice{slice(nil, ep(&yes, nil, "fd00::1")), slice(nil, ep(&yes, nil, "fd00::1"))},
+			[]string{"http://[fd00::1]:8000"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, rootURLs(tt.slices, tt.app)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
