@@ -6,8 +6,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/plugin"
@@ -181,5 +183,38 @@ func TestStatusEndpoint(t *testing.T) {
 		if got := res.Fields["endpoint"]; got != tc.want {
 			t.Errorf("spec %s: endpoint = %v, want %s", tc.spec, got, tc.want)
 		}
+	}
+}
+
+func TestStatusGatewayEndpoints(t *testing.T) {
+	slice := func(ready bool) *discoveryv1.EndpointSlice {
+		return &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: "demo-gateway-x", Namespace: "ns", Labels: map[string]string{discoveryv1.LabelServiceName: "demo-gateway"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		ready bool
+		want  metav1.ConditionStatus
+	}{
+		{"no ready endpoint", false, metav1.ConditionFalse},
+		{"a ready endpoint", true, metav1.ConditionTrue},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gw := deploy(t, "demo-gateway", "gateway", 1)
+			gw.SetNamespace("ns")
+			reader := fake.NewClientBuilder().WithObjects(slice(tc.ready)).Build()
+			res, err := Status{}.Status(context.Background(), plugin.StatusInput{Owner: owner(t, twoApps), Objects: append(stack(t, 1)[1:], gw), Reader: reader})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range res.Conditions {
+				if c.Type == v1alpha1.ConditionGatewayReady && c.Status != tc.want {
+					t.Errorf("GatewayReady = %s (%s), want %s", c.Status, c.Message, tc.want)
+				}
+			}
+		})
 	}
 }
