@@ -311,8 +311,12 @@ ports:
   {{- end }}
 {{- include "mo.rootProbes" (merge (dict "served" $served) .) }}
 {{- include "mo.warmup" (merge (dict "served" $served) .) }}
+{{- $defaultResources := dict "requests" (dict "cpu" "1" "memory" "2Gi") }}
+{{- if eq $rt.engine "simulator" }}
+{{- $defaultResources = dict "requests" (dict "cpu" "50m" "memory" "64Mi") "limits" (dict "memory" "256Mi") }}
+{{- end }}
 resources:
-  {{- include "mo.resources" (dict "resources" $rt.resources "default" (dict "requests" (dict "cpu" "1" "memory" "2Gi"))) | nindent 2 }}
+  {{- include "mo.resources" (dict "resources" $rt.resources "default" $defaultResources) | nindent 2 }}
 {{- if eq $rt.engine "simulator" }}
 securityContext:
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
