@@ -570,3 +570,29 @@ func TestBadReconcilePeriodAnnotation(t *testing.T) {
 		t.Errorf("message %q does not name the annotation", msg)
 	}
 }
+
+func TestManagerStoppedMidInstallConverges(t *testing.T) {
+	ns := newNamespace(t)
+	entries := loadEntries(t, sampleWatch)
+	stop := startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "midway", map[string]any{"slowHook": true}))
+	eventually(t, 60*time.Second, "the install to be underway", func() (bool, string) {
+		list := &corev1.SecretList{}
+		_ = k8s.List(context.Background(), list, client.InNamespace(ns), client.MatchingLabels{"owner": "helm", "status": "pending-install"})
+		return len(list.Items) == 1, ""
+	})
+	stop() // the operator goes away in the middle of the install
+
+	if s := releaseSecrets(t, ns); len(s) != 1 || s[0].Labels["status"] != "pending-install" {
+		t.Fatalf("after the shutdown the release is %v, want left pending-install", s)
+	}
+	update(t, sampleGVK, ns, "midway", func(u *unstructured.Unstructured) {
+		_ = unstructured.SetNestedField(u.Object, false, "spec", "slowHook")
+	})
+	startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "midway", 0)
+	waitEvent(t, ns, "midway", "PendingReleaseRecovered")
+	if out := helmCLI(t, "status", "midway", "-n", ns); !strings.Contains(out, "STATUS: deployed") {
+		t.Errorf("helm status:\n%s", out)
+	}
+}

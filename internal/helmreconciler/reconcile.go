@@ -351,6 +351,11 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	if err != nil {
 		helmActions.WithLabelValues(r.entry.GVK.Kind, "install", "failure").Inc()
 		msg := fmt.Sprintf("install of release %s failed: %v", obj.GetName(), err)
+		if ctx.Err() != nil {
+			// The operator is shutting down mid-install: leave the
+			// pending release to the next leader, which recovers it.
+			return nil, errors.New(msg)
+		}
 		if rel != nil {
 			if uerr := r.uninstall(cfg, obj, false, "purge"); uerr != nil {
 				msg += fmt.Sprintf("; removing the partial release failed: %v", uerr)
