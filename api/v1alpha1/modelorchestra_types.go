@@ -575,7 +575,8 @@ type RuntimeSpec struct {
 	Workers int32 `json:"workers,omitempty"`
 
 	// resources of each engine container (root and workers), without GPUs:
-	// use gpu for those.
+	// use gpu for those. Defaults to requests of 1 CPU and 2Gi memory (for
+	// the simulator 50m CPU and 64Mi memory, with a 256Mi memory limit).
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
