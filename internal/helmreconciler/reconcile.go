@@ -273,6 +273,11 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		rel, err = r.upgrade(ctx, cfg, obj, in)
 		if err != nil {
 			msg := fmt.Sprintf("upgrade of release %s failed: %v", obj.GetName(), err)
+			if ctx.Err() != nil {
+				// Shutting down mid-upgrade: the next leader recovers the
+				// pending revision.
+				return nil, acted, errors.New(msg)
+			}
 			if rel != nil {
 				if rbErr := r.rollback(cfg, obj, deployed.Version); rbErr != nil {
 					return nil, acted, r.failed(st, obj, ReasonRollbackFailed, "%s; rollback to revision %d failed: %v", msg, deployed.Version, rbErr)
