@@ -186,7 +186,7 @@ func (c *Cluster) Stop() error {
 		// The rest is thrown away: stop it all at once rather than in turn.
 		var wg sync.WaitGroup
 		for _, p := range procs {
-			wg.Go(func() { p.stop(stopGrace) })
+			wg.Go(func() { p.stop(0) })
 		}
 		wg.Wait()
 		if c.node != nil {

@@ -15,9 +15,11 @@ import (
 	"time"
 )
 
-// stopGrace is how long a component gets to exit after SIGTERM before its
-// process group is killed.
-const stopGrace = 10 * time.Second
+// stopGrace is how long a node component (kubelet, kube-proxy, CoreDNS,
+// containerd) gets to exit after SIGTERM before its process group is
+// killed. The control plane is killed at once: its state is thrown away,
+// and a graceful apiserver shutdown takes more than 10 s once etcd is gone.
+const stopGrace = 3 * time.Second
 
 // ErrExited is returned when a component exits while the cluster starts.
 var ErrExited = errors.New("component exited")
@@ -76,13 +78,19 @@ func (p *process) exitError() error {
 }
 
 // stop sends SIGTERM to the process group, waits up to grace, then kills
-// the group. It is safe to call more than once.
+// the group; with no grace it kills at once. It is safe to call more than
+// once.
 func (p *process) stop(grace time.Duration) {
 	if p == nil || p.cmd.Process == nil {
 		return
 	}
 	if p.exited() {
 		// Reaped: the group ID may already belong to someone else.
+		return
+	}
+	if grace <= 0 {
+		_ = signalGroup(p.PID(), syscall.SIGKILL)
+		<-p.done
 		return
 	}
 	_ = signalGroup(p.PID(), syscall.SIGTERM)
