@@ -61,10 +61,15 @@ type statusError struct {
 	Code       int
 	What       string
 	RetryAfter time.Duration
+	// Detail is the server's own explanation (the hub's X-Error-Message).
+	Detail string
 }
 
 func (e *statusError) Error() string {
 	msg := fmt.Sprintf("%s: HTTP %d %s", e.What, e.Code, http.StatusText(e.Code))
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
 	if class := e.Unwrap(); class != nil {
 		msg += " (" + class.Error() + ")"
 	}
@@ -84,6 +89,9 @@ func (e *statusError) Unwrap() error {
 
 func newStatusError(resp *http.Response, what string) *statusError {
 	e := &statusError{Code: resp.StatusCode, What: what}
+	if d := resp.Header.Get("X-Error-Message"); len(d) <= 300 {
+		e.Detail = d
+	}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		if secs, err := strconv.Atoi(s); err == nil && secs >= 0 {
 			e.RetryAfter = time.Duration(secs) * time.Second

@@ -139,6 +139,9 @@ func TestHFTokenAuth(t *testing.T) {
 		if !errors.Is(err, ErrAccessDenied) || ExitCode(err) != ExitBadInput {
 			t.Fatalf("err = %v, want ErrAccessDenied / exit %d", err, ExitBadInput)
 		}
+		if !strings.Contains(err.Error(), "Invalid credentials") {
+			t.Errorf("error %q does not carry the hub's explanation", err)
+		}
 	})
 	t.Run("token file", func(t *testing.T) {
 		cfg := testConfig(t, "hf://acme/tiny-llm", hub.URL())
