@@ -351,7 +351,11 @@ func reusable(e ManifestFile, f RemoteFile, dest string) bool {
 func listWithRetry(ctx context.Context, cfg Config, src Source, log *slog.Logger) ([]RemoteFile, string, error) {
 	d := &downloader{cfg: cfg}
 	for attempt := 1; ; attempt++ {
-		files, rev, err := src.List(ctx)
+		// Bodies of listing responses have no stall detector: bound the
+		// whole attempt instead.
+		actx, cancel := context.WithTimeout(ctx, 10*cfg.RequestTimeout)
+		files, rev, err := src.List(actx)
+		cancel()
 		if err == nil {
 			return files, rev, nil
 		}

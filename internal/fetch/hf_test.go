@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -405,4 +407,37 @@ func (f sinkFunc) Report(_ context.Context, s Status, final bool) error {
 		f(s)
 	}
 	return nil
+}
+
+func TestHFStalledListingIsRetried(t *testing.T) {
+	fx := defaultFixture()
+	hub := startHub(t, fx)
+	stalls := 1
+	var mu sync.Mutex
+	// A proxy in front of the hub that hangs the first listing forever.
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		stall := strings.Contains(r.URL.Path, "/tree/") && stalls > 0
+		if stall {
+			stalls--
+		}
+		mu.Unlock()
+		if stall {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte("["))
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
+		hub.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	hub.SetCDNBase(hub.URL())
+	cfg := testConfig(t, "hf://acme/tiny-llm", proxy.URL)
+	cfg.RequestTimeout = 50 * time.Millisecond
+	cfg.Include = []string{"*.json"}
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	assertTree(t, cfg.Dest, subset(fx.files, "config.json"))
 }
