@@ -115,8 +115,9 @@ type chunkJob struct {
 }
 
 // chunkDone tells the finisher a chunk is written; the worker waits on ack
-// until the chunk is durable and recorded in the journal, so a crash costs
-// at most the chunk each worker is busy with.
+// until the journal lists the chunk, so a killed process loses at most the
+// chunk each worker is busy with (durability against node crashes is the
+// syncer's job).
 type chunkDone struct {
 	idx int
 	ack chan error
@@ -181,7 +182,7 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 	}
 	if err := reserve(fh, rf.Size); err != nil {
 		fh.Close()
-		return nil, fmt.Errorf("%w: reserving %s for %s: %w", ErrNoSpace, FormatBytes(rf.Size), rf.Path, err)
+		return nil, writeErr(rf.Path, fmt.Errorf("reserving %s: %w", FormatBytes(rf.Size), err))
 	}
 	ft.fh = fh
 	done := make(map[int]bool, len(ft.j.Done))
