@@ -239,7 +239,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	p := planRelease(infos, in.Digest)
 	if p.Recovered != "" {
 		logr.FromContextOrDiscard(ctx).Info("recovering release", "detail", p.Recovered)
-		r.event(obj, corev1.EventTypeWarning, ReasonPendingRecovered, "Recover", "%s", p.Recovered)
+		r.event(obj, corev1.EventTypeWarning, ReasonReleaseRecovered, "Recover", "%s", p.Recovered)
 	}
 
 	var rel *release.Release

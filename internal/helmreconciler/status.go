@@ -47,7 +47,7 @@ const (
 	ReasonReconcileError      Reason = "ReconcileError"
 	ReasonStatusPluginError   Reason = "StatusPluginError"
 	ReasonReconciled          Reason = "Reconciled"
-	ReasonPendingRecovered    Reason = "PendingReleaseRecovered"
+	ReasonReleaseRecovered    Reason = "ReleaseRecovered"
 	ReasonDriftRepaired       Reason = "DriftRepaired"
 	ReasonPaused              Reason = "PauseReconcileAnnotationTrue"
 	ReasonNotPaused           Reason = "NotPaused"
