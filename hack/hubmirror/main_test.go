@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/model-orchestra/operator/internal/fetch/hubtest"
+)
+
+func TestMirrorServesDirectoryAsHub(t *testing.T) {
+	root := t.TempDir()
+	write := func(p string, n int) {
+		full := filepath.Join(root, filepath.FromSlash(p))
+		os.MkdirAll(filepath.Dir(full), 0o755)
+		if err := os.WriteFile(full, make([]byte, n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("demo/tiny/model.gguf", 10)
+	write("demo/tiny/config.json", 5)
+	write("demo/tiny/sub/big.txt", 1<<20)
+	write("demo/tiny/.git/HEAD", 3)
+	write("loose-file", 1)
+
+	repos, err := loadRepos(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(repos) != 1 || repos[0].ID != "demo/tiny" || len(repos[0].Files) != 3 {
+		t.Fatalf("repos = %+v, want demo/tiny with 3 files (hidden dirs skipped)", repos)
+	}
+	srv := &hubtest.Server{}
+	srv.AddRepo(repos[0])
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+
+	resp, err := http.Get(hs.URL + "/api/models/demo/tiny/tree/main?recursive=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var entries []struct {
+		Type string `json:"type"`
+		Path string `json:"path"`
+		LFS  *struct {
+			OID string `json:"oid"`
+		} `json:"lfs"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&entries); err != nil {
+		t.Fatal(err)
+	}
+	lfs := map[string]bool{}
+	for _, e := range entries {
+		if e.Type == "file" {
+			lfs[e.Path] = e.LFS != nil
+		}
+	}
+	want := map[string]bool{"model.gguf": true, "config.json": false, "sub/big.txt": true}
+	for p, w := range want {
+		if got, ok := lfs[p]; !ok || got != w {
+			t.Errorf("%s: listed=%v lfs=%v, want lfs=%v", p, ok, got, w)
+		}
+	}
+
+	// LFS files redirect to the mirror's own /cdn/ path and download.
+	resp2, err := http.Get(hs.URL + "/demo/tiny/resolve/main/model.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusOK || resp2.ContentLength != 10 {
+		t.Errorf("download through the relative CDN redirect: %d, %d bytes", resp2.StatusCode, resp2.ContentLength)
+	}
+}
