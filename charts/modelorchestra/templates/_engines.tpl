@@ -16,7 +16,8 @@ Every root container serves the OpenAI API on port 8080 ("http").
 {{- if $rt.image -}}
 {{- $rt.image -}}
 {{- else -}}
-{{- index .root.Values.images $rt.engine -}}
+{{- $key := ternary "sim" $rt.engine (eq $rt.engine "simulator") -}}
+{{- required (printf "images.%s is required for engine %s" $key $rt.engine) (index .root.Values.images $key) -}}
 {{- end -}}
 {{- end -}}
 

@@ -55,6 +55,7 @@ func TestRenderedObjectsMatchTheirContracts(t *testing.T) {
 						t.Errorf("%s %s does not decode strictly: %v", o.GetKind(), o.GetName(), err)
 					}
 				}
+				checkImages(t, o)
 				switch {
 				case o.GetKind() == "ConfigMap" && strings.HasSuffix(o.GetName(), "-dispatcher"):
 					dispatchers++
@@ -137,5 +138,19 @@ func checkFetchArgs(t *testing.T, job *unstructured.Unstructured) {
 	}
 	if cfg.ProgressConfigMap == "" || cfg.ProgressNamespace == "" {
 		t.Errorf("Job %s does not report progress: %v", job.GetName(), args)
+	}
+}
+
+// checkImages fails for a container without an image.
+func checkImages(t *testing.T, o *unstructured.Unstructured) {
+	t.Helper()
+	for _, list := range []string{"containers", "initContainers"} {
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", list)
+		for _, c := range containers {
+			m := c.(map[string]any)
+			if img, _ := m["image"].(string); img == "" {
+				t.Errorf("%s %s: container %v has no image", o.GetKind(), o.GetName(), m["name"])
+			}
+		}
 	}
 }
