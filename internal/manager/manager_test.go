@@ -247,14 +247,16 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "o-other"}, cm)
 		return err == nil && cm.Data["color"] == "green", fmt.Sprint(err)
 	})
-	_, metrics := httpGet("http://" + mc.MetricsAddr + "/metrics")
-	for _, m := range []string{"orchestra_helm_actions_total", "orchestra_helm_reconcile_duration_seconds", "controller_runtime_reconcile_total"} {
+	var metrics string
+	eventually(t, 30*time.Second, "/metrics to count the install", func() (bool, string) {
+		_, metrics = httpGet("http://" + mc.MetricsAddr + "/metrics")
+		return strings.Contains(metrics, `orchestra_helm_actions_total{action="install",kind="Other",result="success"} 1`) &&
+			strings.Contains(metrics, `orchestra_helm_reconcile_duration_seconds_count{kind="Other",outcome="install"} 1`), grep(metrics, "orchestra_helm")
+	})
+	for _, m := range []string{"controller_runtime_reconcile_total", "workqueue_depth"} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("/metrics lacks %s", m)
 		}
-	}
-	if !strings.Contains(metrics, `orchestra_helm_actions_total{action="install",kind="Other",result="success"} 1`) {
-		t.Errorf("/metrics does not count the install:\n%s", grep(metrics, "orchestra_helm_actions_total"))
 	}
 
 	// Graceful shutdown returns, and releases the Lease.
