@@ -263,7 +263,7 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 	for _, f := range files {
 		total += f.Size
 		if old != nil {
-			if e, ok := old.file(f.Path); ok && reusable(e, f, dest) {
+			if e, ok := old.file(f.Path); ok && reusable(e, f, dest) && (!cfg.VerifyExisting || sameHash(ctx, dest, e)) {
 				// An incomplete manifest is only written by runs with the
 				// same source; its entries carry that run's verification.
 				verified = verified && old.Verified
@@ -525,4 +525,13 @@ func removeEmptyDirs(dir string) {
 		}
 	}
 	os.Remove(dir) // fails, harmlessly, when not empty
+}
+
+// sameHash re-hashes a cached file against its manifest entry.
+func sameHash(ctx context.Context, dest string, e ManifestFile) bool {
+	if e.SHA256 == "" {
+		return false
+	}
+	got, err := hashFile(ctx, filepath.Join(dest, filepath.FromSlash(e.Path)), nil)
+	return err == nil && got == e.SHA256
 }

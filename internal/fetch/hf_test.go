@@ -441,3 +441,30 @@ func TestHFStalledListingIsRetried(t *testing.T) {
 	}
 	assertTree(t, cfg.Dest, subset(fx.files, "config.json"))
 }
+
+func TestVerifyExistingReplacesCorruptedFile(t *testing.T) {
+	fx := defaultFixture()
+	hub := startHub(t, fx)
+	cfg := testConfig(t, "hf://acme/tiny-llm", hub.URL())
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// Bit rot: same size, different bytes.
+	p := filepath.Join(cfg.Dest, "model-00002-of-00002.safetensors")
+	b, _ := os.ReadFile(p)
+	b[len(b)/2] ^= 0x01
+	os.WriteFile(p, b, 0o644)
+
+	if res, err := runFetch(t, cfg, Options{}); err != nil || !res.CacheHit {
+		t.Fatalf("plain re-run: %v (a size-only check cannot see bit rot)", err)
+	}
+	cfg.VerifyExisting = true
+	res, err := runFetch(t, cfg, Options{})
+	if err != nil {
+		t.Fatalf("verify-existing run: %v", err)
+	}
+	assertTree(t, cfg.Dest, fx.files)
+	if want := int64(len(fx.files["model-00002-of-00002.safetensors"])); res.Downloaded != want {
+		t.Errorf("downloaded %d bytes, want only the corrupted file (%d)", res.Downloaded, want)
+	}
+}

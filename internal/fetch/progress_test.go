@@ -46,7 +46,7 @@ func TestProgressConfigMap(t *testing.T) {
 		add("w.safetensors", safetensorsBytes(fetchtest.Random(3<<20, 31)), true).
 		add("config.json", []byte(`{}`), false)
 	hub := startHub(t, fx)
-	hub.Faults.Throttle(5 * time.Millisecond) // make the download last a few intervals
+	hub.Faults.Throttle(15 * time.Millisecond) // make the download last several intervals
 
 	kc := fake.NewClientset(&corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "tiny-fetch-progress", Namespace: "models", Labels: map[string]string{"app": "x"}},

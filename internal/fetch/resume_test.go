@@ -64,7 +64,7 @@ func TestKilledDownloadResumesWithoutRefetchingFinishedChunks(t *testing.T) {
 		add("a.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 11)), true).
 		add("b.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 12)), true)
 	hub := startHub(t, fx)
-	hub.Faults.Throttle(10 * time.Millisecond) // ~6 MB/s per connection: slow enough to kill mid-way
+	hub.Faults.Throttle(20 * time.Millisecond) // ~3 MB/s per connection: slow enough to kill mid-way
 	cfg := testConfig(t, "hf://acme/resume", hub.URL())
 	cfg.Concurrency = 3
 	total := totalSize(fx.files)
@@ -151,7 +151,7 @@ poll:
 func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	fx := newRepoFixture("acme/cancel").add("w.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 21)), true)
 	hub := startHub(t, fx)
-	hub.Faults.Throttle(10 * time.Millisecond)
+	hub.Faults.Throttle(20 * time.Millisecond)
 	cfg := testConfig(t, "hf://acme/cancel", hub.URL())
 	cfg.Concurrency = 2
 	defer func(d time.Duration) { syncEvery = d }(syncEvery)
@@ -166,6 +166,12 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	// Cancel once the background fsync has made a chunk durable.
 	deadline := time.Now().Add(20 * time.Second)
 	for len(journals(t, cfg.Dest)["w.safetensors"].Durable) == 0 {
+		select {
+		case err := <-errc:
+			cancel()
+			t.Fatalf("run ended (%v) before any chunk became durable", err)
+		default:
+		}
 		if time.Now().After(deadline) {
 			cancel()
 			t.Fatalf("no chunk became durable: the syncer did not run")
