@@ -294,15 +294,31 @@ func fetchInto(ctx context.Context, cfg Config, ps ParsedSource, src Source, t *
 	if len(pending) > 0 {
 		t.setPhase(PhaseDownloading, fmt.Sprintf("downloading %d files", len(pending)))
 		start := t.bytesDone.Load()
+		// Record published files in the manifest at most once a second (big
+		// files at once), so repositories with thousands of small files do
+		// not rewrite it thousands of times; a crash in between only costs
+		// re-downloading those small files.
 		var publishMu sync.Mutex // finishers of different files publish concurrently
+		var lastWrite time.Time
+		dirty := false
 		d.publish = func(e ManifestFile) error {
 			publishMu.Lock()
 			defer publishMu.Unlock()
 			m.put(e)
+			dirty = true
+			if e.Size < 16<<20 && time.Since(lastWrite) < time.Second {
+				return nil
+			}
+			lastWrite, dirty = time.Now(), false
 			return writeManifest(dest, m)
 		}
 		err := d.run(ctx, pending)
 		downloaded = t.bytesDone.Load() - start
+		if dirty {
+			if werr := writeManifest(dest, m); werr != nil && err == nil {
+				err = fmt.Errorf("writing manifest: %w", werr)
+			}
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -293,8 +293,12 @@ func TestHFChecksumMismatchPublishesNothing(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cfg.Dest, "model-00002-of-00002.safetensors")); !os.IsNotExist(err) {
 		t.Errorf("corrupt file visible under its final name (stat err %v)", err)
 	}
-	if m := mustManifest(t, cfg.Dest); m.Complete {
+	m := mustManifest(t, cfg.Dest)
+	if m.Complete {
 		t.Errorf("manifest marked complete after a verification failure")
+	}
+	if _, ok := m.file("model-00002-of-00002.safetensors"); ok {
+		t.Errorf("manifest lists the corrupt file")
 	}
 }
 
