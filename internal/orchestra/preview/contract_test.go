@@ -154,3 +154,29 @@ func checkImages(t *testing.T, o *unstructured.Unstructured) {
 		}
 	}
 }
+
+// TestAnonymousGateway: without tokens the gateway needs no access to
+// Secrets, and its configuration still loads.
+func TestAnonymousGateway(t *testing.T) {
+	p := newRenderer(t)
+	objs, err := decode(strings.NewReader(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _, err := p.Render(context.Background(), objs[0], Options{Set: []string{"spec.gateway.auth.anonymous=true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range res.Objects {
+		switch {
+		case o.GetKind() == "Role" && o.GetName() == "t-gateway":
+			t.Error("an anonymous gateway still gets a Role to read Secrets")
+		case o.GetKind() == "ConfigMap" && o.GetName() == "t-gateway":
+			checkGatewayConfig(t, o)
+		case o.GetKind() == "Deployment" && o.GetName() == "t-gateway":
+			if automount, _, _ := unstructured.NestedBool(o.Object, "spec", "template", "spec", "automountServiceAccountToken"); automount {
+				t.Error("an anonymous gateway still mounts a service account token")
+			}
+		}
+	}
+}
