@@ -249,6 +249,10 @@ func (d *Dispatcher) feed(ctx, work context.Context, a *app, iter jetstream.Mess
 				return
 			}
 			d.log.Warn("pulling requests", "app", a.Name, "err", err)
+			select { // do not spin on a persistent error
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
 			continue
 		}
 		if ctx.Err() != nil {

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -299,5 +301,33 @@ func TestValidate(t *testing.T) {
 	}
 	if err := sim.Default().Validate(); err != nil {
 		t.Errorf("default config invalid: %v", err)
+	}
+}
+
+func TestCrashWithExitStopsTheServer(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Faults.CrashRate = 1
+	cfg.Faults.CrashAfterTokens = 2
+	cfg.Faults.CrashExits = true
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sim.Serve(context.Background(), ln, sim.New(cfg), slog.New(slog.DiscardHandler)) }()
+	client := openai.NewClient(option.WithBaseURL("http://"+ln.Addr().String()+"/v1"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	if _, err := client.Chat.Completions.New(context.Background(), chatParams("x", 0)); err == nil {
+		t.Fatal("a crashing request succeeded")
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, sim.ErrCrashed) {
+			t.Fatalf("Serve returned %v, want ErrCrashed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server kept running after an injected crash")
+	}
+	if _, err := http.Get("http://" + ln.Addr().String() + "/health"); err == nil {
+		t.Error("the crashed server still answers")
 	}
 }
