@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -539,4 +540,86 @@ func TestRootsFollowEndpointSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "roots to go with their slice", roots())
+}
+
+func TestGracefulShutdown(t *testing.T) {
+	simCfg := dataplanetest.FastSim()
+	simCfg.OutputTokens = 20
+	simCfg.InterTokenLatency = 50 * time.Millisecond // one second per answer
+
+	t.Run("in-flight requests finish", func(t *testing.T) {
+		e := newEnv(t, simCfg)
+		stop := e.graceful()
+		c := e.client(nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r, err := c.Submit(ctx, chatJob("job-finish", "finish me", false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		stopped := make(chan struct{})
+		go func() { stop(); close(stopped) }()
+		if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
+			t.Fatalf("request during shutdown: %d %v", status, err)
+		}
+		<-stopped
+		if n := e.engine.Requests.Load(); n != 1 {
+			t.Errorf("engine saw %d requests, want 1", n)
+		}
+	})
+
+	t.Run("unfinished requests are handed back at once", func(t *testing.T) {
+		e := newEnv(t, simCfg)
+		e.cfg.ShutdownTimeout = metav1.Duration{Duration: 100 * time.Millisecond}
+		e.cfg.AckWait = metav1.Duration{Duration: time.Minute} // redelivery must not wait for it
+		stop := e.graceful()
+		c := e.client(func(cfg *natsqueue.ClientConfig) { cfg.StallTimeout = 10 * time.Second })
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r, err := c.Submit(ctx, chatJob("job-handback", "hand me back", false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		stop()
+		e.dispatcher()
+		began := time.Now()
+		if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
+			t.Fatalf("handed-back request: %d %v", status, err)
+		}
+		if took := time.Since(began); took > 10*time.Second {
+			t.Errorf("redelivery took %v; a NAK should make it prompt", took)
+		}
+		if n := e.engine.Requests.Load(); n != 2 {
+			t.Errorf("engine saw %d requests, want the interrupted one and its retry", n)
+		}
+	})
+}
+
+// graceful runs a dispatcher and returns a function that shuts it down the
+// way SIGTERM does.
+func (e *env) graceful() (stop func()) {
+	e.t.Helper()
+	d, err := dispatch.New(e.cfg, e.connect(), testLogger(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	eventually(e.t, 10*time.Second, "dispatcher ready", d.Ready)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("dispatcher: %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
 }
