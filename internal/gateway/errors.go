@@ -95,6 +95,8 @@ func modelNotFound(model string, forbidden bool) *apiError {
 
 // rateLimited is a 429 for the limit named by reason.
 func rateLimited(reason string, retryAfter time.Duration, format string, args ...any) *apiError {
+	// Always tell the client when to come back, at least a second later.
+	retryAfter = max(retryAfter, time.Second)
 	typ := typeRequestsLimit
 	if reason == reasonTokenRate {
 		typ = typeTokensLimit
