@@ -20,6 +20,7 @@ import (
 
 func main() {
 	cfg := manager.Default()
+	qps := float64(cfg.KubeAPIQPS)
 	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
 	fs.StringVar(&cfg.WatchesFile, "watches-file", cfg.WatchesFile, "watches.yaml to load; when the default is absent, the embedded one is used")
 	fs.StringVar(&cfg.ChartsDir, "charts-dir", "", "load charts from this directory instead of the embedded ones (chart paths in watches.yaml are relative to it)")
@@ -29,11 +30,15 @@ func main() {
 	fs.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator's)")
 	fs.DurationVar(&cfg.ReconcilePeriod, "reconcile-period", cfg.ReconcilePeriod, "default resync period (watches.yaml and the reconcile-period annotation override it)")
 	fs.IntVar(&cfg.MaxConcurrentReconciles, "max-concurrent-reconciles", cfg.MaxConcurrentReconciles, "default workers per kind (watches.yaml overrides it)")
+	fs.Float64Var(&qps, "kube-api-qps", float64(cfg.KubeAPIQPS), "requests per second to the API server, per client")
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", cfg.KubeAPIBurst, "burst of requests to the API server, per client")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on the metrics address")
 	checkConfig := fs.Bool("check-config", false, "load watches.yaml, charts and plugins, report problems and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(fs)
 	_ = fs.Parse(os.Args[1:])
+	cfg.KubeAPIQPS = float32(qps)
 
 	if *showVersion {
 		fmt.Println(version.Version)

@@ -43,6 +43,23 @@ import (
 	"github.com/model-orchestra/operator/internal/localcluster"
 )
 
+// profileDir, when set, receives CPU profiles of the operator.
+var profileDir string
+
+func fetchProfile(addr, path string, seconds int) {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = io.Copy(f, resp.Body)
+}
+
 var sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Sample"}
 
 type result struct {
@@ -54,6 +71,8 @@ type result struct {
 	rssMiB      float64
 	peakRSSMiB  float64
 	noopMean    string
+	installCPU  time.Duration // operator CPU per CR during the deploy phase
+	installMean float64       // mean install reconcile time, seconds
 }
 
 func main() {
@@ -61,6 +80,7 @@ func main() {
 	workers := flag.Int("workers", 2, "reconcile workers")
 	window := flag.Duration("noop-window", 10*time.Second, "how long to measure no-op reconciles")
 	docs := flag.String("docs", "", "rewrite the bench-reconcile section of this markdown file")
+	flag.StringVar(&profileDir, "profile-dir", "", "write CPU profiles of the operator here")
 	flag.Parse()
 	if err := run(*ns, *workers, *window, *docs); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-reconcile:", err)
@@ -147,6 +167,7 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 		"--metrics-bind-address", metricsAddr,
 		"--health-probe-bind-address", "0",
 		"--reconcile-period", "1h",
+		"--pprof",
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.KubeconfigFile(), "WATCH_NAMESPACE="+ns, "GOMAXPROCS="+strconv.Itoa(runtime.NumCPU()))
 	logFile, err := os.Create(filepath.Join(os.TempDir(), "bench-reconcile-operator-"+strconv.Itoa(n)+".log"))
@@ -166,7 +187,14 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 		return res, fmt.Errorf("operator did not start (log %s): %w", logFile.Name(), err)
 	}
 
+	if profileDir != "" {
+		go fetchProfile(metricsAddr, filepath.Join(profileDir, fmt.Sprintf("install-%d.pprof", n)), 5)
+	}
 	// Phase 1: create N resources, time until all are Deployed.
+	cpuStart, err := processCPU(cmd.Process.Pid)
+	if err != nil {
+		return res, err
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -207,6 +235,9 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 		time.Sleep(20 * time.Millisecond)
 	}
 	res.deploy = time.Since(start)
+	if cpuEnd, err := processCPU(cmd.Process.Pid); err == nil {
+		res.installCPU = (cpuEnd - cpuStart) / time.Duration(n)
+	}
 
 	// Phase 2: steady state. Every resource resyncs each second (the
 	// reconcile-period annotation); nothing changes, so every reconcile is
@@ -225,6 +256,9 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 	m1, err := scrape(metricsAddr)
 	if err != nil {
 		return res, err
+	}
+	if m1.installs > 0 {
+		res.installMean = m1.installSum / m1.installs
 	}
 	res.noopCount = m1.noops - m0.noops
 	res.rendersNoop = m1.renders - m0.renders
@@ -257,7 +291,7 @@ func countDeployed(ctx context.Context, c client.Client, ns string) (int, error)
 	return n, nil
 }
 
-type metrics struct{ noops, noopSum, renders float64 }
+type metrics struct{ noops, noopSum, renders, installs, installSum float64 }
 
 func scrape(addr string) (metrics, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -279,6 +313,10 @@ func scrape(addr string) (metrics, error) {
 			m.noops += val()
 		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_sum{") && strings.Contains(line, `outcome="noop"`):
 			m.noopSum += val()
+		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_count{") && strings.Contains(line, `outcome="install"`):
+			m.installs += val()
+		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_sum{") && strings.Contains(line, `outcome="install"`):
+			m.installSum += val()
 		case strings.HasPrefix(line, "orchestra_helm_renders_total{"):
 			m.renders += val()
 		}
@@ -372,11 +410,11 @@ func installCRD(ctx context.Context, c client.Client, path string) error {
 func formatTable(results []result, workers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nHelm reconciler engine, chart of one ConfigMap + one Deployment, %d workers, local control plane (etcd + kube-apiserver + kube-controller-manager), %d CPUs\n\n", workers, runtime.NumCPU())
-	b.WriteString("| CRs | create → all Deployed | CRs/s | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile time | renders during no-ops | operator RSS (peak) |\n")
-	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| CRs | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) |\n")
+	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d | %.2f s | %.1f | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) |\n",
-			r.n, r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), r.noopCount,
+		fmt.Fprintf(&b, "| %d | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) |\n",
+			r.n, r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
 			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB)
 	}
 	return b.String()

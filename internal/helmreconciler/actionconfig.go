@@ -35,6 +35,8 @@ type actionConfigs struct {
 	chunkSize int
 	labels    map[string]string
 
+	chunks sync.Map // release Secret -> number of chunks written
+
 	mu          sync.Mutex
 	kubeClients map[string]*kube.Client
 	caps        *chartutil.Capabilities
@@ -70,6 +72,7 @@ func (a *actionConfigs) forResource(obj *unstructured.Unstructured, log action.D
 		SecretInterface: a.clientset.CoreV1().Secrets(ns),
 		labels:          a.labels,
 		chunkSize:       a.chunkSize,
+		chunks:          &a.chunks,
 		owner: &metav1.OwnerReference{
 			APIVersion: obj.GetAPIVersion(), Kind: obj.GetKind(), Name: obj.GetName(), UID: obj.GetUID(),
 			Controller: ptr(true), BlockOwnerDeletion: ptr(false),

@@ -115,7 +115,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		outcome = acted
 	}
 
-	live, repaired, err := r.repairDrift(ctx, obj, rs)
+	// Right after a Helm action the cache may not show the objects Helm just
+	// wrote yet; their watch events bring the next reconcile, which checks
+	// them, so repairing now would only re-apply what is already there.
+	live, repaired, err := r.repairDrift(ctx, obj, rs, acted == "")
 	if err != nil {
 		st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonReconcileError, "restoring owned objects: %v", err)
 		reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonReconcileError)).Inc()
@@ -477,7 +480,7 @@ func (r *Reconciler) loadState(ctx context.Context, obj *unstructured.Unstructur
 // repairDrift restores owned objects that were deleted or changed, applying
 // only the fields of the manifest (server-side apply), so that fields other
 // writers set survive. It returns the live objects and what it restored.
-func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstructured, rs *releaseState) ([]*unstructured.Unstructured, []string, error) {
+func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstructured, rs *releaseState, repair bool) ([]*unstructured.Unstructured, []string, error) {
 	if r.entry.WatchDependentResources {
 		if err := r.watchDependents(rs.desired); err != nil {
 			return nil, nil, err
@@ -496,8 +499,14 @@ func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstruct
 		}
 		switch {
 		case apierrors.IsNotFound(err):
+			if !repair {
+				continue
+			}
 		case err != nil:
 			return nil, nil, fmt.Errorf("reading %s: %w", key, err)
+		case !repair:
+			live = append(live, have)
+			continue
 		case rs.verified[key] == have.GetResourceVersion():
 			live = append(live, have)
 			continue

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,6 +50,15 @@ type releaseSecrets struct {
 	owner     *metav1.OwnerReference
 	labels    map[string]string
 	chunkSize int
+	// chunks remembers how many chunks this process wrote per Secret
+	// (namespace/name -> int), which saves a read before each update.
+	chunks *sync.Map
+}
+
+func (s *releaseSecrets) remember(sec *corev1.Secret, n int) {
+	if s.chunks != nil {
+		s.chunks.Store(sec.Namespace+"/"+sec.Name, n)
+	}
 }
 
 func (s *releaseSecrets) decorate(sec *corev1.Secret) {
@@ -163,19 +173,27 @@ func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts me
 		sec.Data[releaseDataKey] = head
 		sec.Labels[labelChunks] = strconv.Itoa(len(rest) + 1)
 	}
-	return s.SecretInterface.Create(ctx, sec, opts)
+	out, err := s.SecretInterface.Create(ctx, sec, opts)
+	if err == nil {
+		s.remember(sec, len(rest)+1)
+	}
+	return out, err
 }
 
 func (s *releaseSecrets) Update(ctx context.Context, sec *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
 	sec = sec.DeepCopy()
 	s.decorate(sec)
-	old, err := s.SecretInterface.Get(ctx, sec.Name, metav1.GetOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, err
-	}
 	oldN := 1
-	if old != nil && err == nil {
-		oldN = chunkCount(old)
+	if n, ok := s.knownChunks(sec); ok {
+		oldN = n
+	} else {
+		old, err := s.SecretInterface.Get(ctx, sec.Name, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, err
+		}
+		if err == nil {
+			oldN = chunkCount(old)
+		}
 	}
 	head, rest := s.split(sec)
 	if len(rest) > 0 {
@@ -189,7 +207,19 @@ func (s *releaseSecrets) Update(ctx context.Context, sec *corev1.Secret, opts me
 	if err != nil {
 		return nil, err
 	}
+	s.remember(sec, len(rest)+1)
 	return out, s.deleteChunks(ctx, sec.Name, len(rest)+1, oldN)
+}
+
+func (s *releaseSecrets) knownChunks(sec *corev1.Secret) (int, bool) {
+	if s.chunks == nil {
+		return 0, false
+	}
+	v, ok := s.chunks.Load(sec.Namespace + "/" + sec.Name)
+	if !ok {
+		return 0, false
+	}
+	return v.(int), true
 }
 
 func (s *releaseSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
@@ -222,6 +252,9 @@ func (s *releaseSecrets) Delete(ctx context.Context, name string, opts metav1.De
 	}
 	if err := s.SecretInterface.Delete(ctx, name, opts); err != nil {
 		return err
+	}
+	if s.chunks != nil {
+		s.chunks.Delete(sec.Namespace + "/" + name)
 	}
 	return s.deleteChunks(ctx, name, 1, chunkCount(sec))
 }

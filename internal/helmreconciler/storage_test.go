@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"sync"
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
@@ -72,7 +73,7 @@ func TestReleaseOverOneMiBIsChunked(t *testing.T) {
 	newStore := func(wrap bool) *storage.Storage {
 		var impl = cs.CoreV1().Secrets("ns")
 		if wrap {
-			return storage.Init(driver.NewSecrets(&releaseSecrets{SecretInterface: impl, owner: owner, labels: map[string]string{LabelEngine: EngineName}}))
+			return storage.Init(driver.NewSecrets(&releaseSecrets{SecretInterface: impl, owner: owner, labels: map[string]string{LabelEngine: EngineName}, chunks: new(sync.Map)}))
 		}
 		return storage.Init(driver.NewSecrets(impl))
 	}

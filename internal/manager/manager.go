@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"runtime"
 	"strings"
@@ -64,6 +65,14 @@ type Config struct {
 	GracefulShutdownTimeout time.Duration
 	// ChunkSize is the largest release data per Secret (0 = default).
 	ChunkSize int
+	// KubeAPIQPS and KubeAPIBurst rate-limit each client of the operator.
+	// An install takes about ten requests; client-go's defaults (5/10, or
+	// controller-runtime's 20/30) would cap the operator at a few
+	// installs per second. API Priority and Fairness protects the server.
+	KubeAPIQPS   float32
+	KubeAPIBurst int
+	// Pprof serves Go's /debug/pprof/ on the metrics address.
+	Pprof bool
 }
 
 // DefaultWatchesFile is the default of Config.WatchesFile.
@@ -82,6 +91,8 @@ func Default() Config {
 		MaxConcurrentReconciles: runtime.NumCPU(),
 		ActionTimeout:           5 * time.Minute,
 		GracefulShutdownTimeout: 30 * time.Second,
+		KubeAPIQPS:              100,
+		KubeAPIBurst:            200,
 	}
 }
 
@@ -96,6 +107,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max concurrent reconciles: must be at least 1, got %d", c.MaxConcurrentReconciles)
 	case c.ActionTimeout <= 0:
 		return fmt.Errorf("action timeout: must be positive, got %s", c.ActionTimeout)
+	case c.KubeAPIQPS <= 0 || c.KubeAPIBurst < 1:
+		return fmt.Errorf("kube API QPS and burst: must be positive, got %v and %d", c.KubeAPIQPS, c.KubeAPIBurst)
 	case c.LeaderElection && c.LeaderElectionID == "":
 		return errors.New("leader election id: must not be empty with leader election")
 	}
@@ -142,6 +155,8 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst = c.KubeAPIQPS, c.KubeAPIBurst
 	byObject := map[client.Object]cache.ByObject{}
 	for i := range entries {
 		u := &unstructured.Unstructured{}
@@ -168,7 +183,7 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	mopts := ctrl.Options{
 		Cache:                         cacheOpts,
 		Client:                        client.Options{Cache: &client.CacheOptions{Unstructured: true}},
-		Metrics:                       metricsserver.Options{BindAddress: c.MetricsAddr},
+		Metrics:                       metricsOptions(c),
 		HealthProbeBindAddress:        c.ProbeAddr,
 		LeaderElection:                c.LeaderElection,
 		LeaderElectionID:              c.LeaderElectionID,
@@ -227,4 +242,16 @@ func Run(ctx context.Context, restCfg *rest.Config, c Config, entries []watches.
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+func metricsOptions(c Config) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: c.MetricsAddr}
+	if c.Pprof {
+		o.ExtraHandlers = map[string]http.Handler{
+			"/debug/pprof/":        http.HandlerFunc(pprof.Index),
+			"/debug/pprof/profile": http.HandlerFunc(pprof.Profile),
+			"/debug/pprof/heap":    pprof.Handler("heap"),
+		}
+	}
+	return o
 }
