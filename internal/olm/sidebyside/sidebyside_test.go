@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -33,16 +34,21 @@ const repoRoot = "../../.."
 // operatorVersion is one operator installed as OLM would in OwnNamespace
 // mode.
 type operatorVersion struct {
-	version   string // stamped into the binary
-	bundleDir string // whose CSV permissions are granted
+	version   string // the CSV's spec.version
+	bundleDir string // whose CSV Deployment environment and permissions are used
 	namespace string // installed in, and watched
 }
 
 // TestTwoVersionsSideBySide installs operator 0.2.0 in team-a and 1.0.0 in
-// team-b, each with its own bundle's permissions and WATCH_NAMESPACE, both
-// against the one shared CRD of the current bundle. A ModelOrchestra in
-// team-a must be deployed by 0.2.0 (its images carry v0.2.0), one in team-b
-// by 1.0.0, and one in team-c by neither.
+// team-b as OLM would in OwnNamespace mode: each process gets its own
+// CSV's Deployment environment (the RELATED_IMAGE_* variables of that
+// release) plus WATCH_NAMESPACE, runs as a ServiceAccount holding its CSV's
+// permissions in its namespace only, and both share the CRD of the current
+// bundle. A ModelOrchestra in team-a must be deployed by 0.2.0 (its images
+// carry v0.2.0), one in team-b by 1.0.0, and one in team-c by neither.
+//
+// Both processes run the operator built from this tree: the releases differ
+// here by their bundles (environment, permissions), not by their code.
 func TestTwoVersionsSideBySide(t *testing.T) {
 	versions := []operatorVersion{
 		{version: "0.2.0", bundleDir: "catalog/bundles/0.2.0", namespace: "team-a"},
@@ -50,13 +56,18 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 	}
 	const unwatched = "team-c"
 
-	binDir := t.TempDir()
-	for _, v := range versions {
-		buildOperator(t, v.version, filepath.Join(binDir, "orchestra-operator-"+v.version))
-	}
+	bin := filepath.Join(t.TempDir(), "orchestra-operator")
+	buildOperator(t, bin)
 
 	c := localcluster.StartForTest(t, localcluster.Options{ControllerManager: true})
-	admin, err := client.New(c.Config(), client.Options{})
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextv1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(c.Config(), client.Options{Scheme: scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +116,7 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 			t.Fatalf("%s does not support OwnNamespace", b.CSV.Name)
 		}
 		sa := grantOwnNamespace(ctx, t, admin, b, v.namespace)
-		startOperator(t, c, filepath.Join(binDir, "orchestra-operator-"+v.version), v.namespace, sa)
+		startOperator(t, c, bin, b, v.namespace, sa)
 	}
 
 	sample := loadSample(t)
@@ -167,16 +178,13 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 	})
 }
 
-// buildOperator builds cmd/orchestra-operator stamped with version.
-func buildOperator(t *testing.T, version, out string) {
+// buildOperator builds cmd/orchestra-operator.
+func buildOperator(t *testing.T, out string) {
 	t.Helper()
-	cmd := exec.Command("go", "build", "-trimpath",
-		"-ldflags", "-X github.com/model-orchestra/operator/internal/version.Version="+version,
-		"-o", out, "./cmd/orchestra-operator")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/orchestra-operator")
 	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the operator %s: %v\n%s", version, err, b)
+		t.Fatalf("building the operator: %v\n%s", err, b)
 	}
 }
 
@@ -210,9 +218,11 @@ func grantOwnNamespace(ctx context.Context, t *testing.T, c client.Client, b *bu
 	return sa
 }
 
-// startOperator runs an operator binary as the ServiceAccount sa of ns,
-// watching ns only, and stops it in t.Cleanup.
-func startOperator(t *testing.T, c *localcluster.Cluster, bin, ns, sa string) {
+// startOperator runs the operator as the CSV's Deployment would run in
+// namespace ns: with the literal environment of its container, WATCH_NAMESPACE
+// as olm.targetNamespaces would set it, as the ServiceAccount sa. It is
+// stopped in t.Cleanup.
+func startOperator(t *testing.T, c *localcluster.Cluster, bin string, b *bundle.Bundle, ns, sa string) {
 	t.Helper()
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -227,7 +237,13 @@ func startOperator(t *testing.T, c *localcluster.Cluster, bin, ns, sa string) {
 	cmd := exec.Command(bin,
 		"--leader-elect", "--leader-election-namespace="+ns,
 		"--metrics-bind-address=0", "--health-probe-bind-address=0")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "WATCH_NAMESPACE="+ns, "POD_NAMESPACE="+ns)
+	env := []string{"KUBECONFIG=" + kubeconfig, "WATCH_NAMESPACE=" + ns, "POD_NAMESPACE=" + ns}
+	for _, e := range b.CSV.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec.Containers[0].Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -248,7 +264,7 @@ func startOperator(t *testing.T, c *localcluster.Cluster, bin, ns, sa string) {
 			if len(data) > 8000 {
 				data = data[len(data)-8000:]
 			}
-			t.Logf("operator in %s (%s), log tail:\n%s", ns, filepath.Base(bin), data)
+			t.Logf("operator %s in %s, log tail:\n%s", b.CSV.Name, ns, data)
 		}
 	})
 }
