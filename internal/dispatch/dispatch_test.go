@@ -623,3 +623,27 @@ func (e *env) graceful() (stop func()) {
 	e.t.Cleanup(stop)
 	return stop
 }
+
+func TestServingResumesWhenTheConsumerIsDeleted(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	e.dispatcher()
+	c := e.client(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, err := jetstream.New(e.connect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := natsqueue.Names{Orchestra: "test"}
+	if err := js.DeleteConsumer(ctx, names.Stream(), names.Consumer(app)); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Submit(ctx, chatJob("job-after-delete", "still there?", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
+		t.Fatalf("after the consumer was deleted: %d %v", status, err)
+	}
+}

@@ -54,8 +54,22 @@ type Dispatcher struct {
 
 type app struct {
 	App
-	pool     *pool
+	pool *pool
+
+	mu       sync.Mutex
 	consumer jetstream.Consumer
+}
+
+func (a *app) getConsumer() jetstream.Consumer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.consumer
+}
+
+func (a *app) setConsumer(c jetstream.Consumer) {
+	a.mu.Lock()
+	a.consumer = c
+	a.mu.Unlock()
 }
 
 // Option customises a Dispatcher.
@@ -144,19 +158,8 @@ func (d *Dispatcher) Roots(app string) []string {
 // On shutdown it stops pulling, lets in-flight requests finish for up to
 // ShutdownTimeout and hands the rest back to JetStream for redelivery.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	specs := make([]natsqueue.ConsumerSpec, 0, len(d.apps))
-	for _, a := range d.apps {
-		specs = append(specs, natsqueue.ConsumerSpec{App: a.Name, AckWait: d.cfg.AckWait.Duration, MaxAckPending: d.cfg.MaxAckPending})
-	}
-	if err := d.provision(ctx, specs); err != nil {
+	if err := d.provision(ctx); err != nil {
 		return err
-	}
-	for _, a := range d.apps {
-		c, err := d.js.Consumer(ctx, d.names.Stream(), d.names.Consumer(a.Name))
-		if err != nil {
-			return fmt.Errorf("looking up consumer of %s: %w", a.Name, err)
-		}
-		a.consumer = c
 	}
 	if d.kube != nil {
 		if err := watchEndpoints(ctx, d.kube, d.cfg.Namespace, d.cfg.Apps, d.pools, d.log); err != nil {
@@ -175,15 +178,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 	var feeders sync.WaitGroup
 	for _, a := range d.apps {
-		iter, err := a.consumer.Messages(jetstream.PullMaxMessages(d.cfg.Prefetch))
-		if err != nil {
-			return fmt.Errorf("pulling requests of %s: %w", a.Name, err)
-		}
-		feeders.Add(1)
-		go func() {
-			defer feeders.Done()
-			d.feed(ctx, work, a, iter)
-		}()
+		feeders.Go(func() { d.feed(ctx, work, a) })
 	}
 	go d.heartbeats(ctx)
 	go d.observeBacklog(ctx)
@@ -208,12 +203,31 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	return nil
 }
 
-// provision retries until the streams exist: NATS may start after us.
-func (d *Dispatcher) provision(ctx context.Context, specs []natsqueue.ConsumerSpec) error {
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+// provision creates or updates the streams and consumers and looks the
+// consumers up, retrying until it works: NATS may start after us, or lose
+// its state.
+func (d *Dispatcher) provision(ctx context.Context) error {
+	specs := make([]natsqueue.ConsumerSpec, 0, len(d.apps))
+	for _, a := range d.apps {
+		specs = append(specs, natsqueue.ConsumerSpec{App: a.Name, AckWait: d.cfg.AckWait.Duration, MaxAckPending: d.cfg.MaxAckPending})
+	}
+	attempt := func() error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := natsqueue.Provision(pctx, d.js, d.cfg.streamSpec(), specs)
-		cancel()
+		defer cancel()
+		if err := natsqueue.Provision(pctx, d.js, d.cfg.streamSpec(), specs); err != nil {
+			return err
+		}
+		for _, a := range d.apps {
+			c, err := d.js.Consumer(pctx, d.names.Stream(), d.names.Consumer(a.Name))
+			if err != nil {
+				return fmt.Errorf("looking up consumer of %s: %w", a.Name, err)
+			}
+			a.setConsumer(c)
+		}
+		return nil
+	}
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		err := attempt()
 		if err == nil {
 			return nil
 		}
@@ -226,14 +240,40 @@ func (d *Dispatcher) provision(ctx context.Context, specs []natsqueue.ConsumerSp
 	}
 }
 
-// feed pulls an application's requests while engine slots are free.
-func (d *Dispatcher) feed(ctx, work context.Context, a *app, iter jetstream.MessagesContext) {
+// feed pulls an application's requests while engine slots are free, until
+// ctx ends. When pulling stops for another reason (the consumer was deleted,
+// NATS lost its state) it provisions again and resumes.
+func (d *Dispatcher) feed(ctx, work context.Context, a *app) {
+	for ctx.Err() == nil {
+		iter, err := a.getConsumer().Messages(jetstream.PullMaxMessages(d.cfg.Prefetch))
+		if err == nil {
+			d.pull(ctx, work, a, iter)
+			if ctx.Err() != nil {
+				return
+			}
+			err = errors.New("pulling stopped")
+		}
+		d.log.Warn("pulling requests; provisioning again", "app", a.Name, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+		if err := d.provision(ctx); err != nil {
+			return
+		}
+	}
+}
+
+// pull runs one pull subscription until it closes or ctx ends.
+func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.MessagesContext) {
 	stopped := make(chan struct{})
 	go func() {
 		select {
 		case <-ctx.Done():
 			iter.Drain()
 		case <-stopped:
+			iter.Stop()
 		}
 	}()
 	defer close(stopped)
@@ -299,7 +339,7 @@ func (d *Dispatcher) observeBacklog(ctx context.Context) {
 	for {
 		for _, a := range d.apps {
 			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			info, err := a.consumer.Info(ictx)
+			info, err := a.getConsumer().Info(ictx)
 			cancel()
 			if err != nil {
 				continue
