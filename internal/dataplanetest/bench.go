@@ -161,6 +161,17 @@ func FormatBenchmark(rows []BenchRow, stream bool) string {
 			ms(r.Queue.P50-r.Direct.P50), ms(r.Queue.P99-r.Direct.P99),
 			r.Direct.PerSec, r.Queue.PerSec, r.Direct.Errors+r.Queue.Errors)
 	}
+	var best, bestDirect BenchRow
+	for _, r := range rows {
+		if r.Queue.PerSec > best.Queue.PerSec {
+			best = r
+		}
+		if r.Direct.PerSec > bestDirect.Direct.PerSec {
+			bestDirect = r
+		}
+	}
+	fmt.Fprintf(&b, "\nMax requests/s through gateway + queue + dispatcher: %.0f (concurrency %d); direct to the simulator: %.0f (concurrency %d).\n",
+		best.Queue.PerSec, best.Concurrency, bestDirect.Direct.PerSec, bestDirect.Concurrency)
 	return b.String()
 }
 

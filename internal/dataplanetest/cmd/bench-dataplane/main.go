@@ -20,7 +20,7 @@ import (
 )
 
 func main() {
-	levels := flag.String("concurrency", "1,16,64", "comma-separated concurrency levels")
+	levels := flag.String("concurrency", "1,16,64,256", "comma-separated concurrency levels")
 	duration := flag.Duration("duration", 5*time.Second, "measurement time per level and target")
 	warmup := flag.Duration("warmup", time.Second, "warm-up time per level and target")
 	stream := flag.Bool("stream", false, "benchmark streamed requests")
