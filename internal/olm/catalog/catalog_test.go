@@ -330,6 +330,7 @@ func TestFromRegistryV1(t *testing.T) {
 	c.OperatorImageName = "widget-operator"
 	c.CSVBase = "config/manifests/bases/widget-operator.clusterserviceversion.yaml"
 	c.PreviousVersions = []semver.Version{semver.MustParse("1.1.0")}
+	c.ChartTemplates = "charts/widget/templates"
 	c.ImageDefaults = map[string]string{"RELATED_IMAGE_PROXY": "docker.io/library/envoy:1.30"}
 	res, err := bundle.Generate(context.Background(), c, bundle.RenderFunc(func(context.Context, *unstructured.Unstructured, map[string]string) ([]*unstructured.Unstructured, error) {
 		return nil, nil
