@@ -172,6 +172,9 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 		// nothing else of the cluster is cached.
 		DefaultLabelSelector: labels.SelectorFromSet(labels.Set{helmreconciler.LabelManagedBy: helmreconciler.ManagedByHelm}),
 		ByObject:             byObject,
+		// managedFields are often the largest part of an object and nothing
+		// in the engine reads them from the cache.
+		DefaultTransform: cache.TransformStripManagedFields(),
 	}
 	if len(c.WatchNamespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
