@@ -40,6 +40,7 @@ type reply struct {
 	buf          []byte       // non-stream: body of the current attempt
 	closed       atomic.Bool
 	settled      atomic.Bool // finished, or dead-lettered: nothing to cancel
+	cancelled    atomic.Bool
 }
 
 func newReply(c *Client, job queue.Job, token string) *reply {
@@ -243,8 +244,9 @@ func (r *reply) checkStall() error {
 	return nil
 }
 
+// cancel stops the job everywhere, once; a settled job needs no cancel.
 func (r *reply) cancel() {
-	if r.closed.Load() {
+	if r.settled.Load() || r.cancelled.Swap(true) {
 		return
 	}
 	r.c.cancel(r.job.App, r.seq.Load())
@@ -256,8 +258,6 @@ func (r *reply) Close() error {
 		return nil
 	}
 	r.c.forget(r.token)
-	if !r.settled.Load() {
-		r.c.cancel(r.job.App, r.seq.Load())
-	}
+	r.cancel()
 	return nil
 }
