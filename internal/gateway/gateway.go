@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -86,7 +87,8 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		metrics: newMetrics(),
 		created: time.Now().Unix(),
 	}
-	for i := range cfg.Models {
+	g.cfg.Models = slices.Clone(cfg.Models) // defaults are filled in below
+	for i := range g.cfg.Models {
 		m := &g.cfg.Models[i]
 		if m.OwnedBy == "" {
 			m.OwnedBy = "model-orchestra"
