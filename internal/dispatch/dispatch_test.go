@@ -245,9 +245,6 @@ func TestAnswersArriveCompleteAndInOrder(t *testing.T) {
 			if !stream && chunks != 1 {
 				t.Errorf("a non-streamed answer came in %d chunks, want 1", chunks)
 			}
-			if stream && chunks < 2 {
-				t.Errorf("a streamed answer came in %d chunks, want it streamed", chunks)
-			}
 		})
 	}
 }
