@@ -156,6 +156,13 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if md := examples[0]["metadata"].(map[string]any); md["namespace"] != nil {
 		t.Errorf("alm-examples keep the sample namespace %v", md["namespace"])
 	}
+	wantResources := []manifest.APIResourceReference{
+		{Kind: "Deployment", Version: "v1"}, {Kind: "Job", Version: "v1"}, {Kind: "PriorityClass", Version: "v1"},
+		{Kind: "Role", Version: "v1"}, {Kind: "Service", Version: "v1"},
+	}
+	if d := cmp.Diff(wantResources, owned[0].Resources); d != "" {
+		t.Errorf("owned resources (-want +got):\n%s", d)
+	}
 	if len(csv.Spec.Icon) != 1 || csv.Spec.Icon[0].MediaType != "image/svg+xml" {
 		t.Errorf("icon = %+v", csv.Spec.Icon)
 	}

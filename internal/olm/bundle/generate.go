@@ -195,12 +195,19 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		}
 	}
 	var rendered []*unstructured.Unstructured
+	createdFor := map[string]map[manifest.APIResourceReference]bool{} // owned kind -> kinds it creates
 	for _, s := range samples {
 		objs, err := r.Render(ctx, s, env)
 		if err != nil {
 			return nil, fmt.Errorf("rendering sample %s/%s through the chart: %w", s.GetKind(), s.GetName(), err)
 		}
 		rendered = append(rendered, objs...)
+		if createdFor[s.GetKind()] == nil {
+			createdFor[s.GetKind()] = map[manifest.APIResourceReference]bool{}
+		}
+		for _, o := range objs {
+			createdFor[s.GetKind()][manifest.APIResourceReference{Kind: o.GetKind(), Version: o.GroupVersionKind().Version}] = true
+		}
 	}
 	if cfg.ChartTemplates != "" {
 		kinds, unresolved, err := ScanChartKinds(path(cfg.ChartTemplates))
@@ -275,6 +282,23 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 	owned, err := ownedCRDs(csv.Spec.CustomResourceDefinitions.Owned, crds)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", cfg.CSVBase, err)
+	}
+	// The console lists the kinds each resource creates: those the chart
+	// rendered for its samples, unless the base lists them by hand.
+	for i := range owned {
+		if len(owned[i].Resources) > 0 {
+			continue
+		}
+		for ref := range createdFor[owned[i].Kind] {
+			owned[i].Resources = append(owned[i].Resources, ref)
+		}
+		sort.Slice(owned[i].Resources, func(a, b int) bool {
+			ra, rb := owned[i].Resources[a], owned[i].Resources[b]
+			if ra.Kind != rb.Kind {
+				return ra.Kind < rb.Kind
+			}
+			return ra.Version < rb.Version
+		})
 	}
 	csv.Spec.CustomResourceDefinitions.Owned = owned
 	csv.Spec.InstallStrategy = manifest.NamedInstallStrategy{
