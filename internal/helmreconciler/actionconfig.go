@@ -38,7 +38,7 @@ type actionConfigs struct {
 	chunks sync.Map // release Secret -> number of chunks written
 
 	mu          sync.Mutex
-	kubeClients map[string]*kube.Client
+	kubeClients map[string]reachableClient
 	caps        *chartutil.Capabilities
 	capsAt      time.Time
 }
@@ -57,7 +57,7 @@ func newActionConfigs(cfg *rest.Config, mapper meta.RESTMapper, chunkSize int, s
 		clientset:   cs,
 		chunkSize:   chunkSize,
 		labels:      secretLabels,
-		kubeClients: map[string]*kube.Client{},
+		kubeClients: map[string]reachableClient{},
 	}, nil
 }
 
@@ -91,7 +91,7 @@ func (a *actionConfigs) forResource(obj *unstructured.Unstructured, log action.D
 	}, nil
 }
 
-func (a *actionConfigs) kubeClient(ns string, log action.DebugLog) *kube.Client {
+func (a *actionConfigs) kubeClient(ns string, log action.DebugLog) reachableClient {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if kc, ok := a.kubeClients[ns]; ok {
@@ -100,9 +100,17 @@ func (a *actionConfigs) kubeClient(ns string, log action.DebugLog) *kube.Client 
 	kc := kube.New(a.getter)
 	kc.Namespace = ns
 	kc.Log = log
-	a.kubeClients[ns] = kc
-	return kc
+	a.kubeClients[ns] = reachableClient{kc}
+	return a.kubeClients[ns]
 }
+
+// reachableClient is Helm's kube client without the reachability probe
+// (a GET /version) that Helm makes before every action: the operator's
+// watches already tell that the API server answers, and the action's own
+// requests report any error. It keeps every other method of kube.Client.
+type reachableClient struct{ *kube.Client }
+
+func (reachableClient) IsReachable() error { return nil }
 
 // capabilities returns the cluster's capabilities, rediscovered at most
 // once per capabilitiesTTL.
