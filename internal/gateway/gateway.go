@@ -335,13 +335,13 @@ func (g *Gateway) record(r *http.Request, x *exchange) {
 		slog.String("app", x.app),
 		slog.String("consumer", x.consumer),
 		slog.Bool("stream", x.stream),
-		slog.Duration("duration", elapsed),
+		slog.Float64("duration_ms", ms(elapsed)),
 		slog.Int("prompt_tokens", x.usage.PromptTokens),
 		slog.Int("completion_tokens", x.usage.CompletionTokens),
 		slog.String("remote", r.RemoteAddr),
 	}
 	if x.ttft > 0 {
-		attrs = append(attrs, slog.Duration("ttft", x.ttft))
+		attrs = append(attrs, slog.Float64("ttft_ms", ms(x.ttft)))
 	}
 	if x.rejectedBy != "" {
 		attrs = append(attrs, slog.String("rejected", x.rejectedBy))
@@ -351,6 +351,9 @@ func (g *Gateway) record(r *http.Request, x *exchange) {
 	}
 	g.logger.LogAttrs(r.Context(), level, "request", attrs...)
 }
+
+// ms is a duration in milliseconds, for logs.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // modelObject is one entry of GET /v1/models.
 type modelObject struct {
