@@ -454,7 +454,7 @@ func updateDocs(path, table string) error {
 	section := startMarker + "\nMeasured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") +
 		" by `go run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md` (operator built from cmd/orchestra-operator, run as its own process).\n" + table +
 		"\nCPU is the operator process's user+system time. \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the 120 MB executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +
-		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting for the API server, not by the operator's CPU (see the CPU per install).\n\n" +
+		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting (for the API server and for a CPU), not by the operator's own work (see the CPU per install); the whole process's CPU, informer and event handling included, is divided by the number of no-op reconciles.\n\n" +
 		"Reference: the operator-sdk helm-operator deployed 50 CRs in 4.4–5.0 s (about 10/s) with an RSS of about 125 MiB. " +
 		"Targets: at least 30 CRs/s to Deployed, a no-op reconcile under 1 ms of CPU that never renders, RSS under 100 MiB with 200 releases.\n" + endMarker
 	s := string(data)
