@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -642,5 +644,52 @@ func TestServingResumesWhenTheConsumerIsDeleted(t *testing.T) {
 	defer r.Close()
 	if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
 		t.Fatalf("after the consumer was deleted: %d %v", status, err)
+	}
+}
+
+func TestMetricsTellWhatHappened(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	reg := prometheus.NewRegistry()
+	d, err := dispatch.New(e.cfg, e.connect(), testLogger(t), dispatch.WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = d.Run(ctx) }()
+	eventually(t, 10*time.Second, "dispatcher ready", d.Ready)
+	c := e.client(nil)
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	r, err := c.Submit(rctx, chatJob("job-metrics", "count me", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := collect(rctx, r); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	root := e.engine.URL
+	want := fmt.Sprintf(`
+# HELP orchestra_dispatcher_completed_total Requests answered and acknowledged, by engine status code.
+# TYPE orchestra_dispatcher_completed_total counter
+orchestra_dispatcher_completed_total{app="chat",code="200"} 1
+# HELP orchestra_dispatcher_dispatched_total Deliveries sent to an engine.
+# TYPE orchestra_dispatcher_dispatched_total counter
+orchestra_dispatcher_dispatched_total{app="chat"} 1
+# HELP orchestra_dispatcher_root_healthy 1 when an engine root receives traffic, 0 while ejected or gone.
+# TYPE orchestra_dispatcher_root_healthy gauge
+orchestra_dispatcher_root_healthy{app="chat",root=%q} 1
+# HELP orchestra_dispatcher_inflight Requests this dispatcher is running on engines.
+# TYPE orchestra_dispatcher_inflight gauge
+orchestra_dispatcher_inflight{app="chat"} 0
+`, root)
+	eventually(t, 5*time.Second, "the metrics", func() bool {
+		return testutil.GatherAndCompare(reg, strings.NewReader(want),
+			"orchestra_dispatcher_completed_total", "orchestra_dispatcher_dispatched_total",
+			"orchestra_dispatcher_root_healthy", "orchestra_dispatcher_inflight") == nil
+	})
+	if n, err := testutil.GatherAndCount(reg, "orchestra_dispatcher_queue_wait_seconds"); err != nil || n != 1 {
+		t.Errorf("queue wait histogram series: %d %v", n, err)
 	}
 }
