@@ -177,7 +177,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	}
 	x.consumer = p.Name
 
-	body, err := g.readBody(r)
+	body, err := g.readBody(w, r)
 	if err != nil {
 		return err
 	}
@@ -252,13 +252,14 @@ func (g *Gateway) authenticate(r *http.Request) (*Principal, error) {
 	return p, nil
 }
 
-// readBody reads the request body up to the configured limit.
-func (g *Gateway) readBody(r *http.Request) ([]byte, error) {
+// readBody reads the request body up to the configured limit. Past the
+// limit the server closes the connection after answering.
+func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	limit := g.cfg.Limits.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
-	body := http.MaxBytesReader(nil, r.Body, limit)
+	body := http.MaxBytesReader(w, r.Body, limit)
 	var buf []byte
 	var err error
 	if r.ContentLength > 0 {
