@@ -66,8 +66,44 @@ run: tools images ## Bring up the local real-node cluster (root) and print how t
 down: ## Tear the local cluster down and clean the machine.
 	$(GO) run ./cmd/devcluster down
 
+.PHONY: generate
+generate: tools ## Regenerate the CRD and deep-copy code from api/ with controller-gen.
+	$(BIN_DIR)/controller-gen object paths=./api/...
+	$(BIN_DIR)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+
 .PHONY: verify
-verify: ## Regenerate everything generated and fail on any diff.
-	@git diff --quiet --exit-code || { echo "verify: commit or stash your changes first"; exit 1; }
-	gofmt -l $$(git ls-files '*.go') | (! grep .)
-	git diff --exit-code
+verify: generate ## Regenerate everything generated (CRD, bundle, catalog, golden files) and fail on any diff.
+	$(MAKE) bundle catalog
+	$(GO) test ./internal/orchestra/preview -run Golden -update >/dev/null
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@git diff --exit-code --stat || { echo "verify: generated files drifted from their sources (see the diff above)"; exit 1; }
+
+##@ OLM delivery
+
+OLM := $(GO) run ./hack/olm
+
+.PHONY: bundle
+bundle: ## Generate bundle/, bundle.Dockerfile, config/rbac/role.yaml and the install chart's files/ for VERSION.
+	$(OLM) bundle --version $(VERSION)
+
+.PHONY: validate-bundle
+validate-bundle: ## Validate the bundles like operator-sdk bundle validate (default, operatorhub, good-practices).
+	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*)
+
+.PHONY: catalog
+catalog: ## Render catalog/semver-template.yaml into the File-Based Catalog in catalog/configs.
+	$(OLM) catalog
+
+.PHONY: validate-catalog
+validate-catalog: ## Validate the catalog with opm validate's rules.
+	$(OLM) validate-catalog catalog/configs
+
+.PHONY: check-crd-compat
+check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier release.
+	$(OLM) check-crd-compat
+
+##@ Benchmarks (each prints a table and updates its section of docs/benchmarks.md)
+
+.PHONY: bench-fetch
+bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository, sha256 on and off.
+	$(GO) run ./hack/bench-fetch --size 2GiB
