@@ -107,3 +107,11 @@ check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier 
 .PHONY: bench-fetch
 bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository, sha256 on and off.
 	$(GO) run ./hack/bench-fetch --size 2GiB
+
+.PHONY: bench-dataplane
+bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
+	$(GO) run ./internal/dataplanetest/cmd/bench-dataplane -docs docs/benchmarks.md
+
+.PHONY: bench-reconcile
+bench-reconcile: tools ## Time for 50 and 200 custom resources to reach Deployed, CPU per no-op reconcile, operator RSS.
+	$(GO) run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md
