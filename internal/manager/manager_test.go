@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -156,8 +158,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 // operator does: probes, metrics and leader election on a real control
 // plane, then shuts it down gracefully.
 func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
-	c := localcluster.StartForTest(t, localcluster.Options{})
-	cfg := c.Config()
+	cfg := needCluster(t)
 	scheme := runtime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
 	_ = apiextensionsv1.AddToScheme(scheme)
@@ -291,4 +292,34 @@ func grep(s, sub string) string {
 
 func init() {
 	ctrl.SetLogger(ctrlLogger())
+}
+
+var (
+	clusterOnce sync.Once
+	testCluster *localcluster.Cluster
+	clusterErr  error
+)
+
+// needCluster starts the package's one control plane (with
+// kube-controller-manager) on first use.
+func needCluster(t *testing.T) *rest.Config {
+	t.Helper()
+	clusterOnce.Do(func() {
+		testCluster, clusterErr = localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
+	})
+	if clusterErr != nil {
+		t.Fatalf("local control plane: %v", clusterErr)
+	}
+	return testCluster.Config()
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if testCluster != nil {
+		if err := testCluster.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
