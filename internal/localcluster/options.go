@@ -241,13 +241,35 @@ func ModuleRoot() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return moduleRootFrom(dir)
+}
+
+// moduleRootNear finds the module root from the working directory, else
+// from binDir (normally <module root>/bin).
+func moduleRootNear(binDir string) (string, error) {
+	root, err := ModuleRoot()
+	if err == nil {
+		return root, nil
+	}
+	if binDir != "" {
+		if abs, absErr := filepath.Abs(binDir); absErr == nil {
+			if root, err2 := moduleRootFrom(abs); err2 == nil {
+				return root, nil
+			}
+		}
+	}
+	return "", err
+}
+
+func moduleRootFrom(dir string) (string, error) {
+	start := dir
 	for {
 		if declaresModule(filepath.Join(dir, "go.mod")) {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("no go.mod of module %s above the working directory", ModulePath)
+			return "", fmt.Errorf("no go.mod of module %s above %s", ModulePath, start)
 		}
 		dir = parent
 	}

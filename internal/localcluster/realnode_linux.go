@@ -385,9 +385,10 @@ func (n *realNode) buildPauseImage(ctx context.Context, c *Cluster) (string, err
 	}
 	bin := filepath.Join(n.opts.BinDir, "pause")
 	if !isExecutable(bin) {
-		root, err := ModuleRoot()
+		root, err := moduleRootNear(n.opts.BinDir)
 		if err != nil {
-			return "", fmt.Errorf("building the pause image: %w", err)
+			return "", fmt.Errorf("building the pause image needs the %s source (run from the repository) or a static binary at %s: %w",
+				ModulePath, filepath.Join(n.opts.BinDir, "pause"), err)
 		}
 		bin = filepath.Join(dir, "pause")
 		goBin, err := exec.LookPath("go")
