@@ -234,6 +234,20 @@ func TestDriftRepair(t *testing.T) {
 		r, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas")
 		return r == 1, fmt.Sprint(r)
 	})
+	// A cluster-scoped object, owned through annotations (no owner
+	// reference is possible), is restored too.
+	role := &rbacv1.ClusterRole{}
+	if err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-drift-reader"}, role); err != nil {
+		t.Fatal(err)
+	}
+	if err := k8s.Delete(ctx, role); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "the deleted ClusterRole to come back", func() (bool, string) {
+		got := &rbacv1.ClusterRole{}
+		err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-drift-reader"}, got)
+		return err == nil && got.UID != role.UID, fmt.Sprint(err)
+	})
 	waitEvent(t, ns, "drift", "DriftRepaired")
 	if rev, _, _ := unstructured.NestedInt64(get(t, sampleGVK, ns, "drift").Object, "status", "deployedRelease", "revision"); rev != 1 {
 		t.Errorf("drift repair made revision %d; it must not upgrade", rev)
