@@ -613,3 +613,35 @@ func TestManagerStoppedMidInstallConverges(t *testing.T) {
 		t.Errorf("helm status:\n%s", out)
 	}
 }
+
+func TestUpgradeForceReplacesObjects(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	forced := newCR(sampleGVK, ns, "forced", map[string]any{"greeting": "a"})
+	forced.SetAnnotations(map[string]string{helmreconciler.AnnotationUpgradeForce: "true"})
+	create(t, forced)
+	create(t, newCR(sampleGVK, ns, "patched", map[string]any{"greeting": "a"}))
+	for _, name := range []string{"forced", "patched"} {
+		waitDeployed(t, sampleGVK, ns, name, 1)
+		// Another writer labels the ConfigMap.
+		eventually(t, 10*time.Second, "labelling "+name, func() (bool, string) {
+			cm, _ := configMap(t, ns, name+"-config")
+			cm.Labels["team"] = "blue"
+			err := k8s.Update(ctx, cm)
+			return err == nil, fmt.Sprint(err)
+		})
+		update(t, sampleGVK, ns, name, func(u *unstructured.Unstructured) {
+			_ = unstructured.SetNestedField(u.Object, "b", "spec", "greeting")
+		})
+		waitDeployed(t, sampleGVK, ns, name, 2)
+	}
+	// A forced upgrade replaces the object (the other writer's label goes);
+	// a normal one patches it (the label stays).
+	if cm, _ := configMap(t, ns, "forced-config"); cm.Data["greeting"] != "b" || cm.Labels["team"] != "" {
+		t.Errorf("forced upgrade: greeting %q, team label %q; want b and the object replaced", cm.Data["greeting"], cm.Labels["team"])
+	}
+	if cm, _ := configMap(t, ns, "patched-config"); cm.Data["greeting"] != "b" || cm.Labels["team"] != "blue" {
+		t.Errorf("normal upgrade: greeting %q, team label %q; want b and the label kept", cm.Data["greeting"], cm.Labels["team"])
+	}
+}
