@@ -55,13 +55,13 @@ func fetchURL(url, path string) {
 	if err != nil {
 		return
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	f, err := os.Create(path)
 	if err != nil {
 		return
 	}
-	defer f.Close()
 	_, _ = io.Copy(f, resp.Body)
+	_ = f.Close()
 }
 
 var sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Sample"}
@@ -105,7 +105,11 @@ func run(nList string, workers int, window time.Duration, docs string) error {
 	if err != nil {
 		return err
 	}
-	defer cluster.Stop()
+	defer func() {
+		if err := cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the local control plane:", err)
+		}
+	}()
 	cfg := cluster.Config()
 	cfg.QPS, cfg.Burst = 500, 1000
 	scheme := k8sruntime.NewScheme()
@@ -123,7 +127,7 @@ func run(nList string, workers int, window time.Duration, docs string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	defer func() { _ = os.RemoveAll(work) }()
 	bin := filepath.Join(work, "orchestra-operator")
 	fmt.Fprintln(os.Stderr, "building cmd/orchestra-operator ...")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/orchestra-operator")
@@ -144,7 +148,7 @@ func run(nList string, workers int, window time.Duration, docs string) error {
 		}
 		r, err := benchOne(ctx, c, cluster, root, bin, watchesFile, n, workers, window)
 		if err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+			return fmt.Errorf("with %d resources: %w", n, err)
 		}
 		results = append(results, r)
 	}
@@ -180,7 +184,7 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 	if err != nil {
 		return res, err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		return res, err
@@ -311,7 +315,7 @@ func scrape(addr string) (metrics, error) {
 	if err != nil {
 		return metrics{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var m metrics
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -382,8 +386,8 @@ func freeAddr() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	addr := l.Addr().String()
+	return addr, l.Close()
 }
 
 func waitMetrics(addr string, timeout time.Duration) error {
@@ -391,7 +395,7 @@ func waitMetrics(addr string, timeout time.Duration) error {
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			return nil
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -57,7 +57,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var logOut io.Writer = io.Discard
+	logOut := io.Discard
 	if os.Getenv("ENGINE_TEST_LOG") != "" {
 		logOut = os.Stderr
 	}

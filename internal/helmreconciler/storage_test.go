@@ -28,14 +28,7 @@ func fakeSecrets(t *testing.T) *fake.Clientset {
 	t.Helper()
 	cs := fake.NewClientset()
 	refuse := func(a k8stesting.Action) (bool, runtime.Object, error) {
-		var obj runtime.Object
-		switch a := a.(type) {
-		case k8stesting.CreateAction:
-			obj = a.GetObject()
-		case k8stesting.UpdateAction:
-			obj = a.GetObject()
-		}
-		s := obj.(*corev1.Secret)
+		s := a.(interface{ GetObject() runtime.Object }).GetObject().(*corev1.Secret)
 		size := 0
 		for _, v := range s.Data {
 			size += len(v)

@@ -9,7 +9,7 @@ import (
 )
 
 func ctrlLogger() logr.Logger {
-	var out io.Writer = io.Discard
+	out := io.Discard
 	if os.Getenv("ENGINE_TEST_LOG") != "" {
 		out = os.Stderr
 	}

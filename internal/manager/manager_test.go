@@ -123,8 +123,11 @@ func freeAddr(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 func httpGet(url string) (int, string) {
@@ -132,7 +135,7 @@ func httpGet(url string) (int, string) {
 	if err != nil {
 		return 0, err.Error()
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
@@ -216,7 +219,9 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	t.Cleanup(func() {
 		if !stopped {
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
 		}
 	})
 

@@ -263,7 +263,7 @@ func ChartDigest(c *chart.Chart) string {
 }
 
 func writeField(h interface{ Write([]byte) (int, error) }, name string, data []byte) {
-	fmt.Fprintf(h, "%s:%d:", name, len(data))
+	_, _ = fmt.Fprintf(h, "%s:%d:", name, len(data)) // a hash never fails to write
 	_, _ = h.Write(data)
 }
 

@@ -126,11 +126,11 @@ func Load(path string, charts fs.FS, reg *plugin.Registry) ([]Entry, error) {
 func Parse(source string, data []byte, charts fs.FS, reg *plugin.Registry) ([]Entry, error) {
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, source, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, source, err)
 	}
 	var raws []json.RawMessage
 	if err := json.Unmarshal(js, &raws); err != nil {
-		return nil, fmt.Errorf("%w: %s: want a YAML list of entries: %v", ErrInvalid, source, err)
+		return nil, fmt.Errorf("%w: %s: want a YAML list of entries: %w", ErrInvalid, source, err)
 	}
 	if len(raws) == 0 {
 		return nil, fmt.Errorf("%w: %s: no entries", ErrInvalid, source)
