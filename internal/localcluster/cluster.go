@@ -59,14 +59,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("localcluster: invalid options: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
-	defer cancel()
-
 	c := &Cluster{opts: opts, host: "127.0.0.1"}
 	if opts.RealNode {
 		if runtime.GOOS != "linux" || os.Geteuid() != 0 {
 			return nil, fmt.Errorf("localcluster: %w", ErrRealNodeUnsupported)
 		}
+		// Waiting for the machine-wide lock does not count against StartTimeout.
 		node, err := acquireRealNode(ctx, opts)
 		if err != nil {
 			return nil, fmt.Errorf("localcluster: %w", err)
@@ -74,6 +72,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.node = node
 		c.host = nodeIP
 	}
+	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
 	if err := c.start(ctx); err != nil {
 		if stopErr := c.Stop(); stopErr != nil {
 			err = errors.Join(err, fmt.Errorf("stopping after failed start: %w", stopErr))
