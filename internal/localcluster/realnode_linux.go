@@ -123,7 +123,7 @@ func acquireRealNode(ctx context.Context, opts Options) (*realNode, error) {
 			if o, err := ReadOwner(); err == nil {
 				holder = fmt.Sprintf("pid %d, work directory %s, started %s", o.PID, o.WorkDir, o.Started.Format(time.RFC3339))
 			}
-			return nil, fmt.Errorf("%w (%s); stop it first (`devcluster down`), or let tests wait with Options.LockWait", ErrRealNodeBusy, holder)
+			return nil, fmt.Errorf("%w (%s); stop it first (`devcluster down`), or wait for it (Options.LockWait; in tests $%s)", ErrRealNodeBusy, holder, EnvLockWait)
 		}
 		select {
 		case <-ctx.Done():
