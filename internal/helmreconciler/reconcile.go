@@ -269,9 +269,9 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				return nil, acted, r.failed(st, obj, ReasonUpgradeFailed, "%v", err)
 			}
 		}
-		deployed, err := cfg.Releases.Deployed(obj.GetName())
-		if err != nil {
-			return nil, acted, fmt.Errorf("finding the deployed revision: %w", err)
+		deployed := lastDeployed(hist)
+		if deployed == nil {
+			return nil, acted, fmt.Errorf("release %s has no deployed revision to upgrade from", obj.GetName())
 		}
 		rel, err = r.upgrade(ctx, cfg, obj, in)
 		if err != nil {
@@ -424,6 +424,17 @@ func (r *Reconciler) uninstall(cfg *action.Configuration, obj *unstructured.Unst
 	}
 	helmActions.WithLabelValues(r.entry.GVK.Kind, name, "success").Inc()
 	return nil
+}
+
+// lastDeployed returns the latest deployed revision of hist, or nil.
+func lastDeployed(hist []*release.Release) *release.Release {
+	var d *release.Release
+	for _, h := range hist {
+		if h.Info != nil && h.Info.Status == release.StatusDeployed && (d == nil || h.Version > d.Version) {
+			d = h
+		}
+	}
+	return d
 }
 
 // markFailed marks a revision left pending by an interrupted action failed,
