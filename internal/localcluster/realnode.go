@@ -34,3 +34,15 @@ var ErrRealNodeBusy = errors.New("another real-node cluster is running on this m
 
 // ErrNoRealNode is returned by operations that need a real node.
 var ErrNoRealNode = errors.New("the cluster has no real node (Options.RealNode)")
+
+// Machine-wide files of the real-node lock. /run is a tmpfs, so a reboot
+// clears them together with everything they protect.
+const (
+	// LockFile is flock(2)ed while a real-node cluster runs.
+	LockFile = "/run/model-orchestra-localcluster.lock"
+	// OwnerFile records the running real-node cluster: its process, work
+	// directory and what it changed on the host. A cluster that stops
+	// cleanly removes it; a crashed one leaves it for the next start (or
+	// `devcluster down`) to clean up after.
+	OwnerFile = "/run/model-orchestra-localcluster.json"
+)

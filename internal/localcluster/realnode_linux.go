@@ -27,18 +27,6 @@ import (
 	"github.com/model-orchestra/operator/internal/ociimage"
 )
 
-// Machine-wide files of the real-node lock. /run is a tmpfs, so a reboot
-// clears them together with everything they protect.
-const (
-	// LockFile is flock(2)ed while a real-node cluster runs.
-	LockFile = "/run/model-orchestra-localcluster.lock"
-	// OwnerFile records the running real-node cluster: its process, work
-	// directory and what it changed on the host. A cluster that stops
-	// cleanly removes it; a crashed one leaves it for the next start (or
-	// `devcluster down`) to clean up after.
-	OwnerFile = "/run/model-orchestra-localcluster.json"
-)
-
 // hostPaths are written by kubelet, containerd's shims and libcni no matter
 // which directories they are configured with. Teardown removes those that
 // did not exist before the cluster started.
