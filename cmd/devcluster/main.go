@@ -33,7 +33,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "devcluster:", err)
+		_, _ = fmt.Fprintln(os.Stderr, "devcluster:", err)
 		os.Exit(1)
 	}
 }
@@ -112,12 +112,12 @@ plane with kwok nodes that any user can run.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "starting the cluster in %s ...\n", *stateDir)
+			_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "starting the cluster in %s ...\n", *stateDir)
 			st, err := localcluster.Up(cmd.Context(), *stateDir, opts, []string{self, "serve"})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), `cluster is up (ready in %s)
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), `cluster is up (ready in %s)
   kubeconfig: %s
   logs:       %s
 
@@ -181,7 +181,7 @@ func newDownCommand(stateDir *string) *cobra.Command {
 			if err := localcluster.Down(cmd.Context(), *stateDir); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "cluster down (%s); logs kept in %s\n",
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "cluster down (%s); logs kept in %s\n",
 				time.Since(began).Round(10*time.Millisecond), filepath.Join(*stateDir, "logs"))
 			return nil
 		},
@@ -202,17 +202,17 @@ func newStatusCommand(stateDir *string) *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "supervisor pid %d alive=%t, started %s\n", s.SupervisorPID, s.SupervisorAlive, s.Started.Format(time.RFC3339))
-			fmt.Fprintf(out, "apiserver %s ready=%t %s\n", s.APIServer, s.APIServerReady, s.APIServerError)
+			_, _ = fmt.Fprintf(out, "supervisor pid %d alive=%t, started %s\n", s.SupervisorPID, s.SupervisorAlive, s.Started.Format(time.RFC3339))
+			_, _ = fmt.Fprintf(out, "apiserver %s ready=%t %s\n", s.APIServer, s.APIServerReady, s.APIServerError)
 			names := make([]string, 0, len(s.Processes))
 			for n := range s.Processes {
 				names = append(names, n)
 			}
 			sort.Strings(names)
 			for _, n := range names {
-				fmt.Fprintf(out, "  %-24s pid %-7d alive=%t\n", n, s.Processes[n], s.Alive[n])
+				_, _ = fmt.Fprintf(out, "  %-24s pid %-7d alive=%t\n", n, s.Processes[n], s.Alive[n])
 			}
-			fmt.Fprintf(out, "kubeconfig %s\nlogs %s\n", s.Kubeconfig, s.LogDir)
+			_, _ = fmt.Fprintf(out, "kubeconfig %s\nlogs %s\n", s.Kubeconfig, s.LogDir)
 			if !s.SupervisorAlive || !s.APIServerReady {
 				return errors.New("the cluster is not healthy; `devcluster down` then `devcluster up` starts a fresh one")
 			}
@@ -230,7 +230,7 @@ func newImportCommand(stateDir *string) *cobra.Command {
 			if err := localcluster.ImportImages(cmd.Context(), *stateDir, args...); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "imported %d image(s)\n", len(args))
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "imported %d image(s)\n", len(args))
 			return nil
 		},
 	}
@@ -249,7 +249,7 @@ func newImageCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s\n", o.Out, o.Ref, digest)
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s\n", o.Out, o.Ref, digest)
 			return nil
 		},
 	}

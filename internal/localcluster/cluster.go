@@ -401,7 +401,7 @@ func poll(ctx context.Context, interval time.Duration, what string, cond func(co
 		select {
 		case <-ctx.Done():
 			if last != nil {
-				return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), last)
+				return fmt.Errorf("waiting for %s: %w (last error: %w)", what, ctx.Err(), last)
 			}
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
 		case <-time.After(interval):

@@ -237,7 +237,7 @@ func waitHTTPWith(ctx context.Context, client *http.Client, p *process, what, ur
 		if err != nil {
 			return false, err
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		if ok(resp.StatusCode, string(body)) {
 			return true, nil

@@ -88,7 +88,7 @@ func Up(ctx context.Context, stateDir string, opts Options, supervisor []string)
 	if err != nil {
 		return DevState{}, err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }()
 	args := append(append([]string{}, supervisor[1:]...), "--state-dir", stateDir)
 	cmd := exec.Command(supervisor[0], args...)
 	cmd.Stdout = logFile
@@ -105,7 +105,7 @@ func Up(ctx context.Context, stateDir string, opts Options, supervisor []string)
 	for {
 		select {
 		case err := <-exited:
-			return DevState{}, fmt.Errorf("the supervisor exited (%v) before the cluster was ready; last lines of %s:\n%s", err, logPath, tailFile(logPath, 30))
+			return DevState{}, fmt.Errorf("the supervisor exited (%w) before the cluster was ready; last lines of %s:\n%s", err, logPath, tailFile(logPath, 30))
 		case <-deadline:
 			_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
 			return DevState{}, fmt.Errorf("the cluster was not ready after %s; see %s and %s", timeout, logPath, opts.LogDir)
@@ -262,7 +262,7 @@ func Status(ctx context.Context, stateDir string) (DevStatus, error) {
 		s.APIServerError = err.Error()
 		return s, nil
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	s.APIServerReady = resp.StatusCode == http.StatusOK
 	if !s.APIServerReady {

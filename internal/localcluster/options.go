@@ -121,12 +121,13 @@ const (
 	realNodeTimeout     = 5 * time.Minute
 )
 
-// GPU resource and label names, as the NVIDIA device plugin and GPU feature
-// discovery publish them.
+// ResourceGPU is the extended resource of NVIDIA GPUs.
+const ResourceGPU corev1.ResourceName = "nvidia.com/gpu"
+
+// GPU labels, as NVIDIA GPU feature discovery publishes them.
 const (
-	ResourceGPU     corev1.ResourceName = "nvidia.com/gpu"
-	LabelGPUProduct                     = "nvidia.com/gpu.product"
-	LabelGPUCount                       = "nvidia.com/gpu.count"
+	LabelGPUProduct = "nvidia.com/gpu.product"
+	LabelGPUCount   = "nvidia.com/gpu.count"
 )
 
 // Default fills unset fields. It reads $MO_BIN_DIR and looks for the module
@@ -280,7 +281,7 @@ func declaresModule(gomod string) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		line := strings.TrimSpace(s.Text())

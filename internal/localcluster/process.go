@@ -42,7 +42,7 @@ func startProcess(logDir, name, bin string, args []string, env []string) (*proce
 	if err != nil {
 		return nil, fmt.Errorf("opening log of %s: %w", name, err)
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }()
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
@@ -74,7 +74,11 @@ func (p *process) exited() bool {
 
 // exitError describes an unexpected exit with the tail of the log.
 func (p *process) exitError() error {
-	return fmt.Errorf("%w: %s (%v); last lines of %s:\n%s", ErrExited, p.Name, p.err, p.LogPath, tailFile(p.LogPath, 20))
+	status := p.err
+	if status == nil {
+		status = errors.New("exit status 0")
+	}
+	return fmt.Errorf("%w: %s (%w); last lines of %s:\n%s", ErrExited, p.Name, status, p.LogPath, tailFile(p.LogPath, 20))
 }
 
 // stop sends SIGTERM to the process group, waits up to grace, then kills
@@ -108,7 +112,7 @@ func tailFile(path string, n int) string {
 	if err != nil {
 		return fmt.Sprintf("(cannot read %s: %v)", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	const maxRead = 64 << 10
 	if fi, err := f.Stat(); err == nil && fi.Size() > maxRead {
 		_, _ = f.Seek(fi.Size()-maxRead, io.SeekStart)
@@ -128,7 +132,7 @@ func freePort(host string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -102,11 +101,11 @@ func acquireRealNode(ctx context.Context, opts Options) (*realNode, error) {
 			break
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
+			_ = f.Close()
 			return nil, fmt.Errorf("locking %s: %w", LockFile, err)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			f.Close()
+			_ = f.Close()
 			holder := "unknown"
 			if o, err := ReadOwner(); err == nil {
 				holder = fmt.Sprintf("pid %d, work directory %s, started %s", o.PID, o.WorkDir, o.Started.Format(time.RFC3339))
@@ -121,8 +120,8 @@ func acquireRealNode(ctx context.Context, opts Options) (*realNode, error) {
 	if stale, err := ReadOwner(); err == nil {
 		// We hold the lock, so whoever wrote this is gone without cleaning up.
 		if err := cleanupOwner(stale); err != nil {
-			syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-			f.Close()
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+			_ = f.Close()
 			return nil, fmt.Errorf("cleaning up after the real-node cluster of pid %d (%s): %w", stale.PID, stale.WorkDir, err)
 		}
 	}
@@ -186,7 +185,7 @@ func (n *realNode) writeOwner() error {
 func (n *realNode) prepareHost(ctx context.Context) error {
 	if n.owner.AddedAddress {
 		if out, err := exec.CommandContext(ctx, "ip", "addr", "replace", nodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
-			return fmt.Errorf("adding %s to lo: %v: %s", nodeIP, err, out)
+			return fmt.Errorf("adding %s to lo: %w: %s", nodeIP, err, out)
 		}
 	}
 	for key, v := range sysctlSettings {
@@ -341,7 +340,7 @@ state = %q
 		}
 		out, err := exec.CommandContext(ctx, "ctr", "-a", c.containerdSocket(), "version").CombinedOutput()
 		if err != nil {
-			return false, fmt.Errorf("ctr version: %v: %s", err, out)
+			return false, fmt.Errorf("ctr version: %w: %s", err, out)
 		}
 		return true, nil
 	})
@@ -359,7 +358,7 @@ func (c *Cluster) ImportImage(ctx context.Context, tarball string) error {
 func importImage(ctx context.Context, socket, tarball string) error {
 	out, err := exec.CommandContext(ctx, "ctr", "-a", socket, "-n", "k8s.io", "images", "import", tarball).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("importing image %s: %v: %s", tarball, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("importing image %s: %w: %s", tarball, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -381,13 +380,14 @@ func (n *realNode) buildPauseImage(ctx context.Context, c *Cluster) (string, err
 		bin = filepath.Join(dir, "pause")
 		goBin, err := exec.LookPath("go")
 		if err != nil {
-			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+			return "", fmt.Errorf("building the pause binary needs the go command on PATH, or a static binary at %s: %w",
+				filepath.Join(n.opts.BinDir, "pause"), err)
 		}
 		cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./internal/localcluster/pause")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("building the pause binary: %v: %s", err, out)
+			return "", fmt.Errorf("building the pause binary: %w: %s", err, out)
 		}
 	}
 	tarball := filepath.Join(dir, "pause.tar")
@@ -678,12 +678,12 @@ func cleanupOwner(o Owner) error {
 	errs = append(errs, cleanupIPTables())
 	if link, err := net.InterfaceByName(bridgeName); err == nil && link != nil {
 		if out, err := exec.Command("ip", "link", "del", bridgeName).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("deleting %s: %v: %s", bridgeName, err, out))
+			errs = append(errs, fmt.Errorf("deleting %s: %w: %s", bridgeName, err, out))
 		}
 	}
 	if o.AddedAddress && hasLoopbackAddress() {
 		if out, err := exec.Command("ip", "addr", "del", nodeIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("removing %s from lo: %v: %s", nodeIP, err, out))
+			errs = append(errs, fmt.Errorf("removing %s from lo: %w: %s", nodeIP, err, out))
 		}
 	}
 	for key, v := range o.Sysctls {
@@ -708,7 +708,7 @@ func killPods() {
 		for _, root := range kubepodsCgroups() {
 			_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-					return nil
+					return nil //nolint:nilerr // cgroups vanish while we walk; skip them
 				}
 				data, _ := os.ReadFile(path)
 				for _, f := range strings.Fields(string(data)) {
@@ -897,7 +897,7 @@ func OwnIPTablesChains(ipt string) []string {
 func cleanupTable(ipt, table string) error {
 	out, err := exec.Command(ipt, "-w", "-t", table, "-S").Output()
 	if err != nil {
-		return nil // table not present
+		return nil //nolint:nilerr // the table does not exist here: nothing to clean
 	}
 	var chains []string
 	var errs []error
@@ -919,7 +919,7 @@ func cleanupTable(ipt, table string) error {
 				if (args[i] == "-j" || args[i] == "-g") && isOwnChain(args[i+1]) {
 					del := append([]string{"-w", "-t", table, "-D"}, args[1:]...)
 					if out, err := exec.Command(ipt, del...).CombinedOutput(); err != nil {
-						errs = append(errs, fmt.Errorf("%s %s: %v: %s", ipt, strings.Join(del, " "), err, out))
+						errs = append(errs, fmt.Errorf("%s %s: %w: %s", ipt, strings.Join(del, " "), err, out))
 					}
 					break
 				}
@@ -931,7 +931,7 @@ func cleanupTable(ipt, table string) error {
 	}
 	for _, ch := range chains {
 		if out, err := exec.Command(ipt, "-w", "-t", table, "-X", ch).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("%s -t %s -X %s: %v: %s", ipt, table, ch, err, out))
+			errs = append(errs, fmt.Errorf("%s -t %s -X %s: %w: %s", ipt, table, ch, err, out))
 		}
 	}
 	return errors.Join(errs...)

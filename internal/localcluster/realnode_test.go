@@ -155,7 +155,7 @@ func TestRealNode(t *testing.T) {
 			if err != nil {
 				return false, err
 			}
-			defer resp.Body.Close()
+			defer func() { _ = resp.Body.Close() }()
 			body, _ := io.ReadAll(resp.Body)
 			if !strings.HasPrefix(string(body), "hello from hello-") {
 				return false, fmt.Errorf("answer %d %q", resp.StatusCode, body)

@@ -61,7 +61,7 @@ func (c *Cluster) startProvisioner(ctx, bgCtx context.Context, cs kubernetes.Int
 	c.bg.Add(1)
 	go func() {
 		defer c.bg.Done()
-		defer logFile.Close()
+		defer func() { _ = logFile.Close() }()
 		p.run(bgCtx)
 	}()
 	return nil

@@ -100,7 +100,7 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: path in image %q is not absolute", ErrInvalidOptions, o.Path)
 	}
 	if _, err := name.NewTag(o.Ref); err != nil {
-		return fmt.Errorf("%w: reference %q: %v", ErrInvalidOptions, o.Ref, err)
+		return fmt.Errorf("%w: reference %q: %w", ErrInvalidOptions, o.Ref, err)
 	}
 	uid, gid, ok := strings.Cut(o.User, ":")
 	if _, err := strconv.ParseUint(uid, 10, 32); err != nil || !ok {

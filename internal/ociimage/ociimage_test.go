@@ -92,7 +92,7 @@ func TestPackWritesAnImportableImage(t *testing.T) {
 	files := map[string]*tar.Header{}
 	contents := map[string]string{}
 	rc := mutate.Extract(img)
-	defer rc.Close()
+	defer func() { _ = rc.Close() }()
 	tr := tar.NewReader(rc)
 	for {
 		hdr, err := tr.Next()
