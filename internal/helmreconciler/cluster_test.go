@@ -3,6 +3,8 @@ package helmreconciler_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -169,6 +171,7 @@ func newNamespace(t *testing.T) string {
 func registry() *plugin.Registry {
 	reg := plugin.NewRegistry()
 	reg.RegisterStatus("greeting-status", greetingStatus{})
+	reg.RegisterPostRenderer("secret-stamp", func(json.RawMessage) (plugin.PostRenderer, error) { return secretStamp{}, nil })
 	return reg
 }
 
@@ -444,4 +447,42 @@ func (greetingStatus) Status(_ context.Context, in plugin.StatusInput) (plugin.S
 	}
 	res.Conditions = []metav1.Condition{{Type: "GreetingPublished", Status: metav1.ConditionTrue, Reason: "ConfigMapExists", Message: "the greeting is published"}}
 	return res, nil
+}
+
+// secretStamp is a test post-renderer that reads a live object: it stamps
+// the pod template of every Deployment with a digest of the data of the
+// Secret "<resource>-token" (absent: "absent"), as config-checksum does for
+// the Secrets a pod references, and names that Secret as a live input.
+type secretStamp struct{}
+
+const stampAnnotation = "test.modelorchestra.io/token-digest"
+
+func (secretStamp) PostRender(ctx context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]*unstructured.Unstructured, error) {
+	stamp := "offline"
+	if rc.Reader != nil {
+		s := &corev1.Secret{}
+		err := rc.Reader.Get(ctx, types.NamespacedName{Namespace: rc.Owner.GetNamespace(), Name: rc.Owner.GetName() + "-token"}, s)
+		switch {
+		case apierrors.IsNotFound(err):
+			stamp = "absent"
+		case err != nil:
+			return nil, err
+		default:
+			b, _ := json.Marshal(s.Data)
+			sum := sha256.Sum256(b)
+			stamp = hex.EncodeToString(sum[:])
+		}
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" {
+			if err := unstructured.SetNestedField(o.Object, stamp, "spec", "template", "metadata", "annotations", stampAnnotation); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return objs, nil
+}
+
+func (secretStamp) DigestInputs(_ context.Context, rc plugin.RenderContext, _ []*unstructured.Unstructured) ([]plugin.ObjectRef, error) {
+	return []plugin.ObjectRef{{GVK: corev1.SchemeGroupVersion.WithKind("Secret"), Namespace: rc.Owner.GetNamespace(), Name: rc.Owner.GetName() + "-token"}}, nil
 }

@@ -21,8 +21,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -103,6 +105,10 @@ type Reconciler struct {
 	recorder events.EventRecorder
 	actions  *actionConfigs
 	ctrl     controller.Controller
+	// restConfig and scheme build the caches of live inputs.
+	restConfig *rest.Config
+	scheme     *runtime.Scheme
+	live       *liveInputs
 
 	watchMu sync.Mutex
 	watched map[schema.GroupVersionKind]bool
@@ -115,7 +121,11 @@ type Reconciler struct {
 type releaseState struct {
 	uid      types.UID
 	revision int
-	digest   string
+	digest   string // the release's digest label
+	// base is the digest of the resource's inputs without the live inputs
+	// (render.Inputs.Digest) this release was found or made for; "" when
+	// unknown (read from storage after a restart).
+	base     string
 	desired  []*unstructured.Unstructured
 	verified map[objectKey]string // resourceVersion at which the object matched
 }
@@ -147,6 +157,13 @@ func New(mgr ctrl.Manager, entry *watches.Entry, opts Options) (*Reconciler, err
 		recorder: mgr.GetEventRecorder(controllerName(entry)),
 		actions:  ac,
 		watched:  map[schema.GroupVersionKind]bool{},
+
+		restConfig: mgr.GetConfig(),
+		scheme:     mgr.GetScheme(),
+		live:       newLiveInputs(),
+	}
+	if err := mgr.Add(r.live); err != nil {
+		return nil, fmt.Errorf("adding the cache of live inputs for %s: %w", entry.GVK, err)
 	}
 	return r, r.setup(mgr)
 }

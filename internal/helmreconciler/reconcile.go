@@ -53,6 +53,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	if err := r.client.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.states.Delete(req.NamespacedName)
+			r.live.forget(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
 		return reconcile.Result{}, fmt.Errorf("getting %s %s: %w", r.entry.GVK.Kind, req.NamespacedName, err)
@@ -95,7 +96,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	if err == nil {
 		// Validation is cheap next to a Helm action but not free; it only
 		// matters when the inputs changed, which the digest tells.
-		if rs := r.state(obj); rs == nil || rs.digest != in.Digest {
+		if rs := r.state(obj); rs == nil || rs.base != in.Digest {
 			err = render.Validate(r.entry, in.Values)
 		}
 	}
@@ -217,14 +218,29 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		return nil, "", err
 	}
 	rs := r.state(obj)
-	if cached && latest.Status == release.StatusDeployed && latest.Digest == in.Digest {
-		if rs == nil || rs.revision != latest.Revision {
-			if rs, err = r.loadState(ctx, obj, latest.Revision); err != nil {
+	if cached && latest.Status == release.StatusDeployed {
+		want := in.Digest
+		if len(r.contributors()) > 0 {
+			// The live inputs are those named for the deployed objects.
+			if rs == nil || rs.revision != latest.Revision {
+				if rs, err = r.loadState(ctx, obj, latest.Revision); err != nil {
+					return nil, "", err
+				}
+			}
+			if want, err = r.liveDigest(ctx, obj, in.Digest, rs.desired); err != nil {
 				return nil, "", err
 			}
 		}
-		r.markDeployed(st, obj, rs, ReasonUpToDate, "release %s revision %d is deployed and up to date")
-		return rs, "", nil
+		if latest.Digest == want {
+			if rs == nil || rs.revision != latest.Revision {
+				if rs, err = r.loadState(ctx, obj, latest.Revision); err != nil {
+					return nil, "", err
+				}
+			}
+			rs.base = in.Digest
+			r.markDeployed(st, obj, rs, ReasonUpToDate, "release %s revision %d is deployed and up to date")
+			return rs, "", nil
+		}
 	}
 
 	cfg, err := r.actions.forResource(obj, helmLog(ctx))
@@ -239,7 +255,20 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	for _, h := range hist {
 		infos = append(infos, revisionInfo{Revision: h.Version, Status: h.Info.Status, Digest: h.Labels[LabelDigest]})
 	}
-	p := planRelease(infos, in.Digest)
+	want := in.Digest
+	if len(hist) > 0 && len(r.contributors()) > 0 {
+		releaseutil.SortByRevision(hist)
+		if l := hist[len(hist)-1]; l.Info.Status == release.StatusDeployed {
+			objs, err := render.ParseManifest(l.Manifest)
+			if err != nil {
+				return nil, "", fmt.Errorf("parsing the manifest of revision %d: %w", l.Version, err)
+			}
+			if want, err = r.liveDigest(ctx, obj, in.Digest, desiredObjects(objs, l.Name, l.Namespace, r.mapper)); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	p := planRelease(infos, want)
 	if p.Recovered != "" {
 		logr.FromContextOrDiscard(ctx).Info("recovering release", "detail", p.Recovered)
 		r.event(obj, corev1.EventTypeWarning, ReasonReleaseRecovered, "Recover", "%s", p.Recovered)
@@ -303,6 +332,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	if err != nil {
 		return nil, acted, err
 	}
+	rs.base = in.Digest
 	reason := ReasonUpToDate
 	switch p.Step {
 	case stepInstall:
@@ -336,9 +366,19 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 	return errors.New(msg)
 }
 
-func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured) postrender.PostRenderer {
+// postRenderer is the render pipeline for an install or upgrade whose
+// release labels are labels. Post-renderers read live objects directly
+// from the API server: the operator's cache holds only objects labelled
+// managed-by Helm, and a render is rare (the digest changed). When
+// post-renderers name live inputs, the digest label becomes the digest of
+// what was rendered, live inputs included.
+func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, labels map[string]string) postrender.PostRenderer {
 	renders.WithLabelValues(r.entry.GVK.Kind).Inc()
-	return render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.client, Mapper: r.mapper})
+	pr := render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
+	if len(r.contributors()) == 0 {
+		return pr
+	}
+	return &digestingPostRenderer{PostRenderer: pr, r: r, ctx: ctx, obj: obj, base: in.Digest, labels: labels}
 }
 
 func releaseLabels(in render.Inputs) map[string]string {
@@ -352,7 +392,7 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	i.Replace = true
 	i.Timeout = r.opts.ActionTimeout
 	i.Labels = releaseLabels(in)
-	i.PostRenderer = r.postRenderer(ctx, obj)
+	i.PostRenderer = r.postRenderer(ctx, obj, in, i.Labels)
 	i.SkipSchemaValidation = true // render.Validate ran, with a clearer message
 	i.DisableOpenAPIValidation = true
 	rel, err := i.RunWithContext(ctx, r.entry.Chart, in.Values)
@@ -384,7 +424,7 @@ func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj
 	u.Timeout = r.opts.ActionTimeout
 	u.Labels = releaseLabels(in)
 	u.Force = boolAnnotation(obj, AnnotationUpgradeForce)
-	u.PostRenderer = r.postRenderer(ctx, obj)
+	u.PostRenderer = r.postRenderer(ctx, obj, in, u.Labels)
 	u.SkipSchemaValidation = true
 	u.DisableOpenAPIValidation = true
 	rel, err := u.RunWithContext(ctx, obj.GetName(), r.entry.Chart, in.Values)
@@ -675,6 +715,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, obj *unstructured.Unst
 		return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
 	}
 	r.states.Delete(client.ObjectKeyFromObject(obj))
+	r.live.forget(client.ObjectKeyFromObject(obj))
 	return reconcile.Result{}, nil
 }
 

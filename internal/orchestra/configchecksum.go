@@ -39,6 +39,10 @@ type ConfigChecksumConfig struct {
 // templates are immutable.
 //
 // Only the digest of a Secret's data is recorded, never its content.
+//
+// It is a plugin.DigestContributor: it names the ConfigMaps and Secrets it
+// reads live, so that the engine upgrades the release, and the pods roll,
+// when one of them changes.
 type configChecksum struct {
 	annotation string
 }
@@ -108,6 +112,45 @@ func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext
 		}
 	}
 	return objs, nil
+}
+
+// DigestInputs implements plugin.DigestContributor: the ConfigMaps and
+// Secrets that the rolled workloads of objs reference and objs do not
+// render, which PostRender reads live. It reads nothing itself.
+func (c *configChecksum) DigestInputs(_ context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]plugin.ObjectRef, error) {
+	rendered := map[configRef]bool{}
+	for _, o := range objs {
+		if o.GetAPIVersion() == "v1" && (o.GetKind() == "ConfigMap" || o.GetKind() == "Secret") {
+			rendered[configRef{o.GetKind(), o.GetName()}] = true
+		}
+	}
+	seen := map[plugin.ObjectRef]bool{}
+	var out []plugin.ObjectRef
+	for _, obj := range objs {
+		gvk := obj.GroupVersionKind()
+		if !rolledKinds[gvk.Group+"/"+gvk.Kind] {
+			continue
+		}
+		pt, err := podTemplateOf(obj)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ConfigChecksumName, err)
+		}
+		ns := obj.GetNamespace()
+		if ns == "" && rc.Owner != nil {
+			ns = rc.Owner.GetNamespace()
+		}
+		for _, ref := range referencedConfig(&pt.tmpl.Spec) {
+			if rendered[ref] {
+				continue
+			}
+			r := plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind(ref.kind), Namespace: ns, Name: ref.name}
+			if !seen[r] {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
 }
 
 // content returns the canonical bytes of what a reference points to.

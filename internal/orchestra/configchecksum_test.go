@@ -2,8 +2,11 @@ package orchestra
 
 import (
 	"context"
+	"slices"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -127,5 +130,121 @@ func TestConfigChecksumLeavesOthersAlone(t *testing.T) {
 	}
 	if got := checksum(t, nil, "plain", workload(t, "Deployment", "plain", pod(corev1.Container{Name: "c"}))); got != "" {
 		t.Errorf("pod without configuration annotated with %s", got)
+	}
+}
+
+// recordingReader records the objects read through it, once each.
+type recordingReader struct {
+	client.Reader
+	read []plugin.ObjectRef
+}
+
+func (r *recordingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	kind := "ConfigMap"
+	if _, ok := obj.(*corev1.Secret); ok {
+		kind = "Secret"
+	}
+	ref := plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind(kind), Namespace: key.Namespace, Name: key.Name}
+	if !slices.Contains(r.read, ref) {
+		r.read = append(r.read, ref)
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func TestConfigChecksumDigestInputs(t *testing.T) {
+	secretRef := func(name string) plugin.ObjectRef {
+		return plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind("Secret"), Namespace: "ns", Name: name}
+	}
+	configMapRef := func(name string) plugin.ObjectRef {
+		return plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind("ConfigMap"), Namespace: "ns", Name: name}
+	}
+	natsCreds := pod(corev1.Container{Name: "c"})
+	natsCreds.Spec.Volumes = []corev1.Volume{{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "nats-creds"}}}}
+	cases := []struct {
+		name string
+		objs func(t *testing.T) []*unstructuredT
+		want []plugin.ObjectRef
+	}{
+		{
+			name: "a user Secret in env valueFrom (an API key, an HF token)",
+			objs: func(t *testing.T) []*unstructuredT {
+				return []*unstructuredT{workload(t, "StatefulSet", "engine", usesSecret("hf"))}
+			},
+			want: []plugin.ObjectRef{secretRef("hf")},
+		},
+		{
+			name: "a mounted credentials Secret (NATS credentials)",
+			objs: func(t *testing.T) []*unstructuredT {
+				return []*unstructuredT{workload(t, "Deployment", "gateway", natsCreds)}
+			},
+			want: []plugin.ObjectRef{secretRef("nats-creds")},
+		},
+		{
+			name: "a rendered ConfigMap is not a live input, a user's one is",
+			objs: func(t *testing.T) []*unstructuredT {
+				return []*unstructuredT{
+					configMap("cfg", map[string]any{"k": "1"}),
+					workload(t, "Deployment", "gw", mountsConfig("cfg")),
+					workload(t, "Deployment", "other", mountsConfig("users-cfg")),
+				}
+			},
+			want: []plugin.ObjectRef{configMapRef("users-cfg")},
+		},
+		{
+			name: "a Secret two workloads use is named once",
+			objs: func(t *testing.T) []*unstructuredT {
+				return []*unstructuredT{workload(t, "StatefulSet", "a", usesSecret("hf")), workload(t, "StatefulSet", "b", usesSecret("hf"))}
+			},
+			want: []plugin.ObjectRef{secretRef("hf")},
+		},
+		{
+			name: "Jobs are not rolled, so what they use is not read",
+			objs: func(t *testing.T) []*unstructuredT {
+				return []*unstructuredT{workload(t, "Job", "fetch", usesSecret("hf"))}
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pr, err := NewConfigChecksum(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc := plugin.RenderContext{Owner: owner(t, "{}")}
+			rec := &recordingReader{Reader: fake.NewClientBuilder().Build()}
+			rc.Reader = rec
+			out, err := pr.PostRender(context.Background(), rc, tc.objs(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rc.Reader = nil // DigestInputs must not read
+			got, err := pr.(plugin.DigestContributor).DigestInputs(context.Background(), rc, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sortRefs := cmpopts.SortSlices(func(a, b plugin.ObjectRef) bool { return a.GVK.Kind+a.Name < b.GVK.Kind+b.Name })
+			if diff := cmp.Diff(tc.want, got, sortRefs, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("DigestInputs (-want +got):\n%s", diff)
+			}
+			// Exactly what PostRender read live, so that the engine watches
+			// every input of the checksum and nothing else.
+			if diff := cmp.Diff(rec.read, got, sortRefs, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("DigestInputs differ from what PostRender read (-read +named):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestConfigChecksumDigestInputsDefaultNamespace(t *testing.T) {
+	pr, _ := NewConfigChecksum(nil)
+	w := workload(t, "Deployment", "gw", usesSecret("key"))
+	w.SetNamespace("") // as a chart renders it; the release's namespace applies
+	got, err := pr.(plugin.DigestContributor).DigestInputs(context.Background(), plugin.RenderContext{Owner: owner(t, "{}")}, []*unstructuredT{w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []plugin.ObjectRef{{GVK: corev1.SchemeGroupVersion.WithKind("Secret"), Namespace: "ns", Name: "key"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DigestInputs (-want +got):\n%s", diff)
 	}
 }

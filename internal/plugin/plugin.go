@@ -18,6 +18,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -47,6 +48,32 @@ type RenderContext struct {
 // same input gives the same output, so that the engine's digest is stable.
 type PostRenderer interface {
 	PostRender(ctx context.Context, rc RenderContext, objs []*unstructured.Unstructured) ([]*unstructured.Unstructured, error)
+}
+
+// ObjectRef names a live object that a post-renderer reads.
+type ObjectRef struct {
+	GVK       schema.GroupVersionKind
+	Namespace string
+	Name      string
+}
+
+// DigestContributor is implemented by a PostRenderer whose output depends
+// on live objects it reads through RenderContext.Reader (for example a
+// Secret whose digest it writes into a pod template). The engine upgrades a
+// release only when the digest of its inputs changes, and it renders nothing
+// to find out; DigestInputs tells it which live objects to add to that
+// digest. The engine then adds their resourceVersions (or their absence) to
+// the digest on every reconcile, and watches them, so that a change of one
+// of them upgrades the release promptly.
+//
+// DigestInputs is given the post-renderer's own output: the objects of a
+// fresh render, or those of the deployed release. It must name exactly the
+// objects PostRender read to produce them, and it must be cheap: no reads
+// and no rendering, only an inspection of objs. The engine reads the named
+// objects' metadata from its own cache, in the namespaces of the served
+// resources, so the operator needs get, list and watch on their kinds.
+type DigestContributor interface {
+	DigestInputs(ctx context.Context, rc RenderContext, objs []*unstructured.Unstructured) ([]ObjectRef, error)
 }
 
 // PostRendererFactory builds a PostRenderer from its watches.yaml config

@@ -1,0 +1,119 @@
+package helmreconciler_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+const stampWatch = sampleWatch + `  postRenderers:
+    - name: secret-stamp
+`
+
+// stampOf returns the secret-stamp annotation of the Deployment's pod
+// template.
+func stampOf(t *testing.T, ns, name string) string {
+	t.Helper()
+	d := &unstructured.Unstructured{}
+	d.SetAPIVersion("apps/v1")
+	d.SetKind("Deployment")
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, d); err != nil {
+		t.Fatalf("getting Deployment %s: %v", name, err)
+	}
+	s, _, _ := unstructured.NestedString(d.Object, "spec", "template", "metadata", "annotations", stampAnnotation)
+	return s
+}
+
+func revisionOf(t *testing.T, ns, name string) int64 {
+	t.Helper()
+	rev, _, _ := unstructured.NestedInt64(get(t, sampleGVK, ns, name).Object, "status", "deployedRelease", "revision")
+	return rev
+}
+
+// pokeAndCheckNoOp makes reconciles that change no input and checks that
+// they render nothing and upgrade nothing.
+func pokeAndCheckNoOp(t *testing.T, ns, name string, rev int64) {
+	t.Helper()
+	noops := func() float64 {
+		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
+	}
+	before := noops()
+	rendersBefore := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"})
+	for i := range 3 {
+		update(t, sampleGVK, ns, name, func(u *unstructured.Unstructured) {
+			a := u.GetAnnotations()
+			if a == nil {
+				a = map[string]string{}
+			}
+			a["example.com/poke"] = fmt.Sprint(i)
+			u.SetAnnotations(a)
+		})
+	}
+	eventually(t, 30*time.Second, "no-op reconciles of the pokes", func() (bool, string) {
+		return noops() >= before+3, fmt.Sprint(noops() - before)
+	})
+	if after := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"}); after != rendersBefore {
+		t.Errorf("renders went from %v to %v on reconciles that changed nothing", rendersBefore, after)
+	}
+	if got := revisionOf(t, ns, name); got != rev {
+		t.Errorf("revision = %d after no-op reconciles, want %d", got, rev)
+	}
+}
+
+func TestChangedLiveInputUpgradesPromptly(t *testing.T) {
+	ns := newNamespace(t)
+	// The resync period is an hour: only the watch of the Secret can bring
+	// the upgrades below in time.
+	startManager(t, loadEntries(t, stampWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "app-token", Namespace: ns},
+		Data:       map[string][]byte{"token": []byte("one")},
+	}
+	create(t, secret)
+	create(t, newCR(sampleGVK, ns, "app", map[string]any{"greeting": "hi"}))
+	waitDeployed(t, sampleGVK, ns, "app", 1)
+	first := stampOf(t, ns, "app")
+	if first == "" || first == "absent" {
+		t.Fatalf("stamp after install = %q; the render did not read the user's Secret", first)
+	}
+
+	// With a live input, a reconcile that changes nothing still renders
+	// nothing (and an install is not followed by an upgrade).
+	pokeAndCheckNoOp(t, ns, "app", 1)
+
+	// Editing the Secret upgrades, and the pod template changes (pods roll).
+	eventually(t, 10*time.Second, "editing the Secret", func() (bool, string) {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "app-token"}, s); err != nil {
+			return false, err.Error()
+		}
+		s.Data["token"] = []byte("two")
+		err := k8s.Update(ctx, s)
+		return err == nil, fmt.Sprint(err)
+	})
+	cr := waitDeployed(t, sampleGVK, ns, "app", 2)
+	if c := condition(cr, "Deployed"); c.Reason != "UpgradeSuccessful" {
+		t.Errorf("Deployed reason = %s, want UpgradeSuccessful", c.Reason)
+	}
+	second := stampOf(t, ns, "app")
+	if second == first || second == "absent" {
+		t.Errorf("stamp %q after the Secret changed, was %q; the pods would not roll", second, first)
+	}
+	pokeAndCheckNoOp(t, ns, "app", 2)
+
+	// Deleting it is a change too.
+	if err := k8s.Delete(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	waitDeployed(t, sampleGVK, ns, "app", 3)
+	if got := stampOf(t, ns, "app"); got != "absent" {
+		t.Errorf("stamp %q after the Secret was deleted, want absent", got)
+	}
+}
