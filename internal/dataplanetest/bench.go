@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -38,6 +39,10 @@ type Sample struct {
 	PerSec   float64
 	Requests int
 	Errors   int
+	// CPUPerRequest is the process's CPU time (user + system, everything
+	// in the process) over the measurement divided by the requests: unlike
+	// the rate, it hardly depends on what else the machine runs.
+	CPUPerRequest time.Duration
 }
 
 // RunBenchmark starts a data plane around a zero-latency simulator and
@@ -123,10 +128,10 @@ func load(ctx context.Context, url, key string, body []byte, c int, warmup, d ti
 	}
 	time.Sleep(warmup)
 	measuring.Store(true)
-	began := time.Now()
+	began, cpuBefore := time.Now(), processCPU()
 	time.Sleep(d)
 	measuring.Store(false)
-	elapsed := time.Since(began)
+	elapsed, cpu := time.Since(began), processCPU()-cpuBefore
 	cancel()
 	wg.Wait()
 	if len(latencies) == 0 {
@@ -142,7 +147,18 @@ func load(ctx context.Context, url, key string, body []byte, c int, warmup, d ti
 		PerSec:   float64(len(latencies)) / elapsed.Seconds(),
 		Requests: len(latencies),
 		Errors:   int(errs.Load()),
+		// The last requests may end just after the measurement: close enough.
+		CPUPerRequest: cpu / time.Duration(len(latencies)),
 	}, nil
+}
+
+// processCPU returns the user plus system CPU time of this process so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // FormatBenchmark renders rows as a Markdown table.
@@ -153,13 +169,14 @@ func FormatBenchmark(rows []BenchRow, stream bool) string {
 		kind = "streamed"
 	}
 	fmt.Fprintf(&b, "Chat completions (%s, 16 tokens), simulator at zero latency.\n\n", kind)
-	b.WriteString("| concurrency | direct p50 | direct p99 | via queue p50 | via queue p99 | added p50 | added p99 | direct req/s | via queue req/s | errors |\n")
-	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| concurrency | direct p50 | direct p99 | via queue p50 | via queue p99 | added p50 | added p99 | direct req/s | via queue req/s | direct CPU/req | via queue CPU/req | errors |\n")
+	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %d |\n", r.Concurrency,
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %s | %s | %d |\n", r.Concurrency,
 			ms(r.Direct.P50), ms(r.Direct.P99), ms(r.Queue.P50), ms(r.Queue.P99),
 			ms(r.Queue.P50-r.Direct.P50), ms(r.Queue.P99-r.Direct.P99),
-			r.Direct.PerSec, r.Queue.PerSec, r.Direct.Errors+r.Queue.Errors)
+			r.Direct.PerSec, r.Queue.PerSec, us(r.Direct.CPUPerRequest), us(r.Queue.CPUPerRequest),
+			r.Direct.Errors+r.Queue.Errors)
 	}
 	var best, bestDirect BenchRow
 	for _, r := range rows {
@@ -176,6 +193,8 @@ func FormatBenchmark(rows []BenchRow, stream bool) string {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
 
 // Markers delimit the benchmark's section of docs/benchmarks.md.
 const (

@@ -55,6 +55,7 @@ type Dispatcher struct {
 type app struct {
 	App
 	pool *pool
+	m    appMetrics
 
 	mu       sync.Mutex
 	consumer jetstream.Consumer
@@ -134,7 +135,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			return nil, fmt.Errorf("application %s names service %s but no Kubernetes client was given", a.Name, a.Service)
 		}
 		d.pools[a.Name] = p
-		d.apps = append(d.apps, &app{App: a, pool: p})
+		d.apps = append(d.apps, &app{App: a, pool: p, m: d.m.forApp(a.Name)})
 	}
 	return d, nil
 }

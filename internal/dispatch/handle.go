@@ -78,6 +78,36 @@ func (r *responder) data(p []byte, status int, contentType string, end bool) err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.nc.PublishMsg(r.dataMsg(p, status, contentType, end))
+}
+
+// finalData publishes the last data message of a non-streamed answer as a
+// request, so that it also does the work of accept: nil when the gateway
+// answered that it waits (or could not answer in time), errNoListener when
+// no gateway listens, errCancelled when it gave up. One message and its
+// answer instead of a separate handshake.
+func (r *responder) finalData(p []byte, status int, contentType string, timeout time.Duration) error {
+	if r.subject == "" {
+		return errNoListener
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res, err := r.nc.RequestMsg(r.dataMsg(p, status, contentType, true), timeout)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return errNoListener
+	case errors.Is(err, nats.ErrTimeout):
+		return nil // published, but the answer is slow: as accept does
+	case err != nil:
+		return &attemptError{reason: "publish_failed", err: err}
+	case string(res.Data) == natsqueue.AcceptGone:
+		return errCancelled
+	}
+	return nil
+}
+
+// dataMsg builds the next data message; r.mu must be held.
+func (r *responder) dataMsg(p []byte, status int, contentType string, end bool) *nats.Msg {
 	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}, Data: p}
 	m.Header.Set(natsqueue.HeaderKind, natsqueue.KindData)
 	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
@@ -92,7 +122,7 @@ func (r *responder) data(p []byte, status int, contentType string, end bool) err
 		m.Header.Set(natsqueue.HeaderEnd, "1")
 	}
 	r.seq++
-	return r.nc.PublishMsg(m)
+	return m
 }
 
 // attemptError is a failed attempt: retried until maxDeliver, and counted
@@ -120,17 +150,20 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	seq, attempt := md.Sequence.Stream, int(md.NumDelivered)
 	h := msg.Headers()
 	resp := &responder{nc: d.nc, subject: h.Get(natsqueue.HeaderReply), attempt: strconv.Itoa(attempt)}
-	log := d.log.With("app", a.Name, "job", h.Get(natsqueue.HeaderJobID), "seq", seq, "attempt", attempt)
+	// Built only when something is logged: most requests log nothing.
+	log := func() *slog.Logger {
+		return d.log.With("app", a.Name, "job", h.Get(natsqueue.HeaderJobID), "seq", seq, "attempt", attempt)
+	}
 
 	if attempt == 1 {
-		d.m.queueWait.WithLabelValues(a.Name).Observe(time.Since(md.Timestamp).Seconds())
+		a.m.queueWait.Observe(time.Since(md.Timestamp).Seconds())
 	} else {
 		d.m.redelivered.WithLabelValues(a.Name).Inc()
 	}
 	if attempt > d.cfg.MaxDeliver {
 		// An earlier attempt died with its dispatcher.
 		a.pool.release(rt, true, false)
-		d.deadLetter(work, a, msg, resp, "maximum deliveries reached", log)
+		d.deadLetter(work, a, msg, resp, "maximum deliveries reached", log())
 		return
 	}
 
@@ -149,28 +182,34 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	}
 	defer d.untrack(seq)
 
-	d.m.inflight.WithLabelValues(a.Name).Inc()
-	defer d.m.inflight.WithLabelValues(a.Name).Dec()
-	d.m.dispatched.WithLabelValues(a.Name).Inc()
-	// Ask whether the gateway listens while the engine already works; the
-	// job is acknowledged only once it said yes.
-	accepted := make(chan error, 1)
-	go func() {
-		err := resp.accept(acceptTimeout)
-		if err != nil {
-			cancel(err)
-		}
-		accepted <- err
-	}()
+	a.m.inflight.Inc()
+	defer a.m.inflight.Dec()
+	a.m.dispatched.Inc()
+	// Ask whether the gateway listens; the job is acknowledged only once it
+	// said yes. A stream asks while the engine already works; a non-streamed
+	// answer asks with its final data message (responder.finalData).
+	var accepted chan error
+	if h.Get(natsqueue.HeaderStream) == "1" {
+		accepted = make(chan error, 1)
+		go func() {
+			err := resp.accept(acceptTimeout)
+			if err != nil {
+				cancel(err)
+			}
+			accepted <- err
+		}()
+	}
 
 	// Keep the gateway and JetStream informed while the engine works.
 	stopBeats := d.keepAlive(msg, resp)
 	began := time.Now()
 	status, err := d.call(ctx, a, rt, h, msg.Data(), resp)
 	stopBeats()
-	d.m.engineTime.WithLabelValues(a.Name).Observe(time.Since(began).Seconds())
-	if aerr := <-accepted; aerr != nil && err == nil {
-		err = aerr
+	a.m.engineTime.Observe(time.Since(began).Seconds())
+	if accepted != nil {
+		if aerr := <-accepted; aerr != nil && err == nil {
+			err = aerr
+		}
 	}
 
 	var ae *attemptError
@@ -179,7 +218,7 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 		a.pool.release(rt, true, false)
 		d.m.failed.WithLabelValues(a.Name, "no_listener").Inc()
 		if attempt >= d.cfg.MaxDeliver {
-			d.deadLetter(work, a, msg, resp, "no gateway waiting for the answer", log)
+			d.deadLetter(work, a, msg, resp, "no gateway waiting for the answer", log())
 			return
 		}
 		_ = msg.NakWithDelay(max(time.Second, d.cfg.RetryDelay.Duration*time.Duration(attempt)))
@@ -190,9 +229,9 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	case err == nil:
 		a.pool.release(rt, true, true)
 		if err := msg.Ack(); err != nil {
-			log.Warn("acknowledging a completed request", "err", err)
+			log().Warn("acknowledging a completed request", "err", err)
 		}
-		d.m.completed.WithLabelValues(a.Name, strconv.Itoa(status)).Inc()
+		a.completed(status).Inc()
 	case errors.Is(context.Cause(ctx), errCancelled):
 		a.pool.release(rt, true, false)
 		d.m.cancelled.WithLabelValues(a.Name).Inc()
@@ -204,17 +243,17 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 		a.pool.release(rt, !ae.rootFault, ae.rootFault)
 		d.m.failed.WithLabelValues(a.Name, ae.reason).Inc()
 		if attempt >= d.cfg.MaxDeliver {
-			log.Warn("request failed on its last attempt", "err", err)
-			d.deadLetter(work, a, msg, resp, err.Error(), log)
+			log().Warn("request failed on its last attempt", "err", err)
+			d.deadLetter(work, a, msg, resp, err.Error(), log())
 			return
 		}
 		delay := d.cfg.RetryDelay.Duration * time.Duration(min(attempt, 10))
-		log.Info("request failed; retrying", "err", err, "delay", delay)
+		log().Info("request failed; retrying", "err", err, "delay", delay)
 		_ = msg.NakWithDelay(delay)
 	default:
 		a.pool.release(rt, true, false)
 		d.m.failed.WithLabelValues(a.Name, "internal").Inc()
-		log.Error("request failed", "err", err)
+		log().Error("request failed", "err", err)
 		_ = msg.NakWithDelay(d.cfg.RetryDelay.Duration)
 	}
 }
@@ -295,12 +334,14 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 			res.StatusCode, ct = http.StatusBadGateway, "application/json"
 			full = fmt.Appendf(nil, `{"error":{"message":"the engine's answer exceeds %d bytes","type":"BadGateway","param":null,"code":502}}`, d.cfg.MaxResponseBytes)
 		}
-		for first := true; first || len(full) > 0; first = false {
-			n := min(len(full), chunkSize)
-			if err := resp.data(full[:n], res.StatusCode, ct, n == len(full)); err != nil {
+		for len(full) > chunkSize {
+			if err := resp.data(full[:chunkSize], res.StatusCode, ct, false); err != nil {
 				return 0, &attemptError{reason: "publish_failed", err: err}
 			}
-			full = full[n:]
+			full = full[chunkSize:]
+		}
+		if err := resp.finalData(full, res.StatusCode, ct, acceptTimeout); err != nil {
+			return 0, err
 		}
 		return res.StatusCode, nil
 	}

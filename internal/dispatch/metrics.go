@@ -1,6 +1,11 @@
 package dispatch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	backlog      *prometheus.GaugeVec
@@ -49,4 +54,35 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
 		m.dispatched, m.completed, m.failed, m.redelivered, m.deadLettered, m.cancelled)
 	return m
+}
+
+// appMetrics are one application's per-request series, looked up once
+// rather than by label on every request.
+type appMetrics struct {
+	inflight              prometheus.Gauge
+	dispatched            prometheus.Counter
+	queueWait, engineTime prometheus.Observer
+	completedOK           prometheus.Counter
+	completedBy           *prometheus.CounterVec
+	name                  string
+}
+
+func (m *metrics) forApp(name string) appMetrics {
+	return appMetrics{
+		inflight:    m.inflight.WithLabelValues(name),
+		dispatched:  m.dispatched.WithLabelValues(name),
+		queueWait:   m.queueWait.WithLabelValues(name),
+		engineTime:  m.engineTime.WithLabelValues(name),
+		completedOK: m.completed.WithLabelValues(name, "200"),
+		completedBy: m.completed,
+		name:        name,
+	}
+}
+
+// completed is the completed_total series of an engine status.
+func (a *app) completed(status int) prometheus.Counter {
+	if status == http.StatusOK {
+		return a.m.completedOK
+	}
+	return a.m.completedBy.WithLabelValues(a.m.name, strconv.Itoa(status))
 }

@@ -14,12 +14,14 @@
 // Orch-Kind and Orch-Attempt (the JetStream delivery count of the attempt
 // that produced it):
 //
-//   - KindAccepted: a dispatcher picked the job up for this attempt. It is
-//     sent as a request: the gateway answers AcceptWaiting, or AcceptGone
-//     when the reply was already closed; no responders means the gateway
-//     instance is not (yet, after a NATS restart) listening. The dispatcher
-//     acknowledges the job only after a positive answer, so an answer is
-//     never published into the void.
+//   - KindAccepted: a dispatcher picked a streamed job up for this attempt.
+//     It is sent as a request: the gateway answers AcceptWaiting, or
+//     AcceptGone when the reply was already closed; no responders means the
+//     gateway instance is not (yet, after a NATS restart) listening. The
+//     dispatcher acknowledges the job only after a positive answer, so an
+//     answer is never published into the void. A non-streamed job sends no
+//     KindAccepted: its final data message is the request instead. The
+//     gateway answers every response message that has a reply subject.
 //   - KindHeartbeat: the attempt is alive (sent every heartbeat interval).
 //   - KindData: Orch-Seq numbers data messages of an attempt from 0. The
 //     first one carries Orch-Status and the engine's Content-Type; the last
