@@ -117,3 +117,40 @@ func TestChangedLiveInputUpgradesPromptly(t *testing.T) {
 		t.Errorf("stamp %q after the Secret was deleted, want absent", got)
 	}
 }
+
+func TestLiveInputsAcrossRestart(t *testing.T) {
+	ns := newNamespace(t)
+	entries := loadEntries(t, stampWatch)
+	ctx := context.Background()
+	create(t, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "app-token", Namespace: ns},
+		Data:       map[string][]byte{"token": []byte("one")},
+	})
+	create(t, newCR(sampleGVK, ns, "app", map[string]any{}))
+	stop := startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "app", 1)
+	first := stampOf(t, ns, "app")
+	stop()
+
+	// A new operator finds the release up to date: the stored digest
+	// covers the live inputs as they were read.
+	stop = startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	pokeAndCheckNoOp(t, ns, "app", 1)
+	stop()
+
+	// The Secret changes while no operator runs: the next one upgrades.
+	eventually(t, 10*time.Second, "editing the Secret", func() (bool, string) {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "app-token"}, s); err != nil {
+			return false, err.Error()
+		}
+		s.Data["token"] = []byte("two")
+		err := k8s.Update(ctx, s)
+		return err == nil, fmt.Sprint(err)
+	})
+	startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	waitDeployed(t, sampleGVK, ns, "app", 2)
+	if got := stampOf(t, ns, "app"); got == first {
+		t.Errorf("stamp unchanged (%q) after the Secret changed while the operator was down", got)
+	}
+}
