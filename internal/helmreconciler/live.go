@@ -212,13 +212,15 @@ func (l *liveInputs) watch(ctx context.Context, r *Reconciler, ns string, gvk sc
 				ctrl.Log.WithName(controllerName(r.entry)).Error(err, "cache of live inputs stopped", "namespace", ns)
 			}
 		}()
-		if !c.WaitForCacheSync(ctx) {
-			return nil, fmt.Errorf("cache of live inputs in namespace %s did not start", ns)
-		}
+		// Kept even if the wait below is cut short: the next reconcile
+		// waits for the same cache.
 		l.caches[ns] = c
 		l.watched[ns] = map[schema.GroupVersionKind]bool{}
 	}
 	if !l.watched[ns][gvk] {
+		if !c.WaitForCacheSync(ctx) {
+			return nil, fmt.Errorf("cache of live inputs in namespace %s did not start", ns)
+		}
 		m := &metav1.PartialObjectMetadata{}
 		m.SetGroupVersionKind(gvk)
 		// Blocks until the informer has synced, so that reads see the

@@ -59,6 +59,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		return reconcile.Result{}, fmt.Errorf("getting %s %s: %w", r.entry.GVK.Kind, req.NamespacedName, err)
 	}
 	if r.entry.Selector != nil && !r.entry.Selector.Matches(labelsOf(obj)) {
+		r.live.forget(req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
 	st := statusFrom(obj)
