@@ -17,7 +17,7 @@ IMAGE_REPO := ghcr.io/model-orchestra
 # The project's images: exactly the images the charts and the operator reference.
 BINARIES := orchestra-operator orchestra-gateway orchestra-dispatcher orchestra-fetch orchestra-sim
 IMAGES := $(BINARIES) nats-server
-GO_TEST_FLAGS ?= -timeout 40m
+GO_TEST_FLAGS ?= -count=1 -timeout 40m
 
 ##@ General
 
