@@ -266,6 +266,9 @@ func demoResource(c config) (*unstructured.Unstructured, error) {
 	if err := stack.MirrorModel(obj, c.cacheClaim); err != nil {
 		return nil, err
 	}
+	if err := stack.WorkAroundNATSStorage(obj); err != nil {
+		return nil, err
+	}
 	svc := map[string]any{"type": "NodePort"}
 	if c.nodePort != 0 {
 		svc["nodePort"] = int64(c.nodePort)
@@ -322,6 +325,20 @@ func deleteDemoObjects(ctx context.Context, cl *clients, c config) error {
 	}
 	if err := cl.cs.CoreV1().Secrets(c.namespace).Delete(ctx, c.tokenSecret, opts); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
+	}
+	// The chart's NATS StatefulSet keeps the claims of its
+	// volumeClaimTemplates when it is deleted (no
+	// persistentVolumeClaimRetentionPolicy), so they outlive the resource.
+	pvcs, err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + c.name})
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, p := range pvcs.Items {
+			info("deleting claim %s, left behind by the stack's StatefulSet", p.Name)
+			if err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, err)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

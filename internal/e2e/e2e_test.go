@@ -64,6 +64,7 @@ func TestLifecycle(t *testing.T) {
 	obj.SetName(name)
 	obj.SetNamespace(ns)
 	must(t, stack.MirrorModel(obj, claim))
+	must(t, stack.WorkAroundNATSStorage(obj))
 	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
 	must(t, unstructured.SetNestedField(obj.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")

@@ -67,6 +67,16 @@ func MirrorModel(obj *unstructured.Unstructured, claim string) error {
 	return nil
 }
 
+// WorkAroundNATSStorage sets spec.nats.storage.size to "10G". The chart
+// writes the size into nats.conf as max_file_store verbatim, and
+// nats-server refuses the default "10Gi" (it reads K, M, G and T suffixes
+// only), so the in-cluster NATS never starts. "10G" is read by both
+// Kubernetes and nats-server, and leaves room for the dispatcher's streams
+// (the request stream alone reserves 1 GiB).
+func WorkAroundNATSStorage(obj *unstructured.Unstructured) error {
+	return unstructured.SetNestedField(obj.Object, "10G", "spec", "nats", "storage", "size")
+}
+
 // Apply server-side applies obj (a ModelOrchestra) and returns the live object.
 func Apply(ctx context.Context, dyn dynamic.Interface, obj *unstructured.Unstructured) (*unstructured.Unstructured, error) {
 	obj = obj.DeepCopy()
