@@ -216,10 +216,12 @@ func TestLifecycle(t *testing.T) {
 		}
 		// Everything the chart rendered, by name, and whatever their
 		// controllers made (pods, release Secrets), by label.
+		var last string
 		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 			left := leftovers(ctx, ns, name, rendered)
-			if len(left) > 0 {
-				t.Logf("still there: %v", left)
+			if s := strings.Join(left, ", "); s != last && len(left) > 0 {
+				t.Logf("still there: %s", s)
+				last = s
 			}
 			return len(left) == 0, nil
 		})
