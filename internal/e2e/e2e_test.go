@@ -181,15 +181,7 @@ func TestLifecycle(t *testing.T) {
 		// minute is refused by the new pods.
 		var codes []int
 		for range 3 {
-			code := 200
-			if _, err := stack.StreamChat(ctx, base, token, served, "count", 4, nil); err != nil {
-				var apiErr *stack.APIError
-				if !errors.As(err, &apiErr) {
-					t.Fatalf("chat: %v", err)
-				}
-				code = apiErr.Status
-			}
-			codes = append(codes, code)
+			codes = append(codes, chatStatus(ctx, t, base, token, served))
 		}
 		if want := []int{200, 200, http.StatusTooManyRequests}; !slices.Equal(codes, want) {
 			t.Errorf("three requests after requestsPerMinute=2 answered %v; want %v", codes, want)
@@ -371,6 +363,28 @@ func patch(ctx context.Context, t *testing.T, ns, name, p string) {
 	t.Helper()
 	if _, err := env.dyn.Resource(stack.GVR).Namespace(ns).Patch(ctx, name, types.MergePatchType, []byte(p), metav1.PatchOptions{}); err != nil {
 		t.Fatalf("patching %s/%s with %s: %v", ns, name, p, err)
+	}
+}
+
+// chatStatus sends one small streamed chat and returns its HTTP status. A
+// connection that fails before any answer (kube-proxy still sending to a
+// pod that just went away) is retried: it never reached a gateway.
+func chatStatus(ctx context.Context, t *testing.T, base, token, model string) int {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		_, err := stack.StreamChat(ctx, base, token, model, "count", 4, nil)
+		if err == nil {
+			return http.StatusOK
+		}
+		var apiErr *stack.APIError
+		if errors.As(err, &apiErr) {
+			return apiErr.Status
+		}
+		if attempt == 10 {
+			t.Fatalf("chat through %s: %v", base, err)
+		}
+		t.Logf("chat through %s: %v; retrying", base, err)
+		time.Sleep(time.Second)
 	}
 }
 
