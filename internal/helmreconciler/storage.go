@@ -53,6 +53,60 @@ type releaseSecrets struct {
 	// chunks remembers how many chunks this process wrote per Secret
 	// (namespace/name -> int), which saves a read before each update.
 	chunks *sync.Map
+	// lists holds the answers of List since the last write through this
+	// client. One Helm action lists the release's history up to three
+	// times before its first write (the reconcile's plan, Install's
+	// availableName and replaceRelease), and each list reads every Secret
+	// of the namespace from etcd; one action configuration serves one
+	// reconcile, and the controller never reconciles a resource twice at
+	// once, so only other writers could change the history in between, as
+	// they could between Helm's own reads.
+	lists listMemo
+}
+
+// listMemo remembers List answers by selector until the next write.
+type listMemo struct {
+	mu   sync.Mutex
+	byOp map[string]*corev1.SecretList
+}
+
+func listKey(opts metav1.ListOptions) (string, bool) {
+	if opts.ResourceVersion != "" || opts.Limit != 0 || opts.Continue != "" || opts.Watch {
+		return "", false
+	}
+	return opts.LabelSelector + "\x00" + opts.FieldSelector, true
+}
+
+func (m *listMemo) get(opts metav1.ListOptions) *corev1.SecretList {
+	k, ok := listKey(opts)
+	if !ok {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l, ok := m.byOp[k]; ok {
+		return l.DeepCopy()
+	}
+	return nil
+}
+
+func (m *listMemo) put(opts metav1.ListOptions, l *corev1.SecretList) {
+	k, ok := listKey(opts)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byOp == nil {
+		m.byOp = map[string]*corev1.SecretList{}
+	}
+	m.byOp[k] = l.DeepCopy()
+}
+
+func (m *listMemo) forget() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.byOp = nil
 }
 
 func (s *releaseSecrets) remember(sec *corev1.Secret, n int) {
@@ -160,6 +214,8 @@ func (s *releaseSecrets) join(ctx context.Context, sec *corev1.Secret) (*corev1.
 }
 
 func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	s.lists.forget()
+	defer s.lists.forget()
 	sec = sec.DeepCopy()
 	s.decorate(sec)
 	head, rest := s.split(sec)
@@ -181,6 +237,8 @@ func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts me
 }
 
 func (s *releaseSecrets) Update(ctx context.Context, sec *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	s.lists.forget()
+	defer s.lists.forget()
 	sec = sec.DeepCopy()
 	s.decorate(sec)
 	oldN := 1
@@ -231,6 +289,9 @@ func (s *releaseSecrets) Get(ctx context.Context, name string, opts metav1.GetOp
 }
 
 func (s *releaseSecrets) List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error) {
+	if list := s.lists.get(opts); list != nil {
+		return list, nil
+	}
 	list, err := s.SecretInterface.List(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -242,10 +303,13 @@ func (s *releaseSecrets) List(ctx context.Context, opts metav1.ListOptions) (*co
 		}
 		list.Items[i] = *joined
 	}
+	s.lists.put(opts, list)
 	return list, nil
 }
 
 func (s *releaseSecrets) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	s.lists.forget()
+	defer s.lists.forget()
 	sec, err := s.SecretInterface.Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err

@@ -149,3 +149,52 @@ func TestSmallReleaseIsStoredAsHelmStoresIt(t *testing.T) {
 		t.Error("a small release was chunked")
 	}
 }
+
+// One action configuration lists a release's history from the API server
+// once until it writes: Helm's install reads the history twice more before
+// its first write, and each list reads every Secret of the namespace.
+func TestHistoryIsListedOnceUntilAWrite(t *testing.T) {
+	cs := fakeSecrets(t)
+	lists := 0
+	cs.PrependReactor("list", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return false, nil, nil
+	})
+	store := storage.Init(driver.NewSecrets(&releaseSecrets{SecretInterface: cs.CoreV1().Secrets("ns")}))
+	if err := store.Create(bigRelease(t, "r", 1, 100)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if hist, err := store.History("r"); err != nil || len(hist) != 1 {
+			t.Fatalf("history = %d releases, %v; want 1", len(hist), err)
+		}
+	}
+	if lists != 1 {
+		t.Errorf("three history reads without a write listed Secrets %d times, want 1", lists)
+	}
+
+	if err := store.Create(bigRelease(t, "r", 2, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if hist, err := store.History("r"); err != nil || len(hist) != 2 {
+		t.Fatalf("history after storing revision 2 = %d releases, %v; want 2", len(hist), err)
+	}
+	if _, err := store.Delete("r", 2); err != nil {
+		t.Fatal(err)
+	}
+	if hist, err := store.History("r"); err != nil || len(hist) != 1 {
+		t.Fatalf("history after deleting revision 2 = %d releases, %v; want 1", len(hist), err)
+	}
+	if lists != 3 {
+		t.Errorf("Secrets listed %d times, want 3 (once after each write)", lists)
+	}
+
+	// A new configuration (the next reconcile) reads the API server again.
+	next := storage.Init(driver.NewSecrets(&releaseSecrets{SecretInterface: cs.CoreV1().Secrets("ns")}))
+	if _, err := next.History("r"); err != nil {
+		t.Fatal(err)
+	}
+	if lists != 4 {
+		t.Errorf("a new configuration did not list Secrets afresh (%d lists, want 4)", lists)
+	}
+}
