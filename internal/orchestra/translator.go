@@ -217,13 +217,13 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 		"url":       s.NATS.URL,
 		"replicas":  int64(s.NATS.Replicas),
 		"resources": toMap(orDefault(s.NATS.Resources, defaultNATSResources)),
-		"storage":   map[string]any{"size": defaultNATSStorageSize.String(), "storageClassName": ""},
+		"storage":   natsStorage(defaultNATSStorageSize, ""),
 	}
 	if s.NATS.CredentialsSecretRef != nil {
 		nats["credentialsSecret"] = s.NATS.CredentialsSecretRef.Name
 	}
 	if st := s.NATS.Storage; st != nil {
-		nats["storage"] = map[string]any{"size": st.Size.String(), "storageClassName": st.StorageClassName}
+		nats["storage"] = natsStorage(st.Size, st.StorageClassName)
 	}
 
 	return map[string]any{
@@ -451,4 +451,15 @@ func toJSONValue(v any) (any, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// natsStorage is the chart's nats.storage: the volume size as a Kubernetes
+// quantity, and the same size in bytes for JetStream's max_file_store, whose
+// parser knows neither binary suffixes (Gi) nor the other quantity forms.
+func natsStorage(size resource.Quantity, storageClassName string) map[string]any {
+	return map[string]any{
+		"size":              size.String(),
+		"maxFileStoreBytes": size.Value(),
+		"storageClassName":  storageClassName,
+	}
 }

@@ -64,7 +64,8 @@ func TestTranslatorValues(t *testing.T) {
 		"applications.kold.model.format": "dllama",
 		// distributed-llama answers one request at a time.
 		"applications.kold.serving.maxConcurrency": int64(1),
-		"nats.storage": map[string]any{"size": "10Gi", "storageClassName": ""},
+		// JetStream cannot parse "10Gi": it gets the size in bytes.
+		"nats.storage": map[string]any{"size": "10Gi", "maxFileStoreBytes": int64(10 << 30), "storageClassName": ""},
 	} {
 		if diff := cmp.Diff(want, get(path)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", path, diff)
