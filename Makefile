@@ -59,11 +59,13 @@ lint: tools ## gofmt, go vet and golangci-lint.
 	$(BIN_DIR)/golangci-lint run ./...
 
 .PHONY: run
-run: tools images ## Bring up the local real-node cluster (root) and print how to use it.
-	$(GO) run ./cmd/devcluster up --images $(OUT)/images
+run: tools images ## The demo: a local real-node cluster (root), the operator, a simulator ModelOrchestra, and a streamed answer through its gateway.
+	$(GO) run ./cmd/devcluster status >/dev/null 2>&1 || $(GO) run ./cmd/devcluster up --images $(OUT)/images
+	$(GO) run ./hack/demo up
 
 .PHONY: down
-down: ## Tear the local cluster down and clean the machine.
+down: ## Remove the demo and the local cluster, and clean the machine.
+	-$(GO) run ./hack/demo down
 	$(GO) run ./cmd/devcluster down
 
 .PHONY: generate
