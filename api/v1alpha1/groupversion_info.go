@@ -7,8 +7,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -16,11 +17,19 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "modelorchestra.io", Version: "v1alpha1"}
 
 	// SchemeBuilder registers the API types with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds the API types to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+// addKnownTypes registers the kinds of this group version, as
+// controller-runtime's deprecated scheme.Builder used to.
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion, &ModelOrchestra{}, &ModelOrchestraList{})
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}
 
 // Kind is the kind of the ModelOrchestra resource.
 const Kind = "ModelOrchestra"

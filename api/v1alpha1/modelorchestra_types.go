@@ -847,7 +847,3 @@ type DeployedRelease struct {
 	// digest of the rendered manifest.
 	Digest string `json:"digest,omitempty"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ModelOrchestra{}, &ModelOrchestraList{})
-}

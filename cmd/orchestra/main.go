@@ -63,13 +63,13 @@ checksums of external Secrets are placeholders.`,
 			if file == "" {
 				return fmt.Errorf("--file (-f) is required")
 			}
-			var in io.Reader = cmd.InOrStdin()
+			in := cmd.InOrStdin()
 			if file != "-" {
 				f, err := os.Open(file)
 				if err != nil {
 					return err
 				}
-				defer f.Close()
+				defer func() { _ = f.Close() }() // opened read-only
 				in = f
 			}
 			p, err := preview.New()

@@ -66,7 +66,7 @@ func run() error {
 		if *work, err = os.MkdirTemp("", "bench-fetch-"); err != nil {
 			return err
 		}
-		defer os.RemoveAll(*work)
+		defer func() { _ = os.RemoveAll(*work) }() // best-effort cleanup of a temp dir
 	}
 	if *fetchBin == "" {
 		*fetchBin = filepath.Join(*work, "orchestra-fetch")
@@ -124,7 +124,9 @@ func run() error {
 
 	// curl: one connection per file, sequentially, following the CDN redirect.
 	curlDir := filepath.Join(*work, "curl")
-	os.MkdirAll(curlDir, 0o755)
+	if err := os.MkdirAll(curlDir, 0o755); err != nil {
+		return err
+	}
 	args := []string{"-sS", "-f", "-L"}
 	for _, f := range repo.Files {
 		args = append(args, "-o", filepath.Join(curlDir, f.Path), srv.URL+"/bench/synthetic/resolve/main/"+f.Path)

@@ -15,7 +15,9 @@ func TestMirrorServesDirectoryAsHub(t *testing.T) {
 	root := t.TempDir()
 	write := func(p string, n int) {
 		full := filepath.Join(root, filepath.FromSlash(p))
-		os.MkdirAll(filepath.Dir(full), 0o755)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(full, make([]byte, n), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +44,7 @@ func TestMirrorServesDirectoryAsHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	var entries []struct {
 		Type string `json:"type"`
 		Path string `json:"path"`
@@ -71,7 +73,7 @@ func TestMirrorServesDirectoryAsHub(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp2.Body.Close()
+	_ = resp2.Body.Close() // only the status and length are checked
 	if resp2.StatusCode != http.StatusOK || resp2.ContentLength != 10 {
 		t.Errorf("download through the relative CDN redirect: %d, %d bytes", resp2.StatusCode, resp2.ContentLength)
 	}

@@ -102,7 +102,7 @@ func load(ctx context.Context, url, key string, body []byte, c int, warmup, d ti
 				res, err := client.Do(req)
 				if err == nil {
 					_, err = io.Copy(io.Discard, res.Body)
-					res.Body.Close()
+					_ = res.Body.Close() // read to the end already; nothing to lose
 					if err == nil && res.StatusCode != http.StatusOK {
 						err = fmt.Errorf("status %s", res.Status)
 					}

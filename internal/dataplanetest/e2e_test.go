@@ -164,7 +164,7 @@ func TestDispatcherKilledMidAnswer(t *testing.T) {
 		waitFor(t, 5*time.Second, "the engine to start", func() bool { return s.Engine.Active.Load() == 1 })
 		victim.Kill()
 		survivor := dispatcher(t, s)
-		defer survivor.Stop()
+		defer func() { _ = survivor.Stop() }() // teardown only; the stack stops it again
 		if err := <-done; err != nil {
 			t.Fatalf("request failed instead of being redelivered: %v", err)
 		}
@@ -183,7 +183,8 @@ func TestDispatcherKilledMidAnswer(t *testing.T) {
 			chunks++
 			if chunks == 5 {
 				victim.Kill()
-				defer dispatcher(t, s).Stop()
+				replacement := dispatcher(t, s)
+				defer func() { _ = replacement.Stop() }() // teardown only; the stack stops it again
 			}
 		}
 		err := stream.Err()

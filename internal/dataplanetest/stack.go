@@ -44,12 +44,11 @@ type Stack struct {
 	Queue   *natsqueue.Client
 	Gateway *httptest.Server
 
-	dir      string
-	port     int
-	dispCfg  dispatch.Config
-	log      *slog.Logger
-	closers  []func()
-	gwClient *nats.Conn
+	dir     string
+	port    int
+	dispCfg dispatch.Config
+	log     *slog.Logger
+	closers []func()
 }
 
 // StartStack starts a data plane; Close stops it.
@@ -148,12 +147,12 @@ func (s *Stack) StartDispatcher() (*Dispatcher, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for !d.Ready() {
 		if time.Now().After(deadline) {
-			rd.Stop()
+			_ = rd.Stop() // the readiness failure is the error to report
 			return nil, errors.New("dispatcher did not become ready")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	s.closers = append(s.closers, func() { rd.Stop() })
+	s.closers = append(s.closers, func() { _ = rd.Stop() }) // teardown: best effort
 	return rd, nil
 }
 

@@ -159,7 +159,7 @@ func chatJob(id, prompt string, stream bool) queue.Job {
 func collect(ctx context.Context, r queue.Reply) (status int, body []byte, chunks int, err error) {
 	for {
 		c, err := r.Next(ctx)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return status, body, chunks, nil
 		}
 		if err != nil {
@@ -182,7 +182,7 @@ func direct(t *testing.T, e *env, job queue.Job) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }() // read-only body
 	b, _ := io.ReadAll(res.Body)
 	return b
 }
@@ -233,7 +233,7 @@ func TestAnswersArriveCompleteAndInOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer r.Close()
+			defer func() { _ = r.Close() }()
 			status, body, chunks, err := collect(ctx, r)
 			if err != nil {
 				t.Fatal(err)
@@ -262,7 +262,7 @@ func TestEngineErrorsPassThrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	status, body, _, err := collect(ctx, r)
 	if err != nil {
 		t.Fatal(err)
@@ -287,12 +287,12 @@ func TestDuplicateJobIDsRunOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ra.Close()
+	defer func() { _ = ra.Close() }()
 	rb, err := b.Submit(ctx, job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rb.Close()
+	defer func() { _ = rb.Close() }()
 	info, err := e.stream().Info(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -322,7 +322,7 @@ func TestSlowGenerationOutlivesAckWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	if _, body, _, err := collect(ctx, r); err != nil || !bytes.Contains(body, []byte(`"completion_tokens":30`)) {
 		t.Fatalf("slow answer: %v %s", err, body)
 	}
@@ -346,7 +346,7 @@ func TestRepeatedFailuresDeadLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrDeadLettered) {
 		t.Fatalf("err = %v, want ErrDeadLettered", err)
 	}
@@ -441,7 +441,7 @@ func TestDispatcherDeathMidAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
 		kill()
 		defer e.dispatcher()()
@@ -463,7 +463,7 @@ func TestDispatcherDeathMidAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		if _, err := r.Next(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -487,7 +487,7 @@ func TestNoDispatcherFailsInsteadOfHanging(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
@@ -556,7 +556,7 @@ func TestGracefulShutdown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
 		stopped := make(chan struct{})
 		go func() { stop(); close(stopped) }()
@@ -581,7 +581,7 @@ func TestGracefulShutdown(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer r.Close()
+		defer func() { _ = r.Close() }()
 		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
 		stop()
 		e.dispatcher()
@@ -641,7 +641,7 @@ func TestServingResumesWhenTheConsumerIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
 		t.Fatalf("after the consumer was deleted: %d %v", status, err)
 	}

@@ -63,7 +63,8 @@ func (r *responder) accept(timeout time.Duration) error {
 	case errors.Is(err, nats.ErrNoResponders):
 		return errNoListener
 	case err != nil:
-		return nil // slow or disconnected: the answer will tell
+		// Slow or disconnected: not a reason to stop; the answer will tell.
+		return nil //nolint:nilerr // see above
 	case string(res.Data) == natsqueue.AcceptGone:
 		return errCancelled
 	}
@@ -313,7 +314,7 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 		}
 		return 0, &attemptError{reason: "engine_unreachable", rootFault: true, err: err}
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }() // read-only body
 	switch res.StatusCode {
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))

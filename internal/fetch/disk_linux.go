@@ -16,7 +16,7 @@ func freeBytes(dir string) (int64, error) {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, err
 	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
+	return int64(st.Bavail) * st.Bsize, nil
 }
 
 // allocatedBytes is how much disk the file at p already occupies.
@@ -59,10 +59,15 @@ func lockDir(ctx context.Context, dir string, wait func()) (func(), error) {
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+			return func() {
+				// Closing the descriptor releases the lock anyway; the file is
+				// never written, so neither error matters.
+				_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+				_ = f.Close()
+			}, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
+			_ = f.Close() // lock file is never written
 			if errors.Is(err, syscall.ENOLCK) || errors.Is(err, syscall.ENOTSUP) {
 				return func() {}, nil // filesystem without locks: proceed unlocked
 			}
@@ -74,7 +79,7 @@ func lockDir(ctx context.Context, dir string, wait func()) (func(), error) {
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
+			_ = f.Close() // lock file is never written
 			return nil, ctx.Err()
 		case <-time.After(lockPoll):
 		}

@@ -165,8 +165,10 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 	if j := d.resumeState(rf, part, jpath); j != nil {
 		ft.j = *j
 	} else {
-		os.Remove(jpath)
-		os.Remove(part)
+		// Best effort: a stale partial that survives is harmless, since the
+		// fresh journal marks no chunk done and every byte is written again.
+		_ = os.Remove(jpath)
+		_ = os.Remove(part)
 		ft.j = journal{Version: journalVersion, Path: rf.Path, Size: rf.Size, SHA256: rf.SHA256,
 			GitOID: rf.GitOID, ETag: rf.ETag, ChunkSize: d.cfg.ChunkSize}
 	}
@@ -181,7 +183,7 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 		return nil, fmt.Errorf("opening %s: %w", part, err)
 	}
 	if err := reserve(fh, rf.Size); err != nil {
-		fh.Close()
+		_ = fh.Close() // nothing written yet; the reserve error is what matters
 		return nil, writeErr(rf.Path, fmt.Errorf("reserving %s: %w", FormatBytes(rf.Size), err))
 	}
 	ft.fh = fh
@@ -331,7 +333,7 @@ func (d *downloader) fetchOnce(ctx context.Context, ft *fileTask, pos, end int64
 	if err != nil {
 		return 0, stalled(err)
 	}
-	defer body.Close()
+	defer func() { _ = body.Close() }() // read-only response body
 
 	bp, _ := d.bufPool.Get().(*[]byte)
 	if bp == nil {
@@ -411,7 +413,7 @@ func (d *downloader) hashersFor(ft *fileTask) (*fileHashers, error) {
 	}
 	ft.j.Hashed = 0
 	if h.git != nil {
-		fmt.Fprintf(h.git, "blob %d\x00", ft.rf.Size)
+		_, _ = fmt.Fprintf(h.git, "blob %d\x00", ft.rf.Size) // hash.Hash writes never fail
 	}
 	return h, nil
 }
@@ -420,8 +422,12 @@ func (d *downloader) hashersFor(ft *fileTask) (*fileHashers, error) {
 // order, keeps the journal current, and publishes the verified file.
 func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 	defer func() {
+		// verifyAndPublish closes fh itself on success, so this only runs
+		// on an error path; keep the first error.
 		if ft.fh != nil {
-			ft.fh.Close()
+			if cerr := ft.fh.Close(); err == nil && cerr != nil {
+				err = writeErr(ft.rf.Path, cerr)
+			}
 		}
 	}()
 	h, err := d.hashersFor(ft)
@@ -623,10 +629,11 @@ func (d *downloader) verifyAndPublish(ft *fileTask, h *fileHashers) error {
 		}
 		if mismatch != "" {
 			// Start this file from scratch next time; never publish it.
-			ft.fh.Close()
+			// Best effort: the file is being discarded either way.
+			_ = ft.fh.Close()
 			ft.fh = nil
-			os.Remove(ft.part)
-			os.Remove(ft.jpath)
+			_ = os.Remove(ft.part)
+			_ = os.Remove(ft.jpath)
 			return fmt.Errorf("%w: %s: got %s", ErrVerification, ft.rf.Path, mismatch)
 		}
 		entry.SHA256 = got
@@ -661,7 +668,7 @@ func hashFile(ctx context.Context, p string, t *tracker) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only
 	h := sha256.New()
 	buf := make([]byte, bufSize)
 	for {

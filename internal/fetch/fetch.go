@@ -421,8 +421,11 @@ func checkSpace(cfg Config, d *downloader, pending []RemoteFile, free func(strin
 // otherwise hashed and recorded.
 func verifyInPlace(ctx context.Context, cfg Config, dir string, t *tracker, log *slog.Logger) (*Result, error) {
 	fi, err := os.Stat(dir)
-	if err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("%w: model directory %s: %v", ErrNotFound, dir, err)
+	if err != nil {
+		return nil, fmt.Errorf("%w: model directory %s: %w", ErrNotFound, dir, err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("%w: model directory %s: not a directory", ErrNotFound, dir)
 	}
 	m, err := ReadManifest(dir)
 	if err != nil {
@@ -540,7 +543,7 @@ func removeEmptyDirs(dir string) {
 			removeEmptyDirs(filepath.Join(dir, e.Name()))
 		}
 	}
-	os.Remove(dir) // fails, harmlessly, when not empty
+	_ = os.Remove(dir) // fails, harmlessly, when not empty
 }
 
 // sameHash re-hashes a cached file against its manifest entry.

@@ -65,7 +65,7 @@ func readHeader(p string, n int) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // opened read-only
 	b := make([]byte, n)
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("reading header: %w", err)

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -207,8 +206,6 @@ func decodeStatus(t *testing.T, s string) Status {
 }
 
 func diff(a, b any) string { return cmp.Diff(a, b) }
-
-func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
 type syncWriter struct {
 	mu sync.Mutex

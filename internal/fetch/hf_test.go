@@ -117,7 +117,9 @@ func TestHFRerunOfCompleteCacheMakesNoRequests(t *testing.T) {
 	}
 
 	// A file lost from the cache is fetched again, alone.
-	os.Remove(filepath.Join(cfg.Dest, "config.json"))
+	if err := os.Remove(filepath.Join(cfg.Dest, "config.json")); err != nil {
+		t.Fatal(err)
+	}
 	cfg.Refresh = false
 	hub.Stats.Reset()
 	res, err = runFetch(t, cfg, Options{})
@@ -148,7 +150,9 @@ func TestHFTokenAuth(t *testing.T) {
 	t.Run("token file", func(t *testing.T) {
 		cfg := testConfig(t, "hf://acme/tiny-llm", hub.URL())
 		cfg.TokenFile = filepath.Join(t.TempDir(), "token")
-		os.WriteFile(cfg.TokenFile, []byte("hf_secret\n"), 0o600)
+		if err := os.WriteFile(cfg.TokenFile, []byte("hf_secret\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		// The CDN refuses requests that still carry the hub token, so this
 		// also proves the token is not forwarded across the redirect.
 		if _, err := runFetch(t, cfg, Options{}); err != nil {
@@ -428,7 +432,7 @@ func TestHFStalledListingIsRetried(t *testing.T) {
 		mu.Unlock()
 		if stall {
 			w.Header().Set("Content-Type", "application/json")
-			w.Write([]byte("["))
+			_, _ = w.Write([]byte("[")) // the client stalls on this; its errors don't matter
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 			return
@@ -457,7 +461,9 @@ func TestVerifyExistingReplacesCorruptedFile(t *testing.T) {
 	p := filepath.Join(cfg.Dest, "model-00002-of-00002.safetensors")
 	b, _ := os.ReadFile(p)
 	b[len(b)/2] ^= 0x01
-	os.WriteFile(p, b, 0o644)
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	if res, err := runFetch(t, cfg, Options{}); err != nil || !res.CacheHit {
 		t.Fatalf("plain re-run: %v (a size-only check cannot see bit rot)", err)

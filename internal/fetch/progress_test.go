@@ -139,7 +139,7 @@ func TestTrackerRateAndETA(t *testing.T) {
 
 func TestBarSink(t *testing.T) {
 	var b bytes.Buffer
-	barSink{&b}.Report(context.Background(), Status{Phase: PhaseDownloading, BytesDone: 512 << 20, BytesTotal: 1 << 30,
+	_ = barSink{&b}.Report(context.Background(), Status{Phase: PhaseDownloading, BytesDone: 512 << 20, BytesTotal: 1 << 30,
 		RateBytesPerSecond: 100 << 20, ETASeconds: 5, Files: 3, FilesDone: 1}, false)
 	for _, want := range []string{"50.0%", "512.0 MiB/1.0 GiB", "100.0 MiB/s", "ETA 5s", "files 1/3"} {
 		if !strings.Contains(b.String(), want) {

@@ -3,6 +3,7 @@ package fetch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -42,20 +43,34 @@ func journals(t *testing.T, dest string) map[string]journal {
 	t.Helper()
 	out := map[string]journal{}
 	root := filepath.Join(dest, metaDir, partialDir)
-	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".journal") {
+	// The child creates and removes these files while we walk: a missing
+	// one is normal, any other error is not.
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".journal") {
 			return nil
 		}
 		b, err := os.ReadFile(p)
-		if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
+		if err != nil {
+			return err
+		}
 		var j journal
-		if json.Unmarshal(b, &j) == nil {
+		if json.Unmarshal(b, &j) == nil { // a journal caught mid-write is skipped
 			out[j.Path] = j
 		}
 		return nil
 	})
+	if err != nil {
+		t.Fatalf("reading journals: %v", err)
+	}
 	return out
 }
 
@@ -88,7 +103,7 @@ poll:
 		case err := <-exited:
 			t.Fatalf("child finished before it could be killed (%v):\n%s", err, stderr.String())
 		case <-deadline:
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill() // best effort before failing
 			t.Fatalf("no progress recorded in time:\n%s", stderr.String())
 		case <-time.After(5 * time.Millisecond):
 			done := 0
@@ -103,7 +118,7 @@ poll:
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
+	t.Logf("killed child: %v", <-exited) // Wait reports the SIGKILL we sent
 	// Let the server notice the dead connections before counting.
 	servedBeforeKill := waitQuiet(hub.Stats.BytesServed)
 	killed := journals(t, cfg.Dest)
@@ -237,18 +252,24 @@ func TestResumeAfterRebootTrustsOnlyDurableChunks(t *testing.T) {
 			cfg := testConfig(t, "hf://acme/reboot", hub.URL())
 			d := &downloader{cfg: cfg, dest: cfg.Dest}
 			part, jpath := d.partPaths("w.safetensors")
-			os.MkdirAll(filepath.Dir(part), 0o755)
+			if err := os.MkdirAll(filepath.Dir(part), 0o755); err != nil {
+				t.Fatal(err)
+			}
 			disk := make([]byte, len(content))
 			copy(disk, content[:1<<20]) // chunk 0 durable
 			if tc.boot == bootID() {
 				copy(disk, content[:3<<20]) // same boot: chunks 1-2 still in the page cache
 			}
-			os.WriteFile(part, disk, 0o644)
+			if err := os.WriteFile(part, disk, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			j := journal{Version: journalVersion, Path: "w.safetensors", Size: int64(len(content)),
 				SHA256: fetchtest.SHA256(fetchtest.Bytes(content)), ChunkSize: cfg.ChunkSize,
 				Done: []int{0, 1, 2}, Durable: []int{0}, BootID: tc.boot}
 			b, _ := json.Marshal(j)
-			os.WriteFile(jpath, b, 0o644)
+			if err := os.WriteFile(jpath, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 
 			if _, err := runFetch(t, cfg, Options{}); err != nil {
 				t.Fatalf("Run: %v", err)

@@ -159,21 +159,22 @@ func openHTTPRange(ctx context.Context, c *http.Client, url, token string, off, 
 	case http.StatusPartialContent:
 		start, ok := contentRangeStart(resp.Header.Get("Content-Range"))
 		if !ok || start != off {
-			resp.Body.Close()
+			_ = resp.Body.Close() // read-only body; the range mismatch is the error
 			return nil, permanent(fmt.Errorf("%s: server answered range %q for bytes %d-", what, resp.Header.Get("Content-Range"), off))
 		}
 		return &limitedBody{r: io.LimitReader(resp.Body, length), c: resp.Body}, nil
 	case http.StatusOK:
 		if off > 0 {
 			if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil {
-				resp.Body.Close()
+				_ = resp.Body.Close() // read-only body; the copy error is returned
 				return nil, fmt.Errorf("%s: skipping to offset %d of a non-ranged response: %w", what, off, err)
 			}
 		}
 		return &limitedBody{r: io.LimitReader(resp.Body, length), c: resp.Body}, nil
 	default:
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
+		// Drain a little so the connection can be reused; the status is the error.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		_ = resp.Body.Close()
 		return nil, newStatusError(resp, what)
 	}
 }
@@ -232,8 +233,9 @@ func (s *httpsSource) size(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("sizing %s: %w", s.url, err)
 	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	defer func() { _ = resp.Body.Close() }() // read-only body
+	// Drain a little so the connection can be reused; only headers matter.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	switch resp.StatusCode {
 	case http.StatusPartialContent:
 		cr := resp.Header.Get("Content-Range")

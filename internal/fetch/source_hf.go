@@ -47,9 +47,10 @@ func (s *hfSource) getJSON(ctx context.Context, u, what string, out any) (next s
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", what, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read-only body
 	if resp.StatusCode != http.StatusOK {
-		io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		// Drain a little so the connection can be reused; the status is the error.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 		return "", newStatusError(resp, what)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out); err != nil {

@@ -133,7 +133,7 @@ type s3Body struct {
 
 func (b *s3Body) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
-	if err != nil && err != io.EOF {
+	if err != nil && !errors.Is(err, io.EOF) {
 		err = s3Err(err, b.what)
 	}
 	return n, err

@@ -94,8 +94,12 @@ func TestS3Prefix(t *testing.T) {
 	}
 	s3.Put("models", "llama/v2/other.bin", fetchtest.Bytes([]byte("not selected")))
 	keyDir := t.TempDir()
-	os.WriteFile(filepath.Join(keyDir, "access"), []byte("AKTEST\n"), 0o600)
-	os.WriteFile(filepath.Join(keyDir, "secret"), []byte("s3cr3t\n"), 0o600)
+	if err := os.WriteFile(filepath.Join(keyDir, "access"), []byte("AKTEST\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(keyDir, "secret"), []byte("s3cr3t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s3cfg := func(t *testing.T, src string) Config {
 		cfg := testConfig(t, src, "")
 		cfg.S3Endpoint = s3.URL()
@@ -159,7 +163,9 @@ func writeModelDir(t *testing.T, dir string, files map[string][]byte) {
 	t.Helper()
 	for p, b := range files {
 		full := filepath.Join(dir, filepath.FromSlash(p))
-		os.MkdirAll(filepath.Dir(full), 0o755)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(full, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -190,13 +196,17 @@ func TestPreConvertedIsVerifiedInPlace(t *testing.T) {
 	// Same size, different bytes: caught by the recorded sha256.
 	b := append([]byte(nil), files["model.m"]...)
 	b[1000] ^= 0xff
-	os.WriteFile(filepath.Join(dir, "model.m"), b, 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "model.m"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, err = runFetch(t, cfg, Options{})
 	if !errors.Is(err, ErrVerification) || !strings.Contains(err.Error(), "model.m") || ExitCode(err) != ExitVerification {
 		t.Fatalf("err = %v, want a verification error naming model.m", err)
 	}
 
-	os.Remove(filepath.Join(dir, "model.m"))
+	if err := os.Remove(filepath.Join(dir, "model.m")); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := runFetch(t, cfg, Options{}); !errors.Is(err, ErrVerification) || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("err = %v, want a verification error for the missing file", err)
 	}

@@ -100,7 +100,14 @@ func (h *harness) client(token string) *openai.Client {
 }
 
 // do sends a raw request and returns the response and its whole body.
-func (h *harness) do(t *testing.T, method, path, token, body string) (*http.Response, string) {
+// answer is what the tests look at in a response whose body do has
+// already read and closed.
+type answer struct {
+	StatusCode int
+	Header     http.Header
+}
+
+func (h *harness) do(t *testing.T, method, path, token, body string) (*answer, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, h.srv.URL+path, strings.NewReader(body))
 	if err != nil {
@@ -114,12 +121,12 @@ func (h *harness) do(t *testing.T, method, path, token, body string) (*http.Resp
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Fatalf("reading %s %s: %v", method, path, err)
 	}
-	return resp, string(b)
+	return &answer{StatusCode: resp.StatusCode, Header: resp.Header}, string(b)
 }
 
 const chatBody = `{"model":"llama-3-8b","messages":[{"role":"user","content":"Hi"}]}`
@@ -350,7 +357,7 @@ func waitMetric(t *testing.T, name string, c prometheus.Collector, want float64)
 }
 
 // wantError checks an error answer's status and exact body.
-func wantError(t *testing.T, resp *http.Response, body string, status int, want string) {
+func wantError(t *testing.T, resp *answer, body string, status int, want string) {
 	t.Helper()
 	if resp.StatusCode != status {
 		t.Errorf("status = %d, want %d (body %s)", resp.StatusCode, status, body)
@@ -474,9 +481,9 @@ func TestBodyTooLargeWithoutContentLength(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	body, _ := io.ReadAll(resp.Body)
-	wantError(t, resp, string(body), 413,
+	wantError(t, &answer{StatusCode: resp.StatusCode, Header: resp.Header}, string(body), 413,
 		`{"error":{"message":"The request body is larger than the limit of 64 bytes.","type":"invalid_request_error","param":null,"code":"request_too_large"}}`)
 }
 
@@ -656,7 +663,7 @@ func TestHealthAndMetricsEndpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}

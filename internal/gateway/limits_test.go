@@ -77,7 +77,7 @@ func TestMaxConcurrentStreams(t *testing.T) {
 			first <- err.Error()
 			return
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		first <- string(b)
 	}()

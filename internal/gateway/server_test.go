@@ -59,7 +59,7 @@ func TestGracefulDrain(t *testing.T) {
 	h, apiURL, opsURL, stop, done := servedGateway(t, cfg, newEngine(engineOptions{hold: hold}))
 
 	resp, stream := openStream(t, apiURL)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	stop() // SIGTERM
 
 	eventually(t, 5*time.Second, "readyz to fail while draining", func() bool {
@@ -67,7 +67,7 @@ func TestGracefulDrain(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		defer r.Body.Close()
+		defer func() { _ = r.Body.Close() }()
 		b, _ := io.ReadAll(r.Body)
 		return r.StatusCode == http.StatusServiceUnavailable && string(b) == "draining\n"
 	})
@@ -115,7 +115,7 @@ func TestDrainTimeoutCancelsStreams(t *testing.T) {
 	h, apiURL, _, stop, done := servedGateway(t, cfg, newEngine(engineOptions{hold: hold}))
 
 	resp, _ := openStream(t, apiURL)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	stop()
 	select {
 	case err := <-done:

@@ -183,7 +183,7 @@ func (c *Client) Ping(ctx context.Context) error {
 		return fmt.Errorf("%w: not connected to NATS", queue.ErrUnavailable)
 	}
 	if _, err := c.js.Stream(ctx, c.names.Stream()); err != nil {
-		return fmt.Errorf("%w: looking up stream %s: %v", queue.ErrUnavailable, c.names.Stream(), err)
+		return fmt.Errorf("%w: looking up stream %s: %w", queue.ErrUnavailable, c.names.Stream(), err)
 	}
 	return nil
 }
@@ -247,7 +247,7 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("submitting job %s: %w", job.ID, ctx.Err())
 		}
-		return nil, fmt.Errorf("%w: submitting job %s: %v", queue.ErrUnavailable, job.ID, err)
+		return nil, fmt.Errorf("%w: submitting job %s: %w", queue.ErrUnavailable, job.ID, err)
 	}
 	r.seq.Store(ack.Sequence)
 	return r, nil

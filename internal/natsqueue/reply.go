@@ -142,7 +142,8 @@ func (r *reply) requeue(msgs []*nats.Msg) {
 func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
 	attempt, err := strconv.Atoi(m.Header.Get(HeaderAttempt))
 	if err != nil || attempt < r.attempt {
-		return queue.Chunk{}, false, nil // malformed, or from a superseded attempt
+		// Malformed, or from a superseded attempt: dropped, not the caller's error.
+		return queue.Chunk{}, false, nil //nolint:nilerr // see above
 	}
 	r.lastProgress = time.Now()
 	if attempt > r.attempt {

@@ -50,7 +50,7 @@ func drain(r *reply) ([]string, error) {
 	var got []string
 	for {
 		c, err := r.Next(ctx)
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return got, nil
 		}
 		if err != nil {

@@ -99,7 +99,7 @@ func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext
 			if err != nil {
 				return nil, fmt.Errorf("%s: %s: %w", ConfigChecksumName, pt.describe(), err)
 			}
-			fmt.Fprintf(h, "%s/%s\n", ref.kind, ref.name)
+			_, _ = fmt.Fprintf(h, "%s/%s\n", ref.kind, ref.name) // hash writes never fail
 			h.Write(data)
 			h.Write([]byte{'\n'})
 		}

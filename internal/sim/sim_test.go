@@ -133,7 +133,7 @@ func TestRawStreamFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream; charset=utf-8" {
 		t.Errorf("content type %q", ct)
 	}
@@ -275,7 +275,7 @@ func TestPacingAndMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	text, _ := io.ReadAll(resp.Body)
 	for _, want := range []string{
 		`vllm:generation_tokens_total{model_name="sim-model"} 5`,
@@ -327,7 +327,8 @@ func TestCrashWithExitStopsTheServer(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the server kept running after an injected crash")
 	}
-	if _, err := http.Get("http://" + ln.Addr().String() + "/health"); err == nil {
+	if resp, err := http.Get("http://" + ln.Addr().String() + "/health"); err == nil {
+		_ = resp.Body.Close()
 		t.Error("the crashed server still answers")
 	}
 }

@@ -94,7 +94,7 @@ func File(path string) (Content, error) {
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		f.Close()
+		_ = f.Close() // opened read-only
 		return nil, err
 	}
 	return &fileContent{f: f, size: fi.Size()}, nil

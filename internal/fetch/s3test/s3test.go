@@ -58,7 +58,9 @@ func (s *Server) Close() { s.srv.Close() }
 // Put stores an object (creating the bucket).
 func (s *Server) Put(bucket, key string, c fetchtest.Content) {
 	h := md5.New()
-	io.Copy(h, io.NewSectionReader(c, 0, c.Size()))
+	if _, err := io.Copy(h, io.NewSectionReader(c, 0, c.Size())); err != nil {
+		panic(err) // as fetchtest.SHA256: test content must be readable
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.objects[bucket] == nil {
@@ -78,7 +80,8 @@ func writeError(w http.ResponseWriter, r *http.Request, status int, code, msg st
 	w.Header().Set("Content-Type", "application/xml")
 	w.WriteHeader(status)
 	if r.Method != http.MethodHead {
-		xml.NewEncoder(w).Encode(s3Error{Code: code, Message: msg, Resource: r.URL.Path})
+		// A failed write means the client is gone; nothing left to tell it.
+		_ = xml.NewEncoder(w).Encode(s3Error{Code: code, Message: msg, Resource: r.URL.Path})
 	}
 }
 
@@ -102,7 +105,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case key == "" && r.Method == http.MethodGet && r.URL.Query().Has("location"):
 		w.Header().Set("Content-Type", "application/xml")
-		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><LocationConstraint xmlns="http://s3.amazonaws.com/doc/2006-03-01/">us-east-1</LocationConstraint>`)
+		_, _ = io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><LocationConstraint xmlns="http://s3.amazonaws.com/doc/2006-03-01/">us-east-1</LocationConstraint>`)
 	case key == "" && r.Method == http.MethodGet:
 		s.list(w, r, bucket, objs)
 	case key != "" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
@@ -190,6 +193,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, bucket string, obj
 		res.NextContinuationToken = keys[end]
 	}
 	w.Header().Set("Content-Type", "application/xml")
-	io.WriteString(w, xml.Header)
-	xml.NewEncoder(w).Encode(res)
+	// A failed write means the client is gone; nothing left to tell it.
+	_, _ = io.WriteString(w, xml.Header)
+	_ = xml.NewEncoder(w).Encode(res)
 }

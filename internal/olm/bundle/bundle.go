@@ -55,7 +55,7 @@ func Load(dir string) (*Bundle, error) {
 	}
 	annData, err := os.ReadFile(filepath.Join(dir, "metadata", "annotations.yaml"))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNotABundle, err)
+		return nil, fmt.Errorf("%w: %w", ErrNotABundle, err)
 	}
 	b := &Bundle{}
 	if err := yaml.UnmarshalStrict(annData, &b.Annotations); err != nil {

@@ -373,7 +373,7 @@ func TestValidateRules(t *testing.T) {
 		{"permissions-own-crd", check.Error, func(b *Bundle) {
 			var keep []rbacv1.PolicyRule
 			for _, r := range perms(b).Rules {
-				if !(len(r.Resources) == 1 && r.Resources[0] == "widgets/status") {
+				if len(r.Resources) != 1 || r.Resources[0] != "widgets/status" {
 					keep = append(keep, r)
 				}
 			}

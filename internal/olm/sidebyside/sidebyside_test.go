@@ -252,11 +252,13 @@ func startOperator(t *testing.T, c *localcluster.Cluster, bin string, b *bundle.
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		// Wait reports the signal we sent: logged, not checked.
 		select {
-		case <-done:
+		case err := <-done:
+			t.Logf("operator exited: %v", err)
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			t.Logf("operator killed after 15s: %v", <-done)
 		}
 		_ = logFile.Close()
 		if t.Failed() {

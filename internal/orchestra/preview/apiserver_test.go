@@ -49,7 +49,7 @@ func TestSamplesPassServerSideDryRun(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer f.Close()
+			defer func() { _ = f.Close() }()
 			objs, err := decode(f)
 			if err != nil {
 				t.Fatal(err)

@@ -101,8 +101,8 @@ func (v *Validator) validate(ctx context.Context, obj *unstructured.Unstructured
 		return errs
 	}
 	name := obj.GetName()
-	switch {
-	case name == "":
+	switch name {
+	case "":
 		errs = append(errs, field.Required(field.NewPath("metadata", "name"), "a name is required"))
 	default:
 		for _, msg := range utilvalidation.IsDNS1123Subdomain(name) {
