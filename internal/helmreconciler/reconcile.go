@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -76,17 +77,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	}
 	meta.RemoveStatusCondition(&st.conditions, TypePaused)
 
+	// The finalizer patch runs while the inputs are prepared and the
+	// history is read; it is waited for before any Helm action and any
+	// status write.
+	finalized := func() error { return nil }
 	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
-		patch := client.MergeFrom(obj.DeepCopy())
-		controllerutil.AddFinalizer(obj, Finalizer)
-		if err := r.client.Patch(ctx, obj, patch); err != nil {
-			return reconcile.Result{}, fmt.Errorf("adding finalizer: %w", err)
-		}
+		finalized = r.addFinalizer(ctx, obj)
 	}
 	st.set(TypeInitialized, metav1.ConditionTrue, ReasonInitialized, "the %s engine serves this resource", r.entry.Chart.Name())
 
 	period, err := r.reconcilePeriod(obj)
 	if err != nil {
+		if err := finalized(); err != nil {
+			return reconcile.Result{}, err
+		}
 		outcome = "invalid"
 		st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonReconcileError, "%v", err)
 		reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonReconcileError)).Inc()
@@ -102,11 +106,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		}
 	}
 	if err != nil {
+		if err := finalized(); err != nil {
+			return reconcile.Result{}, err
+		}
 		outcome = "invalid"
 		return reconcile.Result{}, r.irreconcilable(ctx, obj, st, ReasonValuesInvalid, err)
 	}
 
-	rs, acted, err := r.ensureRelease(ctx, obj, in, st)
+	rs, acted, err := r.ensureRelease(ctx, obj, in, st, finalized)
+	if ferr := finalized(); ferr != nil {
+		return reconcile.Result{}, ferr
+	}
 	if err != nil {
 		if werr := r.writeStatus(ctx, obj, st); werr != nil {
 			log.Error(werr, "writing status")
@@ -154,6 +164,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: period}, nil
+}
+
+// addFinalizer starts patching the finalizer onto obj and returns a
+// function that waits for the patch (once) and then gives obj the patched
+// finalizers and resource version. obj must not be written before.
+func (r *Reconciler) addFinalizer(ctx context.Context, obj *unstructured.Unstructured) func() error {
+	orig := obj.DeepCopy()
+	patched := obj.DeepCopy()
+	controllerutil.AddFinalizer(patched, Finalizer)
+	done := make(chan error, 1)
+	go func() { done <- r.client.Patch(ctx, patched, client.MergeFrom(orig)) }()
+	var once sync.Once
+	var err error
+	return func() error {
+		once.Do(func() {
+			if err = <-done; err != nil {
+				err = fmt.Errorf("adding finalizer: %w", err)
+				return
+			}
+			obj.SetFinalizers(patched.GetFinalizers())
+			obj.SetResourceVersion(patched.GetResourceVersion())
+		})
+		return err
+	}
 }
 
 func (r *Reconciler) irreconcilable(ctx context.Context, obj *unstructured.Unstructured, st *status, reason Reason, err error) error {
@@ -213,7 +247,7 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 // inputs, running a Helm action only when the digest differs. It returns
 // the remembered state of the deployed release and the action taken ("" if
 // none).
-func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status) (*releaseState, string, error) {
+func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, finalized func() error) (*releaseState, string, error) {
 	latest, cached, err := r.latestRevision(ctx, obj)
 	if err != nil {
 		return nil, "", err
@@ -270,6 +304,13 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 	p := planRelease(infos, want)
+	if p.Step != stepNone {
+		// No Helm action before the finalizer is on: a deletion must
+		// uninstall what it creates.
+		if err := finalized(); err != nil {
+			return nil, "", err
+		}
+	}
 	if p.Recovered != "" {
 		logr.FromContextOrDiscard(ctx).Info("recovering release", "detail", p.Recovered)
 		r.event(obj, corev1.EventTypeWarning, ReasonReleaseRecovered, "Recover", "%s", p.Recovered)
