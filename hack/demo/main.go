@@ -387,7 +387,7 @@ func startMirror(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
+	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
 	cmd := exec.Command(c.mirrorBinary(), "--root", modelRoot, "--listen", c.mirrorListen)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -415,7 +415,7 @@ func waitMirror(ctx context.Context, url string, pid int) error {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, probe, nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close() // only the status matters
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}

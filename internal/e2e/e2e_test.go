@@ -534,7 +534,7 @@ func operatorLogs(t *testing.T, lines int64) string {
 		for sc.Scan() {
 			fmt.Fprintf(&b, "%s: %s\n", p.Name, sc.Text())
 		}
-		rc.Close()
+		_ = rc.Close() // a read-only log stream
 	}
 	return b.String()
 }

@@ -114,7 +114,7 @@ func StreamChat(ctx context.Context, baseURL, token, model, prompt string, maxTo
 	if err != nil {
 		return nil, fmt.Errorf("POST %s: %w", req.URL, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return nil, readAPIError(resp)
 	}
