@@ -78,20 +78,25 @@ func TestRealNode(t *testing.T) {
 	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
 		t.Skip("real-node mode needs Linux and root (it runs containerd, kubelet and iptables); run the tests as root to include it")
 	}
-	routeLocalnet := readSysctl(t, "net/ipv4/conf/all/route_localnet")
-	hostPaths := []string{"/var/lib/kubelet", "/var/lib/cni", "/var/log/containers", "/run/containerd"}
-	var absent []string
-	for _, p := range hostPaths {
-		if _, err := os.Stat(p); os.IsNotExist(err) {
-			absent = append(absent, p)
-		}
-	}
 	hello := buildHelloImage(t)
 	c := localcluster.StartForTest(t, localcluster.Options{
 		RealNode: true,
 		GPUs:     2,
 		Images:   []string{hello},
 	})
+	// What the host looked like before this cluster changed it, as the
+	// cluster recorded it once it held the machine-wide lock. Sampling it
+	// here, before StartForTest, would race with another package's real-node
+	// cluster that is still running while this one waits for the lock.
+	before, err := localcluster.ReadOwner()
+	if err != nil {
+		t.Fatalf("reading the cluster's record of the host: %v", err)
+	}
+	routeLocalnet, ok := before.Sysctls["net/ipv4/conf/all/route_localnet"]
+	if !ok {
+		t.Fatal("the cluster did not record route_localnet before changing it")
+	}
+	absent := before.CreatedPaths
 	cs, err := kubernetes.NewForConfig(c.Config())
 	if err != nil {
 		t.Fatal(err)
