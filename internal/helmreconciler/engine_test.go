@@ -129,34 +129,7 @@ func TestNoOpReconcileDoesNotRender(t *testing.T) {
 	create(t, newCR(sampleGVK, ns, "quiet", map[string]any{"greeting": "hi"}))
 	waitDeployed(t, sampleGVK, ns, "quiet", 1)
 
-	noops := func() float64 {
-		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
-	}
-	before := noops()
-	rendersBefore := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"})
-	for i := range 5 {
-		// An annotation change triggers a reconcile but changes no input.
-		// One poke at a time: the work queue merges events for a resource
-		// that is already queued.
-		update(t, sampleGVK, ns, "quiet", func(u *unstructured.Unstructured) {
-			a := u.GetAnnotations()
-			if a == nil {
-				a = map[string]string{}
-			}
-			a["example.com/poke"] = fmt.Sprint(i)
-			u.SetAnnotations(a)
-		})
-		eventually(t, 30*time.Second, "no-op reconcile of a poke", func() (bool, string) {
-			return noops() >= before+float64(i+1), fmt.Sprint(noops() - before)
-		})
-	}
-	if after := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"}); after != rendersBefore {
-		t.Errorf("renders went from %v to %v on reconciles that changed nothing", rendersBefore, after)
-	}
-	cr := get(t, sampleGVK, ns, "quiet")
-	if rev, _, _ := unstructured.NestedInt64(cr.Object, "status", "deployedRelease", "revision"); rev != 1 {
-		t.Errorf("revision = %d after no-op reconciles, want 1", rev)
-	}
+	pokeAndCheckNoOps(t, ns, "quiet", 1, 5)
 	if len(releaseSecrets(t, ns)) != 1 {
 		t.Error("no-op reconciles stored revisions")
 	}

@@ -40,6 +40,13 @@ func revisionOf(t *testing.T, ns, name string) int64 {
 // they render nothing and upgrade nothing.
 func pokeAndCheckNoOp(t *testing.T, ns, name string, rev int64) {
 	t.Helper()
+	pokeAndCheckNoOps(t, ns, name, rev, 3)
+}
+
+// pokeAndCheckNoOps makes n reconciles that change no input, one at a
+// time, and checks that they render nothing and leave revision rev.
+func pokeAndCheckNoOps(t *testing.T, ns, name string, rev int64, n int) {
+	t.Helper()
 	noops := func() float64 {
 		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample", "outcome": "noop"})
 	}
@@ -47,7 +54,7 @@ func pokeAndCheckNoOp(t *testing.T, ns, name string, rev int64) {
 	rendersBefore := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"})
 	// One poke at a time: the work queue merges events for a resource that
 	// is already queued, so quick pokes may make fewer reconciles.
-	for i := range 3 {
+	for i := range n {
 		update(t, sampleGVK, ns, name, func(u *unstructured.Unstructured) {
 			a := u.GetAnnotations()
 			if a == nil {

@@ -140,6 +140,25 @@ func httpGet(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// createCRD creates crd and waits until the API server serves it.
+func createCRD(t *testing.T, k8s client.Client, crd *apiextensionsv1.CustomResourceDefinition) {
+	t.Helper()
+	ctx := context.Background()
+	if err := k8s.Create(ctx, crd); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the CRD "+crd.Name, func() (bool, string) {
+		got := &apiextensionsv1.CustomResourceDefinition{}
+		_ = k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, ""
+	})
+}
+
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -172,23 +191,14 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	}
 	ctx := context.Background()
 	crd := &apiextensionsv1.CustomResourceDefinition{}
-	data, _ := os.ReadFile("testdata/others.yaml")
+	data, err := os.ReadFile("testdata/others.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := yaml.UnmarshalStrict(data, crd); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8s.Create(ctx, crd); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the CRD", func() (bool, string) {
-		got := &apiextensionsv1.CustomResourceDefinition{}
-		_ = k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
-		for _, cond := range got.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, ""
-	})
+	createCRD(t, k8s, crd)
 	ns := "served"
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)

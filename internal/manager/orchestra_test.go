@@ -41,19 +41,7 @@ func TestOperatorServesTheSampleModelOrchestra(t *testing.T) {
 	if err := yaml.Unmarshal(operator.ModelOrchestraCRD(), crd); err != nil {
 		t.Fatal(err)
 	}
-	if err := k8s.Create(ctx, crd); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the ModelOrchestra CRD", func() (bool, string) {
-		got := &apiextensionsv1.CustomResourceDefinition{}
-		_ = k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, ""
-	})
+	createCRD(t, k8s, crd)
 	ns := "orchestra-sample"
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
