@@ -13,6 +13,7 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage"
 	"helm.sh/helm/v3/pkg/storage/driver"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -271,11 +272,27 @@ func TestFailedInstallRemovesPartialRelease(t *testing.T) {
 	waitDeployed(t, sampleGVK, ns, "broken", 0)
 }
 
+// A failed upgrade rolls back to the last deployed revision with a normal
+// (three-way merge) rollback: objects are patched, not replaced, so a Job
+// (whose selector the API server set and keeps immutable) survives, and a
+// field another writer set is kept. The release ends deployed with the old
+// values.
 func TestFailedUpgradeRollsBack(t *testing.T) {
 	ns := newNamespace(t)
 	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
-	create(t, newCR(sampleGVK, ns, "rb", map[string]any{"greeting": "v1"}))
+	create(t, newCR(sampleGVK, ns, "rb", map[string]any{"greeting": "v1", "job": true}))
 	waitDeployed(t, sampleGVK, ns, "rb", 1)
+
+	ctx := context.Background()
+	job := &batchv1.Job{}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rb-job"}, job); err != nil {
+		t.Fatalf("getting the release's Job: %v", err)
+	}
+	cm, _ := configMap(t, ns, "rb-config")
+	cm.Annotations = map[string]string{"other-writer": "kept"}
+	if err := k8s.Update(ctx, cm); err != nil {
+		t.Fatalf("annotating the ConfigMap as another writer: %v", err)
+	}
 
 	update(t, sampleGVK, ns, "rb", func(u *unstructured.Unstructured) {
 		_ = unstructured.SetNestedField(u.Object, "v2", "spec", "greeting")
@@ -289,12 +306,36 @@ func TestFailedUpgradeRollsBack(t *testing.T) {
 	if c := condition(cr, "Deployed"); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("Deployed = %+v; the rolled-back release is deployed", c)
 	}
-	if cm, _ := configMap(t, ns, "rb-config"); cm.Data["greeting"] != "v1" {
+	// The engine retries the upgrade (with back-off) while the resource
+	// asks for it; pausing stops that, so that what follows reads a
+	// settled release.
+	update(t, sampleGVK, ns, "rb", func(u *unstructured.Unstructured) {
+		u.SetAnnotations(map[string]string{helmreconciler.AnnotationPauseReconcile: "true"})
+	})
+	waitCondition(t, sampleGVK, ns, "rb", "Paused", metav1.ConditionTrue, "PauseReconcileAnnotationTrue")
+	cm, _ = configMap(t, ns, "rb-config")
+	if cm.Data["greeting"] != "v1" {
 		t.Errorf("greeting = %q after rollback, want v1", cm.Data["greeting"])
+	}
+	if cm.Annotations["other-writer"] != "kept" {
+		t.Errorf("the rollback replaced the ConfigMap: another writer's annotation is gone (annotations %v)", cm.Annotations)
+	}
+	after := &batchv1.Job{}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rb-job"}, after); err != nil {
+		t.Fatalf("getting the Job after the rollback: %v", err)
+	}
+	if after.UID != job.UID {
+		t.Errorf("the rollback recreated the Job (uid %s, was %s)", after.UID, job.UID)
 	}
 	hist := helmCLI(t, "history", "rb", "-n", ns)
 	if !strings.Contains(hist, "failed") || !strings.Contains(hist, "Rollback to 1") {
 		t.Errorf("helm history does not show the failed upgrade and the rollback:\n%s", hist)
+	}
+	if st := helmCLI(t, "status", "rb", "-n", ns); !strings.Contains(st, "STATUS: deployed") {
+		t.Errorf("helm status after the rollback:\n%s", st)
+	}
+	if vals := helmCLI(t, "get", "values", "rb", "-n", ns); !strings.Contains(vals, "greeting: v1") || strings.Contains(vals, "breakApply") {
+		t.Errorf("helm get values after the rollback shows other than the old values:\n%s", vals)
 	}
 }
 

@@ -478,10 +478,14 @@ func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj
 	return rel, nil
 }
 
+// rollback rolls the release back to revision with a three-way merge
+// patch, as `helm rollback` does. Not with Force: that replaces every object
+// with its manifest, which drops fields other writers set and fails on
+// fields the API server set and keeps immutable (a Job's selector), leaving
+// the release failed.
 func (r *Reconciler) rollback(cfg *action.Configuration, obj *unstructured.Unstructured, revision int) error {
 	rb := action.NewRollback(cfg)
 	rb.Version = revision
-	rb.Force = true
 	rb.MaxHistory = maxHistory
 	rb.Timeout = r.opts.ActionTimeout
 	if err := rb.Run(obj.GetName()); err != nil {
