@@ -85,6 +85,8 @@ type ModelOrchestraSpec struct {
 //
 // +kubebuilder:validation:XValidation:rule="has(self.url) || !has(self.credentialsSecretRef)",message="credentialsSecretRef is only used with an external url; the in-cluster server accepts the stack's pods only",fieldPath=".credentialsSecretRef"
 // +kubebuilder:validation:XValidation:rule="!has(self.url) || !has(self.storage)",message="storage applies to the in-cluster server only; remove it or remove url",fieldPath=".storage"
+// +kubebuilder:validation:XValidation:rule="has(self.url) || has(oldSelf.url) || quantity(string(has(self.storage) ? self.storage.size : '10Gi')).compareTo(quantity(string(has(oldSelf.storage) ? oldSelf.storage.size : '10Gi'))) == 0",message="nats.storage.size cannot be changed in place: it sizes the volumes of the NATS StatefulSet (volumeClaimTemplates), which Kubernetes does not resize; keep the old size (the default is 10Gi), or delete and recreate the resource",fieldPath=".storage.size"
+// +kubebuilder:validation:XValidation:rule="has(self.url) || has(oldSelf.url) || (has(self.storage) && has(self.storage.storageClassName) ? self.storage.storageClassName : '(default)') == (has(oldSelf.storage) && has(oldSelf.storage.storageClassName) ? oldSelf.storage.storageClassName : '(default)')",message="nats.storage.storageClassName cannot be changed in place: it is part of the NATS StatefulSet's volumeClaimTemplates, which Kubernetes does not change; delete and recreate the resource",fieldPath=".storage.storageClassName"
 type NATSSpec struct {
 	// url of an external NATS server with JetStream enabled, for example
 	// nats://nats.messaging:4222 (several URLs separated by commas). When
@@ -109,7 +111,12 @@ type NATSSpec struct {
 	// +kubebuilder:validation:Enum=1;3
 	Replicas int32 `json:"replicas,omitempty"`
 
-	// storage is the persistent volume of each in-cluster server.
+	// storage is the persistent volume of each in-cluster server: 10Gi of
+	// the default storage class unless set. JetStream may use all of it
+	// (max_file_store), and it must be at least 2Gi: the request stream
+	// reserves 1Gi and the dead-letter stream needs room beside it. Size
+	// and storageClassName cannot be changed once the resource exists (a
+	// StatefulSet cannot change its volumeClaimTemplates).
 	// +optional
 	Storage *VolumeSpec `json:"storage,omitempty"`
 
@@ -121,7 +128,8 @@ type NATSSpec struct {
 
 // VolumeSpec sizes a PersistentVolumeClaim.
 type VolumeSpec struct {
-	// size of the volume.
+	// size of the volume. For NATS at least 2Gi; it cannot be changed once
+	// the resource exists.
 	// +optional
 	// +kubebuilder:default="10Gi"
 	Size resource.Quantity `json:"size,omitempty"`
@@ -378,6 +386,15 @@ const (
 
 // ModelSpec says which model to serve and where it comes from.
 //
+// The claim the operator creates for the cache (no pvc:// source, no
+// existingClaim) keeps its storage class and access mode: a
+// PersistentVolumeClaim cannot change them. Its size is not checked here
+// (a quantity rule inside the applications map exceeds the CEL cost
+// budget): a smaller size fails the upgrade with the API server's message.
+//
+// +kubebuilder:validation:XValidation:rule="self.source.startsWith('pvc://') || (has(self.cache) && has(self.cache.existingClaim)) || oldSelf.source.startsWith('pvc://') || (has(oldSelf.cache) && has(oldSelf.cache.existingClaim)) || (has(self.cache) && has(self.cache.accessMode) ? self.cache.accessMode : 'ReadWriteOnce') == (has(oldSelf.cache) && has(oldSelf.cache.accessMode) ? oldSelf.cache.accessMode : 'ReadWriteOnce')",message="cache.accessMode cannot be changed in place: the access mode of a PersistentVolumeClaim is immutable; use a new application name, or an existingClaim",fieldPath=".cache.accessMode"
+// +kubebuilder:validation:XValidation:rule="self.source.startsWith('pvc://') || (has(self.cache) && has(self.cache.existingClaim)) || oldSelf.source.startsWith('pvc://') || (has(oldSelf.cache) && has(oldSelf.cache.existingClaim)) || (has(self.cache) && has(self.cache.storageClassName) ? self.cache.storageClassName : '(default)') == (has(oldSelf.cache) && has(oldSelf.cache.storageClassName) ? oldSelf.cache.storageClassName : '(default)')",message="cache.storageClassName cannot be changed in place: the storage class of a PersistentVolumeClaim is immutable; use a new application name, or an existingClaim",fieldPath=".cache.storageClassName"
+//
 // +kubebuilder:validation:XValidation:rule="!self.source.startsWith('pvc://') || !has(self.cache)",message="a pvc:// source is read in place from its claim: remove cache",fieldPath=".cache"
 // +kubebuilder:validation:XValidation:rule="!self.source.startsWith('pvc://') || (!has(self.include) && !has(self.exclude) && !has(self.tokenSecretRef))",message="include, exclude and tokenSecretRef apply to downloaded models, not to a pvc:// source"
 // +kubebuilder:validation:XValidation:rule="!has(self.tokenSecretRef) || self.source.startsWith('hf://') || self.source.startsWith('https://')",message="tokenSecretRef is used for hf:// and https:// sources; s3:// sources take credentials from credentialsSecretRef",fieldPath=".tokenSecretRef"
@@ -408,6 +425,16 @@ type ModelSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=32
 	Exclude []string `json:"exclude,omitempty"`
+
+	// hubEndpoint is the base URL of a Hugging Face-compatible hub or mirror
+	// that hf:// sources are downloaded from instead of
+	// https://huggingface.co, as HF_ENDPOINT sets it for the Hugging Face
+	// tools; for example http://hf-mirror.models.svc:8080. The fetch pod
+	// must reach it. Only used with hf:// sources.
+	// +optional
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:Pattern=`^https?://[^ ]+$`
+	HubEndpoint string `json:"hubEndpoint,omitempty"`
 
 	// tokenSecretRef is a Secret key holding the access token for a private
 	// Hugging Face repository or an https:// source (sent as a bearer token).
@@ -493,17 +520,21 @@ type SecretKeyRef struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.existingClaim) || (!has(self.size) && !has(self.storageClassName) && !has(self.accessMode))",message="existingClaim uses a claim you manage: remove size, storageClassName and accessMode",fieldPath=".existingClaim"
 type CacheSpec struct {
 	// size of the claim; it must hold the model files. Defaults to 20Gi.
+	// Once the claim exists it can only grow, and only when its storage
+	// class allows volume expansion; otherwise the upgrade fails.
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
 
 	// storageClassName of the claim; empty uses the cluster's default class.
+	// It cannot be changed once the claim exists.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	StorageClassName string `json:"storageClassName,omitempty"`
 
 	// accessMode of the claim. ReadWriteOnce (the default) lets all pods on
 	// one node share it; ReadWriteMany is needed when replicas or vLLM
-	// workers run on several nodes.
+	// workers run on several nodes. It cannot be changed once the claim
+	// exists.
 	// +optional
 	// +kubebuilder:validation:Enum=ReadWriteOnce;ReadWriteMany;ReadWriteOncePod
 	AccessMode corev1.PersistentVolumeAccessMode `json:"accessMode,omitempty"`

@@ -45,6 +45,13 @@ func TestTemplateRefusesInvalidResource(t *testing.T) {
 	}
 }
 
+func TestTemplateRefusesSmallNATSStorage(t *testing.T) {
+	_, err := run(t, resource, "template", "-f", "-", "--set", "spec.nats.storage.size=1536Mi")
+	if err == nil || !strings.Contains(err.Error(), "spec.nats.storage.size") || !strings.Contains(err.Error(), "at least 2Gi") {
+		t.Fatalf("error = %v, want one naming spec.nats.storage.size and the 2Gi minimum", err)
+	}
+}
+
 func TestTemplateNeedsFile(t *testing.T) {
 	if _, err := run(t, "", "template"); err == nil || !strings.Contains(err.Error(), "--file") {
 		t.Fatalf("error = %v, want one asking for --file", err)

@@ -88,6 +88,9 @@ func (t Translator) Translate(_ context.Context, obj *unstructured.Unstructured)
 	if err != nil {
 		return nil, err
 	}
+	if errs := validation.Spec(&mo.Spec); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %s %q: %w", validation.ErrInvalid, v1alpha1.Kind, mo.Name, errs.ToAggregate())
+	}
 	return t.values(mo)
 }
 
@@ -327,6 +330,7 @@ func applicationValues(app v1alpha1.Application) (map[string]any, error) {
 		"file":          m.File,
 		"tokenizerFile": m.TokenizerFile,
 		"sha256":        m.SHA256,
+		"hubEndpoint":   m.HubEndpoint,
 	}
 	if r := m.TokenSecretRef; r != nil {
 		model["tokenSecret"] = map[string]any{"name": r.Name, "key": r.Key}

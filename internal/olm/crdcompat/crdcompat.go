@@ -17,6 +17,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/google/cel-go/cel"
+	celast "github.com/google/cel-go/common/ast"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"github.com/model-orchestra/operator/internal/olm/check"
@@ -182,7 +184,11 @@ func compareSchema(r *check.Report, obj, path string, old, cur *apiextv1.JSONSch
 		oldRules[v.Rule] = true
 	}
 	for _, v := range cur.XValidations {
-		if !oldRules[v.Rule] {
+		switch {
+		case oldRules[v.Rule]:
+		case isTransitionRule(v):
+			r.Warnf("crd-transition-rule", obj, "%s: transition rule %q was added; stored objects stay valid, but every update of one evaluates it against the stored value, so it must hold when the value is unchanged", field, v.Rule)
+		default:
 			at("crd-validation-rule", "validation rule %q was added", v.Rule)
 		}
 	}
@@ -223,6 +229,41 @@ func compareSchema(r *check.Report, obj, path string, old, cur *apiextv1.JSONSch
 			r.Errorf("crd-field-removed", obj, "%s: additionalProperties was removed; stored map entries would be pruned", field)
 		}
 	}
+}
+
+// isTransitionRule reports whether a CEL rule is a transition rule: one
+// that references oldSelf and has no optionalOldSelf. The API server
+// evaluates such a rule only on an update, and only where the old object
+// has a value to correlate (apiextensions-apiserver's schema/cel validator
+// skips it when there is no old value); it never evaluates it on a create,
+// on a read, or on a stored object alone. So adding one cannot make a
+// stored object invalid, which is what the error rules here guard against.
+// What it can do is refuse an update of a stored object: the API server does
+// not ratchet transition rules, so a rule that is false for an unchanged
+// value (rule(x, x)) would refuse every update. That is reported as a
+// warning for a human to check. A rule with optionalOldSelf is also
+// evaluated without an old value (on create, and where the field is new),
+// like any other rule, so it is not a transition rule here; neither is a
+// rule that does not parse.
+func isTransitionRule(v apiextv1.ValidationRule) bool {
+	if v.OptionalOldSelf != nil && *v.OptionalOldSelf {
+		return false
+	}
+	env, err := cel.NewEnv()
+	if err != nil {
+		return false
+	}
+	parsed, iss := env.Parse(v.Rule)
+	if iss.Err() != nil {
+		return false
+	}
+	uses := false
+	celast.PreOrderVisit(parsed.NativeRep().Expr(), celast.NewExprVisitor(func(e celast.Expr) {
+		if e.Kind() == celast.IdentKind && e.AsIdent() == "oldSelf" {
+			uses = true
+		}
+	}))
+	return uses
 }
 
 func isTrue(b *bool) bool { return b != nil && *b }

@@ -5,6 +5,8 @@ import (
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/internal/olm/check"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -157,6 +159,17 @@ func TestRefusedChanges(t *testing.T) {
 				s.XValidations = apiextv1.ValidationRules{{Rule: "self.size < 5"}}
 			})
 		})},
+		{"CEL rule with optionalOldSelf added", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				// Evaluated on create too (oldSelf is then none).
+				s.XValidations = apiextv1.ValidationRules{{Rule: "!oldSelf.hasValue() || self.size == oldSelf.value().size", OptionalOldSelf: ptr(true)}}
+			})
+		})},
+		{"CEL rule naming oldSelf only in a string", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "self.name != 'oldSelf'"}}
+			})
+		})},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,6 +192,27 @@ func one(fn func(c *apiextv1.CustomResourceDefinition)) func(c *apiextv1.CustomR
 	return func(c *apiextv1.CustomResourceDefinition) []*apiextv1.CustomResourceDefinition {
 		fn(c)
 		return []*apiextv1.CustomResourceDefinition{c}
+	}
+}
+
+// TestTransitionRuleAddedIsAWarning: a rule referencing oldSelf runs only
+// on updates, against the old value, so stored objects stay valid; it is
+// reported as a warning (it must hold for an unchanged value), not an error.
+func TestTransitionRuleAddedIsAWarning(t *testing.T) {
+	cur := baseCRD()
+	editField(cur, "size", func(p *apiextv1.JSONSchemaProps) {
+		p.XValidations = apiextv1.ValidationRules{{Rule: "self == oldSelf", Message: "size cannot be changed"}}
+	})
+	rep := Compare([]*apiextv1.CustomResourceDefinition{baseCRD()}, []*apiextv1.CustomResourceDefinition{cur})
+	if rep.HasErrors() {
+		t.Fatalf("an added transition rule was refused: %v", rep.Errors())
+	}
+	if got := rep.Rules(check.Warning); len(got) != 1 || got[0] != "crd-transition-rule" {
+		t.Fatalf("warnings = %v, want one crd-transition-rule; findings %v", got, rep.Findings)
+	}
+	// Unchanged, it is not reported again.
+	if again := Compare([]*apiextv1.CustomResourceDefinition{cur}, []*apiextv1.CustomResourceDefinition{cur}); len(again.Findings) != 0 {
+		t.Errorf("an unchanged transition rule was reported: %v", again.Findings)
 	}
 }
 

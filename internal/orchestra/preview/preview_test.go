@@ -217,6 +217,26 @@ func TestInvalidResources(t *testing.T) {
 			want: []string{"spec.gateway.service.nodePort", "nodePort needs type"},
 		},
 		{
+			name: "nats storage too small for the streams",
+			set:  []string{"spec.nats.storage.size=1Gi"},
+			want: []string{"spec.nats.storage.size", "must be at least 2Gi"},
+		},
+		{
+			name: "hub endpoint with an https source",
+			set:  []string{"spec.applications.chat.model.source=https://example.com/m.gguf", "spec.applications.chat.model.hubEndpoint=http://mirror:8080"},
+			want: []string{"spec.applications[chat].model.hubEndpoint", "only used with hf:// sources"},
+		},
+		{
+			name: "hub endpoint that is not an http URL",
+			set:  []string{"spec.applications.chat.model.hubEndpoint=ftp://mirror"},
+			want: []string{"spec.applications.chat.model.hubEndpoint", "should match"},
+		},
+		{
+			name: "hub endpoint with a query",
+			set:  []string{"spec.applications.chat.model.hubEndpoint=http://mirror:8080/?x=1"},
+			want: []string{"spec.applications[chat].model.hubEndpoint", "query"},
+		},
+		{
 			name: "no applications",
 			doc:  "apiVersion: modelorchestra.io/v1alpha1\nkind: ModelOrchestra\nmetadata: {name: t}\nspec: {applications: {}}\n",
 			want: []string{"spec.applications", "should have at least 1 properties"},
@@ -241,6 +261,50 @@ func TestInvalidResources(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHubEndpointReachesTheFetchJob checks that model.hubEndpoint is the
+// fetcher's --hf-endpoint and that a changed hub makes a new fetch Job
+// (Job templates are immutable).
+func TestHubEndpointReachesTheFetchJob(t *testing.T) {
+	p := newRenderer(t)
+	render := func(set ...string) string {
+		t.Helper()
+		out, err := p.TemplateBytes(context.Background(), []byte(minimal), Options{Set: set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	jobName := func(manifest string) string {
+		t.Helper()
+		for _, doc := range strings.Split(manifest, "\n---") {
+			if strings.Contains(doc, "kind: Job\n") {
+				for _, line := range strings.Split(doc, "\n") {
+					if strings.HasPrefix(line, "  name: ") {
+						return strings.TrimPrefix(line, "  name: ")
+					}
+				}
+			}
+		}
+		t.Fatal("no Job rendered")
+		return ""
+	}
+	plain := render()
+	if strings.Contains(plain, "--hf-endpoint") {
+		t.Error("a resource without hubEndpoint renders --hf-endpoint")
+	}
+	mirror := render("spec.applications.chat.model.hubEndpoint=http://10.0.0.1:8088")
+	if !strings.Contains(mirror, "- --hf-endpoint=http://10.0.0.1:8088\n") {
+		t.Error("the fetch Job lacks --hf-endpoint=http://10.0.0.1:8088")
+	}
+	other := render("spec.applications.chat.model.hubEndpoint=https://hf-mirror.example.com")
+	if a, b, c := jobName(plain), jobName(mirror), jobName(other); a == b || b == c || a == c {
+		t.Errorf("fetch Job names %s, %s, %s: want a new Job for each hub", a, b, c)
+	}
+	if a, b := jobName(plain), jobName(render("spec.applications.chat.runtime.nodeSelector.disk=ssd")); a == b {
+		t.Errorf("fetch Job name %s unchanged by a new nodeSelector: the upgrade would fail on the immutable Job template", a)
 	}
 }
 
