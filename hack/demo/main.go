@@ -45,9 +45,7 @@ type config struct {
 	nodePort      int
 	timeout       time.Duration
 	prompt        string
-	fetchImage    string
 	tokenSecret   string
-	cacheClaim    string
 	samplePath    string
 	operatorChart string
 }
@@ -74,10 +72,8 @@ func main() {
 	fs.IntVar(&c.nodePort, "node-port", 30080, "NodePort of the gateway (answers on 127.0.0.1); 0 lets Kubernetes choose")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "how long to wait for the stack to be Ready")
 	fs.StringVar(&c.prompt, "prompt", "Tell me about Model Orchestra in a few words.", "the chat prompt sent through the gateway")
-	fs.StringVar(&c.fetchImage, "fetch-image", "ghcr.io/model-orchestra/orchestra-fetch:v1.0.0", "orchestra-fetch image that seeds the model cache")
 	_ = fs.Parse(os.Args[2:])
 	c.tokenSecret = c.name + "-token"
-	c.cacheClaim = c.name + "-models"
 	c.samplePath = filepath.Join(root, "config", "samples", "simulator.yaml")
 	c.operatorChart = filepath.Join(root, "charts", "orchestra-operator")
 
@@ -157,23 +153,12 @@ func up(ctx context.Context, c config) error {
 		return err
 	}
 
-	hub := "http://" + c.mirrorListen
-	step("Downloading hf://%s through the mirror into the model cache %s/%s", stack.DemoModel, c.namespace, c.cacheClaim)
-	info("(the API has no hub endpoint field yet: orchestra-fetch runs once with --hf-endpoint=%s, and the", hub)
-	info(" ModelOrchestra's own fetch Job finds the complete cache in the same claim; see docs/demo.md)")
-	err = stack.SeedCache(ctx, cl.cs, stack.SeedOptions{
-		Namespace: c.namespace, Claim: c.cacheClaim, Source: "hf://" + stack.DemoModel,
-		HubEndpoint: hub, Format: "gguf", FetchImage: c.fetchImage,
-	}, info)
-	if err != nil {
-		return err
-	}
-
 	obj, err := demoResource(c)
 	if err != nil {
 		return err
 	}
 	step("Applying ModelOrchestra %s/%s (from %s)", c.namespace, c.name, rel(c.root, c.samplePath))
+	info("model hf://%s, downloaded by the operator's fetch Job from model.hubEndpoint http://%s", stack.DemoModel, c.mirrorListen)
 	if _, err := stack.Apply(ctx, cl.dyn, obj); err != nil {
 		return err
 	}
@@ -255,7 +240,8 @@ func chatWithRetry(ctx context.Context, base, token, model, prompt string) (*sta
 }
 
 // demoResource is config/samples/simulator.yaml with the demo's name and
-// namespace, the model from the mirror and a NodePort gateway.
+// namespace, the model from the mirror (model.hubEndpoint) and a NodePort
+// gateway.
 func demoResource(c config) (*unstructured.Unstructured, error) {
 	obj, err := stack.LoadResource(c.samplePath)
 	if err != nil {
@@ -263,10 +249,7 @@ func demoResource(c config) (*unstructured.Unstructured, error) {
 	}
 	obj.SetName(c.name)
 	obj.SetNamespace(c.namespace)
-	if err := stack.MirrorModel(obj, c.cacheClaim); err != nil {
-		return nil, err
-	}
-	if err := stack.WorkAroundNATSStorage(obj); err != nil {
+	if err := stack.MirrorModel(obj, "http://"+c.mirrorListen); err != nil {
 		return nil, err
 	}
 	svc := map[string]any{"type": "NodePort"}
@@ -291,7 +274,7 @@ func down(ctx context.Context, c config) error {
 		if err := deleteResource(ctx, cl, c); err != nil {
 			return err
 		}
-		step("Removing the demo's model cache, seed Job and token")
+		step("Removing the demo's token")
 		if err := deleteDemoObjects(ctx, cl, c); err != nil {
 			return err
 		}
@@ -317,24 +300,17 @@ func deleteDemoObjects(ctx context.Context, cl *clients, c config) error {
 	bg := metav1.DeletePropagationBackground
 	opts := metav1.DeleteOptions{PropagationPolicy: &bg}
 	var errs []error
-	if err := cl.cs.BatchV1().Jobs(c.namespace).Delete(ctx, c.cacheClaim+"-seed", opts); err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, err)
-	}
-	if err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).Delete(ctx, c.cacheClaim, opts); err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, err)
-	}
 	if err := cl.cs.CoreV1().Secrets(c.namespace).Delete(ctx, c.tokenSecret, opts); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
 	}
-	// The chart's NATS StatefulSet keeps the claims of its
-	// volumeClaimTemplates when it is deleted (no
-	// persistentVolumeClaimRetentionPolicy), so they outlive the resource.
+	// The stack's claims (model cache, NATS volumes) go with its release;
+	// report any that did not, so that `make down` leaves nothing behind.
 	pvcs, err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + c.name})
 	if err != nil {
 		errs = append(errs, err)
 	} else {
 		for _, p := range pvcs.Items {
-			info("deleting claim %s, left behind by the stack's StatefulSet", p.Name)
+			info("deleting claim %s, left behind by the stack", p.Name)
 			if err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
 				errs = append(errs, err)
 			}

@@ -48,23 +48,13 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claim := name + "-models"
-	err = stack.SeedCache(ctx, env.cs, stack.SeedOptions{
-		Namespace: ns, Claim: claim, Source: "hf://" + stack.DemoModel,
-		HubEndpoint: env.hub, Format: "gguf", FetchImage: fetchImage,
-	}, t.Logf)
-	if err != nil {
-		t.Fatal(err)
-	}
-
 	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	obj.SetName(name)
 	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, claim))
-	must(t, stack.WorkAroundNATSStorage(obj))
+	must(t, stack.MirrorModel(obj, env.hub))
 	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
 	must(t, unstructured.SetNestedField(obj.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
@@ -79,6 +69,7 @@ func TestLifecycle(t *testing.T) {
 			t.Errorf("status.applications.%s = ready %d, served %q, model %q; want 1, %q, Complete", app, got.ReadyReplicas, got.ServedModelName, got.Model.Phase, served)
 		}
 		requireRealPods(ctx, t, ns, name)
+		requireFetchedFromMirror(ctx, t, ns, name, mo.Status.Applications[app].Model)
 
 		base, err = stack.GatewayURL(ctx, env.cs, ns, name)
 		if err != nil {
@@ -220,10 +211,6 @@ func TestLifecycle(t *testing.T) {
 		if err != nil {
 			t.Errorf("objects left after deleting %s/%s: %v", ns, name, leftovers(ctx, ns, name, rendered))
 		}
-		// The model cache claim is the user's (existingClaim): it stays.
-		if _, err := env.cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{}); err != nil {
-			t.Errorf("the user's cache claim %s was touched: %v", claim, err)
-		}
 	})
 }
 
@@ -269,6 +256,13 @@ spec:
 				s["gateway"] = map[string]any{"service": map[string]any{"type": "ClusterIP", "nodePort": int64(30099)}}
 			},
 			want: []string{"gateway.service.nodePort", "nodePort needs type NodePort or LoadBalancer"},
+		},
+		{
+			name: "hub endpoint that is not an http URL",
+			patch: func(s map[string]any) {
+				chatApp(s)["model"] = map[string]any{"source": "hf://demo/tiny-gguf", "file": "x.gguf", "hubEndpoint": "ftp://mirror"}
+			},
+			want: []string{"model.hubEndpoint", "should match"},
 		},
 		{
 			name:  "unknown field",
@@ -421,6 +415,36 @@ func requireRealPods(ctx context.Context, t *testing.T, ns, name string) {
 		if !components.Has(c) {
 			t.Errorf("no running %s pod among %d pods (running components %v)", c, len(pods.Items), sets.List(components))
 		}
+	}
+}
+
+// requireFetchedFromMirror checks that the model came the real way: the
+// operator's own fetch Job ran orchestra-fetch against the mirror
+// (model.hubEndpoint as --hf-endpoint), succeeded, and the status reports
+// the demo repository's bytes.
+func requireFetchedFromMirror(ctx context.Context, t *testing.T, ns, name string, model v1alpha1.ModelStatus) {
+	t.Helper()
+	jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=model-fetch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs.Items) != 1 {
+		t.Fatalf("%d fetch Jobs; want the operator's one", len(jobs.Items))
+	}
+	j := jobs.Items[0]
+	args := j.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(args, "--hf-endpoint="+env.hub) {
+		t.Errorf("fetch Job %s args %v; want --hf-endpoint=%s", j.Name, args, env.hub)
+	}
+	if j.Status.Succeeded < 1 {
+		t.Errorf("fetch Job %s: succeeded %d, failed %d; want it to succeed", j.Name, j.Status.Succeeded, j.Status.Failed)
+	}
+	var total int64
+	for _, data := range stack.TinyModelFiles() {
+		total += int64(len(data))
+	}
+	if model.Phase != "Complete" || model.BytesTotal != total || model.FilesTotal != int32(len(stack.TinyModelFiles())) {
+		t.Errorf("status model = phase %q, %d/%d bytes, %d files; want Complete with the mirror's %d files, %d bytes", model.Phase, model.Bytes, model.BytesTotal, model.FilesTotal, len(stack.TinyModelFiles()), total)
 	}
 }
 

@@ -33,10 +33,7 @@ import (
 // images are the tarballs `make images` writes, all needed by the stack.
 var images = []string{"orchestra-operator", "orchestra-gateway", "orchestra-dispatcher", "orchestra-fetch", "orchestra-sim", "nats-server"}
 
-const (
-	operatorNamespace = "orchestra-system"
-	fetchImage        = "ghcr.io/model-orchestra/orchestra-fetch:v1.0.0"
-)
+const operatorNamespace = "orchestra-system"
 
 // env is the cluster shared by every test of the package.
 var env struct {

@@ -12,11 +12,11 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
 )
 
-// TestTinyModelFetchesAndHitsCache checks the two things the demo relies
-// on: orchestra-fetch downloads the demo repository from a mirror and
-// accepts its GGUF file (--format gguf), and a second run for the same
-// source and format, without the mirror's address (as the operator's own
-// fetch Job runs), is a cache hit that never contacts a hub.
+// TestTinyModelFetchesAndHitsCache checks what the demo relies on:
+// orchestra-fetch downloads the demo repository from a mirror and accepts
+// its GGUF file (--format gguf), as the operator's fetch Job does with
+// model.hubEndpoint; and a second run for the same source and format (a
+// recreated fetch Job) is a cache hit that never contacts a hub.
 func TestTinyModelFetchesAndHitsCache(t *testing.T) {
 	hub := &hubtest.Server{}
 	repo := &hubtest.Repo{ID: DemoModel}

@@ -46,35 +46,27 @@ func LoadResource(path string) (*unstructured.Unstructured, error) {
 }
 
 // MirrorModel points every application of obj at the demo model in the
-// mirror: source hf://demo/tiny-gguf, the GGUF file, and the cache claim
-// SeedCache filled (see SeedCache for why).
-func MirrorModel(obj *unstructured.Unstructured, claim string) error {
+// mirror: source hf://demo/tiny-gguf with model.hubEndpoint set to hub (a
+// URL the fetch pod reaches), the GGUF file, and a small cache claim. The
+// operator's own fetch Job then downloads it from the mirror.
+func MirrorModel(obj *unstructured.Unstructured, hub string) error {
 	apps, _, err := unstructured.NestedMap(obj.Object, "spec", "applications")
 	if err != nil || len(apps) == 0 {
 		return fmt.Errorf("%s has no spec.applications", obj.GetName())
 	}
 	for name := range apps {
 		model := map[string]any{
-			"source": "hf://" + DemoModel,
-			"format": "gguf",
-			"file":   DemoFile,
-			"cache":  map[string]any{"existingClaim": claim},
+			"source":      "hf://" + DemoModel,
+			"hubEndpoint": hub,
+			"format":      "gguf",
+			"file":        DemoFile,
+			"cache":       map[string]any{"size": "1Gi"},
 		}
 		if err := unstructured.SetNestedMap(obj.Object, model, "spec", "applications", name, "model"); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// WorkAroundNATSStorage sets spec.nats.storage.size to "10G". The chart
-// writes the size into nats.conf as max_file_store verbatim, and
-// nats-server refuses the default "10Gi" (it reads K, M, G and T suffixes
-// only), so the in-cluster NATS never starts. "10G" is read by both
-// Kubernetes and nats-server, and leaves room for the dispatcher's streams
-// (the request stream alone reserves 1 GiB).
-func WorkAroundNATSStorage(obj *unstructured.Unstructured) error {
-	return unstructured.SetNestedField(obj.Object, "10G", "spec", "nats", "storage", "size")
 }
 
 // Apply server-side applies obj (a ModelOrchestra) and returns the live object.
