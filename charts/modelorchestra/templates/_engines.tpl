@@ -158,26 +158,36 @@ image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
 {{- if eq $rt.engine "llamacpp" }}
 command: ["/app/llama-server"]
+{{- /* llama.cpp's argument parser takes each value as the next argument:
+it refuses --flag=value ("invalid argument"). */}}
 args:
-  - --host=0.0.0.0
-  - --port=8080
-  - --model=/models/{{ $m.file }}
-  - --alias={{ $served }}
-  - --parallel={{ $sv.maxConcurrency }}
+  - --host
+  - 0.0.0.0
+  - --port
+  - "8080"
+  - --model
+  - /models/{{ $m.file }}
+  - --alias
+  - {{ $served | quote }}
+  - --parallel
+  - {{ $sv.maxConcurrency | quote }}
   - --metrics
   {{- with $sv.contextLength }}
   {{- /* llama-server splits the context among its slots. */}}
-  - --ctx-size={{ mul . $sv.maxConcurrency }}
+  - --ctx-size
+  - {{ mul . $sv.maxConcurrency | quote }}
   {{- end }}
   {{- if gt (int (default 0 $rt.gpu.count)) 0 }}
-  - --n-gpu-layers=999
+  - --n-gpu-layers
+  - "999"
   {{- end }}
   {{- if gt $workers 0 }}
   {{- $addrs := list }}
   {{- range $j := until $workers }}
   {{- $addrs = append $addrs (printf "%s-worker-$(POD_INDEX)-%d.%s-workers.%s.svc:50052" $.name $j $.name $ns) }}
   {{- end }}
-  - --rpc={{ join "," $addrs }}
+  - --rpc
+  - {{ join "," $addrs | quote }}
   {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
@@ -349,9 +359,13 @@ image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
 {{- if eq $rt.engine "llamacpp" }}
 command: ["/app/rpc-server"]
+{{- /* rpc-server binds 127.0.0.1 by default and, like llama-server, takes
+each value as the next argument. */}}
 args:
-  - --host=0.0.0.0
-  - --port=50052
+  - --host
+  - 0.0.0.0
+  - --port
+  - "50052"
 {{- else if eq $rt.engine "dllama" }}
 command: ["dllama"]
 args:
