@@ -26,6 +26,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -303,18 +304,31 @@ func deleteDemoObjects(ctx context.Context, cl *clients, c config) error {
 	if err := cl.cs.CoreV1().Secrets(c.namespace).Delete(ctx, c.tokenSecret, opts); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
 	}
-	// The stack's claims (model cache, NATS volumes) go with its release;
-	// report any that did not, so that `make down` leaves nothing behind.
-	pvcs, err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + c.name})
+	// The stack's claims (model cache, NATS volumes) go with its release:
+	// Helm deletes the cache claim, the NATS StatefulSet's retention policy
+	// its claims, each once no pod uses it. Delete any that nothing is
+	// deleting, and wait for all of them, so that nothing is left behind.
+	claims := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace)
+	byInstance := metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + c.name}
+	pvcs, err := claims.List(ctx, byInstance)
 	if err != nil {
-		errs = append(errs, err)
-	} else {
-		for _, p := range pvcs.Items {
-			info("deleting claim %s, left behind by the stack", p.Name)
-			if err := cl.cs.CoreV1().PersistentVolumeClaims(c.namespace).Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
-				errs = append(errs, err)
-			}
+		return errors.Join(append(errs, err)...)
+	}
+	for _, p := range pvcs.Items {
+		if p.DeletionTimestamp != nil {
+			continue
 		}
+		info("deleting claim %s, which the stack left", p.Name)
+		if err := claims.Delete(ctx, p.Name, opts); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		left, err := claims.List(ctx, byInstance)
+		return err == nil && len(left.Items) == 0, nil
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("claims of %s/%s are still there: %w", c.namespace, c.name, err))
 	}
 	return errors.Join(errs...)
 }
