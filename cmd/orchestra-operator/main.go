@@ -33,6 +33,7 @@ func main() {
 	fs.Float64Var(&qps, "kube-api-qps", float64(cfg.KubeAPIQPS), "requests per second to the API server, per client")
 	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", cfg.KubeAPIBurst, "burst of requests to the API server, per client")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof/ on the metrics address")
+	fs.BoolVar(&cfg.CountAPIRequests, "count-api-requests", false, "count requests to the API server by verb and resource (metric orchestra_api_requests_total)")
 	checkConfig := fs.Bool("check-config", false, "load watches.yaml, charts and plugins, report problems and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	zapOpts := zap.Options{}

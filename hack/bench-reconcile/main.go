@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,6 +83,9 @@ type result struct {
 	anonMiB     float64       // anonymous (private) RSS
 	load        string        // /proc/loadavg when the run started
 	ready       time.Duration // operator start → caches synced (/readyz)
+	// Per custom resource, from create to all Deployed: API requests by
+	// verb and resource, and reconciles by outcome.
+	apiPerInstall, reconcilesPerInstall string
 }
 
 func main() {
@@ -118,7 +122,7 @@ func run(nList string, workers int, window time.Duration, docs string) error {
 	scheme := k8sruntime.NewScheme()
 	_ = clientgoscheme.AddToScheme(scheme)
 	_ = apiextensionsv1.AddToScheme(scheme)
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		return err
 	}
@@ -163,7 +167,7 @@ func run(nList string, workers int, window time.Duration, docs string) error {
 	return nil
 }
 
-func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluster, root, bin, watchesFile string, n, workers int, window time.Duration) (result, error) {
+func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Cluster, root, bin, watchesFile string, n, workers int, window time.Duration) (result, error) {
 	res := result{n: n}
 	ns := fmt.Sprintf("bench-%d-%d", n, time.Now().Unix())
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -185,6 +189,7 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 		"--health-probe-bind-address", probeAddr,
 		"--reconcile-period", "1h",
 		"--pprof",
+		"--count-api-requests",
 	)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.KubeconfigFile(), "WATCH_NAMESPACE="+ns, "GOMAXPROCS="+strconv.Itoa(runtime.NumCPU()))
 	logFile, err := os.Create(filepath.Join(os.TempDir(), "bench-reconcile-operator-"+strconv.Itoa(n)+".log"))
@@ -220,10 +225,24 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 		res.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
 	// Phase 1: create N resources, time until all are Deployed.
+	before, err := scrape(metricsAddr)
+	if err != nil {
+		return res, err
+	}
 	cpuStart, err := processCPU(cmd.Process.Pid)
 	if err != nil {
 		return res, err
 	}
+	// Deployed conditions are counted from a watch, opened before the
+	// first create: polling a list of N resources would load the API
+	// server (and the shared CPUs) more the larger N is.
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(sampleGVK.GroupVersion().WithKind("SampleList"))
+	w, err := c.Watch(ctx, list, client.InNamespace(ns))
+	if err != nil {
+		return res, fmt.Errorf("watching resources: %w", err)
+	}
+	defer w.Stop()
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -244,28 +263,34 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 			}
 		}()
 	}
+	deployed := map[string]bool{}
+	timeout := time.After(10 * time.Minute)
+	for len(deployed) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return res, fmt.Errorf("watch closed with %d of %d Deployed", len(deployed), n)
+			}
+			if u, ok := ev.Object.(*unstructured.Unstructured); ok && isDeployed(u) {
+				deployed[u.GetName()] = true
+			}
+		case <-timeout:
+			return res, fmt.Errorf("only %d of %d Deployed after 10 minutes (log %s)", len(deployed), n, logFile.Name())
+		}
+	}
+	res.deploy = time.Since(start)
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
 		return res, fmt.Errorf("creating resources: %w", err)
 	}
-	deadline := time.Now().Add(10 * time.Minute)
-	for {
-		done, err := countDeployed(ctx, c, ns)
-		if err != nil {
-			return res, err
-		}
-		if done == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("only %d of %d Deployed after 10 minutes (log %s)", done, n, logFile.Name())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	res.deploy = time.Since(start)
 	if cpuEnd, err := processCPU(cmd.Process.Pid); err == nil {
 		res.installCPU = (cpuEnd - cpuStart) / time.Duration(n)
+	}
+	if after, err := scrape(metricsAddr); err == nil {
+		res.apiPerInstall = perInstall(before.api, after.api, n)
+		res.reconcilesPerInstall = perInstall(before.reconciles, after.reconciles, n)
 	}
 
 	// Phase 2: steady state. Every resource resyncs each second (the
@@ -305,26 +330,22 @@ func benchOne(ctx context.Context, c client.Client, cluster *localcluster.Cluste
 	return res, err
 }
 
-func countDeployed(ctx context.Context, c client.Client, ns string) (int, error) {
-	list := &unstructured.UnstructuredList{}
-	list.SetGroupVersionKind(sampleGVK.GroupVersion().WithKind("SampleList"))
-	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, u := range list.Items {
-		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-		for _, raw := range conds {
-			m, _ := raw.(map[string]any)
-			if m["type"] == "Deployed" && m["status"] == "True" {
-				n++
-			}
+func isDeployed(u *unstructured.Unstructured) bool {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, raw := range conds {
+		m, _ := raw.(map[string]any)
+		if m["type"] == "Deployed" && m["status"] == "True" {
+			return true
 		}
 	}
-	return n, nil
+	return false
 }
 
-type metrics struct{ noops, noopSum, renders, installs, installSum float64 }
+type metrics struct {
+	noops, noopSum, renders, installs, installSum float64
+	api                                           map[string]float64 // "verb resource" -> requests
+	reconciles                                    map[string]float64 // outcome -> reconciles
+}
 
 func scrape(addr string) (metrics, error) {
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -332,7 +353,7 @@ func scrape(addr string) (metrics, error) {
 		return metrics{}, err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	var m metrics
+	m := metrics{api: map[string]float64{}, reconciles: map[string]float64{}}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -352,9 +373,41 @@ func scrape(addr string) (metrics, error) {
 			m.installSum += val()
 		case strings.HasPrefix(line, "orchestra_helm_renders_total{"):
 			m.renders += val()
+		case strings.HasPrefix(line, "orchestra_api_requests_total{"):
+			m.api[label(line, "verb")+" "+label(line, "resource")] += val()
+		}
+		if strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_count{") {
+			m.reconciles[label(line, "outcome")] += val()
 		}
 	}
 	return m, sc.Err()
+}
+
+func label(line, name string) string {
+	_, rest, ok := strings.Cut(line, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// perInstall formats the counters that grew from a to b, divided by n.
+func perInstall(a, b map[string]float64, n int) string {
+	keys := make([]string, 0, len(b))
+	total := 0.0
+	for k, v := range b {
+		if d := v - a[k]; d > 0 {
+			keys = append(keys, k)
+			total += d
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return b[keys[i]]-a[keys[i]] > b[keys[j]]-a[keys[j]] })
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %.2f", k, (b[k]-a[k])/float64(n)))
+	}
+	return fmt.Sprintf("%.2f: %s", total/float64(n), strings.Join(parts, ", "))
 }
 
 // processCPU is the user+system CPU time of pid.
@@ -470,6 +523,10 @@ func formatTable(results []result, workers int) string {
 		fmt.Fprintf(&b, "| %d | %.2f s | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s |\n",
 			r.n, r.ready.Seconds(), r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
 			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB, r.anonMiB, r.load)
+	}
+	b.WriteString("\nPer custom resource from create to all Deployed (operator run with --count-api-requests):\n\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "- %d CRs: API requests %s; reconciles %s\n", r.n, r.apiPerInstall, r.reconcilesPerInstall)
 	}
 	return b.String()
 }

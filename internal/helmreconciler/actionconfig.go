@@ -1,7 +1,10 @@
 package helmreconciler
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -10,16 +13,19 @@ import (
 	"helm.sh/helm/v3/pkg/kube"
 	"helm.sh/helm/v3/pkg/storage"
 	"helm.sh/helm/v3/pkg/storage/driver"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/resource"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/util/retry"
 )
 
 // capabilitiesTTL is how long the cluster's version and API list are reused
@@ -63,6 +69,25 @@ func newActionConfigs(cfg *rest.Config, mapper meta.RESTMapper, chunkSize int, s
 
 // forResource returns the configuration for obj's release.
 func (a *actionConfigs) forResource(obj *unstructured.Unstructured, log action.DebugLog) (*action.Configuration, error) {
+	return a.forReconcile(obj, log, actionOptions{})
+}
+
+// actionOptions adjust the configuration of one reconcile's Helm actions.
+type actionOptions struct {
+	// beforeWrite, when set, is waited for before the first object is
+	// created or updated (the finalizer patch): it runs while Helm reads
+	// the history, renders and stores the pending release.
+	beforeWrite func() error
+	// noHistory says the cache holds no release Secret of the resource and
+	// this process wrote none: the history is empty, and it is not listed
+	// from the API server. Should it be wrong (a stale cache, another
+	// writer), storing revision 1 fails with driver.ErrReleaseExists before
+	// any object is written, and the next reconcile lists the history.
+	noHistory bool
+}
+
+// forReconcile returns the configuration for obj's release, adjusted by o.
+func (a *actionConfigs) forReconcile(obj *unstructured.Unstructured, log action.DebugLog, o actionOptions) (*action.Configuration, error) {
 	caps, err := a.capabilities()
 	if err != nil {
 		return nil, err
@@ -78,13 +103,20 @@ func (a *actionConfigs) forResource(obj *unstructured.Unstructured, log action.D
 			Controller: ptr(true), BlockOwnerDeletion: ptr(false),
 		},
 	}
+	if o.noHistory {
+		secrets.lists.put(metav1.ListOptions{LabelSelector: historySelector(obj.GetName())}, &corev1.SecretList{})
+	}
 	d := driver.NewSecrets(secrets)
 	d.Log = log
 	store := storage.Init(d)
 	store.Log = log
+	var kc kube.Interface = a.kubeClient(ns, log)
+	if o.beforeWrite != nil {
+		kc = gatedClient{reachableClient: a.kubeClient(ns, log), gate: o.beforeWrite}
+	}
 	return &action.Configuration{
 		RESTClientGetter: a.getter,
-		KubeClient:       a.kubeClient(ns, log),
+		KubeClient:       kc,
 		Releases:         store,
 		Capabilities:     caps,
 		Log:              log,
@@ -111,6 +143,89 @@ func (a *actionConfigs) kubeClient(ns string, log action.DebugLog) reachableClie
 type reachableClient struct{ *kube.Client }
 
 func (reachableClient) IsReachable() error { return nil }
+
+// Create creates resources as Helm does, but without waiting for one kind
+// to be created before starting the next: a ConfigMap and a Deployment are
+// one round trip, not two. Kinds that others may need at admission
+// (namespaces, CRDs, quotas, ...) are still created first, in Helm's order.
+func (c reachableClient) Create(resources kube.ResourceList) (*kube.Result, error) {
+	var first, rest kube.ResourceList
+	for _, info := range resources {
+		if createFirst[info.Mapping.GroupVersionKind.Kind] {
+			first = append(first, info)
+		} else {
+			rest = append(rest, info)
+		}
+	}
+	if len(first) > 0 || len(rest) <= 1 {
+		if _, err := c.Client.Create(append(first, rest...)); err != nil {
+			return nil, err
+		}
+		return &kube.Result{Created: resources}, nil
+	}
+	errs := make([]error, len(rest))
+	var wg sync.WaitGroup
+	for i, info := range rest {
+		wg.Go(func() { errs[i] = createResource(info) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &kube.Result{Created: resources}, nil
+}
+
+// createFirst are kinds whose objects may change how the API server admits
+// the others; a release that has any is created in Helm's order.
+var createFirst = map[string]bool{
+	"Namespace": true, "CustomResourceDefinition": true, "APIService": true,
+	"ResourceQuota": true, "LimitRange": true, "PriorityClass": true,
+	"MutatingWebhookConfiguration": true, "ValidatingWebhookConfiguration": true,
+	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	"MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
+}
+
+// createResource is Helm's: create, and refresh info from the answer.
+func createResource(info *resource.Info) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		obj, err := resource.NewHelper(info.Client, info.Mapping).WithFieldManager(managedFieldsManager()).Create(info.Namespace, true, info.Object)
+		if err != nil {
+			return fmt.Errorf("failed to create resource: %w", err)
+		}
+		return info.Refresh(obj, true)
+	})
+}
+
+// managedFieldsManager is the field manager Helm writes with.
+func managedFieldsManager() string {
+	if kube.ManagedFieldsManager != "" {
+		return kube.ManagedFieldsManager
+	}
+	if len(os.Args[0]) == 0 {
+		return "unknown"
+	}
+	return filepath.Base(os.Args[0])
+}
+
+// gatedClient waits for gate before Helm creates or changes any object.
+type gatedClient struct {
+	reachableClient
+	gate func() error
+}
+
+func (c gatedClient) Create(resources kube.ResourceList) (*kube.Result, error) {
+	if err := c.gate(); err != nil {
+		return nil, err
+	}
+	return c.reachableClient.Create(resources)
+}
+
+func (c gatedClient) Update(original, target kube.ResourceList, force bool) (*kube.Result, error) {
+	if err := c.gate(); err != nil {
+		return nil, err
+	}
+	return c.reachableClient.Update(original, target, force)
+}
 
 // capabilities returns the cluster's capabilities, rediscovered at most
 // once per capabilitiesTTL.

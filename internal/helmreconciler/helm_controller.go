@@ -114,6 +114,9 @@ type Reconciler struct {
 	watched map[schema.GroupVersionKind]bool
 
 	states sync.Map // types.NamespacedName -> *releaseState
+	// listHistory holds the UIDs of resources whose release history is
+	// always listed from the API server (see mustListHistory).
+	listHistory sync.Map
 }
 
 // releaseState is what the engine remembers about one deployed release, so

@@ -278,7 +278,13 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 
-	cfg, err := r.actions.forResource(obj, helmLog(ctx))
+	// No Helm action writes an object before the finalizer is on: a
+	// deletion must uninstall what it creates. The patch runs while Helm
+	// reads the history, renders and stores the pending release.
+	cfg, err := r.actions.forReconcile(obj, helmLog(ctx), actionOptions{
+		beforeWrite: finalized,
+		noHistory:   !cached && rs == nil && !r.mustListHistory(obj),
+	})
 	if err != nil {
 		return nil, "", err
 	}
@@ -304,9 +310,9 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 	p := planRelease(infos, want)
-	if p.Step != stepNone {
-		// No Helm action before the finalizer is on: a deletion must
-		// uninstall what it creates.
+	if p.Step == stepUpgrade || p.PurgeFirst {
+		// Recovery and upgrades change stored releases before Helm writes
+		// objects; they wait for the finalizer first.
 		if err := finalized(); err != nil {
 			return nil, "", err
 		}
@@ -329,7 +335,9 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				return nil, acted, r.failed(st, obj, ReasonInstallFailed, "removing the failed release before installing again: %v", err)
 			}
 		}
-		if rel, err = r.install(ctx, cfg, obj, in); err != nil {
+		if rel, err = r.install(ctx, cfg, obj, in); errors.Is(err, errHistoryChanged) {
+			return nil, acted, err
+		} else if err != nil {
 			return nil, acted, r.failed(st, obj, ReasonInstallFailed, "%v", err)
 		}
 		r.event(obj, corev1.EventTypeNormal, ReasonInstallSuccessful, "Install", "installed release %s revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
@@ -386,6 +394,19 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	return rs, acted, nil
 }
 
+// errHistoryChanged: an install found a release revision that the history
+// it read did not show; nothing was written, and a retry reads the history
+// from the API server.
+var errHistoryChanged = errors.New("the release history changed while installing; retrying")
+
+// mustListHistory says the history of obj is read from the API server even
+// when the cache shows no release Secret: a release without the engine's
+// label (written by the helm CLI or another operator) is not in the cache.
+func (r *Reconciler) mustListHistory(obj *unstructured.Unstructured) bool {
+	_, ok := r.listHistory.Load(obj.GetUID())
+	return ok
+}
+
 func (r *Reconciler) markDeployed(st *status, obj *unstructured.Unstructured, rs *releaseState, reason Reason, format string) {
 	c := r.entry.Chart.Metadata
 	st.deployed = &DeployedRelease{Name: obj.GetName(), Revision: rs.revision, Chart: c.Name, Version: c.Version, Digest: rs.digest}
@@ -440,11 +461,18 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	rel, err := i.RunWithContext(ctx, r.entry.Chart, in.Values)
 	if err != nil {
 		helmActions.WithLabelValues(r.entry.GVK.Kind, "install", "failure").Inc()
+		// Whatever failed, the retry reads the history from the API server.
+		r.listHistory.Store(obj.GetUID(), true)
 		msg := fmt.Sprintf("install of release %s failed: %v", obj.GetName(), err)
 		if ctx.Err() != nil {
 			// The operator is shutting down mid-install: leave the
 			// pending release to the next leader, which recovers it.
 			return nil, errors.New(msg)
+		}
+		if errors.Is(err, driver.ErrReleaseExists) {
+			// The history changed after it was read (a stale cache or
+			// another writer); nothing was written. The retry reads it.
+			return nil, fmt.Errorf("%s: %w", msg, errHistoryChanged)
 		}
 		if rel != nil {
 			if uerr := r.uninstall(cfg, obj, false, "purge"); uerr != nil {
@@ -761,6 +789,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, obj *unstructured.Unst
 		return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
 	}
 	r.states.Delete(client.ObjectKeyFromObject(obj))
+	r.listHistory.Delete(obj.GetUID())
 	r.live.forget(client.ObjectKeyFromObject(obj))
 	return reconcile.Result{}, nil
 }

@@ -73,6 +73,10 @@ type Config struct {
 	KubeAPIBurst int
 	// Pprof serves Go's /debug/pprof/ on the metrics address.
 	Pprof bool
+	// CountAPIRequests counts every request to the API server by verb and
+	// resource in the metric orchestra_api_requests_total (a debug aid:
+	// what one install costs in round trips).
+	CountAPIRequests bool
 }
 
 // DefaultWatchesFile is the default of Config.WatchesFile.
@@ -157,6 +161,9 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	}
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.QPS, restCfg.Burst = c.KubeAPIQPS, c.KubeAPIBurst
+	if c.CountAPIRequests {
+		restCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{next: rt} })
+	}
 	byObject := map[client.Object]cache.ByObject{}
 	for i := range entries {
 		u := &unstructured.Unstructured{}
