@@ -291,6 +291,21 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() (b
 	}
 }
 
+// consistently fails the test if cond turns false within d.
+func consistently(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if ok, detail := cond(); !ok {
+			t.Fatalf("expected %s for %s: %s", what, d, detail)
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func conditions(u *unstructured.Unstructured) []metav1.Condition {
 	raw, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 	b, _ := json.Marshal(raw)

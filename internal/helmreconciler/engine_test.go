@@ -661,3 +661,40 @@ func TestUpgradeForceReplacesObjects(t *testing.T) {
 		t.Errorf("normal upgrade: greeting %q, team label %q; want b and the label kept", cm.Data["greeting"], cm.Labels["team"])
 	}
 }
+
+// With watchDependentResources: false the engine does not watch what it
+// owns: a deleted owned object stays deleted until the resource's next
+// reconcile (here made by an annotation change; the resync period is an
+// hour), while with the default (TestDriftRepair) the watch restores it
+// at once.
+func TestUnwatchedDependentsWaitForTheNextReconcile(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch+"  watchDependentResources: false\n"), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	create(t, newCR(sampleGVK, ns, "unwatched", map[string]any{"greeting": "hi"}))
+	waitDeployed(t, sampleGVK, ns, "unwatched", 1)
+	// Let the reconciles that the install's own writes queued run first.
+	pokeAndCheckNoOps(t, ns, "unwatched", 1, 1)
+
+	cm, _ := configMap(t, ns, "unwatched-config")
+	if err := k8s.Delete(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	// A watch restores a deleted object within a second or so; give it
+	// five and check, all along, that nothing restores it.
+	consistently(t, 5*time.Second, "the deleted ConfigMap to stay deleted (no watch on its kind)", func() (bool, string) {
+		if got, ok := configMap(t, ns, "unwatched-config"); ok {
+			return false, fmt.Sprintf("it came back (uid %s) without a reconcile of its owner", got.UID)
+		}
+		return true, ""
+	})
+
+	// The next reconcile of the owner restores it.
+	update(t, sampleGVK, ns, "unwatched", func(u *unstructured.Unstructured) {
+		u.SetAnnotations(map[string]string{"example.com/poke": "restore"})
+	})
+	eventually(t, 20*time.Second, "the next reconcile to restore the ConfigMap", func() (bool, string) {
+		got, ok := configMap(t, ns, "unwatched-config")
+		return ok && got.UID != cm.UID && got.Data["greeting"] == "hi", ""
+	})
+}
