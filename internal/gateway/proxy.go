@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,8 +78,36 @@ func copyHeaders(w http.ResponseWriter, from http.Header, contentType string) {
 	}
 }
 
-// usageOf extracts the usage of a non-streaming answer.
+// usageOf extracts the usage of a non-streaming answer: the top-level
+// "usage" member (matched without regard to case, as json.Unmarshal
+// matches struct fields). Only that member is decoded.
 func usageOf(body []byte) usage {
+	if kind(body) != '{' || !json.Valid(body) {
+		return usage{}
+	}
+	var raw json.RawMessage
+	found := 0
+	eachMember(body, func(key string, val json.RawMessage) {
+		if strings.EqualFold(key, usageName) {
+			raw = val
+			found++
+		}
+	})
+	if found > 1 {
+		// Several spellings: json.Unmarshal's rules for them apply.
+		return usageOfDecoded(body)
+	}
+	var u *usage
+	if raw == nil || json.Unmarshal(raw, &u) != nil || u == nil {
+		return usage{}
+	}
+	return *u
+}
+
+const usageName = "usage"
+
+// usageOfDecoded extracts the usage by decoding the whole body.
+func usageOfDecoded(body []byte) usage {
 	var v struct {
 		Usage *usage `json:"usage"`
 	}

@@ -65,27 +65,44 @@ var chatRoles = map[string]bool{
 // input) and leaves every other field to the engine. Errors are *apiError
 // with the offending field in param.
 func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
+	if kind(body) != '{' || !json.Valid(body) {
 		return parsedRequest{}, invalidRequest("",
 			"We could not parse the JSON body of your request. The body must be a JSON object "+
 				"(see the OpenAI API reference for %s).", ep.path())
 	}
+	// The members the gateway looks at; nil when absent.
+	var model, stream, streamOpts, messages, prompt, input json.RawMessage
+	eachMember(body, func(key string, val json.RawMessage) {
+		switch key {
+		case "model":
+			model = val
+		case "stream":
+			stream = val
+		case "stream_options":
+			streamOpts = val
+		case "messages":
+			messages = val
+		case "prompt":
+			prompt = val
+		case "input":
+			input = val
+		}
+	})
 
 	var req parsedRequest
-	model, ok := fields["model"]
-	if !ok || isNull(model) {
+	if model == nil || isNull(model) {
 		return parsedRequest{}, invalidRequest("model", "You must provide a model parameter.")
 	}
-	if err := json.Unmarshal(model, &req.Model); err != nil || kind(model) != '"' {
+	if kind(model) != '"' {
 		return parsedRequest{}, invalidRequest("model", "Invalid type for 'model': expected a string.")
 	}
+	req.Model = unquoteString(model)
 	if req.Model == "" {
 		return parsedRequest{}, invalidRequest("model", "You must provide a model parameter.")
 	}
 
-	if raw, ok := fields["stream"]; ok && !isNull(raw) {
-		switch string(raw) {
+	if stream != nil && !isNull(stream) {
+		switch string(stream) {
 		case "true":
 			req.Stream = true
 		case "false":
@@ -98,12 +115,12 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	}
 
 	var streamOptions map[string]json.RawMessage
-	if raw, ok := fields["stream_options"]; ok && !isNull(raw) {
+	if streamOpts != nil && !isNull(streamOpts) {
 		if !req.Stream {
 			return parsedRequest{}, invalidRequest("stream_options",
 				"The 'stream_options' parameter is only allowed when 'stream' is enabled.")
 		}
-		if kind(raw) != '{' || json.Unmarshal(raw, &streamOptions) != nil {
+		if kind(streamOpts) != '{' || json.Unmarshal(streamOpts, &streamOptions) != nil {
 			return parsedRequest{}, invalidRequest("stream_options",
 				"Invalid type for 'stream_options': expected an object.")
 		}
@@ -122,11 +139,11 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	var err error
 	switch ep {
 	case endpointChat:
-		err = checkMessages(fields["messages"])
+		err = checkMessages(messages)
 	case endpointCompletions:
-		err = checkPromptLike("prompt", fields["prompt"], true)
+		err = checkPromptLike("prompt", prompt, true)
 	case endpointEmbeddings:
-		err = checkPromptLike("input", fields["input"], false)
+		err = checkPromptLike("input", input, false)
 	}
 	if err != nil {
 		return parsedRequest{}, err
@@ -136,20 +153,34 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	if req.Stream && !req.IncludeUsage {
 		// Ask the engine for the usage chunk; the gateway counts the
 		// tokens and drops the chunk before it reaches the client.
-		if streamOptions == nil {
-			streamOptions = make(map[string]json.RawMessage, 1)
-		}
-		streamOptions["include_usage"] = json.RawMessage("true")
-		so, err := json.Marshal(streamOptions)
-		if err != nil {
-			return parsedRequest{}, fmt.Errorf("encoding stream_options: %w", err)
-		}
-		fields["stream_options"] = so
-		if req.Body, err = json.Marshal(fields); err != nil {
-			return parsedRequest{}, fmt.Errorf("encoding request body: %w", err)
+		if req.Body, err = withUsageRequested(body, streamOptions); err != nil {
+			return parsedRequest{}, err
 		}
 	}
 	return req, nil
+}
+
+// withUsageRequested returns body with stream_options.include_usage set
+// to true, keeping the other stream options.
+func withUsageRequested(body []byte, streamOptions map[string]json.RawMessage) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, fmt.Errorf("decoding request body: %w", err)
+	}
+	if streamOptions == nil {
+		streamOptions = make(map[string]json.RawMessage, 1)
+	}
+	streamOptions["include_usage"] = json.RawMessage("true")
+	so, err := json.Marshal(streamOptions)
+	if err != nil {
+		return nil, fmt.Errorf("encoding stream_options: %w", err)
+	}
+	fields["stream_options"] = so
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return nil, fmt.Errorf("encoding request body: %w", err)
+	}
+	return out, nil
 }
 
 // checkMessages validates the messages of a chat completion request.
@@ -157,33 +188,49 @@ func checkMessages(raw json.RawMessage) error {
 	if raw == nil || isNull(raw) {
 		return invalidRequest("messages", "You must provide a messages parameter.")
 	}
-	var msgs []json.RawMessage
-	if kind(raw) != '[' || json.Unmarshal(raw, &msgs) != nil {
+	if kind(raw) != '[' {
 		return invalidRequest("messages", "Invalid type for 'messages': expected an array of objects.")
 	}
-	if len(msgs) == 0 {
+	var err error
+	i := 0
+	eachElement(raw, func(m json.RawMessage) {
+		if err != nil {
+			return
+		}
+		err = checkMessage(i, m)
+		i++
+	})
+	if err == nil && i == 0 {
 		return invalidRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
 	}
-	for i, m := range msgs {
-		var msg map[string]json.RawMessage
-		if kind(m) != '{' || json.Unmarshal(m, &msg) != nil {
-			return invalidRequest(fmt.Sprintf("messages[%d]", i),
-				"Invalid type for 'messages[%d]': expected an object.", i)
+	return err
+}
+
+// checkMessage validates messages[i].
+func checkMessage(i int, m json.RawMessage) error {
+	if kind(m) != '{' {
+		return invalidRequest(fmt.Sprintf("messages[%d]", i),
+			"Invalid type for 'messages[%d]': expected an object.", i)
+	}
+	var role, content json.RawMessage
+	eachMember(m, func(key string, val json.RawMessage) {
+		switch key {
+		case "role":
+			role = val
+		case "content":
+			content = val
 		}
-		var role string
-		if r, ok := msg["role"]; !ok || kind(r) != '"' || json.Unmarshal(r, &role) != nil {
-			return invalidRequest(fmt.Sprintf("messages[%d].role", i),
-				"Missing or invalid 'messages[%d].role': expected a string.", i)
-		}
-		if !chatRoles[role] {
-			return invalidRequest(fmt.Sprintf("messages[%d].role", i),
-				"Invalid value for 'messages[%d].role': %q is not one of system, developer, user, assistant, tool, function.", i, role)
-		}
-		if c, ok := msg["content"]; ok {
-			if err := checkContent(i, c); err != nil {
-				return err
-			}
-		}
+	})
+	if role == nil || kind(role) != '"' {
+		return invalidRequest(fmt.Sprintf("messages[%d].role", i),
+			"Missing or invalid 'messages[%d].role': expected a string.", i)
+	}
+	if r := unquoteString(role); !chatRoles[r] {
+		return invalidRequest(fmt.Sprintf("messages[%d].role", i),
+			"Invalid value for 'messages[%d].role': %q is not one of system, developer, user, assistant, tool, function.", i, r)
+	}
+	if content != nil {
+		return checkContent(i, content)
 	}
 	return nil
 }
