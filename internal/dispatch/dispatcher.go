@@ -198,8 +198,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		stopWork(errShutdown)
 		<-done
 	}
-	if err := d.nc.Flush(); err != nil {
-		d.log.Warn("flushing on shutdown", "err", err)
+	// Push out the last acks and answers; without a connection there is
+	// nothing to push (JetStream redelivers what was not acknowledged).
+	if d.nc.IsConnected() {
+		if err := d.nc.FlushTimeout(5 * time.Second); err != nil {
+			d.log.Warn("flushing on shutdown", "err", err)
+		}
 	}
 	return nil
 }
@@ -213,6 +217,10 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		specs = append(specs, natsqueue.ConsumerSpec{App: a.Name, AckWait: d.cfg.AckWait.Duration, MaxAckPending: d.cfg.MaxAckPending})
 	}
 	attempt := func() error {
+		if !d.nc.IsConnected() {
+			// Requests would wait in the reconnect buffer until they time out.
+			return errors.New("not connected to NATS")
+		}
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		if err := natsqueue.Provision(pctx, d.js, d.cfg.streamSpec(), specs); err != nil {
@@ -227,7 +235,7 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 		}
 		return nil
 	}
-	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		err := attempt()
 		if err == nil {
 			return nil
@@ -272,7 +280,11 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.Mess
 	go func() {
 		select {
 		case <-ctx.Done():
-			iter.Drain()
+			if d.nc.IsConnected() {
+				iter.Drain() // hand back what is buffered, below
+			} else {
+				iter.Stop() // draining would wait for a flush that cannot happen
+			}
 		case <-stopped:
 			iter.Stop()
 		}

@@ -25,6 +25,20 @@ func Run(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger) e
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid dispatcher config: %w", err)
 	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
+	}
+	return Serve(ctx, cfg, kubeconfig, log, ln)
+}
+
+// Serve is Run on a listener the caller opened (and Serve closes); tests
+// use it to serve on a free port.
+func Serve(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger, ln net.Listener) error {
+	defer func() { _ = ln.Close() }() // also closed by the server's shutdown
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid dispatcher config: %w", err)
+	}
 	opts := []nats.Option{
 		nats.Name("orchestra-dispatcher"),
 		nats.MaxReconnects(-1),
@@ -57,21 +71,7 @@ func Run(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger) e
 		return err
 	}
 
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !d.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.ListenAddr, err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: d.OpsHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("serving health and metrics", "err", err)
@@ -83,6 +83,23 @@ func Run(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger) e
 		_ = srv.Shutdown(sctx)
 	}()
 	return d.Run(ctx)
+}
+
+// OpsHandler serves /healthz (the process is up), /readyz (Ready: the
+// streams and consumers are provisioned and NATS is connected) and
+// /metrics (the dispatcher's registry).
+func (d *Dispatcher) OpsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	return mux
 }
 
 func needsKubernetes(cfg Config) bool {
