@@ -37,6 +37,7 @@ const capabilitiesTTL = time.Minute
 // storage is per resource (it carries the owner reference).
 type actionConfigs struct {
 	getter    *restClientGetter
+	prefetch  *prefetcher
 	clientset kubernetes.Interface
 	chunkSize int
 	labels    map[string]string
@@ -58,8 +59,15 @@ func newActionConfigs(cfg *rest.Config, mapper meta.RESTMapper, chunkSize int, s
 	if err != nil {
 		return nil, fmt.Errorf("building discovery client: %w", err)
 	}
+	pf, err := newPrefetcher(cfg)
+	if err != nil {
+		return nil, err
+	}
+	helmCfg := rest.CopyConfig(cfg)
+	helmCfg.Wrap(pf.wrap)
 	return &actionConfigs{
-		getter:      &restClientGetter{cfg: cfg, mapper: mapper, discovery: memory.NewMemCacheClient(dc)},
+		prefetch:    pf,
+		getter:      &restClientGetter{cfg: helmCfg, mapper: mapper, discovery: memory.NewMemCacheClient(dc)},
 		clientset:   cs,
 		chunkSize:   chunkSize,
 		labels:      secretLabels,

@@ -437,11 +437,11 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 // what was rendered, live inputs included.
 func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, labels map[string]string) postrender.PostRenderer {
 	renders.WithLabelValues(r.entry.GVK.Kind).Inc()
-	pr := render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
-	if len(r.contributors()) == 0 {
-		return pr
+	var pr postrender.PostRenderer = render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
+	if len(r.contributors()) > 0 {
+		pr = &digestingPostRenderer{PostRenderer: pr, r: r, ctx: ctx, obj: obj, base: in.Digest, labels: labels}
 	}
-	return &digestingPostRenderer{PostRenderer: pr, r: r, ctx: ctx, obj: obj, base: in.Digest, labels: labels}
+	return &prefetchingPostRenderer{PostRenderer: pr, p: r.actions.prefetch, ctx: ctx, mapper: r.mapper, namespace: obj.GetNamespace()}
 }
 
 func releaseLabels(in render.Inputs) map[string]string {

@@ -18,6 +18,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -144,7 +145,7 @@ func httpGet(url string) (int, string) {
 func createCRD(t *testing.T, k8s client.Client, crd *apiextensionsv1.CustomResourceDefinition) {
 	t.Helper()
 	ctx := context.Background()
-	if err := k8s.Create(ctx, crd); err != nil {
+	if err := k8s.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "the CRD "+crd.Name, func() (bool, string) {
