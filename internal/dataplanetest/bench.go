@@ -24,6 +24,10 @@ type BenchConfig struct {
 	Warmup, Duration time.Duration
 	// Stream measures streamed requests instead of plain ones.
 	Stream bool
+	// QueueProbe, when set, is called as each measurement through the queue
+	// starts (after the warm-up, under load); the function it returns is
+	// called as the measurement ends. Profilers hook in here.
+	QueueProbe func(concurrency int) (end func())
 }
 
 // BenchRow is one concurrency level, direct to the engine and through the
@@ -62,11 +66,15 @@ func RunBenchmark(ctx context.Context, cfg BenchConfig) ([]BenchRow, error) {
 	body := []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"benchmark the data plane"}],"max_tokens":16,"stream":%v}`, simCfg.Model, cfg.Stream))
 	var rows []BenchRow
 	for _, c := range cfg.Concurrency {
-		direct, err := load(ctx, s.Engine.URL+"/v1/chat/completions", "", body, c, cfg.Warmup, cfg.Duration)
+		direct, err := load(ctx, s.Engine.URL+"/v1/chat/completions", "", body, c, cfg.Warmup, cfg.Duration, nil)
 		if err != nil {
 			return nil, fmt.Errorf("direct at concurrency %d: %w", c, err)
 		}
-		viaQueue, err := load(ctx, s.Gateway.URL+"/v1/chat/completions", APIKey, body, c, cfg.Warmup, cfg.Duration)
+		var probe func() func()
+		if cfg.QueueProbe != nil {
+			probe = func() func() { return cfg.QueueProbe(c) }
+		}
+		viaQueue, err := load(ctx, s.Gateway.URL+"/v1/chat/completions", APIKey, body, c, cfg.Warmup, cfg.Duration, probe)
 		if err != nil {
 			return nil, fmt.Errorf("through the queue at concurrency %d: %w", c, err)
 		}
@@ -76,7 +84,7 @@ func RunBenchmark(ctx context.Context, cfg BenchConfig) ([]BenchRow, error) {
 }
 
 // load runs c closed-loop clients against url and measures after warmup.
-func load(ctx context.Context, url, key string, body []byte, c int, warmup, d time.Duration) (Sample, error) {
+func load(ctx context.Context, url, key string, body []byte, c int, warmup, d time.Duration, probe func() (end func())) (Sample, error) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: c, MaxIdleConnsPerHost: c}, Timeout: 30 * time.Second}
 	defer client.CloseIdleConnections()
 	var (
@@ -128,10 +136,15 @@ func load(ctx context.Context, url, key string, body []byte, c int, warmup, d ti
 	}
 	time.Sleep(warmup)
 	measuring.Store(true)
+	end := func() {}
+	if probe != nil {
+		end = probe()
+	}
 	began, cpuBefore := time.Now(), processCPU()
 	time.Sleep(d)
 	measuring.Store(false)
 	elapsed, cpu := time.Since(began), processCPU()-cpuBefore
+	end()
 	cancel()
 	wg.Wait()
 	if len(latencies) == 0 {

@@ -31,15 +31,19 @@ var (
 
 // Dispatcher serves the applications of one orchestra.
 type Dispatcher struct {
-	cfg    Config
-	names  natsqueue.Names
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	kube   kubernetes.Interface
-	log    *slog.Logger
-	m      *metrics
-	reg    *prometheus.Registry
-	client *http.Client
+	cfg   Config
+	names natsqueue.Names
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	kube  kubernetes.Interface
+	log   *slog.Logger
+	m     *metrics
+	reg   *prometheus.Registry
+	// engines carries engine requests. It is used as a RoundTripper, not
+	// through an http.Client: engine answers are relayed as they are
+	// (redirects included), and http.Client's per-request header copies
+	// for following redirects cost more than the relay itself.
+	engines *http.Transport
 
 	apps  []*app
 	pools map[string]*pool
@@ -114,12 +118,12 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		d.reg = prometheus.NewRegistry()
 	}
 	d.m = newMetrics(d.reg)
-	d.client = &http.Client{Transport: &http.Transport{
+	d.engines = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,
-	}}
+	}
 	for _, a := range cfg.Apps {
 		name := a.Name
 		p := newPool(a.MaxConcurrency, cfg.Health, func(root string, healthy bool) {

@@ -31,17 +31,48 @@ type responder struct {
 	subject string
 	attempt string
 
+	// attemptVal is attempt as a header value, shared by every message
+	// of the attempt (nats.go only reads header values).
+	attemptVal []string
+
 	mu  sync.Mutex
 	seq int
 }
+
+func newResponder(nc *nats.Conn, subject string, attempt int) *responder {
+	a := strconv.Itoa(attempt)
+	return &responder{nc: nc, subject: subject, attempt: a, attemptVal: []string{a}}
+}
+
+// Header values shared by all messages (nats.go only reads them).
+var (
+	kindDataVal  = []string{natsqueue.KindData}
+	kindAccVal   = []string{natsqueue.KindAccepted}
+	endVal       = []string{"1"}
+	seqZeroVal   = []string{"0"}
+	statusOKVal  = []string{"200"}
+	jsonTypeVal  = []string{"application/json"}
+	sseTypeVal   = []string{"text/event-stream; charset=utf-8"}
+	kindHBVal    = []string{natsqueue.KindHeartbeat}
+	kindDeadVal  = []string{natsqueue.KindDeadLettered}
+	sharedValues = map[string][]string{
+		natsqueue.KindData: kindDataVal, natsqueue.KindAccepted: kindAccVal,
+		natsqueue.KindHeartbeat: kindHBVal, natsqueue.KindDeadLettered: kindDeadVal,
+	}
+)
 
 func (r *responder) send(kind string, build func(h nats.Header)) error {
 	if r.subject == "" {
 		return nil
 	}
-	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}}
-	m.Header.Set(natsqueue.HeaderKind, kind)
-	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
+	kv, ok := sharedValues[kind]
+	if !ok {
+		kv = []string{kind}
+	}
+	m := &nats.Msg{Subject: r.subject, Header: nats.Header{
+		natsqueue.HeaderKind:    kv,
+		natsqueue.HeaderAttempt: r.attemptVal,
+	}}
 	if build != nil {
 		build(m.Header)
 	}
@@ -55,9 +86,10 @@ func (r *responder) accept(timeout time.Duration) error {
 	if r.subject == "" {
 		return errNoListener
 	}
-	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}}
-	m.Header.Set(natsqueue.HeaderKind, natsqueue.KindAccepted)
-	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
+	m := &nats.Msg{Subject: r.subject, Header: nats.Header{
+		natsqueue.HeaderKind:    kindAccVal,
+		natsqueue.HeaderAttempt: r.attemptVal,
+	}}
 	res, err := r.nc.RequestMsg(m, timeout)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
@@ -109,21 +141,33 @@ func (r *responder) finalData(p []byte, status int, contentType string, timeout 
 
 // dataMsg builds the next data message; r.mu must be held.
 func (r *responder) dataMsg(p []byte, status int, contentType string, end bool) *nats.Msg {
-	m := &nats.Msg{Subject: r.subject, Header: nats.Header{}, Data: p}
-	m.Header.Set(natsqueue.HeaderKind, natsqueue.KindData)
-	m.Header.Set(natsqueue.HeaderAttempt, r.attempt)
-	m.Header.Set(natsqueue.HeaderSeq, strconv.Itoa(r.seq))
+	h := make(nats.Header, 6)
+	h[natsqueue.HeaderKind] = kindDataVal
+	h[natsqueue.HeaderAttempt] = r.attemptVal
 	if r.seq == 0 {
-		m.Header.Set(natsqueue.HeaderStatus, strconv.Itoa(status))
-		if contentType != "" {
-			m.Header.Set(natsqueue.HeaderContentType, contentType)
+		h[natsqueue.HeaderSeq] = seqZeroVal
+		if status == http.StatusOK {
+			h[natsqueue.HeaderStatus] = statusOKVal
+		} else {
+			h[natsqueue.HeaderStatus] = []string{strconv.Itoa(status)}
 		}
+		switch contentType {
+		case "":
+		case jsonTypeVal[0]:
+			h[natsqueue.HeaderContentType] = jsonTypeVal
+		case sseTypeVal[0]:
+			h[natsqueue.HeaderContentType] = sseTypeVal
+		default:
+			h[natsqueue.HeaderContentType] = []string{contentType}
+		}
+	} else {
+		h[natsqueue.HeaderSeq] = []string{strconv.Itoa(r.seq)}
 	}
 	if end {
-		m.Header.Set(natsqueue.HeaderEnd, "1")
+		h[natsqueue.HeaderEnd] = endVal
 	}
 	r.seq++
-	return m
+	return &nats.Msg{Subject: r.subject, Header: h, Data: p}
 }
 
 // attemptError is a failed attempt: retried until maxDeliver, and counted
@@ -150,7 +194,7 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	}
 	seq, attempt := md.Sequence.Stream, int(md.NumDelivered)
 	h := msg.Headers()
-	resp := &responder{nc: d.nc, subject: h.Get(natsqueue.HeaderReply), attempt: strconv.Itoa(attempt)}
+	resp := newResponder(d.nc, h.Get(natsqueue.HeaderReply), attempt)
 	// Built only when something is logged: most requests log nothing.
 	log := func() *slog.Logger {
 		return d.log.With("app", a.Name, "job", h.Get(natsqueue.HeaderJobID), "seq", seq, "attempt", attempt)
@@ -299,15 +343,44 @@ func (d *Dispatcher) keepAlive(msg jetstream.Msg, resp *responder) (stop func())
 	}
 }
 
+// bodyPool holds buffers for non-streamed engine answers: an answer is
+// published (NATS copies it into the connection's buffer) before its
+// buffer is put back.
+var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// jsonContentType is the request Content-Type, shared by all requests
+// (the transport only reads it).
+var jsonContentType = []string{"application/json"}
+
+// engineRequest builds the POST of body to path on root rt.
+func engineRequest(ctx context.Context, rt *root, path string, body []byte) (*http.Request, error) {
+	u, err := rt.target(path)
+	if err != nil {
+		return nil, err
+	}
+	req := &http.Request{
+		Method:        http.MethodPost,
+		URL:           u,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": jsonContentType},
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		GetBody:       func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
+		ContentLength: int64(len(body)),
+		Host:          u.Host,
+	}
+	return req.WithContext(ctx), nil
+}
+
 // call sends the request to the engine and relays the answer. It returns the
 // engine's status, or an *attemptError for a retryable failure.
 func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, body []byte, resp *responder) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rt.url+h.Get(natsqueue.HeaderPath), bytes.NewReader(body))
+	req, err := engineRequest(ctx, rt, h.Get(natsqueue.HeaderPath), body)
 	if err != nil {
 		return 0, fmt.Errorf("building engine request: %w", err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	res, err := d.client.Do(req)
+	res, err := d.engines.RoundTrip(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, context.Cause(ctx)
@@ -323,35 +396,48 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 	}
 	ct := res.Header.Get("Content-Type")
 	if h.Get(natsqueue.HeaderStream) != "1" {
-		full, err := io.ReadAll(io.LimitReader(res.Body, d.cfg.MaxResponseBytes+1))
+		buf := bodyPool.Get().(*bytes.Buffer)
+		buf.Reset()
+		defer func() {
+			if buf.Cap() <= 1<<20 { // do not keep rare huge answers alive
+				bodyPool.Put(buf)
+			}
+		}()
+		if n := res.ContentLength; n > 0 && n <= d.cfg.MaxResponseBytes {
+			buf.Grow(int(n) + bytes.MinRead)
+		}
+		_, err := buf.ReadFrom(io.LimitReader(res.Body, d.cfg.MaxResponseBytes+1))
 		if err != nil {
 			if ctx.Err() != nil {
 				return 0, context.Cause(ctx)
 			}
 			return 0, &attemptError{reason: "engine_broke_off", rootFault: true, err: err}
 		}
+		full := buf.Bytes()
+		status := res.StatusCode
 		if int64(len(full)) > d.cfg.MaxResponseBytes {
 			// Retrying would not shrink it: answer with a clear error.
-			res.StatusCode, ct = http.StatusBadGateway, "application/json"
+			status, ct = http.StatusBadGateway, "application/json"
 			full = fmt.Appendf(nil, `{"error":{"message":"the engine's answer exceeds %d bytes","type":"BadGateway","param":null,"code":502}}`, d.cfg.MaxResponseBytes)
 		}
 		for len(full) > chunkSize {
-			if err := resp.data(full[:chunkSize], res.StatusCode, ct, false); err != nil {
+			if err := resp.data(full[:chunkSize], status, ct, false); err != nil {
 				return 0, &attemptError{reason: "publish_failed", err: err}
 			}
 			full = full[chunkSize:]
 		}
-		if err := resp.finalData(full, res.StatusCode, ct, acceptTimeout); err != nil {
+		if err := resp.finalData(full, status, ct, acceptTimeout); err != nil {
 			return 0, err
 		}
-		return res.StatusCode, nil
+		return status, nil
 	}
+	// Publishing copies the bytes into the connection's buffer, so one
+	// read buffer serves the whole stream.
 	buf := make([]byte, 32<<10)
 	for {
 		n, rerr := res.Body.Read(buf)
 		if n > 0 {
-			// Copy: the message may still sit in the connection's buffer.
-			if err := resp.data(bytes.Clone(buf[:n]), res.StatusCode, ct, false); err != nil {
+			if err := resp.data(buf[:n], res.StatusCode, ct, false); err != nil {
 				return 0, &attemptError{reason: "publish_failed", err: err}
 			}
 		}

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"net/url"
 	"sort"
 	"sync"
 	"time"
@@ -24,6 +25,7 @@ type pool struct {
 
 type root struct {
 	url          string
+	paths        sync.Map // engine path -> *url.URL of url+path, parsed once
 	inflight     int
 	failures     int
 	ejectedUntil time.Time
@@ -128,6 +130,19 @@ func (p *pool) acquire(ctx context.Context) (*root, error) {
 			return nil, err
 		}
 	}
+}
+
+// target returns the URL of path on the root, parsed once per path.
+func (r *root) target(path string) (*url.URL, error) {
+	if u, ok := r.paths.Load(path); ok {
+		return u.(*url.URL), nil
+	}
+	u, err := url.Parse(r.url + path)
+	if err != nil {
+		return nil, err
+	}
+	r.paths.Store(path, u)
+	return u, nil
 }
 
 // release returns r's slot and records the outcome: ok false counts as a

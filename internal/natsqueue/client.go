@@ -227,17 +227,19 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	c.replies[token] = r
 	c.mu.Unlock()
 
-	msg := nats.NewMsg(c.names.Request(job.App))
-	msg.Header.Set(HeaderJobID, job.ID)
-	msg.Header.Set(HeaderApp, job.App)
-	msg.Header.Set(HeaderPath, job.Path)
-	msg.Header.Set(HeaderReply, c.prefix+token)
+	// One allocation for the header values; room in the map for the two
+	// headers JetStream's publish adds.
+	vals := [...]string{job.ID, job.App, job.Path, c.prefix + token, "0"}
 	if job.Stream {
-		msg.Header.Set(HeaderStream, "1")
-	} else {
-		msg.Header.Set(HeaderStream, "0")
+		vals[4] = "1"
 	}
-	msg.Data = job.Body
+	h := make(nats.Header, 8)
+	h[HeaderJobID] = vals[0:1:1]
+	h[HeaderApp] = vals[1:2:2]
+	h[HeaderPath] = vals[2:3:3]
+	h[HeaderReply] = vals[3:4:4]
+	h[HeaderStream] = vals[4:5:5]
+	msg := &nats.Msg{Subject: c.names.Request(job.App), Header: h, Data: job.Body}
 
 	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
 	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()))

@@ -38,6 +38,7 @@ type reply struct {
 	err          error
 	start        *queue.Chunk // stream: status and headers held until data
 	buf          []byte       // non-stream: body of the current attempt
+	timer        *time.Timer  // paces stall checks while waiting
 	closed       atomic.Bool
 	settled      atomic.Bool // finished, or dead-lettered: nothing to cancel
 	cancelled    atomic.Bool
@@ -116,15 +117,19 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 			r.cancel()
 			continue
 		}
-		timer := time.NewTimer(r.c.cfg.StallTimeout / 4)
+		if r.timer == nil {
+			r.timer = time.NewTimer(r.c.cfg.StallTimeout / 4)
+		} else {
+			r.timer.Reset(r.c.cfg.StallTimeout / 4)
+		}
 		select {
 		case <-ctx.Done():
-			timer.Stop()
+			r.timer.Stop()
 			return queue.Chunk{}, ctx.Err()
 		case <-r.wake:
-		case <-timer.C:
+		case <-r.timer.C:
 		}
-		timer.Stop()
+		r.timer.Stop()
 	}
 }
 
@@ -187,12 +192,17 @@ func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
 	}
 	if !r.job.Stream {
 		// Hold the whole body: a redelivery can then replace it unseen.
-		r.buf = append(r.buf, m.Data...)
-		if !end {
-			return queue.Chunk{}, false, nil
-		}
 		chunk := *r.start
-		chunk.Data = r.buf
+		switch {
+		case seq == 0 && end:
+			chunk.Data = m.Data // one message (the usual case): no copy
+		case !end:
+			r.buf = append(r.buf, m.Data...)
+			return queue.Chunk{}, false, nil
+		default:
+			r.buf = append(r.buf, m.Data...)
+			chunk.Data = r.buf
+		}
 		r.delivered, r.finished = true, true
 		r.settled.Store(true)
 		return chunk, true, nil

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,19 +26,9 @@ func main() {
 	warmup := flag.Duration("warmup", time.Second, "warm-up time per level and target")
 	stream := flag.Bool("stream", false, "benchmark streamed requests")
 	docs := flag.String("docs", "", "Markdown file whose bench-dataplane section receives the table")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	prof := flag.String("profile", "", "profile the measurement through the queue at the highest concurrency, writing "+
+		"<prefix>.cpu.pprof, <prefix>.block.pprof, <prefix>.mutex.pprof, <prefix>.allocs.pprof (with <prefix>.allocs-before.pprof as its base) and <prefix>.goroutines.txt (taken as the measurement starts)")
 	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "cpu profile: %v\n", err)
-			os.Exit(1)
-		}
-		defer pprof.StopCPUProfile()
-	}
 
 	cfg := dataplanetest.BenchConfig{Warmup: *warmup, Duration: *duration, Stream: *stream}
 	for _, f := range strings.Split(*levels, ",") {
@@ -48,13 +39,21 @@ func main() {
 		}
 		cfg.Concurrency = append(cfg.Concurrency, c)
 	}
+	if *prof != "" {
+		top := slices.Max(cfg.Concurrency)
+		cfg.QueueProbe = func(c int) func() {
+			if c != top {
+				return func() {}
+			}
+			return startProfiles(*prof)
+		}
+	}
 	loadBefore := loadAverage()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	rows, err := dataplanetest.RunBenchmark(ctx, cfg)
 	stop()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "benchmark failed: %v\n", err)
-		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 	table := dataplanetest.FormatBenchmark(rows, *stream)
@@ -64,9 +63,50 @@ func main() {
 	if *docs != "" {
 		if err := dataplanetest.WriteSection(*docs, section); err != nil {
 			fmt.Fprintf(os.Stderr, "writing %s: %v\n", *docs, err)
-			pprof.StopCPUProfile()
 			os.Exit(1)
 		}
+	}
+}
+
+// startProfiles dumps the goroutines and starts CPU, blocking and mutex
+// profiling; the returned function stops them and writes the profiles.
+func startProfiles(prefix string) func() {
+	writeProfile("goroutine", prefix+".goroutines.txt", 1)
+	writeProfile("allocs", prefix+".allocs-before.pprof", 0)
+	cpu, err := os.Create(prefix + ".cpu.pprof")
+	if err == nil {
+		err = pprof.StartCPUProfile(cpu)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "cpu profile: %v\n", err)
+	}
+	runtime.SetBlockProfileRate(10_000) // about one sample per 10µs blocked
+	runtime.SetMutexProfileFraction(10)
+	return func() {
+		pprof.StopCPUProfile()
+		if cpu != nil {
+			_ = cpu.Close() // the profile is best effort
+		}
+		writeProfile("block", prefix+".block.pprof", 0)
+		writeProfile("mutex", prefix+".mutex.pprof", 0)
+		writeProfile("allocs", prefix+".allocs.pprof", 0) // compare with -base allocs-before
+		runtime.SetBlockProfileRate(0)
+		runtime.SetMutexProfileFraction(0)
+	}
+}
+
+// writeProfile writes the named runtime profile to path.
+func writeProfile(name, path string, debug int) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s profile: %v\n", name, err)
+		return
+	}
+	if err := pprof.Lookup(name).WriteTo(f, debug); err != nil {
+		fmt.Fprintf(os.Stderr, "%s profile: %v\n", name, err)
+	}
+	if err := f.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s profile: %v\n", name, err)
 	}
 }
 
