@@ -92,6 +92,9 @@ type actionOptions struct {
 	// writer), storing revision 1 fails with driver.ErrReleaseExists before
 	// any object is written, and the next reconcile lists the history.
 	noHistory bool
+	// background, when set, receives the update that records a release
+	// deployed (see releaseSecrets.background).
+	background *backgroundWrites
 }
 
 // forReconcile returns the configuration for obj's release, adjusted by o.
@@ -111,6 +114,7 @@ func (a *actionConfigs) forReconcile(obj *unstructured.Unstructured, log action.
 			Controller: ptr(true), BlockOwnerDeletion: ptr(false),
 		},
 	}
+	secrets.background = o.background
 	if o.noHistory {
 		secrets.lists.put(metav1.ListOptions{LabelSelector: historySelector(obj.GetName())}, &corev1.SecretList{})
 	}

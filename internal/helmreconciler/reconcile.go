@@ -113,7 +113,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		return reconcile.Result{}, r.irreconcilable(ctx, obj, st, ReasonValuesInvalid, err)
 	}
 
-	rs, acted, err := r.ensureRelease(ctx, obj, in, st, finalized)
+	// The update recording a release deployed runs while the status is
+	// written; the reconcile returns once both are done.
+	bg := &backgroundWrites{}
+	defer func() {
+		if werr := bg.wait(); werr != nil && err == nil {
+			err = werr
+		}
+	}()
+	rs, acted, err := r.ensureRelease(ctx, obj, in, st, finalized, bg)
 	if ferr := finalized(); ferr != nil {
 		return reconcile.Result{}, ferr
 	}
@@ -247,7 +255,7 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 // inputs, running a Helm action only when the digest differs. It returns
 // the remembered state of the deployed release and the action taken ("" if
 // none).
-func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, finalized func() error) (*releaseState, string, error) {
+func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, finalized func() error, bg *backgroundWrites) (*releaseState, string, error) {
 	latest, cached, err := r.latestRevision(ctx, obj)
 	if err != nil {
 		return nil, "", err
@@ -284,6 +292,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	cfg, err := r.actions.forReconcile(obj, helmLog(ctx), actionOptions{
 		beforeWrite: finalized,
 		noHistory:   !cached && rs == nil && !r.mustListHistory(obj),
+		background:  bg,
 	})
 	if err != nil {
 		return nil, "", err

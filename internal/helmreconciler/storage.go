@@ -3,10 +3,12 @@ package helmreconciler
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 
+	"helm.sh/helm/v3/pkg/release"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,6 +64,48 @@ type releaseSecrets struct {
 	// once, so only other writers could change the history in between, as
 	// they could between Helm's own reads.
 	lists listMemo
+	// background, when set, takes the update that records a release
+	// deployed (Helm's last write of an install or upgrade, whose error Helm
+	// only logs) off Helm's path, so that it overlaps the status write.
+	// Every other call through this client waits for it first.
+	background *backgroundWrites
+}
+
+// backgroundWrites are the release writes of one reconcile still in
+// flight; the reconcile waits for them before it returns.
+type backgroundWrites struct {
+	wg  sync.WaitGroup
+	mu  sync.Mutex
+	err error
+}
+
+func (b *backgroundWrites) run(f func() error) {
+	b.wg.Go(func() {
+		if err := f(); err != nil {
+			b.mu.Lock()
+			b.err = errors.Join(b.err, err)
+			b.mu.Unlock()
+		}
+	})
+}
+
+// wait waits for the writes in flight and returns their errors.
+func (b *backgroundWrites) wait() error {
+	if b == nil {
+		return nil
+	}
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
+}
+
+// settle waits for background writes before a call that reads or writes
+// release Secrets, so that it sees them.
+func (s *releaseSecrets) settle() {
+	if s.background != nil {
+		s.background.wg.Wait()
+	}
 }
 
 // listMemo remembers List answers by selector until the next write.
@@ -214,6 +258,7 @@ func (s *releaseSecrets) join(ctx context.Context, sec *corev1.Secret) (*corev1.
 }
 
 func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts metav1.CreateOptions) (*corev1.Secret, error) {
+	s.settle()
 	s.lists.forget()
 	defer s.lists.forget()
 	sec = sec.DeepCopy()
@@ -237,6 +282,22 @@ func (s *releaseSecrets) Create(ctx context.Context, sec *corev1.Secret, opts me
 }
 
 func (s *releaseSecrets) Update(ctx context.Context, sec *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
+	s.settle()
+	if s.background != nil && sec.Labels["status"] == string(release.StatusDeployed) {
+		s.lists.forget()
+		sec = sec.DeepCopy()
+		s.background.run(func() error {
+			if _, err := s.update(ctx, sec, opts); err != nil {
+				return fmt.Errorf("recording release %s deployed: %w", sec.Name, err)
+			}
+			return nil
+		})
+		return sec, nil
+	}
+	return s.update(ctx, sec, opts)
+}
+
+func (s *releaseSecrets) update(ctx context.Context, sec *corev1.Secret, opts metav1.UpdateOptions) (*corev1.Secret, error) {
 	s.lists.forget()
 	defer s.lists.forget()
 	sec = sec.DeepCopy()
@@ -281,6 +342,7 @@ func (s *releaseSecrets) knownChunks(sec *corev1.Secret) (int, bool) {
 }
 
 func (s *releaseSecrets) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Secret, error) {
+	s.settle()
 	sec, err := s.SecretInterface.Get(ctx, name, opts)
 	if err != nil {
 		return nil, err
@@ -289,6 +351,7 @@ func (s *releaseSecrets) Get(ctx context.Context, name string, opts metav1.GetOp
 }
 
 func (s *releaseSecrets) List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error) {
+	s.settle()
 	if list := s.lists.get(opts); list != nil {
 		return list, nil
 	}
@@ -308,6 +371,7 @@ func (s *releaseSecrets) List(ctx context.Context, opts metav1.ListOptions) (*co
 }
 
 func (s *releaseSecrets) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	s.settle()
 	s.lists.forget()
 	defer s.lists.forget()
 	sec, err := s.SecretInterface.Get(ctx, name, metav1.GetOptions{})
