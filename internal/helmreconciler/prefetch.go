@@ -164,10 +164,7 @@ func (pr *prefetchingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	objs, err := render.ParseManifest(out.String())
-	if err != nil {
-		return out, nil // Helm reports it
-	}
+	objs, _ := render.ParseManifest(out.String()) // Helm reports a bad manifest
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		m, err := pr.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)

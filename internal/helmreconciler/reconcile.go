@@ -446,7 +446,7 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 // what was rendered, live inputs included.
 func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, labels map[string]string) postrender.PostRenderer {
 	renders.WithLabelValues(r.entry.GVK.Kind).Inc()
-	var pr postrender.PostRenderer = render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
+	pr := render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
 	if len(r.contributors()) > 0 {
 		pr = &digestingPostRenderer{PostRenderer: pr, r: r, ctx: ctx, obj: obj, base: in.Digest, labels: labels}
 	}
