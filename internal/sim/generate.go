@@ -40,17 +40,28 @@ func newTextGen(seed uint64) *textGen { return &textGen{state: seed} }
 // next returns the next token. Tokens after the first start with a space, and
 // roughly one in eight ends a sentence, like a real tokenizer's output.
 func (g *textGen) next() string {
+	var b [32]byte
+	return string(g.appendNext(b[:0]))
+}
+
+// appendNext appends the next token to dst.
+func (g *textGen) appendNext(dst []byte) []byte {
 	r := g.rand()
 	w := vocabulary[r%uint64(len(vocabulary))]
 	first := g.n == 0
 	g.n++
 	if first {
-		return strings.ToUpper(w[:1]) + w[1:]
+		c := w[0] // the vocabulary is lower-case ASCII
+		if c >= 'a' && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		return append(append(dst, c), w[1:]...)
 	}
+	dst = append(append(dst, ' '), w...)
 	if (r>>32)%8 == 0 {
-		return " " + w + "."
+		dst = append(dst, '.')
 	}
-	return " " + w
+	return dst
 }
 
 // rand is splitmix64: tiny, fast and good enough for picking words.

@@ -349,7 +349,11 @@ func (o *output) run(ctx context.Context) error {
 		o.gens = append(o.gens, newTextGen(seed))
 		o.lengths = append(o.lengths, n)
 		o.finish = append(o.finish, reason)
-		o.texts = append(o.texts, nil)
+		var text []byte
+		if !g.stream {
+			text = make([]byte, 0, min(8*n, 64<<10)) // about a word per token
+		}
+		o.texts = append(o.texts, text)
 		steps = max(steps, n)
 	}
 	var sse *sseWriter
@@ -387,12 +391,12 @@ func (o *output) run(ctx context.Context) error {
 			if step >= o.lengths[i] {
 				continue
 			}
-			tok := gen.next()
 			o.produced++
 			if sse == nil {
-				o.texts[i] = append(o.texts[i], tok...)
+				o.texts[i] = gen.appendNext(o.texts[i])
 				continue
 			}
+			tok := gen.next()
 			var finish *string
 			if step == o.lengths[i]-1 {
 				finish = &o.finish[i]
