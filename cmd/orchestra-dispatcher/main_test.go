@@ -62,7 +62,7 @@ shutdownTimeout: 2s
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill() // no-op once it exited
-		<-exited
+		_ = <-exited           // killed or already reported above
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 
