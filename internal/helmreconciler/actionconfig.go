@@ -160,31 +160,45 @@ func (reachableClient) IsReachable() error { return nil }
 // to be created before starting the next: a ConfigMap and a Deployment are
 // one round trip, not two. Kinds that others may need at admission
 // (namespaces, CRDs, quotas, ...) are still created first, in Helm's order.
+// Objects that others reference at admission are created in a wave before
+// the rest: a RoleBinding is checked against its Role (the API server
+// refuses a binding to a Role it cannot find unless the writer may bind
+// anything) and a bare Pod against its ServiceAccount.
 func (c reachableClient) Create(resources kube.ResourceList) (*kube.Result, error) {
-	var first, rest kube.ResourceList
+	var first, referenced, rest kube.ResourceList
 	for _, info := range resources {
-		if createFirst[info.Mapping.GroupVersionKind.Kind] {
+		switch kind := info.Mapping.GroupVersionKind.Kind; {
+		case createFirst[kind]:
 			first = append(first, info)
-		} else {
+		case createReferenced[kind]:
+			referenced = append(referenced, info)
+		default:
 			rest = append(rest, info)
 		}
 	}
-	if len(first) > 0 || len(rest) <= 1 {
-		if _, err := c.Client.Create(append(first, rest...)); err != nil {
+	if len(first) > 0 || len(resources) <= 1 {
+		if _, err := c.Client.Create(resources); err != nil {
 			return nil, err
 		}
 		return &kube.Result{Created: resources}, nil
 	}
-	errs := make([]error, len(rest))
+	for _, wave := range []kube.ResourceList{referenced, rest} {
+		if err := createAtOnce(wave); err != nil {
+			return nil, err
+		}
+	}
+	return &kube.Result{Created: resources}, nil
+}
+
+// createAtOnce creates every object of wave concurrently.
+func createAtOnce(wave kube.ResourceList) error {
+	errs := make([]error, len(wave))
 	var wg sync.WaitGroup
-	for i, info := range rest {
+	for i, info := range wave {
 		wg.Go(func() { errs[i] = createResource(info) })
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	return &kube.Result{Created: resources}, nil
+	return errors.Join(errs...)
 }
 
 // createFirst are kinds whose objects may change how the API server admits
@@ -195,6 +209,14 @@ var createFirst = map[string]bool{
 	"MutatingWebhookConfiguration": true, "ValidatingWebhookConfiguration": true,
 	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 	"MutatingAdmissionPolicy": true, "MutatingAdmissionPolicyBinding": true,
+}
+
+// createReferenced are kinds that other objects of a release name and that
+// the API server looks up when it admits them: Roles and ClusterRoles
+// (bindings, escalation check) and ServiceAccounts (Pods). They are created
+// in a wave before everything else.
+var createReferenced = map[string]bool{
+	"ServiceAccount": true, "Role": true, "ClusterRole": true,
 }
 
 // createResource is Helm's: create, and refresh info from the answer.

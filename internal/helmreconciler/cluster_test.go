@@ -194,6 +194,8 @@ const sampleWatch = `
 type managerOpts struct {
 	namespaces []string
 	chunkSize  int
+	// config is the identity the engine runs as; nil is the admin.
+	config *rest.Config
 }
 
 // startManager runs the engine for entries until the test ends or the
@@ -207,7 +209,11 @@ func startManager(t *testing.T, entries []watches.Entry, o managerOpts) (stop fu
 	cfg.MaxConcurrentReconciles = 2
 	cfg.ChunkSize = o.chunkSize
 	cfg.ActionTimeout = time.Minute
-	mgr, err := manager.New(restCfg, cfg, entries, func(o *ctrl.Options) {
+	rc := restCfg
+	if o.config != nil {
+		rc = o.config
+	}
+	mgr, err := manager.New(rc, cfg, entries, func(o *ctrl.Options) {
 		o.Controller.SkipNameValidation = ptr(true)
 	})
 	if err != nil {

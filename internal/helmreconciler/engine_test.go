@@ -698,3 +698,57 @@ func TestUnwatchedDependentsWaitForTheNextReconcile(t *testing.T) {
 		return ok && got.UID != cm.UID && got.Data["greeting"] == "hi", ""
 	})
 }
+
+// An engine running under its own ServiceAccount, as in a cluster, may
+// create a RoleBinding only once the API server can read the Role it binds
+// (the escalation check): the Role is created before the binding, as Helm
+// orders them, even though the engine creates most objects at once.
+func TestRoleBindingUnderOperatorIdentity(t *testing.T) {
+	ns := newNamespace(t)
+	ctx := context.Background()
+	// Every verb on everything except bind and escalate: the engine may
+	// bind a Role only because it holds the Role's permissions.
+	name := ns + "-operator"
+	rules := []rbacv1.PolicyRule{{
+		APIGroups: []string{"*"}, Resources: []string{"*"},
+		Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
+	}}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "operator"}}
+	cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "operator"}},
+	}
+	for _, o := range []client.Object{sa, cr, crb} {
+		create(t, o)
+	}
+	t.Cleanup(func() {
+		_ = k8s.Delete(ctx, crb) // best effort: the namespace goes too
+		_ = k8s.Delete(ctx, cr)
+	})
+
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{
+		namespaces: []string{ns},
+		config:     testCluster.ImpersonateServiceAccount(ns, "operator"),
+	})
+	create(t, newCR(sampleGVK, ns, "bound", map[string]any{"roleBinding": true}))
+	got := waitDeployed(t, sampleGVK, ns, "bound", 1)
+	if c := condition(got, "ReleaseFailed"); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("ReleaseFailed = %+v, want False", c)
+	}
+	rb := &rbacv1.RoleBinding{}
+	if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "bound-reader"}, rb); err != nil {
+		t.Fatalf("RoleBinding: %v", err)
+	}
+	// The first install attempt succeeded: no failure event was recorded.
+	events := &corev1.EventList{}
+	if err := k8s.List(ctx, events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if e.InvolvedObject.Name == "bound" && e.Type == corev1.EventTypeWarning {
+			t.Errorf("warning event %s: %s", e.Reason, e.Message)
+		}
+	}
+}
