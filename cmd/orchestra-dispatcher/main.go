@@ -9,16 +9,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/debug"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/gctune"
 )
 
 func main() {
-	tuneGC()
+	gctune.Apply()
 	configPath := flag.String("config", "/etc/orchestra/dispatcher.yaml", "dispatcher config file (YAML)")
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file; empty for the in-cluster config")
 	checkConfig := flag.Bool("check-config", false, "validate the config file and exit")
@@ -59,35 +57,4 @@ func podNamespace() string {
 		return string(b)
 	}
 	return "default"
-}
-
-// gcPercent is the data plane's GOGC (the same in orchestra-gateway,
-// orchestra-dispatcher, orchestra-sim and make bench-dataplane). Their live
-// heaps are small and they allocate per request, so the default 100 spends
-// about a tenth of the CPU on collections; 400 collects a quarter as often.
-// docs/dispatcher.md ("Garbage collector") has the measurements.
-const gcPercent = 400
-
-// tuneGC applies gcPercent and a soft memory limit of 80% of the
-// container's (cgroup) memory limit, so that the larger heap target
-// collects harder instead of running out of memory. GOGC and GOMEMLIMIT in
-// the environment win over both.
-func tuneGC() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
-	}
-	if os.Getenv("GOMEMLIMIT") != "" {
-		return
-	}
-	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		limit, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err == nil && limit > 0 && limit < 1<<50 { // "max" or a huge v1 value: no limit
-			debug.SetMemoryLimit(limit / 10 * 8)
-		}
-		return
-	}
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -19,10 +18,11 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/dataplanetest"
+	"github.com/model-orchestra/operator/internal/gctune"
 )
 
 func main() {
-	tuneGC()
+	gctune.Apply()
 	levels := flag.String("concurrency", "1,16,64,256", "comma-separated concurrency levels")
 	duration := flag.Duration("duration", 5*time.Second, "measurement time per level and target")
 	warmup := flag.Duration("warmup", time.Second, "warm-up time per level and target")
@@ -61,7 +61,7 @@ func main() {
 	table := dataplanetest.FormatBenchmark(rows, *stream)
 	gogc := os.Getenv("GOGC")
 	if gogc == "" {
-		gogc = strconv.Itoa(gcPercent)
+		gogc = strconv.Itoa(gctune.Percent)
 	}
 	section := fmt.Sprintf("Measured %s on %s/%s, %d CPUs, load average before the run %s, %s per level after %s warm-up; everything (load generator, gateway, NATS with file-backed JetStream, dispatcher, simulator) in one process, GOGC=%s as the data-plane binaries set it. \"Added\" is via queue minus direct.\n\n%s",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, *duration, *warmup, gogc, table)
@@ -128,35 +128,4 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return f[0]
-}
-
-// gcPercent is the data plane's GOGC (the same in orchestra-gateway,
-// orchestra-dispatcher, orchestra-sim and make bench-dataplane). Their live
-// heaps are small and they allocate per request, so the default 100 spends
-// about a tenth of the CPU on collections; 400 collects a quarter as often.
-// docs/dispatcher.md ("Garbage collector") has the measurements.
-const gcPercent = 400
-
-// tuneGC applies gcPercent and a soft memory limit of 80% of the
-// container's (cgroup) memory limit, so that the larger heap target
-// collects harder instead of running out of memory. GOGC and GOMEMLIMIT in
-// the environment win over both.
-func tuneGC() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(gcPercent)
-	}
-	if os.Getenv("GOMEMLIMIT") != "" {
-		return
-	}
-	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		limit, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err == nil && limit > 0 && limit < 1<<50 { // "max" or a huge v1 value: no limit
-			debug.SetMemoryLimit(limit / 10 * 8)
-		}
-		return
-	}
 }
