@@ -13,6 +13,10 @@ import (
 	"syscall"
 
 	"github.com/spf13/pflag"
+	// CA roots compiled in, used when the system has none: the fetch image
+	// is a static binary without /etc/ssl, and the hub, https sources and
+	// S3 endpoints all speak TLS.
+	_ "golang.org/x/crypto/x509roots/fallback"
 	"golang.org/x/term"
 
 	"github.com/model-orchestra/operator/internal/fetch"

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // freeBytes returns the bytes an unprivileged user may still write on the
@@ -87,3 +89,9 @@ func lockDir(ctx context.Context, dir string, wait func()) (func(), error) {
 }
 
 var lockPoll = 500 * time.Millisecond
+
+// startWriteback asks the kernel to start writing [off, off+n) of f to
+// disk without waiting for it. Best effort: an fsync follows anyway.
+func startWriteback(f *os.File, off, n int64) {
+	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+}

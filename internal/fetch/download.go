@@ -2,20 +2,18 @@ package fetch
 
 import (
 	"context"
-	"crypto/sha1"
-	"crypto/sha256"
-	"encoding"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,18 +93,41 @@ type fileTask struct {
 	doneCh    chan chunkDone // chunks written by workers
 	pending   []int
 	j         journal
+	hs        *hashStream // nil when not verifying
 
-	// The syncer fsyncs the partial file in the background and reports
-	// which chunks that made durable.
-	mu      sync.Mutex
-	written []int // snapshot of done chunks for the syncer
-	durable []int
-	synced  chan struct{}
+	mu sync.Mutex
+	// written is, per chunk, how many bytes from its start are written
+	// (the whole chunk once done): the hasher may read those back.
+	written []int64
+
+	// The syncer starts writeback of finished chunks, fsyncs the partial
+	// file in the background and reports which chunks that made durable.
+	listed    []int // snapshot of done chunks for the syncer
+	durable   []int
+	synced    chan struct{}
+	writeback chan int // finished chunks to start writing to disk
 }
 
 func (ft *fileTask) chunkRange(i int) (int64, int64) {
 	off := int64(i) * ft.chunkSize
 	return off, min(off+ft.chunkSize, ft.rf.Size)
+}
+
+// wrote records that n bytes of *bp were written at off and offers them to
+// the hasher; it returns true when the hasher took the buffer.
+func (ft *fileTask) wrote(off int64, bp *[]byte, n int) bool {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	if ft.hs == nil {
+		ft.written[off/ft.chunkSize] += int64(n)
+		return false
+	}
+	handed := ft.hs.offer(off, bp, n)
+	ft.written[off/ft.chunkSize] += int64(n)
+	if !handed {
+		ft.hs.wake() // in case these bytes are at the frontier after all
+	}
+	return handed
 }
 
 type chunkJob struct {
@@ -132,6 +153,8 @@ type downloader struct {
 	progress *tracker
 	publish  func(ManifestFile) error
 	bufPool  sync.Pool
+	// hashed is signalled when a hasher moves forward (cap 1).
+	hashed chan struct{}
 }
 
 func (d *downloader) partPaths(p string) (part, jpath string) {
@@ -201,6 +224,14 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 			ft.pending = append(ft.pending, i)
 		}
 	}
+	ft.written = make([]int64, ft.nchunks)
+	for i := range done {
+		off, end := ft.chunkRange(i)
+		ft.written[i] = end - off
+	}
+	if h := d.hashersFor(ft); h != nil {
+		ft.hs = newHashStream(ft, h, d.putBuf, d.hashMoved)
+	}
 	ft.doneCh = make(chan chunkDone, ft.nchunks+1)
 	if resumed > 0 {
 		d.progress.add(resumed)
@@ -209,9 +240,49 @@ func (d *downloader) prepare(rf RemoteFile) (*fileTask, error) {
 	return ft, nil
 }
 
-// run downloads files with cfg.Concurrency workers sharing one queue of
-// chunks in file order, one finisher per open file hashing and publishing.
+// activeFiles is how many files the workers share at a time: at least
+// two, so that hashing one file (one core each, in order) overlaps
+// receiving another, and one per CPU when there are enough ranges.
+func (d *downloader) activeFiles() int {
+	return max(1, min(d.cfg.Concurrency, max(2, runtime.GOMAXPROCS(0))))
+}
+
+// lookahead is how many chunks past the one its hasher is in a file may
+// start: one more than the ranges each active file gets. When hashing is
+// the bottleneck (fast network, few CPUs) this keeps the download from
+// running ahead of it, so that little is left to hash when the last byte
+// arrives and the unhashed bytes are few enough to still be in the page
+// cache when they are read back. When the network is the bottleneck the
+// hasher keeps up and this rarely holds a chunk back.
+func (d *downloader) lookahead() int {
+	f := d.activeFiles()
+	return (d.cfg.Concurrency+f-1)/f + 1
+}
+
+// mayStart tells whether chunk idx of ft is within its hasher's lookahead.
+func (d *downloader) mayStart(ft *fileTask, idx int) bool {
+	if ft.hs == nil {
+		return true
+	}
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	return idx < int(ft.hs.hashed/ft.chunkSize)+d.lookahead()
+}
+
+// hashMoved wakes a scheduler waiting for a hasher.
+func (d *downloader) hashMoved() {
+	select {
+	case d.hashed <- struct{}{}:
+	default:
+	}
+}
+
+// run downloads files with cfg.Concurrency workers taking chunks from one
+// queue that interleaves the active files (in order within each file), one
+// finisher per open file keeping its journal and publishing it, and one
+// hasher per file when verifying.
 func (d *downloader) run(ctx context.Context, files []RemoteFile) error {
+	d.hashed = make(chan struct{}, 1)
 	g, ctx := errgroup.WithContext(ctx)
 	jobs := make(chan chunkJob)
 	for w := 0; w < d.cfg.Concurrency; w++ {
@@ -236,21 +307,52 @@ func (d *downloader) run(ctx context.Context, files []RemoteFile) error {
 	}
 	g.Go(func() error {
 		defer close(jobs)
-		for _, rf := range files {
-			ft, err := d.prepare(rf)
-			if err != nil {
-				return err
+		var active []*fileTask
+		next, turn := 0, 0
+		for {
+			for len(active) < d.activeFiles() && next < len(files) {
+				ft, err := d.prepare(files[next])
+				if err != nil {
+					return err
+				}
+				next++
+				g.Go(func() error { return d.finish(ctx, ft) })
+				if len(ft.pending) > 0 {
+					active = append(active, ft)
+				}
 			}
-			g.Go(func() error { return d.finish(ctx, ft) })
-			for _, idx := range ft.pending {
+			if len(active) == 0 {
+				return nil
+			}
+			// The next file in turn whose next chunk is within its lookahead.
+			pick := -1
+			for k := range active {
+				if i := (turn + k) % len(active); d.mayStart(active[i], active[i].pending[0]) {
+					pick = i
+					break
+				}
+			}
+			if pick < 0 {
 				select {
-				case jobs <- chunkJob{ft, idx}:
+				case <-d.hashed:
+					continue
 				case <-ctx.Done():
 					return ctx.Err()
 				}
 			}
+			turn = pick
+			ft := active[turn]
+			select {
+			case jobs <- chunkJob{ft, ft.pending[0]}:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if ft.pending = ft.pending[1:]; len(ft.pending) == 0 {
+				active = slices.Delete(active, turn, turn+1)
+			} else {
+				turn++
+			}
 		}
-		return nil
 	})
 	return g.Wait()
 }
@@ -313,7 +415,18 @@ func (d *downloader) backoff(failures int) time.Duration {
 	return lo + rand.N(ceil-lo)
 }
 
+// bufSize is the unit of reading, writing and hashing.
 const bufSize = 1 << 20
+
+func (d *downloader) getBuf() *[]byte {
+	if bp, ok := d.bufPool.Get().(*[]byte); ok {
+		return bp
+	}
+	b := make([]byte, bufSize)
+	return &b
+}
+
+func (d *downloader) putBuf(bp *[]byte) { d.bufPool.Put(bp) }
 
 // fetchOnce makes one request for [pos, end) and writes what arrives. It
 // returns the bytes written, even on error.
@@ -335,12 +448,8 @@ func (d *downloader) fetchOnce(ctx context.Context, ft *fileTask, pos, end int64
 	}
 	defer func() { _ = body.Close() }() // read-only response body
 
-	bp, _ := d.bufPool.Get().(*[]byte)
-	if bp == nil {
-		b := make([]byte, bufSize)
-		bp = &b
-	}
-	defer d.bufPool.Put(bp)
+	bp := d.getBuf()
+	defer func() { d.putBuf(bp) }() // the buffer held at the end, not necessarily this one
 	buf := *bp
 
 	var written int64
@@ -360,6 +469,10 @@ func (d *downloader) fetchOnce(ctx context.Context, ft *fileTask, pos, end int64
 		if filled > 0 {
 			if _, werr := ft.fh.WriteAt(buf[:filled], pos+written); werr != nil {
 				return written, writeErr(ft.rf.Path, werr)
+			}
+			if ft.wrote(pos+written, bp, filled) {
+				bp = d.getBuf() // the hasher has this one now
+				buf = *bp
 			}
 			written += int64(filled)
 			d.progress.add(int64(filled))
@@ -384,44 +497,26 @@ func writeErr(p string, err error) error {
 	return permanent(fmt.Errorf("writing %s: %w", p, err))
 }
 
-// hashers builds the hash state for ft, restored from its journal.
-type fileHashers struct {
-	sha hash.Hash
-	git hash.Hash
-}
-
-func (d *downloader) hashersFor(ft *fileTask) (*fileHashers, error) {
-	if !d.cfg.VerifySHA256 {
-		return nil, nil
-	}
-	h := &fileHashers{sha: sha256.New()}
-	if ft.rf.SHA256 == "" && ft.rf.GitOID != "" {
-		h.git = sha1.New()
-	}
-	if ft.j.Hashed > 0 && len(ft.j.SHAState) > 0 {
-		ok := h.sha.(encoding.BinaryUnmarshaler).UnmarshalBinary(ft.j.SHAState) == nil
-		if h.git != nil {
-			ok = ok && len(ft.j.GitState) > 0 && h.git.(encoding.BinaryUnmarshaler).UnmarshalBinary(ft.j.GitState) == nil
-		}
-		if ok {
-			return h, nil
-		}
-		h.sha.Reset()
-		if h.git != nil {
-			h.git.Reset()
-		}
-	}
-	ft.j.Hashed = 0
-	if h.git != nil {
-		_, _ = fmt.Fprintf(h.git, "blob %d\x00", ft.rf.Size) // hash.Hash writes never fail
-	}
-	return h, nil
-}
-
-// finish collects finished chunks of ft, makes them durable, hashes them in
-// order, keeps the journal current, and publishes the verified file.
+// finish collects finished chunks of ft, keeps the journal current, starts
+// their writeback, and publishes the file once it is complete, durable and
+// verified. The hasher runs beside it.
 func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
+	hctx, stopHasher := context.WithCancel(ctx)
+	hashed := make(chan error, 1)
+	if ft.hs != nil {
+		go func() { hashed <- ft.hs.run(hctx) }()
+	} else {
+		hashed <- nil
+	}
+	hasherRunning := true
 	defer func() {
+		// The hasher reads the file: stop it before closing the file.
+		stopHasher()
+		if hasherRunning {
+			if herr := <-hashed; err == nil {
+				err = herr // keep the first error
+			}
+		}
 		// verifyAndPublish closes fh itself on success, so this only runs
 		// on an error path; keep the first error.
 		if ft.fh != nil {
@@ -430,10 +525,6 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 			}
 		}
 	}()
-	h, err := d.hashersFor(ft)
-	if err != nil {
-		return err
-	}
 	done := make([]bool, ft.nchunks)
 	ndone := 0
 	for _, i := range ft.j.Done {
@@ -442,50 +533,33 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 			ndone++
 		}
 	}
-	buf := make([]byte, bufSize)
 
-	// hashUpTo folds every contiguous finished chunk into the hash.
-	hashUpTo := func() error {
-		if h == nil {
-			return nil
-		}
-		for ft.j.Hashed < ft.nchunks && done[ft.j.Hashed] {
-			off, end := ft.chunkRange(ft.j.Hashed)
-			for off < end {
-				n := min(int64(len(buf)), end-off)
-				if _, err := ft.fh.ReadAt(buf[:n], off); err != nil {
-					return fmt.Errorf("reading back %s: %w", ft.rf.Path, err)
-				}
-				h.sha.Write(buf[:n])
-				if h.git != nil {
-					h.git.Write(buf[:n])
-				}
-				off += n
-			}
-			ft.j.Hashed++
-		}
-		return nil
-	}
-	// saveJournal records the chunks written so far; durable (after an
-	// fsync by the syncer) also makes the journal itself durable.
+	// saveJournal records the chunks written so far, with the newest hash
+	// state that covers only recorded chunks; durable (after an fsync by the
+	// syncer) also makes the journal itself durable.
 	saveJournal := func(durable bool) error {
 		ft.j.Done = ft.j.Done[:0]
+		prefix := -1
 		for i, ok := range done {
 			if ok {
 				ft.j.Done = append(ft.j.Done, i)
+			} else if prefix < 0 {
+				prefix = i
 			}
+		}
+		if prefix < 0 {
+			prefix = ft.nchunks
 		}
 		ft.mu.Lock()
-		ft.written = append(ft.written[:0], ft.j.Done...)
+		ft.listed = append(ft.listed[:0], ft.j.Done...)
 		ft.j.Durable = append(ft.j.Durable[:0], ft.durable...)
-		ft.mu.Unlock()
-		ft.j.BootID = bootID()
-		if h != nil {
-			ft.j.SHAState, _ = h.sha.(encoding.BinaryMarshaler).MarshalBinary()
-			if h.git != nil {
-				ft.j.GitState, _ = h.git.(encoding.BinaryMarshaler).MarshalBinary()
+		if ft.hs != nil {
+			if s, ok := ft.hs.saveable(prefix); ok {
+				ft.j.Hashed, ft.j.SHAState, ft.j.GitState = s.chunks, s.sha, s.git
 			}
 		}
+		ft.mu.Unlock()
+		ft.j.BootID = bootID()
 		b, err := json.Marshal(&ft.j)
 		if err != nil {
 			return err
@@ -502,14 +576,12 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 	stopSyncer := d.startSyncer(ft)
 	defer stopSyncer()
 
-	if err := hashUpTo(); err != nil {
-		return err
-	}
 	var batch []chan error
 	take := func(c chunkDone) {
 		if !done[c.idx] {
 			done[c.idx] = true
 			ndone++
+			ft.writeback <- c.idx // buffered for every chunk: never blocks
 		}
 		batch = append(batch, c.ack)
 	}
@@ -542,6 +614,12 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 			}
 			ackAll(ctx.Err())
 			return ctx.Err()
+		case err := <-hashed:
+			hasherRunning = false
+			if err != nil {
+				return err
+			}
+			continue // the hasher finished: nothing else is missing
 		case c := <-ft.doneCh:
 			take(c)
 		case <-ft.synced:
@@ -553,25 +631,37 @@ func (d *downloader) finish(ctx context.Context, ft *fileTask) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := hashUpTo(); err != nil {
-			return err
+	}
+	// Every byte is written: make it durable while the hasher catches up.
+	stopSyncer()
+	if err := ft.fh.Sync(); err != nil {
+		return writeErr(ft.rf.Path, err)
+	}
+	if hasherRunning {
+		select {
+		case err := <-hashed:
+			hasherRunning = false
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	if err := hashUpTo(); err != nil {
-		return err
-	}
-	stopSyncer()
-	return d.verifyAndPublish(ft, h)
+	return d.verifyAndPublish(ft)
 }
 
 // syncEvery is how often a partial file is fsynced so that a node crash
 // loses at most this much download time per file.
 var syncEvery = 3 * time.Second
 
-// startSyncer fsyncs ft in the background every syncEvery and records which
-// chunks that made durable. The returned stop function is idempotent.
+// startSyncer starts writing each finished chunk of ft to disk at once (so
+// that the fsyncs, the last one before publishing above all, find little
+// left to write), fsyncs ft every syncEvery, and records which chunks that
+// made durable. The returned stop function is idempotent.
 func (d *downloader) startSyncer(ft *fileTask) (stop func()) {
 	ft.synced = make(chan struct{}, 1)
+	ft.writeback = make(chan int, ft.nchunks+1)
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -583,10 +673,14 @@ func (d *downloader) startSyncer(ft *fileTask) (stop func()) {
 			select {
 			case <-quit:
 				return
+			case i := <-ft.writeback:
+				off, end := ft.chunkRange(i)
+				startWriteback(ft.fh, off, end-off)
+				continue
 			case <-t.C:
 			}
 			ft.mu.Lock()
-			snap := append([]int(nil), ft.written...)
+			snap := append([]int(nil), ft.listed...)
 			n := len(ft.durable)
 			ft.mu.Unlock()
 			if len(snap) == n {
@@ -614,9 +708,12 @@ func (d *downloader) startSyncer(ft *fileTask) (stop func()) {
 	}
 }
 
-func (d *downloader) verifyAndPublish(ft *fileTask, h *fileHashers) error {
+// verifyAndPublish checks the digests of the complete, fsynced file and
+// renames it into place.
+func (d *downloader) verifyAndPublish(ft *fileTask) error {
 	entry := ManifestFile{Path: ft.rf.Path, Size: ft.rf.Size, SHA256: ft.rf.SHA256, GitOID: ft.rf.GitOID, ETag: ft.rf.ETag}
-	if h != nil {
+	if ft.hs != nil {
+		h := ft.hs.h
 		got := hex.EncodeToString(h.sha.Sum(nil))
 		var mismatch string
 		switch {
@@ -637,9 +734,7 @@ func (d *downloader) verifyAndPublish(ft *fileTask, h *fileHashers) error {
 			return fmt.Errorf("%w: %s: got %s", ErrVerification, ft.rf.Path, mismatch)
 		}
 		entry.SHA256 = got
-	}
-	if err := ft.fh.Sync(); err != nil {
-		return writeErr(ft.rf.Path, err)
+		d.log.Debug("hashed", "file", ft.rf.Path, "readBack", ft.hs.readBack)
 	}
 	if err := ft.fh.Close(); err != nil {
 		return writeErr(ft.rf.Path, err)
@@ -660,33 +755,4 @@ func (d *downloader) verifyAndPublish(ft *fileTask, h *fileHashers) error {
 	d.progress.fileDone()
 	d.log.Info("file ready", "file", ft.rf.Path, "size", ft.rf.Size, "sha256", entry.SHA256)
 	return d.publish(entry)
-}
-
-// hashFile returns the hex sha256 of the file at p, counting bytes into t.
-func hashFile(ctx context.Context, p string, t *tracker) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = f.Close() }() // opened read-only
-	h := sha256.New()
-	buf := make([]byte, bufSize)
-	for {
-		if err := ctx.Err(); err != nil {
-			return "", err
-		}
-		n, err := f.Read(buf)
-		if n > 0 {
-			h.Write(buf[:n])
-			if t != nil {
-				t.add(int64(n))
-			}
-		}
-		if err == io.EOF {
-			return hex.EncodeToString(h.Sum(nil)), nil
-		}
-		if err != nil {
-			return "", err
-		}
-	}
 }

@@ -74,6 +74,28 @@ func journals(t *testing.T, dest string) map[string]journal {
 	return out
 }
 
+// checkSavedHash fails unless the digest state j saved covers only chunks
+// j lists as done and is exactly the sha256 state after those bytes.
+func checkSavedHash(t *testing.T, j journal, content []byte) {
+	t.Helper()
+	if j.Hashed == 0 {
+		return
+	}
+	done := map[int]bool{}
+	for _, i := range j.Done {
+		done[i] = true
+	}
+	for i := 0; i < j.Hashed; i++ {
+		if !done[i] {
+			t.Errorf("%s: journal saved the hash of %d chunks but chunk %d is not done (done: %v)", j.Path, j.Hashed, i, j.Done)
+			return
+		}
+	}
+	if want := shaState(t, content[:min(int64(j.Hashed)*j.ChunkSize, int64(len(content)))]); string(j.SHAState) != string(want) {
+		t.Errorf("%s: saved hash state is not the sha256 state after %d chunks", j.Path, j.Hashed)
+	}
+}
+
 func TestKilledDownloadResumesWithoutRefetchingFinishedChunks(t *testing.T) {
 	fx := newRepoFixture("acme/resume").
 		add("a.safetensors", safetensorsBytes(fetchtest.Random(4<<20, 11)), true).
@@ -125,6 +147,7 @@ poll:
 	var recorded int64
 	for _, j := range killed {
 		recorded += int64(len(j.Done)) * cfg.ChunkSize
+		checkSavedHash(t, j, fx.files[j.Path])
 	}
 	if got := readTree(t, cfg.Dest); len(got) != 0 {
 		for p, b := range got {
@@ -178,9 +201,10 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 		_, err := Run(ctx, cfg, Options{Logger: testLogger(t)})
 		errc <- err
 	}()
-	// Cancel once the background fsync has made a chunk durable.
+	// Cancel once the background fsync has made a chunk durable and the
+	// journal holds a hash state.
 	deadline := time.Now().Add(20 * time.Second)
-	for len(journals(t, cfg.Dest)["w.safetensors"].Durable) == 0 {
+	for j := journals(t, cfg.Dest)["w.safetensors"]; len(j.Durable) == 0 || j.Hashed == 0; j = journals(t, cfg.Dest)["w.safetensors"] {
 		select {
 		case err := <-errc:
 			cancel()
@@ -189,7 +213,7 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			cancel()
-			t.Fatalf("no chunk became durable: the syncer did not run")
+			t.Fatalf("no chunk became durable with its hash saved")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -205,6 +229,7 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	if len(j.Durable) == 0 || j.BootID != bootID() {
 		t.Errorf("journal records no fsynced chunk or a wrong boot id: %+v", j)
 	}
+	checkSavedHash(t, j, fx.files["w.safetensors"])
 	waitQuiet(hub.Stats.BytesServed)
 	hub.Faults.Throttle(0)
 	hub.Stats.Reset()
