@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -250,7 +251,15 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", fmt.Sprint(err)
 	})
 
-	// The leader reconciles.
+	// The leader reconciles. The metrics registry is the process's, so
+	// other tests' installs of the same kind count too: compare with the
+	// values before this one.
+	const (
+		installs          = `orchestra_helm_actions_total{action="install",kind="Other",result="success"}`
+		installReconciles = `orchestra_helm_reconcile_duration_seconds_count{kind="Other",outcome="install"}`
+	)
+	_, before := httpGet("http://" + mc.MetricsAddr + "/metrics")
+	installsBefore, reconcilesBefore := metricValue(before, installs), metricValue(before, installReconciles)
 	u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"color": "green"}}}
 	u.SetAPIVersion("test.modelorchestra.io/v1")
 	u.SetKind("Other")
@@ -267,8 +276,8 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	var metrics string
 	eventually(t, 30*time.Second, "/metrics to count the install", func() (bool, string) {
 		_, metrics = httpGet("http://" + mc.MetricsAddr + "/metrics")
-		return strings.Contains(metrics, `orchestra_helm_actions_total{action="install",kind="Other",result="success"} 1`) &&
-			strings.Contains(metrics, `orchestra_helm_reconcile_duration_seconds_count{kind="Other",outcome="install"} 1`), grep(metrics, "orchestra_helm")
+		return metricValue(metrics, installs) == installsBefore+1 &&
+			metricValue(metrics, installReconciles) == reconcilesBefore+1, grep(metrics, "orchestra_helm")
 	})
 	for _, m := range []string{"controller_runtime_reconcile_total", "workqueue_depth"} {
 		if !strings.Contains(metrics, m) {
@@ -294,6 +303,20 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
 		t.Errorf("Lease still held by %q after shutdown", *h)
 	}
+}
+
+// metricValue is the value of series (name{labels}) in a Prometheus text
+// exposition, 0 when it is absent.
+func metricValue(exposition, series string) float64 {
+	for _, line := range strings.Split(exposition, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return 0
 }
 
 func grep(s, sub string) string {

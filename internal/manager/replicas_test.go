@@ -59,9 +59,7 @@ func (r *replica) elected() bool {
 	}
 }
 
-// Two replicas with leader election (in a file that sorts after
-// manager_test.go, whose metric assertions count the first install of kind
-// Other in this process): only the leader reconciles; when it
+// Two replicas with leader election: only the leader reconciles; when it
 // shuts down gracefully it releases the Lease, and the other takes over
 // well before the Lease would have expired and serves resources created
 // after the handover.
