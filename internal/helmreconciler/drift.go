@@ -5,6 +5,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -138,4 +139,42 @@ func isEmpty(v any) bool {
 		return t == ""
 	}
 	return false
+}
+
+// serverShape is want with each value replaced by the server's version of
+// it in applied, the server's answer to applying want: fields the server
+// left out (zero values of omitempty fields) are dropped, scalars take the
+// server's value (defaults filled in, normalised quantities, admission
+// changes), and a list the server changed in length is the server's list.
+// Fields only the server has stay out, as in want.
+func serverShape(want, applied any) any {
+	switch w := want.(type) {
+	case map[string]any:
+		a, ok := applied.(map[string]any)
+		if !ok {
+			return want
+		}
+		out := make(map[string]any, len(w))
+		for k, wv := range w {
+			if av, ok := a[k]; ok {
+				out[k] = serverShape(wv, av)
+			}
+		}
+		return out
+	case []any:
+		a, ok := applied.([]any)
+		if !ok {
+			return want
+		}
+		if len(a) != len(w) {
+			return runtime.DeepCopyJSONValue(a)
+		}
+		out := make([]any, len(w))
+		for i := range w {
+			out[i] = serverShape(w[i], a[i])
+		}
+		return out
+	default:
+		return runtime.DeepCopyJSONValue(applied)
+	}
 }

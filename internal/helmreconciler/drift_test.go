@@ -1,6 +1,9 @@
 package helmreconciler
 
-import "testing"
+import (
+	"reflect"
+	"testing"
+)
 
 func TestContains(t *testing.T) {
 	live := map[string]any{
@@ -31,5 +34,52 @@ func TestContains(t *testing.T) {
 				t.Errorf("contains = %v, want %v", got, tc.ok)
 			}
 		})
+	}
+}
+
+func TestServerShape(t *testing.T) {
+	want := map[string]any{
+		"spec": map[string]any{
+			"stdin":    false,
+			"path":     "",
+			"cpu":      "1000m",
+			"replicas": int64(2),
+			"ports":    []any{map[string]any{"port": int64(80)}},
+			"args":     []any{"a"},
+		},
+	}
+	applied := map[string]any{
+		"metadata": map[string]any{"resourceVersion": "7"},
+		"spec": map[string]any{
+			"path":     "/dev/termination-log",
+			"cpu":      "1",
+			"replicas": int64(2),
+			"ports":    []any{map[string]any{"port": int64(80), "protocol": "TCP"}},
+			"args":     []any{"a", "injected"},
+			"extra":    "server only",
+		},
+	}
+	got := serverShape(want, applied)
+	wantShape := map[string]any{
+		"spec": map[string]any{
+			"path":     "/dev/termination-log",
+			"cpu":      "1",
+			"replicas": int64(2),
+			"ports":    []any{map[string]any{"port": int64(80)}},
+			"args":     []any{"a", "injected"},
+		},
+	}
+	if !reflect.DeepEqual(got, wantShape) {
+		t.Errorf("serverShape = %#v\nwant %#v", got, wantShape)
+	}
+	// The server's form is contained in the live object; an edit of one of
+	// its fields still is drift.
+	if !contains(got, applied) {
+		t.Error("the server's form is not contained in the server's object")
+	}
+	edited := map[string]any{"spec": map[string]any{"path": "/dev/termination-log", "cpu": "2", "replicas": int64(2),
+		"ports": []any{map[string]any{"port": int64(80)}}, "args": []any{"a", "injected"}}}
+	if contains(got, edited) {
+		t.Error("an edited cpu is not drift against the server's form")
 	}
 }

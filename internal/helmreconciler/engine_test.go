@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage"
 	"helm.sh/helm/v3/pkg/storage/driver"
+	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -750,5 +752,38 @@ func TestRoleBindingUnderOperatorIdentity(t *testing.T) {
 		if e.InvolvedObject.Name == "bound" && e.Type == corev1.EventTypeWarning {
 			t.Errorf("warning event %s: %s", e.Reason, e.Message)
 		}
+	}
+}
+
+// The API server leaves out zero values of omitempty fields (the small
+// chart's Deployment spells out stdin: false and a volume's readOnly:
+// false) and defaults others: neither is drift. Once the Deployment has
+// changed on the server (its status, by kube-controller-manager),
+// reconciles of the resource restore nothing and record no repair.
+func TestServerNormalizationIsNotDrift(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	create(t, newCR(sampleGVK, ns, "normal", map[string]any{}))
+	waitDeployed(t, sampleGVK, ns, "normal", 1)
+	eventually(t, 30*time.Second, "kube-controller-manager to update the Deployment's status", func() (bool, string) {
+		d := &appsv1.Deployment{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "normal"}, d); err != nil {
+			return false, err.Error()
+		}
+		return d.Status.ObservedGeneration > 0, ""
+	})
+	repairsBefore := metricValue(t, "orchestra_helm_drift_repairs_total", map[string]string{"kind": "Sample"})
+	for i := range 3 {
+		update(t, sampleGVK, ns, "normal", func(u *unstructured.Unstructured) {
+			u.SetAnnotations(map[string]string{"example.com/poke": fmt.Sprint(i)})
+		})
+		time.Sleep(time.Second)
+	}
+	if got := metricValue(t, "orchestra_helm_drift_repairs_total", map[string]string{"kind": "Sample"}); got != repairsBefore {
+		t.Errorf("drift repairs went from %v to %v with nothing changed by anyone", repairsBefore, got)
+	}
+	if reasons := eventReasons(t, ns, "normal"); slices.Contains(reasons, "DriftRepaired") {
+		t.Errorf("events %v: a DriftRepaired event with nothing changed", reasons)
 	}
 }

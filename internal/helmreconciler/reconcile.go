@@ -622,7 +622,7 @@ func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstruct
 	}
 	var live []*unstructured.Unstructured
 	var repaired []string
-	for _, want := range rs.desired {
+	for i, want := range rs.desired {
 		key := keyOf(want)
 		have := &unstructured.Unstructured{}
 		have.SetGroupVersionKind(key.GVK)
@@ -655,6 +655,15 @@ func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstruct
 		}
 		rs.verified[key] = applied.GetResourceVersion()
 		live = append(live, applied)
+		// From now on compare with what the server made of the desired
+		// object (zero values it leaves out, defaults it fills in, what
+		// admission changed): that is not drift, and without this every
+		// change of the object's status would re-apply it.
+		serverForm := &unstructured.Unstructured{Object: serverShape(want.Object, applied.Object).(map[string]any)}
+		rs.desired[i] = serverForm
+		if have.GetResourceVersion() != "" && contains(serverForm.Object, have.Object) {
+			continue // the live object already was the server's form
+		}
 		repaired = append(repaired, key.String())
 	}
 	return live, repaired, nil
