@@ -14,10 +14,10 @@ const WatchesFile = "watches.yaml"
 // CRDFile is the embedded ModelOrchestra CustomResourceDefinition in FS.
 const CRDFile = "config/crd/bases/modelorchestra.io_modelorchestras.yaml"
 
-//go:embed watches.yaml all:charts/modelorchestra config/crd/bases/*.yaml
+//go:embed watches.yaml all:charts/model-orchestra config/crd/bases/*.yaml
 var files embed.FS
 
-// FS holds watches.yaml, charts/modelorchestra and config/crd/bases, at the
+// FS holds watches.yaml, charts/model-orchestra (with its subcharts) and config/crd/bases, at the
 // paths they have in the repository; watches.yaml names charts relative to
 // its root.
 var FS fs.FS = files

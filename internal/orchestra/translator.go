@@ -30,7 +30,7 @@ const DefaultTokenSecretSelector = "modelorchestra.io/api-token=true"
 // Image is one image the chart references, overridable by an environment
 // variable of the operator (set by OLM from the CSV's relatedImages).
 type Image struct {
-	// Key is the key under the chart's images value.
+	// Key is the key under the chart's global.images value.
 	Key string
 	// Env is the environment variable that overrides Default.
 	Env string
@@ -73,8 +73,9 @@ func requirements(cpu, memory, memoryLimit string) corev1.ResourceRequirements {
 	}
 }
 
-// Translator turns a ModelOrchestra into the values of the modelorchestra
-// chart: the spec with defaults filled in, images resolved and the fields
+// Translator turns a ModelOrchestra into the values of the model-orchestra
+// umbrella chart (shared values under global, each subchart's under its
+// name): the spec with defaults filled in, images resolved and the fields
 // the binaries need in their own units (for example bytes, label selector
 // strings).
 type Translator struct {
@@ -216,29 +217,36 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 		apps[name] = v
 	}
 
+	// What several subcharts read is under global; each subchart's own
+	// settings are under its name.
 	nats := map[string]any{
-		"url":       s.NATS.URL,
-		"replicas":  int64(s.NATS.Replicas),
-		"resources": toMap(orDefault(s.NATS.Resources, defaultNATSResources)),
-		"storage":   natsStorage(defaultNATSStorageSize, ""),
+		"url":      s.NATS.URL,
+		"replicas": int64(s.NATS.Replicas),
 	}
 	if s.NATS.CredentialsSecretRef != nil {
 		nats["credentialsSecret"] = s.NATS.CredentialsSecretRef.Name
 	}
+	natsServer := map[string]any{
+		"resources": toMap(orDefault(s.NATS.Resources, defaultNATSResources)),
+		"storage":   natsStorage(defaultNATSStorageSize, ""),
+	}
 	if st := s.NATS.Storage; st != nil {
-		nats["storage"] = natsStorage(st.Size, st.StorageClassName)
+		natsServer["storage"] = natsStorage(st.Size, st.StorageClassName)
 	}
 
 	return map[string]any{
-		"images":           images,
-		"imagePullSecrets": pullSecrets,
-		"nats":             nats,
-		"gateway":          gateway,
+		"global": map[string]any{
+			"images":           images,
+			"imagePullSecrets": pullSecrets,
+			"nats":             nats,
+			"applications":     apps,
+		},
+		"nats":    natsServer,
+		"gateway": gateway,
 		"dispatcher": map[string]any{
 			"replicas":  int64(s.Dispatcher.Replicas),
 			"resources": toMap(orDefault(s.Dispatcher.Resources, defaultDispatcherResource)),
 		},
-		"applications": apps,
 	}, nil
 }
 
@@ -457,7 +465,7 @@ func toJSONValue(v any) (any, error) {
 	return out, nil
 }
 
-// natsStorage is the chart's nats.storage: the volume size as a Kubernetes
+// natsStorage is the nats subchart's storage value: the volume size as a Kubernetes
 // quantity, and the same size in bytes for JetStream's max_file_store, whose
 // parser knows neither binary suffixes (Gi) nor the other quantity forms.
 func natsStorage(size resource.Quantity, storageClassName string) map[string]any {

@@ -17,7 +17,7 @@ func TestTranslatorImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	images := vals["images"].(map[string]any)
+	images := vals["global"].(map[string]any)["images"].(map[string]any)
 	for key, want := range map[string]string{
 		"gateway":    "registry.local/gw@sha256:abc",
 		"vllm":       "registry.local/vllm:1",
@@ -51,19 +51,19 @@ func TestTranslatorValues(t *testing.T) {
 		return v
 	}
 	for path, want := range map[string]any{
-		"gateway.auth.secretSelector":               "team=a",
-		"gateway.auth.hmacKeySecret":                map[string]any{"name": "h", "key": "token"},
-		"gateway.limits.maxBodyBytes":               int64(2 << 20),
-		"gateway.limits.requestsPerMinute":          int64(600),
-		"applications.chat.serving.servedModelName": "chat",
-		"applications.chat.model.format":            "gguf",
-		"applications.chat.model.cache":             map[string]any{"size": "20Gi", "accessMode": "ReadWriteOnce", "storageClassName": "", "existingClaim": ""},
-		"applications.chat.scaling.replicas":        int64(1),
+		"gateway.auth.secretSelector":                      "team=a",
+		"gateway.auth.hmacKeySecret":                       map[string]any{"name": "h", "key": "token"},
+		"gateway.limits.maxBodyBytes":                      int64(2 << 20),
+		"gateway.limits.requestsPerMinute":                 int64(600),
+		"global.applications.chat.serving.servedModelName": "chat",
+		"global.applications.chat.model.format":            "gguf",
+		"global.applications.chat.model.cache":             map[string]any{"size": "20Gi", "accessMode": "ReadWriteOnce", "storageClassName": "", "existingClaim": ""},
+		"global.applications.chat.scaling.replicas":        int64(1),
 		// A pvc:// source is used in place: no cache.
-		"applications.kold.model.cache":  nil,
-		"applications.kold.model.format": "dllama",
+		"global.applications.kold.model.cache":  nil,
+		"global.applications.kold.model.format": "dllama",
 		// distributed-llama answers one request at a time.
-		"applications.kold.serving.maxConcurrency": int64(1),
+		"global.applications.kold.serving.maxConcurrency": int64(1),
 		// JetStream cannot parse "10Gi": it gets the size in bytes.
 		"nats.storage": map[string]any{"size": "10Gi", "maxFileStoreBytes": int64(10 << 30), "storageClassName": ""},
 	} {

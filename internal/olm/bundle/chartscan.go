@@ -20,6 +20,10 @@ import (
 // the operator's permissions, and the operator would fail the first time a
 // user turned it on. Lines whose value is a template expression are
 // reported in unresolved.
+//
+// templatesDir is a chart's templates directory, or a chart directory:
+// then its templates and those of its subcharts (charts/*/templates) are
+// read, and nothing else (values files hold no objects).
 func ScanChartKinds(templatesDir string) (kinds []schema.GroupVersionKind, unresolved []string, err error) {
 	seen := map[schema.GroupVersionKind]bool{}
 	err = filepath.WalkDir(templatesDir, func(path string, d fs.DirEntry, err error) error {
@@ -33,6 +37,9 @@ func ScanChartKinds(templatesDir string) (kinds []schema.GroupVersionKind, unres
 		case ".yaml", ".yml", ".tpl":
 		default:
 			return nil
+		}
+		if !inTemplates(templatesDir, path) {
+			return nil // values, CI values, Chart.yaml
 		}
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -74,6 +81,24 @@ func ScanChartKinds(templatesDir string) (kinds []schema.GroupVersionKind, unres
 	})
 	sort.Slice(kinds, func(i, j int) bool { return kinds[i].String() < kinds[j].String() })
 	return kinds, unresolved, err
+}
+
+// inTemplates tells whether path, a file under root, is a template: root
+// is a templates directory, or path is in one below root.
+func inTemplates(root, path string) bool {
+	if filepath.Base(filepath.Clean(root)) == "templates" {
+		return true
+	}
+	rel, err := filepath.Rel(root, path)
+	if err != nil {
+		return false
+	}
+	for _, elem := range strings.Split(filepath.ToSlash(rel), "/") {
+		if elem == "templates" {
+			return true
+		}
+	}
+	return false
 }
 
 func unquote(s string) string {

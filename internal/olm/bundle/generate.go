@@ -80,7 +80,7 @@ type Config struct {
 	SamplesDir     string // config/samples
 	ManagerFile    string // config/manager/manager.yaml
 	OperatorRules  string // config/rbac/operator_role.yaml
-	ChartTemplates string // charts/modelorchestra/templates (optional: scanned for kinds)
+	ChartTemplates string // charts/model-orchestra (optional: its and its subcharts' templates are scanned for kinds)
 	ExtraManifests string // config/manifests/extra (optional dir of Services etc.)
 }
 
@@ -97,7 +97,7 @@ func Default() Config {
 		SamplesDir:        "config/samples",
 		ManagerFile:       "config/manager/manager.yaml",
 		OperatorRules:     "config/rbac/operator_role.yaml",
-		ChartTemplates:    "charts/modelorchestra/templates",
+		ChartTemplates:    "charts/model-orchestra",
 		ExtraManifests:    "config/manifests/extra",
 	}
 }

@@ -1,0 +1,460 @@
+{{/*
+Engine containers. Each template takes a dict with
+  root:  the top-level context ($)
+  app:   the application name
+  spec:  the application values
+  name:  the application's full name (mo.appFullname)
+  group: the replica group index (workers only)
+and returns one container (a YAML mapping, not a list item).
+
+Every root container serves the OpenAI API on port 8080 ("http").
+*/}}
+
+{{/* The ready-made engine image: runtime.image, else the chart's default. */}}
+{{- define "mo.engineImage" -}}
+{{- $rt := .spec.runtime -}}
+{{- if $rt.image -}}
+{{- $rt.image -}}
+{{- else -}}
+{{- $key := ternary "sim" $rt.engine (eq $rt.engine "simulator") -}}
+{{- required (printf "global.images.%s is required for engine %s" $key $rt.engine) (index .root.Values.global.images $key) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Security context of third-party engine containers: their images run as
+the user they were built for, so only privilege escalation and capabilities
+are restricted. */}}
+{{- define "mo.engineSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The model directory inside engine containers. */}}
+{{- define "mo.modelDir" -}}/models{{- end -}}
+
+{{/* Probes of a root: the startup probe tolerates a model load of up to
+an hour before liveness takes over. */}}
+{{- define "mo.rootProbes" -}}
+{{- $engine := .spec.runtime.engine -}}
+{{- if eq $engine "ollama" }}
+startupProbe:
+  exec:
+    command: ["ollama", "show", {{ .served | quote }}]
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 360
+readinessProbe:
+  exec:
+    command: ["ollama", "show", {{ .served | quote }}]
+  periodSeconds: 10
+  timeoutSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /api/version
+    port: http
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- else if eq $engine "dllama" }}
+startupProbe:
+  tcpSocket:
+    port: http
+  periodSeconds: 10
+  failureThreshold: 360
+readinessProbe:
+  tcpSocket:
+    port: http
+  periodSeconds: 10
+livenessProbe:
+  tcpSocket:
+    port: http
+  periodSeconds: 20
+  failureThreshold: 6
+{{- else }}
+startupProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 360
+readinessProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 10
+  timeoutSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /health
+    port: http
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end }}
+{{- end -}}
+
+{{/* Warm-up: a postStart hook that waits for the engine to answer and
+sends serving.warmupPrompts (env WARMUP_PROMPT_<i>) before Kubernetes
+starts probing, so that the root reports ready only once warm. Failed
+prompts are logged, not fatal. llama.cpp and vLLM images carry python3;
+Ollama uses its CLI; distributed-llama and the simulator are not warmed. */}}
+{{- define "mo.warmup" -}}
+{{- $engine := .spec.runtime.engine -}}
+{{- if and .spec.serving.warmupPrompts (has $engine (list "llamacpp" "vllm" "ollama")) }}
+lifecycle:
+  postStart:
+    exec:
+      command:
+        - /bin/sh
+        - -c
+        {{- if eq $engine "ollama" }}
+        - |
+          until ollama show "$SERVED_MODEL_NAME" >/dev/null 2>&1; do sleep 2; done
+          i=0
+          while eval "p=\"\${WARMUP_PROMPT_$i:-}\""; [ -n "$p" ]; do
+            ollama run "$SERVED_MODEL_NAME" "$p" >/dev/null 2>&1 || echo "warm-up prompt $i failed"
+            i=$((i+1))
+          done
+        {{- else }}
+        - |
+          python3 - <<'EOF'
+          import json, os, time, urllib.request
+          base = "http://127.0.0.1:8080"
+          while True:
+              try:
+                  urllib.request.urlopen(base + "/health", timeout=5)
+                  break
+              except Exception:
+                  time.sleep(2)
+          i = 0
+          while "WARMUP_PROMPT_%d" % i in os.environ:
+              body = json.dumps({"model": os.environ["SERVED_MODEL_NAME"], "max_tokens": 16,
+                                 "messages": [{"role": "user", "content": os.environ["WARMUP_PROMPT_%d" % i]}]}).encode()
+              req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+              try:
+                  urllib.request.urlopen(req, timeout=600).read()
+              except Exception as e:
+                  print("warm-up prompt %d failed: %s" % (i, e))
+              i += 1
+          EOF
+        {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Root container of any engine. */}}
+{{- define "mo.rootContainer" -}}
+{{- $rt := .spec.runtime -}}
+{{- $sv := .spec.serving -}}
+{{- $m := .spec.model -}}
+{{- $served := default .app $sv.servedModelName -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- $workers := int (default 0 $rt.workers) -}}
+name: engine
+image: {{ include "mo.engineImage" . | quote }}
+imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
+{{- if eq $rt.engine "llamacpp" }}
+command: ["/app/llama-server"]
+{{- /* llama.cpp's argument parser takes each value as the next argument:
+it refuses --flag=value ("invalid argument"). */}}
+args:
+  - --host
+  - 0.0.0.0
+  - --port
+  - "8080"
+  - --model
+  - /models/{{ $m.file }}
+  - --alias
+  - {{ $served | quote }}
+  - --parallel
+  - {{ $sv.maxConcurrency | quote }}
+  - --metrics
+  {{- with $sv.contextLength }}
+  {{- /* llama-server splits the context among its slots. */}}
+  - --ctx-size
+  - {{ mul . $sv.maxConcurrency | quote }}
+  {{- end }}
+  {{- if gt (int (default 0 $rt.gpu.count)) 0 }}
+  - --n-gpu-layers
+  - "999"
+  {{- end }}
+  {{- if gt $workers 0 }}
+  {{- $addrs := list }}
+  {{- range $j := until $workers }}
+  {{- $addrs = append $addrs (printf "%s-worker-$(POD_INDEX)-%d.%s-workers.%s.svc:50052" $.name $j $.name $ns) }}
+  {{- end }}
+  - --rpc
+  - {{ join "," $addrs | quote }}
+  {{- end }}
+  {{- range $rt.args }}
+  - {{ . | quote }}
+  {{- end }}
+{{- else if eq $rt.engine "dllama" }}
+command: ["dllama-api"]
+args:
+  - --port
+  - "8080"
+  - --model
+  - /models/{{ $m.file }}
+  - --tokenizer
+  - /models/{{ $m.tokenizerFile }}
+  - --buffer-float-type
+  - q80
+  - --nthreads
+  - {{ .threads | quote }}
+  {{- with $sv.contextLength }}
+  - --max-seq-len
+  - {{ . | quote }}
+  {{- end }}
+  {{- if gt $workers 0 }}
+  - --workers
+  {{- range $j := until $workers }}
+  - {{ printf "%s-worker-$(POD_INDEX)-%d.%s-workers.%s.svc:9998" $.name $j $.name $ns | quote }}
+  {{- end }}
+  {{- end }}
+  {{- range $rt.args }}
+  - {{ . | quote }}
+  {{- end }}
+{{- else if eq $rt.engine "vllm" }}
+{{- $vargs := list "--host=0.0.0.0" "--port=8080" (printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/") (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
+{{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
+{{- $gpus := int (default 0 $rt.gpu.count) }}
+{{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
+{{- if gt $workers 0 }}
+{{- $vargs = append $vargs (printf "--pipeline-parallel-size=%d" (add1 $workers)) }}
+{{- $vargs = append $vargs "--distributed-executor-backend=ray" }}
+{{- end }}
+{{- range $rt.args }}{{ $vargs = append $vargs . }}{{ end }}
+{{- if gt $workers 0 }}
+command: ["/bin/sh", "-c"]
+args:
+  - |
+    set -e
+    ray start --head --port=6379 --disable-usage-stats
+    echo "waiting for {{ add1 $workers }} Ray nodes"
+    until [ "$(python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))')" -ge {{ add1 $workers }} ]; do sleep 5; done
+    exec python3 -m vllm.entrypoints.openai.api_server "$@"
+  - vllm
+  {{- range $vargs }}
+  - {{ . | quote }}
+  {{- end }}
+{{- else }}
+command: ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+args:
+  {{- range $vargs }}
+  - {{ . | quote }}
+  {{- end }}
+{{- end }}
+{{- else if eq $rt.engine "ollama" }}
+command: ["/bin/sh", "-c"]
+args:
+  - |
+    set -e
+    ollama serve &
+    server=$!
+    until ollama list >/dev/null 2>&1; do sleep 1; done
+    printf 'FROM /models/%s\n' "$MODEL_FILE" > /tmp/Modelfile
+    ollama create "$SERVED_MODEL_NAME" -f /tmp/Modelfile
+    wait "$server"
+{{- else if eq $rt.engine "simulator" }}
+args:
+  - --addr=:8080
+  - --model={{ $served }}
+  - --max-num-seqs={{ $sv.maxConcurrency }}
+  {{- with $sv.contextLength }}
+  - --max-model-len={{ . }}
+  {{- end }}
+  {{- range $rt.args }}
+  - {{ . | quote }}
+  {{- end }}
+{{- end }}
+env:
+  - name: POD_INDEX
+    valueFrom:
+      fieldRef:
+        fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+  {{- if eq $rt.engine "ollama" }}
+  - name: OLLAMA_HOST
+    value: 0.0.0.0:8080
+  - name: OLLAMA_MODELS
+    value: /models/.ollama
+  - name: OLLAMA_NUM_PARALLEL
+    value: {{ $sv.maxConcurrency | quote }}
+  - name: OLLAMA_KEEP_ALIVE
+    value: "-1"
+  {{- with $sv.contextLength }}
+  - name: OLLAMA_CONTEXT_LENGTH
+    value: {{ . | quote }}
+  {{- end }}
+  - name: MODEL_FILE
+    value: {{ $m.file | quote }}
+  - name: SERVED_MODEL_NAME
+    value: {{ $served | quote }}
+  {{- end }}
+  {{- range $i, $p := $sv.warmupPrompts }}
+  - name: WARMUP_PROMPT_{{ $i }}
+    value: {{ $p | quote }}
+  {{- end }}
+  {{- if and $sv.warmupPrompts (ne $rt.engine "ollama") }}
+  - name: SERVED_MODEL_NAME
+    value: {{ $served | quote }}
+  {{- end }}
+  {{- if eq $rt.engine "vllm" }}
+  - name: HOME
+    value: /tmp
+  - name: HF_HUB_OFFLINE
+    value: "1"
+  {{- end }}
+  {{- with $rt.env }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+ports:
+  - name: http
+    containerPort: 8080
+    protocol: TCP
+  {{- if and (eq $rt.engine "vllm") (gt $workers 0) }}
+  - name: ray
+    containerPort: 6379
+    protocol: TCP
+  {{- end }}
+{{- include "mo.rootProbes" (merge (dict "served" $served) .) }}
+{{- include "mo.warmup" (merge (dict "served" $served) .) }}
+{{- $defaultResources := dict "requests" (dict "cpu" "1" "memory" "2Gi") }}
+{{- if eq $rt.engine "simulator" }}
+{{- $defaultResources = dict "requests" (dict "cpu" "50m" "memory" "64Mi") "limits" (dict "memory" "256Mi") }}
+{{- end }}
+resources:
+  {{- include "mo.resources" (dict "resources" $rt.resources "default" $defaultResources) | nindent 2 }}
+{{- if eq $rt.engine "simulator" }}
+securityContext:
+  {{- include "mo.containerSecurityContext" .root | nindent 2 }}
+{{- else }}
+securityContext:
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+{{- end }}
+volumeMounts:
+  - name: model
+    mountPath: /models
+    readOnly: {{ ne $rt.engine "ollama" }}
+    {{- with include "mo.modelSubPath" . }}
+    subPath: {{ . | quote }}
+    {{- end }}
+  - name: tmp
+    mountPath: /tmp
+  {{- if eq $rt.engine "vllm" }}
+  - name: shm
+    mountPath: /dev/shm
+  {{- end }}
+{{- end -}}
+
+{{/* Worker container of a multi-node engine. */}}
+{{- define "mo.workerContainer" -}}
+{{- $rt := .spec.runtime -}}
+{{- $ns := .root.Release.Namespace -}}
+name: engine
+image: {{ include "mo.engineImage" . | quote }}
+imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
+{{- if eq $rt.engine "llamacpp" }}
+command: ["/app/rpc-server"]
+{{- /* rpc-server binds 127.0.0.1 by default and, like llama-server, takes
+each value as the next argument. */}}
+args:
+  - --host
+  - 0.0.0.0
+  - --port
+  - "50052"
+{{- else if eq $rt.engine "dllama" }}
+command: ["dllama"]
+args:
+  - worker
+  - --port
+  - "9998"
+  - --nthreads
+  - {{ .threads | quote }}
+{{- else if eq $rt.engine "vllm" }}
+command: ["/bin/sh", "-c"]
+args:
+  - exec ray start --block --disable-usage-stats --address={{ printf "%s-%d.%s-root.%s.svc:6379" .name (int .group) .name $ns }}
+{{- end }}
+{{- with $rt.env }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+ports:
+  - name: worker
+    containerPort: {{ if eq $rt.engine "llamacpp" }}50052{{ else if eq $rt.engine "dllama" }}9998{{ else }}8265{{ end }}
+    protocol: TCP
+{{- if ne $rt.engine "vllm" }}
+startupProbe:
+  tcpSocket:
+    port: worker
+  periodSeconds: 5
+  failureThreshold: 120
+readinessProbe:
+  tcpSocket:
+    port: worker
+  periodSeconds: 10
+livenessProbe:
+  tcpSocket:
+    port: worker
+  periodSeconds: 20
+  failureThreshold: 6
+{{- else }}
+startupProbe:
+  exec:
+    command: ["ray", "health-check", "--address={{ printf "%s-%d.%s-root.%s.svc:6379" .name (int .group) .name $ns }}"]
+  periodSeconds: 10
+  timeoutSeconds: 10
+  failureThreshold: 360
+livenessProbe:
+  exec:
+    command: ["ray", "health-check", "--address={{ printf "%s-%d.%s-root.%s.svc:6379" .name (int .group) .name $ns }}"]
+  periodSeconds: 30
+  timeoutSeconds: 10
+  failureThreshold: 6
+{{- end }}
+resources:
+  {{- include "mo.resources" (dict "resources" $rt.resources "default" (dict "requests" (dict "cpu" "1" "memory" "2Gi"))) | nindent 2 }}
+securityContext:
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+{{- if eq $rt.engine "vllm" }}
+volumeMounts:
+  - name: model
+    mountPath: /models
+    readOnly: true
+    {{- with include "mo.modelSubPath" . }}
+    subPath: {{ . | quote }}
+    {{- end }}
+  - name: tmp
+    mountPath: /tmp
+  - name: shm
+    mountPath: /dev/shm
+{{- end }}
+{{- end -}}
+
+{{/* Init container that holds an engine pod until the fetch Job has
+published the whole model (its manifest says complete). */}}
+{{- define "mo.waitForModel" -}}
+name: wait-for-model
+image: {{ include "mo.engineImage" . | quote }}
+imagePullPolicy: {{ default "IfNotPresent" .spec.runtime.imagePullPolicy }}
+command: ["/bin/sh", "-c"]
+args:
+  - |
+    until grep -Eq '"complete": *true' /models/.orchestra/manifest.json 2>/dev/null; do
+      echo "waiting for the model download into the cache"
+      sleep 10
+    done
+resources:
+  requests: {cpu: 10m, memory: 16Mi}
+  limits: {memory: 64Mi}
+securityContext:
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+volumeMounts:
+  - name: model
+    mountPath: /models
+    readOnly: true
+{{- end -}}
