@@ -1,6 +1,7 @@
 package preview
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -194,6 +195,21 @@ func TestChartVersionIsTheOperatorVersion(t *testing.T) {
 		for _, d := range c.Metadata.Dependencies {
 			if d.Version != version.Version {
 				t.Errorf("%s: dependency %s at %s, want %s", c.Name(), d.Name, d.Version, version.Version)
+			}
+		}
+		// A plain helm install (no operator to set the images) pulls our
+		// images of the same release.
+		global, _ := c.Values["global"].(map[string]any)
+		images, _ := global["images"].(map[string]any)
+		if len(images) == 0 {
+			t.Errorf("%s: no global.images defaults", c.Name())
+		}
+		for name, ref := range images {
+			if !strings.HasPrefix(fmt.Sprint(ref), "ghcr.io/model-orchestra/") {
+				continue // a third-party engine, pinned on its own
+			}
+			if !strings.HasSuffix(fmt.Sprint(ref), ":v"+version.Version) {
+				t.Errorf("%s: default image %s is %v, want the tag v%s", c.Name(), name, ref, version.Version)
 			}
 		}
 	}
