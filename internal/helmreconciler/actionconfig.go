@@ -116,15 +116,16 @@ func (a *actionConfigs) forReconcile(obj *unstructured.Unstructured, log action.
 	}
 	secrets.background = o.background
 	if o.noHistory {
-		secrets.lists.put(metav1.ListOptions{LabelSelector: historySelector(obj.GetName())}, &corev1.SecretList{})
+		secrets.lists.put(metav1.ListOptions{LabelSelector: releaseSelector(obj.GetName()).String()}, &corev1.SecretList{})
 	}
 	d := driver.NewSecrets(secrets)
 	d.Log = log
 	store := storage.Init(d)
 	store.Log = log
-	var kc kube.Interface = a.kubeClient(ns, log)
+	rc := a.kubeClient(ns, log)
+	var kc kube.Interface = rc
 	if o.beforeWrite != nil {
-		kc = gatedClient{reachableClient: a.kubeClient(ns, log), gate: o.beforeWrite}
+		kc = gatedClient{reachableClient: rc, gate: o.beforeWrite}
 	}
 	return &action.Configuration{
 		RESTClientGetter: a.getter,
@@ -165,18 +166,19 @@ func (reachableClient) IsReachable() error { return nil }
 // refuses a binding to a Role it cannot find unless the writer may bind
 // anything) and a bare Pod against its ServiceAccount.
 func (c reachableClient) Create(resources kube.ResourceList) (*kube.Result, error) {
-	var first, referenced, rest kube.ResourceList
+	var referenced, rest kube.ResourceList
+	helmOrder := len(resources) <= 1
 	for _, info := range resources {
 		switch kind := info.Mapping.GroupVersionKind.Kind; {
 		case createFirst[kind]:
-			first = append(first, info)
+			helmOrder = true
 		case createReferenced[kind]:
 			referenced = append(referenced, info)
 		default:
 			rest = append(rest, info)
 		}
 	}
-	if len(first) > 0 || len(resources) <= 1 {
+	if helmOrder {
 		if _, err := c.Client.Create(resources); err != nil {
 			return nil, err
 		}

@@ -387,13 +387,8 @@ func (s *releaseSecrets) Delete(ctx context.Context, name string, opts metav1.De
 	return s.deleteChunks(ctx, name, 1, chunkCount(sec))
 }
 
-// historySelector is the selector Helm's Secrets driver lists a release's
-// history with.
-func historySelector(name string) string {
-	return labels.Set{"name": name, "owner": "helm"}.AsSelector().String()
-}
-
-// releaseSelector selects the Secrets of release name (all revisions).
+// releaseSelector selects the Secrets of release name (all revisions); its
+// String is the selector Helm's Secrets driver lists the history with.
 func releaseSelector(name string) labels.Selector {
 	return labels.SelectorFromSet(labels.Set{"owner": "helm", "name": name})
 }
