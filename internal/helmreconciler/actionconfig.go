@@ -12,7 +12,6 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/kube"
 	"helm.sh/helm/v3/pkg/storage"
-	"helm.sh/helm/v3/pkg/storage/driver"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,6 +94,9 @@ type actionOptions struct {
 	// background, when set, receives the update that records a release
 	// deployed (see releaseSecrets.background).
 	background *backgroundWrites
+	// forms, when set, receives the API server's answers to the objects
+	// the action creates.
+	forms *serverForms
 }
 
 // forReconcile returns the configuration for obj's release, adjusted by o.
@@ -118,14 +120,12 @@ func (a *actionConfigs) forReconcile(obj *unstructured.Unstructured, log action.
 	if o.noHistory {
 		secrets.lists.put(metav1.ListOptions{LabelSelector: releaseSelector(obj.GetName()).String()}, &corev1.SecretList{})
 	}
-	d := driver.NewSecrets(secrets)
-	d.Log = log
-	store := storage.Init(d)
+	store := storage.Init(newReleaseDriver(secrets, log))
 	store.Log = log
 	rc := a.kubeClient(ns, log)
 	var kc kube.Interface = rc
-	if o.beforeWrite != nil {
-		kc = gatedClient{reachableClient: rc, gate: o.beforeWrite}
+	if o.beforeWrite != nil || o.forms != nil {
+		kc = gatedClient{reachableClient: rc, gate: o.beforeWrite, forms: o.forms}
 	}
 	return &action.Configuration{
 		RESTClientGetter: a.getter,
@@ -243,24 +243,76 @@ func managedFieldsManager() string {
 	return filepath.Base(os.Args[0])
 }
 
-// gatedClient waits for gate before Helm creates or changes any object.
+// gatedClient waits for gate (when set) before Helm creates or changes any
+// object, and keeps the server's answers in forms (when set).
 type gatedClient struct {
 	reachableClient
-	gate func() error
+	gate  func() error
+	forms *serverForms
 }
 
 func (c gatedClient) Create(resources kube.ResourceList) (*kube.Result, error) {
-	if err := c.gate(); err != nil {
-		return nil, err
+	if c.gate != nil {
+		if err := c.gate(); err != nil {
+			return nil, err
+		}
 	}
-	return c.reachableClient.Create(resources)
+	res, err := c.reachableClient.Create(resources)
+	if err == nil {
+		c.forms.record(resources)
+	}
+	return res, err
 }
 
 func (c gatedClient) Update(original, target kube.ResourceList, force bool) (*kube.Result, error) {
-	if err := c.gate(); err != nil {
-		return nil, err
+	if c.gate != nil {
+		if err := c.gate(); err != nil {
+			return nil, err
+		}
 	}
+	// The answers to an update are not kept: Helm's three-way patch
+	// leaves alone a field another writer changed while the chart did
+	// not, so an answer may hold drift.
 	return c.reachableClient.Update(original, target, force)
+}
+
+// serverForms are the API server's answers to the objects one Helm action
+// created: the objects as the server stored them, before any
+// other writer changed them. Comparing later reads with the server's form
+// of the manifest, not the manifest itself, keeps zero values the server
+// leaves out and defaults it fills in from looking like drift, without the
+// apply that would otherwise be needed to learn that form.
+type serverForms struct {
+	mu   sync.Mutex
+	objs map[objectKey]*unstructured.Unstructured
+}
+
+// record keeps the answers in list; a nil receiver keeps nothing.
+func (s *serverForms) record(list kube.ResourceList) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.objs == nil {
+		s.objs = map[objectKey]*unstructured.Unstructured{}
+	}
+	for _, info := range list {
+		if u, ok := info.Object.(*unstructured.Unstructured); ok && u.GetResourceVersion() != "" {
+			s.objs[keyOf(u)] = u
+		}
+	}
+}
+
+// get returns the server's answer for key, if the action wrote it.
+func (s *serverForms) get(key objectKey) (*unstructured.Unstructured, bool) {
+	if s == nil {
+		return nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.objs[key]
+	return u, ok
 }
 
 // capabilities returns the cluster's capabilities, rediscovered at most

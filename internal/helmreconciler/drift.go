@@ -141,6 +141,21 @@ func isEmpty(v any) bool {
 	return false
 }
 
+// adoptServerForms replaces each desired object that the last Helm action
+// created with the server's form of it (see serverShape), verified at the
+// resource version of the server's answer. The first drift check then
+// compares like with like instead of applying the object to learn its form.
+func (rs *releaseState) adoptServerForms(forms *serverForms) {
+	for i, want := range rs.desired {
+		got, ok := forms.get(keyOf(want))
+		if !ok {
+			continue
+		}
+		rs.desired[i] = &unstructured.Unstructured{Object: serverShape(want.Object, got.Object).(map[string]any)}
+		rs.verified[keyOf(want)] = got.GetResourceVersion()
+	}
+}
+
 // serverShape is want with each value replaced by the server's version of
 // it in applied, the server's answer to applying want: fields the server
 // left out (zero values of omitempty fields) are dropped, scalars take the

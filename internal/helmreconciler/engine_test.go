@@ -786,4 +786,21 @@ func TestServerNormalizationIsNotDrift(t *testing.T) {
 	if reasons := eventReasons(t, ns, "normal"); slices.Contains(reasons, "DriftRepaired") {
 		t.Errorf("events %v: a DriftRepaired event with nothing changed", reasons)
 	}
+	// The engine learned the server's form from its answer to the create:
+	// it never applied the unchanged objects (an apply would have added
+	// its field manager to them).
+	for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.ConfigMap{}} {
+		name := "normal"
+		if _, ok := o.(*corev1.ConfigMap); ok {
+			name = "normal-config"
+		}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, o); err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range o.GetManagedFields() {
+			if mf.Operation == metav1.ManagedFieldsOperationApply {
+				t.Errorf("%T %s was applied by %q after the install with nothing changed", o, name, mf.Manager)
+			}
+		}
+	}
 }

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/model-orchestra/operator/internal/plugin"
-	"github.com/model-orchestra/operator/internal/render"
 )
 
 // liveInputs tracks the live objects that the entry's post-renderers read
@@ -251,17 +250,23 @@ type digestingPostRenderer struct {
 	obj    *unstructured.Unstructured
 	base   string
 	labels map[string]string
+	objs   []*unstructured.Unstructured // the output of the last Run
 }
+
+// Objects returns the objects of the manifest the last Run returned (see
+// renderedObjects).
+func (p *digestingPostRenderer) Objects() []*unstructured.Unstructured { return p.objs }
 
 func (p *digestingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
 	out, err := p.PostRenderer.Run(in)
 	if err != nil {
 		return nil, err
 	}
-	objs, err := render.ParseManifest(out.String())
+	objs, err := renderedObjects(p.PostRenderer, out)
 	if err != nil {
 		return nil, err
 	}
+	p.objs = objs
 	d, err := p.r.liveDigest(p.ctx, p.obj, p.base, objs)
 	if err != nil {
 		return nil, err

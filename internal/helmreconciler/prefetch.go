@@ -13,6 +13,7 @@ import (
 
 	"helm.sh/helm/v3/pkg/postrender"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 
 	"github.com/model-orchestra/operator/internal/render"
@@ -156,7 +157,27 @@ type prefetchingPostRenderer struct {
 	p         *prefetcher
 	ctx       context.Context
 	mapper    meta.RESTMapper
-	namespace string // the release's
+	namespace string                       // the release's
+	objs      []*unstructured.Unstructured // the output of the last Run
+}
+
+// Objects returns the objects of the manifest the last Run returned (see
+// renderedObjects).
+func (pr *prefetchingPostRenderer) Objects() []*unstructured.Unstructured { return pr.objs }
+
+// renderedObjects returns the objects of out, the manifest pr.Run just
+// returned: those pr kept, when it keeps them (the engine's chain parses
+// and changes the objects, so parsing its output again is wasted work),
+// else out parsed. The caller must not change them.
+func renderedObjects(pr postrender.PostRenderer, out *bytes.Buffer) ([]*unstructured.Unstructured, error) {
+	if r, ok := pr.(interface {
+		Objects() []*unstructured.Unstructured
+	}); ok {
+		if objs := r.Objects(); objs != nil {
+			return objs, nil
+		}
+	}
+	return render.ParseManifest(out.String())
 }
 
 func (pr *prefetchingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
@@ -164,7 +185,11 @@ func (pr *prefetchingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	objs, _ := render.ParseManifest(out.String()) // Helm reports a bad manifest
+	objs, err := renderedObjects(pr.PostRenderer, out)
+	if err != nil {
+		return out, nil // Helm reports a bad manifest
+	}
+	pr.objs = objs
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		m, err := pr.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/postrender"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	"helm.sh/helm/v3/pkg/storage/driver"
@@ -289,10 +288,12 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	// No Helm action writes an object before the finalizer is on: a
 	// deletion must uninstall what it creates. The patch runs while Helm
 	// reads the history, renders and stores the pending release.
+	forms := &serverForms{}
 	cfg, err := r.actions.forReconcile(obj, helmLog(ctx), actionOptions{
 		beforeWrite: finalized,
 		noHistory:   !cached && rs == nil && !r.mustListHistory(obj),
 		background:  bg,
+		forms:       forms,
 	})
 	if err != nil {
 		return nil, "", err
@@ -332,6 +333,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 	}
 
 	var rel *release.Release
+	var rendered []*unstructured.Unstructured // the objects of rel's manifest, when rendered here
 	var acted string
 	switch p.Step {
 	case stepNone:
@@ -344,7 +346,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				return nil, acted, r.failed(st, obj, ReasonInstallFailed, "removing the failed release before installing again: %v", err)
 			}
 		}
-		if rel, err = r.install(ctx, cfg, obj, in); errors.Is(err, errHistoryChanged) {
+		if rel, rendered, err = r.install(ctx, cfg, obj, in); errors.Is(err, errHistoryChanged) {
 			return nil, acted, err
 		} else if err != nil {
 			return nil, acted, r.failed(st, obj, ReasonInstallFailed, "%v", err)
@@ -361,7 +363,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		if deployed == nil {
 			return nil, acted, fmt.Errorf("release %s has no deployed revision to upgrade from", obj.GetName())
 		}
-		rel, err = r.upgrade(ctx, cfg, obj, in)
+		rel, rendered, err = r.upgrade(ctx, cfg, obj, in)
 		if err != nil {
 			msg := fmt.Sprintf("upgrade of release %s failed: %v", obj.GetName(), err)
 			if ctx.Err() != nil {
@@ -376,7 +378,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				msg += fmt.Sprintf("; rolled back to revision %d", deployed.Version)
 				r.event(obj, corev1.EventTypeWarning, ReasonRollbackSuccessful, "Rollback", "%s", msg)
 				if cur, err := cfg.Releases.Deployed(obj.GetName()); err == nil {
-					if rs, err := r.remember(obj, cur); err == nil {
+					if rs, err := r.remember(obj, cur, nil); err == nil {
 						c := r.entry.Chart.Metadata
 						st.deployed = &DeployedRelease{Name: obj.GetName(), Revision: rs.revision, Chart: c.Name, Version: c.Version, Digest: rs.digest}
 					}
@@ -387,10 +389,11 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		r.event(obj, corev1.EventTypeNormal, ReasonUpgradeSuccessful, "Upgrade", "upgraded release %s to revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
 	}
 
-	rs, err = r.remember(obj, rel)
+	rs, err = r.remember(obj, rel, rendered)
 	if err != nil {
 		return nil, acted, err
 	}
+	rs.adoptServerForms(forms)
 	rs.base = in.Digest
 	reason := ReasonUpToDate
 	switch p.Step {
@@ -444,7 +447,7 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 // managed-by Helm, and a render is rare (the digest changed). When
 // post-renderers name live inputs, the digest label becomes the digest of
 // what was rendered, live inputs included.
-func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, labels map[string]string) postrender.PostRenderer {
+func (r *Reconciler) postRenderer(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, labels map[string]string) *prefetchingPostRenderer {
 	renders.WithLabelValues(r.entry.GVK.Kind).Inc()
 	pr := render.NewPostRenderer(ctx, r.entry, obj, render.Options{Reader: r.reader, Mapper: r.mapper})
 	if len(r.contributors()) > 0 {
@@ -457,14 +460,17 @@ func releaseLabels(in render.Inputs) map[string]string {
 	return map[string]string{LabelDigest: in.Digest, LabelEngine: EngineName}
 }
 
-func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, error) {
+// install installs the release of obj. It also returns the objects of the
+// rendered manifest (the release's), or nil.
+func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, []*unstructured.Unstructured, error) {
 	i := action.NewInstall(cfg)
 	i.ReleaseName = obj.GetName()
 	i.Namespace = obj.GetNamespace()
 	i.Replace = true
 	i.Timeout = r.opts.ActionTimeout
 	i.Labels = releaseLabels(in)
-	i.PostRenderer = r.postRenderer(ctx, obj, in, i.Labels)
+	pr := r.postRenderer(ctx, obj, in, i.Labels)
+	i.PostRenderer = pr
 	i.SkipSchemaValidation = true // render.Validate ran, with a clearer message
 	i.DisableOpenAPIValidation = true
 	rel, err := i.RunWithContext(ctx, r.entry.Chart, in.Values)
@@ -476,12 +482,12 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 		if ctx.Err() != nil {
 			// The operator is shutting down mid-install: leave the
 			// pending release to the next leader, which recovers it.
-			return nil, errors.New(msg)
+			return nil, nil, errors.New(msg)
 		}
 		if errors.Is(err, driver.ErrReleaseExists) {
 			// The history changed after it was read (a stale cache or
 			// another writer); nothing was written. The retry reads it.
-			return nil, fmt.Errorf("%s: %w", msg, errHistoryChanged)
+			return nil, nil, fmt.Errorf("%s: %w", msg, errHistoryChanged)
 		}
 		if rel != nil {
 			if uerr := r.uninstall(cfg, obj, false, "purge"); uerr != nil {
@@ -490,29 +496,32 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 				msg += "; the partial release was removed"
 			}
 		}
-		return nil, errors.New(msg)
+		return nil, nil, errors.New(msg)
 	}
 	helmActions.WithLabelValues(r.entry.GVK.Kind, "install", "success").Inc()
-	return rel, nil
+	return rel, pr.Objects(), nil
 }
 
-func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, error) {
+// upgrade upgrades the release of obj. It also returns the objects of the
+// rendered manifest (the new revision's), or nil.
+func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, []*unstructured.Unstructured, error) {
 	u := action.NewUpgrade(cfg)
 	u.Namespace = obj.GetNamespace()
 	u.MaxHistory = maxHistory
 	u.Timeout = r.opts.ActionTimeout
 	u.Labels = releaseLabels(in)
 	u.Force = boolAnnotation(obj, AnnotationUpgradeForce)
-	u.PostRenderer = r.postRenderer(ctx, obj, in, u.Labels)
+	pr := r.postRenderer(ctx, obj, in, u.Labels)
+	u.PostRenderer = pr
 	u.SkipSchemaValidation = true
 	u.DisableOpenAPIValidation = true
 	rel, err := u.RunWithContext(ctx, obj.GetName(), r.entry.Chart, in.Values)
 	if err != nil {
 		helmActions.WithLabelValues(r.entry.GVK.Kind, "upgrade", "failure").Inc()
-		return rel, err
+		return rel, nil, err
 	}
 	helmActions.WithLabelValues(r.entry.GVK.Kind, "upgrade", "success").Inc()
-	return rel, nil
+	return rel, pr.Objects(), nil
 }
 
 // rollback rolls the release back to revision with a three-way merge
@@ -582,10 +591,14 @@ func chartRef(rel *release.Release) string {
 }
 
 // remember keeps the desired objects of a deployed release in memory.
-func (r *Reconciler) remember(obj *unstructured.Unstructured, rel *release.Release) (*releaseState, error) {
-	objs, err := render.ParseManifest(rel.Manifest)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the manifest of revision %d: %w", rel.Version, err)
+// objs are those of its manifest when the caller has them (it rendered
+// it), else nil: the manifest is parsed.
+func (r *Reconciler) remember(obj *unstructured.Unstructured, rel *release.Release, objs []*unstructured.Unstructured) (*releaseState, error) {
+	if objs == nil {
+		var err error
+		if objs, err = render.ParseManifest(rel.Manifest); err != nil {
+			return nil, fmt.Errorf("parsing the manifest of revision %d: %w", rel.Version, err)
+		}
 	}
 	rs := &releaseState{
 		uid:      obj.GetUID(),
@@ -608,7 +621,7 @@ func (r *Reconciler) loadState(ctx context.Context, obj *unstructured.Unstructur
 	if err != nil {
 		return nil, fmt.Errorf("reading release %s revision %d: %w", obj.GetName(), revision, err)
 	}
-	return r.remember(obj, rel)
+	return r.remember(obj, rel, nil)
 }
 
 // repairDrift restores owned objects that were deleted or changed, applying

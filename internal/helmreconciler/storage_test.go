@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage"
 	"helm.sh/helm/v3/pkg/storage/driver"
@@ -66,7 +67,7 @@ func TestReleaseOverOneMiBIsChunked(t *testing.T) {
 	newStore := func(wrap bool) *storage.Storage {
 		var impl = cs.CoreV1().Secrets("ns")
 		if wrap {
-			return storage.Init(driver.NewSecrets(&releaseSecrets{SecretInterface: impl, owner: owner, labels: map[string]string{LabelEngine: EngineName}, chunks: new(sync.Map)}))
+			return storage.Init(newReleaseDriver(&releaseSecrets{SecretInterface: impl, owner: owner, labels: map[string]string{LabelEngine: EngineName}, chunks: new(sync.Map)}, t.Logf))
 		}
 		return storage.Init(driver.NewSecrets(impl))
 	}
@@ -197,4 +198,68 @@ func TestHistoryIsListedOnceUntilAWrite(t *testing.T) {
 	if lists != 4 {
 		t.Errorf("a new configuration did not list Secrets afresh (%d lists, want 4)", lists)
 	}
+}
+
+// The engine writes release records with its own encoding (a faster gzip
+// level): the helm CLI's driver must read them as it reads its own, and
+// they must carry the same labels and type.
+func TestReleaseRecordsAreHelms(t *testing.T) {
+	ch, err := loader.Load("../../charts/model-orchestra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := &release.Release{
+		Name: "demo", Namespace: "ns", Version: 1,
+		Info:     &release.Info{Status: release.StatusDeployed, Description: "Install complete"},
+		Chart:    ch,
+		Config:   map[string]any{"greeting": "hi"},
+		Manifest: "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: demo\n",
+		Labels:   map[string]string{LabelDigest: "d1"},
+	}
+	cs := fake.NewClientset()
+	ours := storage.Init(newReleaseDriver(&releaseSecrets{SecretInterface: cs.CoreV1().Secrets("ns")}, t.Logf))
+	helms := storage.Init(driver.NewSecrets(cs.CoreV1().Secrets("ns")))
+	if err := ours.Create(rel); err != nil {
+		t.Fatal(err)
+	}
+	other := *rel
+	other.Name = "helm"
+	if err := helms.Create(&other); err != nil {
+		t.Fatal(err)
+	}
+	got, err := helms.Get("demo", 1)
+	if err != nil {
+		t.Fatalf("Helm's driver cannot read the engine's record: %v", err)
+	}
+	if got.Info.Status != release.StatusDeployed || got.Manifest != rel.Manifest || got.Chart.Metadata.Version != ch.Metadata.Version ||
+		len(got.Chart.Templates) != len(ch.Templates) || got.Config["greeting"] != "hi" || got.Labels[LabelDigest] != "d1" {
+		t.Errorf("Helm's driver read back %+v", got)
+	}
+
+	// Same type and label keys as Helm's own record; updates too.
+	rel.Info.Status = release.StatusSuperseded
+	if err := ours.Update(rel); err != nil {
+		t.Fatal(err)
+	}
+	other.Info.Status = release.StatusSuperseded
+	if err := helms.Update(&other); err != nil {
+		t.Fatal(err)
+	}
+	mine, _ := cs.CoreV1().Secrets("ns").Get(t.Context(), "sh.helm.release.v1.demo.v1", metav1.GetOptions{})
+	theirs, _ := cs.CoreV1().Secrets("ns").Get(t.Context(), "sh.helm.release.v1.helm.v1", metav1.GetOptions{})
+	if mine.Type != theirs.Type {
+		t.Errorf("type %q, Helm writes %q", mine.Type, theirs.Type)
+	}
+	for k, v := range theirs.Labels {
+		if k == "name" || k == "modifiedAt" {
+			continue
+		}
+		if mine.Labels[k] != v {
+			t.Errorf("label %s = %q, Helm writes %q", k, mine.Labels[k], v)
+		}
+	}
+	if len(mine.Labels) != len(theirs.Labels) || mine.Labels["name"] != "demo" || mine.Labels["status"] != "superseded" {
+		t.Errorf("labels %v, Helm writes %v", mine.Labels, theirs.Labels)
+	}
+	t.Logf("record of the model-orchestra chart: %d bytes (Helm's encoding: %d)", len(mine.Data["release"]), len(theirs.Data["release"]))
 }

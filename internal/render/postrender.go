@@ -60,6 +60,7 @@ type chain struct {
 	entry *watches.Entry
 	owner *unstructured.Unstructured
 	opts  Options
+	objs  []*unstructured.Unstructured // the output of the last Run
 }
 
 func (c *chain) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
@@ -85,8 +86,14 @@ func (c *chain) Run(in *bytes.Buffer) (*bytes.Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.objs = objs
 	return bytes.NewBufferString(out), nil
 }
+
+// Objects returns the objects of the manifest the last Run returned, or nil
+// before a Run succeeded. They are the chain's own: read them, never change
+// them.
+func (c *chain) Objects() []*unstructured.Unstructured { return c.objs }
 
 // ParseManifest splits a multi-document YAML manifest into objects. Empty
 // documents are skipped; a List is expanded into its items.
