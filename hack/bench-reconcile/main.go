@@ -320,6 +320,9 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	if err != nil {
 		return res, err
 	}
+	if profileDir != "" {
+		go fetchProfile(metricsAddr, filepath.Join(profileDir, fmt.Sprintf("noop-%d.pprof", n)), int(min(window, 5*time.Second)/time.Second))
+	}
 	time.Sleep(window)
 	cpu1, _ := processCPU(cmd.Process.Pid)
 	m1, err := scrape(metricsAddr)

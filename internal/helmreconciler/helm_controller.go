@@ -11,6 +11,7 @@
 package helmreconciler
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -165,10 +166,47 @@ func New(mgr ctrl.Manager, entry *watches.Entry, opts Options) (*Reconciler, err
 		scheme:     mgr.GetScheme(),
 		live:       newLiveInputs(),
 	}
+	if err := indexReleaseSecrets(mgr); err != nil {
+		return nil, err
+	}
 	if err := mgr.Add(r.live); err != nil {
 		return nil, fmt.Errorf("adding the cache of live inputs for %s: %w", entry.GVK, err)
 	}
 	return r, r.setup(mgr)
+}
+
+// indexReleaseName indexes the cached release Secrets by release name, so
+// that a reconcile finds its history without scanning every release Secret
+// of the namespace.
+const indexReleaseName = "modelorchestra.io/helm-release-name"
+
+// indexed holds the caches that have the index (one per manager, which
+// serves every watches entry).
+var indexed sync.Map
+
+func indexReleaseSecrets(mgr ctrl.Manager) error {
+	if _, done := indexed.LoadOrStore(mgr.GetCache(), true); done {
+		return nil
+	}
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), releaseSecretMeta(), indexReleaseName, func(o client.Object) []string {
+		l := o.GetLabels()
+		if l["owner"] != "helm" || l["name"] == "" {
+			return nil
+		}
+		return []string{l["name"]}
+	})
+	if err != nil {
+		indexed.Delete(mgr.GetCache())
+		return fmt.Errorf("indexing release Secrets: %w", err)
+	}
+	return nil
+}
+
+// releaseSecretMeta is the cached form of release Secrets: metadata only.
+func releaseSecretMeta() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	return m
 }
 
 func controllerName(e *watches.Entry) string {
@@ -195,8 +233,7 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 			return sel.Matches(labelsOf(o))
 		})))
 	}
-	releaseSecrets := &metav1.PartialObjectMetadata{}
-	releaseSecrets.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	releaseSecrets := releaseSecretMeta()
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName(r.entry)).
 		For(owner, forOpts...).

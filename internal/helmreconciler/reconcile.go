@@ -233,7 +233,7 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("SecretList"))
 	if err := r.client.List(ctx, list, client.InNamespace(obj.GetNamespace()),
-		client.MatchingLabelsSelector{Selector: releaseSelector(obj.GetName())}); err != nil {
+		client.MatchingFields{indexReleaseName: obj.GetName()}); err != nil {
 		return revisionInfo{}, false, fmt.Errorf("listing release secrets: %w", err)
 	}
 	var latest revisionInfo

@@ -3,12 +3,12 @@ package helmreconciler
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Condition types set on every custom resource the engine serves.
@@ -88,12 +88,9 @@ func statusFrom(obj *unstructured.Unstructured) *status {
 	for k, v := range old {
 		switch k {
 		case statusConditions:
-			b, _ := json.Marshal(v)
-			_ = json.Unmarshal(b, &s.conditions)
+			s.conditions = conditionsFrom(v)
 		case statusDeployedRelease:
-			b, _ := json.Marshal(v)
-			var d DeployedRelease
-			if json.Unmarshal(b, &d) == nil && d.Name != "" {
+			if d := deployedFrom(v); d.Name != "" {
 				s.deployed = &d
 			}
 		case statusObservedGeneration:
@@ -134,28 +131,96 @@ func (s *status) merge(fields map[string]any, conds []metav1.Condition) error {
 }
 
 // build returns the new .status and whether it differs from the old one.
+// The engine's own fields are built as the API server returns them (the
+// JSON forms of their types, numbers as int64); the status plugin's
+// fields, which may be of any type, go through JSON.
 func (s *status) build() (map[string]any, bool, error) {
 	out := map[string]any{}
-	for k, v := range s.extra {
-		out[k] = v
+	if len(s.extra) > 0 {
+		b, err := json.Marshal(s.extra)
+		if err != nil {
+			return nil, false, fmt.Errorf("encoding status: %w", err)
+		}
+		if err := json.Unmarshal(b, &out); err != nil {
+			return nil, false, fmt.Errorf("encoding status: %w", err)
+		}
+		out = numbers(out).(map[string]any)
 	}
 	if len(s.conditions) > 0 {
-		out[statusConditions] = s.conditions
+		conds := make([]any, len(s.conditions))
+		for i, c := range s.conditions {
+			conds[i] = conditionJSON(c)
+		}
+		out[statusConditions] = conds
 	}
-	if s.deployed != nil {
-		out[statusDeployedRelease] = s.deployed
+	if d := s.deployed; d != nil {
+		out[statusDeployedRelease] = map[string]any{
+			"name": d.Name, "revision": int64(d.Revision), "chart": d.Chart, "version": d.Version, "digest": d.Digest,
+		}
 	}
 	out[statusObservedGeneration] = s.generation
-	b, err := json.Marshal(out)
-	if err != nil {
-		return nil, false, fmt.Errorf("encoding status: %w", err)
+	return out, !equality.Semantic.DeepEqual(out, s.old), nil
+}
+
+// conditionJSON is c as encoding/json writes it.
+func conditionJSON(c metav1.Condition) map[string]any {
+	m := map[string]any{"type": c.Type, "status": string(c.Status), "reason": c.Reason, "message": c.Message, "lastTransitionTime": nil}
+	if c.ObservedGeneration != 0 {
+		m["observedGeneration"] = c.ObservedGeneration
 	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, false, fmt.Errorf("encoding status: %w", err)
+	if !c.LastTransitionTime.IsZero() {
+		m["lastTransitionTime"] = c.LastTransitionTime.UTC().Format(time.RFC3339)
 	}
-	m = runtime.DeepCopyJSON(numbers(m).(map[string]any))
-	return m, !equality.Semantic.DeepEqual(m, s.old), nil
+	return m
+}
+
+// conditionsFrom reads .status.conditions as encoding/json would.
+func conditionsFrom(v any) []metav1.Condition {
+	list, _ := v.([]any)
+	out := make([]metav1.Condition, 0, len(list))
+	for _, e := range list {
+		m, ok := e.(map[string]any)
+		if !ok {
+			continue
+		}
+		c := metav1.Condition{ObservedGeneration: int64Of(m["observedGeneration"])}
+		c.Type, _ = m["type"].(string)
+		st, _ := m["status"].(string)
+		c.Status = metav1.ConditionStatus(st)
+		c.Reason, _ = m["reason"].(string)
+		c.Message, _ = m["message"].(string)
+		if ts, ok := m["lastTransitionTime"].(string); ok {
+			if t, err := time.Parse(time.RFC3339, ts); err == nil {
+				c.LastTransitionTime = metav1.NewTime(t.Local())
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// deployedFrom reads .status.deployedRelease.
+func deployedFrom(v any) DeployedRelease {
+	m, _ := v.(map[string]any)
+	var d DeployedRelease
+	d.Name, _ = m["name"].(string)
+	d.Revision = int(int64Of(m["revision"]))
+	d.Chart, _ = m["chart"].(string)
+	d.Version, _ = m["version"].(string)
+	d.Digest, _ = m["digest"].(string)
+	return d
+}
+
+func int64Of(v any) int64 {
+	switch n := v.(type) {
+	case int64:
+		return n
+	case float64:
+		return int64(n)
+	case int:
+		return int64(n)
+	}
+	return 0
 }
 
 // numbers turns whole float64 values into int64, as the API server's JSON

@@ -1,7 +1,9 @@
 package helmreconciler
 
 import (
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -55,5 +57,42 @@ func TestStatusKeepsPluginFieldsAndWritesOnlyChanges(t *testing.T) {
 	out, changed, _ := again.build()
 	if !changed || out["endpoint"] != "http://y" {
 		t.Errorf("plugin field update not written: %v", out)
+	}
+}
+
+// The engine writes its conditions and deployedRelease without going
+// through JSON; what it writes and reads must be what encoding/json (and so
+// the API server) makes of them, or every reconcile would see a change.
+func TestStatusEncodingIsJSONs(t *testing.T) {
+	at := metav1.NewTime(time.Date(2026, 11, 22, 8, 0, 0, 0, time.FixedZone("x", 3600)))
+	conds := []metav1.Condition{
+		{Type: TypeDeployed, Status: metav1.ConditionTrue, Reason: "InstallSuccessful", Message: "m", ObservedGeneration: 3, LastTransitionTime: at},
+		{Type: TypeReleaseFailed, Status: metav1.ConditionFalse, Reason: "R"}, // generation 0, no time, no message
+	}
+	b, err := json.Marshal(conds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var viaJSON []any
+	if err := json.Unmarshal(b, &viaJSON); err != nil {
+		t.Fatal(err)
+	}
+	viaJSON = numbers(viaJSON).([]any)
+	for i, c := range conds {
+		if diff := cmp.Diff(viaJSON[i], any(conditionJSON(c))); diff != "" {
+			t.Errorf("condition %d (-json +engine):\n%s", i, diff)
+		}
+	}
+	back := conditionsFrom(viaJSON)
+	var want []metav1.Condition
+	if err := json.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, back); diff != "" {
+		t.Errorf("conditions read back (-json +engine):\n%s", diff)
+	}
+	d := DeployedRelease{Name: "a", Revision: 7, Chart: "c", Version: "1.0.0", Digest: "d"}
+	if got := deployedFrom(map[string]any{"name": "a", "revision": int64(7), "chart": "c", "version": "1.0.0", "digest": "d"}); got != d {
+		t.Errorf("deployedRelease read back as %+v", got)
 	}
 }

@@ -191,6 +191,7 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	}
 	shutdown := c.GracefulShutdownTimeout
 	mopts := ctrl.Options{
+		MapperProvider:                newCachedMapper,
 		Cache:                         cacheOpts,
 		Client:                        client.Options{Cache: &client.CacheOptions{Unstructured: true}},
 		Metrics:                       metricsOptions(c),
