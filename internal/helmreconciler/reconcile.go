@@ -47,6 +47,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		}
 		reconcileDuration.WithLabelValues(r.entry.GVK.Kind, outcome).Observe(time.Since(start).Seconds())
 	}()
+	defer func() {
+		if errors.Is(err, errStaleStatus) {
+			// The status was computed from a cached copy of the resource
+			// older than its last write (typically the engine's own status
+			// write, whose watch event had not arrived): not a failure.
+			// The retry reads the newer copy.
+			result, err = reconcile.Result{RequeueAfter: staleStatusRetry}, nil
+		}
+	}()
 	log := logr.FromContextOrDiscard(ctx)
 
 	obj := r.newObject()
@@ -389,9 +398,12 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		r.event(obj, corev1.EventTypeNormal, ReasonUpgradeSuccessful, "Upgrade", "upgraded release %s to revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
 	}
 
-	rs, err = r.remember(obj, rel, rendered)
-	if err != nil {
-		return nil, acted, err
+	if p.Step != stepNone || rs == nil || rs.revision != rel.Version {
+		// (A release this process already remembers keeps what it learned
+		// of its objects: the server's forms and the verified versions.)
+		if rs, err = r.remember(obj, rel, rendered); err != nil {
+			return nil, acted, err
+		}
 	}
 	rs.adoptServerForms(forms)
 	rs.base = in.Digest
@@ -884,10 +896,21 @@ func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstruct
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("writing status: %w: %w", errStaleStatus, err)
+		}
 		return fmt.Errorf("writing status: %w", err)
 	}
 	return nil
 }
+
+// errStaleStatus: the status write found a newer resource than the one the
+// reconcile read; the reconcile is retried, without reporting an error.
+var errStaleStatus = errors.New("the resource changed since it was read")
+
+// staleStatusRetry is how soon a reconcile whose status write met a newer
+// resource runs again: the cache is normally that far behind at most.
+const staleStatusRetry = 100 * time.Millisecond
 
 func (r *Reconciler) event(obj *unstructured.Unstructured, eventType string, reason Reason, action, format string, args ...any) {
 	r.recorder.Eventf(obj, nil, eventType, string(reason), action, format, args...)
