@@ -185,11 +185,16 @@ func (pr *prefetchingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) 
 	if err != nil {
 		return nil, err
 	}
-	objs, err := renderedObjects(pr.PostRenderer, out)
-	if err != nil {
-		return out, nil // Helm reports a bad manifest
+	// A manifest that does not parse is Helm's to report.
+	if objs, perr := renderedObjects(pr.PostRenderer, out); perr == nil {
+		pr.objs = objs
+		pr.prefetch(objs)
 	}
-	pr.objs = objs
+	return out, nil
+}
+
+// prefetch starts reading objs from the API server.
+func (pr *prefetchingPostRenderer) prefetch(objs []*unstructured.Unstructured) {
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		m, err := pr.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
@@ -212,5 +217,4 @@ func (pr *prefetchingPostRenderer) Run(in *bytes.Buffer) (*bytes.Buffer, error) 
 		b.WriteString("/" + m.Resource.Resource + "/" + o.GetName())
 		pr.p.start(pr.ctx, b.String())
 	}
-	return out, nil
 }
