@@ -254,24 +254,10 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	}
 	defer w.Stop()
 	start := time.Now()
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	sem := make(chan struct{}, 16)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			u := &unstructured.Unstructured{Object: map[string]any{"spec": map[string]any{"greeting": "hi", "clusterRole": false}}}
-			u.SetGroupVersionKind(sampleGVK)
-			u.SetNamespace(ns)
-			u.SetName(fmt.Sprintf("s%04d", i))
-			if err := c.Create(ctx, u); err != nil {
-				errs <- err
-			}
-		}()
-	}
+	created := eachSample(ns, n, func(u *unstructured.Unstructured) error {
+		u.Object["spec"] = map[string]any{"greeting": "hi", "clusterRole": false}
+		return c.Create(ctx, u)
+	})
 	deployed := map[string]bool{}
 	timeout := time.After(10 * time.Minute)
 	for len(deployed) < n {
@@ -288,9 +274,7 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 		}
 	}
 	res.deploy = time.Since(start)
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := created(); err != nil {
 		return res, fmt.Errorf("creating resources: %w", err)
 	}
 	res.deploy = time.Since(start)
@@ -351,27 +335,41 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 // setPeriod sets the reconcile-period annotation on the n resources of ns.
 func setPeriod(ctx context.Context, c client.Client, ns string, n int, period string) error {
 	patch := []byte(`{"metadata":{"annotations":{"helm.sdk.operatorframework.io/reconcile-period":"` + period + `"}}}`)
+	return eachSample(ns, n, func(u *unstructured.Unstructured) error {
+		if err := c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			return fmt.Errorf("setting the reconcile period of %s: %w", u.GetName(), err)
+		}
+		return nil
+	})()
+}
+
+// eachSample calls f, 16 at a time, with each of the n resources of ns
+// (s0000, s0001, ...: kind, namespace and name set). It returns at once; the
+// returned function waits for all calls and returns the first error.
+func eachSample(ns string, n int, f func(u *unstructured.Unstructured) error) (wait func() error) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	sem := make(chan struct{}, 16)
-	for i := range n {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(sampleGVK)
-			u.SetNamespace(ns)
-			u.SetName(fmt.Sprintf("s%04d", i))
-			if err := c.Patch(ctx, u, client.RawPatch(types.MergePatchType, patch)); err != nil {
-				errs <- fmt.Errorf("setting the reconcile period of %s: %w", u.GetName(), err)
-			}
-		}()
+	wg.Go(func() {
+		for i := range n {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				u := &unstructured.Unstructured{Object: map[string]any{}}
+				u.SetGroupVersionKind(sampleGVK)
+				u.SetNamespace(ns)
+				u.SetName(fmt.Sprintf("s%04d", i))
+				if err := f(u); err != nil {
+					errs <- err
+				}
+			})
+		}
+	})
+	return func() error {
+		wg.Wait()
+		close(errs)
+		return <-errs
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }
 
 func isDeployed(u *unstructured.Unstructured) bool {
