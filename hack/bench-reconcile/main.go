@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -90,6 +91,9 @@ type result struct {
 	// cpuPerInstall is the machine's CPU per custom resource from create
 	// to all Deployed, by process.
 	cpuPerInstall string
+	// hashRate is sha256 MiB/s on one core just before the run: how fast
+	// the machine was (a virtual machine's speed varies).
+	hashRate float64
 }
 
 func main() {
@@ -233,6 +237,7 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		res.load = strings.Join(strings.Fields(string(b))[:3], " ")
 	}
+	res.hashRate = sha256Rate()
 	// Phase 1: create N resources, time until all are Deployed.
 	before, err := scrape(metricsAddr)
 	if err != nil {
@@ -516,6 +521,18 @@ func perInstallCPU(a, b map[string]time.Duration, n int) string {
 	return fmt.Sprintf("%.1f ms: %s", ms(total, n), strings.Join(parts, ", "))
 }
 
+// sha256Rate is how many MiB/s one core hashes with sha256: a measure of
+// the machine's speed at the moment.
+func sha256Rate() float64 {
+	buf := make([]byte, 1<<20)
+	h := sha256.New()
+	start := time.Now()
+	for range 256 {
+		h.Write(buf)
+	}
+	return 256 / time.Since(start).Seconds()
+}
+
 func ms(d time.Duration, n int) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
 
 // anonRSS is the private (anonymous) part of the last processRSS reading;
@@ -612,12 +629,12 @@ func installCRD(ctx context.Context, c client.Client, path string) error {
 func formatTable(results []result, workers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nHelm reconciler engine, chart of one ConfigMap + one Deployment, %d workers, local control plane (etcd + kube-apiserver + kube-controller-manager), %d CPUs\n\n", workers, runtime.NumCPU())
-	b.WriteString("| CRs | operator start → ready | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) | of which private | load average at start |\n")
-	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| CRs | operator start → ready | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) | of which private | load average at start | machine speed: sha256 on one core |\n")
+	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d | %.2f s | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s |\n",
+		fmt.Fprintf(&b, "| %d | %.2f s | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s | %.0f MiB/s |\n",
 			r.n, r.ready.Seconds(), r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
-			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB, r.anonMiB, r.load)
+			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB, r.anonMiB, r.load, r.hashRate)
 	}
 	b.WriteString("\nPer custom resource from create to all Deployed (operator run with --count-api-requests):\n\n")
 	for _, r := range results {
@@ -645,7 +662,8 @@ func updateDocs(path, table string) error {
 	section := startMarker + "\nMeasured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") +
 		" by `go run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md` (operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; run as its own process).\n" + table +
 		"\nCPU is the operator process's user+system time. \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +
-		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting (for the API server and for a CPU), not by the operator's own work (see the CPU per install); the whole process's CPU, informer and event handling included, is divided by the number of no-op reconciles.\n\n" +
+		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting (for the API server and for a CPU), not by the operator's own work (see the CPU per install); the whole process's CPU, informer and event handling included, is divided by the number of no-op reconciles. " +
+		"The last column is how fast one core hashed with sha256 just before the run: the speed of this virtual machine varies from run to run, and the rate follows it.\n\n" +
 		"Reference: the operator-sdk helm-operator deployed 50 CRs in 4.4–5.0 s (about 10/s) with an RSS of about 125 MiB. " +
 		"Targets: at least 30 CRs/s to Deployed, a no-op reconcile under 1 ms of CPU that never renders, RSS under 100 MiB with 200 releases.\n" + endMarker
 	s := string(data)
