@@ -290,7 +290,6 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 			return res, fmt.Errorf("only %d of %d Deployed after 10 minutes (log %s)", len(deployed), n, logFile.Name())
 		}
 	}
-	res.deploy = time.Since(start)
 	if err := created(); err != nil {
 		return res, fmt.Errorf("creating resources: %w", err)
 	}
@@ -472,6 +471,9 @@ func perInstall(a, b map[string]float64, n int) string {
 	return fmt.Sprintf("%.2f: %s", total/float64(n), strings.Join(parts, ", "))
 }
 
+// clkTck is USER_HZ on Linux, the unit of /proc's CPU times.
+const clkTck = 100
+
 // processCPU is the user+system CPU time of pid.
 func processCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -481,7 +483,6 @@ func processCPU(pid int) (time.Duration, error) {
 	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
 	utime, _ := strconv.ParseInt(fields[11], 10, 64)
 	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	const clkTck = 100 // USER_HZ on Linux
 	return time.Duration(utime+stime) * time.Second / clkTck, nil
 }
 
@@ -509,7 +510,6 @@ func machineCPU(cluster *localcluster.Cluster, operator int) map[string]time.Dur
 			x, _ := strconv.ParseInt(v, 10, 64)
 			busy += x
 		}
-		const clkTck = 100
 		out["machine"] = time.Duration(busy) * time.Second / clkTck
 	}
 	return out

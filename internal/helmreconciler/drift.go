@@ -147,12 +147,13 @@ func isEmpty(v any) bool {
 // compares like with like instead of applying the object to learn its form.
 func (rs *releaseState) adoptServerForms(forms *serverForms) {
 	for i, want := range rs.desired {
-		got, ok := forms.get(keyOf(want))
+		key := keyOf(want)
+		got, ok := forms.get(key)
 		if !ok {
 			continue
 		}
 		rs.desired[i] = &unstructured.Unstructured{Object: serverShape(want.Object, got.Object).(map[string]any)}
-		rs.verified[keyOf(want)] = got.GetResourceVersion()
+		rs.verified[key] = got.GetResourceVersion()
 	}
 }
 
