@@ -42,21 +42,37 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/internal/localcluster"
 )
 
-// profileDir, when set, receives CPU profiles of the operator.
+// profileDir, when set, receives CPU profiles of the operator and of
+// kube-apiserver.
 var profileDir string
 
 func fetchProfile(addr, path string, seconds int) {
 	fetchURL(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds), path)
 }
 
-func fetchURL(url, path string) {
-	resp, err := http.Get(url)
+// fetchAPIServerProfile writes a CPU profile of kube-apiserver, taken with
+// the cluster's admin credentials.
+func fetchAPIServerProfile(cluster *localcluster.Cluster, path string, seconds int) {
+	cfg := cluster.Config()
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "profiling kube-apiserver:", err)
+		return
+	}
+	fetchURLWith(hc, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(cfg.Host, "/"), seconds), path)
+}
+
+func fetchURL(url, path string) { fetchURLWith(http.DefaultClient, url, path) }
+
+func fetchURLWith(hc *http.Client, url, path string) {
+	resp, err := hc.Get(url)
 	if err != nil {
 		return
 	}
@@ -117,7 +133,7 @@ func run(nList string, workers, warmup int, window time.Duration, docs string) e
 	}
 	ctx := context.Background()
 	fmt.Fprintln(os.Stderr, "starting the local control plane ...")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{ControllerManager: true})
+	cluster, err := localcluster.Start(ctx, localcluster.Options{ControllerManager: true, Profiling: profileDir != ""})
 	if err != nil {
 		return err
 	}
@@ -243,8 +259,11 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	}
 	res.ready = time.Since(launched)
 
-	if profileDir != "" {
+	// The warm-up (no steady-state window) is not profiled: its profiles
+	// would still run when the first measured row starts.
+	if profileDir != "" && window > 0 {
 		go fetchProfile(metricsAddr, filepath.Join(profileDir, fmt.Sprintf("install-%d.pprof", n)), 5)
+		go fetchAPIServerProfile(cluster, filepath.Join(profileDir, fmt.Sprintf("apiserver-install-%d.pprof", n)), 5)
 	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		res.load = strings.Join(strings.Fields(string(b))[:3], " ")

@@ -258,10 +258,18 @@ func (c gatedClient) Create(resources kube.ResourceList) (*kube.Result, error) {
 		}
 	}
 	res, err := c.reachableClient.Create(resources)
-	if err == nil {
-		c.forms.record(resources)
-	}
+	// Also after an error: the objects created before it are the
+	// action's, for its purge (record keeps only created ones).
+	c.forms.record(resources)
 	return res, err
+}
+
+func (c gatedClient) Delete(resources kube.ResourceList) (*kube.Result, []error) {
+	return c.reachableClient.Delete(c.forms.deletable(resources))
+}
+
+func (c gatedClient) DeleteWithPropagationPolicy(resources kube.ResourceList, policy metav1.DeletionPropagation) (*kube.Result, []error) {
+	return c.reachableClient.DeleteWithPropagationPolicy(c.forms.deletable(resources), policy)
 }
 
 func (c gatedClient) Update(original, target kube.ResourceList, force bool) (*kube.Result, error) {
@@ -285,6 +293,39 @@ func (c gatedClient) Update(original, target kube.ResourceList, force bool) (*ku
 type serverForms struct {
 	mu   sync.Mutex
 	objs map[objectKey]*unstructured.Unstructured
+	// onlyCreated limits the action's deletes to the objects it created
+	// (the purge of a failed install).
+	onlyCreated bool
+}
+
+// deleteOnlyCreated limits the action's later deletes to the objects it
+// created.
+func (s *serverForms) deleteOnlyCreated() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onlyCreated = true
+}
+
+// deletable returns the objects of list the action may delete: all of
+// them, unless deleteOnlyCreated was called; then those it created. A nil
+// receiver allows all.
+func (s *serverForms) deletable(list kube.ResourceList) kube.ResourceList {
+	if s == nil {
+		return list
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.onlyCreated {
+		return list
+	}
+	out := make(kube.ResourceList, 0, len(list))
+	for _, info := range list {
+		key := objectKey{GVK: info.Mapping.GroupVersionKind, Namespace: info.Namespace, Name: info.Name}
+		if _, ok := s.objs[key]; ok {
+			out = append(out, info)
+		}
+	}
+	return out
 }
 
 // record keeps the answers in list; a nil receiver keeps nothing.

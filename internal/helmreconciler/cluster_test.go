@@ -196,6 +196,9 @@ type managerOpts struct {
 	chunkSize  int
 	// config is the identity the engine runs as; nil is the admin.
 	config *rest.Config
+	// countAPIRequests counts the engine's requests
+	// (orchestra_api_requests_total).
+	countAPIRequests bool
 }
 
 // startManager runs the engine for entries until the test ends or the
@@ -208,6 +211,7 @@ func startManager(t *testing.T, entries []watches.Entry, o managerOpts) (stop fu
 	cfg.ReconcilePeriod = time.Hour // drift repair must not wait for a resync
 	cfg.MaxConcurrentReconciles = 2
 	cfg.ChunkSize = o.chunkSize
+	cfg.CountAPIRequests = o.countAPIRequests
 	cfg.ActionTimeout = time.Minute
 	rc := restCfg
 	if o.config != nil {

@@ -804,3 +804,49 @@ func TestServerNormalizationIsNotDrift(t *testing.T) {
 		}
 	}
 }
+
+// An install does not read the objects it is about to create when the
+// operator's cache, which watches their kinds, shows they do not exist.
+// An object that exists without Helm's labels is not in that cache: the
+// install then fails at create, and the purge of the failed install
+// deletes what the install created and leaves that object as it was.
+func TestInstallSkipsReadsOfObjectsTheCacheShowsAbsent(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}, countAPIRequests: true})
+	create(t, newCR(sampleGVK, ns, "first", nil))
+	waitDeployed(t, sampleGVK, ns, "first", 1)
+	reads := func() float64 {
+		return metricValue(t, "orchestra_api_requests_total", map[string]string{"verb": "get", "resource": "configmaps"}) +
+			metricValue(t, "orchestra_api_requests_total", map[string]string{"verb": "get", "resource": "deployments"})
+	}
+	before := reads()
+	create(t, newCR(sampleGVK, ns, "second", nil))
+	waitDeployed(t, sampleGVK, ns, "second", 1)
+	if n := reads() - before; n != 0 {
+		t.Errorf("the second install read %v ConfigMaps and Deployments; want none (the cache shows they do not exist)", n)
+	}
+
+	foreign := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "third-config"},
+		Data:       map[string]string{"owner": "someone else"},
+	}
+	create(t, foreign)
+	create(t, newCR(sampleGVK, ns, "third", nil))
+	cr := waitCondition(t, sampleGVK, ns, "third", "ReleaseFailed", metav1.ConditionTrue, "InstallFailed")
+	if msg := condition(cr, "ReleaseFailed").Message; !strings.Contains(msg, "third-config") {
+		t.Errorf("ReleaseFailed message %q does not name the existing ConfigMap", msg)
+	}
+	// The purge ran (the Deployment the install created is gone) and kept
+	// the ConfigMap it did not create.
+	eventually(t, 20*time.Second, "the failed install's Deployment removed", func() (bool, string) {
+		err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "third"}, &appsv1.Deployment{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	consistently(t, 2*time.Second, "the existing ConfigMap kept", func() (bool, string) {
+		cm, ok := configMap(t, ns, "third-config")
+		if !ok {
+			return false, "deleted"
+		}
+		return cm.Data["owner"] == "someone else" && cm.Labels[helmreconciler.LabelManagedBy] == "", fmt.Sprintf("data %v, labels %v", cm.Data, cm.Labels)
+	})
+}

@@ -201,7 +201,7 @@ func (l *liveInputs) watch(ctx context.Context, r *Reconciler, ns string, gvk sc
 			Scheme:            r.scheme,
 			Mapper:            r.mapper,
 			DefaultNamespaces: map[string]cache.Config{ns: {}},
-			DefaultTransform:  cache.TransformStripManagedFields(),
+			DefaultTransform:  StripManagedFields(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("building the cache of live inputs in namespace %s: %w", ns, err)

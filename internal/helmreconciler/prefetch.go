@@ -3,6 +3,7 @@ package helmreconciler
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +14,9 @@ import (
 
 	"helm.sh/helm/v3/pkg/postrender"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 
 	"github.com/model-orchestra/operator/internal/render"
@@ -25,6 +28,11 @@ import (
 // objects N serial round trips. The prefetcher starts these reads at
 // once, as soon as the manifest is rendered, and answers Helm's reads with
 // their responses: the same requests and answers, in one round trip.
+//
+// On an install, an object that the operator's cache (which watches its
+// kind) does not hold is not read at all: its read is answered with the
+// API server's 404, from the cache's knowledge (see
+// Reconciler.cachedAbsent for why that is safe).
 //
 // It sits in the transport of Helm's REST config, above authentication,
 // and serves only a GET of exactly a prefetched path, once, and only a
@@ -68,23 +76,54 @@ func (p *prefetcher) wrap(rt http.RoundTripper) http.RoundTripper {
 	return prefetchTransport{p: p, next: rt}
 }
 
-// start reads path (an object's URL path) in the background.
-func (p *prefetcher) start(ctx context.Context, path string) {
-	path = strings.TrimSuffix(p.base.Path, "/") + path
+// add registers f as the answer to the next GET of path (an object's URL
+// path, without the base's prefix). It returns false, and registers
+// nothing, if path already has one.
+func (p *prefetcher) add(path string, f *fetch) bool {
 	p.mu.Lock()
-	now := time.Now()
-	for k, f := range p.fetches {
-		if now.Sub(f.started) > prefetchTTL {
+	defer p.mu.Unlock()
+	for k, g := range p.fetches {
+		if f.started.Sub(g.started) > prefetchTTL {
 			delete(p.fetches, k)
 		}
 	}
 	if _, ok := p.fetches[path]; ok {
-		p.mu.Unlock()
+		return false
+	}
+	p.fetches[path] = f
+	return true
+}
+
+// absent answers the next GET of path (an object's URL path) with the API
+// server's 404 for the object, without a request: the operator's cache
+// shows that no such object exists (see Reconciler.cachedAbsent).
+// resource is the object's resource (plural) and name its name, for the
+// Status body.
+func (p *prefetcher) absent(path, resource, name string) {
+	body, _ := json.Marshal(metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure, Reason: metav1.StatusReasonNotFound, Code: http.StatusNotFound,
+		Message: fmt.Sprintf("%s %q not found", resource, name),
+		Details: &metav1.StatusDetails{Name: name, Kind: resource},
+	})
+	done := make(chan struct{})
+	close(done)
+	p.add(strings.TrimSuffix(p.base.Path, "/")+path, &fetch{
+		done: done, started: time.Now(), body: body,
+		resp: &http.Response{
+			Status: "404 Not Found", StatusCode: http.StatusNotFound, Proto: "HTTP/2.0", ProtoMajor: 2,
+			Header: http.Header{"Content-Type": []string{"application/json"}},
+		},
+	})
+}
+
+// start reads path (an object's URL path) in the background.
+func (p *prefetcher) start(ctx context.Context, path string) {
+	path = strings.TrimSuffix(p.base.Path, "/") + path
+	f := &fetch{done: make(chan struct{}), started: time.Now()}
+	if !p.add(path, f) {
 		return
 	}
-	f := &fetch{done: make(chan struct{}), started: now}
-	p.fetches[path] = f
-	p.mu.Unlock()
 
 	u := *p.base
 	u.Path = path
@@ -159,6 +198,10 @@ type prefetchingPostRenderer struct {
 	mapper    meta.RESTMapper
 	namespace string                       // the release's
 	objs      []*unstructured.Unstructured // the output of the last Run
+	// absent, when set, says an object is known not to exist; its read is
+	// then answered 404 without a request (installs only: see
+	// Reconciler.cachedAbsent).
+	absent func(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) bool
 }
 
 // Objects returns the objects of the manifest the last Run returned (see
@@ -201,20 +244,26 @@ func (pr *prefetchingPostRenderer) prefetch(objs []*unstructured.Unstructured) {
 		if err != nil || o.GetName() == "" {
 			continue
 		}
+		ns := ""
+		if m.Scope.Name() == meta.RESTScopeNameNamespace {
+			if ns = o.GetNamespace(); ns == "" {
+				ns = pr.namespace
+			}
+		}
 		var b strings.Builder
 		if gvk.Group == "" {
 			b.WriteString("/api/" + gvk.Version)
 		} else {
 			b.WriteString("/apis/" + gvk.Group + "/" + gvk.Version)
 		}
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ns := o.GetNamespace()
-			if ns == "" {
-				ns = pr.namespace
-			}
+		if ns != "" {
 			b.WriteString("/namespaces/" + ns)
 		}
 		b.WriteString("/" + m.Resource.Resource + "/" + o.GetName())
+		if pr.absent != nil && pr.absent(pr.ctx, gvk, ns, o.GetName()) {
+			pr.p.absent(b.String(), m.Resource.Resource, o.GetName())
+			continue
+		}
 		pr.p.start(pr.ctx, b.String())
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 )
 
@@ -62,5 +65,39 @@ func TestPrefetcherAnswersOneReadOfAPrefetchedPath(t *testing.T) {
 	get("/api/v1/namespaces/ns/configmaps/missing")
 	if n := hits.Load(); n != 3 {
 		t.Errorf("server saw %d requests, want 3: a prefetch answers one read only", n)
+	}
+}
+
+// A read of an object known to be absent is answered with the API server's
+// NotFound, once, without a request.
+func TestPrefetcherAnswersAKnownAbsentObjectWithoutARequest(t *testing.T) {
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"cm","namespace":"ns"}}`)
+	}))
+	defer srv.Close()
+	cfg := &rest.Config{Host: srv.URL}
+	p, err := newPrefetcher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Wrap(p.wrap)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.absent("/api/v1/namespaces/ns/configmaps/cm", "configmaps", "cm")
+	_, err = cs.CoreV1().ConfigMaps("ns").Get(context.Background(), "cm", metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) || err.Error() != `configmaps "cm" not found` {
+		t.Errorf("read of a known absent object: %v, want the API server's NotFound", err)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("server saw %d requests, want none", n)
+	}
+	// Answered once: the next read goes to the server.
+	if _, err := cs.CoreV1().ConfigMaps("ns").Get(context.Background(), "cm", metav1.GetOptions{}); err != nil || hits.Load() != 1 {
+		t.Errorf("second read: %v after %d requests, want the server's answer", err, hits.Load())
 	}
 }

@@ -355,7 +355,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				return nil, acted, r.failed(st, obj, ReasonInstallFailed, "removing the failed release before installing again: %v", err)
 			}
 		}
-		if rel, rendered, err = r.install(ctx, cfg, obj, in); errors.Is(err, errHistoryChanged) {
+		if rel, rendered, err = r.install(ctx, cfg, obj, in, forms); errors.Is(err, errHistoryChanged) {
 			return nil, acted, err
 		} else if err != nil {
 			return nil, acted, r.failed(st, obj, ReasonInstallFailed, "%v", err)
@@ -474,7 +474,9 @@ func releaseLabels(in render.Inputs) map[string]string {
 
 // install installs the release of obj. It also returns the objects of the
 // rendered manifest (the release's), or nil.
-func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, []*unstructured.Unstructured, error) {
+// forms receives the objects the install creates; cfg's kube client
+// records them there (actionOptions.forms).
+func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, forms *serverForms) (*release.Release, []*unstructured.Unstructured, error) {
 	i := action.NewInstall(cfg)
 	i.ReleaseName = obj.GetName()
 	i.Namespace = obj.GetNamespace()
@@ -482,6 +484,7 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	i.Timeout = r.opts.ActionTimeout
 	i.Labels = releaseLabels(in)
 	pr := r.postRenderer(ctx, obj, in, i.Labels)
+	pr.absent = r.cachedAbsent
 	i.PostRenderer = pr
 	i.SkipSchemaValidation = true // render.Validate ran, with a clearer message
 	i.DisableOpenAPIValidation = true
@@ -502,6 +505,11 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 			return nil, nil, fmt.Errorf("%s: %w", msg, errHistoryChanged)
 		}
 		if rel != nil {
+			// The purge deletes only what this install created: an
+			// object of the manifest that already existed (one the
+			// cache did not show, see cachedAbsent) is not the
+			// release's to delete.
+			forms.deleteOnlyCreated()
 			if uerr := r.uninstall(cfg, obj, false, "purge"); uerr != nil {
 				msg += fmt.Sprintf("; removing the partial release failed: %v", uerr)
 			} else {
@@ -512,6 +520,30 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	}
 	helmActions.WithLabelValues(r.entry.GVK.Kind, "install", "success").Inc()
 	return rel, pr.Objects(), nil
+}
+
+// cachedAbsent says that the operator's cache, which watches gvk, holds no
+// object namespace/name, so that an install need not read it before
+// creating it. The cache holds only objects labelled managed-by Helm, so
+// the object may still exist without that label, or have been created
+// after the cache's last event. Either way Helm's create then fails
+// (already exists) instead of Helm's ownership check, the install fails
+// and its purge deletes only what it created: nothing of the existing
+// object is changed, and the next attempt reads it from the API server
+// once the cache shows it, or fails again on the same name.
+func (r *Reconciler) cachedAbsent(ctx context.Context, gvk schema.GroupVersionKind, namespace, name string) bool {
+	r.watchMu.Lock()
+	watched := r.watched[gvk]
+	r.watchMu.Unlock()
+	if !watched {
+		// Reading would start an informer for the kind; a GET is cheaper.
+		return false
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	// Only NotFound counts: a namespace the cache does not cover is an
+	// error, and so is a cache that cannot answer.
+	return apierrors.IsNotFound(r.cache.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, u))
 }
 
 // upgrade upgrades the release of obj. It also returns the objects of the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,7 +102,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, etcdURL string) error {
 			"--service-account-signing-key-file=" + pki + "/sa.key",
 			"--authorization-mode=Node,RBAC",
 			"--allow-privileged=true",
-			"--profiling=false",
+			"--profiling=" + strconv.FormatBool(c.opts.Profiling),
 		}
 		if c.node != nil {
 			args = append(args,

@@ -45,6 +45,10 @@ type Options struct {
 	// Scheduler starts kube-scheduler.
 	Scheduler bool
 
+	// Profiling serves kube-apiserver's /debug/pprof (to its admin
+	// client), for benchmarks that profile the API server. Default off.
+	Profiling bool
+
 	// KwokNodes are simulated nodes run by kwok. Pods bound to them become
 	// Running and Ready, and pods owned by a Job succeed. They only make
 	// sense together with ControllerManager and Scheduler.

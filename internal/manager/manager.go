@@ -181,7 +181,7 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 		ByObject:             byObject,
 		// managedFields are often the largest part of an object and nothing
 		// in the engine reads them from the cache.
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: helmreconciler.StripManagedFields(),
 	}
 	if len(c.WatchNamespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
