@@ -16,6 +16,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -89,7 +90,10 @@ var sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version
 
 type result struct {
 	n           int
+	label       string // the baseline's, or "" for the working tree
 	deploy      time.Duration
+	machine     time.Duration // the machine's CPU per custom resource, create → all Deployed
+	first       time.Duration // create → the first resource Deployed
 	noopCount   float64
 	noopCPU     time.Duration // operator CPU per no-op reconcile
 	rendersNoop float64       // renders during the no-op window (want 0)
@@ -118,15 +122,17 @@ func main() {
 	window := flag.Duration("noop-window", 10*time.Second, "how long to measure no-op reconciles")
 	warmup := flag.Int("warmup", 20, "resources deployed (and not measured) before the measured runs, to warm the control plane; 0: none")
 	docs := flag.String("docs", "", "rewrite the bench-reconcile section of this markdown file")
+	baseline := flag.String("baseline", "", "also measure the operator built from this git revision, each row right before the same row of the working tree's, and print the ratios")
+	rounds := flag.Int("rounds", 1, "measure every row this many times")
 	flag.StringVar(&profileDir, "profile-dir", "", "write CPU profiles of the operator here")
 	flag.Parse()
-	if err := run(*ns, *workers, *warmup, *window, *docs); err != nil {
+	if err := run(*ns, *workers, *warmup, *rounds, *window, *docs, *baseline); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-reconcile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nList string, workers, warmup int, window time.Duration, docs string) error {
+func run(nList string, workers, warmup, rounds int, window time.Duration, docs, baseline string) error {
 	root, err := localcluster.ModuleRoot()
 	if err != nil {
 		return err
@@ -161,16 +167,25 @@ func run(nList string, workers, warmup int, window time.Duration, docs string) e
 	}
 	defer func() { _ = os.RemoveAll(work) }()
 	bin := filepath.Join(work, "orchestra-operator")
-	// Built as make images builds the operator's image: static, without
-	// cgo, symbol tables or DWARF. A default go build links libc and
-	// exports every symbol for the dynamic loader, which the shipped
-	// binary does not carry.
 	fmt.Fprintln(os.Stderr, "building cmd/orchestra-operator (CGO_ENABLED=0 -trimpath -ldflags=\"-s -w\", as make images) ...")
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/orchestra-operator")
-	build.Dir, build.Stdout, build.Stderr = root, os.Stderr, os.Stderr
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if err := build.Run(); err != nil {
+	if err := buildOperator(root, bin); err != nil {
 		return fmt.Errorf("building the operator: %w", err)
+	}
+	// The baseline is built from a worktree of its revision, the same way.
+	type operatorBuild struct{ label, bin string }
+	builds := []operatorBuild{{"", bin}}
+	if baseline != "" {
+		src := filepath.Join(work, "baseline")
+		fmt.Fprintf(os.Stderr, "building the baseline operator from %s ...\n", baseline)
+		if out, err := exec.Command("git", "-C", root, "worktree", "add", "--detach", src, baseline).CombinedOutput(); err != nil {
+			return fmt.Errorf("checking out %s: %v: %s", baseline, err, out)
+		}
+		defer func() { _ = exec.Command("git", "-C", root, "worktree", "remove", "--force", src).Run() }()
+		bbin := filepath.Join(work, "orchestra-operator-baseline")
+		if err := buildOperator(src, bbin); err != nil {
+			return fmt.Errorf("building the baseline operator: %w", err)
+		}
+		builds = []operatorBuild{{"baseline " + baseline, bbin}, {"", bin}}
 	}
 	watchesFile := filepath.Join(work, "watches.yaml")
 	if err := os.WriteFile(watchesFile, []byte("- {group: test.modelorchestra.io, version: v1, kind: Sample, chart: small}\n"), 0o600); err != nil {
@@ -189,16 +204,21 @@ func run(nList string, workers, warmup int, window time.Duration, docs string) e
 		}
 	}
 	var results []result
-	for _, f := range strings.Split(nList, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			return fmt.Errorf("bad -n value %q", f)
+	for range max(rounds, 1) {
+		for _, f := range strings.Split(nList, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return fmt.Errorf("bad -n value %q", f)
+			}
+			for _, b := range builds {
+				r, err := benchOne(ctx, c, cluster, root, b.bin, watchesFile, n, workers, window)
+				if err != nil {
+					return fmt.Errorf("with %d resources (%s): %w", n, cmp.Or(b.label, "working tree"), err)
+				}
+				r.label = b.label
+				results = append(results, r)
+			}
 		}
-		r, err := benchOne(ctx, c, cluster, root, bin, watchesFile, n, workers, window)
-		if err != nil {
-			return fmt.Errorf("with %d resources: %w", n, err)
-		}
-		results = append(results, r)
 	}
 	table := formatTable(results, workers)
 	fmt.Print(table)
@@ -206,6 +226,17 @@ func run(nList string, workers, warmup int, window time.Duration, docs string) e
 		return updateDocs(docs, table, warmup)
 	}
 	return nil
+}
+
+// buildOperator builds cmd/orchestra-operator of the module in dir into
+// bin as make images builds the operator's image: static, without cgo,
+// symbol tables or DWARF. A default go build links libc and exports every
+// symbol for the dynamic loader, which the shipped binary does not carry.
+func buildOperator(dir, bin string) error {
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/orchestra-operator")
+	build.Dir, build.Stdout, build.Stderr = dir, os.Stderr, os.Stderr
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return build.Run()
 }
 
 func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Cluster, root, bin, watchesFile string, n, workers int, window time.Duration) (result, error) {
@@ -303,6 +334,9 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 				return res, fmt.Errorf("watch closed with %d of %d Deployed", len(deployed), n)
 			}
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok && isDeployed(u) {
+				if len(deployed) == 0 {
+					res.first = time.Since(start)
+				}
 				deployed[u.GetName()] = true
 			}
 		case <-timeout:
@@ -316,7 +350,9 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	if cpuEnd, err := processCPU(cmd.Process.Pid); err == nil {
 		res.installCPU = (cpuEnd - cpuStart) / time.Duration(n)
 	}
-	res.cpuPerInstall = perInstallCPU(machineStart, machineCPU(cluster, cmd.Process.Pid), n)
+	machineEnd := machineCPU(cluster, cmd.Process.Pid)
+	res.cpuPerInstall = perInstallCPU(machineStart, machineEnd, n)
+	res.machine = (machineEnd["machine"] - machineStart["machine"]) / time.Duration(n)
 	if after, err := scrape(metricsAddr); err == nil {
 		res.apiPerInstall = perInstall(before.api, after.api, n)
 		res.reconcilesPerInstall = perInstall(before.reconciles, after.reconciles, n)
@@ -663,22 +699,46 @@ func installCRD(ctx context.Context, c client.Client, path string) error {
 func formatTable(results []result, workers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nHelm reconciler engine, chart of one ConfigMap + one Deployment, %d workers, local control plane (etcd + kube-apiserver + kube-controller-manager), %d CPUs\n\n", workers, runtime.NumCPU())
-	b.WriteString("| CRs | operator start → ready | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) | of which private | load average at start | machine speed: sha256 on one core |\n")
-	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| CRs | operator start → ready | create → first Deployed | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) | of which private | load average at start | machine speed: sha256 on one core |\n")
+	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %d | %.2f s | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s | %.0f MiB/s |\n",
-			r.n, r.ready.Seconds(), r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
+		fmt.Fprintf(&b, "| %s | %.2f s | %.0f ms | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s | %.0f MiB/s |\n",
+			r.name(), r.ready.Seconds(), 1000*r.first.Seconds(), r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
 			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB, r.anonMiB, r.load, r.hashRate)
 	}
 	b.WriteString("\nPer custom resource from create to all Deployed (operator run with --count-api-requests):\n\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "- %d CRs: API requests %s; reconciles %s\n", r.n, r.apiPerInstall, r.reconcilesPerInstall)
+		fmt.Fprintf(&b, "- %s CRs: API requests %s; reconciles %s\n", r.name(), r.apiPerInstall, r.reconcilesPerInstall)
 	}
 	b.WriteString("\nCPU of the whole machine per custom resource from create to all Deployed, by process:\n\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "- %d CRs: %s\n", r.n, r.cpuPerInstall)
+		fmt.Fprintf(&b, "- %s CRs: %s\n", r.name(), r.cpuPerInstall)
+	}
+	// Each baseline row is followed by the same row of the working tree.
+	var ratios []string
+	for i := 0; i+1 < len(results); i++ {
+		base, cur := results[i], results[i+1]
+		if base.label == "" || cur.label != "" || base.n != cur.n {
+			continue
+		}
+		ratios = append(ratios, fmt.Sprintf("| %d | %.2f | %.2f | %.2f |", cur.n,
+			base.deploy.Seconds()/cur.deploy.Seconds(), cur.machine.Seconds()/base.machine.Seconds(), cur.installCPU.Seconds()/base.installCPU.Seconds()))
+	}
+	if len(ratios) > 0 {
+		fmt.Fprintf(&b, "\nWorking tree against the %s, each pair measured back to back:\n\n", results[0].label)
+		b.WriteString("| CRs | CRs/s, working tree ÷ baseline | machine CPU per CR, working tree ÷ baseline | operator CPU per install, working tree ÷ baseline |\n| ---: | ---: | ---: | ---: |\n")
+		b.WriteString(strings.Join(ratios, "\n") + "\n")
 	}
 	return b.String()
+}
+
+// name is the row's name in the tables: the number of resources, and the
+// baseline's revision on a baseline row.
+func (r result) name() string {
+	if r.label == "" {
+		return strconv.Itoa(r.n)
+	}
+	return fmt.Sprintf("%d (%s)", r.n, r.label)
 }
 
 const (
@@ -694,7 +754,7 @@ func updateDocs(path, table string, warmup int) error {
 		return err
 	}
 	section := startMarker + "\nMeasured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") +
-		" by `go run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md` (operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; a new operator process for each row). " +
+		" by `go run ./hack/bench-reconcile " + strings.Join(os.Args[1:], " ") + "` (operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; a new operator process for each row). " +
 		fmt.Sprintf("Before the rows, %d resources were deployed in a namespace of their own, with an operator process of their own, and not measured: a fresh control plane serves its first resources slower.\n", warmup) + table +
 		"\nCPU is the operator process's user+system time. \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +
 		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting (for the API server and for a CPU), not by the operator's own work (see the CPU per install); the whole process's CPU, informer and event handling included, is divided by the number of no-op reconciles. " +
