@@ -186,6 +186,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		feeders.Go(func() { d.feed(ctx, work, a) })
 	}
 	go d.heartbeats(ctx)
+	// The first reading is taken before the dispatcher reports ready, so
+	// that a scrape after readiness shows every application's backlog.
+	d.observeBacklogOnce(ctx)
 	go d.observeBacklog(ctx)
 	d.ready.Store(true)
 	d.log.Info("dispatcher running", "orchestra", d.cfg.Orchestra, "apps", len(d.apps))
@@ -350,25 +353,33 @@ func (d *Dispatcher) heartbeats(ctx context.Context) {
 	}
 }
 
+// observeBacklog updates the backlog gauges every 5 s until ctx ends.
 func (d *Dispatcher) observeBacklog(ctx context.Context) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
-		for _, a := range d.apps {
-			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			info, err := a.getConsumer().Info(ictx)
-			cancel()
-			if err != nil {
-				continue
-			}
-			d.m.backlog.WithLabelValues(a.Name).Set(float64(info.NumPending))
-			d.m.ackPending.WithLabelValues(a.Name).Set(float64(info.NumAckPending))
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		d.observeBacklogOnce(ctx)
+	}
+}
+
+// observeBacklogOnce sets each application's backlog and ack-pending gauges
+// from its consumer; an application whose consumer does not answer keeps
+// its last values.
+func (d *Dispatcher) observeBacklogOnce(ctx context.Context) {
+	for _, a := range d.apps {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := a.getConsumer().Info(ictx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		d.m.backlog.WithLabelValues(a.Name).Set(float64(info.NumPending))
+		d.m.ackPending.WithLabelValues(a.Name).Set(float64(info.NumAckPending))
 	}
 }
 
