@@ -178,7 +178,7 @@ func run(nList string, workers, warmup, rounds int, window time.Duration, docs, 
 		src := filepath.Join(work, "baseline")
 		fmt.Fprintf(os.Stderr, "building the baseline operator from %s ...\n", baseline)
 		if out, err := exec.Command("git", "-C", root, "worktree", "add", "--detach", src, baseline).CombinedOutput(); err != nil {
-			return fmt.Errorf("checking out %s: %v: %s", baseline, err, out)
+			return fmt.Errorf("checking out %s: %w: %s", baseline, err, out)
 		}
 		defer func() { _ = exec.Command("git", "-C", root, "worktree", "remove", "--force", src).Run() }()
 		bbin := filepath.Join(work, "orchestra-operator-baseline")
