@@ -77,9 +77,10 @@ func (p *prefetcher) wrap(rt http.RoundTripper) http.RoundTripper {
 }
 
 // add registers f as the answer to the next GET of path (an object's URL
-// path, without the base's prefix). It returns false, and registers
-// nothing, if path already has one.
-func (p *prefetcher) add(path string, f *fetch) bool {
+// path, without the base's prefix) and returns the full path. It returns
+// false, and registers nothing, if path already has one.
+func (p *prefetcher) add(path string, f *fetch) (string, bool) {
+	path = strings.TrimSuffix(p.base.Path, "/") + path
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for k, g := range p.fetches {
@@ -88,10 +89,10 @@ func (p *prefetcher) add(path string, f *fetch) bool {
 		}
 	}
 	if _, ok := p.fetches[path]; ok {
-		return false
+		return path, false
 	}
 	p.fetches[path] = f
-	return true
+	return path, true
 }
 
 // absent answers the next GET of path (an object's URL path) with the API
@@ -108,7 +109,7 @@ func (p *prefetcher) absent(path, resource, name string) {
 	})
 	done := make(chan struct{})
 	close(done)
-	p.add(strings.TrimSuffix(p.base.Path, "/")+path, &fetch{
+	p.add(path, &fetch{
 		done: done, started: time.Now(), body: body,
 		resp: &http.Response{
 			Status: "404 Not Found", StatusCode: http.StatusNotFound, Proto: "HTTP/2.0", ProtoMajor: 2,
@@ -119,9 +120,9 @@ func (p *prefetcher) absent(path, resource, name string) {
 
 // start reads path (an object's URL path) in the background.
 func (p *prefetcher) start(ctx context.Context, path string) {
-	path = strings.TrimSuffix(p.base.Path, "/") + path
 	f := &fetch{done: make(chan struct{}), started: time.Now()}
-	if !p.add(path, f) {
+	path, ok := p.add(path, f)
+	if !ok {
 		return
 	}
 
