@@ -187,7 +187,7 @@ func up(ctx context.Context, c config) error {
 	}
 	step("Streaming a chat completion from %s through the gateway at %s", model, base)
 	fmt.Printf("    > %s\n    < ", c.prompt)
-	res, err := chatWithRetry(ctx, base, token, model, c.prompt)
+	res, err := stack.StreamChatOnceReachable(ctx, base, token, model, c.prompt, 64, func(s string) { fmt.Print(s) }, 30*time.Second)
 	fmt.Println()
 	if err != nil {
 		return err
@@ -212,32 +212,6 @@ Model Orchestra is serving %q.
   go run ./hack/demo down         # make down: remove the demo, then the cluster
 `, model, base, token, c.namespace, c.tokenSecret, mo.Status.Endpoint, base, token, base, token, model, c.namespace, cl.kubeconfig)
 	return nil
-}
-
-// chatWithRetry streams one answer. Ready means the gateway has ready
-// endpoints, but kube-proxy may program the NodePort a moment later: a
-// refused connection or 503 is retried for a short while.
-func chatWithRetry(ctx context.Context, base, token, model, prompt string) (*stack.ChatResult, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		started := false
-		res, err := stack.StreamChat(ctx, base, token, model, prompt, 64, func(s string) {
-			started = true
-			fmt.Print(s)
-		})
-		if err == nil || started || time.Now().After(deadline) {
-			return res, err
-		}
-		var apiErr *stack.APIError
-		if errors.As(err, &apiErr) && apiErr.Status != http.StatusServiceUnavailable && apiErr.Status != http.StatusBadGateway {
-			return res, err
-		}
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
 }
 
 // demoResource is config/samples/simulator.yaml with the demo's name and

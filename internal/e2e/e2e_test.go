@@ -75,7 +75,12 @@ func TestLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res := chat(ctx, t, base, token, served)
+		// The first request after Ready may find the NodePort not yet
+		// programmed by kube-proxy.
+		res, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 24, nil, 30*time.Second)
+		if err != nil {
+			t.Fatalf("streamed chat through %s: %v", base, err)
+		}
 		if res.Chunks < 2 || strings.TrimSpace(res.Content) == "" || res.FinishReason == "" {
 			t.Errorf("streamed answer = %d chunks, %q, finish_reason %q; want several chunks of text and a finish reason", res.Chunks, res.Content, res.FinishReason)
 		}
@@ -382,9 +387,12 @@ func chatStatus(ctx context.Context, t *testing.T, base, token, model string) in
 	}
 }
 
+// chatPrompt is the prompt of chat.
+const chatPrompt = "What does an orchestra conductor do?"
+
 func chat(ctx context.Context, t *testing.T, base, token, model string) *stack.ChatResult {
 	t.Helper()
-	res, err := stack.StreamChat(ctx, base, token, model, "What does an orchestra conductor do?", 24, nil)
+	res, err := stack.StreamChat(ctx, base, token, model, chatPrompt, 24, nil)
 	if err != nil {
 		t.Fatalf("streamed chat through %s: %v", base, err)
 	}

@@ -7,10 +7,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -89,6 +91,36 @@ type APIError struct {
 
 func (e *APIError) Error() string {
 	return fmt.Sprintf("HTTP %d %s (%s): %s", e.Status, e.Code, e.Type, e.Message)
+}
+
+// StreamChatOnceReachable is StreamChat for the first request after a
+// stack turns Ready: Ready means the gateway has ready endpoints, but
+// kube-proxy may program the NodePort a moment later. A request that fails
+// before any answer arrived (a refused connection, or a 502 or 503) is
+// retried every second for up to within.
+func StreamChatOnceReachable(ctx context.Context, baseURL, token, model, prompt string, maxTokens int, onDelta func(string), within time.Duration) (*ChatResult, error) {
+	deadline := time.Now().Add(within)
+	for {
+		started := false
+		res, err := StreamChat(ctx, baseURL, token, model, prompt, maxTokens, func(s string) {
+			started = true
+			if onDelta != nil {
+				onDelta(s)
+			}
+		})
+		if err == nil || started || time.Now().After(deadline) {
+			return res, err
+		}
+		var apiErr *APIError
+		if errors.As(err, &apiErr) && apiErr.Status != http.StatusServiceUnavailable && apiErr.Status != http.StatusBadGateway {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // StreamChat sends one streaming chat completion and calls onDelta with
