@@ -1,15 +1,18 @@
 package preview
 
 import (
+	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
@@ -19,25 +22,19 @@ import (
 	"github.com/model-orchestra/operator/internal/version"
 )
 
-// chartDir is the product's umbrella chart; its subcharts are in
-// chartDir/charts.
-const chartDir = "../../../charts/model-orchestra"
+// chartDir is the product's umbrella chart; its parts are subcharts in
+// chartDir/charts, and libDir holds their shared named templates.
+const (
+	chartDir = "../../../charts/model-orchestra"
+	libDir   = chartDir + "/charts/orchestra-lib"
+)
 
-// subcharts are the umbrella's parts, each a chart of its own.
-var subcharts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats"}
+// parts are the umbrella's subcharts that render objects.
+var parts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats"}
 
-// chartDirs are the umbrella and every subchart.
-func chartDirs() []string {
-	dirs := []string{chartDir}
-	for _, s := range subcharts {
-		dirs = append(dirs, filepath.Join(chartDir, "charts", s))
-	}
-	return dirs
-}
-
-func ciValues(t *testing.T, dir string) map[string]any {
+func ciValues(t *testing.T) map[string]any {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "ci", "all-engines-values.yaml"))
+	data, err := os.ReadFile(filepath.Join(chartDir, "ci", "all-engines-values.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,93 +45,160 @@ func ciValues(t *testing.T, dir string) map[string]any {
 	return vals
 }
 
-// TestChartLint is `helm lint --strict` on the umbrella chart and on every
-// subchart on its own, with its default values and with its CI values that
-// enable every engine and option.
+// TestChartLint is `helm lint --strict` on the umbrella chart, with its
+// default values and with its CI values that enable every engine and
+// option, and on the library chart. The parts are linted through the
+// umbrella, the only way they render.
 func TestChartLint(t *testing.T) {
-	for _, dir := range chartDirs() {
-		for name, vals := range map[string]map[string]any{"defaults": {}, "all engines": ciValues(t, dir)} {
-			t.Run(filepath.Base(dir)+"/"+name, func(t *testing.T) {
-				lint := action.NewLint()
-				lint.Strict = true
-				res := lint.Run([]string{dir}, vals)
-				for _, err := range res.Errors {
-					t.Errorf("lint error: %v", err)
+	for _, tc := range []struct {
+		name, dir string
+		vals      map[string]any
+	}{
+		{"umbrella/defaults", chartDir, map[string]any{}},
+		{"umbrella/all engines", chartDir, ciValues(t)},
+		{"library", libDir, map[string]any{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lint := action.NewLint()
+			lint.Strict = true
+			res := lint.Run([]string{tc.dir}, tc.vals)
+			for _, err := range res.Errors {
+				t.Errorf("lint error: %v", err)
+			}
+			for _, m := range res.Messages {
+				if m.Severity > support.InfoSev {
+					t.Errorf("lint: %s", m)
 				}
-				for _, m := range res.Messages {
-					if m.Severity > support.InfoSev {
-						t.Errorf("lint: %s", m)
-					}
-				}
-			})
-		}
+			}
+		})
 	}
 }
 
-// chartLabel is the only label that differs between a subchart rendered
-// through the umbrella and on its own (it names the chart that rendered it).
-var chartLabel = regexp.MustCompile(`(?m)^\s*helm\.sh/chart: .*\n`)
-
-// renderObjects is `helm template x <dir>` with vals: the rendered objects
-// by "<kind> <name>", without the helm.sh/chart label.
-func renderObjects(t *testing.T, dir string, vals map[string]any) map[string]map[string]any {
+// renderFiles is `helm template x <chartDir>` with vals: the rendered
+// manifest of every template, by its path in the chart tree.
+func renderFiles(t *testing.T, vals map[string]any) map[string]string {
 	t.Helper()
-	c, err := loader.Load(dir)
+	c, err := loader.Load(chartDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rv, err := chartutil.ToRenderValues(c, vals, chartutil.ReleaseOptions{Name: "x", Namespace: "ns", IsInstall: true}, chartutil.DefaultCapabilities)
 	if err != nil {
-		t.Fatalf("values of %s: %v", dir, err)
+		t.Fatalf("values: %v", err)
 	}
 	files, err := engine.Render(c, rv)
 	if err != nil {
-		t.Fatalf("rendering %s: %v", dir, err)
+		t.Fatalf("rendering: %v", err)
 	}
-	objs := map[string]map[string]any{}
-	for name, content := range files {
+	return files
+}
+
+// TestEveryPartRendersThroughTheUmbrella: with the CI values each part's
+// templates render objects through the umbrella, and the library renders
+// none. The golden files pin what they render.
+func TestEveryPartRendersThroughTheUmbrella(t *testing.T) {
+	kinds := map[string][]string{}
+	for name, content := range renderFiles(t, ciValues(t)) {
 		if !strings.HasSuffix(name, ".yaml") {
-			continue
+			continue // NOTES.txt
 		}
-		for _, doc := range strings.Split(chartLabel.ReplaceAllString(content, ""), "\n---") {
-			var obj map[string]any
+		part := "model-orchestra"
+		if rest, ok := strings.CutPrefix(name, "model-orchestra/charts/"); ok {
+			part, _, _ = strings.Cut(rest, "/")
+		}
+		for _, doc := range strings.Split(content, "\n---") {
+			var obj struct{ Kind string }
 			if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
-			if obj == nil {
-				continue
+			if obj.Kind != "" {
+				kinds[part] = append(kinds[part], obj.Kind)
 			}
-			meta, _ := obj["metadata"].(map[string]any)
-			key := obj["kind"].(string) + " " + meta["name"].(string)
-			if _, dup := objs[key]; dup {
-				t.Fatalf("%s renders %s twice", dir, key)
-			}
-			objs[key] = obj
 		}
 	}
-	return objs
+	for _, p := range parts {
+		if len(kinds[p]) == 0 {
+			t.Errorf("part %s renders nothing through the umbrella", p)
+		}
+	}
+	for p, k := range kinds {
+		if !slices.Contains(parts, p) {
+			t.Errorf("%s renders %v; only the parts %v render objects", p, k, parts)
+		}
+	}
 }
 
-// TestSubchartsRenderOnTheirOwn: every subchart renders with its own CI
-// values alone, and together they render exactly what the umbrella renders
-// with its CI values (the same application per engine).
-func TestSubchartsRenderOnTheirOwn(t *testing.T) {
-	want := renderObjects(t, chartDir, ciValues(t, chartDir))
-	got := map[string]map[string]any{}
-	for _, s := range subcharts {
-		dir := filepath.Join(chartDir, "charts", s)
-		objs := renderObjects(t, dir, ciValues(t, dir))
-		if len(objs) == 0 {
-			t.Errorf("%s renders nothing with its CI values", s)
+var (
+	defineRE = regexp.MustCompile(`{{-?\s*define\s+"([^"]+)"`)
+	useRE    = regexp.MustCompile(`(?:include|template)\s+"([^"]+)"`)
+)
+
+// TestEachNamedTemplateHasOneSource: every named template is defined once
+// in the chart tree, and one that a part defines is used by that part
+// only (Helm shares the defines of the whole tree, so a part could call
+// its sibling's); what several parts use lives in the library. Helm lets
+// the last parsed of two equal defines win silently, so a copy would be a
+// trap.
+func TestEachNamedTemplateHasOneSource(t *testing.T) {
+	type site struct{ chart, file string }
+	defined := map[string][]site{}
+	used := map[string]map[string]bool{}
+	err := filepath.WalkDir(chartDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Base(filepath.Dir(path)) != "templates" {
+			return err
 		}
-		for k, o := range objs {
-			got[k] = o
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(chartDir, path)
+		chart := "model-orchestra"
+		if rest, ok := strings.CutPrefix(filepath.ToSlash(rel), "charts/"); ok {
+			chart, _, _ = strings.Cut(rest, "/")
+		}
+		for _, m := range defineRE.FindAllStringSubmatch(string(data), -1) {
+			defined[m[1]] = append(defined[m[1]], site{chart, rel})
+		}
+		for _, m := range useRE.FindAllStringSubmatch(stripComments(string(data)), -1) {
+			if used[m[1]] == nil {
+				used[m[1]] = map[string]bool{}
+			}
+			used[m[1]][chart] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(defined) == 0 {
+		t.Fatal("found no named templates")
+	}
+	for name, sites := range defined {
+		if len(sites) > 1 {
+			t.Errorf("%s is defined %d times: %v", name, len(sites), sites)
+		}
+		owner := sites[0].chart
+		if len(used[name]) == 0 {
+			t.Errorf("%s (%s) is used nowhere", name, sites[0].file)
+		}
+		for user := range used[name] {
+			if owner != "orchestra-lib" && user != owner {
+				t.Errorf("%s is defined by %s but used by %s: move it to the orchestra-lib library chart", name, owner, user)
+			}
 		}
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("the subcharts on their own differ from the umbrella (-umbrella +subcharts):\n%s", diff)
+	for name := range used {
+		if _, ok := defined[name]; !ok {
+			t.Errorf("%s is used but defined nowhere", name)
+		}
 	}
 }
+
+var commentRE = regexp.MustCompile(`(?s){{-?\s*/\*.*?\*/\s*-?}}`)
+
+// stripComments removes template comments, whose usage examples are not
+// uses.
+func stripComments(s string) string { return commentRE.ReplaceAllString(s, "") }
 
 // TestChartSchemaRefusesBadValues: values.schema.json catches values the
 // translator would never produce but a direct Helm user might write.
@@ -171,7 +235,8 @@ func TestChartSchemaRefusesBadValues(t *testing.T) {
 }
 
 // TestChartVersionIsTheOperatorVersion: the umbrella chart and every
-// subchart carry the operator's version, the one the Makefile builds.
+// subchart (the library too) carry the operator's version, the one the
+// Makefile builds.
 func TestChartVersionIsTheOperatorVersion(t *testing.T) {
 	mk, err := os.ReadFile("../../../Makefile")
 	if err != nil {
@@ -184,11 +249,14 @@ func TestChartVersionIsTheOperatorVersion(t *testing.T) {
 	if string(m[1]) != version.Version {
 		t.Errorf("Makefile VERSION %s, internal/version.Version %s: they must agree", m[1], version.Version)
 	}
-	for _, dir := range chartDirs() {
-		c, err := loader.Load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+	umbrella, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(umbrella.Dependencies()) != len(parts)+1 {
+		t.Errorf("the umbrella has %d subcharts, want the %d parts and the library", len(umbrella.Dependencies()), len(parts))
+	}
+	for _, c := range append([]*chart.Chart{umbrella}, umbrella.Dependencies()...) {
 		if c.Metadata.Version != version.Version || c.Metadata.AppVersion != version.Version {
 			t.Errorf("%s: version %s, appVersion %s, want the operator version %s", c.Name(), c.Metadata.Version, c.Metadata.AppVersion, version.Version)
 		}
@@ -197,61 +265,47 @@ func TestChartVersionIsTheOperatorVersion(t *testing.T) {
 				t.Errorf("%s: dependency %s at %s, want %s", c.Name(), d.Name, d.Version, version.Version)
 			}
 		}
-		// A plain helm install (no operator to set the images) pulls our
-		// images of the same release.
-		global, _ := c.Values["global"].(map[string]any)
-		images, _ := global["images"].(map[string]any)
-		if len(images) == 0 {
-			t.Errorf("%s: no global.images defaults", c.Name())
+	}
+	// A plain helm install (no operator to set the images) pulls our images
+	// of the same release.
+	global, _ := umbrella.Values["global"].(map[string]any)
+	images, _ := global["images"].(map[string]any)
+	if len(images) == 0 {
+		t.Errorf("no global.images defaults")
+	}
+	for name, ref := range images {
+		if !strings.HasPrefix(fmt.Sprint(ref), "ghcr.io/model-orchestra/") {
+			continue // a third-party engine, pinned on its own
 		}
-		for name, ref := range images {
-			if !strings.HasPrefix(fmt.Sprint(ref), "ghcr.io/model-orchestra/") {
-				continue // a third-party engine, pinned on its own
-			}
-			if !strings.HasSuffix(fmt.Sprint(ref), ":v"+version.Version) {
-				t.Errorf("%s: default image %s is %v, want the tag v%s", c.Name(), name, ref, version.Version)
-			}
+		if !strings.HasSuffix(fmt.Sprint(ref), ":v"+version.Version) {
+			t.Errorf("default image %s is %v, want the tag v%s", name, ref, version.Version)
 		}
 	}
 }
 
-// TestSubchartsShareTheUmbrellaGlobals: what makes a subchart render on its
-// own (its copy of the global defaults, of their schema and of the shared
-// named templates) is the umbrella's, so a subchart renders the same alone
-// and through the umbrella. `make chart-helpers` refreshes the templates.
-func TestSubchartsShareTheUmbrellaGlobals(t *testing.T) {
-	read := func(path string) []byte {
-		t.Helper()
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+// TestPartsTakeGlobalFromTheUmbrella: global is declared and checked in
+// depth by the umbrella only; a part neither repeats its defaults nor its
+// schema.
+func TestPartsTakeGlobalFromTheUmbrella(t *testing.T) {
+	umbrella, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	global := func(path string) any {
-		t.Helper()
-		var m map[string]any
-		if err := yaml.Unmarshal(read(path), &m); err != nil {
-			t.Fatalf("%s: %v", path, err)
+	for _, c := range umbrella.Dependencies() {
+		if _, ok := c.Values["global"]; ok {
+			t.Errorf("%s/values.yaml sets global: the umbrella's values.yaml owns it", c.Name())
 		}
-		if path = filepath.Base(path); path == "values.schema.json" {
-			return m["properties"].(map[string]any)["global"]
+		if c.Schema == nil {
+			continue
 		}
-		return m["global"]
-	}
-	for _, s := range subcharts {
-		dir := filepath.Join(chartDir, "charts", s)
-		for _, f := range []string{"values.yaml", "values.schema.json"} {
-			if diff := cmp.Diff(global(filepath.Join(chartDir, f)), global(filepath.Join(dir, f))); diff != "" {
-				t.Errorf("global in %s/%s differs from the umbrella's (-umbrella +%s):\n%s", s, f, s, diff)
-			}
+		var schema struct {
+			Properties map[string]map[string]any `json:"properties"`
 		}
-		for _, f := range []string{"_helpers.tpl", "_engines.tpl"} {
-			src := string(read(filepath.Join(chartDir, "templates", f)))
-			copied := string(read(filepath.Join(dir, "templates", f)))
-			if _, body, _ := strings.Cut(copied, "\n"); body != src {
-				t.Errorf("%s/templates/%s is not a copy of the umbrella's (run make chart-helpers)", s, f)
-			}
+		if err := json.Unmarshal(c.Schema, &schema); err != nil {
+			t.Fatalf("%s/values.schema.json: %v", c.Name(), err)
+		}
+		if g := schema.Properties["global"]; g["type"] != "object" || g["properties"] != nil {
+			t.Errorf("%s/values.schema.json checks global itself (%v): the umbrella's schema owns it", c.Name(), g)
 		}
 	}
 }
