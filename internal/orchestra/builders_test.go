@@ -26,6 +26,9 @@ func fromYAML(t *testing.T, doc string) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: m}
 }
 
+// oneApp is the spec of a ModelOrchestra with one application.
+const oneApp = `{applications: {chat: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+
 // owner builds a ModelOrchestra named demo in namespace ns; spec is a
 // YAML flow mapping.
 func owner(t *testing.T, spec string) *unstructured.Unstructured {

@@ -11,7 +11,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/yaml"
 
+	operator "github.com/model-orchestra/operator"
 	"github.com/model-orchestra/operator/internal/plugin"
 )
 
@@ -246,5 +248,24 @@ func TestConfigChecksumDigestInputsDefaultNamespace(t *testing.T) {
 	want := []plugin.ObjectRef{{GVK: corev1.SchemeGroupVersion.WithKind("Secret"), Namespace: "ns", Name: "key"}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("DigestInputs (-want +got):\n%s", diff)
+	}
+}
+
+// TestConfigChecksumRunsLast: the embedded watches.yaml lists config-checksum
+// after every other post-renderer, so that the checksum covers the
+// ConfigMaps and Secrets as they are applied.
+func TestConfigChecksumRunsLast(t *testing.T) {
+	var entries []struct {
+		PostRenderers []struct{ Name string } `json:"postRenderers"`
+	}
+	if err := yaml.Unmarshal(operator.Watches(), &entries); err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range entries {
+		for j, pr := range e.PostRenderers {
+			if pr.Name == ConfigChecksumName && j != len(e.PostRenderers)-1 {
+				t.Errorf("watches.yaml entry %d runs %s at position %d of %d: it must run last", i, ConfigChecksumName, j+1, len(e.PostRenderers))
+			}
+		}
 	}
 }

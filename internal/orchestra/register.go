@@ -12,6 +12,5 @@ func Register(r *plugin.Registry) {
 	r.RegisterTranslator(TranslatorName, Translator{})
 	r.RegisterPostRenderer(ConfigChecksumName, NewConfigChecksum)
 	r.RegisterPostRenderer(GPUSchedulingName, NewGPUScheduling)
-	r.RegisterPostRenderer(NATSWiringName, NewNATSWiring)
 	r.RegisterStatus(StatusName, Status{})
 }

@@ -220,13 +220,14 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 	// What several subcharts read is under global; each subchart's own
 	// settings are under its name.
 	nats := map[string]any{
-		"url":      s.NATS.URL,
+		"url":      natsURL(mo),
 		"replicas": int64(s.NATS.Replicas),
 	}
-	if s.NATS.CredentialsSecretRef != nil {
-		nats["credentialsSecret"] = s.NATS.CredentialsSecretRef.Name
+	if r := s.NATS.CredentialsSecretRef; r != nil {
+		nats["credentialsSecretRef"] = map[string]any{"name": r.Name}
 	}
 	natsServer := map[string]any{
+		"enabled":   s.NATS.URL == "",
 		"resources": toMap(orDefault(s.NATS.Resources, defaultNATSResources)),
 		"storage":   natsStorage(defaultNATSStorageSize, ""),
 	}
@@ -463,6 +464,18 @@ func toJSONValue(v any) (any, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// natsURL is the URL every NATS client of mo connects to, the one place
+// that decides it: spec.nats.url, or else the client Service of the
+// in-cluster server, which the nats part names "<release>-nats" (the
+// release is named after the resource) and serves on port 4222. The chart
+// prints it (global.nats.url) and computes nothing.
+func natsURL(mo *v1alpha1.ModelOrchestra) string {
+	if mo.Spec.NATS.URL != "" {
+		return mo.Spec.NATS.URL
+	}
+	return fmt.Sprintf("nats://%s-nats.%s.svc:4222", mo.Name, mo.Namespace)
 }
 
 // natsStorage is the nats subchart's storage value: the volume size as a Kubernetes

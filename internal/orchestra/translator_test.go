@@ -80,3 +80,40 @@ func TestTranslatorRefusesEmptyTokenSelector(t *testing.T) {
 		t.Fatalf("error = %v, want one naming spec.gateway.auth.tokenSecretSelector", err)
 	}
 }
+
+// TestTranslatorResolvesNATSOnce: the translator is the one place that
+// decides the NATS URL every client uses, and whether the in-cluster
+// server is deployed.
+func TestTranslatorResolvesNATSOnce(t *testing.T) {
+	const apps = `applications: {chat: {model: {source: "hf://org/repo", file: m.gguf}}}`
+	for _, tc := range []struct {
+		name, spec string
+		global     map[string]any
+		enabled    bool
+	}{
+		{
+			name:    "in-cluster server",
+			spec:    `{nats: {replicas: 3}, ` + apps + `}`,
+			global:  map[string]any{"url": "nats://demo-nats.ns.svc:4222", "replicas": int64(3)},
+			enabled: true,
+		},
+		{
+			name:   "external server with credentials",
+			spec:   `{nats: {url: "tls://a:4222,tls://b:4222", credentialsSecretRef: {name: creds}}, ` + apps + `}`,
+			global: map[string]any{"url": "tls://a:4222,tls://b:4222", "replicas": int64(1), "credentialsSecretRef": map[string]any{"name": "creds"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vals, err := Translator{Getenv: func(string) string { return "" }}.Translate(context.Background(), owner(t, tc.spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.global, vals["global"].(map[string]any)["nats"]); diff != "" {
+				t.Errorf("global.nats (-want +got):\n%s", diff)
+			}
+			if got := vals["nats"].(map[string]any)["enabled"]; got != tc.enabled {
+				t.Errorf("nats.enabled = %v, want %v", got, tc.enabled)
+			}
+		})
+	}
+}

@@ -2,13 +2,16 @@ package preview
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
@@ -178,5 +181,112 @@ func TestAnonymousGateway(t *testing.T) {
 				t.Error("an anonymous gateway still mounts a service account token")
 			}
 		}
+	}
+}
+
+// TestEveryNATSClientUsesOneServer: the gateway and dispatcher configuration
+// files and the environment and volumes of every NATS client pod name the
+// same server, stream replica count and credentials, those the resource
+// asks for; the in-cluster URL names the client Service the nats part
+// renders.
+func TestEveryNATSClientUsesOneServer(t *testing.T) {
+	p := newRenderer(t)
+	for _, tc := range []struct {
+		name, url, creds, replicas string
+		set                        []string
+	}{
+		{name: "in-cluster", url: "nats://t-nats.ns.svc:4222", replicas: "3", set: []string{"spec.nats.replicas=3"}},
+		{name: "external with credentials", url: "tls://a:4222,tls://b:4222", creds: "nats-creds", replicas: "1",
+			set: []string{`spec.nats.url=tls://a:4222\,tls://b:4222`, "spec.nats.credentialsSecretRef.name=nats-creds"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := decode(strings.NewReader(minimal))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, _, err := p.Render(context.Background(), objs[0], Options{Set: tc.set, Namespace: "ns"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			credsDir, credsFile := "", ""
+			if tc.creds != "" {
+				credsDir, credsFile = "/etc/orchestra/nats", "/etc/orchestra/nats/creds"
+			}
+			seen := map[string]bool{}
+			clients := 0
+			for _, o := range res.Objects {
+				check := func(what, got, want string) {
+					t.Helper()
+					if got != want {
+						t.Errorf("%s %s: %s is %q, want %q", o.GetKind(), o.GetName(), what, got, want)
+					}
+				}
+				seen[o.GetKind()+"/"+o.GetName()] = true
+				switch {
+				case o.GetKind() == "Service" && o.GetName() == "t-nats":
+					ports, _, _ := unstructured.NestedSlice(o.Object, "spec", "ports")
+					if len(ports) == 0 || fmt.Sprint(ports[0].(map[string]any)["port"]) != "4222" {
+						t.Errorf("Service t-nats serves %v, want port 4222", ports)
+					}
+				case o.GetKind() == "ConfigMap" && o.GetName() == "t-dispatcher":
+					var cfg struct {
+						NATS   struct{ URL, CredentialsFile string }
+						Stream struct{ Replicas int }
+					}
+					configFile(t, o, "dispatcher.yaml", &cfg)
+					check("nats.url", cfg.NATS.URL, tc.url)
+					check("nats.credentialsFile", cfg.NATS.CredentialsFile, credsFile)
+					check("stream.replicas", fmt.Sprint(cfg.Stream.Replicas), tc.replicas)
+				case o.GetKind() == "ConfigMap" && o.GetName() == "t-gateway":
+					var cfg struct {
+						Queue struct{ URL, CredsFile string }
+					}
+					configFile(t, o, "gateway.yaml", &cfg)
+					check("queue.url", cfg.Queue.URL, tc.url)
+					check("queue.credsFile", cfg.Queue.CredsFile, credsFile)
+				case o.GetKind() == "Deployment" || o.GetKind() == "StatefulSet":
+					var tmpl corev1.PodTemplateSpec
+					spec, _, _ := unstructured.NestedMap(o.Object, "spec", "template")
+					if err := runtime.DefaultUnstructuredConverter.FromUnstructured(spec, &tmpl); err != nil {
+						t.Fatal(err)
+					}
+					if tmpl.Labels["modelorchestra.io/nats-client"] != "true" {
+						continue
+					}
+					clients++
+					secret := ""
+					for _, v := range tmpl.Spec.Volumes {
+						if v.Secret != nil && v.Name == "nats-credentials" {
+							secret = v.Secret.SecretName
+						}
+					}
+					check("the credentials volume's Secret", secret, tc.creds)
+					for _, c := range tmpl.Spec.Containers {
+						env := map[string]string{}
+						for _, e := range c.Env {
+							env[e.Name] = e.Value
+						}
+						check("NATS_URL", env["NATS_URL"], tc.url)
+						check("NATS_STREAM_REPLICAS", env["NATS_STREAM_REPLICAS"], tc.replicas)
+						check("NATS_CREDENTIALS_DIR", env["NATS_CREDENTIALS_DIR"], credsDir)
+					}
+				}
+			}
+			if clients != 2 {
+				t.Errorf("%d NATS client workloads, want 2 (gateway and dispatcher)", clients)
+			}
+			if inCluster := tc.creds == ""; inCluster != seen["Service/t-nats"] || inCluster != seen["StatefulSet/t-nats"] {
+				t.Errorf("the in-cluster server's Service and StatefulSet rendered: %v, %v; want %v (the URL is %s)", seen["Service/t-nats"], seen["StatefulSet/t-nats"], inCluster, tc.url)
+			}
+		})
+	}
+}
+
+// configFile decodes the configuration file in data key key of a ConfigMap.
+func configFile(t *testing.T, cm *unstructured.Unstructured, key string, into any) {
+	t.Helper()
+	raw, _, _ := unstructured.NestedString(cm.Object, "data", key)
+	if err := yaml.Unmarshal([]byte(raw), into); err != nil {
+		t.Fatalf("ConfigMap %s: %s: %v", cm.GetName(), key, err)
 	}
 }
