@@ -68,14 +68,21 @@ type configRef struct {
 	name string
 }
 
-// PostRender implements plugin.PostRenderer.
-func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]*unstructured.Unstructured, error) {
-	rendered := map[configRef]*unstructured.Unstructured{}
-	for _, o := range objs {
-		if o.GetAPIVersion() == "v1" && (o.GetKind() == "ConfigMap" || o.GetKind() == "Secret") {
-			rendered[configRef{o.GetKind(), o.GetName()}] = o
-		}
-	}
+// rolled is the pod template of a rolled workload and the ConfigMaps and
+// Secrets it references.
+type rolled struct {
+	pt *podTemplate
+	// namespace is the workload's, or the owner's when the chart left it out.
+	namespace string
+	refs      []configRef
+}
+
+// rolledTemplates lists the pod templates of the workloads in objs whose
+// pods are replaced when their template changes, with what each
+// references. PostRender and DigestInputs both walk this list, so that they
+// agree on what is read.
+func rolledTemplates(rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]rolled, error) {
+	var out []rolled
 	for _, obj := range objs {
 		gvk := obj.GroupVersionKind()
 		if !rolledKinds[gvk.Group+"/"+gvk.Kind] {
@@ -85,29 +92,52 @@ func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", ConfigChecksumName, err)
 		}
-		refs := referencedConfig(&pt.tmpl.Spec)
-		if len(refs) == 0 {
-			continue
-		}
 		ns := obj.GetNamespace()
 		if ns == "" && rc.Owner != nil {
 			ns = rc.Owner.GetNamespace()
 		}
+		out = append(out, rolled{pt: pt, namespace: ns, refs: referencedConfig(&pt.tmpl.Spec)})
+	}
+	return out, nil
+}
+
+// renderedConfig indexes the ConfigMaps and Secrets that objs render.
+func renderedConfig(objs []*unstructured.Unstructured) map[configRef]*unstructured.Unstructured {
+	rendered := map[configRef]*unstructured.Unstructured{}
+	for _, o := range objs {
+		if o.GetAPIVersion() == "v1" && (o.GetKind() == "ConfigMap" || o.GetKind() == "Secret") {
+			rendered[configRef{o.GetKind(), o.GetName()}] = o
+		}
+	}
+	return rendered
+}
+
+// PostRender implements plugin.PostRenderer.
+func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]*unstructured.Unstructured, error) {
+	rendered := renderedConfig(objs)
+	workloads, err := rolledTemplates(rc, objs)
+	if err != nil {
+		return nil, err
+	}
+	for _, w := range workloads {
+		if len(w.refs) == 0 {
+			continue
+		}
 		h := sha256.New()
-		for _, ref := range refs {
-			data, err := c.content(ctx, rc.Reader, rendered, ns, ref)
+		for _, ref := range w.refs {
+			data, err := c.content(ctx, rc.Reader, rendered, w.namespace, ref)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %s: %w", ConfigChecksumName, pt.describe(), err)
+				return nil, fmt.Errorf("%s: %s: %w", ConfigChecksumName, w.pt.describe(), err)
 			}
 			_, _ = fmt.Fprintf(h, "%s/%s\n", ref.kind, ref.name) // hash writes never fail
 			h.Write(data)
 			h.Write([]byte{'\n'})
 		}
-		if pt.tmpl.Annotations == nil {
-			pt.tmpl.Annotations = map[string]string{}
+		if w.pt.tmpl.Annotations == nil {
+			w.pt.tmpl.Annotations = map[string]string{}
 		}
-		pt.tmpl.Annotations[c.annotation] = hex.EncodeToString(h.Sum(nil))
-		if err := pt.store(); err != nil {
+		w.pt.tmpl.Annotations[c.annotation] = hex.EncodeToString(h.Sum(nil))
+		if err := w.pt.store(); err != nil {
 			return nil, fmt.Errorf("%s: %w", ConfigChecksumName, err)
 		}
 	}
@@ -118,32 +148,19 @@ func (c *configChecksum) PostRender(ctx context.Context, rc plugin.RenderContext
 // Secrets that the rolled workloads of objs reference and objs do not
 // render, which PostRender reads live. It reads nothing itself.
 func (c *configChecksum) DigestInputs(_ context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]plugin.ObjectRef, error) {
-	rendered := map[configRef]bool{}
-	for _, o := range objs {
-		if o.GetAPIVersion() == "v1" && (o.GetKind() == "ConfigMap" || o.GetKind() == "Secret") {
-			rendered[configRef{o.GetKind(), o.GetName()}] = true
-		}
+	rendered := renderedConfig(objs)
+	workloads, err := rolledTemplates(rc, objs)
+	if err != nil {
+		return nil, err
 	}
 	seen := map[plugin.ObjectRef]bool{}
 	var out []plugin.ObjectRef
-	for _, obj := range objs {
-		gvk := obj.GroupVersionKind()
-		if !rolledKinds[gvk.Group+"/"+gvk.Kind] {
-			continue
-		}
-		pt, err := podTemplateOf(obj)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", ConfigChecksumName, err)
-		}
-		ns := obj.GetNamespace()
-		if ns == "" && rc.Owner != nil {
-			ns = rc.Owner.GetNamespace()
-		}
-		for _, ref := range referencedConfig(&pt.tmpl.Spec) {
-			if rendered[ref] {
+	for _, w := range workloads {
+		for _, ref := range w.refs {
+			if rendered[ref] != nil {
 				continue
 			}
-			r := plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind(ref.kind), Namespace: ns, Name: ref.name}
+			r := plugin.ObjectRef{GVK: corev1.SchemeGroupVersion.WithKind(ref.kind), Namespace: w.namespace, Name: ref.name}
 			if !seen[r] {
 				seen[r] = true
 				out = append(out, r)
