@@ -300,6 +300,11 @@ type GatewayAuthSpec struct {
 	HMACKeySecretRef *SecretKeyRef `json:"hmacKeySecretRef,omitempty"`
 }
 
+// DefaultTokenSecretSelector is the label selector of the API token Secrets
+// when spec.gateway.auth.tokenSecretSelector is not set. It is declared here
+// only: the values translator and the gateway's own default use it.
+const DefaultTokenSecretSelector = "modelorchestra.io/api-token=true"
+
 // GatewayLimitsSpec protects the engines from overload. Zero means no
 // limit.
 type GatewayLimitsSpec struct {

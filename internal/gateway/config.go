@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Config is the whole configuration of the gateway. It is read from one YAML
@@ -172,7 +174,7 @@ func Default() Config {
 			DrainTimeout:      metav1.Duration{Duration: 60 * time.Second},
 		},
 		Auth: AuthConfig{
-			SecretSelector: "modelorchestra.io/api-token=true",
+			SecretSelector: v1alpha1.DefaultTokenSecretSelector,
 		},
 		Limits: LimitsConfig{
 			MaxBodyBytes: 8 << 20,

@@ -23,10 +23,6 @@ import (
 // TranslatorName is the values translator's name in watches.yaml.
 const TranslatorName = "modelorchestra"
 
-// DefaultTokenSecretSelector selects the API token Secrets when
-// spec.gateway.auth.tokenSecretSelector is not set.
-const DefaultTokenSecretSelector = "modelorchestra.io/api-token=true"
-
 // Image is one image the chart references, overridable by an environment
 // variable of the operator (set by OLM from the CSV's relatedImages).
 type Image struct {
@@ -254,7 +250,7 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 	selector := ""
 	if !g.Auth.Anonymous {
-		selector = DefaultTokenSecretSelector
+		selector = v1alpha1.DefaultTokenSecretSelector
 		if g.Auth.TokenSecretSelector != nil {
 			sel, err := metav1.LabelSelectorAsSelector(g.Auth.TokenSecretSelector)
 			if err != nil {
@@ -289,15 +285,15 @@ func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 		"ingress":   map[string]any{"enabled": false},
 		"httpRoute": map[string]any{"enabled": false},
 		"auth": map[string]any{
-			"anonymous":      g.Auth.Anonymous,
-			"secretSelector": selector,
-			"hmacKeySecret":  hmac,
+			"anonymous":        g.Auth.Anonymous,
+			"secretSelector":   selector,
+			"hmacKeySecretRef": hmac,
 		},
 		"limits": map[string]any{
-			"requestsPerMinute":    int64(g.Limits.RequestsPerMinute),
-			"tokensPerMinute":      int64(g.Limits.TokensPerMinute),
-			"maxConcurrentStreams": int64(g.Limits.MaxConcurrent),
-			"maxBodyBytes":         maxBody,
+			"requestsPerMinute": int64(g.Limits.RequestsPerMinute),
+			"tokensPerMinute":   int64(g.Limits.TokensPerMinute),
+			"maxConcurrent":     int64(g.Limits.MaxConcurrent),
+			"maxBodyBytes":      maxBody,
 		},
 		"resources": toMap(orDefault(g.Resources, defaultGatewayResources)),
 	}
@@ -342,10 +338,10 @@ func applicationValues(app v1alpha1.Application) (map[string]any, error) {
 		"hubEndpoint":   m.HubEndpoint,
 	}
 	if r := m.TokenSecretRef; r != nil {
-		model["tokenSecret"] = map[string]any{"name": r.Name, "key": r.Key}
+		model["tokenSecretRef"] = map[string]any{"name": r.Name, "key": r.Key}
 	}
 	if r := m.CredentialsSecretRef; r != nil {
-		model["credentialsSecret"] = r.Name
+		model["credentialsSecretRef"] = map[string]any{"name": r.Name}
 	}
 	if s3 := m.S3; s3 != nil {
 		model["s3"] = map[string]any{"endpoint": s3.Endpoint, "region": s3.Region}

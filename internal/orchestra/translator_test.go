@@ -52,7 +52,7 @@ func TestTranslatorValues(t *testing.T) {
 	}
 	for path, want := range map[string]any{
 		"gateway.auth.secretSelector":                      "team=a",
-		"gateway.auth.hmacKeySecret":                       map[string]any{"name": "h", "key": "token"},
+		"gateway.auth.hmacKeySecretRef":                    map[string]any{"name": "h", "key": "token"},
 		"gateway.limits.maxBodyBytes":                      int64(2 << 20),
 		"gateway.limits.requestsPerMinute":                 int64(600),
 		"global.applications.chat.serving.servedModelName": "chat",
