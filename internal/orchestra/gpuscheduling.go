@@ -19,7 +19,13 @@ import (
 // GPUSchedulingName is the gpu-scheduling post-renderer's name.
 const GPUSchedulingName = "gpu-scheduling"
 
-// Pod template annotations the chart sets on engine pods that need GPUs.
+// Pod template annotations the chart sets on engine pods that need GPUs:
+// the contract between the chart (charts/model-orchestra/charts/topology/
+// templates/topology.yaml, where it is documented next to them) and this
+// post-renderer. The chart states what a pod needs; the cluster's policy
+// (resource name, product label, tolerations) stays out of the chart values,
+// in this post-renderer's config in watches.yaml. Without this post-renderer
+// the chart's GPU pods request no GPU.
 const (
 	// AnnotationGPUCount is the number of GPUs per pod.
 	AnnotationGPUCount = "modelorchestra.io/gpu-count"
