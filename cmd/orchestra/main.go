@@ -1,19 +1,33 @@
-// Command orchestra is the Model Orchestra command-line tool.
+// Command orchestra is the Model Orchestra command-line tool. It previews
+// offline what the operator renders for a ModelOrchestra resource:
 //
 //	orchestra template -f cr.yaml [--set path=value]...
 //
-// renders ModelOrchestra resources offline into the Kubernetes objects the
-// operator would apply, after validating them as the API server would.
+// renders resources into the Kubernetes objects the operator would apply,
+// after validating them as the API server would;
+//
+//	orchestra values -f cr.yaml > values.yaml
+//	helm template NAME charts/model-orchestra -n NAMESPACE -f values.yaml \
+//	  --post-renderer orchestra --post-renderer-args post-render \
+//	  --post-renderer-args -f --post-renderer-args cr.yaml
+//
+// previews the same objects with Helm: values prints the chart values the
+// operator's translator makes, and post-render runs the operator's
+// post-renderers as Helm's --post-renderer (manifests on standard input,
+// the result on standard output). NAME and NAMESPACE are the resource's.
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/model-orchestra/operator/internal/orchestra/preview"
 	"github.com/model-orchestra/operator/internal/version"
@@ -37,15 +51,38 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTemplateCommand())
+	root.AddCommand(newTemplateCommand(), newValuesCommand(), newPostRenderCommand())
 	return root
 }
 
+// resourceFlags are the flags that say which resource to preview and how.
+type resourceFlags struct {
+	file string
+	opts preview.Options
+}
+
+func (f *resourceFlags) bind(fs *pflag.FlagSet, fileHelp string) {
+	fs.StringVarP(&f.file, "file", "f", "", fileHelp)
+	fs.StringArrayVar(&f.opts.Set, "set", nil, "set a field of the resource before rendering, e.g. spec.gateway.replicas=3 (repeatable)")
+	fs.StringVarP(&f.opts.Namespace, "namespace", "n", "", `namespace of resources that name none (default "default")`)
+}
+
+// open returns the resource input: the file, or standard input for "-"
+// when stdinOK. The caller closes it.
+func (f *resourceFlags) open(cmd *cobra.Command, stdinOK bool) (io.ReadCloser, error) {
+	switch {
+	case f.file == "":
+		return nil, errors.New("--file (-f) is required")
+	case f.file == "-" && !stdinOK:
+		return nil, errors.New(`--file (-f) must name a file: standard input carries the manifests`)
+	case f.file == "-":
+		return io.NopCloser(cmd.InOrStdin()), nil
+	}
+	return os.Open(f.file)
+}
+
 func newTemplateCommand() *cobra.Command {
-	var (
-		file string
-		opts preview.Options
-	)
+	var f resourceFlags
 	cmd := &cobra.Command{
 		Use:   "template -f FILE",
 		Short: "Render ModelOrchestra resources offline, as the operator would apply them",
@@ -60,23 +97,16 @@ checksums of external Secrets are placeholders.`,
   cat cr.yaml | orchestra template -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if file == "" {
-				return fmt.Errorf("--file (-f) is required")
+			in, err := f.open(cmd, true)
+			if err != nil {
+				return err
 			}
-			in := cmd.InOrStdin()
-			if file != "-" {
-				f, err := os.Open(file)
-				if err != nil {
-					return err
-				}
-				defer func() { _ = f.Close() }() // opened read-only
-				in = f
-			}
+			defer func() { _ = in.Close() }() // opened read-only
 			p, err := preview.New()
 			if err != nil {
 				return err
 			}
-			out, err := p.Template(cmd.Context(), in, opts)
+			out, err := p.Template(cmd.Context(), in, f.opts)
 			if err != nil {
 				return err
 			}
@@ -84,9 +114,90 @@ checksums of external Secrets are placeholders.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVarP(&file, "file", "f", "", `file holding ModelOrchestra resources ("-" reads standard input)`)
-	cmd.Flags().StringArrayVar(&opts.Set, "set", nil, "set a field of the resource before rendering, e.g. spec.gateway.replicas=3 (repeatable)")
-	cmd.Flags().StringVarP(&opts.Namespace, "namespace", "n", "", `namespace of resources that name none (default "default")`)
-	cmd.Flags().StringVar(&opts.KubeVersion, "kube-version", "", "Kubernetes version to render for (default "+preview.DefaultKubeVersion+")")
+	f.bind(cmd.Flags(), `file holding ModelOrchestra resources ("-" reads standard input)`)
+	cmd.Flags().StringVar(&f.opts.KubeVersion, "kube-version", "", "Kubernetes version to render for (default "+preview.DefaultKubeVersion+")")
+	return cmd
+}
+
+func newValuesCommand() *cobra.Command {
+	var f resourceFlags
+	cmd := &cobra.Command{
+		Use:   "values -f FILE",
+		Short: "Print the chart values the operator renders a ModelOrchestra resource with",
+		Long: `Print, as YAML, the values of the model-orchestra chart that the operator
+renders one ModelOrchestra resource with: the resource, validated and
+defaulted as the API server would, through the values translator, with the
+overrideValues of the embedded watches.yaml on top. With post-render as
+Helm's post-renderer, helm template then prints what the operator applies.`,
+		Example: `  orchestra values -f cr.yaml > values.yaml
+  helm template NAME charts/model-orchestra -n NAMESPACE -f values.yaml \
+    --post-renderer orchestra --post-renderer-args post-render \
+    --post-renderer-args -f --post-renderer-args cr.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			in, err := f.open(cmd, true)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = in.Close() }() // opened read-only
+			p, err := preview.New()
+			if err != nil {
+				return err
+			}
+			out, err := p.Values(cmd.Context(), in, f.opts)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
+		},
+	}
+	f.bind(cmd.Flags(), `file holding one ModelOrchestra resource ("-" reads standard input)`)
+	return cmd
+}
+
+func newPostRenderCommand() *cobra.Command {
+	var f resourceFlags
+	cmd := &cobra.Command{
+		Use:   "post-render -f FILE",
+		Short: "Run the operator's post-renderers, as Helm's --post-renderer",
+		Long: `Read the manifests Helm rendered for one ModelOrchestra resource from
+standard input, run the operator's post-renderers over them (those of the
+embedded watches.yaml, with its configuration, then the engine's standard
+labels and owner references) and write the result to standard output. The
+resource (-f) is needed because the post-renderers read it; Helm must render
+the release under the resource's name and namespace, which is checked.
+Secrets that the chart does not render are not read, so config checksums
+of external Secrets are placeholders, as with orchestra template.`,
+		Example: `  helm template NAME charts/model-orchestra -n NAMESPACE -f values.yaml \
+    --post-renderer orchestra --post-renderer-args post-render \
+    --post-renderer-args -f --post-renderer-args cr.yaml
+  helm install NAME charts/model-orchestra -n NAMESPACE -f values.yaml --dry-run \
+    --post-renderer orchestra --post-renderer-args post-render \
+    --post-renderer-args -f --post-renderer-args cr.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			in, err := f.open(cmd, false)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = in.Close() }() // opened read-only
+			var manifest bytes.Buffer
+			if _, err := manifest.ReadFrom(cmd.InOrStdin()); err != nil {
+				return fmt.Errorf("reading the manifests from standard input: %w", err)
+			}
+			p, err := preview.New()
+			if err != nil {
+				return err
+			}
+			out, err := p.PostRender(cmd.Context(), in, manifest.Bytes(), f.opts)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(out)
+			return err
+		},
+	}
+	f.bind(cmd.Flags(), "file holding the one ModelOrchestra resource the manifests were rendered for")
 	return cmd
 }

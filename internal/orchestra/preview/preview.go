@@ -3,6 +3,8 @@
 // against the embedded CRD (schema and CEL rules, as the API server does),
 // then rendered by the engine's pipeline (internal/render) with the
 // embedded watches.yaml, the embedded chart and the same plugin registry.
+// Template does all of it; Values and PostRender are its two halves around
+// Helm, for previews with helm template.
 package preview
 
 import (
@@ -31,6 +33,10 @@ import (
 
 // ErrNoResource means the input held no resource to render.
 var ErrNoResource = errors.New("no ModelOrchestra resource in the input")
+
+// ErrNotOne means that the input held several resources where one release,
+// and so one resource, is meant.
+var ErrNotOne = errors.New("not exactly one ModelOrchestra resource")
 
 // Options configure a preview.
 type Options struct {
@@ -94,6 +100,29 @@ func (p *Renderer) Template(ctx context.Context, r io.Reader, opts Options) (str
 // Render validates one resource and renders it; it returns the rendered
 // result and the validated, defaulted resource.
 func (p *Renderer) Render(ctx context.Context, obj *unstructured.Unstructured, opts Options) (*render.Result, *unstructured.Unstructured, error) {
+	entry, valid, err := p.prepare(ctx, obj, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	kubeVersion := opts.KubeVersion
+	if kubeVersion == "" {
+		kubeVersion = DefaultKubeVersion
+	}
+	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kube version %q: %w", kubeVersion, err)
+	}
+	ro := render.Options{KubeVersion: kv}
+	res, err := render.ForResource(ctx, entry, valid, ro)
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, valid, nil
+}
+
+// prepare applies opts.Set and the namespace to a copy of obj, validates and
+// defaults it as the API server would, and finds its watches.yaml entry.
+func (p *Renderer) prepare(ctx context.Context, obj *unstructured.Unstructured, opts Options) (*watches.Entry, *unstructured.Unstructured, error) {
 	obj = obj.DeepCopy()
 	for _, s := range opts.Set {
 		if err := strvals.ParseInto(s, obj.Object); err != nil {
@@ -115,20 +144,85 @@ func (p *Renderer) Render(ctx context.Context, obj *unstructured.Unstructured, o
 	if err != nil {
 		return nil, nil, err
 	}
-	kubeVersion := opts.KubeVersion
-	if kubeVersion == "" {
-		kubeVersion = DefaultKubeVersion
-	}
-	kv, err := chartutil.ParseKubeVersion(kubeVersion)
+	return entry, valid, nil
+}
+
+// Values returns the chart values the operator renders the one resource in
+// r with: the values translator's result with watches.yaml's overrideValues
+// on top, as YAML. Given to `helm template <name> <chart> -n <namespace>
+// -f`, with PostRender as the post-renderer, they render what Template
+// does.
+func (p *Renderer) Values(ctx context.Context, r io.Reader, opts Options) ([]byte, error) {
+	obj, err := decodeOne(r)
 	if err != nil {
-		return nil, nil, fmt.Errorf("kube version %q: %w", kubeVersion, err)
+		return nil, err
 	}
-	ro := render.Options{KubeVersion: kv}
-	res, err := render.ForResource(ctx, entry, valid, ro)
+	entry, valid, err := p.prepare(ctx, obj, opts)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return res, valid, nil
+	vals, err := render.Values(ctx, entry, valid)
+	if err != nil {
+		return nil, err
+	}
+	if err := render.Validate(entry, vals); err != nil {
+		return nil, err
+	}
+	out, err := yaml.Marshal(vals)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the values of %s/%s: %w", valid.GetNamespace(), valid.GetName(), err)
+	}
+	return out, nil
+}
+
+// ErrReleaseMismatch means that a manifest given to PostRender was rendered
+// for another release name or namespace than the resource's: the operator
+// names the release after the resource and installs it in its namespace.
+var ErrReleaseMismatch = errors.New("the manifest was rendered for another release than the resource's")
+
+// PostRender runs the operator's post-renderers, with their configuration
+// from the embedded watches.yaml and then the engine's built-ins (standard
+// labels, ownership), over the manifest rendered by Helm for the one
+// resource in cr, and returns the manifest the operator would apply. It is
+// what `orchestra post-render` does as Helm's --post-renderer. Secrets that
+// the chart does not render are not read, as in Template.
+func (p *Renderer) PostRender(ctx context.Context, cr io.Reader, manifest []byte, opts Options) ([]byte, error) {
+	obj, err := decodeOne(cr)
+	if err != nil {
+		return nil, err
+	}
+	entry, valid, err := p.prepare(ctx, obj, opts)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := render.ParseManifest(string(manifest))
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		instance := o.GetLabels()[render.LabelInstance]
+		if ns := o.GetNamespace(); (ns != "" && ns != valid.GetNamespace()) || (instance != "" && instance != valid.GetName()) {
+			return nil, fmt.Errorf("%w: %s %s is in namespace %q of release %q, but %s is %s/%s (run helm template %s ... -n %s)",
+				ErrReleaseMismatch, o.GetKind(), o.GetName(), ns, instance, valid.GetKind(), valid.GetNamespace(), valid.GetName(), valid.GetName(), valid.GetNamespace())
+		}
+	}
+	out, err := render.NewPostRenderer(ctx, entry, valid, render.Options{}).Run(bytes.NewBuffer(manifest))
+	if err != nil {
+		return nil, fmt.Errorf("post-rendering %s/%s: %w", valid.GetNamespace(), valid.GetName(), err)
+	}
+	return out.Bytes(), nil
+}
+
+// decodeOne reads the one resource of a YAML or JSON stream.
+func decodeOne(r io.Reader) (*unstructured.Unstructured, error) {
+	objs, err := decode(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(objs) != 1 {
+		return nil, fmt.Errorf("%w: the input holds %d resources; give one (a Helm release renders one)", ErrNotOne, len(objs))
+	}
+	return objs[0], nil
 }
 
 func (p *Renderer) templateOne(ctx context.Context, obj *unstructured.Unstructured, opts Options) (string, error) {
