@@ -252,7 +252,7 @@ func (c *Cluster) containerdSocket() string { return c.path("containerd", "run",
 
 func (n *realNode) startContainerd(ctx context.Context, c *Cluster) error {
 	if _, err := exec.LookPath("containerd"); err != nil {
-		return fmt.Errorf("%w: containerd (apt-get install containerd runc containernetworking-plugins iptables conntrack socat)", ErrBinaryNotFound)
+		return fmt.Errorf("%w: containerd: the real node needs containerd, runc, the CNI plugins, iptables, conntrack and socat (hack/setup-node.sh installs them on Debian)", ErrBinaryNotFound)
 	}
 	netDir := c.path("cni", "net.d")
 	if err := os.MkdirAll(netDir, 0o755); err != nil {
