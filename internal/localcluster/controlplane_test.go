@@ -147,10 +147,14 @@ func TestControlPlane(t *testing.T) {
 		}
 		eventually(t, time.Minute, func() error {
 			_, err := cs.CoreV1().Secrets("default").Get(ctx, "dependent", metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
+			switch {
+			case apierrors.IsNotFound(err):
 				return nil
+			case err != nil:
+				return err
+			default:
+				return errors.New("the dependent Secret is not garbage collected")
 			}
-			return fmt.Errorf("the dependent Secret is not garbage collected (get: %v)", err)
 		})
 	})
 
