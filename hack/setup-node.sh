@@ -15,6 +15,7 @@
 #   MO_NODE_PACKAGES  the Debian packages to check (default below)
 #   MO_NODE_INSTALL   "never": only check and print the command, as a user
 #                     who keeps apt-get out of make would want
+#   MO_SETUP_FOR      what the user ran (make run, make test), for the messages
 set -euo pipefail
 
 # shellcheck disable=SC2206 # a space-separated list, split on purpose
@@ -28,7 +29,6 @@ case ${1:-} in
 *) echo "usage: hack/setup-node.sh [--if-root]" >&2; exit 2 ;;
 esac
 
-# What the user ran, for the messages; the Makefile sets it.
 target=${MO_SETUP_FOR:-hack/setup-node.sh}
 
 if [ "$(uname -s)" != Linux ]; then
