@@ -18,6 +18,9 @@ IMAGE_REPO := ghcr.io/model-orchestra
 BINARIES := orchestra-operator orchestra-gateway orchestra-dispatcher orchestra-fetch orchestra-sim
 IMAGES := $(BINARIES) nats-server
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
+# The pinned tools each target runs; `make tools` builds them all.
+RUN_TOOLS := etcd kubernetes coredns
+TEST_TOOLS := etcd kubernetes kwok coredns helm
 
 ##@ General
 
@@ -48,18 +51,29 @@ images: ## Build every chart image as a docker-archive tarball in _output/images
 		$(OUT)/bin/devcluster image --binary $(OUT)/linux/$$img --ref $(IMAGE_REPO)/$$img:v$(VERSION) --out $(OUT)/images/$$img.tar; \
 	done
 
+.PHONY: test-unit
+test-unit: ## Every test that needs no cluster, in seconds (go test -short); needs no tools.
+	$(GO) test -short ./...
+
 .PHONY: test
-test: tools images ## Run every test tier: unit, control plane, real node (as root), golden files.
+test: ## Every test tier: unit, control plane, real node and end to end (as root), golden files. Installs the real node's Debian packages first (as root).
+	@MO_SETUP_FOR="make test" hack/setup-node.sh --if-root
+	@hack/tools/install.sh $(TEST_TOOLS)
+	@$(MAKE) --no-print-directory images
 	$(GO) test $(GO_TEST_FLAGS) ./...
 
 .PHONY: lint
-lint: tools ## gofmt, go vet and golangci-lint.
+lint: ## gofmt, go vet and golangci-lint.
+	@hack/tools/install.sh golangci-lint
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(BIN_DIR)/golangci-lint run ./...
 
 .PHONY: run
-run: tools images ## The demo: a local real-node cluster (root), the operator, a simulator ModelOrchestra, and a streamed answer through its gateway.
+run: ## The demo: a local real-node cluster (root), the operator, a simulator ModelOrchestra, and a streamed answer through its gateway. Installs the real node's Debian packages first.
+	@MO_SETUP_FOR="make run" hack/setup-node.sh
+	@hack/tools/install.sh $(RUN_TOOLS)
+	@$(MAKE) --no-print-directory images
 	$(GO) run ./cmd/devcluster status >/dev/null 2>&1 || $(GO) run ./cmd/devcluster up --images $(OUT)/images
 	$(GO) run ./hack/demo up
 
@@ -69,7 +83,8 @@ down: ## Remove the demo and the local cluster, and clean the machine.
 	$(GO) run ./cmd/devcluster down
 
 .PHONY: generate
-generate: tools ## Regenerate the CRD and deep-copy code from api/ with controller-gen.
+generate: ## Regenerate the CRD and deep-copy code from api/ with controller-gen.
+	@hack/tools/install.sh controller-gen
 	$(BIN_DIR)/controller-gen object paths=./api/...
 	$(BIN_DIR)/controller-gen crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 
@@ -78,6 +93,7 @@ verify: generate ## Regenerate everything generated (CRD, bundle, catalog, golde
 	$(MAKE) bundle catalog
 	$(GO) test ./internal/orchestra/preview -run Golden -update >/dev/null
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "verify: go.mod or go.sum is not tidy (the diff above): run go mod tidy"; exit 1; }
 	@git diff --exit-code --stat || { echo "verify: generated files drifted from their sources (see the diff above)"; exit 1; }
 
 ##@ OLM delivery
@@ -112,7 +128,7 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 
 .PHONY: bench-dataplane
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
-	$(GO) run ./internal/dataplanetest/cmd/bench-dataplane -docs docs/benchmarks.md
+	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## Time for 50 and 200 custom resources to reach Deployed, CPU per no-op reconcile, operator RSS.

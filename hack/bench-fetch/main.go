@@ -369,8 +369,9 @@ func sha256Rate() float64 {
 func render(configs []*config, size int64, files int, chunk string, repeat, busyStarts int, hashRate float64) string {
 	mibps := func(s sample) float64 { return float64(size) / (1 << 20) / s.wall.Seconds() }
 	var b strings.Builder
-	fmt.Fprintf(&b, "Measured %s on %s/%s, %d CPUs (shared machine), %s.\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+	// No date or commit: the docs hold the result, the commit message its history.
+	fmt.Fprintf(&b, "Measured on %s/%s, %d CPUs (shared machine), %s.\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
 	fmt.Fprintf(&b, "Repository: %s in %d files, written to disk before the runs and served from the page cache by "+
 		"the fake hub on loopback with sendfile(2), as a mirror or CDN serves files; the hub and the client share the CPUs. "+
 		"Every client writes the files to disk. Chunk size %s. Each row is the run with the median wall time of %d, "+

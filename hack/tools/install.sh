@@ -46,6 +46,30 @@ build() {
 	esac
 }
 
+# elapsed <start>: the time since start (seconds since the epoch), as 4m05s.
+elapsed() {
+	local d=$(( $(date +%s) - $1 ))
+	printf '%dm%02ds' $((d / 60)) $((d % 60))
+}
+
+# ticker_for <tool> <start>: says every 30 s that the build still runs (the
+# first build of Kubernetes takes minutes). Its sleep holds no output open,
+# so a pipe after make ends when the build does.
+ticker_for() {
+	local s=
+	trap 'kill $s 2>/dev/null; exit 0' TERM
+	while :; do
+		sleep 30 >/dev/null 2>&1 </dev/null &
+		s=$!
+		wait "$s"
+		echo ">> still building $1: $(elapsed "$2")"
+	done
+}
+
+# A failed or interrupted build stops the ticker too.
+ticker=
+trap '[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true' EXIT
+
 for tool in "${@:-${all[@]}}"; do
 	dir=$root/hack/tools/$tool
 	[ -f "$dir/go.mod" ] || { echo "install.sh: no pin for $tool in $dir" >&2; exit 2; }
@@ -54,12 +78,17 @@ for tool in "${@:-${all[@]}}"; do
 	[ -e "$stamp" ] && continue
 	built=$cache/$tool-$key
 	if [ ! -e "$built/.complete" ]; then
-		echo ">> building $tool (pin $key)"
+		echo ">> building $tool (pin $key; once per pin, then reused from $cache)"
 		start=$(date +%s)
 		rm -rf "$built" && mkdir -p "$built"
+		ticker_for "$tool" "$start" &
+		ticker=$!
 		(cd "$dir" && build "$tool" "$built")
+		kill "$ticker" 2>/dev/null || true
+		wait "$ticker" 2>/dev/null || true
+		ticker=
 		touch "$built/.complete"
-		echo ">> built $tool in $(( $(date +%s) - start ))s"
+		echo ">> built $tool in $(elapsed "$start")"
 	fi
 	cp -f "$built"/* "$bin/"
 	mkdir -p "$bin/.stamps"

@@ -21,7 +21,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -104,16 +103,16 @@ func TestLifecycle(t *testing.T) {
 	ok = t.Run("scaling replicas updates the root StatefulSet", func(t *testing.T) {
 		patch(ctx, t, ns, name, `{"spec":{"applications":{"`+app+`":{"scaling":{"replicas":2}}}}}`)
 		sts := name + "-" + app
-		err := wait.PollUntilContextTimeout(ctx, time.Second, readyTimeout, true, func(ctx context.Context) (bool, error) {
+		eventually(t, readyTimeout, func() error {
 			s, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, sts, metav1.GetOptions{})
 			if err != nil {
-				return false, nil //nolint:nilerr // polled until the timeout
+				return err
 			}
-			return s.Spec.Replicas != nil && *s.Spec.Replicas == 2 && s.Status.ReadyReplicas == 2, nil
+			if s.Spec.Replicas == nil || *s.Spec.Replicas != 2 || s.Status.ReadyReplicas != 2 {
+				return fmt.Errorf("StatefulSet %s has %d of %d replicas ready, want 2 of 2", sts, s.Status.ReadyReplicas, s.Status.Replicas)
+			}
+			return nil
 		})
-		if err != nil {
-			t.Fatalf("StatefulSet %s did not reach 2 ready replicas: %v", sts, err)
-		}
 		mo := waitReady(ctx, t, ns, name)
 		if got := mo.Status.Applications[app]; got.Replicas != 2 || got.ReadyReplicas != 2 {
 			t.Errorf("status.applications.%s replicas = %d/%d ready; want 2/2", app, got.ReadyReplicas, got.Replicas)
@@ -136,41 +135,35 @@ func TestLifecycle(t *testing.T) {
 		oldPods := podUIDs(ctx, t, ns, before)
 
 		patch(ctx, t, ns, name, `{"spec":{"gateway":{"limits":{"requestsPerMinute":2}}}}`)
-		var after *appsv1.Deployment
-		err = wait.PollUntilContextTimeout(ctx, time.Second, readyTimeout, true, func(ctx context.Context) (bool, error) {
+		eventually(t, readyTimeout, func() error {
 			d, err := env.cs.AppsV1().Deployments(ns).Get(ctx, dep, metav1.GetOptions{})
 			if err != nil {
-				return false, nil //nolint:nilerr // polled until the timeout
+				return err
 			}
-			after = d
-			if d.Spec.Template.Annotations["modelorchestra.io/config-checksum"] == oldSum || !rolledOut(d) {
-				return false, nil
+			if sum := d.Spec.Template.Annotations["modelorchestra.io/config-checksum"]; sum == oldSum {
+				return fmt.Errorf("the gateway's config checksum is still %q after the limit changed", sum)
+			}
+			if !rolledOut(d) {
+				return fmt.Errorf("Deployment %s has not rolled out the new config", dep)
 			}
 			// Every old pod is gone, so no request reaches a pod with the
 			// old limits.
 			for uid := range podUIDs(ctx, t, ns, d) {
 				if oldPods.Has(uid) {
-					return false, nil
+					return fmt.Errorf("gateway pod %s with the old limits is still there", uid)
 				}
 			}
 			pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: metav1.FormatLabelSelector(d.Spec.Selector)})
 			if err != nil {
-				return false, nil //nolint:nilerr // polled until the timeout
+				return err
 			}
 			for _, p := range pods.Items {
 				if oldPods.Has(string(p.UID)) {
-					return false, nil
+					return fmt.Errorf("gateway pod %s with the old limits is still there", p.Name)
 				}
 			}
-			return true, nil
+			return nil
 		})
-		if err != nil {
-			sum := ""
-			if after != nil {
-				sum = after.Spec.Template.Annotations["modelorchestra.io/config-checksum"]
-			}
-			t.Fatalf("the gateway did not roll after the limit changed (checksum %q, before %q): %v", sum, oldSum, err)
-		}
 		waitReady(ctx, t, ns, name)
 
 		// requestsPerMinute 2 is a burst of 2: the third request within the
@@ -205,17 +198,17 @@ func TestLifecycle(t *testing.T) {
 		// Everything the chart rendered, by name, and whatever their
 		// controllers made (pods, release Secrets), by label.
 		var last string
-		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		eventually(t, 2*time.Minute, func() error {
 			left := leftovers(ctx, ns, name, rendered)
-			if s := strings.Join(left, ", "); s != last && len(left) > 0 {
+			if len(left) == 0 {
+				return nil
+			}
+			if s := strings.Join(left, ", "); s != last {
 				t.Logf("still there: %s", s)
 				last = s
 			}
-			return len(left) == 0, nil
+			return fmt.Errorf("objects left after deleting %s/%s: %v", ns, name, left)
 		})
-		if err != nil {
-			t.Errorf("objects left after deleting %s/%s: %v", ns, name, leftovers(ctx, ns, name, rendered))
-		}
 	})
 }
 

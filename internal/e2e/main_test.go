@@ -63,6 +63,8 @@ func run(m *testing.M) int {
 		tarballs = append(tarballs, filepath.Join(root, "_output", "images", img+".tar"))
 	}
 	switch {
+	case testing.Short():
+		env.skip = localcluster.ShortSkip
 	case runtime.GOOS != "linux":
 		env.skip = "end-to-end tests need Linux (a real-node local cluster)"
 	case os.Geteuid() != 0:

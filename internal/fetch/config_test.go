@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/pflag"
 )
 
@@ -47,7 +48,7 @@ func TestParseSource(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if d := diff(tc.want, got); d != "" {
+			if d := cmp.Diff(tc.want, got); d != "" {
 				t.Errorf("(-want +got):\n%s", d)
 			}
 		})

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
 )
@@ -205,8 +203,6 @@ func decodeStatus(t *testing.T, s string) Status {
 	return st
 }
 
-func diff(a, b any) string { return cmp.Diff(a, b) }
-
 type syncWriter struct {
 	mu sync.Mutex
 	w  *bytes.Buffer
@@ -220,4 +216,22 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 
 func newBufLogger(b *bytes.Buffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(&syncWriter{w: b}, nil))
+}
+
+// eventually calls f every few milliseconds until it returns nil, and fails
+// the test when within has passed; the last error says what was missing.
+// The interval is short because the waits here race a download on loopback.
+func eventually(t testing.TB, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still failing after %s: %v", within, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
 )
@@ -374,7 +376,7 @@ func TestHFFormatCheck(t *testing.T) {
 	}
 	got := keys(readTree(t, cfg.Dest))
 	sort.Strings(got)
-	if diff := diff([]string{"gguf/tiny-q4.gguf"}, got); diff != "" {
+	if diff := cmp.Diff([]string{"gguf/tiny-q4.gguf"}, got); diff != "" {
 		t.Errorf("cache (-want +got):\n%s", diff)
 	}
 }

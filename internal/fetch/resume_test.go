@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,26 +16,6 @@ import (
 
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 )
-
-const childEnv = "ORCHESTRA_FETCH_TEST_CHILD_CONFIG"
-
-// TestMain lets a test run the fetcher in a child process (this test
-// binary) so that it can be killed with SIGKILL mid-download.
-func TestMain(m *testing.M) {
-	if raw := os.Getenv(childEnv); raw != "" {
-		var cfg Config
-		if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-			fmt.Fprintln(os.Stderr, "child config:", err)
-			os.Exit(99)
-		}
-		_, err := Run(context.Background(), cfg, Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "child:", err)
-		}
-		os.Exit(ExitCode(err))
-	}
-	os.Exit(m.Run())
-}
 
 // journals reads the resume state the killed process left behind.
 func journals(t *testing.T, dest string) map[string]journal {
@@ -116,27 +95,24 @@ func TestKilledDownloadResumesWithoutRefetchingFinishedChunks(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // a no-op once the child is killed below
 
 	// Kill once at least one chunk is durably recorded and ranges are in flight.
-	deadline := time.After(30 * time.Second)
-poll:
-	for {
+	eventually(t, 30*time.Second, func() error {
 		select {
 		case err := <-exited:
 			t.Fatalf("child finished before it could be killed (%v):\n%s", err, stderr.String())
-		case <-deadline:
-			_ = cmd.Process.Kill() // best effort before failing
-			t.Fatalf("no progress recorded in time:\n%s", stderr.String())
-		case <-time.After(5 * time.Millisecond):
-			done := 0
-			for _, j := range journals(t, cfg.Dest) {
-				done += len(j.Done)
-			}
-			if done > 0 && hub.Stats.BytesServed() >= 3<<20 {
-				break poll
-			}
+		default:
 		}
-	}
+		done := 0
+		for _, j := range journals(t, cfg.Dest) {
+			done += len(j.Done)
+		}
+		if served := hub.Stats.BytesServed(); done == 0 || served < 3<<20 {
+			return fmt.Errorf("%d chunks recorded and %d bytes served, want at least 1 and %d", done, served, 3<<20)
+		}
+		return nil
+	})
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -196,6 +172,7 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	syncEvery = 20 * time.Millisecond
 
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // also when the wait below fails
 	errc := make(chan error, 1)
 	go func() {
 		_, err := Run(ctx, cfg, Options{Logger: testLogger(t)})
@@ -203,20 +180,17 @@ func TestCanceledRunKeepsFinishedChunks(t *testing.T) {
 	}()
 	// Cancel once the background fsync has made a chunk durable and the
 	// journal holds a hash state.
-	deadline := time.Now().Add(20 * time.Second)
-	for j := journals(t, cfg.Dest)["w.safetensors"]; len(j.Durable) == 0 || j.Hashed == 0; j = journals(t, cfg.Dest)["w.safetensors"] {
+	eventually(t, 20*time.Second, func() error {
 		select {
 		case err := <-errc:
-			cancel()
 			t.Fatalf("run ended (%v) before any chunk became durable", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("no chunk became durable with its hash saved")
+		if j := journals(t, cfg.Dest)["w.safetensors"]; len(j.Durable) == 0 || j.Hashed == 0 {
+			return fmt.Errorf("journal has %d durable chunks and %d hashed, want both above 0", len(j.Durable), j.Hashed)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	cancel()
 	err := <-errc
 	if ExitCode(err) != ExitCanceled {

@@ -85,6 +85,7 @@ var (
 // cannot start.
 func needCluster(t *testing.T) {
 	t.Helper()
+	localcluster.SkipUnderShort(t)
 	clusterOnce.Do(func() { clusterErr = startCluster() })
 	if clusterErr != nil {
 		t.Fatalf("local control plane: %v", clusterErr)

@@ -20,28 +20,6 @@ import (
 	"github.com/model-orchestra/operator/internal/localcluster"
 )
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var last error
-	for {
-		ok, err := cond(ctx)
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, last)
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-}
-
 func TestControlPlane(t *testing.T) {
 	t.Parallel()
 	c := localcluster.StartForTest(t, localcluster.Options{
@@ -96,17 +74,17 @@ func TestControlPlane(t *testing.T) {
 		if _, err := cs.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "Deployment inference to be Available", func(ctx context.Context) (bool, error) {
+		eventually(t, time.Minute, func() error {
 			d, err := cs.AppsV1().Deployments("default").Get(ctx, "inference", metav1.GetOptions{})
 			if err != nil {
-				return false, err
+				return err
 			}
 			for _, cond := range d.Status.Conditions {
-				if cond.Type == appsv1.DeploymentAvailable && cond.Status == corev1.ConditionTrue {
-					return d.Status.ReadyReplicas == 2, nil
+				if cond.Type == appsv1.DeploymentAvailable && cond.Status == corev1.ConditionTrue && d.Status.ReadyReplicas == 2 {
+					return nil
 				}
 			}
-			return false, nil
+			return fmt.Errorf("Deployment inference: %d of 2 replicas ready, conditions %v", d.Status.ReadyReplicas, d.Status.Conditions)
 		})
 		pods, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=inference"})
 		if err != nil {
@@ -135,17 +113,17 @@ func TestControlPlane(t *testing.T) {
 		if _, err := cs.BatchV1().Jobs("default").Create(ctx, job, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "Job download to complete", func(ctx context.Context) (bool, error) {
+		eventually(t, time.Minute, func() error {
 			j, err := cs.BatchV1().Jobs("default").Get(ctx, "download", metav1.GetOptions{})
 			if err != nil {
-				return false, err
+				return err
 			}
 			for _, cond := range j.Status.Conditions {
-				if cond.Type == batchv1.JobComplete && cond.Status == corev1.ConditionTrue {
-					return j.Status.Succeeded == 1, nil
+				if cond.Type == batchv1.JobComplete && cond.Status == corev1.ConditionTrue && j.Status.Succeeded == 1 {
+					return nil
 				}
 			}
-			return false, nil
+			return fmt.Errorf("Job download: %d succeeded, conditions %v; want Complete with 1", j.Status.Succeeded, j.Status.Conditions)
 		})
 	})
 
@@ -167,9 +145,16 @@ func TestControlPlane(t *testing.T) {
 		if err := cs.CoreV1().ConfigMaps("default").Delete(ctx, "owner", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "the dependent Secret to be garbage collected", func(ctx context.Context) (bool, error) {
+		eventually(t, time.Minute, func() error {
 			_, err := cs.CoreV1().Secrets("default").Get(ctx, "dependent", metav1.GetOptions{})
-			return apierrors.IsNotFound(err), nil
+			switch {
+			case apierrors.IsNotFound(err):
+				return nil
+			case err != nil:
+				return err
+			default:
+				return errors.New("the dependent Secret is not garbage collected")
+			}
 		})
 	})
 
@@ -227,15 +212,18 @@ func TestControlPlane(t *testing.T) {
 		if _, err := cs.CoreV1().PersistentVolumeClaims("default").Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "claim model-cache to be Bound", func(ctx context.Context) (bool, error) {
+		eventually(t, time.Minute, func() error {
 			got, err := cs.CoreV1().PersistentVolumeClaims("default").Get(ctx, "model-cache", metav1.GetOptions{})
 			if err != nil {
-				return false, err
+				return err
 			}
 			if got.Spec.StorageClassName == nil || *got.Spec.StorageClassName != localcluster.StorageClassName {
-				return false, fmt.Errorf("claim has storage class %v, want the default %q", got.Spec.StorageClassName, localcluster.StorageClassName)
+				return fmt.Errorf("claim has storage class %v, want the default %q", got.Spec.StorageClassName, localcluster.StorageClassName)
 			}
-			return got.Status.Phase == corev1.ClaimBound, nil
+			if got.Status.Phase != corev1.ClaimBound {
+				return fmt.Errorf("claim model-cache is %s, want Bound", got.Status.Phase)
+			}
+			return nil
 		})
 	})
 }

@@ -60,21 +60,26 @@ func helloPod(name string, args ...string) *corev1.Pod {
 // with its log when it fails.
 func waitPodSucceeded(t *testing.T, cs kubernetes.Interface, name string) {
 	t.Helper()
-	eventually(t, 2*time.Minute, "pod "+name+" to succeed", func(ctx context.Context) (bool, error) {
+	ctx := context.Background()
+	eventually(t, 2*time.Minute, func() error {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, err
+			return err
 		}
 		if p.Status.Phase == corev1.PodFailed {
 			logs, _ := cs.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
 			t.Fatalf("pod %s failed: %s", name, logs)
 		}
-		return p.Status.Phase == corev1.PodSucceeded, nil
+		if p.Status.Phase != corev1.PodSucceeded {
+			return fmt.Errorf("pod %s is %s, want Succeeded", name, p.Status.Phase)
+		}
+		return nil
 	})
 }
 
 func TestRealNode(t *testing.T) {
 	t.Parallel()
+	localcluster.SkipUnderShort(t) // before building the image
 	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
 		t.Skip("real-node mode needs Linux and root (it runs containerd, kubelet and iptables); run the tests as root to include it")
 	}
@@ -155,17 +160,17 @@ func TestRealNode(t *testing.T) {
 		}
 		url := fmt.Sprintf("http://127.0.0.1:%d/", svc.Spec.Ports[0].NodePort)
 		client := &http.Client{Timeout: 2 * time.Second}
-		eventually(t, 2*time.Minute, "the NodePort to answer at "+url, func(ctx context.Context) (bool, error) {
+		eventually(t, 2*time.Minute, func() error {
 			resp, err := client.Get(url)
 			if err != nil {
-				return false, err
+				return fmt.Errorf("the NodePort does not answer: %w", err)
 			}
 			defer func() { _ = resp.Body.Close() }()
 			body, _ := io.ReadAll(resp.Body)
 			if !strings.HasPrefix(string(body), "hello from hello-") {
-				return false, fmt.Errorf("answer %d %q", resp.StatusCode, body)
+				return fmt.Errorf("%s answered %d %q, want hello from hello-…", url, resp.StatusCode, body)
 			}
-			return true, nil
+			return nil
 		})
 	})
 

@@ -24,12 +24,27 @@ const (
 
 const defaultTestLockWait = 15 * time.Minute
 
+// ShortSkip is why a test that needs a cluster skips under -short.
+const ShortSkip = "needs a local cluster: skipped under -short (make test-unit); make test runs it"
+
+// SkipUnderShort skips t under -short, the mode of `make test-unit`, which
+// runs only the tests that need no cluster. StartForTest calls it; a test
+// package that starts its cluster another way calls it first.
+func SkipUnderShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(ShortSkip)
+	}
+}
+
 // StartForTest starts a cluster for t and stops it in t.Cleanup. When the
 // test has failed, the tail of every component log is printed first.
 // Real-node clusters wait for the machine-wide lock (see EnvLockWait)
-// instead of failing when another test package holds it.
+// instead of failing when another test package holds it. Under -short it
+// skips t instead (see SkipUnderShort).
 func StartForTest(t testing.TB, opts Options) *Cluster {
 	t.Helper()
+	SkipUnderShort(t)
 	if opts.LogDir == "" {
 		if dir := os.Getenv(EnvLogDir); dir != "" {
 			if err := os.MkdirAll(dir, 0o755); err != nil {

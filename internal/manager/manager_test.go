@@ -343,6 +343,7 @@ var (
 // kube-controller-manager) on first use.
 func needCluster(t *testing.T) *rest.Config {
 	t.Helper()
+	localcluster.SkipUnderShort(t)
 	clusterOnce.Do(func() {
 		testCluster, clusterErr = localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
 	})

@@ -50,6 +50,7 @@ type operatorVersion struct {
 // Both processes run the operator built from this tree: the releases differ
 // here by their bundles (environment, permissions), not by their code.
 func TestTwoVersionsSideBySide(t *testing.T) {
+	localcluster.SkipUnderShort(t) // before building the operator
 	versions := []operatorVersion{
 		{version: "0.2.0", bundleDir: "catalog/bundles/0.2.0", namespace: "team-a"},
 		{version: "1.0.0", bundleDir: "bundle", namespace: "team-b"},
