@@ -16,12 +16,14 @@ func newValidateBundleCommand(root *string) *cobra.Command {
 	var dockerfile string
 	cmd := &cobra.Command{
 		Use:   "validate-bundle [DIR...]",
-		Short: "Validate bundles (default bundle/) like operator-sdk bundle validate with the operatorhub and good-practices suites",
-		Long: `Validate bundle directories (default bundle/) with the rules of operator-sdk
-bundle validate (default suite, operatorhub, good-practices) and this
-project's own; see docs/olm.md. The first bundle's image Dockerfile
-(--dockerfile, default bundle.Dockerfile; empty to skip) must carry the same
-labels as its annotations.`,
+		Short: "Validate bundles (default bundle/) with operator-framework's validators and this project's rules",
+		Long: `Validate bundle directories (default bundle/) with operator-framework/api's
+validators, as operator-sdk bundle validate --select-optional
+suite=operatorframework runs them (the default validators, OperatorHub v2,
+capabilities, categories, deprecated APIs for Kubernetes ` + bundle.KubeVersion + `, good
+practices), and with the rules those libraries lack; see docs/olm.md. The
+first bundle's image Dockerfile (--dockerfile, default bundle.Dockerfile;
+empty to skip) must carry the same labels as its annotations.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				args = []string{"bundle"}
@@ -32,7 +34,11 @@ labels as its annotations.`,
 				if err != nil {
 					return err
 				}
-				rep := bundle.Validate(b)
+				rep, err := bundle.ValidateUpstream(filepath.Join(*root, dir))
+				if err != nil {
+					return err
+				}
+				rep.Merge(bundle.Validate(b))
 				if i == 0 && dockerfile != "" {
 					data, err := os.ReadFile(filepath.Join(*root, dockerfile))
 					if err != nil {
