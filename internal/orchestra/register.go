@@ -13,5 +13,6 @@ func Register(r *plugin.Registry) {
 	r.RegisterPostRenderer(ConfigChecksumName, NewConfigChecksum)
 	r.RegisterPostRenderer(GPUSchedulingName, NewGPUScheduling)
 	r.RegisterPostRenderer(NATSWiringName, NewNATSWiring)
+	r.RegisterPostRenderer(ProxyEnvName, NewProxyEnv)
 	r.RegisterStatus(StatusName, Status{})
 }
