@@ -180,7 +180,7 @@ func historyDirs(dir string) ([]historyBundle, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, err := semver.Parse(b.CSV.Spec.Version)
+		v, err := semver.Parse(b.CSV.Spec.Version.String())
 		if err != nil {
 			return nil, fmt.Errorf("%s: CSV version: %w", e.Name(), err)
 		}
@@ -232,7 +232,7 @@ func writeChart(chartDir string, res *bundle.Result) error {
 	if err != nil {
 		return fmt.Errorf("install chart: %w", err)
 	}
-	version := res.Bundle.CSV.Spec.Version
+	version := res.Bundle.CSV.Spec.Version.String()
 	chart = versionLine.ReplaceAll(chart, []byte("${1}"+version))
 	chart = appVersionLine.ReplaceAll(chart, []byte(`${1}"`+version+`"`))
 	if err := os.WriteFile(chartFile, chart, 0o644); err != nil {

@@ -131,7 +131,7 @@ func localBundleDirs(current, history string) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, err := semver.Parse(cur.CSV.Spec.Version)
+	v, err := semver.Parse(cur.CSV.Spec.Version.String())
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", current, err)
 	}

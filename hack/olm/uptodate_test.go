@@ -23,7 +23,7 @@ func TestCommittedBundleIsUpToDate(t *testing.T) {
 	}
 	cfg := bundle.Default()
 	cfg.Root = "../.."
-	cfg.Version = committed.CSV.Spec.Version
+	cfg.Version = committed.CSV.Spec.Version.String()
 	res, err := generateBundle(context.Background(), cfg, "catalog/bundles")
 	if err != nil {
 		t.Fatalf("generating bundle %s: %v", cfg.Version, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,7 +79,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if got, want := csv.Name, "widget-operator.v1.2.0"; got != want {
 		t.Errorf("name = %q, want %q", got, want)
 	}
-	if got, want := csv.Spec.Version, "1.2.0"; got != want {
+	if got, want := csv.Spec.Version.String(), "1.2.0"; got != want {
 		t.Errorf("version = %q, want %q", got, want)
 	}
 	// Replaces the highest earlier release; 2.0.0 is later and ignored.
@@ -93,7 +94,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	}
 
 	// Project images are re-tagged to the release, third-party ones kept.
-	wantImages := []manifest.RelatedImage{
+	wantImages := []v1alpha1.RelatedImage{
 		{Name: "cache", Image: "docker.io/library/redis:7.2"},
 		{Name: "proxy", Image: "docker.io/library/envoy:1.30"},
 		{Name: "widget-operator", Image: "registry.example.io/widgets/widget-operator:v1.2.0"},
@@ -155,7 +156,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if md := examples[0]["metadata"].(map[string]any); md["namespace"] != nil {
 		t.Errorf("alm-examples keep the sample namespace %v", md["namespace"])
 	}
-	wantResources := []manifest.APIResourceReference{
+	wantResources := []v1alpha1.APIResourceReference{
 		{Kind: "Deployment", Version: "v1"}, {Kind: "Job", Version: "v1"}, {Kind: "PriorityClass", Version: "v1"},
 		{Kind: "Role", Version: "v1"}, {Kind: "Service", Version: "v1"},
 	}
@@ -278,7 +279,7 @@ func TestValidateRules(t *testing.T) {
 	dep := func(b *Bundle) *corev1.Container {
 		return &b.CSV.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec.Containers[0]
 	}
-	perms := func(b *Bundle) *manifest.StrategyDeploymentPermissions {
+	perms := func(b *Bundle) *v1alpha1.StrategyDeploymentPermissions {
 		return &b.CSV.Spec.InstallStrategy.StrategySpec.Permissions[0]
 	}
 	ann := func(b *Bundle) map[string]string { return b.Annotations.Annotations }
@@ -299,7 +300,7 @@ func TestValidateRules(t *testing.T) {
 		{"bundle-csv", check.Error, func(b *Bundle) { b.CSV = nil }},
 		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Env[1].Value = "registry.example.io/widgets/widget-server:v9" }},
 		{"related-images-env", check.Error, func(b *Bundle) {
-			b.CSV.Spec.RelatedImages = append(b.CSV.Spec.RelatedImages, manifest.RelatedImage{Name: "unused", Image: "docker.io/library/nginx:1"})
+			b.CSV.Spec.RelatedImages = append(b.CSV.Spec.RelatedImages, v1alpha1.RelatedImage{Name: "unused", Image: "docker.io/library/nginx:1"})
 		}},
 		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Image = "registry.example.io/widgets/widget-operator:dev" }},
 		{"watch-namespace", check.Error, func(b *Bundle) { dep(b).Env = dep(b).Env[1:] }},
@@ -316,10 +317,10 @@ func TestValidateRules(t *testing.T) {
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].SpecDescriptors[0].Path = "colour" }},
 		{"olmv1-install-mode", check.Warning, func(b *Bundle) { b.CSV.Spec.InstallModes[3].Supported = false }},
 		{"olmv1-webhooks", check.Warning, func(b *Bundle) {
-			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "vwh", Type: "ValidatingAdmissionWebhook"}}
+			b.CSV.Spec.WebhookDefinitions = []v1alpha1.WebhookDescription{{GenerateName: "vwh", Type: "ValidatingAdmissionWebhook"}}
 		}},
 		{"olmv1-dependencies", check.Warning, func(b *Bundle) {
-			b.CSV.Spec.CustomResourceDefinitions.Required = []manifest.CRDDescription{{Name: "gadgets.example.io", Version: "v1", Kind: "Gadget"}}
+			b.CSV.Spec.CustomResourceDefinitions.Required = []v1alpha1.CRDDescription{{Name: "gadgets.example.io", Version: "v1", Kind: "Gadget"}}
 		}},
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].StatusDescriptors[0].Path = "size" }},
 	}

@@ -1,6 +1,7 @@
 package bundle
 
 import (
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"strings"
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -49,8 +50,8 @@ func Validate(b *Bundle) check.Report {
 
 // validateOLMv1 warns about what OLM v1 (ClusterExtension) cannot install
 // by default, so that the bundle stays installable by both generations.
-func validateOLMv1(r *check.Report, csv *manifest.ClusterServiceVersion) {
-	if !csv.Spec.Supports(manifest.InstallModeAllNamespaces) {
+func validateOLMv1(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
+	if !Supports(csv, v1alpha1.InstallModeTypeAllNamespaces) {
 		r.Warnf("olmv1-install-mode", csv.Name, "AllNamespaces is not supported: OLM v1 installs this bundle only with its single/own-namespace support enabled")
 	}
 	if len(csv.Spec.WebhookDefinitions) > 0 {
@@ -126,7 +127,7 @@ func validateKinds(r *check.Report, b *Bundle) {
 // validateRelatedImages checks that every RELATED_IMAGE_* variable of the
 // operator and every container image has a related image, and back. (The
 // pull specs themselves are api's bundle validator's.)
-func validateRelatedImages(r *check.Report, csv *manifest.ClusterServiceVersion) {
+func validateRelatedImages(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
 	byImage := map[string]bool{}
 	for _, ri := range csv.Spec.RelatedImages {
 		byImage[ri.Image] = true
@@ -158,8 +159,8 @@ func validateRelatedImages(r *check.Report, csv *manifest.ClusterServiceVersion)
 
 // validateWatchNamespace checks that an operator offering namespaced install
 // modes learns its target namespaces from OLM.
-func validateWatchNamespace(r *check.Report, csv *manifest.ClusterServiceVersion) {
-	namespaced := csv.Spec.Supports(manifest.InstallModeOwnNamespace) || csv.Spec.Supports(manifest.InstallModeSingleNamespace) || csv.Spec.Supports(manifest.InstallModeMultiNamespace)
+func validateWatchNamespace(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
+	namespaced := Supports(csv, v1alpha1.InstallModeTypeOwnNamespace) || Supports(csv, v1alpha1.InstallModeTypeSingleNamespace) || Supports(csv, v1alpha1.InstallModeTypeMultiNamespace)
 	if !namespaced {
 		return
 	}
@@ -182,9 +183,9 @@ func validateWatchNamespace(r *check.Report, csv *manifest.ClusterServiceVersion
 }
 
 // validateOwnRBAC checks that the operator may manage its own resources.
-func validateOwnRBAC(r *check.Report, csv *manifest.ClusterServiceVersion) {
+func validateOwnRBAC(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
 	sd := csv.Spec.InstallStrategy.StrategySpec
-	var rules = append([]manifest.StrategyDeploymentPermissions(nil), sd.Permissions...)
+	var rules = append([]v1alpha1.StrategyDeploymentPermissions(nil), sd.Permissions...)
 	rules = append(rules, sd.ClusterPermissions...)
 	for _, d := range csv.Spec.CustomResourceDefinitions.Owned {
 		dot := strings.Index(d.Name, ".")
@@ -231,15 +232,17 @@ func validateDescriptors(r *check.Report, b *Bundle) {
 		if props == nil {
 			continue
 		}
-		check := func(root string, descs []manifest.Descriptor) {
-			for _, desc := range descs {
-				if !schemaHasPath(props, append([]string{root}, splitPath(desc.Path)...)) {
-					r.Errorf("csv-descriptors", d.Name, "%s descriptor path %q is not a field of %s %s", root, desc.Path, d.Kind, d.Version)
-				}
+		check := func(root string, path string) {
+			if !schemaHasPath(props, append([]string{root}, splitPath(path)...)) {
+				r.Errorf("csv-descriptors", d.Name, "%s descriptor path %q is not a field of %s %s", root, path, d.Kind, d.Version)
 			}
 		}
-		check("spec", d.SpecDescriptors)
-		check("status", d.StatusDescriptors)
+		for _, desc := range d.SpecDescriptors {
+			check("spec", desc.Path)
+		}
+		for _, desc := range d.StatusDescriptors {
+			check("status", desc.Path)
+		}
 	}
 }
 
@@ -277,4 +280,14 @@ func schemaHasPath(s *apiextv1.JSONSchemaProps, path []string) bool {
 		return false
 	}
 	return true
+}
+
+// Supports reports whether the CSV declares mode as supported.
+func Supports(csv *v1alpha1.ClusterServiceVersion, mode v1alpha1.InstallModeType) bool {
+	for _, m := range csv.Spec.InstallModes {
+		if m.Type == mode {
+			return m.Supported
+		}
+	}
+	return false
 }
