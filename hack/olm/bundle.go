@@ -108,7 +108,7 @@ func validateGenerated(b *bundle.Bundle) (check.Report, error) {
 	if err != nil {
 		return check.Report{}, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	if err := b.Write(dir); err != nil {
 		return check.Report{}, err
 	}

@@ -103,7 +103,7 @@ func renderCatalogYAML(ctx context.Context, src catalogSources) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	if err := os.WriteFile(filepath.Join(dir, "catalog.yaml"), out, 0o644); err != nil {
 		return nil, err
 	}

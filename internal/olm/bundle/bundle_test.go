@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/internal/olm/check"
@@ -365,8 +364,6 @@ func TestMergeRules(t *testing.T) {
 		t.Errorf("MergeRules (-want +got):\n%s", d)
 	}
 }
-
-func jsonSchemaType(t string) apiextv1.JSONSchemaProps { return apiextv1.JSONSchemaProps{Type: t} }
 
 func TestValidateDockerfile(t *testing.T) {
 	a := generate(t).Bundle.Annotations
