@@ -105,15 +105,15 @@ bundle: ## Generate bundle/, bundle.Dockerfile, config/rbac/role.yaml and the in
 	$(OLM) bundle --version $(VERSION)
 
 .PHONY: validate-bundle
-validate-bundle: ## Validate the bundles like operator-sdk bundle validate (default, operatorhub, good-practices).
+validate-bundle: ## Validate the bundles with operator-framework/api (operator-sdk bundle validate --select-optional suite=operatorframework) and our rules.
 	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*)
 
 .PHONY: catalog
-catalog: ## Render catalog/semver-template.yaml into the File-Based Catalog in catalog/configs.
+catalog: ## Render catalog/semver-template.yaml into the File-Based Catalog in catalog/configs with operator-registry's semver template.
 	$(OLM) catalog
 
 .PHONY: validate-catalog
-validate-catalog: ## Validate the catalog with opm validate's rules.
+validate-catalog: ## Validate the catalog with operator-registry's opm validate check.
 	$(OLM) validate-catalog catalog/configs
 
 .PHONY: check-crd-compat

@@ -170,3 +170,22 @@ func TestChartWatchNamespaces(t *testing.T) {
 		t.Errorf("unexpected CSV %s", b.CSV.Name)
 	}
 }
+
+// The proxy values reach the operator, which passes them on (proxy-env).
+func TestChartProxy(t *testing.T) {
+	e := env(deployment(t, renderChart(t, nil)))
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} {
+		if _, ok := e[k]; ok {
+			t.Errorf("%s set without a proxy configured", k)
+		}
+	}
+	e = env(deployment(t, renderChart(t, map[string]any{"proxy": map[string]any{
+		"httpsProxy": "http://proxy.corp:3128", "noProxy": ".svc,.cluster.local",
+	}})))
+	if e["HTTPS_PROXY"] != "http://proxy.corp:3128" || e["NO_PROXY"] != ".svc,.cluster.local" {
+		t.Errorf("proxy values not passed on: %v", e)
+	}
+	if _, ok := e["HTTP_PROXY"]; ok {
+		t.Errorf("HTTP_PROXY set though httpProxy is empty")
+	}
+}

@@ -20,10 +20,14 @@ import (
 	"os"
 	"os/signal"
 
+	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
 )
 
 func main() {
+	// operator-registry logs through logrus; its info lines ("Could not
+	// find optional dependencies file") are noise here.
+	logrus.SetLevel(logrus.WarnLevel)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	err := newRootCommand().ExecuteContext(ctx)
 	stop()

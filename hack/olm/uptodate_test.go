@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,7 +23,7 @@ func TestCommittedBundleIsUpToDate(t *testing.T) {
 	}
 	cfg := bundle.Default()
 	cfg.Root = "../.."
-	cfg.Version = committed.CSV.Spec.Version
+	cfg.Version = committed.CSV.Spec.Version.String()
 	res, err := generateBundle(context.Background(), cfg, "catalog/bundles")
 	if err != nil {
 		t.Fatalf("generating bundle %s: %v", cfg.Version, err)
@@ -53,11 +52,7 @@ func TestCommittedBundleIsUpToDate(t *testing.T) {
 // compares it with catalog/configs.
 func TestCommittedCatalogIsUpToDate(t *testing.T) {
 	src := catalogSources{root: "../..", template: "catalog/semver-template.yaml", current: "bundle", history: "catalog/bundles"}
-	cfg, err := renderCatalog(src, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cfg.YAML()
+	out, err := renderCatalogYAML(context.Background(), src)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +60,7 @@ func TestCommittedCatalogIsUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(committed, append(catalogHeader(src.template), out...)) {
+	if !bytes.Equal(committed, out) {
 		t.Errorf("catalog/configs/orchestra-operator/catalog.yaml is stale: run `make catalog`")
 	}
 }

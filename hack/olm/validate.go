@@ -16,12 +16,14 @@ func newValidateBundleCommand(root *string) *cobra.Command {
 	var dockerfile string
 	cmd := &cobra.Command{
 		Use:   "validate-bundle [DIR...]",
-		Short: "Validate bundles (default bundle/) like operator-sdk bundle validate with the operatorhub and good-practices suites",
-		Long: `Validate bundle directories (default bundle/) with the rules of operator-sdk
-bundle validate (default suite, operatorhub, good-practices) and this
-project's own; see docs/olm.md. The first bundle's image Dockerfile
-(--dockerfile, default bundle.Dockerfile; empty to skip) must carry the same
-labels as its annotations.`,
+		Short: "Validate bundles (default bundle/) with operator-framework's validators and this project's rules",
+		Long: `Validate bundle directories (default bundle/) with operator-framework/api's
+validators, as operator-sdk bundle validate --select-optional
+suite=operatorframework runs them (the default validators, OperatorHub v2,
+capabilities, categories, deprecated APIs for Kubernetes ` + bundle.KubeVersion + `, good
+practices), and with the rules those libraries lack; see docs/olm.md. The
+first bundle's image Dockerfile (--dockerfile, default bundle.Dockerfile;
+empty to skip) must carry the same labels as its annotations.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				args = []string{"bundle"}
@@ -32,7 +34,11 @@ labels as its annotations.`,
 				if err != nil {
 					return err
 				}
-				rep := bundle.Validate(b)
+				rep, err := bundle.ValidateUpstream(filepath.Join(*root, dir))
+				if err != nil {
+					return err
+				}
+				rep.Merge(bundle.Validate(b))
 				if i == 0 && dockerfile != "" {
 					data, err := os.ReadFile(filepath.Join(*root, dockerfile))
 					if err != nil {
@@ -59,20 +65,23 @@ labels as its annotations.`,
 func newValidateCatalogCommand(root *string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "validate-catalog [DIR]",
-		Short: "Validate a File-Based Catalog (default catalog/configs) with opm validate's rules",
+		Short: "Validate a File-Based Catalog (default catalog/configs) exactly as opm validate does",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := "catalog/configs"
 			if len(args) == 1 {
 				dir = args[0]
 			}
-			cfg, err := catalog.Load(filepath.Join(*root, dir))
+			fsys := os.DirFS(filepath.Join(*root, dir))
+			if err := catalog.Validate(cmd.Context(), fsys); err != nil {
+				return fmt.Errorf("%s: %w", dir, err)
+			}
+			sum, err := catalog.Summary(cmd.Context(), fsys)
 			if err != nil {
 				return err
 			}
-			rep := catalog.Validate(cfg)
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: %d package(s), %d channel(s), %d bundle(s)\n", dir, len(cfg.Packages), len(cfg.Channels), len(cfg.Bundles))
-			return printReport(cmd, rep)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: valid (opm validate): %s\n", dir, sum)
+			return nil
 		},
 	}
 }

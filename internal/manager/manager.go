@@ -219,6 +219,9 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 			return nil, fmt.Errorf("%s: %w", entries[i].Source, err)
 		}
 	}
+	if err := addUpgradeableReporter(mgr); err != nil {
+		return nil, err
+	}
 	if c.ProbeAddr != "0" {
 		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 			return nil, err

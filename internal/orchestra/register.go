@@ -12,5 +12,6 @@ func Register(r *plugin.Registry) {
 	r.RegisterTranslator(TranslatorName, Translator{})
 	r.RegisterPostRenderer(ConfigChecksumName, NewConfigChecksum)
 	r.RegisterPostRenderer(GPUSchedulingName, NewGPUScheduling)
+	r.RegisterPostRenderer(ProxyEnvName, NewProxyEnv)
 	r.RegisterStatus(StatusName, Status{})
 }

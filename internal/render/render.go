@@ -202,6 +202,15 @@ type ownerIdentity struct {
 type postRendererC struct {
 	Name   string          `json:"name"`
 	Config json.RawMessage `json:"config,omitempty"`
+	// Effective is what a post-renderer's output depends on besides its
+	// config (for example the operator's environment), when it says so.
+	Effective json.RawMessage `json:"effective,omitempty"`
+}
+
+// configDigester is implemented by a post-renderer whose output depends on
+// more than its watches.yaml config; the digest then covers that too.
+type configDigester interface {
+	DigestConfig() json.RawMessage
 }
 
 func digest(entry *watches.Entry, obj *unstructured.Unstructured, vals map[string]any) (string, error) {
@@ -216,7 +225,11 @@ func digest(entry *watches.Entry, obj *unstructured.Unstructured, vals map[strin
 		},
 	}
 	for _, pr := range entry.PostRenderers {
-		in.PostRenderers = append(in.PostRenderers, postRendererC{Name: pr.Name, Config: compactJSON(pr.Config)})
+		c := postRendererC{Name: pr.Name, Config: compactJSON(pr.Config)}
+		if d, ok := pr.Renderer.(configDigester); ok {
+			c.Effective = d.DigestConfig()
+		}
+		in.PostRenderers = append(in.PostRenderers, c)
 	}
 	b, err := json.Marshal(in)
 	if err != nil {

