@@ -1,13 +1,16 @@
 package helmreconciler
 
 import (
+	"context"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // objectKey identifies one object of a release.
@@ -193,4 +196,62 @@ func serverShape(want, applied any) any {
 	default:
 		return runtime.DeepCopyJSONValue(applied)
 	}
+}
+
+// repairDrift restores owned objects that were deleted or changed, applying
+// only the fields of the manifest (server-side apply), so that fields other
+// writers set survive. It returns the live objects and what it restored.
+func (r *Reconciler) repairDrift(ctx context.Context, obj *unstructured.Unstructured, rs *releaseState, repair bool) ([]*unstructured.Unstructured, []string, error) {
+	if r.entry.WatchDependentResources {
+		if err := r.watchDependents(rs.desired); err != nil {
+			return nil, nil, err
+		}
+	}
+	var live []*unstructured.Unstructured
+	var repaired []string
+	for i, want := range rs.desired {
+		key := keyOf(want)
+		have := &unstructured.Unstructured{}
+		have.SetGroupVersionKind(key.GVK)
+		err := r.client.Get(ctx, key.namespacedName(), have)
+		if err != nil && !apierrors.IsNotFound(err) {
+			// Outside the cache's namespaces: read directly.
+			err = r.reader.Get(ctx, key.namespacedName(), have)
+		}
+		switch {
+		case apierrors.IsNotFound(err):
+			if !repair {
+				continue
+			}
+		case err != nil:
+			return nil, nil, fmt.Errorf("reading %s: %w", key, err)
+		case !repair:
+			live = append(live, have)
+			continue
+		case rs.verified[key] == have.GetResourceVersion():
+			live = append(live, have)
+			continue
+		case contains(want.Object, have.Object):
+			rs.verified[key] = have.GetResourceVersion()
+			live = append(live, have)
+			continue
+		}
+		applied := want.DeepCopy()
+		if err := r.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(fieldOwner), client.ForceOwnership); err != nil {
+			return nil, nil, fmt.Errorf("restoring %s: %w", key, err)
+		}
+		rs.verified[key] = applied.GetResourceVersion()
+		live = append(live, applied)
+		// From now on compare with what the server made of the desired
+		// object (zero values it leaves out, defaults it fills in, what
+		// admission changed): that is not drift, and without this every
+		// change of the object's status would re-apply it.
+		serverForm := &unstructured.Unstructured{Object: serverShape(want.Object, applied.Object).(map[string]any)}
+		rs.desired[i] = serverForm
+		if have.GetResourceVersion() != "" && contains(serverForm.Object, have.Object) {
+			continue // the live object already was the server's form
+		}
+		repaired = append(repaired, key.String())
+	}
+	return live, repaired, nil
 }

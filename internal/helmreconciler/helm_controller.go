@@ -8,6 +8,31 @@
 // operator's cache (metadata only), and the live objects are compared with
 // the deployed manifest kept in memory, by resourceVersion first. Nothing is
 // rendered and nothing is read from the API server.
+//
+// The files:
+//
+//   - helm_controller.go: the annotations and labels, New, the controller's
+//     watches (the resource, its release Secrets, the kinds it owns).
+//   - reconcile.go: one reconcile, as one flow: inputs, release, drift,
+//     status.
+//   - plan.go: which Helm action a reconcile takes, from the stored
+//     revisions (pure, table-tested).
+//   - actions.go: the Helm actions (install, upgrade, rollback, uninstall)
+//     and what the engine remembers of a deployed release.
+//   - uninstall.go: the deletion of a resource (uninstall, uninstall-wait).
+//   - drift.go: the desired objects of a release and the repair of live
+//     objects that drifted from them.
+//   - live.go: the live objects post-renderers read, watched so that a
+//     change to one upgrades the releases rendered from it.
+//   - status.go: the conditions and .status, collected during a reconcile
+//     and written once.
+//   - actionconfig.go: Helm's action configuration; its kube client creates
+//     in parallel and records the server's forms of what it creates.
+//   - prefetch.go: Helm's reads of a release's objects, started at once.
+//   - storage.go, release_driver.go: release Secrets as Helm stores them,
+//     with an owner reference, chunking and pooled compression.
+//   - transform.go: the cache transform that drops managedFields.
+//   - metrics.go: the engine's Prometheus metrics.
 package helmreconciler
 
 import (
@@ -18,6 +43,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -35,7 +61,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/model-orchestra/operator/internal/render"
 	"github.com/model-orchestra/operator/internal/watches"
 )
 
@@ -249,6 +278,95 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 	}
 	r.ctrl = c
 	return nil
+}
+
+// watchDependents starts watching the kinds of objs, once per kind, so that a
+// change to an owned object reconciles its owner promptly.
+func (r *Reconciler) watchDependents(objs []*unstructured.Unstructured) error {
+	r.watchMu.Lock()
+	defer r.watchMu.Unlock()
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		if r.watched[gvk] {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(gvk)
+		preds := []predicate.TypedPredicate[*unstructured.Unstructured]{}
+		if r.entry.Status == nil {
+			// Without a status plugin, status-only changes cannot matter.
+			preds = append(preds, dependentChanged{})
+		}
+		src := source.Kind(r.cache, u, handler.TypedEnqueueRequestsFromMapFunc(r.ownerOf), preds...)
+		if err := r.ctrl.Watch(src); err != nil {
+			return fmt.Errorf("watching %s: %w", gvk, err)
+		}
+		r.watched[gvk] = true
+	}
+	return nil
+}
+
+// ownerOf maps an owned object to its custom resource, by controller owner
+// reference or by the owner annotations.
+func (r *Reconciler) ownerOf(_ context.Context, o *unstructured.Unstructured) []reconcile.Request {
+	gk := r.entry.GVK.GroupKind()
+	if ref := metav1.GetControllerOf(o); ref != nil {
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		if err == nil && gv.Group == gk.Group && ref.Kind == gk.Kind {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}}}
+		}
+		return nil
+	}
+	a := o.GetAnnotations()
+	if a[render.AnnotationOwnerKind] != gk.String() {
+		return nil
+	}
+	ns, name, ok := strings.Cut(a[render.AnnotationOwner], "/")
+	if !ok {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+}
+
+// dependentChanged passes creates, deletes and updates that change more than
+// status and bookkeeping metadata.
+type dependentChanged struct {
+	predicate.TypedFuncs[*unstructured.Unstructured]
+}
+
+func (dependentChanged) Create(event.TypedCreateEvent[*unstructured.Unstructured]) bool { return true }
+func (dependentChanged) Delete(event.TypedDeleteEvent[*unstructured.Unstructured]) bool { return true }
+func (dependentChanged) Generic(event.TypedGenericEvent[*unstructured.Unstructured]) bool {
+	return true
+}
+
+func (dependentChanged) Update(e event.TypedUpdateEvent[*unstructured.Unstructured]) bool {
+	return !equalIgnoringStatus(e.ObjectOld, e.ObjectNew)
+}
+
+func equalIgnoringStatus(a, b *unstructured.Unstructured) bool {
+	strip := func(u *unstructured.Unstructured) map[string]any {
+		c := make(map[string]any, len(u.Object))
+		for k, v := range u.Object {
+			if k != "status" && k != "metadata" {
+				c[k] = v
+			}
+		}
+		m := u.Object["metadata"]
+		if mm, ok := m.(map[string]any); ok {
+			md := make(map[string]any, len(mm))
+			for k, v := range mm {
+				switch k {
+				case "resourceVersion", "managedFields", "generation":
+				default:
+					md[k] = v
+				}
+			}
+			c["metadata"] = md
+		}
+		return c
+	}
+	return equality.Semantic.DeepEqual(strip(a), strip(b))
 }
 
 func labelsOf(o client.Object) labels.Set { return labels.Set(o.GetLabels()) }

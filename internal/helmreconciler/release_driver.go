@@ -23,11 +23,11 @@ import (
 // records it writes; reads are Helm's. The records are the ones Helm
 // writes (same name, type, labels and encoding: base64 of gzip of the
 // release's JSON), compressed at gzip's default level with pooled
-// compressors instead of a new BestCompression compressor per record.
-// Helm's way allocates about 0.8 MiB per record and took 0.7 ms for the
-// test chart's record (4.5 ms for the model-orchestra chart's); this one
-// about 0.2 ms (2.2 ms), for records within 1% of the size. Any level
-// decodes alike: the helm CLI reads them as its own (TestReleaseRecordsAreHelms).
+// compressors instead of a new BestCompression compressor per record: a
+// new compressor allocates its tables (close to a megabyte) on every
+// write, and the best level is slower than the default one for records of
+// about the same size. Any level decodes alike: the helm CLI reads them as
+// its own (TestReleaseRecordsAreHelms).
 type releaseDriver struct {
 	*driver.Secrets
 	secrets *releaseSecrets

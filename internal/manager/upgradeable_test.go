@@ -2,6 +2,8 @@ package manager_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -105,16 +107,19 @@ func TestUpgradeableReporterFollowsHelmReleases(t *testing.T) {
 
 	expect := func(status metav1.ConditionStatus, reason, message string) {
 		t.Helper()
-		eventually(t, 30*time.Second, "Upgradeable="+string(status), func() (bool, string) {
+		eventually(t, 30*time.Second, func() error {
 			got := &apiv2.OperatorCondition{}
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(oc), got); err != nil {
-				return false, err.Error()
+				return err
 			}
 			c := meta.FindStatusCondition(got.Spec.Conditions, apiv2.Upgradeable)
 			if c == nil {
-				return false, "no Upgradeable condition"
+				return errors.New("no Upgradeable condition")
 			}
-			return c.Status == status && c.Reason == reason && strings.Contains(c.Message, message), c.String()
+			if c.Status != status || c.Reason != reason || !strings.Contains(c.Message, message) {
+				return fmt.Errorf("want Upgradeable=%s %s %q, have %s", status, reason, message, c.String())
+			}
+			return nil
 		})
 	}
 	expect(metav1.ConditionTrue, manager.ReasonNoReleasePending, "no Helm release is pending")
