@@ -8,7 +8,7 @@ import (
 
 func row(n int, s subject, deploy, noopCPU time.Duration, peak float64) result {
 	return result{n: n, subject: s, deploy: deploy, noopCPU: noopCPU, mem: memory{peak: peak},
-		installCPU: time.Millisecond, machine: 10 * time.Millisecond, requests: 7}
+		installCPU: time.Millisecond, benchCPU: 10 * time.Millisecond, requests: 7}
 }
 
 func TestFormatPeerTablePairsRowsAndCountsTargets(t *testing.T) {
