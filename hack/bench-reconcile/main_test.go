@@ -27,10 +27,10 @@ func TestFormatPeerTablePairsRowsAndCountsTargets(t *testing.T) {
 	}
 	got := formatPeerTable(results)
 	for _, want := range []string{
-		"| 50 | peer | 10.0 | 200 | 1.25 |",
-		"| 50 | peer, QPS 100 burst 200 | 4.0 | 200 | 1.25 |",
-		"| 200 | peer | 10.0 | 200 | 1.11 |",
-		"| 200 | peer, QPS 100 burst 200 | 6.2 | 80 | 0.94 |",
+		"| 50 | peer | 10.00 | 200 | 1.25 |",
+		"| 50 | peer, QPS 100 burst 200 | 4.00 | 200 | 1.25 |",
+		"| 200 | peer | 10.00 | 200 | 1.11 |",
+		"| 200 | peer, QPS 100 burst 200 | 6.25 | 80 | 0.94 |",
 		"install throughput ≥ 5×: met in 1 of 2 rows; CPU per no-op reconcile ≥ 100× less: 1 of 2; lower peak RSS: 1 of 2.",
 	} {
 		if !strings.Contains(got, want) {

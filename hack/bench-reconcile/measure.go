@@ -124,6 +124,39 @@ func perInstall(a, b map[string]float64, n int) string {
 	return fmt.Sprintf("%.2f: %s", total/float64(n), strings.Join(parts, ", "))
 }
 
+// apiServerRequests reads kube-apiserver's apiserver_request_total: the
+// requests it served from every client (the operator, kube-controller-manager,
+// this benchmark), by "VERB resource[/subresource] code".
+func apiServerRequests(hc *http.Client, host string) (map[string]float64, error) {
+	resp, err := hc.Get(strings.TrimSuffix(host, "/") + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("reading kube-apiserver's metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("reading kube-apiserver's metrics: %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		resource := label(line, "resource")
+		if sub := label(line, "subresource"); sub != "" {
+			resource += "/" + sub
+		}
+		if resource == "" {
+			resource = "(non-resource)"
+		}
+		v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		out[label(line, "verb")+" "+resource+" "+label(line, "code")] += v
+	}
+	return out, sc.Err()
+}
+
 // eventsPerInstall counts the events in ns by the component that reported
 // them, per custom resource.
 func eventsPerInstall(ctx context.Context, c client.Client, ns string, n int) (string, error) {
