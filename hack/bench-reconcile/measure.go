@@ -157,6 +157,15 @@ func apiServerRequests(hc *http.Client, host string) (map[string]float64, error)
 	return out, sc.Err()
 }
 
+// growth is how much the counters grew from a to b in all.
+func growth(a, b map[string]float64) float64 {
+	total := 0.0
+	for k, v := range b {
+		total += max(v-a[k], 0)
+	}
+	return total
+}
+
 // eventsPerInstall counts the events in ns by the component that reported
 // them, per custom resource.
 func eventsPerInstall(ctx context.Context, c client.Client, ns string, n int) (string, error) {
