@@ -677,7 +677,7 @@ func updateDocs(path, table, peerTable string, warmup int) error {
 		"Targets: at least 30 CRs/s to Deployed, a no-op reconcile under 1 ms of CPU that never renders, RSS under 100 MiB with 200 releases.\n"
 	s := replaceSection(string(data), startMarker, endMarker, section, "Helm reconciler engine (make bench-reconcile)")
 	if peerTable != "" {
-		peerSection := measured + ", in the same run as the table above." + peerTable +
+		peerSection := measured + ", in the same run as the table above.\n" + peerTable +
 			"\nThe peer is operator-framework's helm-operator-plugins v0.8.0, pinned in hack/tools/helm-operator-plugins and built by `make tools` as its image builds it (static, `-trimpath -ldflags=\"-s -w\"`): " +
 			"\"peer\" is the module's own `helm-operator run` command at its defaults, whose client is limited to controller-runtime's 20 requests/s with bursts of 30 (the command has no flag or variable for it); " +
 			"\"peer, QPS 100 burst 200\" is the same command built from the library's packages with that limit raised to ours (hack/tools/helm-operator-plugins/tuned), as a user of the library would. " +
