@@ -131,5 +131,5 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
 
 .PHONY: bench-reconcile
-bench-reconcile: tools ## Time for 50 and 200 custom resources to reach Deployed, CPU per no-op reconcile, operator RSS.
-	$(GO) run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md
+bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.
+	$(GO) run ./hack/bench-reconcile -n 50,200 -rounds 2 -docs docs/benchmarks.md

@@ -1,35 +1,32 @@
 // Command bench-reconcile measures the Helm reconciler engine on the local
-// control plane: the time from creating N custom resources to all of them
-// Deployed (timed from when the operator's caches have synced; its start-up
-// time is reported apart), the operator's CPU per no-op reconcile, and its
-// memory.
+// control plane, side by side with operator-framework's helm-operator-plugins:
+// the time from creating N custom resources to all of them Deployed (timed
+// from when the operator's caches have synced; its start-up time is reported
+// apart), the operator's CPU and API requests per install, its CPU per no-op
+// reconcile, and its memory.
 //
 // It builds cmd/orchestra-operator and runs it as a separate process (so
 // that its CPU and RSS are its own) against etcd, kube-apiserver and
 // kube-controller-manager from bin/, with a chart of one ConfigMap and one
-// Deployment and 2 workers. It prints a table and, with -docs, rewrites the
-// bench-reconcile section of docs/benchmarks.md.
+// Deployment and 2 workers. Unless -peer=false, every row of ours is followed
+// by the same row of the peer, as built by hack/tools/install.sh from its
+// pinned module: at its defaults (controller-runtime's client rate limit of
+// 20 requests/s, burst 30), and with the limit raised to ours (100, 200). It
+// prints a table and the ratios and, with -docs, rewrites the bench-reconcile
+// and bench-reconcile-peer sections of that markdown file.
 //
 //	go run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,68 +47,50 @@ import (
 	"github.com/model-orchestra/operator/internal/localcluster"
 )
 
-// profileDir, when set, receives CPU profiles of the operator and of
+// profileDir, when set, receives CPU profiles of our operator and of
 // kube-apiserver.
 var profileDir string
-
-func fetchProfile(addr, path string, seconds int) {
-	fetchURL(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds), path)
-}
-
-// fetchAPIServerProfile writes a CPU profile of kube-apiserver, taken with
-// the cluster's admin credentials.
-func fetchAPIServerProfile(cluster *localcluster.Cluster, path string, seconds int) {
-	cfg := cluster.Config()
-	hc, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "profiling kube-apiserver:", err)
-		return
-	}
-	fetchURLWith(hc, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", strings.TrimSuffix(cfg.Host, "/"), seconds), path)
-}
-
-func fetchURL(url, path string) { fetchURLWith(http.DefaultClient, url, path) }
-
-func fetchURLWith(hc *http.Client, url, path string) {
-	resp, err := hc.Get(url)
-	if err != nil {
-		return
-	}
-	defer func() { _ = resp.Body.Close() }()
-	f, err := os.Create(path)
-	if err != nil {
-		return
-	}
-	_, _ = io.Copy(f, resp.Body)
-	_ = f.Close()
-}
 
 var sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Sample"}
 
 type result struct {
-	n           int
-	label       string // the baseline's, or "" for the working tree
-	deploy      time.Duration
-	machine     time.Duration // the machine's CPU per custom resource, create → all Deployed
-	first       time.Duration // create → the first resource Deployed
-	noopCount   float64
-	noopCPU     time.Duration // operator CPU per no-op reconcile
-	rendersNoop float64       // renders during the no-op window (want 0)
-	rssMiB      float64
-	peakRSSMiB  float64
-	noopMean    string
-	installCPU  time.Duration // operator CPU per CR during the deploy phase
-	installMean float64       // mean install reconcile time, seconds
-	anonMiB     float64       // anonymous (private) RSS
-	load        string        // /proc/loadavg when the run started
-	ready       time.Duration // operator start → caches synced (/readyz)
-	// Per custom resource, from create to all Deployed: API requests by
-	// verb and resource, and reconciles by outcome.
+	n       int
+	subject subject
+	deploy  time.Duration
+	machine time.Duration // the machine's CPU per custom resource, create → all Deployed
+	// benchCPU is the CPU per custom resource, create → all Deployed, of
+	// the operator, the control plane and the benchmark client: the
+	// machine's without the other work of a shared machine.
+	benchCPU time.Duration
+	first    time.Duration // create → the first resource Deployed
+	// noopCount reconciles in the no-op window, which cost noopCPU each
+	// (the operator process's CPU over the window) and took noopMean.
+	noopCount float64
+	noopCPU   time.Duration
+	noopMean  time.Duration
+	// rendersNoop is renders during the no-op window (ours only; want 0),
+	// releasesNoop the release records written meanwhile (want 0).
+	rendersNoop, releasesNoop float64
+	mem                       memory
+	installCPU                time.Duration // operator CPU per CR during the deploy phase
+	reconcileMean             time.Duration // mean reconcile from create to all Deployed
+	requests                  float64       // API requests per CR from create to all Deployed
+	load                      string        // /proc/loadavg when the row started
+	ready                     time.Duration // operator start → caches synced and workers started
+	// Per custom resource, from create to all Deployed: API requests (by
+	// verb and resource for ours, by method and code for the peer), and
+	// reconciles by outcome (ours) or result (the peer).
 	apiPerInstall, reconcilesPerInstall string
+	// serverPerInstall is the requests kube-apiserver served per custom
+	// resource from create to all Deployed, from every client.
+	serverPerInstall string
+	// eventsPerInstall is the events in the row's namespace at its end, by
+	// reporting component and reason, per custom resource.
+	eventsPerInstall string
 	// cpuPerInstall is the machine's CPU per custom resource from create
 	// to all Deployed, by process.
 	cpuPerInstall string
-	// hashRate is sha256 MiB/s on one core just before the run: how fast
+	// hashRate is sha256 MiB/s on one core just before the row: how fast
 	// the machine was (a virtual machine's speed varies).
 	hashRate float64
 }
@@ -121,24 +100,39 @@ func main() {
 	workers := flag.Int("workers", 2, "reconcile workers")
 	window := flag.Duration("noop-window", 10*time.Second, "how long to measure no-op reconciles")
 	warmup := flag.Int("warmup", 20, "resources deployed (and not measured) before the measured runs, to warm the control plane; 0: none")
-	docs := flag.String("docs", "", "rewrite the bench-reconcile section of this markdown file")
+	docs := flag.String("docs", "", "rewrite the bench-reconcile (and, with the peer, bench-reconcile-peer) sections of this markdown file")
 	baseline := flag.String("baseline", "", "also measure the operator built from this git revision, each row right before the same row of the working tree's, and print the ratios")
+	withPeer := flag.Bool("peer", true, "also measure helm-operator-plugins (bin/helm-operator and bin/helm-operator-tuned, from make tools), each row right after the same row of ours, and print the ratios")
 	rounds := flag.Int("rounds", 1, "measure every row this many times")
-	flag.StringVar(&profileDir, "profile-dir", "", "write CPU profiles of the operator here")
+	flag.StringVar(&profileDir, "profile-dir", "", "write CPU profiles of our operator here")
 	flag.Parse()
-	if err := run(*ns, *workers, *warmup, *rounds, *window, *docs, *baseline); err != nil {
+	if err := run(*ns, *workers, *warmup, *rounds, *window, *docs, *baseline, *withPeer); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-reconcile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nList string, workers, warmup, rounds int, window time.Duration, docs, baseline string) error {
+func run(nList string, workers, warmup, rounds int, window time.Duration, docs, baseline string, withPeer bool) error {
+	var counts []int
+	for _, f := range strings.Split(nList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad -n value %q", f)
+		}
+		counts = append(counts, n)
+	}
 	root, err := localcluster.ModuleRoot()
 	if err != nil {
 		return err
 	}
+	var peers []subject
+	if withPeer {
+		if peers, err = peerSubjects(filepath.Join(root, "bin")); err != nil {
+			return err
+		}
+	}
 	ctx := context.Background()
-	fmt.Fprintln(os.Stderr, "starting the local control plane ...")
+	fmt.Fprintf(os.Stderr, "load average %s; starting the local control plane ...\n", loadAverage())
 	cluster, err := localcluster.Start(ctx, localcluster.Options{ControllerManager: true, Profiling: profileDir != ""})
 	if err != nil {
 		return err
@@ -171,9 +165,9 @@ func run(nList string, workers, warmup, rounds int, window time.Duration, docs, 
 	if err := buildOperator(root, bin); err != nil {
 		return fmt.Errorf("building the operator: %w", err)
 	}
+	ours := subject{name: "ours", kind: orchestra, bin: bin}
 	// The baseline is built from a worktree of its revision, the same way.
-	type operatorBuild struct{ label, bin string }
-	builds := []operatorBuild{{"", bin}}
+	subjects := []subject{ours}
 	if baseline != "" {
 		src := filepath.Join(work, "baseline")
 		fmt.Fprintf(os.Stderr, "building the baseline operator from %s ...\n", baseline)
@@ -185,12 +179,14 @@ func run(nList string, workers, warmup, rounds int, window time.Duration, docs, 
 		if err := buildOperator(src, bbin); err != nil {
 			return fmt.Errorf("building the baseline operator: %w", err)
 		}
-		builds = []operatorBuild{{"baseline " + baseline, bbin}, {"", bin}}
+		subjects = []subject{{name: "baseline " + baseline, kind: orchestra, bin: bbin}, ours}
 	}
-	watchesFile := filepath.Join(work, "watches.yaml")
-	if err := os.WriteFile(watchesFile, []byte("- {group: test.modelorchestra.io, version: v1, kind: Sample, chart: small}\n"), 0o600); err != nil {
+	subjects = append(subjects, peers...)
+	st, err := writeWatchFiles(work, filepath.Join(root, "internal/helmreconciler/testdata/charts"))
+	if err != nil {
 		return err
 	}
+	st.kubeconfig = cluster.KubeconfigFile()
 
 	// A fresh control plane serves its first custom resources slower (the
 	// first of three batches of 50 in one cluster: 19 CRs/s; the next two:
@@ -199,31 +195,32 @@ func run(nList string, workers, warmup, rounds int, window time.Duration, docs, 
 	// row pays only its own operator's start.
 	if warmup > 0 {
 		fmt.Fprintf(os.Stderr, "warming up the control plane with %d resources (not measured) ...\n", warmup)
-		if _, err := benchOne(ctx, c, cluster, root, bin, watchesFile, warmup, workers, 0); err != nil {
+		if _, err := benchOne(ctx, c, cluster, ours, st, warmup, workers, 0); err != nil {
 			return fmt.Errorf("warming up: %w", err)
 		}
 	}
 	var results []result
 	for range max(rounds, 1) {
-		for _, f := range strings.Split(nList, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 {
-				return fmt.Errorf("bad -n value %q", f)
-			}
-			for _, b := range builds {
-				r, err := benchOne(ctx, c, cluster, root, b.bin, watchesFile, n, workers, window)
+		for _, n := range counts {
+			for _, s := range subjects {
+				fmt.Fprintf(os.Stderr, "%d resources, %s (load average %s) ...\n", n, s.name, loadAverage())
+				r, err := benchOne(ctx, c, cluster, s, st, n, workers, window)
 				if err != nil {
-					return fmt.Errorf("with %d resources (%s): %w", n, cmp.Or(b.label, "working tree"), err)
+					return fmt.Errorf("with %d resources (%s): %w", n, s.name, err)
 				}
-				r.label = b.label
 				results = append(results, r)
 			}
 		}
 	}
 	table := formatTable(results, workers)
 	fmt.Print(table)
+	var peerTable string
+	if withPeer {
+		peerTable = formatPeerTable(results)
+		fmt.Print(peerTable)
+	}
 	if docs != "" {
-		return updateDocs(docs, table, warmup)
+		return updateDocs(docs, table, peerTable, warmup)
 	}
 	return nil
 }
@@ -239,77 +236,106 @@ func buildOperator(dir, bin string) error {
 	return build.Run()
 }
 
-func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Cluster, root, bin, watchesFile string, n, workers int, window time.Duration) (result, error) {
-	res := result{n: n}
-	ns := fmt.Sprintf("bench-%d-%d", n, time.Now().Unix())
+// rowSeq numbers the rows' namespaces.
+var rowSeq int
+
+// benchOne measures s with n resources in a namespace of its own. With a
+// window, it also measures no-op reconciles: every resource resyncs each
+// second and nothing changes.
+func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Cluster, s subject, st setup, n, workers int, window time.Duration) (res result, err error) {
+	res = result{n: n, subject: s}
+	rowSeq++
+	ns := fmt.Sprintf("bench-%d-%s-%d-%d", n, shortName(s), rowSeq, time.Now().Unix())
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		return res, err
 	}
-	metricsAddr, err := freeAddr()
+	logName := fmt.Sprintf("bench-reconcile-%s-%d.log", shortName(s), n)
+	op, err := startOperator(s, st, ns, workers, "1h", logName)
 	if err != nil {
 		return res, err
 	}
-	probeAddr, err := freeAddr()
-	if err != nil {
-		return res, err
-	}
-	cmd := exec.Command(bin,
-		"--watches-file", watchesFile,
-		"--charts-dir", filepath.Join(root, "internal/helmreconciler/testdata/charts"),
-		"--max-concurrent-reconciles", strconv.Itoa(workers),
-		"--metrics-bind-address", metricsAddr,
-		"--health-probe-bind-address", probeAddr,
-		"--reconcile-period", "1h",
-		"--pprof",
-		"--count-api-requests",
-	)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.KubeconfigFile(), "WATCH_NAMESPACE="+ns, "GOMAXPROCS="+strconv.Itoa(runtime.NumCPU()))
-	logFile, err := os.Create(filepath.Join(os.TempDir(), "bench-reconcile-operator-"+strconv.Itoa(n)+".log"))
-	if err != nil {
-		return res, err
-	}
-	defer func() { _ = logFile.Close() }()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	launched := time.Now()
-	if err := cmd.Start(); err != nil {
-		return res, err
-	}
-	defer func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	}()
-	if err := waitMetrics(metricsAddr, 30*time.Second); err != nil {
-		return res, fmt.Errorf("operator did not start (log %s): %w", logFile.Name(), err)
-	}
-	// The deploy phase measures reconciling, so it starts once the
-	// operator's caches have synced (/readyz); the start-up before that
-	// (informers' initial lists, which the API server may answer with 429
-	// and a retry after 1 s) is reported in its own column.
-	if err := waitReady(probeAddr, 30*time.Second); err != nil {
-		return res, fmt.Errorf("operator not ready (log %s): %w", logFile.Name(), err)
-	}
-	res.ready = time.Since(launched)
+	defer func() { op.stop() }()
+	res.ready = time.Since(op.started)
 
 	// The warm-up (no steady-state window) is not profiled: its profiles
 	// would still run when the first measured row starts.
-	if profileDir != "" && window > 0 {
-		go fetchProfile(metricsAddr, filepath.Join(profileDir, fmt.Sprintf("install-%d.pprof", n)), 5)
+	if profileDir != "" && window > 0 && s.kind == orchestra {
+		go fetchProfile(op.metricsAddr, filepath.Join(profileDir, fmt.Sprintf("install-%d.pprof", n)), 5)
 		go fetchAPIServerProfile(cluster, filepath.Join(profileDir, fmt.Sprintf("apiserver-install-%d.pprof", n)), 5)
 	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		res.load = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	res.load = loadAverage()
 	res.hashRate = sha256Rate()
-	// Phase 1: create N resources, time until all are Deployed.
-	before, err := scrape(metricsAddr)
+	if err := deploy(ctx, c, cluster, op, ns, n, &res); err != nil {
+		return res, err
+	}
+	if window <= 0 {
+		return res, nil // no steady-state phase
+	}
+
+	// Phase 2: steady state. Every resource now resyncs each second and
+	// nothing changes, so every reconcile is a no-op. Measure the
+	// operator's CPU over the window.
+	releases0, err := releaseRecords(ctx, c, ns)
 	if err != nil {
 		return res, err
 	}
-	cpuStart, err := processCPU(cmd.Process.Pid)
+	installMem, err := processMemory(op.pid())
 	if err != nil {
 		return res, err
 	}
-	machineStart := machineCPU(cluster, cmd.Process.Pid)
+	switch s.kind {
+	case orchestra:
+		// The reconcile-period annotation is set only now, so that the
+		// deploy phase runs with the operator's own period.
+		if err := setPeriod(ctx, c, ns, n, "1s"); err != nil {
+			return res, err
+		}
+	case peer:
+		// The peer has no per-resource period: a new process of it, with
+		// --reconcile-period 1s, takes over the deployed releases. Its
+		// first reconcile of each is a no-op like the following ones.
+		op.stop()
+		if op, err = startOperator(s, st, ns, workers, "1s", strings.TrimSuffix(logName, ".log")+"-noop.log"); err != nil {
+			return res, err
+		}
+	}
+	time.Sleep(3 * time.Second) // let the install tail, the annotation's reconciles or the start settle
+	if err := noops(op, n, window, &res); err != nil {
+		return res, err
+	}
+	releases1, err := releaseRecords(ctx, c, ns)
+	if err != nil {
+		return res, err
+	}
+	res.releasesNoop = float64(releases1 - releases0)
+	if res.mem, err = processMemory(op.pid()); err != nil {
+		return res, err
+	}
+	res.mem.peak = max(res.mem.peak, installMem.peak)
+	res.eventsPerInstall, err = eventsPerInstall(ctx, c, ns, n)
+	return res, err
+}
+
+// deploy creates n resources in ns and waits until all are Deployed
+// (phase 1), filling in the deploy-phase fields of res.
+func deploy(ctx context.Context, c client.WithWatch, cluster *localcluster.Cluster, op *operator, ns string, n int, res *result) error {
+	before, err := scrape(op.metricsAddr)
+	if err != nil {
+		return err
+	}
+	cpuStart, err := processCPU(op.pid())
+	if err != nil {
+		return err
+	}
+	machineStart := machineCPU(cluster, op.pid())
+	hc, err := rest.HTTPClientFor(cluster.Config())
+	if err != nil {
+		return err
+	}
+	server0, err := apiServerRequests(hc, cluster.APIServerURL())
+	if err != nil {
+		return err
+	}
 	// Deployed conditions are counted from a watch, opened before the
 	// first create: polling a list of N resources would load the API
 	// server (and the shared CPUs) more the larger N is.
@@ -317,7 +343,7 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 	list.SetGroupVersionKind(sampleGVK.GroupVersion().WithKind("SampleList"))
 	w, err := c.Watch(ctx, list, client.InNamespace(ns))
 	if err != nil {
-		return res, fmt.Errorf("watching resources: %w", err)
+		return fmt.Errorf("watching resources: %w", err)
 	}
 	defer w.Stop()
 	start := time.Now()
@@ -331,7 +357,7 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return res, fmt.Errorf("watch closed with %d of %d Deployed", len(deployed), n)
+				return fmt.Errorf("watch closed with %d of %d Deployed", len(deployed), n)
 			}
 			if u, ok := ev.Object.(*unstructured.Unstructured); ok && isDeployed(u) {
 				if len(deployed) == 0 {
@@ -340,70 +366,93 @@ func benchOne(ctx context.Context, c client.WithWatch, cluster *localcluster.Clu
 				deployed[u.GetName()] = true
 			}
 		case <-timeout:
-			return res, fmt.Errorf("only %d of %d Deployed after 10 minutes (log %s)", len(deployed), n, logFile.Name())
+			return fmt.Errorf("only %d of %d Deployed after 10 minutes (log %s)", len(deployed), n, op.log.Name())
 		}
 	}
 	if err := created(); err != nil {
-		return res, fmt.Errorf("creating resources: %w", err)
+		return fmt.Errorf("creating resources: %w", err)
 	}
 	res.deploy = time.Since(start)
-	if cpuEnd, err := processCPU(cmd.Process.Pid); err == nil {
+	if cpuEnd, err := processCPU(op.pid()); err == nil {
 		res.installCPU = (cpuEnd - cpuStart) / time.Duration(n)
 	}
-	machineEnd := machineCPU(cluster, cmd.Process.Pid)
+	machineEnd := machineCPU(cluster, op.pid())
 	res.cpuPerInstall = perInstallCPU(machineStart, machineEnd, n)
 	res.machine = (machineEnd["machine"] - machineStart["machine"]) / time.Duration(n)
-	if after, err := scrape(metricsAddr); err == nil {
-		res.apiPerInstall = perInstall(before.api, after.api, n)
+	for name, end := range machineEnd {
+		if name != "machine" {
+			res.benchCPU += (end - machineStart[name]) / time.Duration(n)
+		}
+	}
+	server1, err := apiServerRequests(hc, cluster.APIServerURL())
+	if err != nil {
+		return err
+	}
+	res.serverPerInstall = perInstall(server0, server1, n)
+	after, err := scrape(op.metricsAddr)
+	if err != nil {
+		return err
+	}
+	if count := after.crReconcileCount - before.crReconcileCount; count > 0 {
+		res.reconcileMean = time.Duration(float64(time.Second) * (after.crReconcileSum - before.crReconcileSum) / count)
+	}
+	switch op.kind {
+	case orchestra:
+		// Counted in the transport, below the prefetcher, which answers
+		// reads of objects the cache shows absent without a request:
+		// client-go counts those answers too (as GET 404).
+		res.requests = growth(before.api, after.api) / float64(n)
+		res.apiPerInstall = perInstall(before.api, after.api, n) + "; client-go counted " + perInstall(before.requests, after.requests, n)
 		res.reconcilesPerInstall = perInstall(before.reconciles, after.reconciles, n)
+	case peer:
+		res.requests = (after.requestsTotal - before.requestsTotal) / float64(n)
+		res.apiPerInstall = perInstall(before.requests, after.requests, n)
+		res.reconcilesPerInstall = perInstall(before.crReconciles, after.crReconciles, n)
 	}
-	if window <= 0 {
-		return res, nil // no steady-state phase
-	}
+	return nil
+}
 
-	// Phase 2: steady state. Every resource now resyncs each second (the
-	// reconcile-period annotation, set only now so that the deploy phase
-	// runs with the operator's own period, --reconcile-period); nothing
-	// changes, so every reconcile is a no-op. Measure the operator's CPU
-	// over the window.
-	if err := setPeriod(ctx, c, ns, n, "1s"); err != nil {
-		return res, err
-	}
-	time.Sleep(3 * time.Second) // let the install tail and the annotation's reconciles settle
-	m0, err := scrape(metricsAddr)
+// noops measures the operator's reconciles over window and its CPU per
+// reconcile. Ours counts its no-op reconciles (and renders) itself; every
+// reconcile of the peer in the window is one, as nothing changes.
+func noops(op *operator, n int, window time.Duration, res *result) error {
+	m0, err := scrape(op.metricsAddr)
 	if err != nil {
-		return res, err
+		return err
 	}
-	cpu0, err := processCPU(cmd.Process.Pid)
+	cpu0, err := processCPU(op.pid())
 	if err != nil {
-		return res, err
+		return err
 	}
-	if profileDir != "" {
-		go fetchProfile(metricsAddr, filepath.Join(profileDir, fmt.Sprintf("noop-%d.pprof", n)), int(min(window, 5*time.Second)/time.Second))
+	if profileDir != "" && op.kind == orchestra {
+		go fetchProfile(op.metricsAddr, filepath.Join(profileDir, fmt.Sprintf("noop-%d.pprof", n)), int(min(window, 5*time.Second)/time.Second))
 	}
 	time.Sleep(window)
-	cpu1, _ := processCPU(cmd.Process.Pid)
-	m1, err := scrape(metricsAddr)
+	cpu1, err := processCPU(op.pid())
 	if err != nil {
-		return res, err
+		return err
 	}
-	if m1.installs > 0 {
-		res.installMean = m1.installSum / m1.installs
+	m1, err := scrape(op.metricsAddr)
+	if err != nil {
+		return err
 	}
-	res.noopCount = m1.noops - m0.noops
-	res.rendersNoop = m1.renders - m0.renders
+	var seconds float64
+	switch op.kind {
+	case orchestra:
+		res.noopCount, seconds = m1.noops-m0.noops, m1.noopSum-m0.noopSum
+		res.rendersNoop = m1.renders - m0.renders
+	case peer:
+		res.noopCount, seconds = m1.crReconcilesTotal()-m0.crReconcilesTotal(), m1.crReconcileSum-m0.crReconcileSum
+		res.rendersNoop = -1 // not counted
+	}
 	if res.noopCount > 0 {
 		res.noopCPU = time.Duration(float64(cpu1-cpu0) / res.noopCount)
+		res.noopMean = time.Duration(float64(time.Second) * seconds / res.noopCount)
 	}
-	if res.noopCount > 0 {
-		res.noopMean = fmt.Sprintf("%.2f ms", 1000*(m1.noopSum-m0.noopSum)/res.noopCount)
+	if profileDir != "" && op.kind == orchestra {
+		fetchURL("http://"+op.metricsAddr+"/debug/pprof/heap", filepath.Join(profileDir, fmt.Sprintf("heap-%d.pprof", n)))
 	}
-	if profileDir != "" {
-		fetchURL("http://"+metricsAddr+"/debug/pprof/heap", filepath.Join(profileDir, fmt.Sprintf("heap-%d.pprof", n)))
-	}
-	res.rssMiB, res.peakRSSMiB, err = processRSS(cmd.Process.Pid)
-	res.anonMiB = anonRSS
-	return res, err
+	return nil
 }
 
 // setPeriod sets the reconcile-period annotation on the n resources of ns.
@@ -457,218 +506,6 @@ func isDeployed(u *unstructured.Unstructured) bool {
 	return false
 }
 
-type metrics struct {
-	noops, noopSum, renders, installs, installSum float64
-	api                                           map[string]float64 // "verb resource" -> requests
-	reconciles                                    map[string]float64 // outcome -> reconciles
-}
-
-func scrape(addr string) (metrics, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return metrics{}, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	m := metrics{api: map[string]float64{}, reconciles: map[string]float64{}}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		val := func() float64 {
-			f, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			return f
-		}
-		switch {
-		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_count{") && strings.Contains(line, `outcome="noop"`):
-			m.noops += val()
-		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_sum{") && strings.Contains(line, `outcome="noop"`):
-			m.noopSum += val()
-		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_count{") && strings.Contains(line, `outcome="install"`):
-			m.installs += val()
-		case strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_sum{") && strings.Contains(line, `outcome="install"`):
-			m.installSum += val()
-		case strings.HasPrefix(line, "orchestra_helm_renders_total{"):
-			m.renders += val()
-		case strings.HasPrefix(line, "orchestra_api_requests_total{"):
-			m.api[label(line, "verb")+" "+label(line, "resource")] += val()
-		}
-		if strings.HasPrefix(line, "orchestra_helm_reconcile_duration_seconds_count{") {
-			m.reconciles[label(line, "outcome")] += val()
-		}
-	}
-	return m, sc.Err()
-}
-
-func label(line, name string) string {
-	_, rest, ok := strings.Cut(line, name+`="`)
-	if !ok {
-		return ""
-	}
-	v, _, _ := strings.Cut(rest, `"`)
-	return v
-}
-
-// perInstall formats the counters that grew from a to b, divided by n.
-func perInstall(a, b map[string]float64, n int) string {
-	keys := make([]string, 0, len(b))
-	total := 0.0
-	for k, v := range b {
-		if d := v - a[k]; d > 0 {
-			keys = append(keys, k)
-			total += d
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return b[keys[i]]-a[keys[i]] > b[keys[j]]-a[keys[j]] })
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, fmt.Sprintf("%s %.2f", k, (b[k]-a[k])/float64(n)))
-	}
-	return fmt.Sprintf("%.2f: %s", total/float64(n), strings.Join(parts, ", "))
-}
-
-// clkTck is USER_HZ on Linux, the unit of /proc's CPU times.
-const clkTck = 100
-
-// processCPU is the user+system CPU time of pid.
-func processCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / clkTck, nil
-}
-
-// machineCPU is the CPU time so far of the operator, of each component of
-// the local cluster, of this process, and of the whole machine (busy time
-// from /proc/stat), by name.
-func machineCPU(cluster *localcluster.Cluster, operator int) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	pids := cluster.Processes()
-	pids["operator"] = operator
-	pids["benchmark client"] = os.Getpid()
-	for name, pid := range pids {
-		if d, err := processCPU(pid); err == nil {
-			out[name] = d
-		}
-	}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(b), "\n")
-		f := strings.Fields(line)
-		var busy int64
-		for i, v := range f[1:] {
-			if i == 3 || i == 4 { // idle, iowait
-				continue
-			}
-			x, _ := strconv.ParseInt(v, 10, 64)
-			busy += x
-		}
-		out["machine"] = time.Duration(busy) * time.Second / clkTck
-	}
-	return out
-}
-
-// perInstallCPU formats the CPU each process used between a and b, per
-// custom resource, largest first, and what the rest of the machine used.
-func perInstallCPU(a, b map[string]time.Duration, n int) string {
-	var names []string
-	var procs time.Duration
-	for k, v := range b {
-		if k != "machine" {
-			names = append(names, k)
-			procs += v - a[k]
-		}
-	}
-	sort.Slice(names, func(i, j int) bool { return b[names[i]]-a[names[i]] > b[names[j]]-a[names[j]] })
-	total := b["machine"] - a["machine"]
-	parts := make([]string, 0, len(names)+1)
-	for _, k := range names {
-		parts = append(parts, fmt.Sprintf("%s %.1f ms", k, ms(b[k]-a[k], n)))
-	}
-	parts = append(parts, fmt.Sprintf("rest of machine %.1f ms", ms(total-procs, n)))
-	return fmt.Sprintf("%.1f ms: %s", ms(total, n), strings.Join(parts, ", "))
-}
-
-// sha256Rate is how many MiB/s one core hashes with sha256: a measure of
-// the machine's speed at the moment.
-func sha256Rate() float64 {
-	buf := make([]byte, 1<<20)
-	h := sha256.New()
-	start := time.Now()
-	for range 256 {
-		h.Write(buf)
-	}
-	return 256 / time.Since(start).Seconds()
-}
-
-func ms(d time.Duration, n int) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
-
-// anonRSS is the private (anonymous) part of the last processRSS reading;
-// the rest is the executable's pages, shared and reclaimable.
-var anonRSS float64
-
-func processRSS(pid int) (rss, peak float64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "VmHWM:":
-			peak = kb / 1024
-		case "RssAnon:":
-			anonRSS = kb / 1024
-		}
-	}
-	return rss, peak, nil
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	return addr, l.Close()
-}
-
-func waitMetrics(addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return errors.New("no /metrics endpoint")
-}
-
-func waitReady(addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return errors.New("/readyz did not answer 200")
-}
-
 func installCRD(ctx context.Context, c client.Client, path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -699,77 +536,168 @@ func installCRD(ctx context.Context, c client.Client, path string) error {
 func formatTable(results []result, workers int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nHelm reconciler engine, chart of one ConfigMap + one Deployment, %d workers, local control plane (etcd + kube-apiserver + kube-controller-manager), %d CPUs\n\n", workers, runtime.NumCPU())
-	b.WriteString("| CRs | operator start → ready | create → first Deployed | create → all Deployed | CRs/s | operator CPU per install | mean install reconcile | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | operator RSS (peak) | of which private | load average at start | machine speed: sha256 on one core |\n")
-	b.WriteString("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| CRs | operator | operator start → ready | create → first Deployed | create → all Deployed | CRs/s | operator CPU per install | API requests per install | mean reconcile while installing | no-op reconciles measured | CPU per no-op reconcile | mean no-op reconcile | renders during no-ops | release records written during no-ops | operator RSS (peak) | of which private | load average at start | machine speed: sha256 on one core |\n")
+	b.WriteString("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %.2f s | %.0f ms | %.2f s | %.1f | %.1f ms | %.0f ms | %.0f | %.0f µs | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s | %.0f MiB/s |\n",
-			r.name(), r.ready.Seconds(), 1000*r.first.Seconds(), r.deploy.Seconds(), float64(r.n)/r.deploy.Seconds(), float64(r.installCPU.Microseconds())/1000, 1000*r.installMean, r.noopCount,
-			float64(r.noopCPU.Microseconds()), r.noopMean, r.rendersNoop, r.rssMiB, r.peakRSSMiB, r.anonMiB, r.load, r.hashRate)
+		renders := "—"
+		if r.rendersNoop >= 0 {
+			renders = fmt.Sprintf("%.0f", r.rendersNoop)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %.2f s | %.0f ms | %.2f s | %.1f | %.1f ms | %.2f | %.0f ms | %.0f | %s | %.2f ms | %s | %.0f | %.0f MiB (%.0f MiB) | %.0f MiB | %s | %.0f MiB/s |\n",
+			r.n, r.subject.name, r.ready.Seconds(), 1000*r.first.Seconds(), r.deploy.Seconds(), r.rate(), float64(r.installCPU.Microseconds())/1000, r.requests,
+			1000*r.reconcileMean.Seconds(), r.noopCount, formatCPU(r.noopCPU), 1000*r.noopMean.Seconds(), renders, r.releasesNoop,
+			r.mem.rss, r.mem.peak, r.mem.anon, r.load, r.hashRate)
 	}
-	b.WriteString("\nPer custom resource from create to all Deployed (operator run with --count-api-requests):\n\n")
+	b.WriteString("\nPer custom resource from create to all Deployed: API requests (ours: by verb and resource, counted in its HTTP transport with --count-api-requests, then client-go's count, which includes the reads its prefetcher answers from the cache without a request, as GET 404; the peer: by method and status code, from client-go's rest_client_requests_total); reconciles (ours: by outcome; the peer: by controller-runtime result):\n\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "- %s CRs: API requests %s; reconciles %s\n", r.name(), r.apiPerInstall, r.reconcilesPerInstall)
+		fmt.Fprintf(&b, "- %d, %s: API requests %s; reconciles %s\n", r.n, r.subject.name, r.apiPerInstall, r.reconcilesPerInstall)
+	}
+	b.WriteString("\nRequests kube-apiserver served per custom resource from create to all Deployed, from every client (the operator, kube-controller-manager, the benchmark's creates and watch), by verb, resource and code:\n\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "- %d, %s: %s\n", r.n, r.subject.name, r.serverPerInstall)
+	}
+	b.WriteString("\nEvents in the row's namespace at its end, per custom resource, by reporting component and reason:\n\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "- %d, %s: %s\n", r.n, r.subject.name, r.eventsPerInstall)
 	}
 	b.WriteString("\nCPU of the whole machine per custom resource from create to all Deployed, by process:\n\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "- %s CRs: %s\n", r.name(), r.cpuPerInstall)
+		fmt.Fprintf(&b, "- %d, %s: %s\n", r.n, r.subject.name, r.cpuPerInstall)
 	}
 	// Each baseline row is followed by the same row of the working tree.
 	var ratios []string
 	for i := 0; i+1 < len(results); i++ {
 		base, cur := results[i], results[i+1]
-		if base.label == "" || cur.label != "" || base.n != cur.n {
+		if !strings.HasPrefix(base.subject.name, "baseline") || cur.subject.name != "ours" || base.n != cur.n {
 			continue
 		}
 		ratios = append(ratios, fmt.Sprintf("| %d | %.2f | %.2f | %.2f |", cur.n,
 			base.deploy.Seconds()/cur.deploy.Seconds(), cur.machine.Seconds()/base.machine.Seconds(), cur.installCPU.Seconds()/base.installCPU.Seconds()))
 	}
 	if len(ratios) > 0 {
-		fmt.Fprintf(&b, "\nWorking tree against the %s, each pair measured back to back:\n\n", results[0].label)
+		fmt.Fprintf(&b, "\nWorking tree against the %s, each pair measured back to back:\n\n", results[0].subject.name)
 		b.WriteString("| CRs | CRs/s, working tree ÷ baseline | machine CPU per CR, working tree ÷ baseline | operator CPU per install, working tree ÷ baseline |\n| ---: | ---: | ---: | ---: |\n")
 		b.WriteString(strings.Join(ratios, "\n") + "\n")
 	}
 	return b.String()
 }
 
-// name is the row's name in the tables: the number of resources, and the
-// baseline's revision on a baseline row.
-func (r result) name() string {
-	if r.label == "" {
-		return strconv.Itoa(r.n)
+func (r result) rate() float64 { return float64(r.n) / r.deploy.Seconds() }
+
+func formatCPU(d time.Duration) string {
+	if d >= 10*time.Millisecond {
+		return fmt.Sprintf("%.0f ms", float64(d.Microseconds())/1000)
 	}
-	return fmt.Sprintf("%d (%s)", r.n, r.label)
+	return fmt.Sprintf("%.0f µs", float64(d.Microseconds()))
+}
+
+// The targets against the tuned peer, from the issue that added it.
+const (
+	targetThroughput = 5.0   // ours ÷ peer, CRs/s to Deployed
+	targetNoop       = 100.0 // peer ÷ ours, CPU per no-op reconcile
+	targetPeakRSS    = 1.0   // peer ÷ ours, more than this
+)
+
+// formatPeerTable prints, for each row of ours, the ratios to the peer's
+// rows measured right after it with the same number of resources, and how
+// many rows meet the targets against the tuned peer.
+func formatPeerTable(results []result) string {
+	var b strings.Builder
+	b.WriteString("\nOurs against helm-operator-plugins, each row of ours measured right before the peer's rows with the same resources (higher is better for ours):\n\n")
+	b.WriteString("| CRs | against | CRs/s to Deployed: ours ÷ peer | CPU per no-op reconcile: peer ÷ ours | peak RSS: peer ÷ ours | operator CPU per install: peer ÷ ours | API requests per install: peer ÷ ours | CPU of operator + control plane per install: peer ÷ ours |\n")
+	b.WriteString("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	type tally struct{ met, rows int }
+	var throughput, noop, rss tally
+	count := func(t *tally, ok bool) {
+		t.rows++
+		if ok {
+			t.met++
+		}
+	}
+	for i, o := range results {
+		if o.subject.name != "ours" {
+			continue
+		}
+		for _, p := range results[i+1:] {
+			if p.subject.kind != peer || p.n != o.n {
+				break
+			}
+			t, nr, rr := o.rate()/p.rate(), ratio(p.noopCPU, o.noopCPU), p.mem.peak/o.mem.peak
+			fmt.Fprintf(&b, "| %d | %s | %.2f | %s | %.2f | %.1f | %.1f | %.1f |\n", o.n, p.subject.name, t, formatRatio(nr), rr,
+				ratio(p.installCPU, o.installCPU), p.requests/o.requests, ratio(p.benchCPU, o.benchCPU))
+			if len(p.subject.args) > 0 {
+				count(&throughput, t >= targetThroughput)
+				count(&noop, nr >= targetNoop)
+				count(&rss, rr > targetPeakRSS)
+			}
+		}
+	}
+	if throughput.rows > 0 {
+		fmt.Fprintf(&b, "\nTargets against the tuned peer (QPS 100, burst 200): install throughput ≥ %.0f×: met in %d of %d rows; CPU per no-op reconcile ≥ %.0f× less: %d of %d; lower peak RSS: %d of %d.\n",
+			targetThroughput, throughput.met, throughput.rows, targetNoop, noop.met, noop.rows, rss.met, rss.rows)
+	}
+	return b.String()
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func formatRatio(r float64) string {
+	if r >= 10 {
+		return fmt.Sprintf("%.0f", r)
+	}
+	return fmt.Sprintf("%.1f", r)
 }
 
 const (
-	startMarker = "<!-- bench-reconcile:start -->"
-	endMarker   = "<!-- bench-reconcile:end -->"
+	startMarker     = "<!-- bench-reconcile:start -->"
+	endMarker       = "<!-- bench-reconcile:end -->"
+	peerStartMarker = "<!-- bench-reconcile-peer:start -->"
+	peerEndMarker   = "<!-- bench-reconcile-peer:end -->"
 )
 
-// updateDocs replaces the text between the markers, adding the section if
-// the file has none.
-func updateDocs(path, table string, warmup int) error {
+// updateDocs replaces the text between the markers of the bench-reconcile
+// section and, with a peer table, of the bench-reconcile-peer section,
+// adding a section the file does not have at its end.
+func updateDocs(path, table, peerTable string, warmup int) error {
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	section := startMarker + "\nMeasured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") +
-		" by `go run ./hack/bench-reconcile " + strings.Join(os.Args[1:], " ") + "` (operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; a new operator process for each row). " +
+	measured := "Measured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") + " by `go run ./hack/bench-reconcile " + strings.Join(os.Args[1:], " ") + "`"
+	section := measured + " (our operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; a new operator process for each row). " +
 		fmt.Sprintf("Before the rows, %d resources were deployed in a namespace of their own, with an operator process of their own, and not measured: a fresh control plane serves its first resources slower.\n", warmup) + table +
-		"\nCPU is the operator process's user+system time. \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +
+		"\nCPU is the operator process's user+system time. API requests per install are the requests sent to the API server: ours as its transport counts them, the peer's as client-go counts them (rest_client_requests_total; the peer answers no request itself). \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +
 		"The machine is shared with other builds and tests (see the load average): install latency is dominated by waiting (for the API server and for a CPU), not by the operator's own work (see the CPU per install); the whole process's CPU, informer and event handling included, is divided by the number of no-op reconciles. " +
-		"The last column is how fast one core hashed with sha256 just before the run: the speed of this virtual machine varies from run to run, and the rate follows it.\n\n" +
-		"Reference: the operator-sdk helm-operator deployed 50 CRs in 4.4–5.0 s (about 10/s) with an RSS of about 125 MiB. " +
-		"Targets: at least 30 CRs/s to Deployed, a no-op reconcile under 1 ms of CPU that never renders, RSS under 100 MiB with 200 releases.\n" + endMarker
-	s := string(data)
-	i, j := strings.Index(s, startMarker), strings.Index(s, endMarker)
-	if i >= 0 && j > i {
-		s = s[:i] + section + s[j+len(endMarker):]
-	} else {
-		if s != "" && !strings.HasSuffix(s, "\n") {
-			s += "\n"
-		}
-		s += "\n## Helm reconciler engine (make bench-reconcile)\n\n" + section + "\n"
+		"The last column is how fast one core hashed with sha256 just before the row: the speed of this virtual machine varies from run to run, and the rate follows it.\n\n" +
+		"Targets: at least 30 CRs/s to Deployed, a no-op reconcile under 1 ms of CPU that never renders, RSS under 100 MiB with 200 releases.\n"
+	s := replaceSection(string(data), startMarker, endMarker, section, "Helm reconciler engine (make bench-reconcile)")
+	if peerTable != "" {
+		peerSection := measured + ", in the same run as the table above.\n" + peerTable +
+			"\nThe peer is operator-framework's helm-operator-plugins v0.8.0, pinned in hack/tools/helm-operator-plugins and built by `make tools` as its image builds it (static, `-trimpath -ldflags=\"-s -w\"`): " +
+			"\"peer\" is the module's own `helm-operator run` command at its defaults, whose client is limited to controller-runtime's 20 requests/s with bursts of 30 (the command has no flag or variable for it); " +
+			"\"peer, QPS 100 burst 200\" is the same command built from the library's packages with that limit raised to ours (hack/tools/helm-operator-plugins/tuned), as a user of the library would. " +
+			"Both reconcile the same chart (from its directory) with the same workers, and the ours row right before them ran on the same control plane. " +
+			"The peer has no per-resource reconcile period, so its no-op phase is a second process of it with --reconcile-period 1s taking over the deployed releases (its peak RSS is the larger of the two processes'); nothing changes, so every reconcile in the window should be a no-op: the column of release records written during no-ops shows whether one was not.\n"
+		s = replaceSection(s, peerStartMarker, peerEndMarker, peerSection, "Side by side with helm-operator-plugins (make bench-reconcile)")
 	}
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// replaceSection replaces the text between start and end in s, or adds
+// the section under a heading at the end.
+func replaceSection(s, start, end, body, heading string) string {
+	section := start + "\n" + body + end
+	i, j := strings.Index(s, start), strings.Index(s, end)
+	if i >= 0 && j > i {
+		return s[:i] + section + s[j+len(end):]
+	}
+	if s != "" && !strings.HasSuffix(s, "\n") {
+		s += "\n"
+	}
+	return s + "\n## " + heading + "\n\n" + section + "\n"
 }

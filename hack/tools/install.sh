@@ -3,9 +3,10 @@
 #
 # Each tool has a module of its own under hack/tools/<tool>/ whose go.mod is
 # the pin. A tool is built only when its pin changes: binaries are kept in a
-# per-user cache keyed by the hash of the pin (go.mod + go.sum) and the build
-# recipe, so a fresh clone on the same machine reuses them, and bin/ gets a
-# copy. Binaries a user already has are used instead where the test harness
+# per-user cache keyed by the hash of the pin (go.mod + go.sum, and the Go
+# files of a command of the tool module's own) and the build recipe, so a
+# fresh clone on the same machine reuses them, and bin/ gets a copy.
+# Binaries a user already has are used instead where the test harness
 # supports it (KUBEBUILDER_ASSETS for etcd and kube-apiserver).
 #
 # usage: hack/tools/install.sh [tool...]   (default: every tool)
@@ -21,7 +22,7 @@ mkdir -p "$bin" "$cache"
 k8s_version=v1.36.3
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
-all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns)
+all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns helm-operator-plugins)
 
 # build <tool> <out-dir>: runs in the tool's module directory.
 build() {
@@ -42,6 +43,13 @@ build() {
 	helm)
 		v=$(go list -m -f '{{.Version}}' helm.sh/helm/v3)
 		go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v" -o "$out/helm" helm.sh/helm/v3/cmd/helm ;;
+	helm-operator-plugins)
+		# The peer of make bench-reconcile: the module's own helm-operator
+		# command, and tuned/ (the same with a client rate-limit flag).
+		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/helm-operator-plugins)
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/operator-framework/helm-operator-plugins/internal/version.GitVersion=$v" \
+			-o "$out/helm-operator" github.com/operator-framework/helm-operator-plugins
+		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/helm-operator-tuned" ./tuned ;;
 	*) echo "install.sh: unknown tool $1 (known: ${all[*]})" >&2; return 2 ;;
 	esac
 }
@@ -73,7 +81,7 @@ trap '[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true' EXIT
 for tool in "${@:-${all[@]}}"; do
 	dir=$root/hack/tools/$tool
 	[ -f "$dir/go.mod" ] || { echo "install.sh: no pin for $tool in $dir" >&2; exit 2; }
-	key=$( { cat "$dir/go.mod" "$dir/go.sum"; echo "recipe=$recipe"; } | sha256sum | cut -c1-16)
+	key=$( { cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -mindepth 2 -name '*.go' | sort); echo "recipe=$recipe"; } | sha256sum | cut -c1-16)
 	stamp=$bin/.stamps/$tool-$key
 	[ -e "$stamp" ] && continue
 	built=$cache/$tool-$key
