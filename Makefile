@@ -33,7 +33,7 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: tools
-tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint) into bin/, once per pin.
+tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins) into bin/, once per pin.
 	hack/tools/install.sh
 
 .PHONY: build
