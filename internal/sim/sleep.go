@@ -217,6 +217,9 @@ func (s *Simulator) sleepHandlers(mux *http.ServeMux) {
 		writeJSON(w, http.StatusOK, map[string]bool{"is_sleeping": s.IsSleeping()})
 	})
 	mux.HandleFunc("POST /collective_rpc", s.handleCollectiveRPC)
+	// The simulator has no prefix cache; vLLM's level-2 wake sequence ends
+	// with this call, so it answers it.
+	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 }
 
 // IsSleeping is vLLM's is_sleeping: true until every tag is awake.

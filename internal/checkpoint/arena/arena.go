@@ -74,11 +74,21 @@ func New(n int64, opts Options) (*Arena, error) {
 	return &Arena{full: b, n: n}, nil
 }
 
-// Bytes returns the arena's n bytes.
-func (a *Arena) Bytes() []byte { return a.full[:a.n] }
+// Bytes returns the arena's n bytes (none for a nil arena).
+func (a *Arena) Bytes() []byte {
+	if a == nil {
+		return nil
+	}
+	return a.full[:a.n]
+}
 
-// Len is the arena's size in bytes.
-func (a *Arena) Len() int64 { return a.n }
+// Len is the arena's size in bytes (0 for a nil arena).
+func (a *Arena) Len() int64 {
+	if a == nil {
+		return 0
+	}
+	return a.n
+}
 
 // Free unmaps the arena; its bytes must not be used afterwards.
 func (a *Arena) Free() error {
