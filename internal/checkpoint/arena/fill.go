@@ -95,15 +95,18 @@ func Fill(dst []byte, r io.Reader) (Digest, FillStats, error) {
 }
 
 // fill reads n bytes into buf (len(buf) ≥ n, rounded up for O_DIRECT) with
-// read, and hashes buf[:n].
-func fill(buf []byte, n int, read func([]byte) (int, error)) (Digest, FillStats, error) {
+// read, and hashes buf[:n] unless noHash.
+func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Digest, FillStats, error) {
 	start := time.Now()
 	spans := make(chan span, 4)
 	sum := make(chan uint64, 1)
+	hash := len(noHash) == 0 || !noHash[0]
 	go func() {
 		h := xxhash.New()
 		for s := range spans {
-			_, _ = h.Write(buf[s.off:s.end])
+			if hash {
+				_, _ = h.Write(buf[s.off:s.end])
+			}
 		}
 		sum <- h.Sum64()
 	}()
@@ -140,6 +143,17 @@ func fill(buf []byte, n int, read func([]byte) (int, error)) (Digest, FillStats,
 // file with O_DIRECT, bypassing the page cache, when the filesystem supports
 // it (tmpfs does not: it is read normally).
 func FillFile(a *Arena, path string, direct bool) (Digest, FillStats, error) {
+	return fillFile(a, path, direct, true)
+}
+
+// ReadFile is FillFile without hashing: the raw read that FillFile is
+// measured against.
+func ReadFile(a *Arena, path string, direct bool) (FillStats, error) {
+	_, st, err := fillFile(a, path, direct, false)
+	return st, err
+}
+
+func fillFile(a *Arena, path string, direct, hash bool) (Digest, FillStats, error) {
 	f, isDirect, err := open(path, direct)
 	if err != nil {
 		return 0, FillStats{}, err
@@ -170,7 +184,7 @@ func FillFile(a *Arena, path string, direct bool) (Digest, FillStats, error) {
 		}
 		return m, err
 	}
-	d, st, err := fill(buf, int(a.Len()), read)
+	d, st, err := fill(buf, int(a.Len()), read, !hash)
 	st.Direct = isDirect
 	if err != nil {
 		return d, st, fmt.Errorf("reading %s: %w", path, err)
