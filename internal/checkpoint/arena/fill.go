@@ -98,7 +98,9 @@ func Fill(dst []byte, r io.Reader) (Digest, FillStats, error) {
 // read, and hashes buf[:n] unless noHash.
 func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Digest, FillStats, error) {
 	start := time.Now()
-	spans := make(chan span, 4)
+	// Room for every block: the reader never waits for the hasher, so Copy
+	// measures the read alone and Verify the hashing left after it.
+	spans := make(chan span, len(buf)/BlockSize+2)
 	sum := make(chan uint64, 1)
 	hash := len(noHash) == 0 || !noHash[0]
 	go func() {
