@@ -43,13 +43,13 @@ const (
 )
 
 type row struct {
-	size                        int64
-	memcpy, tmpfs, disk, s3     checkpoint.Bandwidth
-	hot, warm, cold             *sim.StageReport
-	ttftHot                     time.Duration
-	wakes, verified, mismatches int
-	skipped                     string
-	runs                        int
+	size                    int64
+	memcpy, tmpfs, disk, s3 checkpoint.Bandwidth
+	hot, warm, cold         *sim.StageReport
+	ttftHot                 time.Duration
+	wakes, verified         int
+	skipped                 string
+	runs                    int
 }
 
 func main() {
@@ -78,12 +78,12 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(hot)
+	defer func() { _ = os.RemoveAll(hot) }()
 	disk, err := os.MkdirTemp(diskRoot, "mo-bench-tiers-disk-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(disk)
+	defer func() { _ = os.RemoveAll(disk) }()
 
 	loadBefore := loadavg()
 	start := time.Now()
@@ -116,7 +116,7 @@ func memAvailable() int64 {
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var kb int64
@@ -182,7 +182,7 @@ func measureS3(n int64) (checkpoint.Bandwidth, error) {
 	if err != nil {
 		return checkpoint.Bandwidth{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return checkpoint.Bandwidth{}, fmt.Errorf("s3 fake answered %d", resp.StatusCode)
 	}
@@ -208,16 +208,16 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	}
 	arena.Synthesize(w.Bytes(), 11)
 	err = arena.WriteFile(model, w.Bytes(), true)
-	_ = w.Free()
+	w.Free()
 	if err != nil {
 		return err
 	}
-	defer os.Remove(model)
+	defer func() { _ = os.Remove(model) }()
 	warmDir := filepath.Join(disk, "warm")
 	if err := os.MkdirAll(warmDir, 0o700); err != nil {
 		return err
 	}
-	defer os.RemoveAll(warmDir)
+	defer func() { _ = os.RemoveAll(warmDir) }()
 
 	cfg := sim.Default()
 	cfg.TimeToFirstToken, cfg.InterTokenLatency, cfg.OutputTokens = simTTFT, 0, 4
@@ -282,7 +282,7 @@ func wake(base string) (*sim.StageReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("wake_up: %d %s", resp.StatusCode, b)
@@ -305,7 +305,7 @@ func firstToken(base string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return time.Time{}, fmt.Errorf("chat after wake: %d", resp.StatusCode)
 	}
@@ -327,7 +327,7 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }()
 	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err

@@ -69,7 +69,7 @@ func DropCache(path string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
@@ -82,7 +82,7 @@ func MeasureRead(what, dir string, n int64, direct bool) (Bandwidth, error) {
 	if err != nil {
 		return Bandwidth{}, fmt.Errorf("writing a %d-byte probe in %s: %w", n, dir, err)
 	}
-	defer os.Remove(path)
+	defer func() { _ = os.Remove(path) }()
 	return MeasureReadFile(what, path, direct)
 }
 

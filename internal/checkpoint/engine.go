@@ -142,7 +142,7 @@ func (h *httpEngine) call(ctx context.Context, method, path string, body, out an
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
 		return fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
@@ -172,7 +172,7 @@ func (h *httpEngine) waitFor(ctx context.Context, what string, cond func() (bool
 		select {
 		case <-ctx.Done():
 			if last != nil {
-				return fmt.Errorf("waiting for %s: %w (last error: %v)", what, ctx.Err(), last)
+				return fmt.Errorf("waiting for %s: %w (last error: %w)", what, ctx.Err(), last)
 			}
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
 		case <-t.C:
@@ -190,7 +190,7 @@ func (h *httpEngine) promGauges(ctx context.Context, names ...string) (float64, 
 	if err != nil {
 		return 0, false, fmt.Errorf("GET /metrics: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return 0, false, &EngineError{Method: "GET", Path: "/metrics", Status: resp.StatusCode}
 	}

@@ -104,7 +104,7 @@ func TestVLLMFakeReproducesTheCrashes(t *testing.T) {
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("/sleep: %v %v, want 200 as vLLM answers", resp, err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if f.Crashed() == "" {
 			t.Fatal("the fake survived")
 		}
@@ -121,7 +121,9 @@ func TestVLLMFakeReproducesTheCrashes(t *testing.T) {
 		if err := e.Sleep(ctxT(t), 1); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := http.Post(f.URL()+"/v1/completions", "application/json", strings.NewReader("{}")); err == nil {
+		resp, err := http.Post(f.URL()+"/v1/completions", "application/json", strings.NewReader("{}"))
+		if err == nil {
+			_ = resp.Body.Close()
 			t.Fatal("a request to the sleeping fake got an answer")
 		}
 		if !strings.Contains(f.Crashed(), "15483") {

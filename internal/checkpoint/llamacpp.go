@@ -63,7 +63,7 @@ func (l *LlamaCPP) Wake(ctx context.Context) error {
 	if l.slotSave {
 		err := l.call(ctx, http.MethodPost, "/slots/0?action=restore", map[string]string{"filename": l.slotFile()}, nil)
 		var ee *EngineError
-		if err != nil && !(errors.As(err, &ee) && ee.Status == http.StatusNotFound) {
+		if err != nil && (!errors.As(err, &ee) || ee.Status != http.StatusNotFound) {
 			return fmt.Errorf("restoring the prompt cache: %w", err)
 		}
 	}

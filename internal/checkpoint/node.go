@@ -183,7 +183,7 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
 		return
 	}
-	if err := req.Key.Validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -216,7 +216,7 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 			status = http.StatusNotFound
 		}
 		n.m.promotions.WithLabelValues(string(req.To), result).Inc()
-		n.log.Warn("promotion failed", "key", req.Key.String(), "to", req.To, "err", err)
+		n.log.Warn("promotion failed", "key", req.String(), "to", req.To, "err", err)
 		writeError(w, status, err.Error())
 		return
 	}

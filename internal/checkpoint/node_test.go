@@ -47,7 +47,7 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
@@ -82,7 +82,7 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if r.Hot.UsedBytes != 1<<20 || r.Warm.UsedBytes != 1<<20 || r.Hot.Entries != 1 {
 		t.Errorf("report tiers: hot %+v warm %+v", r.Hot, r.Warm)
 	}
@@ -98,12 +98,16 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 
 	req, _ := http.NewRequest("DELETE", srv.URL+"/tiers/hot/team-a/m", nil)
 	resp, err = http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("delete: %v %v", resp, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d", resp.StatusCode)
 	}
 	resp, _ = http.Get(srv.URL + "/metrics")
 	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	for _, want := range []string{`orchestra_agent_tier_bytes{tier="hot"} 0`, `orchestra_agent_promotions_total{result="mismatch",tier="hot"} 1`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("metrics lack %s", want)

@@ -30,7 +30,7 @@ func keepAliveValue(s string) any {
 	if d, err := time.ParseDuration(s); err == nil && s != "-1" && s != "0" {
 		return d.String()
 	}
-	var n json.Number = json.Number(s)
+	n := json.Number(s)
 	if _, err := n.Int64(); err == nil {
 		return n
 	}

@@ -142,7 +142,7 @@ func evictionOrder(entries []Entry, t Tier, in Entry) []Entry {
 		if n := a.LastUsed.Compare(b.LastUsed); n != 0 {
 			return n
 		}
-		return cmp.Compare(a.Key.String(), b.Key.String())
+		return cmp.Compare(a.String(), b.String())
 	})
 	return c
 }

@@ -226,7 +226,10 @@ func (s *Seat) drain(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("%w: %d requests still in flight after %v (last error: %v)", ErrDrainTimeout, n, s.cfg.DrainTimeout, err)
+				if err != nil {
+					return fmt.Errorf("%w after %v: asking the engine: %w", ErrDrainTimeout, s.cfg.DrainTimeout, err)
+				}
+				return fmt.Errorf("%w: %d requests still in flight after %v", ErrDrainTimeout, n, s.cfg.DrainTimeout)
 			}
 			return ctx.Err()
 		case <-t.C:

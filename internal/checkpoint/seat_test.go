@@ -66,7 +66,7 @@ func (e *seatEnv) do(method, path string) (int, string) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
@@ -139,7 +139,7 @@ func TestSeatWakeDuringDrainAbandonsTheSleep(t *testing.T) {
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, "POST", e.eng.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 	}()
 	for e.sim.WeightsStatus().InFlight != 1 {
@@ -176,7 +176,7 @@ func TestSeatDrainTimeoutKeepsTheEngineAwake(t *testing.T) {
 	go func() {
 		req, _ := http.NewRequestWithContext(ctx, "POST", e.eng.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi"}`))
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 	}()
 	for e.sim.WeightsStatus().InFlight != 1 {

@@ -161,7 +161,7 @@ func (s *Store) Entries() []Entry {
 			}
 			return 1
 		}
-		return strings.Compare(a.Key.String(), b.Key.String())
+		return strings.Compare(a.String(), b.String())
 	})
 	return out
 }
@@ -315,7 +315,7 @@ func (s *Store) copyTier(e Entry, to Tier) (Entry, error) {
 	if err != nil {
 		return Entry{}, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest}, f)
 }
 
@@ -366,7 +366,7 @@ func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (
 	if err != nil {
 		return Entry{}, fmt.Errorf("opening the cold copy: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	fi, err := f.Stat()
 	if err != nil {
 		return Entry{}, err

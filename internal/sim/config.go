@@ -85,7 +85,9 @@ func (c Config) WeightsName() string {
 	}
 	b := []byte(c.Model)
 	for i, ch := range b {
-		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '.' || ch == '-' || ch == '_') {
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '.', ch == '-', ch == '_':
+		default:
 			b[i] = '_'
 		}
 	}

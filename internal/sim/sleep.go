@@ -140,7 +140,7 @@ func (s *Simulator) LoadWeights() error {
 		var st arena.FillStats
 		d, st, err = arena.FillFile(a, w.File, true)
 		if err != nil {
-			_ = a.Free()
+			a.Free()
 			return fmt.Errorf("loading weights: %w", err)
 		}
 		rep.Source, rep.Direct = w.File, st.Direct
@@ -160,7 +160,7 @@ func (s *Simulator) LoadWeights() error {
 	e.live, e.digest, e.size, e.loaded, e.load = a, d, size, true, rep
 	s.m.residentBytes.Set(float64(e.residentLocked()))
 	e.mu.Unlock()
-	_ = old.Free()
+	old.Free()
 	s.m.weightsBytes.Set(float64(size))
 	s.log.Info("weights loaded", "bytes", size, "digest", d.String(), "source", rep.Source, "seconds", rep.TotalSeconds)
 	return nil
@@ -174,9 +174,9 @@ func (s *Simulator) Close() {
 	defer e.op.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_ = e.live.Free()
+	e.live.Free()
 	for _, a := range e.leaked {
-		_ = a.Free()
+		a.Free()
 	}
 	e.live, e.leaked, e.loaded = nil, nil, false
 	s.m.residentBytes.Set(0)
@@ -321,7 +321,7 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 		}
 		s.m.faults.WithLabelValues("sleep_leak").Inc()
 	} else {
-		_ = a.Free()
+		a.Free()
 	}
 	e.live, e.loaded = nil, false
 	e.level, e.weightsAwake, e.kvAwake, e.busy = level, false, false, false
@@ -461,7 +461,7 @@ func (s *Simulator) restore(ctx context.Context, fill bool) (*StageReport, error
 	}
 	rep.TotalSeconds = time.Since(start).Seconds()
 	if err != nil {
-		_ = a.Free()
+		a.Free()
 		rep.Error = err.Error()
 		e.mu.Lock()
 		e.lastWake = rep

@@ -63,7 +63,7 @@ func (s *sleepy) do(method, path, body string) (int, string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
@@ -258,7 +258,7 @@ func TestSleepIsRefusedWithRequestsInFlight(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", s.srv.URL+"/v1/chat/completions",
 			strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
 		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 		}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -331,7 +331,7 @@ func TestSleepEndpointsNeedSleepMode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusNotFound {
 			t.Errorf("POST %s without sleep mode: %d, want 404", path, resp.StatusCode)
 		}

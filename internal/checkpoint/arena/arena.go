@@ -90,15 +90,12 @@ func (a *Arena) Len() int64 {
 	return a.n
 }
 
-// Free unmaps the arena; its bytes must not be used afterwards.
-func (a *Arena) Free() error {
+// Free unmaps the arena; its bytes must not be used afterwards. Freeing a
+// nil or freed arena does nothing.
+func (a *Arena) Free() {
 	if a == nil || a.full == nil {
-		return nil
+		return
 	}
-	err := unix.Munmap(a.full)
+	_ = unix.Munmap(a.full) // unmapping a mapping we made cannot fail
 	a.full, a.n = nil, 0
-	if err != nil {
-		return fmt.Errorf("unmapping arena: %w", err)
-	}
-	return nil
 }

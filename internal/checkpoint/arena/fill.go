@@ -160,7 +160,7 @@ func fillFile(a *Arena, path string, direct, hash bool) (Digest, FillStats, erro
 	if err != nil {
 		return 0, FillStats{}, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	fi, err := f.Stat()
 	if err != nil {
 		return 0, FillStats{}, fmt.Errorf("stat %s: %w", path, err)
@@ -216,7 +216,7 @@ func HashFile(path string, direct bool) (Digest, int64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	d, n, err := CopyHash(io.Discard, f)
 	if err != nil {
 		return 0, n, fmt.Errorf("hashing %s: %w", path, err)
