@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -23,12 +24,13 @@ import (
 	"github.com/model-orchestra/operator/internal/version"
 )
 
-func main() { os.Exit(run()) }
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-func run() int {
+func run(args []string, stdout, stderr io.Writer) int {
 	gctune.Apply()
 	cfg := checkpoint.Default()
 	fs := pflag.NewFlagSet("orchestra-agent", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Role, "role", cfg.Role, "seat (sidecar in an engine pod) or node (DaemonSet owning the hot and warm tiers)")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address of the agent API, /readyz and /metrics")
 
@@ -58,21 +60,21 @@ func run() int {
 	checkConfig := fs.Bool("check-config", false, "validate the configuration, print it as JSON and exit")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
 	if *showVersion {
-		fmt.Println("orchestra-agent", version.Version)
+		fmt.Fprintln(stdout, "orchestra-agent", version.Version)
 		return 0
 	}
 	n.Store.Budgets.Hot, n.Store.Budgets.Warm, n.MeasureBytes = int64(hot), int64(warm), int64(probe)
 
-	var h slog.Handler = slog.NewJSONHandler(os.Stderr, nil)
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
 	if *logFormat == "text" {
-		h = slog.NewTextHandler(os.Stderr, nil)
+		h = slog.NewTextHandler(stderr, nil)
 	}
 	log := slog.New(h).With("app", "orchestra-agent")
 
@@ -82,7 +84,7 @@ func run() int {
 	}
 	if *checkConfig {
 		out, _ := json.MarshalIndent(cfg, "", "  ")
-		fmt.Println(string(out))
+		fmt.Fprintln(stdout, string(out))
 		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
