@@ -23,9 +23,13 @@ type NodeReport struct {
 	Memcpy *Bandwidth `json:"memcpy,omitempty"`
 	// TransparentHugePages is the kernel's THP mode for anonymous memory
 	// (restores read into MADV_HUGEPAGE arenas, which need madvise or always).
-	TransparentHugePages string        `json:"transparentHugePages,omitempty"`
-	CRIU                 CRIUReport    `json:"criu"`
-	Runtime              RuntimeReport `json:"runtime"`
+	TransparentHugePages string `json:"transparentHugePages,omitempty"`
+	// TransparentHugePagesDefrag is the THP defrag mode: with "madvise" or
+	// "always", the first touch of an MADV_HUGEPAGE arena may stall in
+	// direct compaction when free memory is held by the page cache.
+	TransparentHugePagesDefrag string        `json:"transparentHugePagesDefrag,omitempty"`
+	CRIU                       CRIUReport    `json:"criu"`
+	Runtime                    RuntimeReport `json:"runtime"`
 	// ProcessSnapshots is true when both CRIU and the runtime can
 	// checkpoint a container; Reason says why not.
 	ProcessSnapshots       bool   `json:"processSnapshots"`
@@ -181,8 +185,8 @@ func tierReport(dir string, t Tier, budget, used int64, entries int) TierReport 
 	return r
 }
 
-func transparentHugePages() string {
-	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+func transparentHugePages(file string) string {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/" + file)
 	if err != nil {
 		return ""
 	}
