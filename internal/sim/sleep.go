@@ -300,7 +300,7 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 	var err error
 	if level == 1 && loaded && a.Len() > 0 {
 		rep.Tier = TierHot
-		rep.Source = filepath.Join(s.cfg.Sleep.HotDir, s.cfg.WeightsName())
+		rep.Source = s.offloadPath()
 		err = arena.WriteFile(rep.Source, a.Bytes(), false)
 		rep.CopySeconds = time.Since(start).Seconds()
 	}
@@ -500,18 +500,25 @@ func tierLabel(t string) string {
 	return t
 }
 
+// offloadPath is the simulator's own level-1 offload file in the hot
+// directory. It is a dot file, so it never collides with a copy the node
+// agent placed under the weights' name, and the agent's index skips it.
+func (s *Simulator) offloadPath() string {
+	return filepath.Join(s.cfg.Sleep.HotDir, "."+s.cfg.WeightsName()+".level1")
+}
+
 // fillFromTier reads the weights from the fastest tier holding them: after
-// level 1 only the hot offload copy (which it then removes); after level 2
-// a hot copy, a warm copy, or the cold source.
+// level 1 only the level-1 offload (which it then removes); after level 2
+// a hot copy placed by the node agent, a warm copy, or the cold source.
 func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest, rep *StageReport) error {
 	name := s.cfg.WeightsName()
-	hot := filepath.Join(s.cfg.Sleep.HotDir, name)
+	hot := s.offloadPath()
 	type source struct{ tier, path string }
 	var sources []source
 	if level == 1 {
 		sources = []source{{TierHot, hot}}
 	} else {
-		sources = append(sources, source{TierHot, hot})
+		sources = append(sources, source{TierHot, filepath.Join(s.cfg.Sleep.HotDir, name)})
 		if s.cfg.Sleep.WarmDir != "" {
 			sources = append(sources, source{TierWarm, filepath.Join(s.cfg.Sleep.WarmDir, name)})
 		}

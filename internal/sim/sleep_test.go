@@ -111,7 +111,7 @@ func TestSleepLevel1OffloadsToTheHotTierAndWakeVerifies(t *testing.T) {
 	}
 
 	s.must("POST", "/sleep?level=1", "")
-	hot, err := os.ReadFile(filepath.Join(s.hot, "sim-model.weights"))
+	hot, err := os.ReadFile(filepath.Join(s.hot, ".sim-model.weights.level1"))
 	if err != nil {
 		t.Fatalf("no level-1 offload copy in the hot tier: %v", err)
 	}
@@ -146,7 +146,7 @@ func TestSleepLevel1OffloadsToTheHotTierAndWakeVerifies(t *testing.T) {
 	if s.sleeping() {
 		t.Fatal("still sleeping after wake_up")
 	}
-	if _, err := os.Stat(filepath.Join(s.hot, "sim-model.weights")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(s.hot, ".sim-model.weights.level1")); !os.IsNotExist(err) {
 		t.Errorf("the level-1 offload copy outlived the wake: %v", err)
 	}
 	if code, body := s.chat(); code != http.StatusOK {
@@ -222,7 +222,7 @@ func TestLevel2WakeFallsBackToTheColdSource(t *testing.T) {
 func TestCorruptTierFailsTheWakeLoudly(t *testing.T) {
 	s := startSleepy(t, nil)
 	s.must("POST", "/sleep?level=1", "")
-	path := filepath.Join(s.hot, "sim-model.weights")
+	path := filepath.Join(s.hot, ".sim-model.weights.level1")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -371,5 +371,27 @@ func TestSleepConfigValidation(t *testing.T) {
 		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}
+	}
+}
+
+func TestLevel2WakePrefersTheAgentsHotCopyAndKeepsIt(t *testing.T) {
+	s := startSleepy(t, nil)
+	agentCopy := filepath.Join(s.hot, "sim-model.weights")
+	if err := os.WriteFile(agentCopy, s.weights, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.warm, "sim-model.weights"), s.weights, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A level-1 cycle uses its own offload file and leaves the agent's copy alone.
+	s.must("POST", "/sleep?level=1", "")
+	s.must("POST", "/wake_up", "")
+	s.must("POST", "/sleep?level=2", "")
+	out := s.must("POST", "/wake_up", "")
+	if !strings.Contains(out, `"tier":"hot"`) || !strings.Contains(out, agentCopy) {
+		t.Fatalf("level-2 wake: %s, want the agent's hot copy", out)
+	}
+	if _, err := os.Stat(agentCopy); err != nil {
+		t.Fatalf("the agent's hot copy is gone: %v", err)
 	}
 }
