@@ -45,6 +45,27 @@ func MeasureMemcpy(n int64) (Bandwidth, error) {
 	return bw("memcpy", "copy", n, time.Since(start)), nil
 }
 
+// MeasureMemcpyFresh copies n bytes into an arena it maps for the copy, and
+// times both: the bound for a wake that gave its memory back while asleep
+// and must get fresh pages from the kernel before it can copy into them.
+func MeasureMemcpyFresh(n int64) (Bandwidth, error) {
+	src, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return Bandwidth{}, err
+	}
+	defer src.Free()
+	arena.Synthesize(src.Bytes(), 2)
+	start := time.Now()
+	dst, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return Bandwidth{}, err
+	}
+	copy(dst.Bytes(), src.Bytes())
+	d := time.Since(start)
+	dst.Free()
+	return bw("memcpy into fresh memory", "mmap + pre-fault + copy", n, d), nil
+}
+
 // WriteProbe writes n synthetic bytes to a new file in dir and returns its
 // path; the caller removes it.
 func WriteProbe(dir string, n int64) (string, error) {
