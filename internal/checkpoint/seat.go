@@ -43,6 +43,10 @@ var seatStates = []SeatState{SeatUnknown, SeatAwake, SeatDraining, SeatFallingAs
 // drained: the engine stays awake.
 var ErrSleepAbandoned = errors.New("sleep abandoned: a wake arrived while draining")
 
+// ErrWrongState refuses an operation the seat's state does not allow (a
+// sleep while Waking, a wake before the engine ever answered).
+var ErrWrongState = errors.New("not allowed in the seat's state")
+
 // ErrDrainTimeout is returned when the engine did not drain in time; the
 // engine stays awake.
 var ErrDrainTimeout = errors.New("the engine did not drain in time")
@@ -163,7 +167,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	default:
 		st := s.st.State
 		s.mu.Unlock()
-		return fmt.Errorf("cannot sleep a seat in state %s", st)
+		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
 	}
 	s.cancelDrain = cancel
 	s.mu.Unlock()
@@ -181,7 +185,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 		if st == SeatAsleep {
 			return nil
 		}
-		return fmt.Errorf("cannot sleep a seat in state %s", st)
+		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
 	}
 	s.setLocked(SeatDraining)
 	s.mu.Unlock()
@@ -273,7 +277,7 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 		return nil
 	case SeatUnknown:
 		s.mu.Unlock()
-		return fmt.Errorf("the engine has not answered yet: %s", s.Status().LastError)
+		return fmt.Errorf("%w: the engine has not answered yet: %s", ErrWrongState, s.Status().LastError)
 	}
 	level := s.st.Level
 	s.setLocked(SeatWaking)
@@ -338,8 +342,9 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 // Handler serves the seat API:
 //
 //	GET  /state          the SeatStatus (JSON)
-//	POST /sleep[?level=] drain, then sleep; 200 with the status, 409 when abandoned or in the wrong state
-//	POST /wake           wake; 200 with the status
+//	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
+//	                     in time, or in the wrong state; 500 when the engine call failed
+//	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the agent runs
 func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
@@ -357,10 +362,7 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 		}
 		if err := s.Sleep(r.Context(), level); err != nil {
 			status := http.StatusInternalServerError
-			switch {
-			case errors.Is(err, ErrSleepAbandoned), errors.Is(err, ErrDrainTimeout), errors.Is(err, ErrBusy):
-				status = http.StatusConflict
-			case s.Status().State == SeatAwake || s.Status().State == SeatDraining:
+			if errors.Is(err, ErrSleepAbandoned) || errors.Is(err, ErrDrainTimeout) || errors.Is(err, ErrBusy) || errors.Is(err, ErrWrongState) {
 				status = http.StatusConflict
 			}
 			writeError(w, status, err.Error())
@@ -370,7 +372,11 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("POST /wake", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.Wake(r.Context()); err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
+			status := http.StatusInternalServerError
+			if errors.Is(err, ErrWrongState) {
+				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
 			return
 		}
 		writeJSON(w, http.StatusOK, s.Status())

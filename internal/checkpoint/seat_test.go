@@ -217,4 +217,10 @@ func TestSeatAdoptsTheEngineState(t *testing.T) {
 	e.waitState(checkpoint.SeatAsleep)
 	e.eng.Close()
 	e.waitState(checkpoint.SeatUnknown)
+	if code, body := e.do("POST", "/wake"); code != http.StatusConflict || !strings.Contains(body, "has not answered") {
+		t.Fatalf("wake of an unreachable engine: %d %s, want 409", code, body)
+	}
+	if code, _ := e.do("POST", "/sleep"); code != http.StatusConflict {
+		t.Fatalf("sleep of an unreachable engine: %d, want 409", code)
+	}
 }
