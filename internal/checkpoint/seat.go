@@ -112,12 +112,6 @@ func (s *Seat) setLocked(st SeatState) {
 	}
 }
 
-func (s *Seat) set(st SeatState) {
-	s.mu.Lock()
-	s.setLocked(st)
-	s.mu.Unlock()
-}
-
 // Sync asks the engine whether it sleeps and adopts its answer when no
 // operation runs. An engine that sleeps on its own (llama.cpp
 // --sleep-idle-seconds) becomes Asleep; an unreachable one Unknown.
@@ -169,7 +163,6 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 		s.mu.Unlock()
 		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
 	}
-	s.cancelDrain = cancel
 	s.mu.Unlock()
 
 	s.op.Lock()
@@ -188,10 +181,14 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
 	}
 	s.setLocked(SeatDraining)
+	s.cancelDrain = cancel
 	s.mu.Unlock()
 
 	if err := s.drain(drainCtx); err != nil {
-		s.set(SeatAwake)
+		s.mu.Lock()
+		s.cancelDrain = nil
+		s.setLocked(SeatAwake)
+		s.mu.Unlock()
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			return ErrSleepAbandoned
 		}
