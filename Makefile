@@ -15,7 +15,7 @@ GO ?= go
 LDFLAGS := -s -w -X github.com/model-orchestra/operator/internal/version.Version=$(VERSION)
 IMAGE_REPO := ghcr.io/model-orchestra
 # The project's images: exactly the images the charts and the operator reference.
-BINARIES := orchestra-operator orchestra-gateway orchestra-dispatcher orchestra-fetch orchestra-sim
+BINARIES := orchestra-operator orchestra-gateway orchestra-dispatcher orchestra-fetch orchestra-sim orchestra-agent
 IMAGES := $(BINARIES) nats-server
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 # The pinned tools each target runs; `make tools` builds them all.
@@ -129,6 +129,10 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 .PHONY: bench-dataplane
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
 	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
+
+.PHONY: bench-tiers
+bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB.
+	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/checkpoint.md
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/gctune"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -32,11 +33,23 @@ func main() {
 	flag.Float64Var(&cfg.Faults.HangRate, "hang-rate", cfg.Faults.HangRate, "fraction of requests that never answer")
 	flag.Float64Var(&cfg.Faults.CrashRate, "crash-rate", cfg.Faults.CrashRate, "fraction of requests that crash the engine after --crash-after-tokens tokens")
 	flag.IntVar(&cfg.Faults.CrashAfterTokens, "crash-after-tokens", cfg.Faults.CrashAfterTokens, "tokens produced before an injected crash")
+	weightsBytes := arena.Size(cfg.Weights.Bytes)
+	flag.Var(&weightsBytes, "weights-bytes", "synthetic weights held in memory, generated from --weights-seed (e.g. 1GiB)")
+	flag.Uint64Var(&cfg.Weights.Seed, "weights-seed", cfg.Weights.Seed, "seed of the synthetic weights")
+	flag.StringVar(&cfg.Weights.File, "weights-file", cfg.Weights.File, "weights file read into memory at start (e.g. the model file from the cache); excludes --weights-bytes")
+	flag.StringVar(&cfg.Weights.Name, "weights-name", cfg.Weights.Name, "file name of the weights in the tier directories (default <model>.weights)")
+	flag.BoolVar(&cfg.Sleep.Enabled, "enable-sleep-mode", cfg.Sleep.Enabled, "serve vLLM's POST /sleep, POST /wake_up, GET /is_sleeping and POST /collective_rpc")
+	flag.StringVar(&cfg.Sleep.HotDir, "hot-dir", cfg.Sleep.HotDir, "hot tier (tmpfs): where sleep level 1 offloads the weights")
+	flag.StringVar(&cfg.Sleep.WarmDir, "warm-dir", cfg.Sleep.WarmDir, "warm tier (node disk): where a level-2 wake looks after the hot tier")
+	flag.DurationVar(&cfg.Faults.WakeDelay, "fault-wake-delay", cfg.Faults.WakeDelay, "fault: every wake takes this much longer")
+	flag.BoolVar(&cfg.Faults.WakeFail, "fault-wake-fail", cfg.Faults.WakeFail, "fault: every wake fails and the engine stays asleep")
+	flag.BoolVar(&cfg.Faults.SleepLeak, "fault-sleep-leak", cfg.Faults.SleepLeak, "fault: sleep keeps the weights in memory (vllm#47654)")
 	crashConn := flag.Bool("crash-connection-only", false, "an injected crash aborts only the request's connection instead of exiting the process")
 	checkConfig := flag.Bool("check-config", false, "validate the flags and exit")
 	jsonLogs := flag.Bool("log-json", true, "log in JSON")
 	flag.Parse()
 	cfg.Faults.CrashExits = !*crashConn
+	cfg.Weights.Bytes = int64(weightsBytes)
 
 	var h slog.Handler = slog.NewJSONHandler(os.Stderr, nil)
 	if !*jsonLogs {

@@ -10,6 +10,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -37,13 +38,74 @@ type Config struct {
 	// EmbeddingDim is the length of the vectors returned by /v1/embeddings.
 	EmbeddingDim int
 
+	// Weights are the bytes the simulated engine holds in memory, as a real
+	// engine holds its model. Empty by default.
+	Weights Weights
+	// Sleep is vLLM's sleep mode: POST /sleep, POST /wake_up, GET
+	// /is_sleeping and POST /collective_rpc exist only when it is enabled.
+	Sleep Sleep
+
 	// Faults injects failures.
 	Faults Faults
+}
+
+// Weights are the simulated model's bytes, loaded into memory at start.
+// Bytes and File are exclusive; with neither, the engine holds no weights
+// (sleep and wake still work, moving 0 bytes).
+type Weights struct {
+	// Bytes of synthetic weights, generated from Seed at start.
+	Bytes int64
+	// Seed makes the synthetic bytes, and so their digest, reproducible.
+	Seed uint64
+	// File is a weights file read at start, for example the model file from
+	// the model cache (the cold tier).
+	File string
+	// Name is the weights' file name in the hot and warm tier directories;
+	// "" means "<model>.weights". The node agent places copies under it.
+	Name string
+}
+
+// Sleep configures vLLM-compatible sleep mode.
+type Sleep struct {
+	// Enabled mounts the sleep endpoints (vLLM's --enable-sleep-mode).
+	Enabled bool
+	// HotDir is where level 1 offloads the weights: a tmpfs in production
+	// (vLLM offloads to pinned host RAM). Required with weights.
+	HotDir string
+	// WarmDir is node-local disk. A level-2 wake reloads from the hot
+	// directory if a copy is there, else from here, else from the cold
+	// source (File, or the seed).
+	WarmDir string
+}
+
+// WeightsName is the file name of the weights in the tier directories.
+func (c Config) WeightsName() string {
+	if c.Weights.Name != "" {
+		return c.Weights.Name
+	}
+	b := []byte(c.Model)
+	for i, ch := range b {
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9', ch == '.', ch == '-', ch == '_':
+		default:
+			b[i] = '_'
+		}
+	}
+	return string(b) + ".weights"
 }
 
 // Faults describes the failures the simulator injects. Rates are fractions
 // of requests in [0, 1], drawn independently per request.
 type Faults struct {
+	// WakeDelay slows every wake down by this much (a slow restore).
+	WakeDelay time.Duration
+	// WakeFail makes every wake fail with a 500; the engine stays asleep.
+	WakeFail bool
+	// SleepLeak keeps the weights in memory after a sleep and allocates new
+	// ones on wake, so resident memory grows with every cycle, as in
+	// vllm-project/vllm#47654. orchestra_sim_weights_resident_bytes shows it.
+	SleepLeak bool
+
 	// ErrorRate is the fraction of requests answered with ErrorStatus before
 	// any output.
 	ErrorRate float64
@@ -107,6 +169,25 @@ func (c Config) Validate() error {
 	}
 	if c.Faults.ErrorRate > 0 && (c.Faults.ErrorStatus < 400 || c.Faults.ErrorStatus > 599) {
 		errs = append(errs, fmt.Errorf("error status must be a 4xx or 5xx code, got %d", c.Faults.ErrorStatus))
+	}
+	if c.Weights.Bytes < 0 {
+		errs = append(errs, fmt.Errorf("weights bytes must not be negative, got %d", c.Weights.Bytes))
+	}
+	if c.Weights.Bytes > 0 && c.Weights.File != "" {
+		errs = append(errs, errors.New("weights bytes and weights file are exclusive: set one"))
+	}
+	if strings.ContainsRune(c.Weights.Name, '/') || c.Weights.Name == "." || c.Weights.Name == ".." {
+		errs = append(errs, fmt.Errorf("weights name %q must be a plain file name", c.Weights.Name))
+	}
+	hasWeights := c.Weights.Bytes > 0 || c.Weights.File != ""
+	if c.Sleep.Enabled && hasWeights && c.Sleep.HotDir == "" {
+		errs = append(errs, errors.New("sleep mode with weights needs a hot directory (--hot-dir) to offload them to"))
+	}
+	if !c.Sleep.Enabled && (c.Faults.WakeDelay != 0 || c.Faults.WakeFail || c.Faults.SleepLeak) {
+		errs = append(errs, errors.New("the wake and sleep faults need sleep mode (--enable-sleep-mode)"))
+	}
+	if c.Faults.WakeDelay < 0 {
+		errs = append(errs, fmt.Errorf("wake delay must not be negative, got %v", c.Faults.WakeDelay))
 	}
 	if c.Faults.CrashAfterTokens < 0 {
 		errs = append(errs, fmt.Errorf("crash after tokens must not be negative, got %d", c.Faults.CrashAfterTokens))

@@ -16,6 +16,32 @@ type metrics struct {
 	e2e             prometheus.Histogram
 	queueTime       prometheus.Histogram
 	faults          *prometheus.CounterVec
+
+	// Sleep mode.
+	weightsBytes  prometheus.Gauge
+	residentBytes prometheus.Gauge
+	level         prometheus.Gauge
+	refusedAsleep prometheus.Counter
+	sleeps        *prometheus.CounterVec
+	wakes         *prometheus.CounterVec
+	stageSeconds  *prometheus.HistogramVec
+	movedBytes    *prometheus.CounterVec
+}
+
+// Operations whose stages are timed.
+const (
+	opLoad  = "load"
+	opSleep = "sleep"
+	opWake  = "wake"
+)
+
+// stage records the stages of one load, sleep or wake.
+func (m *metrics) stage(op string, r *StageReport) {
+	tier := tierLabel(r.Tier)
+	for stage, sec := range map[string]float64{"alloc": r.AllocSeconds, "copy": r.CopySeconds, "verify": r.VerifySeconds, "free": r.FreeSeconds, "total": r.TotalSeconds} {
+		m.stageSeconds.WithLabelValues(op, tier, stage).Observe(sec)
+	}
+	m.movedBytes.WithLabelValues(op, tier).Add(float64(r.Bytes))
 }
 
 func newMetrics(reg prometheus.Registerer, model string) *metrics {
@@ -56,7 +82,33 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 			Name: "orchestra_sim_faults_injected_total", Help: "Faults injected by the simulator, by kind (error, hang, crash).",
 		}, []string{"kind"}),
 	}
+	m.weightsBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "orchestra_sim_weights_bytes", Help: "Size of the simulated model weights.",
+	})
+	m.residentBytes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "orchestra_sim_weights_resident_bytes", Help: "Weight bytes held in process memory (0 while asleep, unless memory leaked on sleep).",
+	})
+	m.level = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "orchestra_sim_sleep_level", Help: "0 when awake, else the sleep level (1 or 2).",
+	})
+	m.refusedAsleep = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "orchestra_sim_requests_refused_asleep_total", Help: "Inference requests refused with 503 because the engine was not awake.",
+	})
+	m.sleeps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "orchestra_sim_sleeps_total", Help: "Sleep requests by level and result (ok, refused: requests in flight, failed).",
+	}, []string{"level", "result"})
+	m.wakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "orchestra_sim_wakes_total", Help: "Weight restores by source tier and result (ok, failed, mismatch: hash verification failed).",
+	}, []string{"tier", "result"})
+	m.stageSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "orchestra_sim_weights_stage_seconds", Help: "Seconds per stage (alloc, copy, verify, free, total) of loading, sleeping and waking, by tier.",
+		Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	}, []string{"op", "tier", "stage"})
+	m.movedBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "orchestra_sim_weights_moved_bytes_total", Help: "Weight bytes moved by loads, sleeps and wakes, by tier.",
+	}, []string{"op", "tier"})
 	reg.MustRegister(m.running, m.waiting, m.kvCacheUsage, m.promptTokens, m.generatedTokens, m.success,
-		m.ttft, m.itl, m.e2e, m.queueTime, m.faults)
+		m.ttft, m.itl, m.e2e, m.queueTime, m.faults,
+		m.weightsBytes, m.residentBytes, m.level, m.refusedAsleep, m.sleeps, m.wakes, m.stageSeconds, m.movedBytes)
 	return m
 }

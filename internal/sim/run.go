@@ -20,11 +20,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("invalid simulator config: %w", err)
 	}
+	s := New(cfg, WithLogger(log))
+	defer s.Close()
+	if err := s.LoadWeights(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
 	}
-	return Serve(ctx, ln, New(cfg, WithLogger(log)), log)
+	return Serve(ctx, ln, s, log)
 }
 
 // Serve serves s on ln until ctx ends or s crashes.

@@ -43,6 +43,8 @@ type Simulator struct {
 
 	// rand draws fault decisions; tests may replace it before serving.
 	rand func() float64
+
+	engine engineState
 }
 
 // New returns a simulator for cfg, which should have passed Validate. Its
@@ -66,6 +68,7 @@ func New(cfg Config, opts ...Option) *Simulator {
 		o(s)
 	}
 	s.m = newMetrics(s.reg, cfg.Model)
+	s.engine.weightsAwake, s.engine.kvAwake, s.engine.loaded = true, true, true
 	return s
 }
 
@@ -75,8 +78,9 @@ type Option func(*Simulator)
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(s *Simulator) { s.log = l } }
 
-// Handler returns the HTTP API: the OpenAI endpoints, /health, /version and
-// /metrics.
+// Handler returns the HTTP API: the OpenAI endpoints, /health, /version,
+// /metrics and /orchestra/weights; with sleep mode also vLLM's /sleep,
+// /wake_up, /is_sleeping and /collective_rpc.
 func (s *Simulator) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.chatCompletions)
@@ -88,6 +92,12 @@ func (s *Simulator) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "orchestra-sim"})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /orchestra/weights", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, s.WeightsStatus())
+	})
+	if s.cfg.Sleep.Enabled {
+		s.sleepHandlers(mux)
+	}
 	return mux
 }
 
@@ -259,6 +269,11 @@ func (s *Simulator) generate(w http.ResponseWriter, r *http.Request, g *generati
 		writeError(w, http.StatusBadRequest, "max_tokens must be at least 1")
 		return
 	}
+	if err := s.enter(); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	defer s.leave()
 	ctx := r.Context()
 
 	f := s.cfg.Faults
@@ -521,6 +536,11 @@ func (s *Simulator) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("unsupported encoding_format %q", req.EncodingFormat))
 		return
 	}
+	if err := s.enter(); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	defer s.leave()
 	s.m.promptTokens.Add(float64(tokens))
 	resp := embeddingResponse{ID: s.newID("embd-"), Object: "list", Created: time.Now().Unix(), Model: req.Model,
 		Usage: usage{PromptTokens: tokens, TotalTokens: tokens}}

@@ -1,0 +1,97 @@
+// Command orchestra-agent puts idle engines to sleep and wakes them, and
+// keeps model weights in a node's RAM and disk tiers. One binary, two roles:
+// --role seat is the sidecar in each engine pod (drives the engine's sleep
+// API over localhost, serves the engine's readiness), --role node is the
+// DaemonSet that owns the hot (tmpfs) and warm (disk) tiers.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/gctune"
+	"github.com/model-orchestra/operator/internal/version"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	gctune.Apply()
+	cfg := checkpoint.Default()
+	fs := pflag.NewFlagSet("orchestra-agent", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Role, "role", cfg.Role, "seat (sidecar in an engine pod) or node (DaemonSet owning the hot and warm tiers)")
+	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address of the agent API, /readyz and /metrics")
+
+	s := &cfg.Seat
+	fs.StringVar(&s.Engine.Kind, "engine", s.Engine.Kind, "seat: engine kind (vllm, simulator, ollama, llamacpp)")
+	fs.StringVar(&s.Engine.URL, "engine-url", s.Engine.URL, "seat: the engine's base URL (localhost)")
+	fs.StringVar(&s.Engine.Model, "model", s.Engine.Model, "seat: model name (ollama, llamacpp router)")
+	fs.StringVar(&s.Engine.KeepAlive, "keep-alive", s.Engine.KeepAlive, "seat: ollama keep_alive of the preload on wake")
+	fs.BoolVar(&s.Engine.SlotSave, "slot-save", s.Engine.SlotSave, "seat: llamacpp saves and restores slot 0's prompt cache around sleep")
+	fs.IntVar(&s.SleepLevel, "sleep-level", s.SleepLevel, "seat: default sleep level (1 keeps weights in RAM, 2 drops them)")
+	fs.DurationVar(&s.DrainTimeout, "drain-timeout", s.DrainTimeout, "seat: wait this long for in-flight requests before giving up a sleep")
+	fs.DurationVar(&s.SleepTimeout, "sleep-timeout", s.SleepTimeout, "seat: bound of the engine's sleep call")
+	fs.DurationVar(&s.WakeTimeout, "wake-timeout", s.WakeTimeout, "seat: bound of the engine's wake call")
+	fs.DurationVar(&s.PollInterval, "poll-interval", s.PollInterval, "seat: pace of drain checks")
+
+	n := &cfg.Node
+	fs.StringVar(&n.Store.HotDir, "hot-dir", n.Store.HotDir, "node: hot tier directory (a tmpfs)")
+	fs.StringVar(&n.Store.WarmDir, "warm-dir", n.Store.WarmDir, "node: warm tier directory (node-local disk)")
+	hot, warm, probe := arena.Size(n.Store.Budgets.Hot), arena.Size(n.Store.Budgets.Warm), arena.Size(n.MeasureBytes)
+	fs.Var(&hot, "hot-max-bytes", "node: hot tier budget (e.g. 8GiB)")
+	fs.Var(&warm, "warm-max-bytes", "node: warm tier budget")
+	fs.Var(&probe, "measure-bytes", "node: size of the bandwidth probes at start (0 skips them)")
+	fs.StringVar(&n.ColdDir, "cold-dir", n.ColdDir, "node: mount of the cold tier (model cache); promotion sources are inside it")
+	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20); empty asks containerd --version")
+	fs.StringVar(&n.CRIU, "criu", n.CRIU, "node: criu binary probed with criu check (empty skips it)")
+
+	checkConfig := fs.Bool("check-config", false, "validate the configuration, print it as JSON and exit")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "orchestra-agent", version.Version)
+		return 0
+	}
+	n.Store.Budgets.Hot, n.Store.Budgets.Warm, n.MeasureBytes = int64(hot), int64(warm), int64(probe)
+
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	if *logFormat == "text" {
+		h = slog.NewTextHandler(stderr, nil)
+	}
+	log := slog.New(h).With("app", "orchestra-agent")
+
+	if err := cfg.Validate(); err != nil {
+		log.Error("invalid configuration", "err", err)
+		return 2
+	}
+	if *checkConfig {
+		out, _ := json.MarshalIndent(cfg, "", "  ")
+		fmt.Fprintln(stdout, string(out))
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := checkpoint.Run(ctx, cfg, log); err != nil {
+		log.Error("agent stopped", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+)
+
+func TestCheckConfigPrintsTheFlagsAsConfig(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"--role", "node", "--hot-max-bytes", "1GiB", "--warm-max-bytes", "0.5GiB", "--hot-dir", "/dev/shm/x", "--check-config"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var cfg checkpoint.Config
+	if err := json.Unmarshal(out.Bytes(), &cfg); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if cfg.Role != "node" || cfg.Node.Store.Budgets.Hot != 1<<30 || cfg.Node.Store.Budgets.Warm != 1<<29 || cfg.Node.Store.HotDir != "/dev/shm/x" {
+		t.Fatalf("config %+v", cfg.Node)
+	}
+}
+
+func TestInvalidConfigExits2NamingTheField(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--engine", "dllama", "--check-config"}, &out, &errb); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	if !strings.Contains(errb.String(), "runtime.engine is dllama") {
+		t.Fatalf("stderr %q does not name the field", errb.String())
+	}
+	if code := run([]string{"--hot-max-bytes", "lots"}, &out, &errb); code != 2 {
+		t.Fatalf("bad size: exit %d, want 2", code)
+	}
+}

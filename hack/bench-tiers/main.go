@@ -1,0 +1,443 @@
+// Command bench-tiers measures how close the simulator's wakes run to the
+// hardware, per tier, in one run on one machine: memcpy bandwidth, tmpfs
+// read bandwidth, the disk's raw sequential read bandwidth (O_DIRECT), the
+// S3 fake's bandwidth over loopback, and an in-process orchestra-sim's wake
+// from the hot (tmpfs), warm (disk) and cold (model file on disk) tiers,
+// every wake hash-verified. It prints the ratios the checkpoint agent is
+// held to, with the load average, and with -docs writes the table between
+// the <!-- bench-tiers:start --> and <!-- bench-tiers:end --> markers.
+//
+//	go run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+	"github.com/model-orchestra/operator/internal/fetch/s3test"
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+const (
+	startMarker = "<!-- bench-tiers:start -->"
+	endMarker   = "<!-- bench-tiers:end -->"
+	simTTFT     = 10 * time.Millisecond
+)
+
+type row struct {
+	size                           int64
+	memcpy, fresh, tmpfs, disk, s3 checkpoint.Bandwidth
+	// warmRaw is an O_DIRECT read of the warm copy itself, right before
+	// the warm wake: the shared disk's bandwidth moves by 3× from one
+	// minute to the next, so the ratio compares neighbours.
+	warmRaw         checkpoint.Bandwidth
+	hot, warm, cold *sim.StageReport
+	ttftHot         time.Duration
+	wakes, verified int
+	skipped         string
+	runs            int
+}
+
+func main() {
+	sizes := flag.String("sizes", "0.25GiB,1GiB,4GiB", "comma-separated weight sizes")
+	hotRoot := flag.String("hot-dir", "/dev/shm", "a directory on a tmpfs")
+	diskRoot := flag.String("disk-dir", "/var/tmp", "a directory on the node's disk (not a tmpfs)")
+	docs := flag.String("docs", "", "markdown file to update between the bench-tiers markers")
+	repeat := flag.Int("repeat", 3, "runs per size; each column reports its median run")
+	flag.Parse()
+	if err := run(*sizes, *hotRoot, *diskRoot, *docs, *repeat); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-tiers:", err)
+		os.Exit(1)
+	}
+}
+
+func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
+	var sizes []int64
+	for _, s := range strings.Split(sizeList, ",") {
+		n, err := arena.ParseSize(s)
+		if err != nil {
+			return err
+		}
+		sizes = append(sizes, int64(n))
+	}
+	hot, err := os.MkdirTemp(hotRoot, "mo-bench-tiers-hot-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(hot) }()
+	disk, err := os.MkdirTemp(diskRoot, "mo-bench-tiers-disk-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(disk) }()
+
+	loadBefore := loadavg()
+	start := time.Now()
+	var rows []row
+	for _, n := range sizes {
+		var runs []row
+		for i := range max(repeat, 1) {
+			fmt.Fprintf(os.Stderr, "measuring %s, run %d …\n", arena.Size(n), i+1)
+			r, err := measure(n, hot, disk)
+			if err != nil {
+				return fmt.Errorf("%s: %w", arena.Size(n), err)
+			}
+			runs = append(runs, r)
+			if r.skipped != "" {
+				break
+			}
+		}
+		rows = append(rows, median(runs))
+	}
+	table := render(rows, loadBefore, loadavg(), time.Since(start))
+	fmt.Print(table)
+	if docs != "" {
+		return updateDocs(docs, table)
+	}
+	return nil
+}
+
+func memAvailable() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = f.Close() }()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var kb int64
+		if n, _ := fmt.Sscanf(sc.Text(), "MemAvailable: %d kB", &kb); n == 1 {
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:3], " ")
+}
+
+func measure(n int64, hot, disk string) (row, error) {
+	r := row{size: n}
+	// Every stage holds at most two copies of the weights at once.
+	if avail := memAvailable(); avail < 2*n+(2<<30) {
+		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(2*n+(2<<30)))
+		return r, nil
+	}
+	var err error
+	if r.memcpy, err = checkpoint.MeasureMemcpy(n); err != nil {
+		return r, err
+	}
+	if r.fresh, err = checkpoint.MeasureMemcpyFresh(n); err != nil {
+		return r, err
+	}
+	if r.tmpfs, err = checkpoint.MeasureRead("tmpfs", hot, n, false); err != nil {
+		return r, err
+	}
+	if r.disk, err = checkpoint.MeasureRead("disk", disk, n, true); err != nil {
+		return r, err
+	}
+	if r.s3, err = measureS3(n); err != nil {
+		return r, err
+	}
+	runtime.GC()
+	return r, measureSim(&r, n, hot, disk)
+}
+
+// measureS3 GETs an n-byte object from the in-repo S3 fake over loopback
+// into memory.
+func measureS3(n int64) (checkpoint.Bandwidth, error) {
+	src, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer src.Free()
+	arena.Synthesize(src.Bytes(), 5)
+	s := s3test.New("")
+	defer s.Close()
+	s.Put("models", "w.bin", fetchtest.Bytes(src.Bytes()))
+	dst, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer dst.Free()
+	t := time.Now()
+	resp, err := http.Get(s.URL() + "/models/w.bin")
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return checkpoint.Bandwidth{}, fmt.Errorf("s3 fake answered %d", resp.StatusCode)
+	}
+	if _, err := io.ReadFull(resp.Body, dst.Bytes()); err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	d := time.Since(t)
+	if !bytes.Equal(dst.Bytes()[:4096], src.Bytes()[:4096]) {
+		return checkpoint.Bandwidth{}, errors.New("s3 fake returned other bytes")
+	}
+	return checkpoint.Bandwidth{What: "s3 fake", Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / d.Seconds(), Method: "HTTP GET over loopback"}, nil
+}
+
+// measureSim wakes an in-process simulator holding n bytes from each tier.
+// The cold tier is the weights file the simulator loaded at start (on disk,
+// as the model cache is); the warm tier is a copy in the disk directory; the
+// hot tier is the level-1 offload on the tmpfs.
+func measureSim(r *row, n int64, hot, disk string) error {
+	model := filepath.Join(disk, "model.bin")
+	w, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return err
+	}
+	arena.Synthesize(w.Bytes(), 11)
+	err = arena.WriteFile(model, w.Bytes(), true)
+	w.Free()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(model) }()
+	warmDir := filepath.Join(disk, "warm")
+	if err := os.MkdirAll(warmDir, 0o700); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(warmDir) }()
+
+	cfg := sim.Default()
+	cfg.TimeToFirstToken, cfg.InterTokenLatency, cfg.OutputTokens = simTTFT, 0, 4
+	cfg.Weights = sim.Weights{File: model}
+	cfg.Sleep = sim.Sleep{Enabled: true, HotDir: hot, WarmDir: warmDir}
+	s := sim.New(cfg, sim.WithLogger(slog.New(slog.DiscardHandler)))
+	if err := s.LoadWeights(); err != nil {
+		return err
+	}
+	defer s.Close()
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+
+	// Hot: level 1 offloads to the tmpfs; time the wake and the first token.
+	if _, err := s.Sleep(1); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if r.hot, err = wake(srv.URL); err != nil {
+		return err
+	}
+	first, err := firstToken(srv.URL)
+	if err != nil {
+		return err
+	}
+	r.ttftHot = first.Sub(t0)
+
+	// Warm: level 2, a copy on disk, its page cache dropped.
+	if _, err := s.Sleep(2); err != nil {
+		return err
+	}
+	warm := filepath.Join(warmDir, cfg.WeightsName())
+	if err := copyFile(model, warm); err != nil {
+		return err
+	}
+	if r.warmRaw, err = checkpoint.MeasureReadFile("warm raw", warm, true); err != nil {
+		return err
+	}
+	_ = checkpoint.DropCache(warm)
+	if r.warm, err = wake(srv.URL); err != nil {
+		return err
+	}
+	if r.warm.Tier != sim.TierWarm {
+		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
+	}
+
+	// Cold: level 2, no copy in hot or warm: the model file.
+	if err := os.Remove(warm); err != nil {
+		return err
+	}
+	if _, err := s.Sleep(2); err != nil {
+		return err
+	}
+	_ = checkpoint.DropCache(model)
+	if r.cold, err = wake(srv.URL); err != nil {
+		return err
+	}
+	st := s.WeightsStatus()
+	r.wakes, r.verified = st.Wakes, st.Verified
+	return nil
+}
+
+func wake(base string) (*sim.StageReport, error) {
+	resp, err := http.Post(base+"/wake_up", "", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("wake_up: %d %s", resp.StatusCode, b)
+	}
+	var rep sim.StageReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, err
+	}
+	if !rep.Verified {
+		return nil, fmt.Errorf("wake from %s not verified", rep.Tier)
+	}
+	return &rep, nil
+}
+
+// firstToken streams a chat completion, notes when its first token
+// arrives, and reads the stream to its end (so the engine is idle again).
+func firstToken(base string) (time.Time, error) {
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return time.Time{}, fmt.Errorf("chat after wake: %d", resp.StatusCode)
+	}
+	var first time.Time
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if first.IsZero() && strings.Contains(sc.Text(), `"content"`) {
+			first = time.Now()
+		}
+	}
+	if first.IsZero() {
+		return first, errors.New("no token in the stream")
+	}
+	return first, sc.Err()
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		_ = out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// median takes, for every column on its own, the median of the runs; the
+// verification counts are summed.
+func median(runs []row) row {
+	if len(runs) == 1 || runs[0].skipped != "" {
+		runs[0].runs = 1
+		return runs[0]
+	}
+	pick := func(key func(row) float64) row {
+		sorted := slices.Clone(runs)
+		slices.SortFunc(sorted, func(a, b row) int { return cmp.Compare(key(a), key(b)) })
+		return sorted[len(sorted)/2]
+	}
+	out := runs[0]
+	out.memcpy = pick(func(r row) float64 { return r.memcpy.BytesPerSecond }).memcpy
+	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
+	out.tmpfs = pick(func(r row) float64 { return r.tmpfs.BytesPerSecond }).tmpfs
+	out.disk = pick(func(r row) float64 { return r.disk.BytesPerSecond }).disk
+	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
+	out.hot = pick(func(r row) float64 { return restoreBW(r.hot) }).hot
+	// The warm restore and the raw read just before it stay paired.
+	w := pick(func(r row) float64 { return restoreBW(r.warm) / r.warmRaw.BytesPerSecond })
+	out.warm, out.warmRaw = w.warm, w.warmRaw
+	out.cold = pick(func(r row) float64 { return restoreBW(r.cold) }).cold
+	out.ttftHot = pick(func(r row) float64 { return float64(r.ttftHot) }).ttftHot
+	out.wakes, out.verified = 0, 0
+	for _, r := range runs {
+		out.wakes += r.wakes
+		out.verified += r.verified
+	}
+	out.runs = len(runs)
+	return out
+}
+
+func gbps(b float64) string { return fmt.Sprintf("%.2f", b/1e9) }
+
+func restoreBW(r *sim.StageReport) float64 {
+	return float64(r.Bytes) / (r.AllocSeconds + r.CopySeconds + r.VerifySeconds)
+}
+
+func render(rows []row, loadBefore, loadAfter string, took time.Duration) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs, %s; load average %s before, %s after; %s.\n\n",
+		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), loadBefore, loadAfter, took.Round(time.Second))
+	fmt.Fprintf(&b, "Each column is the median of %d runs; every wake of every run is counted in the last column. ", rows[0].runs)
+	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). A restore is the whole wake of the weights: map and pre-fault the arena, read, verify (xxh64 overlapped with the read).\n\n")
+	b.WriteString("| Weights | memcpy | memcpy into fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot ÷ fresh memcpy | warm ÷ disk (≥ 0.8): raw read of the same file just before | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		if r.skipped != "" {
+			fmt.Fprintf(&b, "| %s | %s |  |  |  |  |  |  |  |  |  |  |  |  |\n", arena.Size(r.size), r.skipped)
+			continue
+		}
+		hotBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.warm), restoreBW(r.cold)
+		bound := time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
+			arena.Size(r.size), gbps(r.memcpy.BytesPerSecond), gbps(r.fresh.BytesPerSecond), gbps(r.tmpfs.BytesPerSecond), gbps(r.disk.BytesPerSecond), gbps(r.s3.BytesPerSecond),
+			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds, gbps(warmBW), gbps(coldBW),
+			hotBW/r.memcpy.BytesPerSecond, hotBW/r.fresh.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
+			float64(r.ttftHot)/float64(bound), r.ttftHot.Round(time.Millisecond), bound.Round(time.Millisecond),
+			r.verified, r.wakes)
+	}
+	b.WriteString("\nStages of the hot restore, copy only: ")
+	var parts []string
+	for _, r := range rows {
+		if r.skipped == "" {
+			parts = append(parts, fmt.Sprintf("%s %s GB/s (%.2f of memcpy, %.2f of tmpfs read)", arena.Size(r.size),
+				gbps(float64(r.size)/r.hot.CopySeconds), float64(r.size)/r.hot.CopySeconds/r.memcpy.BytesPerSecond,
+				float64(r.size)/r.hot.CopySeconds/r.tmpfs.BytesPerSecond))
+		}
+	}
+	b.WriteString(strings.Join(parts, "; ") + ".\n")
+	return b.String()
+}
+
+func updateDocs(path, table string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s := string(b)
+	i, j := strings.Index(s, startMarker), strings.Index(s, endMarker)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s has no %s … %s section", path, startMarker, endMarker)
+	}
+	s = s[:i+len(startMarker)] + "\n" + table + s[j:]
+	return os.WriteFile(path, []byte(s), 0o644)
+}

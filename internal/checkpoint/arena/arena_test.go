@@ -1,0 +1,156 @@
+package arena
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func synth(t *testing.T, n int64, seed uint64) *Arena {
+	t.Helper()
+	a, err := New(n, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Free() })
+	Synthesize(a.Bytes(), seed)
+	return a
+}
+
+func TestSynthesizeIsDeterministic(t *testing.T) {
+	a, b := make([]byte, 1001), make([]byte, 1001)
+	Synthesize(a, 7)
+	Synthesize(b, 7)
+	if !bytes.Equal(a, b) {
+		t.Fatal("same seed gave different bytes")
+	}
+	Synthesize(b, 8)
+	if bytes.Equal(a, b) {
+		t.Fatal("different seeds gave the same bytes")
+	}
+	if bytes.Count(a, []byte{0}) > 50 {
+		t.Fatal("synthetic bytes look degenerate")
+	}
+}
+
+func TestFillFileRoundTrip(t *testing.T) {
+	// Sizes around the block size and not a multiple of the O_DIRECT
+	// alignment, so the unaligned tail is exercised.
+	for _, n := range []int64{0, 1, 4095, 4097, BlockSize, BlockSize + 12345, 3*BlockSize - 1} {
+		for _, direct := range []bool{false, true} {
+			src := synth(t, n, uint64(n))
+			path := filepath.Join(t.TempDir(), "w")
+			if err := WriteFile(path, src.Bytes(), true); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("mode %v, want 0600", fi.Mode().Perm())
+			}
+			dst, err := New(n, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, st, err := FillFile(dst, path, direct)
+			if err != nil {
+				t.Fatalf("n=%d direct=%v: %v", n, direct, err)
+			}
+			if want := Sum(src.Bytes()); d != want {
+				t.Errorf("n=%d direct=%v: digest %v, want %v", n, direct, d, want)
+			}
+			if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+				t.Errorf("n=%d direct=%v: bytes differ", n, direct)
+			}
+			if st.Bytes != n {
+				t.Errorf("n=%d: stats bytes %d", n, st.Bytes)
+			}
+			dst.Free()
+		}
+	}
+}
+
+func TestFillFileSizeMismatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w")
+	if err := WriteFile(path, make([]byte, 100), false); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := New(200, Options{})
+	defer a.Free()
+	if _, _, err := FillFile(a, path, false); err == nil || !strings.Contains(err.Error(), "holds 100 bytes, want 200") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestFillShortReader(t *testing.T) {
+	dst := make([]byte, 10)
+	if _, _, err := Fill(dst, bytes.NewReader(make([]byte, 4))); err == nil || !strings.Contains(err.Error(), "after 4 of 10 bytes") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestDigestString(t *testing.T) {
+	d := Sum([]byte("weights"))
+	got, err := ParseDigest(d.String())
+	if err != nil || got != d {
+		t.Fatalf("ParseDigest(%q) = %v, %v", d.String(), got, err)
+	}
+	for _, bad := range []string{"", "sha256:00", "xxh64:123", "xxh64:zzzzzzzzzzzzzzzz"} {
+		if _, err := ParseDigest(bad); err == nil {
+			t.Errorf("ParseDigest(%q) succeeded", bad)
+		}
+	}
+	err = error(&MismatchError{Source: "hot", Want: 1, Got: 2, Bytes: 3})
+	if !errors.Is(err, ErrMismatch) {
+		t.Fatal("MismatchError does not unwrap to ErrMismatch")
+	}
+}
+
+func TestCopyHash(t *testing.T) {
+	src := make([]byte, BlockSize+7)
+	Synthesize(src, 1)
+	var out bytes.Buffer
+	d, n, err := CopyHash(&out, bytes.NewReader(src))
+	if err != nil || n != int64(len(src)) || d != Sum(src) || !bytes.Equal(out.Bytes(), src) {
+		t.Fatalf("CopyHash: n=%d d=%v err=%v", n, d, err)
+	}
+}
+
+func TestArenaFree(t *testing.T) {
+	a, err := New(1<<20, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Bytes()[0] = 1
+	a.Free()
+	if a.Len() != 0 || a.Bytes() != nil {
+		t.Fatal("freed arena still has bytes")
+	}
+	a.Free() // a second Free does nothing
+	var none *Arena
+	none.Free()
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]Size{"0": 0, "1048576": 1 << 20, "256MiB": 256 << 20, "0.25GiB": 1 << 28, "4Gi": 4 << 30, "10MB": 10e6, " 1 GiB ": 1 << 30} {
+		got, err := ParseSize(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "-1", "1XB", "99999999TiB"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) succeeded", in)
+		}
+	}
+	for in, want := range map[Size]string{1 << 30: "1GiB", 1 << 28: "256MiB", 3 << 29: "1.5GiB", 100: "100"} {
+		if got := in.String(); got != want {
+			t.Errorf("%d.String() = %q, want %q", int64(in), got, want)
+		}
+	}
+}

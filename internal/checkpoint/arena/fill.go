@@ -1,0 +1,287 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+)
+
+// BlockSize is the size of one read: large enough that system calls are
+// noise, small enough that the block is still in the CPU cache when the
+// hasher reads it right after.
+const BlockSize = 8 << 20
+
+// directAlign is the alignment O_DIRECT needs for offsets and lengths on
+// every common block device (the logical block size is 512 or 4096).
+const directAlign = 4096
+
+// Digest is the content hash of a weights artifact: xxHash64 over all its
+// bytes. xxHash runs at memory speed, so verifying every restore costs little;
+// it detects corruption, it is not a cryptographic signature (the fetcher
+// checks the model's sha256 when it downloads it).
+type Digest uint64
+
+const digestPrefix = "xxh64:"
+
+// String formats d as "xxh64:<16 hex digits>".
+func (d Digest) String() string { return fmt.Sprintf("%s%016x", digestPrefix, uint64(d)) }
+
+// ParseDigest parses the String form.
+func ParseDigest(s string) (Digest, error) {
+	hex, ok := strings.CutPrefix(s, digestPrefix)
+	if !ok || len(hex) != 16 {
+		return 0, fmt.Errorf("digest %q is not of the form xxh64:<16 hex digits>", s)
+	}
+	v, err := strconv.ParseUint(hex, 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("digest %q: %w", s, err)
+	}
+	return Digest(v), nil
+}
+
+// ErrMismatch is returned when restored bytes do not hash to the digest
+// recorded when they were stored.
+var ErrMismatch = errors.New("content hash mismatch")
+
+// MismatchError reports which bytes failed verification.
+type MismatchError struct {
+	Source    string
+	Want, Got Digest
+	Bytes     int64
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%v: %d bytes from %s hash to %s, want %s", ErrMismatch, e.Bytes, e.Source, e.Got, e.Want)
+}
+
+// Unwrap makes errors.Is(err, ErrMismatch) true.
+func (e *MismatchError) Unwrap() error { return ErrMismatch }
+
+// Sum hashes b.
+func Sum(b []byte) Digest { return Digest(xxhash.Sum64(b)) }
+
+// FillStats describes one Fill.
+type FillStats struct {
+	// Bytes read.
+	Bytes int64
+	// Copy is the time spent reading the bytes into memory.
+	Copy time.Duration
+	// Verify is the hashing that was still left when the copy ended; the
+	// rest of the hashing overlapped the copy.
+	Verify time.Duration
+	// Direct is true when the file was read with O_DIRECT (page cache
+	// bypassed).
+	Direct bool
+}
+
+// Total is the wall time of the fill.
+func (s FillStats) Total() time.Duration { return s.Copy + s.Verify }
+
+type span struct{ off, end int }
+
+// Fill reads exactly len(dst) bytes from r into dst in BlockSize reads and
+// returns their digest. Hashing runs in a second goroutine one block behind
+// the reads.
+func Fill(dst []byte, r io.Reader) (Digest, FillStats, error) {
+	return fill(dst, len(dst), func(b []byte) (int, error) { return io.ReadFull(r, b) })
+}
+
+// fill reads n bytes into buf (len(buf) ≥ n, rounded up for O_DIRECT) with
+// read, and hashes buf[:n] unless noHash.
+func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Digest, FillStats, error) {
+	start := time.Now()
+	// Room for every block: the reader never waits for the hasher, so Copy
+	// measures the read alone and Verify the hashing left after it.
+	spans := make(chan span, len(buf)/BlockSize+2)
+	sum := make(chan uint64, 1)
+	hash := len(noHash) == 0 || !noHash[0]
+	go func() {
+		h := xxhash.New()
+		for s := range spans {
+			if hash {
+				_, _ = h.Write(buf[s.off:s.end])
+			}
+		}
+		sum <- h.Sum64()
+	}()
+	off := 0
+	var err error
+	for off < n {
+		end := min(off+BlockSize, len(buf))
+		var m int
+		m, err = read(buf[off:end])
+		if m > 0 {
+			spans <- span{off, min(off+m, n)}
+			off += m
+		}
+		if err != nil || m == 0 {
+			break
+		}
+	}
+	close(spans)
+	copied := time.Now()
+	d := Digest(<-sum)
+	st := FillStats{Bytes: int64(min(off, n)), Copy: copied.Sub(start), Verify: time.Since(copied)}
+	switch {
+	case off >= n:
+		return d, st, nil
+	case err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return d, st, fmt.Errorf("source ended after %d of %d bytes", off, n)
+	default:
+		return d, st, err
+	}
+}
+
+// FillFile reads the file at path into a, which must be exactly as large as
+// the file, and returns the digest of its bytes. With direct it opens the
+// file with O_DIRECT, bypassing the page cache, when the filesystem supports
+// it (tmpfs does not: it is read normally).
+func FillFile(a *Arena, path string, direct bool) (Digest, FillStats, error) {
+	return fillFile(a, path, direct, true)
+}
+
+// ReadFile is FillFile without hashing: the raw read that FillFile is
+// measured against.
+func ReadFile(a *Arena, path string, direct bool) (FillStats, error) {
+	_, st, err := fillFile(a, path, direct, false)
+	return st, err
+}
+
+func fillFile(a *Arena, path string, direct, hash bool) (Digest, FillStats, error) {
+	f, isDirect, err := open(path, direct)
+	if err != nil {
+		return 0, FillStats{}, err
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, FillStats{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if fi.Size() != a.Len() {
+		return 0, FillStats{}, fmt.Errorf("%s holds %d bytes, want %d", path, fi.Size(), a.Len())
+	}
+	buf := a.full
+	if !isDirect {
+		buf = a.Bytes()
+	}
+	read := func(b []byte) (int, error) {
+		m, err := f.Read(b)
+		if isDirect && m%directAlign != 0 && m < len(b) && err == nil {
+			// A short, unaligned read mid-file would misalign the next
+			// O_DIRECT read: continue with the page cache.
+			if flags, ferr := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); ferr == nil {
+				_, _ = unix.FcntlInt(f.Fd(), unix.F_SETFL, flags&^unix.O_DIRECT)
+			}
+		}
+		if errors.Is(err, io.EOF) && m > 0 {
+			err = nil
+		}
+		return m, err
+	}
+	d, st, err := fill(buf, int(a.Len()), read, !hash)
+	st.Direct = isDirect
+	if err != nil {
+		return d, st, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return d, st, nil
+}
+
+// open opens path for reading, with O_DIRECT when asked and supported.
+func open(path string, direct bool) (*os.File, bool, error) {
+	if direct {
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_DIRECT, 0)
+		if err == nil {
+			return os.NewFile(uintptr(fd), path), true, nil
+		}
+		if !errors.Is(err, unix.EINVAL) {
+			return nil, false, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+	}
+	f, err := os.Open(path)
+	return f, false, err
+}
+
+// HashFile streams the file at path through the hash, with O_DIRECT when
+// direct, and returns its digest and size.
+func HashFile(path string, direct bool) (Digest, int64, error) {
+	f, _, err := open(path, direct)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = f.Close() }()
+	d, n, err := CopyHash(io.Discard, f)
+	if err != nil {
+		return 0, n, fmt.Errorf("hashing %s: %w", path, err)
+	}
+	return d, n, nil
+}
+
+// CopyHash copies src to dst in BlockSize blocks and returns the digest of
+// the bytes copied.
+func CopyHash(dst io.Writer, src io.Reader) (Digest, int64, error) {
+	a, err := New(BlockSize, Options{NoHugePages: true})
+	if err != nil {
+		return 0, 0, err
+	}
+	defer a.Free()
+	h := xxhash.New()
+	n, err := io.CopyBuffer(io.MultiWriter(dst, h), onlyReader{src}, a.Bytes())
+	return Digest(h.Sum64()), n, err
+}
+
+// onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses the buffer.
+type onlyReader struct{ io.Reader }
+
+// WriteFile writes b to path atomically (a temporary file in the same
+// directory, renamed into place) with mode 0600. With sync it fsyncs the file
+// and the directory, for tiers that must survive a crash of the node.
+func WriteFile(path string, b []byte, sync bool) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("creating a temporary file in %s: %w", dir, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
+	}()
+	if err := f.Chmod(0o600); err != nil {
+		return fmt.Errorf("chmod %s: %w", f.Name(), err)
+	}
+	if len(b) > 0 {
+		_ = unix.Fallocate(int(f.Fd()), 0, 0, int64(len(b))) // best effort: fail early on a full disk
+	}
+	for off := 0; off < len(b); off += BlockSize {
+		if _, err := f.Write(b[off:min(off+BlockSize, len(b))]); err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+	}
+	if sync {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("syncing %s: %w", path, err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("closing %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("renaming into %s: %w", path, err)
+	}
+	if sync {
+		if d, err := os.Open(dir); err == nil {
+			_ = d.Sync()
+			_ = d.Close()
+		}
+	}
+	return nil
+}

@@ -1,0 +1,130 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// Roles of orchestra-agent.
+const (
+	// RoleSeat is the sidecar in each engine pod.
+	RoleSeat = "seat"
+	// RoleNode is the DaemonSet that owns the node's hot and warm tiers.
+	RoleNode = "node"
+)
+
+// Config configures orchestra-agent. Default holds every default;
+// Validate reports every invalid field at once.
+type Config struct {
+	// Role is seat or node.
+	Role string `json:"role"`
+	// Addr is the HTTP listen address of the agent's API, /readyz and
+	// /metrics.
+	Addr string     `json:"addr"`
+	Seat SeatConfig `json:"seat"`
+	Node NodeConfig `json:"node"`
+}
+
+// SeatConfig configures the seat role.
+type SeatConfig struct {
+	Engine EngineConfig `json:"engine"`
+	// SleepLevel is used when a sleep names none: 1 keeps the weights in
+	// host RAM, 2 drops them.
+	SleepLevel int `json:"sleepLevel"`
+	// DrainTimeout bounds the wait for in-flight requests before a sleep;
+	// past it the sleep fails and the engine stays awake.
+	DrainTimeout time.Duration `json:"drainTimeout"`
+	// SleepTimeout and WakeTimeout bound the engine calls.
+	SleepTimeout time.Duration `json:"sleepTimeout"`
+	WakeTimeout  time.Duration `json:"wakeTimeout"`
+	// PollInterval paces drain checks and the engine state watch.
+	PollInterval time.Duration `json:"pollInterval"`
+}
+
+// NodeConfig configures the node role.
+type NodeConfig struct {
+	Store StoreConfig `json:"store"`
+	// ColdDir is where the cold tier (the model cache) is mounted; promotion
+	// sources are paths inside it.
+	ColdDir string `json:"coldDir,omitempty"`
+	// MeasureBytes is the size of the bandwidth probes run at start (0: do
+	// not measure).
+	MeasureBytes int64 `json:"measureBytes"`
+	// RuntimeVersion is the node's container runtime as Kubernetes reports
+	// it (status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.6.20);
+	// empty: ask the containerd binary if there is one.
+	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	// CRIU is the criu binary probed with `criu check` ("" skips it).
+	CRIU string `json:"criu,omitempty"`
+}
+
+// Default returns the defaults of both roles.
+func Default() Config {
+	return Config{
+		Role: RoleSeat,
+		Addr: ":8090",
+		Seat: SeatConfig{
+			Engine:       EngineConfig{Kind: EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
+			SleepLevel:   1,
+			DrainTimeout: 30 * time.Second,
+			SleepTimeout: 2 * time.Minute,
+			WakeTimeout:  10 * time.Minute,
+			PollInterval: 100 * time.Millisecond,
+		},
+		Node: NodeConfig{
+			Store: StoreConfig{
+				HotDir:  "/dev/shm/model-orchestra",
+				WarmDir: "/var/lib/model-orchestra/warm",
+				Budgets: Budgets{Hot: 8 << 30, Warm: 100 << 30},
+			},
+			MeasureBytes: 256 << 20,
+			CRIU:         "criu",
+		},
+	}
+}
+
+// Validate reports every invalid field.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if c.Addr == "" {
+		bad("addr must not be empty")
+	}
+	switch c.Role {
+	case RoleSeat:
+		s := c.Seat
+		if _, err := NewEngine(s.Engine, nil); err != nil {
+			errs = append(errs, err)
+		}
+		if u, err := url.Parse(s.Engine.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("engine url %q must be an http(s) URL such as http://127.0.0.1:8000", s.Engine.URL)
+		}
+		if s.SleepLevel != 1 && s.SleepLevel != 2 {
+			bad("sleep level must be 1 or 2, got %d", s.SleepLevel)
+		}
+		for name, d := range map[string]time.Duration{"drain timeout": s.DrainTimeout, "sleep timeout": s.SleepTimeout, "wake timeout": s.WakeTimeout, "poll interval": s.PollInterval} {
+			if d <= 0 {
+				bad("%s must be positive, got %v", name, d)
+			}
+		}
+	case RoleNode:
+		n := c.Node
+		if n.Store.HotDir == "" || n.Store.WarmDir == "" {
+			bad("hot and warm directories are required")
+		}
+		if n.Store.HotDir == n.Store.WarmDir && n.Store.HotDir != "" {
+			bad("hot and warm directories must differ, both are %s", n.Store.HotDir)
+		}
+		if n.Store.Budgets.Hot < 0 || n.Store.Budgets.Warm < 0 {
+			bad("budgets must not be negative")
+		}
+		if n.MeasureBytes < 0 {
+			bad("measure bytes must not be negative")
+		}
+	default:
+		bad("role must be %s or %s, got %q", RoleSeat, RoleNode, c.Role)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,225 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+)
+
+// Node is the node role: the hot and warm tiers and the capability report.
+type Node struct {
+	cfg   NodeConfig
+	store *Store
+	log   *slog.Logger
+	m     *nodeMetrics
+
+	mu     sync.Mutex
+	report NodeReport
+}
+
+// NewNode opens the store. Call Measure to fill in bandwidths and
+// capabilities before serving the report.
+func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node, error) {
+	s, err := OpenStore(cfg.Store, log)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg)}
+	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
+	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
+	n.m.budget.WithLabelValues(string(TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
+	n.updateGauges()
+	return n, nil
+}
+
+// Store is the node's tier store.
+func (n *Node) Store() *Store { return n.store }
+
+func (n *Node) updateGauges() {
+	for _, t := range []Tier{TierHot, TierWarm} {
+		n.m.tierBytes.WithLabelValues(string(t)).Set(float64(n.store.Used(t)))
+	}
+}
+
+// Measure probes the node: bandwidth of memcpy and of each tier (when
+// MeasureBytes > 0), criu, and the container runtime.
+func (n *Node) Measure(ctx context.Context) NodeReport {
+	r := NodeReport{Time: time.Now(), TransparentHugePages: transparentHugePages("enabled"), TransparentHugePagesDefrag: transparentHugePages("defrag")}
+	if b := n.cfg.MeasureBytes; b > 0 {
+		if m, err := MeasureMemcpy(b); err == nil {
+			r.Memcpy = &m
+			n.m.bandwidth.WithLabelValues("memcpy").Set(m.BytesPerSecond)
+		} else {
+			n.log.Warn("measuring memcpy", "err", err)
+		}
+		for _, t := range []Tier{TierHot, TierWarm} {
+			m, err := MeasureRead(string(t), n.store.dir(t), b, t == TierWarm)
+			if err != nil {
+				n.log.Warn("measuring tier read bandwidth", "tier", t, "err", err)
+				continue
+			}
+			n.m.bandwidth.WithLabelValues(string(t)).Set(m.BytesPerSecond)
+			if t == TierHot {
+				r.Hot.Read = &m
+			} else {
+				r.Warm.Read = &m
+			}
+		}
+	}
+	r.CRIU = ProbeCRIU(ctx, n.cfg.CRIU)
+	r.Runtime = ProbeRuntime(ctx, n.cfg.RuntimeVersion)
+	switch {
+	case !r.CRIU.CheckPassed:
+		r.ProcessSnapshotsReason = "criu: " + r.CRIU.Reason
+	case !r.Runtime.CheckpointSupported:
+		r.ProcessSnapshotsReason = "runtime: " + r.Runtime.Reason
+	default:
+		r.ProcessSnapshots = true
+	}
+	n.mu.Lock()
+	n.report = r
+	n.mu.Unlock()
+	n.log.Info("node measured", "memcpy", r.Memcpy, "hot", r.Hot.Read, "warm", r.Warm.Read,
+		"criu", r.CRIU.CheckPassed, "runtime", r.Runtime.Version, "processSnapshots", r.ProcessSnapshots, "reason", r.ProcessSnapshotsReason)
+	return r
+}
+
+// Report returns the last measurement with the tiers' current use.
+func (n *Node) Report() NodeReport {
+	n.mu.Lock()
+	r := n.report
+	n.mu.Unlock()
+	entries := n.store.Entries()
+	count := map[Tier]int{}
+	for _, e := range entries {
+		count[e.Tier]++
+	}
+	hot, warm := r.Hot.Read, r.Warm.Read
+	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, n.store.Used(TierHot), count[TierHot])
+	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, n.store.Used(TierWarm), count[TierWarm])
+	r.Hot.Read, r.Warm.Read = hot, warm
+	return r
+}
+
+// PromoteRequest is the body of POST /promote.
+type PromoteRequest struct {
+	Key
+	// To is hot or warm.
+	To Tier `json:"to"`
+	// ColdPath is the artifact inside the cold tier (the model cache
+	// mount), used when no faster tier holds it.
+	ColdPath string `json:"coldPath,omitempty"`
+	// Digest, when set, must match the cold bytes (xxh64:…).
+	Digest   string `json:"digest,omitempty"`
+	Priority int32  `json:"priority,omitempty"`
+}
+
+// TiersStatus is the body of GET /tiers.
+type TiersStatus struct {
+	Budgets Budgets        `json:"budgets"`
+	Used    map[Tier]int64 `json:"used"`
+	Entries []Entry        `json:"entries"`
+}
+
+// Handler serves the node API:
+//
+//	GET    /report                          the NodeReport
+//	GET    /tiers                           budgets, use and every copy
+//	POST   /promote                         PromoteRequest → the new Entry
+//	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
+//	GET    /healthz, /metrics
+func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Report()) })
+	mux.HandleFunc("GET /tiers", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, TiersStatus{
+			Budgets: n.cfg.Store.Budgets,
+			Used:    map[Tier]int64{TierHot: n.store.Used(TierHot), TierWarm: n.store.Used(TierWarm)},
+			Entries: n.store.Entries(),
+		})
+	})
+	mux.HandleFunc("POST /promote", n.handlePromote)
+	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
+		t := Tier(r.PathValue("tier"))
+		k := Key{r.PathValue("namespace"), r.PathValue("name")}
+		if err := k.Validate(); err != nil || (t != TierHot && t != TierWarm) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>: %v", err))
+			return
+		}
+		if _, ok := n.store.Lookup(k, t); !ok {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("no copy of %s in the %s tier", k, t))
+			return
+		}
+		if err := n.store.Remove(k, t); err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		n.updateGauges()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", metricsHandler(reg))
+	return mux
+}
+
+func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
+	var req PromoteRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return
+	}
+	if err := req.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if req.To != TierHot && req.To != TierWarm {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("to must be hot or warm, got %q", req.To))
+		return
+	}
+	cold := ""
+	if req.ColdPath != "" {
+		if n.cfg.ColdDir == "" {
+			writeError(w, http.StatusBadRequest, "this agent has no cold tier mounted (--cold-dir)")
+			return
+		}
+		if !filepath.IsLocal(req.ColdPath) {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("coldPath %q must be a relative path inside the cold tier", req.ColdPath))
+			return
+		}
+		cold = filepath.Join(n.cfg.ColdDir, req.ColdPath)
+	}
+	e, err := n.store.Promote(req.Key, req.To, cold, req.Digest, req.Priority)
+	n.updateGauges()
+	if err != nil {
+		status, result := http.StatusInternalServerError, "failed"
+		switch {
+		case errors.Is(err, arena.ErrMismatch):
+			result = "mismatch"
+		case errors.Is(err, ErrNoRoom):
+			status = http.StatusInsufficientStorage
+		case errors.Is(err, ErrNotFound):
+			status = http.StatusNotFound
+		}
+		n.m.promotions.WithLabelValues(string(req.To), result).Inc()
+		n.log.Warn("promotion failed", "key", req.String(), "to", req.To, "err", err)
+		writeError(w, status, err.Error())
+		return
+	}
+	n.m.promotions.WithLabelValues(string(req.To), "ok").Inc()
+	writeJSON(w, http.StatusOK, e)
+}

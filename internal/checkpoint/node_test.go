@@ -1,0 +1,116 @@
+package checkpoint_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+)
+
+func TestNodePromoteReportAndEvict(t *testing.T) {
+	cold := t.TempDir()
+	w := make([]byte, 1<<20)
+	arena.Synthesize(w, 3)
+	if err := os.WriteFile(filepath.Join(cold, "model.gguf"), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := checkpoint.NodeConfig{
+		Store: checkpoint.StoreConfig{
+			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+			Budgets: checkpoint.Budgets{Hot: 3 << 20, Warm: 8 << 20},
+		},
+		ColdDir: cold, MeasureBytes: 1 << 20, RuntimeVersion: "containerd://1.6.20",
+	}
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Measure(context.Background())
+	srv := httptest.NewServer(n.Handler(reg))
+	defer srv.Close()
+
+	promote := func(body string) (int, string) {
+		resp, err := http.Post(srv.URL+"/promote", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	digest := arena.Sum(w).String()
+	if code, body := promote(`{"namespace":"team-a","name":"m","to":"warm","coldPath":"model.gguf","digest":"` + digest + `"}`); code != 200 {
+		t.Fatalf("cold→warm: %d %s", code, body)
+	}
+	if code, body := promote(`{"namespace":"team-a","name":"m","to":"hot"}`); code != 200 {
+		t.Fatalf("warm→hot: %d %s", code, body)
+	}
+	hot, err := os.ReadFile(filepath.Join(cfg.Store.HotDir, "team-a", "m"))
+	if err != nil || !bytes.Equal(hot, w) {
+		t.Fatalf("hot copy: %v", err)
+	}
+	for body, want := range map[string]int{
+		`{"namespace":"team-a","name":"x","to":"warm","coldPath":"../../etc/passwd"}`:                              400,
+		`{"namespace":"Team","name":"x","to":"warm"}`:                                                              400,
+		`{"namespace":"team-a","name":"x","to":"cold"}`:                                                            400,
+		`{"namespace":"team-a","name":"absent","to":"hot"}`:                                                        404,
+		`{"namespace":"team-a","name":"big","to":"hot","coldPath":"model.gguf","digest":"xxh64:0000000000000000"}`: 500,
+	} {
+		if code, out := promote(body); code != want {
+			t.Errorf("%s: %d %s, want %d", body, code, out, want)
+		}
+	}
+
+	resp, err := http.Get(srv.URL + "/report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r checkpoint.NodeReport
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if r.Hot.UsedBytes != 1<<20 || r.Warm.UsedBytes != 1<<20 || r.Hot.Entries != 1 {
+		t.Errorf("report tiers: hot %+v warm %+v", r.Hot, r.Warm)
+	}
+	if r.Memcpy == nil || r.Memcpy.BytesPerSecond <= 0 || r.Warm.Read == nil || r.Hot.Read == nil {
+		t.Errorf("report bandwidths missing: %+v %+v %+v", r.Memcpy, r.Hot.Read, r.Warm.Read)
+	}
+	if r.Runtime.CheckpointSupported || !strings.Contains(r.Runtime.Reason, "containerd 1.6.20 does not implement") {
+		t.Errorf("runtime report %+v", r.Runtime)
+	}
+	if r.ProcessSnapshots || r.ProcessSnapshotsReason == "" {
+		t.Errorf("process snapshots %v (%q), want refused with a reason", r.ProcessSnapshots, r.ProcessSnapshotsReason)
+	}
+
+	req, _ := http.NewRequest("DELETE", srv.URL+"/tiers/hot/team-a/m", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d", resp.StatusCode)
+	}
+	resp, _ = http.Get(srv.URL + "/metrics")
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, want := range []string{`orchestra_agent_tier_bytes{tier="hot"} 0`, `orchestra_agent_promotions_total{result="mismatch",tier="hot"} 1`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

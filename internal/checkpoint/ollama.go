@@ -1,0 +1,93 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Ollama unloads and preloads a model through Ollama's own API: an empty
+// /api/generate with keep_alive 0 unloads it, one with the policy's
+// keep_alive loads it, /api/ps lists what is loaded. The weights stay in the
+// node's page cache after an unload, so a reload reads them from RAM when the
+// node has room.
+type Ollama struct {
+	httpEngine
+	model     string
+	keepAlive string
+}
+
+// Name implements Engine.
+func (o *Ollama) Name() string { return EngineOllama }
+
+// InFlight is unknown: Ollama exposes no request gauge. The seat relies on
+// the dispatcher's drain fence.
+func (o *Ollama) InFlight(context.Context) (int, error) { return -1, nil }
+
+func keepAliveValue(s string) any {
+	if d, err := time.ParseDuration(s); err == nil && s != "-1" && s != "0" {
+		return d.String()
+	}
+	n := json.Number(s)
+	if _, err := n.Int64(); err == nil {
+		return n
+	}
+	return s
+}
+
+// Sleep unloads the model (both levels: Ollama has one way to let go).
+func (o *Ollama) Sleep(ctx context.Context, _ int) error {
+	if err := o.call(ctx, http.MethodPost, "/api/generate", map[string]any{"model": o.model, "keep_alive": 0}, nil); err != nil {
+		return fmt.Errorf("unloading %s: %w", o.model, err)
+	}
+	return o.waitFor(ctx, "ollama to unload "+o.model, func() (bool, error) {
+		s, err := o.Sleeping(ctx)
+		return s, err
+	})
+}
+
+// Wake preloads the model. The load runs on a context that the caller's
+// cancellation does not reach, with its own bound: Ollama aborts a load when
+// its client disconnects (ollama/ollama#7408), and a half-done wake must
+// not leave the engine unloaded.
+func (o *Ollama) Wake(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Minute)
+	}
+	lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	body := map[string]any{"model": o.model, "keep_alive": keepAliveValue(o.keepAlive)}
+	if err := o.call(lctx, http.MethodPost, "/api/generate", body, nil); err != nil {
+		return fmt.Errorf("preloading %s: %w", o.model, err)
+	}
+	asleep, err := o.Sleeping(lctx)
+	if err != nil {
+		return err
+	}
+	if asleep {
+		return fmt.Errorf("ollama answered the preload of %s but /api/ps does not list it", o.model)
+	}
+	return nil
+}
+
+// Sleeping is true when /api/ps does not list the model.
+func (o *Ollama) Sleeping(ctx context.Context) (bool, error) {
+	var ps struct {
+		Models []struct {
+			Name  string `json:"name"`
+			Model string `json:"model"`
+		} `json:"models"`
+	}
+	if err := o.call(ctx, http.MethodGet, "/api/ps", nil, &ps); err != nil {
+		return false, err
+	}
+	for _, m := range ps.Models {
+		if m.Name == o.model || m.Model == o.model {
+			return false, nil
+		}
+	}
+	return true, nil
+}

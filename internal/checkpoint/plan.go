@@ -1,0 +1,189 @@
+package checkpoint
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Tier is where a copy of the weights sits on a node. Hot is RAM (a tmpfs),
+// warm is node-local disk, cold is the application's model cache (or S3)
+// and is not owned by the agent.
+type Tier string
+
+// The tiers, fastest first.
+const (
+	TierHot  Tier = "hot"
+	TierWarm Tier = "warm"
+	TierCold Tier = "cold"
+)
+
+// Key names one weights artifact: a namespace (one directory per namespace,
+// mode 0700) and a file name within it.
+type Key struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+func (k Key) String() string { return k.Namespace + "/" + k.Name }
+
+// Entry is one copy of an artifact in one tier.
+type Entry struct {
+	Key
+	Tier     Tier      `json:"tier"`
+	Bytes    int64     `json:"bytes"`
+	Digest   string    `json:"digest"`
+	Priority int32     `json:"priority"`
+	LastUsed time.Time `json:"lastUsed"`
+	// VerifiedAt is when the copy last hashed to Digest.
+	VerifiedAt time.Time `json:"verifiedAt"`
+	// Pinned copies are being read or written and are never evicted.
+	Pinned bool `json:"pinned,omitempty"`
+}
+
+// Budgets bound the bytes the agent keeps per tier.
+type Budgets struct {
+	Hot  int64 `json:"hot"`
+	Warm int64 `json:"warm"`
+}
+
+func (b Budgets) of(t Tier) int64 {
+	if t == TierHot {
+		return b.Hot
+	}
+	return b.Warm
+}
+
+// ActionKind is what a planned action does to a copy.
+type ActionKind string
+
+const (
+	// Demote moves a hot copy to the warm tier (demote before you drop).
+	Demote ActionKind = "demote"
+	// Drop deletes a copy from its tier; a lower tier still has the bytes.
+	Drop ActionKind = "drop"
+)
+
+// Action is one step of a plan, applied in order.
+type Action struct {
+	Kind  ActionKind `json:"kind"`
+	Key   Key        `json:"key"`
+	From  Tier       `json:"from"`
+	Bytes int64      `json:"bytes"`
+}
+
+// ErrNoRoom means a copy cannot be admitted without evicting pinned copies
+// or copies of a higher priority, or it is larger than the budget.
+var ErrNoRoom = errors.New("no room in the tier")
+
+// PlanAdmit plans the evictions that make room for in (in.Tier, in.Bytes)
+// within the budgets. Victims are taken lowest priority first and, within
+// a priority, least recently used first; a copy with a higher priority than
+// in, or a pinned copy, is never evicted. An evicted hot copy is demoted to
+// warm when warm has no copy of it and room can be made there under the
+// same rule; otherwise it is dropped (the cold tier still holds it). A copy
+// of in.Key already in the tier is replaced. The plan is pure: it reads
+// entries and returns actions, so the IO that applies it stays separate.
+func PlanAdmit(entries []Entry, b Budgets, in Entry) ([]Action, error) {
+	if in.Tier != TierHot && in.Tier != TierWarm {
+		return nil, fmt.Errorf("the agent stores only the hot and warm tiers, not %q", in.Tier)
+	}
+	p := planner{budgets: b}
+	for _, e := range entries {
+		if e.Key == in.Key && e.Tier == in.Tier {
+			continue // replaced
+		}
+		p.entries = append(p.entries, e)
+	}
+	if err := p.makeRoom(in, 0); err != nil {
+		return nil, err
+	}
+	return p.actions, nil
+}
+
+type planner struct {
+	budgets Budgets
+	entries []Entry
+	actions []Action
+}
+
+func (p *planner) used(t Tier) int64 {
+	var n int64
+	for _, e := range p.entries {
+		if e.Tier == t {
+			n += e.Bytes
+		}
+	}
+	return n
+}
+
+func (p *planner) has(k Key, t Tier) bool {
+	return slices.ContainsFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t })
+}
+
+func (p *planner) remove(k Key, t Tier) {
+	p.entries = slices.DeleteFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t })
+}
+
+// evictionOrder sorts the candidates for eviction from t.
+func evictionOrder(entries []Entry, t Tier, in Entry) []Entry {
+	var c []Entry
+	for _, e := range entries {
+		if e.Tier == t && !e.Pinned && e.Priority <= in.Priority {
+			c = append(c, e)
+		}
+	}
+	slices.SortStableFunc(c, func(a, b Entry) int {
+		if n := cmp.Compare(a.Priority, b.Priority); n != 0 {
+			return n
+		}
+		if n := a.LastUsed.Compare(b.LastUsed); n != 0 {
+			return n
+		}
+		return cmp.Compare(a.String(), b.String())
+	})
+	return c
+}
+
+func (p *planner) makeRoom(in Entry, depth int) error {
+	budget := p.budgets.of(in.Tier)
+	if in.Bytes > budget {
+		return fmt.Errorf("%w: %s is %d bytes, the %s budget is %d", ErrNoRoom, in.Key, in.Bytes, in.Tier, budget)
+	}
+	need := p.used(in.Tier) + in.Bytes - budget
+	if need <= 0 {
+		return nil
+	}
+	victims := evictionOrder(p.entries, in.Tier, in)
+	var freeable int64
+	for _, v := range victims {
+		freeable += v.Bytes
+	}
+	if freeable < need {
+		return fmt.Errorf("%w: %s needs %d more bytes in the %s tier, and only %d bytes are held by unpinned copies of priority %d or lower",
+			ErrNoRoom, in.Key, need, in.Tier, freeable, in.Priority)
+	}
+	for _, v := range victims {
+		if need <= 0 {
+			break
+		}
+		p.remove(v.Key, v.Tier)
+		need -= v.Bytes
+		if v.Tier == TierHot && depth == 0 && !p.has(v.Key, TierWarm) {
+			demoted := v
+			demoted.Tier = TierWarm
+			saved := append([]Action(nil), p.actions...)
+			savedEntries := append([]Entry(nil), p.entries...)
+			if err := p.makeRoom(demoted, depth+1); err == nil {
+				p.entries = append(p.entries, demoted)
+				p.actions = append(p.actions, Action{Kind: Demote, Key: v.Key, From: TierHot, Bytes: v.Bytes})
+				continue
+			}
+			p.actions, p.entries = saved, savedEntries
+		}
+		p.actions = append(p.actions, Action{Kind: Drop, Key: v.Key, From: v.Tier, Bytes: v.Bytes})
+	}
+	return nil
+}

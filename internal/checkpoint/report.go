@@ -1,0 +1,198 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// NodeReport is what a node can do for checkpoints: the body of GET /report.
+type NodeReport struct {
+	Time time.Time  `json:"time"`
+	Hot  TierReport `json:"hot"`
+	Warm TierReport `json:"warm"`
+	// Memcpy is the bound for any restore into memory.
+	Memcpy *Bandwidth `json:"memcpy,omitempty"`
+	// TransparentHugePages is the kernel's THP mode for anonymous memory
+	// (restores read into MADV_HUGEPAGE arenas, which need madvise or always).
+	TransparentHugePages string `json:"transparentHugePages,omitempty"`
+	// TransparentHugePagesDefrag is the THP defrag mode: with "madvise" or
+	// "always", the first touch of an MADV_HUGEPAGE arena may stall in
+	// direct compaction when free memory is held by the page cache.
+	TransparentHugePagesDefrag string        `json:"transparentHugePagesDefrag,omitempty"`
+	CRIU                       CRIUReport    `json:"criu"`
+	Runtime                    RuntimeReport `json:"runtime"`
+	// ProcessSnapshots is true when both CRIU and the runtime can
+	// checkpoint a container; Reason says why not.
+	ProcessSnapshots       bool   `json:"processSnapshots"`
+	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
+}
+
+// TierReport describes one tier directory.
+type TierReport struct {
+	Dir string `json:"dir"`
+	// Filesystem is "tmpfs" or the statfs magic number in hex.
+	Filesystem  string     `json:"filesystem"`
+	SizeBytes   int64      `json:"sizeBytes"`
+	FreeBytes   int64      `json:"freeBytes"`
+	BudgetBytes int64      `json:"budgetBytes"`
+	UsedBytes   int64      `json:"usedBytes"`
+	Entries     int        `json:"entries"`
+	Read        *Bandwidth `json:"read,omitempty"`
+	Warning     string     `json:"warning,omitempty"`
+}
+
+// CRIUReport is the result of probing criu.
+type CRIUReport struct {
+	Present     bool   `json:"present"`
+	Version     string `json:"version,omitempty"`
+	CheckPassed bool   `json:"checkPassed"`
+	// Output is the tail of `criu check`.
+	Output string `json:"output,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// RuntimeReport is the container runtime's checkpoint support.
+type RuntimeReport struct {
+	Version             string `json:"version,omitempty"`
+	CheckpointSupported bool   `json:"checkpointSupported"`
+	Reason              string `json:"reason"`
+}
+
+var versionRE = regexp.MustCompile(`v?(\d+)\.(\d+)(?:\.(\d+))?`)
+
+// CRICheckpointSupport says whether a container runtime implements the CRI
+// CheckpointContainer call the kubelet checkpoint API needs. runtime is the
+// node's status.nodeInfo.containerRuntimeVersion (containerd://1.6.20) or
+// the output of `containerd --version`.
+func CRICheckpointSupport(runtime string) (bool, string) {
+	r := strings.TrimSpace(runtime)
+	if r == "" {
+		return false, "container runtime version unknown: set --runtime-version to the node's status.nodeInfo.containerRuntimeVersion"
+	}
+	m := versionRE.FindStringSubmatch(r)
+	if m == nil {
+		return false, fmt.Sprintf("cannot read a version in %q", r)
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	ver := strings.TrimPrefix(m[0], "v")
+	switch {
+	case strings.Contains(r, "containerd"):
+		if major < 2 {
+			return false, fmt.Sprintf("containerd %s does not implement CRI CheckpointContainer (containerd 2.0 does): the kubelet checkpoint API answers 500 \"method CheckpointContainer not implemented\"", ver)
+		}
+		return true, fmt.Sprintf("containerd %s implements CRI CheckpointContainer (checkpoint archives only; restore through CreateContainer is deprecated and not used)", ver)
+	case strings.Contains(r, "cri-o"):
+		if major == 1 && minor < 25 {
+			return false, fmt.Sprintf("CRI-O %s predates checkpoint support (1.25)", ver)
+		}
+		return true, fmt.Sprintf("CRI-O %s implements CRI CheckpointContainer when enable_criu_support is set", ver)
+	default:
+		return false, fmt.Sprintf("runtime %q is not known to implement CRI CheckpointContainer", r)
+	}
+}
+
+// ProbeRuntime finds the runtime version: the configured one, else
+// `containerd --version`.
+func ProbeRuntime(ctx context.Context, configured string) RuntimeReport {
+	v := configured
+	if v == "" {
+		if out, err := run(ctx, "containerd", "--version"); err == nil {
+			v = strings.TrimSpace(out)
+		}
+	}
+	ok, reason := CRICheckpointSupport(v)
+	return RuntimeReport{Version: v, CheckpointSupported: ok, Reason: reason}
+}
+
+// ProbeCRIU runs `criu --version` and `criu check`. criu check needs root
+// (or CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN); without them it fails and
+// the report says so.
+func ProbeCRIU(ctx context.Context, bin string) CRIUReport {
+	if bin == "" {
+		return CRIUReport{Reason: "criu probing disabled"}
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return CRIUReport{Reason: fmt.Sprintf("criu not found (%v): process snapshots need the criu package on the node", err)}
+	}
+	r := CRIUReport{Present: true}
+	if out, err := run(ctx, path, "--version"); err == nil {
+		if m := versionRE.FindString(out); m != "" {
+			r.Version = m
+		}
+	}
+	out, err := run(ctx, path, "check")
+	r.Output = tail(out, 2000)
+	if err != nil {
+		r.Reason = fmt.Sprintf("criu check failed: %v", err)
+		return r
+	}
+	r.CheckPassed = true
+	return r
+}
+
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var b bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err := cmd.Run()
+	return b.String(), err
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
+
+// tierReport stats a tier directory.
+func tierReport(dir string, t Tier, budget, used int64, entries int) TierReport {
+	r := TierReport{Dir: dir, BudgetBytes: budget, UsedBytes: used, Entries: entries}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		r.Warning = err.Error()
+		return r
+	}
+	r.SizeBytes = int64(st.Blocks) * st.Bsize
+	r.FreeBytes = int64(st.Bavail) * st.Bsize
+	if st.Type == unix.TMPFS_MAGIC {
+		r.Filesystem = "tmpfs"
+	} else {
+		r.Filesystem = fmt.Sprintf("0x%x", st.Type)
+	}
+	switch {
+	case t == TierHot && r.Filesystem != "tmpfs":
+		r.Warning = "the hot tier is not on a tmpfs: restores read from disk or page cache, not RAM"
+	case t == TierWarm && r.Filesystem == "tmpfs":
+		r.Warning = "the warm tier is on a tmpfs: it costs RAM and does not survive a reboot"
+	case budget > r.SizeBytes:
+		r.Warning = fmt.Sprintf("the budget (%d bytes) exceeds the filesystem (%d bytes)", budget, r.SizeBytes)
+	}
+	return r
+}
+
+func transparentHugePages(file string) string {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/" + file)
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i, j := strings.Index(s, "["), strings.Index(s, "]"); i >= 0 && j > i {
+		return s[i+1 : j]
+	}
+	return strings.TrimSpace(s)
+}

@@ -1,0 +1,58 @@
+package checkpoint
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCRICheckpointSupport(t *testing.T) {
+	for _, c := range []struct {
+		in     string
+		ok     bool
+		reason string
+	}{
+		{"containerd://1.6.20", false, "containerd 1.6.20 does not implement CRI CheckpointContainer"},
+		{"containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", false, "containerd 1.6.20 does not"},
+		{"containerd://2.0.1", true, "restore through CreateContainer is deprecated and not used"},
+		{"containerd containerd.io v2.1.0 abc", true, "containerd 2.1.0 implements"},
+		{"cri-o://1.30.2", true, "enable_criu_support"},
+		{"cri-o://1.24.0", false, "predates"},
+		{"docker://24.0.0", false, "not known"},
+		{"", false, "--runtime-version"},
+		{"containerd://dev", false, "cannot read a version"},
+	} {
+		ok, reason := CRICheckpointSupport(c.in)
+		if ok != c.ok || !strings.Contains(reason, c.reason) {
+			t.Errorf("%q: %v %q, want %v containing %q", c.in, ok, reason, c.ok, c.reason)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatalf("default seat config: %v", err)
+	}
+	node := Default()
+	node.Role = RoleNode
+	if err := node.Validate(); err != nil {
+		t.Fatalf("default node config: %v", err)
+	}
+	for name, c := range map[string]struct {
+		mut  func(*Config)
+		want string
+	}{
+		"role":      {func(c *Config) { c.Role = "both" }, `role must be seat or node, got "both"`},
+		"dllama":    {func(c *Config) { c.Seat.Engine.Kind = "dllama" }, "runtime.engine is dllama"},
+		"url":       {func(c *Config) { c.Seat.Engine.URL = "localhost:8000" }, "must be an http(s) URL"},
+		"level":     {func(c *Config) { c.Seat.SleepLevel = 3 }, "sleep level must be 1 or 2"},
+		"drain":     {func(c *Config) { c.Seat.DrainTimeout = 0 }, "drain timeout must be positive"},
+		"same dirs": {func(c *Config) { c.Role = RoleNode; c.Node.Store.WarmDir = c.Node.Store.HotDir }, "must differ"},
+		"budget":    {func(c *Config) { c.Role = RoleNode; c.Node.Store.Budgets.Hot = -1 }, "budgets must not be negative"},
+	} {
+		cfg := Default()
+		c.mut(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+}

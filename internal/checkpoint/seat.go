@@ -1,0 +1,406 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// SeatState is what the seat sidecar reports about its engine. Only Awake
+// takes traffic: readiness fails in every other state, so a sleeping root
+// leaves the EndpointSlice, and the dispatcher sends only to Awake seats.
+type SeatState string
+
+const (
+	// SeatUnknown: the engine has not answered yet.
+	SeatUnknown SeatState = "Unknown"
+	// SeatAwake: the engine serves.
+	SeatAwake SeatState = "Awake"
+	// SeatDraining: a sleep waits for the engine's in-flight requests to
+	// finish. A wake arriving now abandons the sleep.
+	SeatDraining SeatState = "Draining"
+	// SeatFallingAsleep: the engine's sleep call is running.
+	SeatFallingAsleep SeatState = "FallingAsleep"
+	// SeatAsleep: the engine sleeps (weights in the hot tier at level 1).
+	SeatAsleep SeatState = "Asleep"
+	// SeatWaking: the engine's wake call is running.
+	SeatWaking SeatState = "Waking"
+	// SeatFailed: a sleep or wake left the engine in a state the seat
+	// cannot tell; the lifecycle loop should restart the pod.
+	SeatFailed SeatState = "Failed"
+)
+
+var seatStates = []SeatState{SeatUnknown, SeatAwake, SeatDraining, SeatFallingAsleep, SeatAsleep, SeatWaking, SeatFailed}
+
+// ErrSleepAbandoned is returned by a sleep that a wake overtook while it
+// drained: the engine stays awake.
+var ErrSleepAbandoned = errors.New("sleep abandoned: a wake arrived while draining")
+
+// ErrWrongState refuses an operation the seat's state does not allow (a
+// sleep while Waking, a wake before the engine ever answered).
+var ErrWrongState = errors.New("not allowed in the seat's state")
+
+// ErrDrainTimeout is returned when the engine did not drain in time; the
+// engine stays awake.
+var ErrDrainTimeout = errors.New("the engine did not drain in time")
+
+// Transition records one sleep or wake.
+type Transition struct {
+	Level   int       `json:"level,omitempty"`
+	At      time.Time `json:"at"`
+	Seconds float64   `json:"seconds"`
+	Error   string    `json:"error,omitempty"`
+}
+
+// SeatStatus is the body of GET /state.
+type SeatStatus struct {
+	State  SeatState `json:"state"`
+	Engine string    `json:"engine"`
+	// Level is the sleep level while not Awake.
+	Level     int         `json:"level,omitempty"`
+	Since     time.Time   `json:"since"`
+	LastError string      `json:"lastError,omitempty"`
+	LastSleep *Transition `json:"lastSleep,omitempty"`
+	LastWake  *Transition `json:"lastWake,omitempty"`
+	Sleeps    int         `json:"sleeps"`
+	Wakes     int         `json:"wakes"`
+}
+
+// Seat drives one engine's sleep and wake for the lifecycle decision-maker.
+type Seat struct {
+	cfg    SeatConfig
+	engine Engine
+	log    *slog.Logger
+	m      *seatMetrics
+	now    func() time.Time
+
+	op sync.Mutex // one engine operation at a time
+
+	mu          sync.Mutex
+	st          SeatStatus
+	cancelDrain context.CancelFunc
+}
+
+// NewSeat returns a seat in state Unknown; Sync or Run learn the engine's
+// state.
+func NewSeat(cfg SeatConfig, engine Engine, reg prometheus.Registerer, log *slog.Logger) *Seat {
+	s := &Seat{cfg: cfg, engine: engine, log: log, m: newSeatMetrics(reg), now: time.Now}
+	s.st = SeatStatus{State: SeatUnknown, Engine: engine.Name(), Since: s.now()}
+	s.m.setState(SeatUnknown)
+	return s
+}
+
+// Status returns the seat's status.
+func (s *Seat) Status() SeatStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st
+}
+
+func (s *Seat) setLocked(st SeatState) {
+	if s.st.State != st {
+		s.log.Info("seat state", "from", s.st.State, "to", st)
+		s.st.State, s.st.Since = st, s.now()
+		s.m.setState(st)
+	}
+}
+
+// Sync asks the engine whether it sleeps and adopts its answer when no
+// operation runs. An engine that sleeps on its own (llama.cpp
+// --sleep-idle-seconds) becomes Asleep; an unreachable one Unknown.
+func (s *Seat) Sync(ctx context.Context) {
+	if !s.op.TryLock() {
+		return
+	}
+	defer s.op.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.PollInterval+time.Second)
+	defer cancel()
+	asleep, err := s.engine.Sleeping(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err != nil:
+		if s.st.State != SeatFailed {
+			s.setLocked(SeatUnknown)
+		}
+		s.st.LastError = err.Error()
+	case asleep && s.st.State != SeatAsleep:
+		s.setLocked(SeatAsleep)
+	case !asleep && s.st.State != SeatAwake:
+		s.setLocked(SeatAwake)
+		s.st.Level = 0
+	}
+}
+
+// Sleep drains the engine (waits until it reports no request in flight),
+// then puts it to sleep at level (0: the configured level). A wake that
+// arrives while draining abandons the sleep. Sleeping an Asleep seat does
+// nothing.
+func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
+	if level == 0 {
+		level = s.cfg.SleepLevel
+	}
+	if level != 1 && level != 2 {
+		return fmt.Errorf("sleep level must be 1 or 2, got %d", level)
+	}
+	drainCtx, cancel := context.WithTimeout(ctx, s.cfg.DrainTimeout)
+	defer cancel()
+	s.mu.Lock()
+	switch s.st.State {
+	case SeatAsleep:
+		s.mu.Unlock()
+		return nil
+	case SeatAwake:
+	default:
+		st := s.st.State
+		s.mu.Unlock()
+		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
+	}
+	s.mu.Unlock()
+
+	s.op.Lock()
+	defer s.op.Unlock()
+	start := s.now()
+	defer func() { s.record(true, level, start, err) }()
+
+	s.mu.Lock()
+	if s.st.State != SeatAwake {
+		// A concurrent operation won (another sleep, or a failure).
+		st := s.st.State
+		s.mu.Unlock()
+		if st == SeatAsleep {
+			return nil
+		}
+		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
+	}
+	s.setLocked(SeatDraining)
+	s.cancelDrain = cancel
+	s.mu.Unlock()
+
+	if err := s.drain(drainCtx); err != nil {
+		s.mu.Lock()
+		s.cancelDrain = nil
+		s.setLocked(SeatAwake)
+		s.mu.Unlock()
+		if errors.Is(err, context.Canceled) && ctx.Err() == nil {
+			return ErrSleepAbandoned
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.cancelDrain = nil
+	s.setLocked(SeatFallingAsleep)
+	s.mu.Unlock()
+
+	// Past the drain the engine call must finish: a caller that leaves
+	// does not cancel it, its own timeout bounds it.
+	opCtx, opCancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SleepTimeout)
+	defer opCancel()
+	if err := s.engine.Sleep(opCtx, level); err != nil {
+		s.settle(opCtx, err)
+		return fmt.Errorf("%s sleep: %w", s.engine.Name(), err)
+	}
+	s.mu.Lock()
+	s.st.Level = level
+	s.setLocked(SeatAsleep)
+	s.mu.Unlock()
+	return nil
+}
+
+// drain waits until the engine reports no request in flight. An engine that
+// cannot tell (-1) is trusted to the dispatcher's fence.
+func (s *Seat) drain(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		n, err := s.engine.InFlight(ctx)
+		if err == nil && n <= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				if err != nil {
+					return fmt.Errorf("%w after %v: asking the engine: %w", ErrDrainTimeout, s.cfg.DrainTimeout, err)
+				}
+				return fmt.Errorf("%w: %d requests still in flight after %v", ErrDrainTimeout, n, s.cfg.DrainTimeout)
+			}
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// settle decides the state after a failed engine call from what the engine
+// says now.
+func (s *Seat) settle(ctx context.Context, cause error) {
+	asleep, err := s.engine.Sleeping(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.LastError = cause.Error()
+	switch {
+	case err != nil:
+		s.setLocked(SeatFailed)
+	case asleep:
+		s.setLocked(SeatAsleep)
+	default:
+		s.setLocked(SeatAwake)
+		s.st.Level = 0
+	}
+}
+
+// Wake wakes the engine. A wake during a drain abandons that sleep; waking
+// an Awake seat does nothing; concurrent wakes share one engine wake.
+func (s *Seat) Wake(ctx context.Context) (err error) {
+	s.mu.Lock()
+	if s.st.State == SeatDraining && s.cancelDrain != nil {
+		s.cancelDrain()
+	}
+	s.mu.Unlock()
+
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	switch s.st.State {
+	case SeatAwake:
+		s.mu.Unlock()
+		return nil
+	case SeatUnknown:
+		s.mu.Unlock()
+		return fmt.Errorf("%w: the engine has not answered yet: %s", ErrWrongState, s.Status().LastError)
+	}
+	level := s.st.Level
+	s.setLocked(SeatWaking)
+	s.mu.Unlock()
+
+	start := s.now()
+	defer func() { s.record(false, level, start, err) }()
+	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WakeTimeout)
+	defer cancel()
+	if err := s.engine.Wake(opCtx); err != nil {
+		s.settle(opCtx, err)
+		return fmt.Errorf("%s wake: %w", s.engine.Name(), err)
+	}
+	s.mu.Lock()
+	s.st.Level = 0
+	s.st.LastError = ""
+	s.setLocked(SeatAwake)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
+	tr := &Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
+	op, result := "wake", "ok"
+	if sleep {
+		op = "sleep"
+	}
+	if err != nil {
+		tr.Error = err.Error()
+		result = "failed"
+		if errors.Is(err, ErrSleepAbandoned) {
+			result = "abandoned"
+		}
+	}
+	s.mu.Lock()
+	if sleep {
+		s.st.LastSleep = tr
+		if err == nil {
+			s.st.Sleeps++
+		}
+	} else {
+		s.st.LastWake = tr
+		if err == nil {
+			s.st.Wakes++
+		}
+	}
+	if err != nil {
+		s.st.LastError = err.Error()
+	}
+	s.mu.Unlock()
+	s.m.transitions.WithLabelValues(op, result).Inc()
+	if err == nil {
+		s.m.seconds.WithLabelValues(op).Observe(tr.Seconds)
+	}
+	if err != nil {
+		s.log.Warn("seat transition failed", "op", op, "level", level, "err", err)
+	} else {
+		s.log.Info("seat transition", "op", op, "level", level, "seconds", tr.Seconds)
+	}
+}
+
+// Handler serves the seat API:
+//
+//	GET  /state          the SeatStatus (JSON)
+//	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
+//	                     in time, or in the wrong state; 500 when the engine call failed
+//	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
+//	GET  /readyz         200 only when Awake (the engine container's readiness)
+//	GET  /healthz        200 while the agent runs
+func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /state", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Status()) })
+	mux.HandleFunc("POST /sleep", func(w http.ResponseWriter, r *http.Request) {
+		level := 0
+		if v := r.URL.Query().Get("level"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("level %q is not a number", v))
+				return
+			}
+			level = n
+		}
+		if err := s.Sleep(r.Context(), level); err != nil {
+			status := http.StatusInternalServerError
+			if errors.Is(err, ErrSleepAbandoned) || errors.Is(err, ErrDrainTimeout) || errors.Is(err, ErrBusy) || errors.Is(err, ErrWrongState) {
+				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, s.Status())
+	})
+	mux.HandleFunc("POST /wake", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.Wake(r.Context()); err != nil {
+			status := http.StatusInternalServerError
+			if errors.Is(err, ErrWrongState) {
+				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, s.Status())
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := s.Status()
+		if st.State != SeatAwake {
+			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("seat is %s, not Awake", st.State))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", metricsHandler(reg))
+	return mux
+}
+
+// Watch keeps the seat in step with the engine until ctx ends.
+func (s *Seat) Watch(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		s.Sync(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

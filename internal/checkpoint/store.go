@@ -1,0 +1,422 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+)
+
+// StoreConfig places the agent's tiers on the node.
+type StoreConfig struct {
+	// HotDir is on a tmpfs (RAM), for example /dev/shm/model-orchestra.
+	HotDir string `json:"hotDir"`
+	// WarmDir is on node-local disk, for example /var/lib/model-orchestra/warm.
+	WarmDir string `json:"warmDir"`
+	// Budgets bound the bytes kept per tier.
+	Budgets Budgets `json:"budgets"`
+}
+
+// ErrNotFound means no tier holds the artifact.
+var ErrNotFound = errors.New("artifact not found in any tier")
+
+// Store is the node agent's hot and warm tiers: one directory per namespace
+// (mode 0700) holding one file per artifact and a metadata file beside it.
+// Every copy into or out of the store is hashed and compared with the
+// digest recorded when the artifact entered the node. Store is safe for
+// concurrent use; admissions are serialised so budgets hold.
+type Store struct {
+	cfg StoreConfig
+	log *slog.Logger
+	now func() time.Time
+
+	admit   sync.Mutex // one admission (plan + apply + write) at a time
+	mu      sync.Mutex // guards entries
+	entries map[entryID]*Entry
+	// Evictions counts demotions and drops per tier, for metrics.
+	onEvict func(Tier, ActionKind)
+}
+
+type entryID struct {
+	Key
+	Tier Tier
+}
+
+// meta is the metadata file beside each artifact.
+type meta struct {
+	Digest     string    `json:"digest"`
+	Bytes      int64     `json:"bytes"`
+	Priority   int32     `json:"priority"`
+	LastUsed   time.Time `json:"lastUsed"`
+	VerifiedAt time.Time `json:"verifiedAt"`
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// Validate checks that k is safe to use as a path.
+func (k Key) Validate() error {
+	var errs []error
+	if !dnsLabel.MatchString(k.Namespace) {
+		errs = append(errs, fmt.Errorf("namespace %q is not a DNS label", k.Namespace))
+	}
+	if k.Name == "" || k.Name == "." || k.Name == ".." || strings.ContainsAny(k.Name, "/\x00") || strings.HasPrefix(k.Name, ".") {
+		errs = append(errs, fmt.Errorf("name %q must be a plain file name not starting with a dot", k.Name))
+	}
+	return errors.Join(errs...)
+}
+
+// OpenStore creates the tier directories and indexes what they already
+// hold. A file without valid metadata (an interrupted copy) is removed.
+func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
+	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*Entry{}}
+	for _, t := range []Tier{TierHot, TierWarm} {
+		root := s.dir(t)
+		if err := os.MkdirAll(root, 0o711); err != nil {
+			return nil, fmt.Errorf("creating the %s tier %s: %w", t, root, err)
+		}
+		if err := s.scan(t); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) dir(t Tier) string {
+	if t == TierHot {
+		return s.cfg.HotDir
+	}
+	return s.cfg.WarmDir
+}
+
+// Path is where the copy of k in tier t lives.
+func (s *Store) Path(k Key, t Tier) string { return filepath.Join(s.dir(t), k.Namespace, k.Name) }
+
+func (s *Store) metaPath(k Key, t Tier) string {
+	return filepath.Join(s.dir(t), k.Namespace, "."+k.Name+".meta.json")
+}
+
+func (s *Store) scan(t Tier) error {
+	root := s.dir(t)
+	nss, err := os.ReadDir(root)
+	if err != nil {
+		return fmt.Errorf("reading the %s tier %s: %w", t, root, err)
+	}
+	for _, ns := range nss {
+		if !ns.IsDir() {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", filepath.Join(root, ns.Name()), err)
+		}
+		for _, f := range files {
+			name := f.Name()
+			if strings.HasPrefix(name, ".") {
+				if strings.Contains(name, ".tmp-") {
+					_ = os.Remove(filepath.Join(root, ns.Name(), name))
+				}
+				continue
+			}
+			k := Key{ns.Name(), name}
+			var m meta
+			b, err := os.ReadFile(s.metaPath(k, t))
+			if err == nil {
+				err = json.Unmarshal(b, &m)
+			}
+			fi, serr := f.Info()
+			if err != nil || serr != nil || fi.Size() != m.Bytes {
+				s.log.Warn("removing a copy without valid metadata", "tier", t, "key", k.String(), "err", errors.Join(err, serr))
+				_ = os.Remove(s.Path(k, t))
+				_ = os.Remove(s.metaPath(k, t))
+				continue
+			}
+			s.entries[entryID{k, t}] = &Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt}
+		}
+	}
+	return nil
+}
+
+// Entries lists every copy, hot first, then by key.
+func (s *Store) Entries() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b Entry) int {
+		if a.Tier != b.Tier {
+			if a.Tier == TierHot {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.String(), b.String())
+	})
+	return out
+}
+
+// Used is the bytes held in tier t.
+func (s *Store) Used(t Tier) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for id, e := range s.entries {
+		if id.Tier == t {
+			n += e.Bytes
+		}
+	}
+	return n
+}
+
+// Lookup returns the copy of k in t.
+func (s *Store) Lookup(k Key, t Tier) (Entry, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.entries[entryID{k, t}]
+	if !ok {
+		return Entry{}, false
+	}
+	return *e, true
+}
+
+// PutRequest describes an artifact entering a tier.
+type PutRequest struct {
+	Key      Key
+	Tier     Tier
+	Bytes    int64
+	Priority int32
+	// Digest, when set, must match the bytes written; otherwise the
+	// digest of the bytes is recorded.
+	Digest string
+}
+
+// Put writes size bytes from src into a tier, making room by the budget
+// rules of PlanAdmit first, and verifies them while writing.
+func (s *Store) Put(req PutRequest, src io.Reader) (Entry, error) {
+	if err := req.Key.Validate(); err != nil {
+		return Entry{}, err
+	}
+	s.admit.Lock()
+	defer s.admit.Unlock()
+	in := Entry{Key: req.Key, Tier: req.Tier, Bytes: req.Bytes, Priority: req.Priority, LastUsed: s.now()}
+	plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, in)
+	if err != nil {
+		return Entry{}, err
+	}
+	if err := s.apply(plan); err != nil {
+		return Entry{}, err
+	}
+	return s.write(req, src)
+}
+
+func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
+	dir := filepath.Join(s.dir(req.Tier), req.Key.Namespace)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Entry{}, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return Entry{}, fmt.Errorf("chmod %s: %w", dir, err)
+	}
+	path := s.Path(req.Key, req.Tier)
+	f, err := os.CreateTemp(dir, "."+req.Key.Name+".tmp-*")
+	if err != nil {
+		return Entry{}, fmt.Errorf("creating a temporary file in %s: %w", dir, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) (Entry, error) {
+		_ = f.Close()
+		_ = os.Remove(tmp)
+		return Entry{}, err
+	}
+	d, n, err := arena.CopyHash(f, io.LimitReader(src, req.Bytes+1))
+	if err != nil {
+		return fail(fmt.Errorf("copying %s into the %s tier: %w", req.Key, req.Tier, err))
+	}
+	if n != req.Bytes {
+		return fail(fmt.Errorf("copying %s into the %s tier: got %d bytes, want %d", req.Key, req.Tier, n, req.Bytes))
+	}
+	if req.Digest != "" {
+		want, err := arena.ParseDigest(req.Digest)
+		if err != nil {
+			return fail(err)
+		}
+		if d != want {
+			return fail(&arena.MismatchError{Source: "the copy into " + string(req.Tier), Want: want, Got: d, Bytes: n})
+		}
+	}
+	if req.Tier == TierWarm {
+		if err := f.Sync(); err != nil {
+			return fail(fmt.Errorf("syncing %s: %w", tmp, err))
+		}
+	}
+	if err := f.Close(); err != nil {
+		return fail(fmt.Errorf("closing %s: %w", tmp, err))
+	}
+	now := s.now()
+	e := Entry{Key: req.Key, Tier: req.Tier, Bytes: n, Digest: d.String(), Priority: req.Priority, LastUsed: now, VerifiedAt: now}
+	if err := s.writeMeta(e); err != nil {
+		_ = os.Remove(tmp)
+		return Entry{}, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return Entry{}, fmt.Errorf("renaming into %s: %w", path, err)
+	}
+	s.mu.Lock()
+	s.entries[entryID{req.Key, req.Tier}] = &e
+	s.mu.Unlock()
+	s.log.Info("artifact stored", "key", req.Key.String(), "tier", req.Tier, "bytes", n, "digest", e.Digest)
+	return e, nil
+}
+
+func (s *Store) writeMeta(e Entry) error {
+	b, _ := json.Marshal(meta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt})
+	return arena.WriteFile(s.metaPath(e.Key, e.Tier), b, e.Tier == TierWarm)
+}
+
+// apply carries out a plan: demotions copy hot to warm (verified), then
+// every evicted copy is deleted.
+func (s *Store) apply(plan []Action) error {
+	for _, a := range plan {
+		e, ok := s.Lookup(a.Key, a.From)
+		if !ok {
+			continue
+		}
+		if a.Kind == Demote {
+			if _, err := s.copyTier(e, TierWarm); err != nil {
+				s.log.Warn("demotion failed; dropping the hot copy", "key", a.Key.String(), "err", err)
+			}
+		}
+		if err := s.Remove(a.Key, a.From); err != nil {
+			return err
+		}
+		if s.onEvict != nil {
+			s.onEvict(a.From, a.Kind)
+		}
+		s.log.Info("evicted", "key", a.Key.String(), "tier", a.From, "action", a.Kind, "bytes", a.Bytes)
+	}
+	return nil
+}
+
+// copyTier copies e into tier to, verifying against e's digest.
+func (s *Store) copyTier(e Entry, to Tier) (Entry, error) {
+	f, err := os.Open(s.Path(e.Key, e.Tier))
+	if err != nil {
+		return Entry{}, err
+	}
+	defer func() { _ = f.Close() }()
+	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest}, f)
+}
+
+// Remove deletes the copy of k in t.
+func (s *Store) Remove(k Key, t Tier) error {
+	s.mu.Lock()
+	delete(s.entries, entryID{k, t})
+	s.mu.Unlock()
+	for _, p := range []string{s.Path(k, t), s.metaPath(k, t)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// Promote copies k into tier to from the next slower tier that holds it:
+// warm for hot; for warm (or for hot when warm has no copy) the cold file
+// at coldPath, if given. The copy is verified against the digest recorded
+// for the source (or want, for a cold source).
+func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (Entry, error) {
+	if err := k.Validate(); err != nil {
+		return Entry{}, err
+	}
+	if e, ok := s.Lookup(k, to); ok {
+		s.Touch(k)
+		return e, nil
+	}
+	if to == TierHot {
+		if e, ok := s.Lookup(k, TierWarm); ok {
+			s.admit.Lock()
+			defer s.admit.Unlock()
+			plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, Entry{Key: k, Tier: to, Bytes: e.Bytes, Priority: max(priority, e.Priority), LastUsed: s.now()})
+			if err != nil {
+				return Entry{}, err
+			}
+			if err := s.apply(plan); err != nil {
+				return Entry{}, err
+			}
+			e.Priority = max(priority, e.Priority)
+			return s.copyTier(e, to)
+		}
+	}
+	if coldPath == "" {
+		return Entry{}, fmt.Errorf("promoting %s to %s: %w (and no cold path was given)", k, to, ErrNotFound)
+	}
+	f, err := os.Open(coldPath)
+	if err != nil {
+		return Entry{}, fmt.Errorf("opening the cold copy: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return Entry{}, err
+	}
+	return s.Put(PutRequest{Key: k, Tier: to, Bytes: fi.Size(), Priority: priority, Digest: want}, f)
+}
+
+// Touch marks every copy of k as used now (LRU).
+func (s *Store) Touch(k Key) {
+	s.mu.Lock()
+	var touched []Entry
+	for id, e := range s.entries {
+		if id.Key == k {
+			e.LastUsed = s.now()
+			touched = append(touched, *e)
+		}
+	}
+	s.mu.Unlock()
+	for _, e := range touched {
+		_ = s.writeMeta(e)
+	}
+}
+
+// Restore reads k from the fastest tier holding it into a (which must be
+// e.Bytes long), verifying the bytes. Warm reads bypass the page cache.
+func (s *Store) Restore(k Key, a *arena.Arena) (Entry, arena.FillStats, error) {
+	for _, t := range []Tier{TierHot, TierWarm} {
+		e, ok := s.Lookup(k, t)
+		if !ok {
+			continue
+		}
+		want, err := arena.ParseDigest(e.Digest)
+		if err != nil {
+			return e, arena.FillStats{}, err
+		}
+		got, st, err := arena.FillFile(a, s.Path(k, t), t == TierWarm)
+		if err != nil {
+			return e, st, err
+		}
+		if got != want {
+			return e, st, &arena.MismatchError{Source: s.Path(k, t), Want: want, Got: got, Bytes: e.Bytes}
+		}
+		s.mu.Lock()
+		if p, ok := s.entries[entryID{k, t}]; ok {
+			p.VerifiedAt, p.LastUsed = s.now(), s.now()
+			e = *p
+		}
+		s.mu.Unlock()
+		_ = s.writeMeta(e)
+		return e, st, nil
+	}
+	return Entry{}, arena.FillStats{}, fmt.Errorf("restoring %s: %w", k, ErrNotFound)
+}

@@ -1,0 +1,116 @@
+package checkpoint
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+)
+
+// VLLM drives vLLM's sleep mode (also the simulator's, which mimics it). It
+// needs the engine started with --enable-sleep-mode and
+// VLLM_SERVER_DEV_MODE=1; those dev endpoints are unauthenticated, so they
+// must stay pod-local: the seat reaches them over localhost.
+type VLLM struct {
+	httpEngine
+	kind string
+
+	mu    sync.Mutex
+	level int // the level of the last sleep, which decides the wake sequence
+}
+
+// Name implements Engine.
+func (v *VLLM) Name() string { return v.kind }
+
+// InFlight reads vllm:num_requests_running + vllm:num_requests_waiting.
+func (v *VLLM) InFlight(ctx context.Context) (int, error) {
+	n, found, err := v.promGauges(ctx, "vllm:num_requests_running", "vllm:num_requests_waiting")
+	if err != nil {
+		return -1, err
+	}
+	if !found {
+		return -1, nil
+	}
+	return int(n), nil
+}
+
+// Sleep checks that nothing is in flight, calls POST /sleep?level=N and
+// then checks GET /is_sleeping: a 200 from /sleep alone proves nothing
+// (vllm-project/vllm#45520).
+func (v *VLLM) Sleep(ctx context.Context, level int) error {
+	if level != 1 && level != 2 {
+		return fmt.Errorf("vLLM sleep level must be 1 or 2, got %d", level)
+	}
+	if n, err := v.InFlight(ctx); err != nil {
+		return fmt.Errorf("checking in-flight requests before sleeping: %w", err)
+	} else if n > 0 {
+		return fmt.Errorf("%w: %d requests (vllm:num_requests_running + waiting); drain first", ErrBusy, n)
+	}
+	if err := v.call(ctx, http.MethodPost, fmt.Sprintf("/sleep?level=%d", level), nil, nil); err != nil {
+		return err
+	}
+	asleep, err := v.Sleeping(ctx)
+	if err != nil {
+		return fmt.Errorf("checking is_sleeping after /sleep: %w", err)
+	}
+	if !asleep {
+		return fmt.Errorf("vLLM answered /sleep?level=%d but GET /is_sleeping says it is awake", level)
+	}
+	v.mu.Lock()
+	v.level = level
+	v.mu.Unlock()
+	return nil
+}
+
+// Wake runs the documented sequence: after level 1, POST /wake_up; after
+// level 2, POST /wake_up?tags=weights, POST /collective_rpc
+// {"method":"reload_weights"}, POST /wake_up?tags=kv_cache and POST
+// /reset_prefix_cache. It then checks GET /is_sleeping.
+func (v *VLLM) Wake(ctx context.Context) error {
+	v.mu.Lock()
+	level := v.level
+	v.mu.Unlock()
+	if level == 2 {
+		steps := []struct {
+			path string
+			body any
+		}{
+			{"/wake_up?tags=weights", nil},
+			{"/collective_rpc", map[string]any{"method": "reload_weights"}},
+			{"/wake_up?tags=kv_cache", nil},
+			{"/reset_prefix_cache", nil},
+		}
+		for _, s := range steps {
+			if err := v.call(ctx, http.MethodPost, s.path, s.body, nil); err != nil {
+				return fmt.Errorf("level-2 wake: %w", err)
+			}
+		}
+	} else if err := v.call(ctx, http.MethodPost, "/wake_up", nil, nil); err != nil {
+		return err
+	}
+	asleep, err := v.Sleeping(ctx)
+	if err != nil {
+		return fmt.Errorf("checking is_sleeping after the wake: %w", err)
+	}
+	if asleep {
+		return fmt.Errorf("vLLM answered the wake but GET /is_sleeping still says it sleeps")
+	}
+	v.mu.Lock()
+	v.level = 0
+	v.mu.Unlock()
+	return nil
+}
+
+// Sleeping reads GET /is_sleeping.
+func (v *VLLM) Sleeping(ctx context.Context) (bool, error) {
+	var r struct {
+		IsSleeping *bool `json:"is_sleeping"`
+	}
+	if err := v.call(ctx, http.MethodGet, "/is_sleeping", nil, &r); err != nil {
+		return false, err
+	}
+	if r.IsSleeping == nil {
+		return false, fmt.Errorf("GET /is_sleeping: no is_sleeping field")
+	}
+	return *r.IsSleeping, nil
+}
