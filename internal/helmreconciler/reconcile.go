@@ -63,24 +63,52 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		r.live.forget(req.NamespacedName)
 		return reconcile.Result{}, nil
 	}
+	// The status is collected in st during the reconcile and written once,
+	// when it returns, if it changed. The write runs before the background
+	// release write is waited for, so that the two overlap.
 	st := statusFrom(obj)
+	report := true // whether st is written
+	finalized := func() error { return nil }
+	bg := &backgroundWrites{}
+	defer func() {
+		if werr := bg.wait(); werr != nil && err == nil {
+			err = werr
+		}
+	}()
+	defer func() {
+		if !report {
+			return
+		}
+		if ferr := finalized(); ferr != nil {
+			// Nothing is reported before the finalizer is on.
+			result, err = reconcile.Result{}, ferr
+			return
+		}
+		switch werr := r.writeStatus(ctx, obj, st); {
+		case werr == nil:
+		case err == nil:
+			result, err = reconcile.Result{}, werr
+		default:
+			log.Error(werr, "writing status")
+		}
+	}()
 
 	if obj.GetDeletionTimestamp() != nil {
 		outcome = "uninstall"
-		return r.reconcileDelete(ctx, obj, st)
+		result, report, err = r.reconcileDelete(ctx, obj, st)
+		return result, err
 	}
 	if boolAnnotation(obj, AnnotationPauseReconcile) {
 		outcome = "paused"
 		st.set(TypePaused, metav1.ConditionTrue, ReasonPaused,
 			"reconciliation is paused by annotation %s; remove it or set it to \"false\" to resume", AnnotationPauseReconcile)
-		return reconcile.Result{}, r.writeStatus(ctx, obj, st)
+		return reconcile.Result{}, nil
 	}
 	meta.RemoveStatusCondition(&st.conditions, TypePaused)
 
 	// The finalizer patch runs while the inputs are prepared and the
-	// history is read; it is waited for before any Helm action and any
-	// status write.
-	finalized := func() error { return nil }
+	// history is read; it is waited for before any Helm action, and before
+	// anything is reported.
 	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
 		finalized = r.addFinalizer(ctx, obj)
 	}
@@ -94,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		outcome = "invalid"
 		st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonReconcileError, "%v", err)
 		reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonReconcileError)).Inc()
-		return reconcile.Result{}, r.writeStatus(ctx, obj, st)
+		return reconcile.Result{}, nil
 	}
 
 	in, err := render.Prepare(ctx, r.entry, obj)
@@ -110,25 +138,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 			return reconcile.Result{}, err
 		}
 		outcome = "invalid"
-		return reconcile.Result{}, r.irreconcilable(ctx, obj, st, ReasonValuesInvalid, err)
+		r.irreconcilable(obj, st, ReasonValuesInvalid, err)
+		// Nothing changes until the resource does, which the watch reports.
+		return reconcile.Result{}, nil
 	}
 
-	// The update recording a release deployed runs while the status is
-	// written; the reconcile returns once both are done.
-	bg := &backgroundWrites{}
-	defer func() {
-		if werr := bg.wait(); werr != nil && err == nil {
-			err = werr
-		}
-	}()
 	rs, acted, err := r.ensureRelease(ctx, obj, in, st, finalized, bg)
-	if ferr := finalized(); ferr != nil {
-		return reconcile.Result{}, ferr
-	}
 	if err != nil {
-		if werr := r.writeStatus(ctx, obj, st); werr != nil {
-			log.Error(werr, "writing status")
-		}
+		return reconcile.Result{}, err
+	}
+	if err := finalized(); err != nil {
 		return reconcile.Result{}, err
 	}
 	if acted != "" {
@@ -142,9 +161,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	if err != nil {
 		st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonReconcileError, "restoring owned objects: %v", err)
 		reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonReconcileError)).Inc()
-		if werr := r.writeStatus(ctx, obj, st); werr != nil {
-			log.Error(werr, "writing status")
-		}
 		return reconcile.Result{}, err
 	}
 	if len(repaired) > 0 {
@@ -167,9 +183,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 			reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonStatusPluginError)).Inc()
 			st.set(TypeIrreconcilable, metav1.ConditionTrue, ReasonStatusPluginError, "status plugin %q: %v", r.entry.StatusName, err)
 		}
-	}
-	if err := r.writeStatus(ctx, obj, st); err != nil {
-		return reconcile.Result{}, err
 	}
 	return reconcile.Result{RequeueAfter: period}, nil
 }
@@ -198,15 +211,15 @@ func (r *Reconciler) addFinalizer(ctx context.Context, obj *unstructured.Unstruc
 	}
 }
 
-func (r *Reconciler) irreconcilable(ctx context.Context, obj *unstructured.Unstructured, st *status, reason Reason, err error) error {
+// irreconcilable reports that the resource cannot be reconciled as it is,
+// with an event when the reason is new.
+func (r *Reconciler) irreconcilable(obj *unstructured.Unstructured, st *status, reason Reason, err error) {
 	reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(reason)).Inc()
 	msg := err.Error()
 	if !st.isTrue(TypeIrreconcilable) || conditionMessage(st, TypeIrreconcilable) != msg {
 		r.event(obj, corev1.EventTypeWarning, reason, "Render", "%s", msg)
 	}
 	st.set(TypeIrreconcilable, metav1.ConditionTrue, reason, "%s", msg)
-	// Nothing changes until the resource does, which the watch reports.
-	return r.writeStatus(ctx, obj, st)
 }
 
 func conditionMessage(st *status, t string) string {
@@ -452,33 +465,6 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 	r.event(obj, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)
 	return errors.New(msg)
 }
-
-// writeStatus writes .status if it changed.
-func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstructured, st *status) error {
-	s, changed, err := st.build()
-	if err != nil || !changed {
-		return err
-	}
-	obj.Object["status"] = s
-	if err := r.client.Status().Update(ctx, obj); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if apierrors.IsConflict(err) {
-			return fmt.Errorf("writing status: %w: %w", errStaleStatus, err)
-		}
-		return fmt.Errorf("writing status: %w", err)
-	}
-	return nil
-}
-
-// errStaleStatus: the status write found a newer resource than the one the
-// reconcile read; the reconcile is retried, without reporting an error.
-var errStaleStatus = errors.New("the resource changed since it was read")
-
-// staleStatusRetry is how soon a reconcile whose status write met a newer
-// resource runs again: the cache is normally that far behind at most.
-const staleStatusRetry = 100 * time.Millisecond
 
 func (r *Reconciler) event(obj *unstructured.Unstructured, eventType string, reason Reason, action, format string, args ...any) {
 	r.recorder.Eventf(obj, nil, eventType, string(reason), action, format, args...)

@@ -1,11 +1,14 @@
 package helmreconciler
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -242,3 +245,30 @@ func numbers(v any) any {
 	}
 	return v
 }
+
+// writeStatus writes .status if it changed.
+func (r *Reconciler) writeStatus(ctx context.Context, obj *unstructured.Unstructured, st *status) error {
+	s, changed, err := st.build()
+	if err != nil || !changed {
+		return err
+	}
+	obj.Object["status"] = s
+	if err := r.client.Status().Update(ctx, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if apierrors.IsConflict(err) {
+			return fmt.Errorf("writing status: %w: %w", errStaleStatus, err)
+		}
+		return fmt.Errorf("writing status: %w", err)
+	}
+	return nil
+}
+
+// errStaleStatus: the status write found a newer resource than the one the
+// reconcile read; the reconcile is retried, without reporting an error.
+var errStaleStatus = errors.New("the resource changed since it was read")
+
+// staleStatusRetry is how soon a reconcile whose status write met a newer
+// resource runs again: the cache is normally that far behind at most.
+const staleStatusRetry = 100 * time.Millisecond

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/go-logr/logr"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage/driver"
 	corev1 "k8s.io/api/core/v1"
@@ -23,67 +22,65 @@ import (
 )
 
 // reconcileDelete uninstalls the release and releases the finalizer; with
-// uninstall-wait, only once every object of the release is gone.
-func (r *Reconciler) reconcileDelete(ctx context.Context, obj *unstructured.Unstructured, st *status) (reconcile.Result, error) {
+// uninstall-wait, only once every object of the release is gone. held says
+// that the deletion is held up (the uninstall failed, or objects remain),
+// which st then tells: only then is the status of a resource being deleted
+// written.
+func (r *Reconciler) reconcileDelete(ctx context.Context, obj *unstructured.Unstructured, st *status) (_ reconcile.Result, held bool, _ error) {
 	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, false, nil
 	}
 	cfg, err := r.actions.forResource(obj, helmLog(ctx))
 	if err != nil {
-		return reconcile.Result{}, err
+		return reconcile.Result{}, false, err
 	}
 	if boolAnnotation(obj, AnnotationUninstallWait) {
 		last, err := cfg.Releases.Last(obj.GetName())
 		if err != nil && !errors.Is(err, driver.ErrReleaseNotFound) {
-			return reconcile.Result{}, fmt.Errorf("reading release: %w", err)
+			return reconcile.Result{}, false, fmt.Errorf("reading release: %w", err)
 		}
 		if last != nil {
 			if last.Info.Status != release.StatusUninstalled {
 				if err := r.uninstall(cfg, obj, true, "uninstall"); err != nil {
-					return reconcile.Result{}, r.uninstallFailed(ctx, obj, st, err)
+					return reconcile.Result{}, true, r.uninstallFailed(obj, st, err)
 				}
 				r.event(obj, corev1.EventTypeNormal, ReasonUninstallSuccessful, "Uninstall", "uninstalled release %s; waiting for its objects to be gone", obj.GetName())
 			}
 			remaining, err := r.remainingObjects(ctx, last)
 			if err != nil {
-				return reconcile.Result{}, err
+				return reconcile.Result{}, false, err
 			}
 			if len(remaining) > 0 {
 				st.set(TypeDeployed, metav1.ConditionFalse, ReasonUninstallWaiting, "uninstalled; waiting for %d objects to be deleted: %s", len(remaining), strings.Join(remaining, ", "))
-				if err := r.writeStatus(ctx, obj, st); err != nil {
-					return reconcile.Result{}, err
-				}
-				return reconcile.Result{RequeueAfter: uninstallWaitPoll}, nil
+				return reconcile.Result{RequeueAfter: uninstallWaitPoll}, true, nil
 			}
 			if err := r.uninstall(cfg, obj, false, "purge"); err != nil {
-				return reconcile.Result{}, r.uninstallFailed(ctx, obj, st, err)
+				return reconcile.Result{}, true, r.uninstallFailed(obj, st, err)
 			}
 		}
 	} else {
 		if err := r.uninstall(cfg, obj, false, "uninstall"); err != nil {
-			return reconcile.Result{}, r.uninstallFailed(ctx, obj, st, err)
+			return reconcile.Result{}, true, r.uninstallFailed(obj, st, err)
 		}
 		r.event(obj, corev1.EventTypeNormal, ReasonUninstallSuccessful, "Uninstall", "uninstalled release %s", obj.GetName())
 	}
 	patch := client.MergeFrom(obj.DeepCopy())
 	controllerutil.RemoveFinalizer(obj, Finalizer)
 	if err := r.client.Patch(ctx, obj, patch); err != nil && !apierrors.IsNotFound(err) {
-		return reconcile.Result{}, fmt.Errorf("removing finalizer: %w", err)
+		return reconcile.Result{}, false, fmt.Errorf("removing finalizer: %w", err)
 	}
 	r.states.Delete(client.ObjectKeyFromObject(obj))
 	r.listHistory.Delete(obj.GetUID())
 	r.live.forget(client.ObjectKeyFromObject(obj))
-	return reconcile.Result{}, nil
+	return reconcile.Result{}, false, nil
 }
 
-func (r *Reconciler) uninstallFailed(ctx context.Context, obj *unstructured.Unstructured, st *status, err error) error {
+// uninstallFailed records a failed uninstall and returns it as an error.
+func (r *Reconciler) uninstallFailed(obj *unstructured.Unstructured, st *status, err error) error {
 	msg := fmt.Sprintf("uninstall of release %s failed: %v", obj.GetName(), err)
 	reconcileFailures.WithLabelValues(r.entry.GVK.Kind, string(ReasonUninstallFailed)).Inc()
 	st.set(TypeReleaseFailed, metav1.ConditionTrue, ReasonUninstallFailed, "%s", msg)
 	r.event(obj, corev1.EventTypeWarning, ReasonUninstallFailed, "Uninstall", "%s", msg)
-	if werr := r.writeStatus(ctx, obj, st); werr != nil {
-		logr.FromContextOrDiscard(ctx).Error(werr, "writing status")
-	}
 	return errors.New(msg)
 }
 
