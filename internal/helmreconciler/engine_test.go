@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -108,11 +109,8 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	if err := k8s.Delete(ctx, cr2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "the Sample to be gone", func() (bool, string) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(sampleGVK)
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "demo"}, u)
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	eventually(t, 60*time.Second, func() error {
+		return gone(sampleGVK, ns, "demo")
 	})
 	if _, ok := configMap(t, ns, "demo-config"); ok {
 		t.Error("ConfigMap left after uninstall")
@@ -138,26 +136,6 @@ func TestNoOpReconcileDoesNotRender(t *testing.T) {
 	}
 }
 
-func histogramCount(t *testing.T, name string, match map[string]string) float64 {
-	t.Helper()
-	families, err := ctrlGather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0.0
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if labelsMatch(m, match) {
-				n += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return n
-}
-
 func TestDriftRepair(t *testing.T) {
 	ns := newNamespace(t)
 	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
@@ -170,47 +148,50 @@ func TestDriftRepair(t *testing.T) {
 	if err := k8s.Delete(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the deleted ConfigMap to come back", func() (bool, string) {
-		got, ok := configMap(t, ns, "drift-config")
-		return ok && got.UID != cm.UID && got.Data["greeting"] == "hi", ""
+	eventually(t, 20*time.Second, func() error {
+		return recreated(t, ns, "drift-config", cm.UID, "hi")
 	})
 
 	// Edited: the chart's field is restored, another writer's field stays.
-	eventually(t, 10*time.Second, "editing the ConfigMap", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		got, _ := configMap(t, ns, "drift-config")
 		got.Data["greeting"] = "tampered"
 		got.Data["added-by-someone"] = "keep me"
 		got.Labels["team"] = "blue"
-		err := k8s.Update(ctx, got)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, got)
 	})
-	eventually(t, 20*time.Second, "the edited field to be restored", func() (bool, string) {
-		got, _ := configMap(t, ns, "drift-config")
-		return got.Data["greeting"] == "hi", fmt.Sprint(got.Data)
+	eventually(t, 20*time.Second, func() error {
+		if got, _ := configMap(t, ns, "drift-config"); got.Data["greeting"] != "hi" {
+			return fmt.Errorf("the edited greeting is not restored: data %v", got.Data)
+		}
+		return nil
 	})
 	got, _ := configMap(t, ns, "drift-config")
 	if got.Data["added-by-someone"] != "keep me" || got.Labels["team"] != "blue" {
 		t.Errorf("another writer's fields were dropped: data %v labels %v", got.Data, got.Labels)
 	}
 	// Deployment edited: replicas restored.
-	eventually(t, 10*time.Second, "scaling the Deployment", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		d := &unstructured.Unstructured{}
 		d.SetAPIVersion("apps/v1")
 		d.SetKind("Deployment")
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "drift"}, d); err != nil {
-			return false, err.Error()
+			return err
 		}
 		_ = unstructured.SetNestedField(d.Object, int64(5), "spec", "replicas")
-		err := k8s.Update(ctx, d)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, d)
 	})
-	eventually(t, 20*time.Second, "replicas to be restored", func() (bool, string) {
+	eventually(t, 20*time.Second, func() error {
 		d := &unstructured.Unstructured{}
 		d.SetAPIVersion("apps/v1")
 		d.SetKind("Deployment")
-		_ = k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "drift"}, d)
-		r, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas")
-		return r == 1, fmt.Sprint(r)
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "drift"}, d); err != nil {
+			return err
+		}
+		if r, _, _ := unstructured.NestedInt64(d.Object, "spec", "replicas"); r != 1 {
+			return fmt.Errorf("the Deployment's replicas are %d, want them restored to 1", r)
+		}
+		return nil
 	})
 	// A cluster-scoped object, owned through annotations (no owner
 	// reference is possible), is restored too.
@@ -221,10 +202,15 @@ func TestDriftRepair(t *testing.T) {
 	if err := k8s.Delete(ctx, role); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the deleted ClusterRole to come back", func() (bool, string) {
+	eventually(t, 20*time.Second, func() error {
 		got := &rbacv1.ClusterRole{}
-		err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-drift-reader"}, got)
-		return err == nil && got.UID != role.UID, fmt.Sprint(err)
+		if err := k8s.Get(ctx, types.NamespacedName{Name: ns + "-drift-reader"}, got); err != nil {
+			return fmt.Errorf("the deleted ClusterRole is not back: %w", err)
+		}
+		if got.UID == role.UID {
+			return errors.New("the ClusterRole is still the deleted one")
+		}
+		return nil
 	})
 	waitEvent(t, ns, "drift", "DriftRepaired")
 	if rev, _, _ := unstructured.NestedInt64(get(t, sampleGVK, ns, "drift").Object, "status", "deployedRelease", "revision"); rev != 1 {
@@ -265,8 +251,11 @@ func TestFailedInstallRemovesPartialRelease(t *testing.T) {
 	}
 	waitEvent(t, ns, "broken", "InstallFailed")
 	// Between retries nothing of the failed install stays behind.
-	eventually(t, 20*time.Second, "no release stored between retries", func() (bool, string) {
-		return len(releaseSecrets(t, ns)) == 0, ""
+	eventually(t, 20*time.Second, func() error {
+		if n := len(releaseSecrets(t, ns)); n != 0 {
+			return fmt.Errorf("%d release Secrets stored between retries, want none", n)
+		}
+		return nil
 	})
 	update(t, sampleGVK, ns, "broken", func(u *unstructured.Unstructured) {
 		_ = unstructured.SetNestedField(u.Object, false, "spec", "breakApply")
@@ -429,11 +418,10 @@ func TestUninstallWait(t *testing.T) {
 	waitDeployed(t, sampleGVK, ns, "waiter", 1)
 
 	// Another controller holds the ConfigMap with a finalizer.
-	eventually(t, 10*time.Second, "adding a finalizer to the ConfigMap", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		cm, _ := configMap(t, ns, "waiter-config")
 		cm.Finalizers = append(cm.Finalizers, "example.com/hold")
-		err := k8s.Update(ctx, cm)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, cm)
 	})
 	if err := k8s.Delete(ctx, get(t, sampleGVK, ns, "waiter")); err != nil {
 		t.Fatal(err)
@@ -442,17 +430,13 @@ func TestUninstallWait(t *testing.T) {
 	if msg := condition(cr2, "Deployed").Message; !strings.Contains(msg, "ConfigMap "+ns+"/waiter-config") {
 		t.Errorf("message %q does not name the remaining ConfigMap", msg)
 	}
-	eventually(t, 10*time.Second, "releasing the ConfigMap", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		cm, _ := configMap(t, ns, "waiter-config")
 		cm.Finalizers = nil
-		err := k8s.Update(ctx, cm)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, cm)
 	})
-	eventually(t, 30*time.Second, "the Sample to be gone", func() (bool, string) {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(sampleGVK)
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "waiter"}, u)
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	eventually(t, 30*time.Second, func() error {
+		return gone(sampleGVK, ns, "waiter")
 	})
 	if s := releaseSecrets(t, ns); len(s) != 0 {
 		t.Errorf("%d release Secrets left after uninstall-wait", len(s))
@@ -519,10 +503,12 @@ func TestStatusPluginFieldsAreKept(t *testing.T) {
 	startManager(t, loadEntries(t, sampleWatch+"  status: greeting-status\n"), managerOpts{namespaces: []string{ns}})
 	create(t, newCR(sampleGVK, ns, "st", map[string]any{"greeting": "salut"}))
 	var cr *unstructured.Unstructured
-	eventually(t, 60*time.Second, "the status plugin's fields", func() (bool, string) {
+	eventually(t, 60*time.Second, func() error {
 		cr = get(t, sampleGVK, ns, "st")
-		g, _, _ := unstructured.NestedString(cr.Object, "status", "greeting")
-		return g == "salut", describe(cr)
+		if g, _, _ := unstructured.NestedString(cr.Object, "status", "greeting"); g != "salut" {
+			return fmt.Errorf("want the status plugin's greeting salut; status %s", describe(cr))
+		}
+		return nil
 	})
 	if n, _, _ := unstructured.NestedInt64(cr.Object, "status", "objects"); n != 3 {
 		t.Errorf("status.objects = %d, want 3 live objects", n)
@@ -540,11 +526,14 @@ func TestStatusPluginFieldsAreKept(t *testing.T) {
 	update(t, sampleGVK, ns, "st", func(u *unstructured.Unstructured) {
 		_ = unstructured.SetNestedField(u.Object, "hola", "spec", "greeting")
 	})
-	eventually(t, 60*time.Second, "the plugin's fields after an upgrade", func() (bool, string) {
+	eventually(t, 60*time.Second, func() error {
 		cr = get(t, sampleGVK, ns, "st")
 		g, _, _ := unstructured.NestedString(cr.Object, "status", "greeting")
 		rev, _, _ := unstructured.NestedInt64(cr.Object, "status", "deployedRelease", "revision")
-		return g == "hola" && rev == 2, describe(cr)
+		if g != "hola" || rev != 2 {
+			return fmt.Errorf("want the plugin's greeting hola at revision 2; status %s", describe(cr))
+		}
+		return nil
 	})
 }
 
@@ -608,10 +597,15 @@ func TestManagerStoppedMidInstallConverges(t *testing.T) {
 	entries := loadEntries(t, sampleWatch)
 	stop := startManager(t, entries, managerOpts{namespaces: []string{ns}})
 	create(t, newCR(sampleGVK, ns, "midway", map[string]any{"slowHook": true}))
-	eventually(t, 60*time.Second, "the install to be underway", func() (bool, string) {
+	eventually(t, 60*time.Second, func() error {
 		list := &corev1.SecretList{}
-		_ = k8s.List(context.Background(), list, client.InNamespace(ns), client.MatchingLabels{"owner": "helm", "status": "pending-install"})
-		return len(list.Items) == 1, ""
+		if err := k8s.List(context.Background(), list, client.InNamespace(ns), client.MatchingLabels{"owner": "helm", "status": "pending-install"}); err != nil {
+			return err
+		}
+		if len(list.Items) != 1 {
+			return fmt.Errorf("%d pending-install release Secrets, want 1 (the install underway)", len(list.Items))
+		}
+		return nil
 	})
 	stop() // the operator goes away in the middle of the install
 
@@ -643,11 +637,10 @@ func TestUpgradeForceReplacesObjects(t *testing.T) {
 	for _, name := range []string{"forced", "patched"} {
 		waitDeployed(t, sampleGVK, ns, name, 1)
 		// Another writer labels the ConfigMap.
-		eventually(t, 10*time.Second, "labelling "+name, func() (bool, string) {
+		eventually(t, 10*time.Second, func() error {
 			cm, _ := configMap(t, ns, name+"-config")
 			cm.Labels["team"] = "blue"
-			err := k8s.Update(ctx, cm)
-			return err == nil, fmt.Sprint(err)
+			return k8s.Update(ctx, cm)
 		})
 		update(t, sampleGVK, ns, name, func(u *unstructured.Unstructured) {
 			_ = unstructured.SetNestedField(u.Object, "b", "spec", "greeting")
@@ -684,20 +677,19 @@ func TestUnwatchedDependentsWaitForTheNextReconcile(t *testing.T) {
 	}
 	// A watch restores a deleted object within a second or so; give it
 	// five and check, all along, that nothing restores it.
-	consistently(t, 5*time.Second, "the deleted ConfigMap to stay deleted (no watch on its kind)", func() (bool, string) {
+	consistently(t, 5*time.Second, func() error {
 		if got, ok := configMap(t, ns, "unwatched-config"); ok {
-			return false, fmt.Sprintf("it came back (uid %s) without a reconcile of its owner", got.UID)
+			return fmt.Errorf("the deleted ConfigMap came back (uid %s) without a reconcile of its owner, yet no watch is on its kind", got.UID)
 		}
-		return true, ""
+		return nil
 	})
 
 	// The next reconcile of the owner restores it.
 	update(t, sampleGVK, ns, "unwatched", func(u *unstructured.Unstructured) {
 		u.SetAnnotations(map[string]string{"example.com/poke": "restore"})
 	})
-	eventually(t, 20*time.Second, "the next reconcile to restore the ConfigMap", func() (bool, string) {
-		got, ok := configMap(t, ns, "unwatched-config")
-		return ok && got.UID != cm.UID && got.Data["greeting"] == "hi", ""
+	eventually(t, 20*time.Second, func() error {
+		return recreated(t, ns, "unwatched-config", cm.UID, "hi")
 	})
 }
 
@@ -766,26 +758,45 @@ func TestServerNormalizationIsNotDrift(t *testing.T) {
 	ctx := context.Background()
 	create(t, newCR(sampleGVK, ns, "normal", map[string]any{}))
 	waitDeployed(t, sampleGVK, ns, "normal", 1)
-	eventually(t, 30*time.Second, "kube-controller-manager to update the Deployment's status", func() (bool, string) {
+	eventually(t, 30*time.Second, func() error {
 		d := &appsv1.Deployment{}
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "normal"}, d); err != nil {
-			return false, err.Error()
+			return err
 		}
-		return d.Status.ObservedGeneration > 0, ""
+		if d.Status.ObservedGeneration == 0 {
+			return errors.New("kube-controller-manager has not updated the Deployment's status")
+		}
+		return nil
 	})
-	repairsBefore := metricValue(t, "orchestra_helm_drift_repairs_total", map[string]string{"kind": "Sample"})
+	repairs := func() float64 {
+		return metricValue(t, "orchestra_helm_drift_repairs_total", map[string]string{"kind": "Sample"})
+	}
+	reconciles := func() float64 {
+		return histogramCount(t, "orchestra_helm_reconcile_duration_seconds", map[string]string{"kind": "Sample"})
+	}
+	repairsBefore := repairs()
 	for i := range 3 {
+		before := reconciles()
 		update(t, sampleGVK, ns, "normal", func(u *unstructured.Unstructured) {
 			u.SetAnnotations(map[string]string{"example.com/poke": fmt.Sprint(i)})
 		})
-		time.Sleep(time.Second)
+		eventually(t, 30*time.Second, func() error {
+			if reconciles() == before {
+				return fmt.Errorf("no reconcile of poke %d yet", i)
+			}
+			return nil
+		})
 	}
-	if got := metricValue(t, "orchestra_helm_drift_repairs_total", map[string]string{"kind": "Sample"}); got != repairsBefore {
-		t.Errorf("drift repairs went from %v to %v with nothing changed by anyone", repairsBefore, got)
-	}
-	if reasons := eventReasons(t, ns, "normal"); slices.Contains(reasons, "DriftRepaired") {
-		t.Errorf("events %v: a DriftRepaired event with nothing changed", reasons)
-	}
+	// Nor do the reconciles that follow (status changes of the objects).
+	consistently(t, 3*time.Second, func() error {
+		if got := repairs(); got != repairsBefore {
+			return fmt.Errorf("drift repairs went from %v to %v with nothing changed by anyone", repairsBefore, got)
+		}
+		if reasons := eventReasons(t, ns, "normal"); slices.Contains(reasons, "DriftRepaired") {
+			return fmt.Errorf("events %v: a DriftRepaired event with nothing changed", reasons)
+		}
+		return nil
+	})
 	// The engine learned the server's form from its answer to the create:
 	// it never applied the unchanged objects (an apply would have added
 	// its field manager to them).
@@ -838,15 +849,17 @@ func TestInstallSkipsReadsOfObjectsTheCacheShowsAbsent(t *testing.T) {
 	}
 	// The purge ran (the Deployment the install created is gone) and kept
 	// the ConfigMap it did not create.
-	eventually(t, 20*time.Second, "the failed install's Deployment removed", func() (bool, string) {
-		err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "third"}, &appsv1.Deployment{})
-		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	eventually(t, 20*time.Second, func() error {
+		return gone(appsv1.SchemeGroupVersion.WithKind("Deployment"), ns, "third")
 	})
-	consistently(t, 2*time.Second, "the existing ConfigMap kept", func() (bool, string) {
+	consistently(t, 2*time.Second, func() error {
 		cm, ok := configMap(t, ns, "third-config")
 		if !ok {
-			return false, "deleted"
+			return errors.New("the existing ConfigMap was deleted")
 		}
-		return cm.Data["owner"] == "someone else" && cm.Labels[helmreconciler.LabelManagedBy] == "", fmt.Sprintf("data %v, labels %v", cm.Data, cm.Labels)
+		if cm.Data["owner"] != "someone else" || cm.Labels[helmreconciler.LabelManagedBy] != "" {
+			return fmt.Errorf("the existing ConfigMap was changed: data %v, labels %v", cm.Data, cm.Labels)
+		}
+		return nil
 	})
 }

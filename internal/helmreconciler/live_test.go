@@ -63,8 +63,11 @@ func pokeAndCheckNoOps(t *testing.T, ns, name string, rev int64, n int) {
 			a["example.com/poke"] = fmt.Sprint(i)
 			u.SetAnnotations(a)
 		})
-		eventually(t, 30*time.Second, "no-op reconcile of a poke", func() (bool, string) {
-			return noops() >= before+float64(i+1), fmt.Sprint(noops() - before)
+		eventually(t, 30*time.Second, func() error {
+			if n := noops() - before; n < float64(i+1) {
+				return fmt.Errorf("%v no-op reconciles after %d pokes", n, i+1)
+			}
+			return nil
 		})
 	}
 	if after := metricValue(t, "orchestra_helm_renders_total", map[string]string{"kind": "Sample"}); after != rendersBefore {
@@ -98,14 +101,13 @@ func TestChangedLiveInputUpgradesPromptly(t *testing.T) {
 	pokeAndCheckNoOp(t, ns, "app", 1)
 
 	// Editing the Secret upgrades, and the pod template changes (pods roll).
-	eventually(t, 10*time.Second, "editing the Secret", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		s := &corev1.Secret{}
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "app-token"}, s); err != nil {
-			return false, err.Error()
+			return err
 		}
 		s.Data["token"] = []byte("two")
-		err := k8s.Update(ctx, s)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, s)
 	})
 	cr := waitDeployed(t, sampleGVK, ns, "app", 2)
 	if c := condition(cr, "Deployed"); c.Reason != "UpgradeSuccessful" {
@@ -148,14 +150,13 @@ func TestLiveInputsAcrossRestart(t *testing.T) {
 	stop()
 
 	// The Secret changes while no operator runs: the next one upgrades.
-	eventually(t, 10*time.Second, "editing the Secret", func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		s := &corev1.Secret{}
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "app-token"}, s); err != nil {
-			return false, err.Error()
+			return err
 		}
 		s.Data["token"] = []byte("two")
-		err := k8s.Update(ctx, s)
-		return err == nil, fmt.Sprint(err)
+		return k8s.Update(ctx, s)
 	})
 	startManager(t, entries, managerOpts{namespaces: []string{ns}})
 	waitDeployed(t, sampleGVK, ns, "app", 2)

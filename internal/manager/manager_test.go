@@ -2,15 +2,12 @@ package manager_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -19,18 +16,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/model-orchestra/operator/internal/localcluster"
 	"github.com/model-orchestra/operator/internal/manager"
 	"github.com/model-orchestra/operator/internal/plugin"
 )
@@ -117,67 +110,6 @@ func TestLoadWatchesEmbeddedFallbackAndDiskOverride(t *testing.T) {
 	}
 }
 
-var origWD, _ = os.Getwd()
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
-}
-
-func httpGet(url string) (int, string) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// createCRD creates crd and waits until the API server serves it.
-func createCRD(t *testing.T, k8s client.Client, crd *apiextensionsv1.CustomResourceDefinition) {
-	t.Helper()
-	ctx := context.Background()
-	if err := k8s.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the CRD "+crd.Name, func() (bool, string) {
-		got := &apiextensionsv1.CustomResourceDefinition{}
-		_ = k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
-		for _, cond := range got.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return true, ""
-			}
-		}
-		return false, ""
-	})
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		last = detail
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last: %s", what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestRunServesProbesMetricsAndElectsALeader runs the manager as the
 // operator does: probes, metrics and leader election on a real control
 // plane, then shuts it down gracefully.
@@ -237,18 +169,23 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 		}
 	})
 
-	eventually(t, 30*time.Second, "/healthz", func() (bool, string) {
-		code, body := httpGet("http://" + mc.ProbeAddr + "/healthz")
-		return code == http.StatusOK, body
-	})
-	eventually(t, 30*time.Second, "/readyz", func() (bool, string) {
-		code, body := httpGet("http://" + mc.ProbeAddr + "/readyz")
-		return code == http.StatusOK, body
-	})
-	eventually(t, 30*time.Second, "the leader Lease", func() (bool, string) {
+	for _, probe := range []string{"/healthz", "/readyz"} {
+		eventually(t, 30*time.Second, func() error {
+			if code, body := httpGet("http://" + mc.ProbeAddr + probe); code != http.StatusOK {
+				return fmt.Errorf("%s answers %d: %s", probe, code, body)
+			}
+			return nil
+		})
+	}
+	eventually(t, 30*time.Second, func() error {
 		lease := &coordinationv1.Lease{}
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orchestra-test"}, lease)
-		return err == nil && lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "", fmt.Sprint(err)
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orchestra-test"}, lease); err != nil {
+			return fmt.Errorf("the leader Lease: %w", err)
+		}
+		if h := lease.Spec.HolderIdentity; h == nil || *h == "" {
+			return errors.New("the leader Lease has no holder")
+		}
+		return nil
 	})
 
 	// The leader reconciles. The metrics registry is the process's, so
@@ -268,16 +205,16 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	if err := k8s.Create(ctx, u); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "the ConfigMap of the release", func() (bool, string) {
-		cm := &corev1.ConfigMap{}
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "o-other"}, cm)
-		return err == nil && cm.Data["color"] == "green", fmt.Sprint(err)
+	eventually(t, 60*time.Second, func() error {
+		return configMapColor(ctx, k8s, ns, "o-other", "green")
 	})
 	var metrics string
-	eventually(t, 30*time.Second, "/metrics to count the install", func() (bool, string) {
+	eventually(t, 30*time.Second, func() error {
 		_, metrics = httpGet("http://" + mc.MetricsAddr + "/metrics")
-		return metricValue(metrics, installs) == installsBefore+1 &&
-			metricValue(metrics, installReconciles) == reconcilesBefore+1, grep(metrics, "orchestra_helm")
+		if metricValue(metrics, installs) != installsBefore+1 || metricValue(metrics, installReconciles) != reconcilesBefore+1 {
+			return fmt.Errorf("/metrics does not count the install:\n%s", grep(metrics, "orchestra_helm"))
+		}
+		return nil
 	})
 	for _, m := range []string{"controller_runtime_reconcile_total", "workqueue_depth"} {
 		if !strings.Contains(metrics, m) {
@@ -303,62 +240,4 @@ func TestRunServesProbesMetricsAndElectsALeader(t *testing.T) {
 	if h := lease.Spec.HolderIdentity; h != nil && *h != "" {
 		t.Errorf("Lease still held by %q after shutdown", *h)
 	}
-}
-
-// metricValue is the value of series (name{labels}) in a Prometheus text
-// exposition, 0 when it is absent.
-func metricValue(exposition, series string) float64 {
-	for _, line := range strings.Split(exposition, "\n") {
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err == nil {
-				return v
-			}
-		}
-	}
-	return 0
-}
-
-func grep(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-func init() {
-	ctrl.SetLogger(ctrlLogger())
-}
-
-var (
-	clusterOnce sync.Once
-	testCluster *localcluster.Cluster
-	clusterErr  error
-)
-
-// needCluster starts the package's one control plane (with
-// kube-controller-manager) on first use.
-func needCluster(t *testing.T) *rest.Config {
-	t.Helper()
-	clusterOnce.Do(func() {
-		testCluster, clusterErr = localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
-	})
-	if clusterErr != nil {
-		t.Fatalf("local control plane: %v", clusterErr)
-	}
-	return testCluster.Config()
-}
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if testCluster != nil {
-		if err := testCluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
 }

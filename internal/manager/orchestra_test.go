@@ -3,6 +3,7 @@ package manager_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -79,21 +80,21 @@ func TestOperatorServesTheSampleModelOrchestra(t *testing.T) {
 	if err := k8s.Create(ctx, mo); err != nil {
 		t.Fatalf("creating the sample: %v", err)
 	}
-	eventually(t, 120*time.Second, "the sample to be Deployed", func() (bool, string) {
+	eventually(t, 120*time.Second, func() error {
 		got := &unstructured.Unstructured{}
 		got.SetGroupVersionKind(mo.GroupVersionKind())
 		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: mo.GetName()}, got); err != nil {
-			return false, err.Error()
+			return err
 		}
 		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
 		for _, c := range conds {
 			m, _ := c.(map[string]any)
 			if m["type"] == "Deployed" && m["status"] == "True" {
-				return true, ""
+				return nil
 			}
 		}
 		b, _ := json.Marshal(got.Object["status"])
-		return false, string(b)
+		return fmt.Errorf("the sample is not Deployed; status %s", b)
 	})
 	list := &corev1.SecretList{}
 	if err := k8s.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{"owner": "helm", "status": "deployed"}); err != nil || len(list.Items) != 1 {

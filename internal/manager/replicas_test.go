@@ -2,6 +2,7 @@ package manager_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -16,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -141,7 +141,7 @@ func TestLeaderElectionFailover(t *testing.T) {
 	})
 
 	var leader, follower *replica
-	eventually(t, 30*time.Second, "a leader", func() (bool, string) {
+	eventually(t, 30*time.Second, func() error {
 		a, b := replicas[0].elected(), replicas[1].elected()
 		if a && b {
 			t.Fatal("both replicas are leaders")
@@ -151,8 +151,10 @@ func TestLeaderElectionFailover(t *testing.T) {
 			leader, follower = replicas[0], replicas[1]
 		case b:
 			leader, follower = replicas[1], replicas[0]
+		default:
+			return errors.New("no replica is elected")
 		}
-		return leader != nil, ""
+		return nil
 	})
 
 	newOther := func(name, color string) {
@@ -168,10 +170,8 @@ func TestLeaderElectionFailover(t *testing.T) {
 	}
 	waitConfigMap := func(name, color string, timeout time.Duration) {
 		t.Helper()
-		eventually(t, timeout, "the ConfigMap "+name, func() (bool, string) {
-			cm := &corev1.ConfigMap{}
-			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, cm)
-			return err == nil && cm.Data["color"] == color, fmt.Sprint(err)
+		eventually(t, timeout, func() error {
+			return configMapColor(ctx, k8s, ns, name, color)
 		})
 	}
 
@@ -192,8 +192,11 @@ func TestLeaderElectionFailover(t *testing.T) {
 	// an expiry would take the 15 s lease duration).
 	stopped := time.Now()
 	stop(leader)
-	eventually(t, leaseDuration/2, "the follower to take over", func() (bool, string) {
-		return follower.elected(), ""
+	eventually(t, leaseDuration/2, func() error {
+		if !follower.elected() {
+			return fmt.Errorf("replica %s has not taken over", follower.name)
+		}
+		return nil
 	})
 	t.Logf("replica %s took over %s after %s stopped", follower.name, time.Since(stopped).Round(100*time.Millisecond), leader.name)
 

@@ -3,11 +3,8 @@ package helmreconciler_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,136 +18,59 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/yaml"
 
-	"github.com/model-orchestra/operator/internal/localcluster"
 	"github.com/model-orchestra/operator/internal/manager"
 	"github.com/model-orchestra/operator/internal/plugin"
 	"github.com/model-orchestra/operator/internal/watches"
 )
 
-// One control plane (etcd, kube-apiserver, kube-controller-manager for
-// garbage collection) serves every test of the package; each test works in
-// its own namespace with its own manager.
-var (
-	restCfg    *rest.Config
-	kubeconfig string
-	k8s        client.Client
-	moduleRoot string
-)
+// eventually calls f until it returns nil, and fails the test with f's last
+// error, which says what was missing, if within passes first.
+func eventually(t testing.TB, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// consistently calls f until within passes, and fails the test as soon as
+// f returns an error, which says what happened.
+func consistently(t testing.TB, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if err := f(); err != nil {
+			t.Fatalf("within %s: %v", within, err)
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
 
 var (
 	sampleGVK = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Sample"}
 	otherGVK  = schema.GroupVersionKind{Group: "test.modelorchestra.io", Version: "v1", Kind: "Other"}
 )
-
-func TestMain(m *testing.M) {
-	logOut := io.Discard
-	if os.Getenv("ENGINE_TEST_LOG") != "" {
-		logOut = os.Stderr
-	}
-	ctrl.SetLogger(zap.New(zap.WriteTo(logOut), zap.UseDevMode(true)))
-	code := m.Run()
-	if testCluster != nil {
-		if err := testCluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-var (
-	clusterOnce sync.Once
-	testCluster *localcluster.Cluster
-	clusterErr  error
-)
-
-// needCluster starts the package's control plane on first use (so that the
-// pure unit tests of the package run without one) and fails the test if it
-// cannot start.
-func needCluster(t *testing.T) {
-	t.Helper()
-	clusterOnce.Do(func() { clusterErr = startCluster() })
-	if clusterErr != nil {
-		t.Fatalf("local control plane: %v", clusterErr)
-	}
-}
-
-func startCluster() error {
-	root, err := localcluster.ModuleRoot()
-	if err != nil {
-		return err
-	}
-	moduleRoot = root
-	c, err := localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
-	if err != nil {
-		return fmt.Errorf("starting: %w", err)
-	}
-	testCluster = c
-	restCfg = c.Config()
-	restCfg.QPS, restCfg.Burst = 200, 400
-	kubeconfig = c.KubeconfigFile()
-
-	scheme := runtime.NewScheme()
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = apiextensionsv1.AddToScheme(scheme)
-	k8s, err = client.New(restCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
-	}
-	return installCRDs(context.Background())
-}
-
-func installCRDs(ctx context.Context) error {
-	files, _ := filepath.Glob("testdata/crds/*.yaml")
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.UnmarshalStrict(data, crd); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		if err := k8s.Create(ctx, crd); err != nil {
-			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
-		}
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			got := &apiextensionsv1.CustomResourceDefinition{}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(crd), got); err == nil {
-				for _, c := range got.Status.Conditions {
-					if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-						goto next
-					}
-				}
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("CRD %s not established", crd.Name)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	next:
-	}
-	return nil
-}
-
-// --- fixtures -------------------------------------------------------------
 
 var nsCounter atomic.Int64
 
@@ -271,49 +191,14 @@ func get(t *testing.T, gvk schema.GroupVersionKind, ns, name string) *unstructur
 // update applies change to the latest version of obj, retrying conflicts.
 func update(t *testing.T, gvk schema.GroupVersionKind, ns, name string, change func(u *unstructured.Unstructured)) {
 	t.Helper()
-	eventually(t, 10*time.Second, "updating "+name, func() (bool, string) {
+	eventually(t, 10*time.Second, func() error {
 		u := get(t, gvk, ns, name)
 		change(u)
 		if err := k8s.Update(context.Background(), u); err != nil {
-			return false, err.Error()
+			return fmt.Errorf("updating %s: %w", name, err)
 		}
-		return true, ""
+		return nil
 	})
-}
-
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		if detail != "" {
-			last = detail
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// consistently fails the test if cond turns false within d.
-func consistently(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		if ok, detail := cond(); !ok {
-			t.Fatalf("expected %s for %s: %s", what, d, detail)
-		}
-		if time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 func conditions(u *unstructured.Unstructured) []metav1.Condition {
@@ -338,10 +223,12 @@ func describe(u *unstructured.Unstructured) string {
 func waitCondition(t *testing.T, gvk schema.GroupVersionKind, ns, name, typ string, status metav1.ConditionStatus, reason string) *unstructured.Unstructured {
 	t.Helper()
 	var u *unstructured.Unstructured
-	eventually(t, 60*time.Second, fmt.Sprintf("%s %s=%s %s", name, typ, status, reason), func() (bool, string) {
+	eventually(t, 60*time.Second, func() error {
 		u = get(t, gvk, ns, name)
-		c := condition(u, typ)
-		return c != nil && c.Status == status && (reason == "" || c.Reason == reason), describe(u)
+		if c := condition(u, typ); c == nil || c.Status != status || (reason != "" && c.Reason != reason) {
+			return fmt.Errorf("%s: want %s=%s %s; status %s", name, typ, status, reason, describe(u))
+		}
+		return nil
 	})
 	return u
 }
@@ -350,12 +237,15 @@ func waitCondition(t *testing.T, gvk schema.GroupVersionKind, ns, name, typ stri
 func waitDeployed(t *testing.T, gvk schema.GroupVersionKind, ns, name string, rev int64) *unstructured.Unstructured {
 	t.Helper()
 	var u *unstructured.Unstructured
-	eventually(t, 60*time.Second, fmt.Sprintf("%s revision %d deployed", name, rev), func() (bool, string) {
+	eventually(t, 60*time.Second, func() error {
 		u = get(t, gvk, ns, name)
 		c := condition(u, "Deployed")
 		got, _, _ := unstructured.NestedInt64(u.Object, "status", "deployedRelease", "revision")
 		og, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
-		return c != nil && c.Status == metav1.ConditionTrue && (rev == 0 || got == rev) && og == u.GetGeneration(), describe(u)
+		if c == nil || c.Status != metav1.ConditionTrue || (rev != 0 && got != rev) || og != u.GetGeneration() {
+			return fmt.Errorf("%s: want revision %d deployed at generation %d; status %s", name, rev, u.GetGeneration(), describe(u))
+		}
+		return nil
 	})
 	return u
 }
@@ -371,6 +261,35 @@ func configMap(t *testing.T, ns, name string) (*corev1.ConfigMap, bool) {
 		t.Fatalf("getting ConfigMap %s: %v", name, err)
 	}
 	return cm, true
+}
+
+// gone returns nil once the object is gone, else what is left of it.
+func gone(gvk schema.GroupVersionKind, ns, name string) error {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	switch err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, u); {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("%s %s/%s is still there (deletion requested at %v, finalizers %v)", gvk.Kind, ns, name, u.GetDeletionTimestamp(), u.GetFinalizers())
+}
+
+// recreated returns nil once the ConfigMap deleted at UID old is back, as a
+// new object with the chart's greeting.
+func recreated(t *testing.T, ns, name string, old types.UID, greeting string) error {
+	t.Helper()
+	got, ok := configMap(t, ns, name)
+	switch {
+	case !ok:
+		return fmt.Errorf("the deleted ConfigMap %s is not back", name)
+	case got.UID == old:
+		return fmt.Errorf("ConfigMap %s is still the deleted one", name)
+	case got.Data["greeting"] != greeting:
+		return fmt.Errorf("ConfigMap %s is back with data %v, want greeting %q", name, got.Data, greeting)
+	}
+	return nil
 }
 
 func releaseSecrets(t *testing.T, ns string) []corev1.Secret {
@@ -400,9 +319,11 @@ func eventReasons(t *testing.T, ns, name string) []string {
 
 func waitEvent(t *testing.T, ns, name, reason string) {
 	t.Helper()
-	eventually(t, 30*time.Second, "event "+reason, func() (bool, string) {
-		got := eventReasons(t, ns, name)
-		return slices.Contains(got, reason), fmt.Sprint(got)
+	eventually(t, 30*time.Second, func() error {
+		if got := eventReasons(t, ns, name); !slices.Contains(got, reason) {
+			return fmt.Errorf("no event %s about %s among %v", reason, name, got)
+		}
+		return nil
 	})
 }
 
@@ -456,58 +377,22 @@ func labelsMatch(m *dto.Metric, match map[string]string) bool {
 	return n == len(match)
 }
 
-// greetingStatus is a test status plugin. The whole of a plugin is a type
-// like this one plus one registration line (see registry):
-//
-//	reg.RegisterStatus("greeting-status", greetingStatus{})
-type greetingStatus struct{}
-
-func (greetingStatus) Status(_ context.Context, in plugin.StatusInput) (plugin.StatusResult, error) {
-	res := plugin.StatusResult{Fields: map[string]any{"objects": int64(len(in.Objects))}}
-	for _, o := range in.Objects {
-		if o.GetKind() == "ConfigMap" {
-			g, _, _ := unstructured.NestedString(o.Object, "data", "greeting")
-			res.Fields["greeting"] = g
-		}
+func histogramCount(t *testing.T, name string, match map[string]string) float64 {
+	t.Helper()
+	families, err := ctrlGather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	res.Conditions = []metav1.Condition{{Type: "GreetingPublished", Status: metav1.ConditionTrue, Reason: "ConfigMapExists", Message: "the greeting is published"}}
-	return res, nil
-}
-
-// secretStamp is a test post-renderer that reads a live object: it stamps
-// the pod template of every Deployment with a digest of the data of the
-// Secret "<resource>-token" (absent: "absent"), as config-checksum does for
-// the Secrets a pod references, and names that Secret as a live input.
-type secretStamp struct{}
-
-const stampAnnotation = "test.modelorchestra.io/token-digest"
-
-func (secretStamp) PostRender(ctx context.Context, rc plugin.RenderContext, objs []*unstructured.Unstructured) ([]*unstructured.Unstructured, error) {
-	stamp := "offline"
-	if rc.Reader != nil {
-		s := &corev1.Secret{}
-		err := rc.Reader.Get(ctx, types.NamespacedName{Namespace: rc.Owner.GetNamespace(), Name: rc.Owner.GetName() + "-token"}, s)
-		switch {
-		case apierrors.IsNotFound(err):
-			stamp = "absent"
-		case err != nil:
-			return nil, err
-		default:
-			b, _ := json.Marshal(s.Data)
-			sum := sha256.Sum256(b)
-			stamp = hex.EncodeToString(sum[:])
+	n := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
 		}
-	}
-	for _, o := range objs {
-		if o.GetKind() == "Deployment" {
-			if err := unstructured.SetNestedField(o.Object, stamp, "spec", "template", "metadata", "annotations", stampAnnotation); err != nil {
-				return nil, err
+		for _, m := range f.GetMetric() {
+			if labelsMatch(m, match) {
+				n += float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
-	return objs, nil
-}
-
-func (secretStamp) DigestInputs(_ context.Context, rc plugin.RenderContext, _ []*unstructured.Unstructured) ([]plugin.ObjectRef, error) {
-	return []plugin.ObjectRef{{GVK: corev1.SchemeGroupVersion.WithKind("Secret"), Namespace: rc.Owner.GetNamespace(), Name: rc.Owner.GetName() + "-token"}}, nil
+	return n
 }

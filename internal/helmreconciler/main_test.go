@@ -1,0 +1,129 @@
+package helmreconciler_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/internal/localcluster"
+)
+
+// One control plane (etcd, kube-apiserver, kube-controller-manager for
+// garbage collection) serves every test of the package; each test works in
+// its own namespace with its own manager.
+var (
+	restCfg    *rest.Config
+	kubeconfig string
+	k8s        client.Client
+	moduleRoot string
+)
+
+// TestMain stops the control plane, if a test started one. ENGINE_TEST_LOG
+// set to anything sends the engine's logs to stderr.
+func TestMain(m *testing.M) {
+	logOut := io.Discard
+	if os.Getenv("ENGINE_TEST_LOG") != "" {
+		logOut = os.Stderr
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logOut), zap.UseDevMode(true)))
+	code := m.Run()
+	if testCluster != nil {
+		if err := testCluster.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+var (
+	clusterOnce sync.Once
+	testCluster *localcluster.Cluster
+	clusterErr  error
+)
+
+// needCluster starts the package's control plane on first use (so that the
+// pure unit tests of the package run without one) and fails the test if it
+// cannot start.
+func needCluster(t *testing.T) {
+	t.Helper()
+	clusterOnce.Do(func() { clusterErr = startCluster() })
+	if clusterErr != nil {
+		t.Fatalf("local control plane: %v", clusterErr)
+	}
+}
+
+func startCluster() error {
+	root, err := localcluster.ModuleRoot()
+	if err != nil {
+		return err
+	}
+	moduleRoot = root
+	c, err := localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
+	if err != nil {
+		return fmt.Errorf("starting: %w", err)
+	}
+	testCluster = c
+	restCfg = c.Config()
+	restCfg.QPS, restCfg.Burst = 200, 400
+	kubeconfig = c.KubeconfigFile()
+
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = apiextensionsv1.AddToScheme(scheme)
+	k8s, err = client.New(restCfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	return installCRDs(context.Background())
+}
+
+// installCRDs creates the CRDs of testdata/crds and waits until the API
+// server serves each.
+func installCRDs(ctx context.Context) error {
+	files, _ := filepath.Glob("testdata/crds/*.yaml")
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(data, crd); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if err := k8s.Create(ctx, crd); err != nil {
+			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+		}
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got := &apiextensionsv1.CustomResourceDefinition{}
+			if err := k8s.Get(ctx, client.ObjectKeyFromObject(crd), got); err != nil {
+				return false, nil
+			}
+			for _, c := range got.Status.Conditions {
+				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
+		}
+	}
+	return nil
+}
