@@ -109,21 +109,25 @@ func installCRDs(ctx context.Context) error {
 		if err := k8s.Create(ctx, crd); err != nil {
 			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
 		}
+		// Until it is established, or while the new CRD is not yet found,
+		// ask again.
 		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			got := &apiextensionsv1.CustomResourceDefinition{}
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(crd), got); err != nil {
-				return false, nil
-			}
-			for _, c := range got.Status.Conditions {
-				if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-					return true, nil
-				}
-			}
-			return false, nil
+			err := k8s.Get(ctx, client.ObjectKeyFromObject(crd), got)
+			return err == nil && established(got), nil
 		})
 		if err != nil {
 			return fmt.Errorf("CRD %s not established: %w", crd.Name, err)
 		}
 	}
 	return nil
+}
+
+func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
