@@ -26,6 +26,9 @@ func StartNATS(dir string, port int) (*server.Server, error) {
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   dir,
+		// As the orchestra's NATS chart: a queued request of the gateway's
+		// default body limit (8 MiB) fits with its headers.
+		MaxPayload: 9 << 20,
 		NoLog:      true,
 		NoSigs:     true,
 	}

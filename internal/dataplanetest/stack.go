@@ -33,6 +33,7 @@ type StackConfig struct {
 	Sim        sim.Config
 	Dispatcher func(*dispatch.Config)
 	Queue      func(*natsqueue.ClientConfig)
+	Gateway    func(*gateway.Config)
 	Log        *slog.Logger
 }
 
@@ -106,6 +107,9 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	gcfg.Models = []gateway.ModelConfig{{Name: cfg.Sim.Model, App: App}}
 	gcfg.Limits.Default = gateway.Limits{}
 	gcfg.Log.AccessLog = false
+	if cfg.Gateway != nil {
+		cfg.Gateway(&gcfg)
+	}
 	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
 		APIKey: {Name: "e2e"},
 	})

@@ -99,6 +99,11 @@ type Health struct {
 	// EjectBase is the first ejection; each further failure doubles it up to EjectMax.
 	EjectBase metav1.Duration `json:"ejectBase"`
 	EjectMax  metav1.Duration `json:"ejectMax"`
+	// Path is the engine's health check (GET, 2xx is healthy), probed every
+	// ProbeInterval while a root is ejected: a root is back in rotation as
+	// soon as it passes. Empty: no probing, the ejection back-off decides.
+	Path          string          `json:"path"`
+	ProbeInterval metav1.Duration `json:"probeInterval"`
 }
 
 // Default returns the defaults that a config file overrides.
@@ -125,6 +130,8 @@ func Default() Config {
 			FailureThreshold: 3,
 			EjectBase:        metav1.Duration{Duration: time.Second},
 			EjectMax:         metav1.Duration{Duration: 30 * time.Second},
+			Path:             "/health",
+			ProbeInterval:    metav1.Duration{Duration: 250 * time.Millisecond},
 		},
 	}
 }
@@ -222,6 +229,9 @@ func (c Config) Validate() error {
 	}
 	if c.Health.FailureThreshold < 1 || c.Health.EjectBase.Duration <= 0 || c.Health.EjectMax.Duration < c.Health.EjectBase.Duration {
 		add("health needs failureThreshold >= 1 and 0 < ejectBase <= ejectMax")
+	}
+	if c.Health.Path != "" && (c.Health.Path[0] != '/' || c.Health.ProbeInterval.Duration <= 0) {
+		add("health.path must start with '/' and health.probeInterval be positive")
 	}
 	return errors.Join(errs...)
 }

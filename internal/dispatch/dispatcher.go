@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -133,6 +134,9 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			}
 			d.m.rootHealthy.WithLabelValues(name, root).Set(v)
 		})
+		if cfg.Health.Path != "" {
+			p.probe = d.probe
+		}
 		if len(a.Endpoints) > 0 {
 			p.set(a.Endpoints)
 		} else if d.kube == nil {
@@ -142,6 +146,23 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		d.apps = append(d.apps, &app{App: a, pool: p, m: d.m.forApp(a.Name)})
 	}
 	return d, nil
+}
+
+// probe reports whether the engine at root answers its health check.
+func (d *Dispatcher) probe(root string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, root+d.cfg.Health.Path, nil)
+	if err != nil {
+		return false
+	}
+	res, err := d.engines.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
+	_ = res.Body.Close()
+	return res.StatusCode >= 200 && res.StatusCode < 300
 }
 
 // Registry returns the registry holding the dispatcher's metrics.

@@ -184,7 +184,7 @@ func (e *attemptError) Unwrap() error { return e.err }
 // handle runs one delivery on root rt and settles the message: Ack when the
 // answer was published, Nak for a retry, Term when the client cancelled,
 // dead-letter after MaxDeliver attempts.
-func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt *root) {
+func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt lease) {
 	md, err := msg.Metadata()
 	if err != nil {
 		a.pool.release(rt, true, false)
@@ -375,8 +375,8 @@ func engineRequest(ctx context.Context, rt *root, path string, body []byte) (*ht
 
 // call sends the request to the engine and relays the answer. It returns the
 // engine's status, or an *attemptError for a retryable failure.
-func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, body []byte, resp *responder) (int, error) {
-	req, err := engineRequest(ctx, rt, h.Get(natsqueue.HeaderPath), body)
+func (d *Dispatcher) call(ctx context.Context, a *app, rt lease, h nats.Header, body []byte, resp *responder) (int, error) {
+	req, err := engineRequest(ctx, rt.root, h.Get(natsqueue.HeaderPath), body)
 	if err != nil {
 		return 0, fmt.Errorf("building engine request: %w", err)
 	}

@@ -495,9 +495,9 @@ func TestAnonymousMode(t *testing.T) {
 	if resp, body := h.do(t, "POST", "/v1/chat/completions", "", chatBody); resp.StatusCode != 200 {
 		t.Errorf("anonymous request: %d %s", resp.StatusCode, body)
 	}
-	resp, body := h.do(t, "POST", "/v1/chat/completions", "sk-unknown", chatBody)
-	wantError(t, resp, body, 401,
-		`{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`)
+	if resp, body := h.do(t, "POST", "/v1/chat/completions", "sk-unknown", chatBody); resp.StatusCode != 200 {
+		t.Errorf("anonymous request with a token: %d %s", resp.StatusCode, body)
+	}
 }
 
 func TestQueueErrors(t *testing.T) {

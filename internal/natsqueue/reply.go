@@ -103,6 +103,11 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 				return chunk, nil
 			}
 		}
+		if r.finished {
+			// The end marker came without data (a stream's separate end
+			// message): done now, not after the next stall check.
+			return queue.Chunk{}, io.EOF
+		}
 		msgs, failure := r.take()
 		if len(msgs) > 0 {
 			pending = msgs

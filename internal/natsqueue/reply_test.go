@@ -187,3 +187,24 @@ func TestReplyToken(t *testing.T) {
 		}
 	}
 }
+
+// TestReplyEndsAtOnceAfterTheLastChunk: the end marker that arrives with the
+// last data chunk ends the reply at once, not after a stall-check period
+// (it used to wait StallTimeout/4 after data: [DONE]).
+func TestReplyEndsAtOnceAfterTheLastChunk(t *testing.T) {
+	r := testReply(true, time.Hour)
+	r.push(msg(KindData, 1, 0, "data: [DONE]\n\n", true, false))
+	r.push(msg(KindData, 1, 1, "", false, true))
+	if c, err := r.Next(context.Background()); err != nil || string(c.Data) != "data: [DONE]\n\n" {
+		t.Fatalf("Next = %q, %v", c.Data, err)
+	}
+	select { // the wake-up of the two pushes was spent by the first Next
+	case <-r.wake:
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.Next(ctx); !errors.Is(err, io.EOF) {
+		t.Fatalf("Next after the last chunk = %v, want io.EOF at once", err)
+	}
+}
