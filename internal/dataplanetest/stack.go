@@ -160,6 +160,12 @@ func (s *Stack) StartDispatcher() (*Dispatcher, error) {
 	return rd, nil
 }
 
+// InFlight is the number of requests the dispatcher serves or holds.
+func (d *Dispatcher) InFlight() int {
+	l, _ := d.Load(App)
+	return l.InFlight + l.Held
+}
+
 // Stop shuts the dispatcher down gracefully.
 func (d *Dispatcher) Stop() error {
 	d.cancel()

@@ -32,8 +32,11 @@ type Config struct {
 	Apps []App `json:"apps"`
 
 	// AckWait is how long a delivery may go without progress before
-	// JetStream redelivers it; in-flight requests report progress every
-	// AckWait/3, so only a dead dispatcher lets it expire.
+	// JetStream redelivers it. Requests being served and requests held for
+	// a free engine slot report progress every AckWait/3, so only a dead
+	// dispatcher lets it expire: it bounds how long a dead dispatcher's
+	// requests wait before another dispatcher takes them. The price is one
+	// progress message per held or in-flight request every AckWait/3.
 	AckWait metav1.Duration `json:"ackWait"`
 	// MaxDeliver is the number of attempts before a request is dead-lettered.
 	MaxDeliver int `json:"maxDeliver"`
@@ -118,7 +121,7 @@ func Default() Config {
 			Duplicates:       metav1.Duration{Duration: 2 * time.Minute},
 			DeadLetterMaxAge: metav1.Duration{Duration: 7 * 24 * time.Hour},
 		},
-		AckWait:           metav1.Duration{Duration: 30 * time.Second},
+		AckWait:           metav1.Duration{Duration: 3 * time.Second},
 		MaxDeliver:        5,
 		RetryDelay:        metav1.Duration{Duration: 500 * time.Millisecond},
 		HeartbeatInterval: metav1.Duration{Duration: 2 * time.Second},

@@ -60,7 +60,12 @@ type Dispatcher struct {
 type app struct {
 	App
 	pool *pool
+	held *held
 	m    appMetrics
+	// inflight counts requests being served; backlog is the consumer's
+	// NumPending at the last poll. Both feed Load.
+	inflight atomic.Int64
+	backlog  atomic.Int64
 
 	mu       sync.Mutex
 	consumer jetstream.Consumer
@@ -143,7 +148,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			return nil, fmt.Errorf("application %s names service %s but no Kubernetes client was given", a.Name, a.Service)
 		}
 		d.pools[a.Name] = p
-		d.apps = append(d.apps, &app{App: a, pool: p, m: d.m.forApp(a.Name)})
+		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name)})
 	}
 	return d, nil
 }
@@ -163,6 +168,35 @@ func (d *Dispatcher) probe(root string) bool {
 	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
 	_ = res.Body.Close()
 	return res.StatusCode >= 200 && res.StatusCode < 300
+}
+
+// AppLoad is an application's work as one dispatcher sees it.
+type AppLoad struct {
+	// Backlog is the requests queued in JetStream and not delivered to any
+	// dispatcher yet, at the last poll (every 5 s).
+	Backlog int
+	// Held is the requests delivered to this dispatcher that wait for an
+	// engine slot; InFlight those it is serving.
+	Held, InFlight int
+	// Roots is the number of engine roots (ready endpoints).
+	Roots int
+}
+
+// Load reports an application's work and roots; false for an application
+// this dispatcher does not serve. A Backlog or Held above zero with no
+// Roots is an application waiting for its engines.
+func (d *Dispatcher) Load(name string) (AppLoad, bool) {
+	for _, a := range d.apps {
+		if a.Name == name {
+			return AppLoad{
+				Backlog:  int(a.backlog.Load()),
+				Held:     a.held.len(),
+				InFlight: int(a.inflight.Load()),
+				Roots:    len(a.pool.urls()),
+			}, true
+		}
+	}
+	return AppLoad{}, false
 }
 
 // Registry returns the registry holding the dispatcher's metrics.
@@ -277,18 +311,18 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	}
 }
 
-// feed pulls an application's requests while engine slots are free, until
-// ctx ends. When pulling stops for another reason (the consumer was deleted,
-// NATS lost its state) it provisions again and resumes.
+// fetchWait bounds one pull request: an idle dispatcher asks again this
+// often, and stopping waits at most this long for the last answer.
+const fetchWait = 2 * time.Second
+
+// feed serves an application's requests until ctx ends. When pulling fails
+// (the consumer was deleted, NATS lost its state) it provisions again and
+// resumes.
 func (d *Dispatcher) feed(ctx, work context.Context, a *app) {
 	for ctx.Err() == nil {
-		iter, err := a.getConsumer().Messages(jetstream.PullMaxMessages(d.cfg.Prefetch))
-		if err == nil {
-			d.pull(ctx, work, a, iter)
-			if ctx.Err() != nil {
-				return
-			}
-			err = errors.New("pulling stopped")
+		err := d.pull(ctx, work, a)
+		if ctx.Err() != nil {
+			return
 		}
 		d.log.Warn("pulling requests; provisioning again", "app", a.Name, "err", err)
 		select {
@@ -302,43 +336,29 @@ func (d *Dispatcher) feed(ctx, work context.Context, a *app) {
 	}
 }
 
-// pull runs one pull subscription until it closes or ctx ends.
-func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.MessagesContext) {
-	stopped := make(chan struct{})
+// pull runs an application until ctx ends or fetching fails: a fetcher
+// keeps up to Prefetch requests held (kept alive, see held), and each held
+// request starts as soon as an engine slot is free. A request is fetched
+// only into room in the held queue, so none waits anywhere it is not kept
+// alive. On return the held requests are handed back to JetStream.
+func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	fetched := make(chan error, 1)
 	go func() {
-		select {
-		case <-ctx.Done():
-			if d.nc.IsConnected() {
-				iter.Drain() // hand back what is buffered, below
-			} else {
-				iter.Stop() // draining would wait for a flush that cannot happen
-			}
-		case <-stopped:
-			iter.Stop()
-		}
+		err := d.fetch(pctx, a)
+		stop() // a failed fetcher ends this pull
+		fetched <- err
 	}()
-	defer close(stopped)
+	go a.held.keepAlive(pctx, d.cfg.AckWait.Duration/3)
 	for {
-		rt, err := a.pool.acquire(ctx)
+		rt, err := a.pool.acquire(pctx)
 		if err != nil {
 			break
 		}
-		msg, err := iter.Next()
+		msg, err := a.held.pop(pctx)
 		if err != nil {
 			a.pool.release(rt, true, false)
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
-			}
-			d.log.Warn("pulling requests", "app", a.Name, "err", err)
-			select { // do not spin on a persistent error
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			a.pool.release(rt, true, false)
-			_ = msg.Nak()
 			break
 		}
 		d.wg.Add(1)
@@ -347,13 +367,37 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.Mess
 			d.handle(work, a, msg, rt)
 		}()
 	}
-	// Hand back what was buffered but not started.
+	stop()
+	err := <-fetched
+	// Hand back what was held but not started; without a connection the
+	// NAKs cannot go out and JetStream redelivers after AckWait.
+	for _, m := range a.held.drain() {
+		_ = m.Nak()
+	}
+	return err
+}
+
+// fetch fills the application's held queue from its consumer until ctx
+// ends; it returns the error that made a pull request fail.
+func (d *Dispatcher) fetch(ctx context.Context, a *app) error {
 	for {
-		msg, err := iter.Next()
-		if err != nil {
-			return
+		room, err := a.held.space(ctx, d.cfg.Prefetch)
+		if err != nil || ctx.Err() != nil {
+			return nil //nolint:nilerr // ctx ended: a normal stop
 		}
-		_ = msg.Nak()
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		batch, err := a.getConsumer().Fetch(room, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			return fmt.Errorf("fetching requests: %w", err)
+		}
+		for m := range batch.Messages() {
+			a.held.push(m)
+		}
+		cancel()
+		if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("fetching requests: %w", err)
+		}
 	}
 }
 
@@ -399,6 +443,7 @@ func (d *Dispatcher) observeBacklogOnce(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		a.backlog.Store(int64(info.NumPending))
 		d.m.backlog.WithLabelValues(a.Name).Set(float64(info.NumPending))
 		d.m.ackPending.WithLabelValues(a.Name).Set(float64(info.NumAckPending))
 	}

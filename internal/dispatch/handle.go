@@ -228,7 +228,11 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	defer d.untrack(seq)
 
 	a.m.inflight.Inc()
-	defer a.m.inflight.Dec()
+	a.inflight.Add(1)
+	defer func() {
+		a.m.inflight.Dec()
+		a.inflight.Add(-1)
+	}()
 	a.m.dispatched.Inc()
 	// Ask whether the gateway listens; the job is acknowledged only once it
 	// said yes. A stream asks while the engine already works; a non-streamed

@@ -163,7 +163,7 @@ func Connect(url string, cfg ClientConfig, log *slog.Logger, opts ...nats.Option
 	opts = append([]nats.Option{
 		nats.Name("orchestra-gateway"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500 * time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from NATS", "err", err) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
