@@ -50,7 +50,7 @@ type Dispatcher struct {
 	pools map[string]*pool
 
 	mu        sync.Mutex
-	inflight  map[uint64]context.CancelCauseFunc // by stream sequence
+	inflight  map[uint64]inflightJob // by stream sequence
 	cancelled map[uint64]time.Time               // cancels that arrived before their job
 
 	ready atomic.Bool
@@ -114,7 +114,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		js:        js,
 		log:       log,
 		pools:     map[string]*pool{},
-		inflight:  map[uint64]context.CancelCauseFunc{},
+		inflight:  map[uint64]inflightJob{},
 		cancelled: map[uint64]time.Time{},
 	}
 	for _, o := range opts {
@@ -231,6 +231,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribing to cancels: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	resends, err := d.nc.Subscribe(d.names.Resend("*"), d.onResend)
+	if err != nil {
+		return fmt.Errorf("subscribing to resend requests: %w", err)
+	}
+	defer func() { _ = resends.Unsubscribe() }()
 
 	// Handlers outlive ctx by up to ShutdownTimeout.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -456,26 +461,49 @@ func (d *Dispatcher) onCancel(m *nats.Msg) {
 		return
 	}
 	d.mu.Lock()
-	cancel := d.inflight[seq]
-	if cancel == nil {
+	job, ok := d.inflight[seq]
+	if !ok {
 		d.cancelled[seq] = time.Now()
 	}
 	d.mu.Unlock()
-	if cancel != nil {
-		cancel(errCancelled)
+	if ok {
+		job.cancel(errCancelled)
 	}
+}
+
+// onResend publishes again the data messages a gateway missed, when this
+// dispatcher serves the attempt it names.
+func (d *Dispatcher) onResend(m *nats.Msg) {
+	var seq uint64
+	var attempt, from int
+	if _, err := fmt.Sscanf(string(m.Data), "%d %d %d", &seq, &attempt, &from); err != nil {
+		return
+	}
+	d.mu.Lock()
+	job, ok := d.inflight[seq]
+	d.mu.Unlock()
+	if ok && job.resp.attempt == strconv.Itoa(attempt) {
+		job.resp.resend(from)
+	}
+}
+
+// inflightJob is a request being served: how to cancel it, and its
+// responder (for resends).
+type inflightJob struct {
+	cancel context.CancelCauseFunc
+	resp   *responder
 }
 
 // track registers an in-flight job; it reports false when the job was
 // cancelled before it started.
-func (d *Dispatcher) track(seq uint64, cancel context.CancelCauseFunc) bool {
+func (d *Dispatcher) track(seq uint64, cancel context.CancelCauseFunc, resp *responder) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.cancelled[seq]; ok {
 		delete(d.cancelled, seq)
 		return false
 	}
-	d.inflight[seq] = cancel
+	d.inflight[seq] = inflightJob{cancel: cancel, resp: resp}
 	return true
 }
 

@@ -326,16 +326,19 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Lock()
 	r := c.replies[token]
 	c.mu.Unlock()
+	if r != nil {
+		r.push(m)
+	}
 	if m.Reply != "" {
-		// A dispatcher asks whether anyone still waits for this answer.
+		// A dispatcher asks whether anyone still waits for this answer and,
+		// with its final data message, whether the answer is whole.
 		answer := AcceptWaiting
 		if r == nil {
 			answer = AcceptGone
+		} else if from, missing := r.missing(m); missing {
+			answer = AcceptResend + strconv.Itoa(from)
 		}
 		_ = c.nc.Publish(m.Reply, []byte(answer))
-	}
-	if r != nil {
-		r.push(m)
 	}
 }
 
@@ -359,6 +362,18 @@ func (c *Client) lastSignOfLife(app string) time.Time {
 }
 
 func (c *Client) lastReconnect() time.Time { return time.Unix(0, c.reconnect.Load()) }
+
+// requestResend asks the dispatcher serving attempt of the job for its data
+// messages from Orch-Seq from on.
+func (c *Client) requestResend(app string, seq uint64, attempt, from int) {
+	if seq == 0 {
+		return
+	}
+	payload := strconv.FormatUint(seq, 10) + " " + strconv.Itoa(attempt) + " " + strconv.Itoa(from)
+	if err := c.nc.Publish(c.names.Resend(app), []byte(payload)); err != nil {
+		c.log.Debug("asking for missed response messages", "app", app, "seq", seq, "err", err)
+	}
+}
 
 // cancel tells dispatchers to stop the job, and removes it from the stream
 // if no dispatcher took it yet.

@@ -112,13 +112,28 @@ func TestReplyAssembly(t *testing.T) {
 			wantErr: queue.ErrRetriedAfterPartial,
 		},
 		{
-			name:   "a gap is a lost response",
+			name:   "a gap is filled by the resent messages; duplicates are dropped",
 			stream: false,
 			msgs: []*nats.Msg{
 				msg(KindData, 1, 0, "x", true, false),
 				msg(KindData, 1, 2, "z", false, true),
+				msg(KindData, 1, 1, "y", false, false),
+				msg(KindData, 1, 2, "z", false, true),
 			},
-			wantErr: ErrResponseLost,
+			want: []string{"xyz"},
+		},
+		{
+			name:   "a streamed gap too, in order",
+			stream: true,
+			msgs: []*nats.Msg{
+				msg(KindData, 1, 0, "x", true, false),
+				msg(KindData, 1, 2, "z", false, false),
+				msg(KindData, 1, 3, "", false, true),
+				msg(KindData, 1, 0, "x", true, false),
+				msg(KindData, 1, 1, "y", false, false),
+				msg(KindData, 1, 2, "z", false, false),
+			},
+			want: []string{"x", "y", "z"},
 		},
 		{
 			name:    "dead letter",
