@@ -53,9 +53,9 @@ func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEve
 			for range concurrency {
 				<-started
 			}
-			waitFor(t, 10*time.Second, "the first wave to reach the engine", func() bool {
+			eventually(t, 10*time.Second, holds("the first wave to reach the engine", func() bool {
 				return s.Engine.Active.Load() >= int64(concurrency)
-			})
+			}))
 			time.Sleep(150 * time.Millisecond) // a quarter of an answer, not a wait for an event
 			mu.Lock()
 			faultAt = time.Now()

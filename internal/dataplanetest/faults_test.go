@@ -141,7 +141,7 @@ func TestDeadDispatchersRequestsAnsweredWithin5s(t *testing.T) {
 	defer cancel()
 	const n = 32
 	out := fire(ctx, s.Gateway.URL, n)
-	waitFor(t, 10*time.Second, "every request to reach the engine", func() bool { return s.Engine.Active.Load() == n })
+	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	held := victim.InFlight()
 	victim.Kill()
 	died := time.Now()
@@ -166,7 +166,7 @@ func TestRequestsInFlightAnsweredWithin5sOfANATSRestart(t *testing.T) {
 	defer cancel()
 	const n = 16
 	out := fire(ctx, s.Gateway.URL, n)
-	waitFor(t, 10*time.Second, "every request to reach the engine", func() bool { return s.Engine.Active.Load() == n })
+	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	if err := s.RestartNATS(); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestLivenessCost(t *testing.T) {
 	defer cancel()
 	const n = 32
 	out := fire(ctx, s.Gateway.URL, n)
-	waitFor(t, 10*time.Second, "every request to reach the engine", func() bool { return s.Engine.Active.Load() == n })
+	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	const window = 4 * time.Second
 	before, err := s.NATS.Varz(nil)
 	if err != nil {
@@ -254,7 +254,7 @@ func TestStreamsSurviveANATSRestart(t *testing.T) {
 			out <- o
 		}()
 	}
-	waitFor(t, 10*time.Second, "every stream to be generating", func() bool { return s.Engine.Active.Load() == n })
+	eventually(t, 10*time.Second, holds("every stream to be generating", func() bool { return s.Engine.Active.Load() == n }))
 	time.Sleep(300 * time.Millisecond) // let every stream send part of its answer first
 	if err := s.RestartNATS(); err != nil {
 		t.Fatal(err)

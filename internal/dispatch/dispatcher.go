@@ -51,7 +51,7 @@ type Dispatcher struct {
 
 	mu        sync.Mutex
 	inflight  map[uint64]inflightJob // by stream sequence
-	cancelled map[uint64]time.Time               // cancels that arrived before their job
+	cancelled map[uint64]time.Time   // cancels that arrived before their job
 
 	ready atomic.Bool
 	wg    sync.WaitGroup

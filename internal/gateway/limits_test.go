@@ -33,7 +33,7 @@ func TestRequestsPerMinute(t *testing.T) {
 	if resp, got := h.do(t, "POST", "/v1/chat/completions", bobToken, body); resp.StatusCode != 200 {
 		t.Errorf("bob: %d %s", resp.StatusCode, got)
 	}
-	waitMetric(t, "rejections_total{reason=requests_per_minute}", h.g.metrics.rejections.WithLabelValues(reasonRequestRate), 1)
+	eventually(t, 5*time.Second, metricEquals("rejections_total{reason=requests_per_minute}", h.g.metrics.rejections.WithLabelValues(reasonRequestRate), 1))
 	if n := h.q.submitted(); n != 3 {
 		t.Errorf("%d jobs reached the queue, want 3", n)
 	}
@@ -49,11 +49,11 @@ func TestTokensPerMinute(t *testing.T) {
 	if resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody); resp.StatusCode != 200 {
 		t.Fatalf("first request: %d %s", resp.StatusCode, body)
 	}
-	waitMetric(t, "tokens_total{kind=completion}", h.g.metrics.tokens.WithLabelValues("llama-3-8b", "alice", "completion"), fakeCompletionTokens)
-	eventually(t, 5*time.Second, "the tokens to be settled", func() bool {
+	eventually(t, 5*time.Second, metricEquals("tokens_total{kind=completion}", h.g.metrics.tokens.WithLabelValues("llama-3-8b", "alice", "completion"), fakeCompletionTokens))
+	eventually(t, 5*time.Second, holds("the tokens to be settled", func() bool {
 		ok, _ := h.g.limiter.state(&Principal{Name: "alice"}).tokens.reserve(time.Now(), 5, 5)
 		return !ok
-	})
+	}))
 	// The next one needs a full budget again: 11 tokens at 5 a minute.
 	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
 	wantError(t, resp, body, http.StatusTooManyRequests,
@@ -93,9 +93,9 @@ func TestTokensPerMinuteHoldsUnderConcurrency(t *testing.T) {
 		})
 	}
 	// The rejected ones answer while the admitted ones are held.
-	eventually(t, 5*time.Second, "every request to be admitted or refused", func() bool {
+	eventually(t, 5*time.Second, holds("every request to be admitted or refused", func() bool {
 		return len(statuses)+h.q.submitted() >= 20
-	})
+	}))
 	release()
 	wg.Wait()
 	close(statuses)
@@ -109,10 +109,10 @@ func TestTokensPerMinuteHoldsUnderConcurrency(t *testing.T) {
 		t.Errorf("statuses = %v, want %d admitted (200 tokens / %d reserved each) and the rest 429", count, want, perRequest)
 	}
 	// Settled at what they spent: the reservations are given back.
-	eventually(t, 5*time.Second, "the reservations to be settled", func() bool {
+	eventually(t, 5*time.Second, holds("the reservations to be settled", func() bool {
 		ok, _ := h.g.limiter.state(&Principal{Name: "alice"}).tokens.reserve(time.Now(), 200, 150)
 		return ok
-	})
+	}))
 }
 
 func TestMaxConcurrentStreams(t *testing.T) {
@@ -136,7 +136,7 @@ func TestMaxConcurrentStreams(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		first <- string(b)
 	}()
-	eventually(t, 5*time.Second, "the first stream to start", func() bool { return h.q.submitted() == 1 })
+	eventually(t, 5*time.Second, holds("the first stream to start", func() bool { return h.q.submitted() == 1 }))
 
 	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody)
 	wantError(t, resp, body, http.StatusTooManyRequests,
@@ -153,10 +153,10 @@ func TestMaxConcurrentStreams(t *testing.T) {
 	if body := <-first; !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Errorf("first stream = %q, want it complete", body)
 	}
-	eventually(t, 5*time.Second, "the stream slot to be released", func() bool {
+	eventually(t, 5*time.Second, holds("the stream slot to be released", func() bool {
 		resp, _ := h.do(t, "POST", "/v1/chat/completions", aliceToken, streamBody)
 		return resp.StatusCode == 200
-	})
+	}))
 }
 
 func TestBucket(t *testing.T) {
