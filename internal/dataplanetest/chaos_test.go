@@ -17,8 +17,10 @@ import (
 // chaosReport is what a bounded load saw across one fault.
 type chaosReport struct {
 	accepted, completed, cut, lost, duplicated, serverErrors int
-	// cutBy counts the errors clients saw on cut requests.
+	// cutBy counts the errors clients saw on cut requests; cutAt the cut
+	// requests per gateway.
 	cutBy    map[string]int
+	cutAt    map[string]int
 	recovery time.Duration
 }
 
@@ -33,11 +35,15 @@ func (r chaosReport) String() string {
 // flight when it happened. wantEvents is the number of SSE events of a
 // whole stream.
 func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEvents int, fault func()) chaosReport {
-	url := s.Gateway.URL
+	return chaosLoadOn(t, s, []string{s.Gateway.URL}, total, concurrency, wantEvents, fault)
+}
+
+// chaosLoadOn is chaosLoad with the requests spread over several gateways.
+func chaosLoadOn(t *testing.T, s *dataplanetest.Stack, urls []string, total, concurrency, wantEvents int, fault func()) chaosReport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	rep := chaosReport{cutBy: map[string]int{}}
+	rep := chaosReport{cutBy: map[string]int{}, cutAt: map[string]int{}}
 	var (
 		mu        sync.Mutex
 		faultAt   time.Time
@@ -67,6 +73,7 @@ func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEve
 			defer func() { <-sem }()
 			began := time.Now()
 			stream := i%2 == 1
+			url := urls[(i/2)%len(urls)]
 			body := fmt.Sprintf(`{"model":"sim-model","stream":%t,"messages":[{"role":"user","content":"chaos %d"}]}`, stream, i)
 			req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
@@ -90,6 +97,7 @@ func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEve
 				rep.lost++ // no outcome within the bound: a hang
 			case o.err != nil && o.status == 0:
 				rep.cut++
+				rep.cutAt[url]++
 				rep.cutBy[errorKind(o.err.Error())]++
 			case o.status >= 500:
 				rep.serverErrors++
@@ -102,6 +110,7 @@ func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEve
 			default:
 				rep.accepted++
 				rep.cut++
+				rep.cutAt[url]++
 				rep.cutBy[errorKind(o.body+fmt.Sprint(o.err))]++
 			}
 		})
@@ -161,6 +170,34 @@ func TestChaos(t *testing.T) {
 		// A started stream whose engine broke off is cut; the rest retry.
 		maxCut: concurrency / 2,
 	}}
+	t.Run("one of two gateways killed", func(t *testing.T) {
+		s := startStack(t, simCfg, func(sc *dataplanetest.StackConfig) {
+			sc.Dispatcher = func(d *dispatch.Config) { d.AckWait = dispatch.Default().AckWait }
+		})
+		dispatcher(t, s)
+		other, err := s.StartGateway()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := chaosLoadOn(t, s, []string{s.Gateway.URL, other.URL}, total, concurrency, 42, func() {
+			// The process dies: its connections drop, its port closes.
+			s.Gateway.CloseClientConnections()
+			s.Gateway.Listener.Close()
+		})
+		t.Logf("one of two gateways killed: %v", rep)
+		if rep.lost != 0 || rep.duplicated != 0 || rep.serverErrors != 0 {
+			t.Errorf("lost %d, duplicated %d, 5xx %d; want 0 each", rep.lost, rep.duplicated, rep.serverErrors)
+		}
+		if n := rep.cutAt[other.URL]; n != 0 {
+			t.Errorf("%d requests to the surviving gateway were cut, want 0", n)
+		}
+		if rep.cutAt[s.Gateway.URL] == 0 {
+			t.Error("no request to the killed gateway failed: the test proves nothing")
+		}
+		if rep.recovery > 5*time.Second {
+			t.Errorf("the killed gateway's clients waited %v for their error, want at most 5s", rep.recovery)
+		}
+	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s := startStack(t, simCfg, func(sc *dataplanetest.StackConfig) {

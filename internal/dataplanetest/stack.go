@@ -45,9 +45,12 @@ type Stack struct {
 	Queue   *natsqueue.Client
 	Gateway *httptest.Server
 
-	dir     string
-	port    int
-	dispCfg dispatch.Config
+	dir      string
+	port     int
+	cfg      StackConfig
+	qcfg     natsqueue.ClientConfig
+	gateways int
+	dispCfg  dispatch.Config
 	log     *slog.Logger
 	closers []func()
 }
@@ -103,6 +106,28 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	}
 	s.closers = append(s.closers, s.Queue.Close)
 
+	if s.Gateway, err = s.startGateway(cfg, s.Queue); err != nil {
+		return nil, err
+	}
+	s.cfg, s.qcfg = cfg, qcfg
+	return s, nil
+}
+
+// StartGateway starts another gateway, with its own queue client (a
+// gateway instance of its own), in front of the same queue.
+func (s *Stack) StartGateway() (*httptest.Server, error) {
+	qcfg := s.qcfg
+	s.gateways++
+	qcfg.Instance = fmt.Sprintf("gw%d", s.gateways)
+	q, err := natsqueue.Connect(s.NATS.ClientURL(), qcfg, s.log, nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, q.Close)
+	return s.startGateway(s.cfg, q)
+}
+
+func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Server, error) {
 	gcfg := gateway.Default()
 	gcfg.Models = []gateway.ModelConfig{{Name: cfg.Sim.Model, App: App}}
 	gcfg.Limits.Default = gateway.Limits{}
@@ -113,13 +138,13 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
 		APIKey: {Name: "e2e"},
 	})
-	g, err := gateway.New(gcfg, s.Queue, gateway.Options{Logger: s.log, Tokens: tokens})
+	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens})
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}
-	s.Gateway = httptest.NewServer(g.Handler())
-	s.closers = append(s.closers, s.Gateway.Close)
-	return s, nil
+	srv := httptest.NewServer(g.Handler())
+	s.closers = append(s.closers, srv.Close)
+	return srv, nil
 }
 
 // DispatcherConfig returns the configuration dispatchers start with.
