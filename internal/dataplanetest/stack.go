@@ -51,8 +51,8 @@ type Stack struct {
 	qcfg     natsqueue.ClientConfig
 	gateways int
 	dispCfg  dispatch.Config
-	log     *slog.Logger
-	closers []func()
+	log      *slog.Logger
+	closers  []func()
 }
 
 // StartStack starts a data plane; Close stops it.
