@@ -126,6 +126,10 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
 	$(GO) run ./internal/dataplanetest/cmd/bench-dataplane -docs docs/benchmarks.md
 
+.PHONY: soak
+soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
+	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
+
 .PHONY: bench-reconcile
 bench-reconcile: tools ## Time for 50 and 200 custom resources to reach Deployed, CPU per no-op reconcile, operator RSS.
 	$(GO) run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md
