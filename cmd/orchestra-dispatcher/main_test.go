@@ -68,7 +68,7 @@ shutdownTimeout: 2s
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 
-	waitFor(t, "/healthz 200 without NATS", func() bool { code, _ := get(base + "/healthz"); return code == http.StatusOK })
+	eventually(t, 20*time.Second, holds("/healthz 200 without NATS", func() bool { code, _ := get(base + "/healthz"); return code == http.StatusOK }))
 	if code, _ := get(base + "/readyz"); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz without NATS = %d, want 503", code)
 	}
@@ -78,7 +78,7 @@ shutdownTimeout: 2s
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	waitFor(t, "/readyz 200 with NATS", func() bool { code, _ := get(base + "/readyz"); return code == http.StatusOK })
+	eventually(t, 20*time.Second, holds("/readyz 200 with NATS", func() bool { code, _ := get(base + "/readyz"); return code == http.StatusOK }))
 
 	code, body := get(base + "/metrics")
 	if code != http.StatusOK {
@@ -130,15 +130,4 @@ func get(url string) (int, string) {
 	defer func() { _ = res.Body.Close() }()
 	b, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(b)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -161,7 +161,7 @@ func TestDispatcherKilledMidAnswer(t *testing.T) {
 			got, err = client.Chat.Completions.New(ctx, chat("survive the crash"))
 			done <- err
 		}()
-		waitFor(t, 5*time.Second, "the engine to start", func() bool { return s.Engine.Active.Load() == 1 })
+		eventually(t, 5*time.Second, holds("the engine to start", func() bool { return s.Engine.Active.Load() == 1 }))
 		victim.Kill()
 		survivor := dispatcher(t, s)
 		defer func() { _ = survivor.Stop() }() // teardown only; the stack stops it again
@@ -218,9 +218,9 @@ func TestQueuedRequestsSurviveANATSRestart(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, 10*time.Second, "all requests to be queued", func() bool {
+	eventually(t, 10*time.Second, holds("all requests to be queued", func() bool {
 		return streamMsgs(s) == n
-	})
+	}))
 	if err := s.RestartNATS(); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestQueuedRequestsSurviveANATSRestart(t *testing.T) {
 	if err := s.RestartNATS(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the dispatcher to reconnect", d.Ready)
+	eventually(t, 10*time.Second, holds("the dispatcher to reconnect", d.Ready))
 	if _, err := client.Chat.Completions.New(ctx, chat("after the second restart")); err != nil {
 		t.Fatalf("request after a restart: %v", err)
 	}
@@ -271,15 +271,4 @@ func streamMsgs(s *dataplanetest.Stack) int {
 		return -1
 	}
 	return n
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -26,6 +26,9 @@ func StartNATS(dir string, port int) (*server.Server, error) {
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   dir,
+		// As the orchestra's NATS chart: a queued request of the gateway's
+		// default body limit (8 MiB) fits with its headers.
+		MaxPayload: 9 << 20,
 		NoLog:      true,
 		NoSigs:     true,
 	}
@@ -53,6 +56,10 @@ type Engine struct {
 	// (finished includes aborted by the client).
 	Requests atomic.Int64
 	Active   atomic.Int64
+	// Hold, when set, delays every request this long before the simulator
+	// sees it: nothing of the answer, not even its headers, is sent
+	// before (an engine still loading its queue).
+	Hold atomic.Int64 // nanoseconds
 }
 
 // StartEngine serves a simulator for cfg.
@@ -67,6 +74,13 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 			e.Requests.Add(1)
 			e.Active.Add(1)
 			defer e.Active.Add(-1)
+			if d := time.Duration(e.Hold.Load()); d > 0 {
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(d):
+				}
+			}
 		}
 		h.ServeHTTP(w, r)
 	}))

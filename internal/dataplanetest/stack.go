@@ -33,6 +33,7 @@ type StackConfig struct {
 	Sim        sim.Config
 	Dispatcher func(*dispatch.Config)
 	Queue      func(*natsqueue.ClientConfig)
+	Gateway    func(*gateway.Config)
 	Log        *slog.Logger
 }
 
@@ -44,11 +45,14 @@ type Stack struct {
 	Queue   *natsqueue.Client
 	Gateway *httptest.Server
 
-	dir     string
-	port    int
-	dispCfg dispatch.Config
-	log     *slog.Logger
-	closers []func()
+	dir      string
+	port     int
+	cfg      StackConfig
+	qcfg     natsqueue.ClientConfig
+	gateways int
+	dispCfg  dispatch.Config
+	log      *slog.Logger
+	closers  []func()
 }
 
 // StartStack starts a data plane; Close stops it.
@@ -102,20 +106,45 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	}
 	s.closers = append(s.closers, s.Queue.Close)
 
+	if s.Gateway, err = s.startGateway(cfg, s.Queue); err != nil {
+		return nil, err
+	}
+	s.cfg, s.qcfg = cfg, qcfg
+	return s, nil
+}
+
+// StartGateway starts another gateway, with its own queue client (a
+// gateway instance of its own), in front of the same queue.
+func (s *Stack) StartGateway() (*httptest.Server, error) {
+	qcfg := s.qcfg
+	s.gateways++
+	qcfg.Instance = fmt.Sprintf("gw%d", s.gateways)
+	q, err := natsqueue.Connect(s.NATS.ClientURL(), qcfg, s.log, nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, q.Close)
+	return s.startGateway(s.cfg, q)
+}
+
+func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Server, error) {
 	gcfg := gateway.Default()
 	gcfg.Models = []gateway.ModelConfig{{Name: cfg.Sim.Model, App: App}}
 	gcfg.Limits.Default = gateway.Limits{}
 	gcfg.Log.AccessLog = false
+	if cfg.Gateway != nil {
+		cfg.Gateway(&gcfg)
+	}
 	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
 		APIKey: {Name: "e2e"},
 	})
-	g, err := gateway.New(gcfg, s.Queue, gateway.Options{Logger: s.log, Tokens: tokens})
+	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens})
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}
-	s.Gateway = httptest.NewServer(g.Handler())
-	s.closers = append(s.closers, s.Gateway.Close)
-	return s, nil
+	srv := httptest.NewServer(g.Handler())
+	s.closers = append(s.closers, srv.Close)
+	return srv, nil
 }
 
 // DispatcherConfig returns the configuration dispatchers start with.
@@ -154,6 +183,12 @@ func (s *Stack) StartDispatcher() (*Dispatcher, error) {
 	}
 	s.closers = append(s.closers, func() { _ = rd.Stop() }) // teardown: best effort
 	return rd, nil
+}
+
+// InFlight is the number of requests the dispatcher serves or holds.
+func (d *Dispatcher) InFlight() int {
+	l, _ := d.Load(App)
+	return l.InFlight + l.Held
 }
 
 // Stop shuts the dispatcher down gracefully.

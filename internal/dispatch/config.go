@@ -32,8 +32,11 @@ type Config struct {
 	Apps []App `json:"apps"`
 
 	// AckWait is how long a delivery may go without progress before
-	// JetStream redelivers it; in-flight requests report progress every
-	// AckWait/3, so only a dead dispatcher lets it expire.
+	// JetStream redelivers it. Requests being served and requests held for
+	// a free engine slot report progress every AckWait/3, so only a dead
+	// dispatcher lets it expire: it bounds how long a dead dispatcher's
+	// requests wait before another dispatcher takes them. The price is one
+	// progress message per held or in-flight request every AckWait/3.
 	AckWait metav1.Duration `json:"ackWait"`
 	// MaxDeliver is the number of attempts before a request is dead-lettered.
 	MaxDeliver int `json:"maxDeliver"`
@@ -99,6 +102,11 @@ type Health struct {
 	// EjectBase is the first ejection; each further failure doubles it up to EjectMax.
 	EjectBase metav1.Duration `json:"ejectBase"`
 	EjectMax  metav1.Duration `json:"ejectMax"`
+	// Path is the engine's health check (GET, 2xx is healthy), probed every
+	// ProbeInterval while a root is ejected: a root is back in rotation as
+	// soon as it passes. Empty: no probing, the ejection back-off decides.
+	Path          string          `json:"path"`
+	ProbeInterval metav1.Duration `json:"probeInterval"`
 }
 
 // Default returns the defaults that a config file overrides.
@@ -113,7 +121,7 @@ func Default() Config {
 			Duplicates:       metav1.Duration{Duration: 2 * time.Minute},
 			DeadLetterMaxAge: metav1.Duration{Duration: 7 * 24 * time.Hour},
 		},
-		AckWait:           metav1.Duration{Duration: 30 * time.Second},
+		AckWait:           metav1.Duration{Duration: 3 * time.Second},
 		MaxDeliver:        5,
 		RetryDelay:        metav1.Duration{Duration: 500 * time.Millisecond},
 		HeartbeatInterval: metav1.Duration{Duration: 2 * time.Second},
@@ -125,6 +133,8 @@ func Default() Config {
 			FailureThreshold: 3,
 			EjectBase:        metav1.Duration{Duration: time.Second},
 			EjectMax:         metav1.Duration{Duration: 30 * time.Second},
+			Path:             "/health",
+			ProbeInterval:    metav1.Duration{Duration: 250 * time.Millisecond},
 		},
 	}
 }
@@ -222,6 +232,9 @@ func (c Config) Validate() error {
 	}
 	if c.Health.FailureThreshold < 1 || c.Health.EjectBase.Duration <= 0 || c.Health.EjectMax.Duration < c.Health.EjectBase.Duration {
 		add("health needs failureThreshold >= 1 and 0 < ejectBase <= ejectMax")
+	}
+	if c.Health.Path != "" && (c.Health.Path[0] != '/' || c.Health.ProbeInterval.Duration <= 0) {
+		add("health.path must start with '/' and health.probeInterval be positive")
 	}
 	return errors.Join(errs...)
 }

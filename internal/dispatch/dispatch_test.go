@@ -84,7 +84,7 @@ func (e *env) dispatcher() (kill func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	eventually(e.t, 10*time.Second, "dispatcher ready", d.Ready)
+	eventually(e.t, 10*time.Second, holds("dispatcher ready", d.Ready))
 	stopped := false
 	stop := func(abrupt bool) {
 		if stopped {
@@ -137,17 +137,6 @@ func testLogger(t *testing.T) *slog.Logger {
 		return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func chatJob(id, prompt string, stream bool) queue.Job {
@@ -365,10 +354,10 @@ func TestRepeatedFailuresDeadLetter(t *testing.T) {
 	if m.Header.Get(natsqueue.HeaderJobID) != "job-doomed" {
 		t.Errorf("dead letter is for job %q", m.Header.Get(natsqueue.HeaderJobID))
 	}
-	eventually(t, 5*time.Second, "request stream to empty", func() bool {
+	eventually(t, 5*time.Second, holds("request stream to empty", func() bool {
 		info, err := e.stream().Info(ctx)
 		return err == nil && info.State.Msgs == 0
-	})
+	}))
 }
 
 func TestCloseCancelsTheEngineRequest(t *testing.T) {
@@ -393,11 +382,11 @@ func TestCloseCancelsTheEngineRequest(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the engine request to be cancelled", func() bool { return e.engine.Active.Load() == 0 })
-	eventually(t, 5*time.Second, "the job to leave the stream", func() bool {
+	eventually(t, 5*time.Second, holds("the engine request to be cancelled", func() bool { return e.engine.Active.Load() == 0 }))
+	eventually(t, 5*time.Second, holds("the job to leave the stream", func() bool {
 		info, err := e.stream().Info(ctx)
 		return err == nil && info.State.Msgs == 0
-	})
+	}))
 	if n := e.engine.Requests.Load(); n != 1 {
 		t.Errorf("engine saw %d requests, want 1: a cancelled job must not be retried", n)
 	}
@@ -414,15 +403,18 @@ func TestCloseRemovesAQueuedJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = r.Close()
-	eventually(t, 5*time.Second, "the queued job to be removed", func() bool {
+	eventually(t, 5*time.Second, holds("the queued job to be removed", func() bool {
 		info, err := e.stream().Info(ctx)
 		return err == nil && info.State.Msgs == 0
-	})
+	}))
 	e.dispatcher()
-	time.Sleep(300 * time.Millisecond) // give a wrongly kept job the chance to run
-	if n := e.engine.Requests.Load(); n != 0 {
-		t.Errorf("engine ran %d cancelled jobs", n)
-	}
+	// A wrongly kept job would reach the engine within a pull or two.
+	consistently(t, 500*time.Millisecond, func() error {
+		if n := e.engine.Requests.Load(); n != 0 {
+			return fmt.Errorf("engine ran %d cancelled jobs", n)
+		}
+		return nil
+	})
 }
 
 func TestDispatcherDeathMidAnswer(t *testing.T) {
@@ -442,7 +434,7 @@ func TestDispatcherDeathMidAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = r.Close() }()
-		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		eventually(t, 5*time.Second, holds("the engine to start", func() bool { return e.engine.Active.Load() == 1 }))
 		kill()
 		defer e.dispatcher()()
 		status, body, _, err := collect(ctx, r)
@@ -527,18 +519,18 @@ func TestRootsFollowEndpointSlices(t *testing.T) {
 	roots := func(want ...string) func() bool {
 		return func() bool { return slices.Equal(d.Roots(app), want) }
 	}
-	eventually(t, 10*time.Second, "the slice's endpoint to become a root", roots("http://10.0.0.1:8000"))
+	eventually(t, 10*time.Second, holds("the slice's endpoint to become a root", roots("http://10.0.0.1:8000")))
 
 	slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}})
 	if _, err := cs.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "a scaled-up root", roots("http://10.0.0.1:8000", "http://10.0.0.2:8000"))
+	eventually(t, 10*time.Second, holds("a scaled-up root", roots("http://10.0.0.1:8000", "http://10.0.0.2:8000")))
 
 	if err := cs.DiscoveryV1().EndpointSlices("ns").Delete(ctx, slice.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "roots to go with their slice", roots())
+	eventually(t, 10*time.Second, holds("roots to go with their slice", roots()))
 }
 
 func TestGracefulShutdown(t *testing.T) {
@@ -557,7 +549,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = r.Close() }()
-		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		eventually(t, 5*time.Second, holds("the engine to start", func() bool { return e.engine.Active.Load() == 1 }))
 		stopped := make(chan struct{})
 		go func() { stop(); close(stopped) }()
 		if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
@@ -582,7 +574,7 @@ func TestGracefulShutdown(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = r.Close() }()
-		eventually(t, 5*time.Second, "the engine to start", func() bool { return e.engine.Active.Load() == 1 })
+		eventually(t, 5*time.Second, holds("the engine to start", func() bool { return e.engine.Active.Load() == 1 }))
 		stop()
 		e.dispatcher()
 		began := time.Now()
@@ -609,7 +601,7 @@ func (e *env) graceful() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	eventually(e.t, 10*time.Second, "dispatcher ready", d.Ready)
+	eventually(e.t, 10*time.Second, holds("dispatcher ready", d.Ready))
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -657,7 +649,7 @@ func TestMetricsTellWhatHappened(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = d.Run(ctx) }()
-	eventually(t, 10*time.Second, "dispatcher ready", d.Ready)
+	eventually(t, 10*time.Second, holds("dispatcher ready", d.Ready))
 	c := e.client(nil)
 	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer rcancel()
@@ -684,11 +676,11 @@ orchestra_dispatcher_root_healthy{app="chat",root=%q} 1
 # TYPE orchestra_dispatcher_inflight gauge
 orchestra_dispatcher_inflight{app="chat"} 0
 `, root)
-	eventually(t, 5*time.Second, "the metrics", func() bool {
+	eventually(t, 5*time.Second, holds("the metrics", func() bool {
 		return testutil.GatherAndCompare(reg, strings.NewReader(want),
 			"orchestra_dispatcher_completed_total", "orchestra_dispatcher_dispatched_total",
 			"orchestra_dispatcher_root_healthy", "orchestra_dispatcher_inflight") == nil
-	})
+	}))
 	if n, err := testutil.GatherAndCount(reg, "orchestra_dispatcher_queue_wait_seconds"); err != nil || n != 1 {
 		t.Errorf("queue wait histogram series: %d %v", n, err)
 	}

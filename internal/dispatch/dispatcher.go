@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -49,8 +50,8 @@ type Dispatcher struct {
 	pools map[string]*pool
 
 	mu        sync.Mutex
-	inflight  map[uint64]context.CancelCauseFunc // by stream sequence
-	cancelled map[uint64]time.Time               // cancels that arrived before their job
+	inflight  map[uint64]inflightJob // by stream sequence
+	cancelled map[uint64]time.Time   // cancels that arrived before their job
 
 	ready atomic.Bool
 	wg    sync.WaitGroup
@@ -59,7 +60,12 @@ type Dispatcher struct {
 type app struct {
 	App
 	pool *pool
+	held *held
 	m    appMetrics
+	// inflight counts requests being served; backlog is the consumer's
+	// NumPending at the last poll. Both feed Load.
+	inflight atomic.Int64
+	backlog  atomic.Int64
 
 	mu       sync.Mutex
 	consumer jetstream.Consumer
@@ -108,7 +114,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		js:        js,
 		log:       log,
 		pools:     map[string]*pool{},
-		inflight:  map[uint64]context.CancelCauseFunc{},
+		inflight:  map[uint64]inflightJob{},
 		cancelled: map[uint64]time.Time{},
 	}
 	for _, o := range opts {
@@ -133,15 +139,64 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			}
 			d.m.rootHealthy.WithLabelValues(name, root).Set(v)
 		})
+		if cfg.Health.Path != "" {
+			p.probe = d.probe
+		}
 		if len(a.Endpoints) > 0 {
 			p.set(a.Endpoints)
 		} else if d.kube == nil {
 			return nil, fmt.Errorf("application %s names service %s but no Kubernetes client was given", a.Name, a.Service)
 		}
 		d.pools[a.Name] = p
-		d.apps = append(d.apps, &app{App: a, pool: p, m: d.m.forApp(a.Name)})
+		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name)})
 	}
 	return d, nil
+}
+
+// probe reports whether the engine at root answers its health check.
+func (d *Dispatcher) probe(root string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, root+d.cfg.Health.Path, nil)
+	if err != nil {
+		return false
+	}
+	res, err := d.engines.RoundTrip(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
+	_ = res.Body.Close()
+	return res.StatusCode >= 200 && res.StatusCode < 300
+}
+
+// AppLoad is an application's work as one dispatcher sees it.
+type AppLoad struct {
+	// Backlog is the requests queued in JetStream and not delivered to any
+	// dispatcher yet, at the last poll (every 5 s).
+	Backlog int
+	// Held is the requests delivered to this dispatcher that wait for an
+	// engine slot; InFlight those it is serving.
+	Held, InFlight int
+	// Roots is the number of engine roots (ready endpoints).
+	Roots int
+}
+
+// Load reports an application's work and roots; false for an application
+// this dispatcher does not serve. A Backlog or Held above zero with no
+// Roots is an application waiting for its engines.
+func (d *Dispatcher) Load(name string) (AppLoad, bool) {
+	for _, a := range d.apps {
+		if a.Name == name {
+			return AppLoad{
+				Backlog:  int(a.backlog.Load()),
+				Held:     a.held.len(),
+				InFlight: int(a.inflight.Load()),
+				Roots:    len(a.pool.urls()),
+			}, true
+		}
+	}
+	return AppLoad{}, false
 }
 
 // Registry returns the registry holding the dispatcher's metrics.
@@ -176,6 +231,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribing to cancels: %w", err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	resends, err := d.nc.Subscribe(d.names.Resend("*"), d.onResend)
+	if err != nil {
+		return fmt.Errorf("subscribing to resend requests: %w", err)
+	}
+	defer func() { _ = resends.Unsubscribe() }()
 
 	// Handlers outlive ctx by up to ShutdownTimeout.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -256,18 +316,18 @@ func (d *Dispatcher) provision(ctx context.Context) error {
 	}
 }
 
-// feed pulls an application's requests while engine slots are free, until
-// ctx ends. When pulling stops for another reason (the consumer was deleted,
-// NATS lost its state) it provisions again and resumes.
+// fetchWait bounds one pull request: an idle dispatcher asks again this
+// often, and stopping waits at most this long for the last answer.
+const fetchWait = 2 * time.Second
+
+// feed serves an application's requests until ctx ends. When pulling fails
+// (the consumer was deleted, NATS lost its state) it provisions again and
+// resumes.
 func (d *Dispatcher) feed(ctx, work context.Context, a *app) {
 	for ctx.Err() == nil {
-		iter, err := a.getConsumer().Messages(jetstream.PullMaxMessages(d.cfg.Prefetch))
-		if err == nil {
-			d.pull(ctx, work, a, iter)
-			if ctx.Err() != nil {
-				return
-			}
-			err = errors.New("pulling stopped")
+		err := d.pull(ctx, work, a)
+		if ctx.Err() != nil {
+			return
 		}
 		d.log.Warn("pulling requests; provisioning again", "app", a.Name, "err", err)
 		select {
@@ -281,43 +341,29 @@ func (d *Dispatcher) feed(ctx, work context.Context, a *app) {
 	}
 }
 
-// pull runs one pull subscription until it closes or ctx ends.
-func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.MessagesContext) {
-	stopped := make(chan struct{})
+// pull runs an application until ctx ends or fetching fails: a fetcher
+// keeps up to Prefetch requests held (kept alive, see held), and each held
+// request starts as soon as an engine slot is free. A request is fetched
+// only into room in the held queue, so none waits anywhere it is not kept
+// alive. On return the held requests are handed back to JetStream.
+func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	fetched := make(chan error, 1)
 	go func() {
-		select {
-		case <-ctx.Done():
-			if d.nc.IsConnected() {
-				iter.Drain() // hand back what is buffered, below
-			} else {
-				iter.Stop() // draining would wait for a flush that cannot happen
-			}
-		case <-stopped:
-			iter.Stop()
-		}
+		err := d.fetch(pctx, a)
+		stop() // a failed fetcher ends this pull
+		fetched <- err
 	}()
-	defer close(stopped)
+	go a.held.keepAlive(pctx, d.cfg.AckWait.Duration/3)
 	for {
-		rt, err := a.pool.acquire(ctx)
+		rt, err := a.pool.acquire(pctx)
 		if err != nil {
 			break
 		}
-		msg, err := iter.Next()
+		msg, err := a.held.pop(pctx)
 		if err != nil {
 			a.pool.release(rt, true, false)
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
-			}
-			d.log.Warn("pulling requests", "app", a.Name, "err", err)
-			select { // do not spin on a persistent error
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			a.pool.release(rt, true, false)
-			_ = msg.Nak()
 			break
 		}
 		d.wg.Add(1)
@@ -326,13 +372,37 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app, iter jetstream.Mess
 			d.handle(work, a, msg, rt)
 		}()
 	}
-	// Hand back what was buffered but not started.
+	stop()
+	err := <-fetched
+	// Hand back what was held but not started; without a connection the
+	// NAKs cannot go out and JetStream redelivers after AckWait.
+	for _, m := range a.held.drain() {
+		_ = m.Nak()
+	}
+	return err
+}
+
+// fetch fills the application's held queue from its consumer until ctx
+// ends; it returns the error that made a pull request fail.
+func (d *Dispatcher) fetch(ctx context.Context, a *app) error {
 	for {
-		msg, err := iter.Next()
-		if err != nil {
-			return
+		room, err := a.held.space(ctx, d.cfg.Prefetch)
+		if err != nil || ctx.Err() != nil {
+			return nil //nolint:nilerr // ctx ended: a normal stop
 		}
-		_ = msg.Nak()
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		batch, err := a.getConsumer().Fetch(room, jetstream.FetchContext(fctx))
+		if err != nil {
+			cancel()
+			return fmt.Errorf("fetching requests: %w", err)
+		}
+		for m := range batch.Messages() {
+			a.held.push(m)
+		}
+		cancel()
+		if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("fetching requests: %w", err)
+		}
 	}
 }
 
@@ -378,6 +448,7 @@ func (d *Dispatcher) observeBacklogOnce(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		a.backlog.Store(int64(info.NumPending))
 		d.m.backlog.WithLabelValues(a.Name).Set(float64(info.NumPending))
 		d.m.ackPending.WithLabelValues(a.Name).Set(float64(info.NumAckPending))
 	}
@@ -390,26 +461,49 @@ func (d *Dispatcher) onCancel(m *nats.Msg) {
 		return
 	}
 	d.mu.Lock()
-	cancel := d.inflight[seq]
-	if cancel == nil {
+	job, ok := d.inflight[seq]
+	if !ok {
 		d.cancelled[seq] = time.Now()
 	}
 	d.mu.Unlock()
-	if cancel != nil {
-		cancel(errCancelled)
+	if ok {
+		job.cancel(errCancelled)
 	}
+}
+
+// onResend publishes again the data messages a gateway missed, when this
+// dispatcher serves the attempt it names.
+func (d *Dispatcher) onResend(m *nats.Msg) {
+	var seq uint64
+	var attempt, from int
+	if _, err := fmt.Sscanf(string(m.Data), "%d %d %d", &seq, &attempt, &from); err != nil {
+		return
+	}
+	d.mu.Lock()
+	job, ok := d.inflight[seq]
+	d.mu.Unlock()
+	if ok && job.resp.attempt == strconv.Itoa(attempt) {
+		job.resp.resend(from)
+	}
+}
+
+// inflightJob is a request being served: how to cancel it, and its
+// responder (for resends).
+type inflightJob struct {
+	cancel context.CancelCauseFunc
+	resp   *responder
 }
 
 // track registers an in-flight job; it reports false when the job was
 // cancelled before it started.
-func (d *Dispatcher) track(seq uint64, cancel context.CancelCauseFunc) bool {
+func (d *Dispatcher) track(seq uint64, cancel context.CancelCauseFunc, resp *responder) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.cancelled[seq]; ok {
 		delete(d.cancelled, seq)
 		return false
 	}
-	d.inflight[seq] = cancel
+	d.inflight[seq] = inflightJob{cancel: cancel, resp: resp}
 	return true
 }
 

@@ -37,6 +37,11 @@ type responder struct {
 
 	mu  sync.Mutex
 	seq int
+	// retained are the data messages from Orch-Seq base on, kept until
+	// the answer is confirmed (see finish), at most retainBytes.
+	retained      []*nats.Msg
+	retainedBytes int
+	base          int
 }
 
 func newResponder(nc *nats.Conn, subject string, attempt int) *responder {
@@ -114,29 +119,72 @@ func (r *responder) data(p []byte, status int, contentType string, end bool) err
 	return r.nc.PublishMsg(r.dataMsg(p, status, contentType, end))
 }
 
-// finalData publishes the last data message of a non-streamed answer as a
-// request, so that it also does the work of accept: nil when the gateway
-// answered that it waits (or could not answer in time), errNoListener when
-// no gateway listens, errCancelled when it gave up. One message and its
-// answer instead of a separate handshake.
-func (r *responder) finalData(p []byte, status int, contentType string, timeout time.Duration) error {
+// finish publishes the last data message as a request, which also does
+// the work of accept: nil when the gateway answered that it has the whole
+// answer (or could not answer within finishWindow: published, as far as
+// anyone can tell), errNoListener when no gateway listens for finishWindow,
+// errCancelled when it gave up. When the gateway misses messages (lost while
+// NATS restarted) it names the first one: they are published again from
+// the retained copies, and the gateway asked again.
+func (r *responder) finish(p []byte, status int, contentType string, timeout time.Duration) error {
 	if r.subject == "" {
 		return errNoListener
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	res, err := r.nc.RequestMsg(r.dataMsg(p, status, contentType, true), timeout)
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		return errNoListener
-	case errors.Is(err, nats.ErrTimeout):
-		return nil // published, but the answer is slow: as accept does
-	case err != nil:
-		return &attemptError{reason: "publish_failed", err: err}
-	case string(res.Data) == natsqueue.AcceptGone:
-		return errCancelled
+	m := r.dataMsg(p, status, contentType, true)
+	r.mu.Unlock()
+	deadline := time.Now().Add(finishWindow)
+	for {
+		res, err := r.nc.RequestMsg(m, timeout)
+		switch {
+		case err == nil && string(res.Data) == natsqueue.AcceptGone:
+			return errCancelled
+		case err == nil && strings.HasPrefix(string(res.Data), natsqueue.AcceptResend):
+			from, perr := strconv.Atoi(strings.TrimPrefix(string(res.Data), natsqueue.AcceptResend))
+			if perr != nil || !r.resend(from) {
+				return &attemptError{reason: "response_lost", err: fmt.Errorf("the gateway misses messages from %q on, which are no longer kept", res.Data)}
+			}
+			continue
+		case err == nil:
+			return nil
+		case time.Now().After(deadline):
+			if errors.Is(err, nats.ErrNoResponders) {
+				return errNoListener
+			}
+			return nil // published, but the answer is slow: as accept does
+		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrConnectionReconnecting):
+			// The gateway has not resubscribed after a NATS restart yet, or
+			// the request or its answer was lost: ask again.
+			time.Sleep(100 * time.Millisecond)
+		default:
+			return &attemptError{reason: "publish_failed", err: err}
+		}
 	}
-	return nil
+}
+
+// finishWindow bounds how long a dispatcher keeps asking a gateway whether
+// it has the whole answer: long enough for both to reconnect after a NATS
+// restart.
+const finishWindow = 10 * time.Second
+
+// retainBytes bounds the data messages an attempt keeps for resending; the
+// oldest go first beyond it.
+const retainBytes = 8 << 20
+
+// resend publishes the retained data messages from Orch-Seq from on again;
+// false when some of them are no longer kept.
+func (r *responder) resend(from int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if from < r.base || from > r.base+len(r.retained) {
+		return false
+	}
+	for _, m := range r.retained[from-r.base:] {
+		if err := r.nc.PublishMsg(m); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // dataMsg builds the next data message; r.mu must be held.
@@ -167,7 +215,23 @@ func (r *responder) dataMsg(p []byte, status int, contentType string, end bool) 
 		h[natsqueue.HeaderEnd] = endVal
 	}
 	r.seq++
-	return &nats.Msg{Subject: r.subject, Header: h, Data: p}
+	m := &nats.Msg{Subject: r.subject, Header: h, Data: p}
+	r.retain(m)
+	return m
+}
+
+// retain keeps m for resending, dropping the oldest beyond retainBytes;
+// r.mu must be held. The data is copied: callers reuse their buffers.
+func (r *responder) retain(m *nats.Msg) {
+	m.Data = bytes.Clone(m.Data)
+	r.retained = append(r.retained, m)
+	r.retainedBytes += len(m.Data)
+	for r.retainedBytes > retainBytes && len(r.retained) > 1 {
+		r.retainedBytes -= len(r.retained[0].Data)
+		r.retained[0] = nil
+		r.retained = r.retained[1:]
+		r.base++
+	}
 }
 
 // attemptError is a failed attempt: retried until maxDeliver, and counted
@@ -184,7 +248,7 @@ func (e *attemptError) Unwrap() error { return e.err }
 // handle runs one delivery on root rt and settles the message: Ack when the
 // answer was published, Nak for a retry, Term when the client cancelled,
 // dead-letter after MaxDeliver attempts.
-func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt *root) {
+func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt lease) {
 	md, err := msg.Metadata()
 	if err != nil {
 		a.pool.release(rt, true, false)
@@ -219,7 +283,7 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 		ctx, stop = context.WithTimeout(ctx, d.cfg.RequestTimeout.Duration)
 		defer stop()
 	}
-	if !d.track(seq, cancel) {
+	if !d.track(seq, cancel, resp) {
 		a.pool.release(rt, true, false)
 		d.m.cancelled.WithLabelValues(a.Name).Inc()
 		_ = msg.TermWithReason("cancelled by client")
@@ -228,7 +292,11 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	defer d.untrack(seq)
 
 	a.m.inflight.Inc()
-	defer a.m.inflight.Dec()
+	a.inflight.Add(1)
+	defer func() {
+		a.m.inflight.Dec()
+		a.inflight.Add(-1)
+	}()
 	a.m.dispatched.Inc()
 	// Ask whether the gateway listens; the job is acknowledged only once it
 	// said yes. A stream asks while the engine already works; a non-streamed
@@ -375,8 +443,8 @@ func engineRequest(ctx context.Context, rt *root, path string, body []byte) (*ht
 
 // call sends the request to the engine and relays the answer. It returns the
 // engine's status, or an *attemptError for a retryable failure.
-func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, body []byte, resp *responder) (int, error) {
-	req, err := engineRequest(ctx, rt, h.Get(natsqueue.HeaderPath), body)
+func (d *Dispatcher) call(ctx context.Context, a *app, rt lease, h nats.Header, body []byte, resp *responder) (int, error) {
+	req, err := engineRequest(ctx, rt.root, h.Get(natsqueue.HeaderPath), body)
 	if err != nil {
 		return 0, fmt.Errorf("building engine request: %w", err)
 	}
@@ -426,7 +494,7 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 			}
 			full = full[chunkSize:]
 		}
-		if err := resp.finalData(full, status, ct, acceptTimeout); err != nil {
+		if err := resp.finish(full, status, ct, acceptTimeout); err != nil {
 			return 0, err
 		}
 		return status, nil
@@ -451,8 +519,8 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt *root, h nats.Header, 
 			return 0, &attemptError{reason: "engine_broke_off", rootFault: true, err: rerr}
 		}
 	}
-	if err := resp.data(nil, res.StatusCode, ct, true); err != nil {
-		return 0, &attemptError{reason: "publish_failed", err: err}
+	if err := resp.finish(nil, res.StatusCode, ct, acceptTimeout); err != nil {
+		return 0, err
 	}
 	return res.StatusCode, nil
 }

@@ -11,12 +11,19 @@ import (
 // pool holds an application's engine roots: their concurrency slots and
 // their health. A root that fails FailureThreshold times in a row is
 // ejected for a back-off that doubles with every further failure; once the
-// back-off passes it gets traffic again, and one success heals it.
+// back-off passes it gets traffic again, and one success heals it. The
+// requests that fail together (an engine crash fails everything in flight
+// on it at once) count as one failure: a failure counts only for a request
+// that started after the last counted failure. While a root is ejected it is
+// probed, and it is back in rotation as soon as a probe passes.
 type pool struct {
 	max    int
 	health Health
 	now    func() time.Time
 	report func(url string, healthy bool)
+	// probe reports whether an ejected root is healthy again; nil: no
+	// probing, the back-off alone decides.
+	probe func(url string) bool
 
 	mu      sync.Mutex
 	roots   map[string]*root
@@ -30,6 +37,18 @@ type root struct {
 	failures     int
 	ejectedUntil time.Time
 	removed      bool
+	// gen counts the failures counted so far; see lease.
+	gen     uint64
+	probing bool
+}
+
+// lease is a slot on a root, taken by acquire and given back by release.
+type lease struct {
+	*root
+	// gen is the root's failure generation when the request started: the
+	// failure of a request that started before the last counted failure is
+	// part of the same burst and is not counted again.
+	gen uint64
 }
 
 func newPool(maxConcurrency int, h Health, report func(string, bool)) *pool {
@@ -85,7 +104,7 @@ func (p *pool) urls() []string {
 
 // acquire reserves a slot on the healthy root with the fewest requests in
 // flight, waiting until one is free.
-func (p *pool) acquire(ctx context.Context) (*root, error) {
+func (p *pool) acquire(ctx context.Context) (lease, error) {
 	for {
 		p.mu.Lock()
 		now := p.now()
@@ -107,8 +126,9 @@ func (p *pool) acquire(ctx context.Context) (*root, error) {
 		}
 		if best != nil {
 			best.inflight++
+			l := lease{root: best, gen: best.gen}
 			p.mu.Unlock()
-			return best, nil
+			return l, nil
 		}
 		changed := p.changed
 		p.mu.Unlock()
@@ -127,7 +147,7 @@ func (p *pool) acquire(ctx context.Context) (*root, error) {
 			t.Stop()
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return lease{}, err
 		}
 	}
 }
@@ -145,21 +165,24 @@ func (r *root) target(path string) (*url.URL, error) {
 	return u, nil
 }
 
-// release returns r's slot and records the outcome: ok false counts as a
-// failure of the root; neutral outcomes (client cancels) pass ok true with
-// counted false.
-func (p *pool) release(r *root, ok, counted bool) {
+// release returns l's slot and records the outcome: ok false counts as a
+// failure of the root, unless an earlier failure of the same burst already
+// counted; neutral outcomes (client cancels) pass ok true with counted false.
+func (p *pool) release(l lease, ok, counted bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	r := l.root
 	r.inflight--
 	if counted {
-		if ok {
+		switch {
+		case ok:
 			if r.failures >= p.health.FailureThreshold {
 				p.report(r.url, true)
 			}
 			r.failures = 0
 			r.ejectedUntil = time.Time{}
-		} else {
+		case l.gen == r.gen:
+			r.gen++
 			r.failures++
 			if over := r.failures - p.health.FailureThreshold; over >= 0 {
 				backoff := p.health.EjectBase.Duration << min(over, 16)
@@ -168,6 +191,10 @@ func (p *pool) release(r *root, ok, counted bool) {
 				}
 				r.ejectedUntil = p.now().Add(backoff)
 				p.report(r.url, false)
+				if p.probe != nil && !r.probing {
+					r.probing = true
+					go p.probeUntilHealthy(r)
+				}
 			}
 		}
 	}
@@ -175,4 +202,38 @@ func (p *pool) release(r *root, ok, counted bool) {
 		delete(p.roots, r.url)
 	}
 	p.notify()
+}
+
+// probeUntilHealthy probes an ejected root every health.probeInterval and
+// puts it back in rotation as soon as a probe passes. It stops when the
+// root is healed, removed, or its ejection ends (it then gets traffic).
+func (p *pool) probeUntilHealthy(r *root) {
+	t := time.NewTicker(p.health.ProbeInterval.Duration)
+	defer t.Stop()
+	defer func() {
+		p.mu.Lock()
+		r.probing = false
+		p.mu.Unlock()
+	}()
+	for range t.C {
+		p.mu.Lock()
+		ejected := !r.removed && p.now().Before(r.ejectedUntil)
+		p.mu.Unlock()
+		if !ejected || !p.probe(r.url) {
+			if !ejected {
+				return
+			}
+			continue
+		}
+		p.mu.Lock()
+		if r.failures >= p.health.FailureThreshold {
+			p.report(r.url, true)
+		}
+		r.failures = 0
+		r.ejectedUntil = time.Time{}
+		r.gen++
+		p.notify()
+		p.mu.Unlock()
+		return
+	}
 }

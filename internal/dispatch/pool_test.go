@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ func TestPoolPrefersTheLeastLoadedRootAndCapsConcurrency(t *testing.T) {
 	p.set([]string{"http://a", "http://b"})
 	ctx := context.Background()
 	var got []string
-	var held []*root
+	var held []lease
 	for range 4 {
 		r, err := p.acquire(ctx)
 		if err != nil {
@@ -85,26 +86,93 @@ func TestPoolEjectsFailingRootsWithBackoff(t *testing.T) {
 		if ejected := err != nil; ejected != s.wantEjected {
 			t.Fatalf("%s: ejected = %v, want %v", s.name, ejected, s.wantEjected)
 		}
-		if r != nil {
+		if r.root != nil {
 			p.release(r, true, false)
 		}
 	}
-	r := p.roots["http://a"]
-	if got := r.ejectedUntil.Sub(now); got != time.Second*2-time.Millisecond && got > 4*time.Second {
+	if got := p.roots["http://a"].ejectedUntil.Sub(now); got != time.Second*2-time.Millisecond && got > 4*time.Second {
 		t.Errorf("ejection beyond ejectMax: %v", got)
 	}
 	// One success heals the root.
 	now = now.Add(5 * time.Second)
-	r, err := p.acquire(context.Background())
+	l, err := p.acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.release(r, true, true)
+	p.release(l, true, true)
+	r := l.root
 	if r.failures != 0 || !r.ejectedUntil.IsZero() {
 		t.Errorf("after a success: %d failures, ejected until %v", r.failures, r.ejectedUntil)
 	}
 	if health[len(health)-1] != "http://a up" {
 		t.Errorf("health reports %v, want the root reported up at the end", health)
+	}
+}
+
+// TestPoolCountsABurstAsOneFailure: the requests in flight when an engine
+// crashes fail together; they are one failure, not one each (each used to
+// double the ejection: the only engine stayed out for about 30 s).
+func TestPoolCountsABurstAsOneFailure(t *testing.T) {
+	p := newPool(32, testHealth(), func(string, bool) {})
+	p.set([]string{"http://a"})
+	var burst []lease
+	for range 16 {
+		l, err := p.acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		burst = append(burst, l)
+	}
+	for _, l := range burst {
+		p.release(l, false, true)
+	}
+	if r := p.roots["http://a"]; r.failures != 1 || !r.ejectedUntil.IsZero() {
+		t.Fatalf("after a burst of 16: %d failures, ejected until %v; want 1 failure, not ejected", r.failures, r.ejectedUntil)
+	}
+	// Failures of requests started after it count: the threshold (2) ejects.
+	l, _ := p.acquire(context.Background())
+	p.release(l, false, true)
+	if r := p.roots["http://a"]; r.failures != 2 || r.ejectedUntil.IsZero() {
+		t.Fatalf("after a second failure: %d failures, ejected until %v; want ejected", r.failures, r.ejectedUntil)
+	}
+}
+
+// TestPoolProbesEjectedRootsBackIn: an ejected root is back in rotation as
+// soon as its health check passes, long before its back-off ends.
+func TestPoolProbesEjectedRootsBackIn(t *testing.T) {
+	h := testHealth()
+	h.EjectBase.Duration, h.EjectMax.Duration = time.Hour, time.Hour
+	h.ProbeInterval.Duration = 10 * time.Millisecond
+	var healthy atomic.Bool
+	probed := make(chan struct{}, 100)
+	p := newPool(1, h, func(string, bool) {})
+	p.probe = func(string) bool {
+		probed <- struct{}{}
+		return healthy.Load()
+	}
+	p.set([]string{"http://a"})
+	for range h.FailureThreshold {
+		l, _ := p.acquire(context.Background())
+		p.release(l, false, true)
+	}
+	// Three failed probes leave it out.
+	for range 3 {
+		select {
+		case <-probed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("an ejected root was not probed")
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	if _, err := p.acquire(short); err == nil {
+		t.Fatal("an ejected root whose probe fails got traffic")
+	}
+	healthy.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.acquire(ctx); err != nil {
+		t.Fatalf("the root did not come back after its probe passed: %v", err)
 	}
 }
 

@@ -42,7 +42,7 @@ func Serve(ctx context.Context, cfg Config, kubeconfig string, log *slog.Logger,
 	opts := []nats.Option{
 		nats.Name("orchestra-dispatcher"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(time.Second),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from NATS", "err", err) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),

@@ -54,7 +54,7 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 	})
 
 	// NATS is not running yet: alive, not ready.
-	eventually(t, 10*time.Second, "/healthz to answer 200", func() bool { return status(t, base+"/healthz") == http.StatusOK })
+	eventually(t, 10*time.Second, holds("/healthz to answer 200", func() bool { return status(t, base+"/healthz") == http.StatusOK }))
 	for range 5 {
 		if code := status(t, base+"/readyz"); code != http.StatusServiceUnavailable {
 			t.Fatalf("/readyz without NATS = %d, want 503", code)
@@ -67,7 +67,7 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	eventually(t, 20*time.Second, "/readyz to answer 200 once NATS is up", func() bool { return status(t, base+"/readyz") == http.StatusOK })
+	eventually(t, 20*time.Second, holds("/readyz to answer 200 once NATS is up", func() bool { return status(t, base+"/readyz") == http.StatusOK }))
 
 	// Serve one request through the queue.
 	e := &env{t: t, srv: srv, engine: engine, cfg: cfg}
@@ -85,10 +85,10 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 
 	chat := `{app="chat"}`
 	var m map[string]float64
-	eventually(t, 5*time.Second, "completed_total to count the request", func() bool {
+	eventually(t, 5*time.Second, holds("completed_total to count the request", func() bool {
 		m = scrape(t, base+"/metrics")
 		return m[`orchestra_dispatcher_completed_total{app="chat",code="200"}`] == 1
-	})
+	}))
 	for _, check := range []struct {
 		series string
 		ok     func(float64) bool
@@ -111,7 +111,7 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 
 	// NATS goes away: still alive, no longer ready.
 	srv.Shutdown()
-	eventually(t, 10*time.Second, "/readyz to answer 503 without NATS", func() bool { return status(t, base+"/readyz") == http.StatusServiceUnavailable })
+	eventually(t, 10*time.Second, holds("/readyz to answer 503 without NATS", func() bool { return status(t, base+"/readyz") == http.StatusServiceUnavailable }))
 	if code := status(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz without NATS = %d, want 200", code)
 	}

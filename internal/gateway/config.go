@@ -128,6 +128,10 @@ type AuthConfig struct {
 type LimitsConfig struct {
 	// MaxBodyBytes is the largest accepted request body; larger gets 413.
 	MaxBodyBytes int64 `json:"maxBodyBytes"`
+	// AssumedMaxTokens is the completion budget reserved against
+	// tokensPerMinute for a request that sets neither max_tokens nor
+	// max_completion_tokens (see Limits.TokensPerMinute).
+	AssumedMaxTokens int `json:"assumedMaxTokens"`
 	// Default applies to every token that does not override a value, and
 	// to anonymous requests (which share one budget).
 	Default Limits `json:"default"`
@@ -138,8 +142,11 @@ type Limits struct {
 	// RequestsPerMinute caps the request rate (a token bucket with a burst
 	// of one minute's worth).
 	RequestsPerMinute int `json:"requestsPerMinute"`
-	// TokensPerMinute caps prompt plus completion tokens, counted from the
-	// engine's usage after each request.
+	// TokensPerMinute caps prompt plus completion tokens. A request
+	// reserves its largest possible cost at admission (its prompt, estimated
+	// from its size, plus max_tokens or limits.assumedMaxTokens) and is
+	// settled with the engine's usage when it ends, so the limit holds within
+	// one request's size at any concurrency.
 	TokensPerMinute int `json:"tokensPerMinute"`
 	// MaxConcurrentStreams caps streaming requests in flight at once.
 	MaxConcurrentStreams int `json:"maxConcurrentStreams"`
@@ -177,7 +184,8 @@ func Default() Config {
 			SecretSelector: v1alpha1.DefaultTokenSecretSelector,
 		},
 		Limits: LimitsConfig{
-			MaxBodyBytes: 8 << 20,
+			MaxBodyBytes:     8 << 20,
+			AssumedMaxTokens: 1024,
 			Default: Limits{
 				RequestsPerMinute:    600,
 				TokensPerMinute:      0,
@@ -261,6 +269,9 @@ func (c *Config) Validate() error {
 
 	if c.Limits.MaxBodyBytes <= 0 {
 		add("limits.maxBodyBytes must be positive, got %d", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.AssumedMaxTokens <= 0 {
+		add("limits.assumedMaxTokens must be positive, got %d", c.Limits.AssumedMaxTokens)
 	}
 	if err := c.Limits.Default.validate("limits.default"); err != nil {
 		errs = append(errs, err)

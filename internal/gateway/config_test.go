@@ -22,7 +22,7 @@ func TestLoadConfig(t *testing.T) {
 		{Name: "bge-small", App: "embedder", OwnedBy: "search-team"},
 	}
 	want.Auth.HashKeyFile = "testdata/hash.key"
-	want.Limits = LimitsConfig{MaxBodyBytes: 4 << 20, Default: Limits{
+	want.Limits = LimitsConfig{MaxBodyBytes: 4 << 20, AssumedMaxTokens: 1024, Default: Limits{
 		RequestsPerMinute: 120, TokensPerMinute: 200000, MaxConcurrentStreams: 4,
 	}}
 	want.Timeouts = TimeoutsConfig{

@@ -25,9 +25,16 @@ type apiError struct {
 	retryAfter time.Duration
 	// reason labels the rejection metric; empty for non-rejections.
 	reason string
+	// err is the cause, for logs only: clients see message.
+	err error
 }
 
-func (e *apiError) Error() string { return e.message }
+func (e *apiError) Error() string {
+	if e.err != nil {
+		return e.message + " (" + e.err.Error() + ")"
+	}
+	return e.message
+}
 
 // OpenAI error types.
 const (
@@ -58,6 +65,9 @@ var (
 	errMissingToken = errors.New("missing API token")
 	// errInvalidToken means the bearer token is unknown or revoked.
 	errInvalidToken = errors.New("invalid API token")
+	// errTokensLoading means a bearer token is not known yet while the
+	// token Secrets are still loading: it may be valid.
+	errTokensLoading = errors.New("API tokens are still loading")
 	// errEmptyReply means the queue ended a reply without any chunk.
 	errEmptyReply = errors.New("the model server sent an empty answer")
 	// errClientGone means writing to the client failed: it disconnected.
@@ -127,6 +137,14 @@ func toAPIError(err error) *apiError {
 			code:   "missing_api_key",
 			reason: reasonUnauthenticated,
 		}
+	case errors.Is(err, errTokensLoading):
+		return &apiError{
+			status:     http.StatusServiceUnavailable,
+			message:    "The gateway is starting and has not loaded its API keys yet; retry the request.",
+			typ:        typeServer,
+			code:       "service_unavailable",
+			retryAfter: time.Second,
+		}
 	case errors.Is(err, errInvalidToken):
 		return &apiError{
 			status:  http.StatusUnauthorized,
@@ -139,6 +157,15 @@ func toAPIError(err error) *apiError {
 		return &apiError{
 			status:  http.StatusRequestEntityTooLarge,
 			message: fmt.Sprintf("The request body is larger than the limit of %d bytes.", mbe.Limit),
+			typ:     typeInvalidRequest,
+			code:    "request_too_large",
+			reason:  reasonBodyTooLarge,
+		}
+	case errors.Is(err, queue.ErrTooLarge):
+		// Retrying cannot help: a 413, never a 503 with Retry-After.
+		return &apiError{
+			status:  http.StatusRequestEntityTooLarge,
+			message: "The request body is too large to be queued; send a smaller request.",
 			typ:     typeInvalidRequest,
 			code:    "request_too_large",
 			reason:  reasonBodyTooLarge,

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -72,6 +73,9 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 	if opts.Tokens == nil && !cfg.Auth.Anonymous {
 		return nil, errors.New("gateway needs a token source unless auth.anonymous is true")
 	}
+	if err := checkBodyLimit(cfg.Limits.MaxBodyBytes, q); err != nil {
+		return nil, err
+	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -116,6 +120,24 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 	ops.HandleFunc("GET /readyz", g.readyz)
 	g.ops = ops
 	return g, nil
+}
+
+// checkBodyLimit fails when the queue cannot carry a body of
+// limits.maxBodyBytes: such bodies would be accepted and then refused by the
+// queue. A queue that does not know its limit yet (not connected) is
+// checked again on every Submit, which answers 413 for a body it cannot
+// carry.
+func checkBodyLimit(maxBody int64, q queue.Queue) error {
+	sl, ok := q.(queue.SizeLimiter)
+	if !ok {
+		return nil
+	}
+	if qmax := sl.MaxBodyBytes(); qmax > 0 && maxBody > qmax {
+		return fmt.Errorf("limits.maxBodyBytes is %d but the queue carries bodies of at most %d bytes "+
+			"(NATS max_payload minus room for headers): lower limits.maxBodyBytes or raise the NATS server's max_payload",
+			maxBody, qmax)
+	}
+	return nil
 }
 
 // Handler serves the OpenAI API (/v1/...), /healthz and /readyz.
@@ -196,11 +218,18 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 		return modelNotFound(req.Model, true)
 	}
 
-	st, err := g.limiter.admit(p, req.Stream)
+	maxTokens := req.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = g.cfg.Limits.AssumedMaxTokens
+	}
+	if x.endpoint == endpointEmbeddings {
+		maxTokens = 0
+	}
+	adm, err := g.limiter.admit(p, req.Stream, estimateTokens(len(req.Body), maxTokens))
 	if err != nil {
 		return err
 	}
-	defer func() { g.limiter.release(st, p, req.Stream, x.usage.total()) }()
+	defer func() { g.limiter.release(adm, p, req.Stream, g.spentTokens(x, adm)) }()
 
 	inFlight := g.metrics.inFlight.WithLabelValues(x.endpoint.label(), strconv.FormatBool(req.Stream))
 	inFlight.Inc()
@@ -233,23 +262,45 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	return g.proxyUnary(ctx, w, reply, x)
 }
 
-// authenticate returns the request's principal.
+// spentTokens is what a finished request costs against tokens per minute:
+// the engine's usage when it reported one; else the reservation when the
+// engine answered (it worked, the cost is unknown); else nothing.
+func (g *Gateway) spentTokens(x *exchange, adm admission) int {
+	switch {
+	case x.usage.total() > 0:
+		return x.usage.total()
+	case x.started:
+		return adm.reserved
+	default:
+		return 0
+	}
+}
+
+// authenticate returns the request's principal. In anonymous mode any
+// token, or none, is accepted: a known token gets its own principal, any
+// other request the shared anonymous one (the official SDKs always send a
+// token). A token that may be valid but cannot be checked yet, because the
+// token Secrets are still loading, gets errTokensLoading (503), not 401,
+// which SDKs treat as final.
 func (g *Gateway) authenticate(r *http.Request) (*Principal, error) {
 	token, ok := bearerToken(r)
-	if !ok {
-		if g.cfg.Auth.Anonymous {
-			return g.anon, nil
+	if ok && g.tokens != nil {
+		if p, known := g.tokens.Authenticate(token); known {
+			return p, nil
 		}
+	}
+	switch {
+	case g.cfg.Auth.Anonymous:
+		return g.anon, nil
+	case !ok:
 		return nil, errMissingToken
-	}
-	if g.tokens == nil {
+	case g.tokens == nil:
+		return nil, errInvalidToken
+	case !g.tokens.HasSynced():
+		return nil, errTokensLoading
+	default:
 		return nil, errInvalidToken
 	}
-	p, ok := g.tokens.Authenticate(token)
-	if !ok {
-		return nil, errInvalidToken
-	}
-	return p, nil
 }
 
 // readBody reads the request body up to the configured limit. Past the
@@ -269,13 +320,20 @@ func (g *Gateway) readBody(w http.ResponseWriter, r *http.Request) ([]byte, erro
 		buf, err = io.ReadAll(body)
 	}
 	var mbe *http.MaxBytesError
+	var ne net.Error
 	switch {
 	case err == nil:
 		return buf, nil
 	case errors.As(err, &mbe):
 		return nil, err
+	case errors.As(err, &ne) && ne.Timeout():
+		// The error names the sockets (in a pod, its IP): never echo it.
+		return nil, &apiError{status: http.StatusRequestTimeout, err: err, typ: typeInvalidRequest,
+			code: "request_timeout", reason: reasonInvalidRequest,
+			message: "Timed out reading the request body; send it faster or in a smaller request."}
 	default:
-		return nil, invalidRequest("", "Could not read the request body: %v.", err)
+		return nil, &apiError{status: http.StatusBadRequest, err: err, typ: typeInvalidRequest,
+			reason: reasonInvalidRequest, message: "Could not read the request body."}
 	}
 }
 

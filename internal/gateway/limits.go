@@ -49,16 +49,19 @@ func (b *bucket) take(now time.Time, perMin int, n float64) (bool, time.Duration
 	return false, b.waitLocked(n, perMin)
 }
 
-// admit reports whether the budget is positive (not in debt), and if not,
-// how long until it is.
-func (b *bucket) admit(now time.Time, perMin int) (bool, time.Duration) {
+// reserve spends n if the budget holds it, or if the budget is full (a
+// request larger than a minute's budget is let through alone, into debt);
+// otherwise it spends nothing and says how long until it would.
+func (b *bucket) reserve(now time.Time, perMin int, n float64) (bool, time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked(now, perMin)
-	if b.level > 0 {
+	need := math.Min(n, float64(perMin))
+	if b.level >= need {
+		b.level -= n
 		return true, 0
 	}
-	return false, b.waitLocked(math.SmallestNonzeroFloat64, perMin)
+	return false, b.waitLocked(need, perMin)
 }
 
 // charge spends n, going into debt if needed.
@@ -96,58 +99,87 @@ func (l *limiter) state(p *Principal) *principalState {
 	return s.(*principalState)
 }
 
+// admission is what admit took from a principal's budgets; release gives
+// back or settles it.
+type admission struct {
+	state *principalState
+	// reserved is the tokens taken from the tokens-per-minute budget.
+	reserved int
+}
+
+// estimateTokens is the most a request can cost: its prompt, estimated at
+// one token per 4 bytes of body (more than any tokenizer makes of it), plus
+// its completion budget.
+func estimateTokens(bodyBytes, maxTokens int) int {
+	return bodyBytes/4 + 1 + maxTokens
+}
+
 // admit checks the principal's limits for a new request and, when it
-// passes, takes one request from its budget and, for a stream, one
-// concurrent stream slot. release must be called when the request ends
-// (only when admit returned nil).
-func (l *limiter) admit(p *Principal, stream bool) (*principalState, error) {
+// passes, takes one request from its budget, for a stream one concurrent
+// stream slot, and cost tokens from its tokens-per-minute budget (reserved
+// until release settles them). release must be called when the request
+// ends (only when admit returned nil).
+func (l *limiter) admit(p *Principal, stream bool, cost int) (admission, error) {
 	lim := p.Limits
 	if lim.RequestsPerMinute == 0 && lim.TokensPerMinute == 0 && (!stream || lim.MaxConcurrentStreams == 0) {
-		return nil, nil
+		return admission{}, nil
 	}
 	s := l.state(p)
 	now := l.now()
-	if lim.TokensPerMinute > 0 {
-		if ok, wait := s.tokens.admit(now, lim.TokensPerMinute); !ok {
-			return nil, rateLimited(reasonTokenRate, wait,
-				"Rate limit reached for %s: tokens per minute limit %d exhausted. Please try again in %s.",
-				p.Name, lim.TokensPerMinute, roundUp(wait))
-		}
-	}
 	if stream && lim.MaxConcurrentStreams > 0 {
 		s.mu.Lock()
 		if s.streams >= lim.MaxConcurrentStreams {
 			s.mu.Unlock()
-			return nil, rateLimited(reasonConcurrency, time.Second,
+			return admission{}, rateLimited(reasonConcurrency, time.Second,
 				"Rate limit reached for %s: at most %d concurrent streams. Please try again when a stream ends.",
 				p.Name, lim.MaxConcurrentStreams)
 		}
 		s.streams++
 		s.mu.Unlock()
 	}
+	undoStream := func() {
+		if stream && lim.MaxConcurrentStreams > 0 {
+			s.endStream()
+		}
+	}
 	if lim.RequestsPerMinute > 0 {
 		if ok, wait := s.requests.take(now, lim.RequestsPerMinute, 1); !ok {
-			if stream && lim.MaxConcurrentStreams > 0 {
-				s.endStream()
-			}
-			return nil, rateLimited(reasonRequestRate, wait,
+			undoStream()
+			return admission{}, rateLimited(reasonRequestRate, wait,
 				"Rate limit reached for %s: requests per minute limit %d exhausted. Please try again in %s.",
 				p.Name, lim.RequestsPerMinute, roundUp(wait))
 		}
 	}
-	return s, nil
+	a := admission{state: s}
+	if lim.TokensPerMinute > 0 {
+		ok, wait := s.tokens.reserve(now, lim.TokensPerMinute, float64(cost))
+		if !ok {
+			undoStream()
+			if lim.RequestsPerMinute > 0 {
+				s.requests.charge(now, lim.RequestsPerMinute, -1) // not served: give the request back
+			}
+			return admission{}, rateLimited(reasonTokenRate, wait,
+				"Rate limit reached for %s: tokens per minute limit %d exhausted (this request may use up to %d). Please try again in %s.",
+				p.Name, lim.TokensPerMinute, cost, roundUp(wait))
+		}
+		a.reserved = cost
+	}
+	return a, nil
 }
 
-// release ends a request admitted by admit, charging its tokens.
-func (l *limiter) release(s *principalState, p *Principal, stream bool, tokens int) {
+// release ends a request admitted by admit and settles its tokens: spent
+// replaces the reservation (refunding the difference, or charging the
+// excess when the engine's usage exceeded it).
+func (l *limiter) release(a admission, p *Principal, stream bool, spent int) {
+	s := a.state
 	if s == nil {
 		return
 	}
 	if stream && p.Limits.MaxConcurrentStreams > 0 {
 		s.endStream()
 	}
-	if p.Limits.TokensPerMinute > 0 && tokens > 0 {
-		s.tokens.charge(l.now(), p.Limits.TokensPerMinute, float64(tokens))
+	if p.Limits.TokensPerMinute > 0 && spent != a.reserved {
+		s.tokens.charge(l.now(), p.Limits.TokensPerMinute, float64(spent-a.reserved))
 	}
 }
 

@@ -45,6 +45,9 @@ type parsedRequest struct {
 	Model string
 	// Stream is true when the client asked for server-sent events.
 	Stream bool
+	// MaxTokens is max_completion_tokens, else max_tokens; 0 when
+	// neither is a positive integer (the engine judges the field itself).
+	MaxTokens int
 	// IncludeUsage is true when a streaming client asked for the usage
 	// chunk (stream_options.include_usage).
 	IncludeUsage bool
@@ -71,9 +74,13 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 				"(see the OpenAI API reference for %s).", ep.path())
 	}
 	// The members the gateway looks at; nil when absent.
-	var model, stream, streamOpts, messages, prompt, input json.RawMessage
+	var model, stream, streamOpts, messages, prompt, input, maxTokens, maxCompletion json.RawMessage
 	eachMember(body, func(key string, val json.RawMessage) {
 		switch key {
+		case "max_tokens":
+			maxTokens = val
+		case "max_completion_tokens":
+			maxCompletion = val
 		case "model":
 			model = val
 		case "stream":
@@ -147,6 +154,14 @@ func parseRequest(ep endpoint, body []byte) (parsedRequest, error) {
 	}
 	if err != nil {
 		return parsedRequest{}, err
+	}
+
+	for _, raw := range []json.RawMessage{maxCompletion, maxTokens} {
+		var n int
+		if raw != nil && json.Unmarshal(raw, &n) == nil && n > 0 {
+			req.MaxTokens = n
+			break
+		}
 	}
 
 	req.Body = body

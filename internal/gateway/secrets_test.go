@@ -97,14 +97,14 @@ func TestSecretTokens(t *testing.T) {
 	if got := h.g.metrics.apiTokens; got == nil {
 		t.Fatal("no api_tokens gauge")
 	}
-	waitMetric(t, "api_tokens", h.g.metrics.apiTokens, 2)
+	eventually(t, 5*time.Second, metricEquals("api_tokens", h.g.metrics.apiTokens, 2))
 
 	// Rotation: the old token stops working, the new one works.
 	rotated := tokenSecret("alice", true, map[string]string{"token": "sk-alice-2"})
 	if _, err := client.CoreV1().Secrets(testNamespace).Update(ctx, rotated, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Second, "the rotated token to work", func() bool { return status("sk-alice-2", "small") == 200 })
+	eventually(t, 3*time.Second, holds("the rotated token to work", func() bool { return status("sk-alice-2", "small") == 200 }))
 	resp, body := h.do(t, "POST", "/v1/chat/completions", "sk-alice-1", chatBody)
 	wantError(t, resp, body, http.StatusUnauthorized,
 		`{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`)
@@ -113,14 +113,14 @@ func TestSecretTokens(t *testing.T) {
 	if err := client.CoreV1().Secrets(testNamespace).Delete(ctx, "bob", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Second, "the deleted token to be refused", func() bool { return status("sk-bob-1", "small") == 401 })
+	eventually(t, 3*time.Second, holds("the deleted token to be refused", func() bool { return status("sk-bob-1", "small") == 401 }))
 
 	// Revocation by removing the label.
 	unlabelled := tokenSecret("alice", false, map[string]string{"token": "sk-alice-2"})
 	if _, err := client.CoreV1().Secrets(testNamespace).Update(ctx, unlabelled, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 3*time.Second, "the unlabelled token to be refused", func() bool { return status("sk-alice-2", "small") == 401 })
+	eventually(t, 3*time.Second, holds("the unlabelled token to be refused", func() bool { return status("sk-alice-2", "small") == 401 }))
 
 	// The informer's cache holds digests, never tokens.
 	for _, obj := range st.informer.GetStore().List() {

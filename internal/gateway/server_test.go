@@ -62,7 +62,7 @@ func TestGracefulDrain(t *testing.T) {
 	defer func() { _ = resp.Body.Close() }()
 	stop() // SIGTERM
 
-	eventually(t, 5*time.Second, "readyz to fail while draining", func() bool {
+	eventually(t, 5*time.Second, holds("readyz to fail while draining", func() bool {
 		r, err := http.Get(opsURL + "/readyz")
 		if err != nil {
 			return false
@@ -70,15 +70,15 @@ func TestGracefulDrain(t *testing.T) {
 		defer func() { _ = r.Body.Close() }()
 		b, _ := io.ReadAll(r.Body)
 		return r.StatusCode == http.StatusServiceUnavailable && string(b) == "draining\n"
-	})
-	eventually(t, 5*time.Second, "the API listener to close", func() bool {
+	}))
+	eventually(t, 5*time.Second, holds("the API listener to close", func() bool {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(apiURL, "http://"), time.Second)
 		if err != nil {
 			return true
 		}
 		_ = c.Close()
 		return false
-	})
+	}))
 	select {
 	case err := <-done:
 		t.Fatalf("serve returned (%v) while a stream was in flight", err)

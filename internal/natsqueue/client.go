@@ -70,6 +70,11 @@ func (c ClientConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
+// HeaderReserve is the part of NATS's max_payload kept for a request's
+// headers (about 300 bytes) and for the gateway's rewrite of a streamed body
+// (stream_options.include_usage): a body may take max_payload minus this.
+const HeaderReserve = 4 << 10
+
 // ErrResponseLost means part of an answer never arrived (the connection to
 // NATS broke while it was in flight). It wraps queue.ErrUnavailable.
 var ErrResponseLost = fmt.Errorf("%w: part of the response was lost", queue.ErrUnavailable)
@@ -158,7 +163,7 @@ func Connect(url string, cfg ClientConfig, log *slog.Logger, opts ...nats.Option
 	opts = append([]nats.Option{
 		nats.Name("orchestra-gateway"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500 * time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from NATS", "err", err) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("reconnected to NATS", "url", nc.ConnectedUrl()) }),
@@ -186,6 +191,17 @@ func (c *Client) Ping(ctx context.Context) error {
 		return fmt.Errorf("%w: looking up stream %s: %w", queue.ErrUnavailable, c.names.Stream(), err)
 	}
 	return nil
+}
+
+// MaxBodyBytes implements queue.SizeLimiter: the largest job body that fits
+// in one NATS message with its headers, from the server's max_payload; 0
+// before the first connection.
+func (c *Client) MaxBodyBytes() int64 {
+	mp := c.nc.MaxPayload()
+	if mp <= HeaderReserve {
+		return 0
+	}
+	return mp - HeaderReserve
 }
 
 // Close stops receiving replies (and closes the connection if Connect made
@@ -240,12 +256,20 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	h[HeaderReply] = vals[3:4:4]
 	h[HeaderStream] = vals[4:5:5]
 	msg := &nats.Msg{Subject: c.names.Request(job.App), Header: h, Data: job.Body}
+	if mp := c.nc.MaxPayload(); mp > 0 && int64(len(job.Body)+headerSize(h, job.ID, c.names.Stream())) > mp {
+		c.forget(token)
+		return nil, fmt.Errorf("%w: job %s has a body of %d bytes; with its headers it exceeds NATS's max_payload of %d bytes",
+			queue.ErrTooLarge, job.ID, len(job.Body), mp)
+	}
 
 	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
 	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()))
 	cancel()
 	if err != nil {
 		c.forget(token)
+		if errors.Is(err, nats.ErrMaxPayload) {
+			return nil, fmt.Errorf("%w: submitting job %s: %w", queue.ErrTooLarge, job.ID, err)
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("submitting job %s: %w", job.ID, ctx.Err())
 		}
@@ -253,6 +277,19 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	}
 	r.seq.Store(ack.Sequence)
 	return r, nil
+}
+
+// headerSize is the size of h on the wire, with the two headers
+// JetStream's publish adds (Nats-Msg-Id: id, Nats-Expected-Stream: stream).
+func headerSize(h nats.Header, id, stream string) int {
+	n := len("NATS/1.0\r\n\r\n") + 2*len(": \r\n") +
+		len(jetstream.MsgIDHeader) + len(id) + len(jetstream.ExpectedStreamHeader) + len(stream)
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	return n
 }
 
 // replyToken turns a job ID into one subject token. IDs made of letters,
@@ -289,16 +326,19 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Lock()
 	r := c.replies[token]
 	c.mu.Unlock()
+	if r != nil {
+		r.push(m)
+	}
 	if m.Reply != "" {
-		// A dispatcher asks whether anyone still waits for this answer.
+		// A dispatcher asks whether anyone still waits for this answer and,
+		// with its final data message, whether the answer is whole.
 		answer := AcceptWaiting
 		if r == nil {
 			answer = AcceptGone
+		} else if from, missing := r.missing(m); missing {
+			answer = AcceptResend + strconv.Itoa(from)
 		}
 		_ = c.nc.Publish(m.Reply, []byte(answer))
-	}
-	if r != nil {
-		r.push(m)
 	}
 }
 
@@ -322,6 +362,18 @@ func (c *Client) lastSignOfLife(app string) time.Time {
 }
 
 func (c *Client) lastReconnect() time.Time { return time.Unix(0, c.reconnect.Load()) }
+
+// requestResend asks the dispatcher serving attempt of the job for its data
+// messages from Orch-Seq from on.
+func (c *Client) requestResend(app string, seq uint64, attempt, from int) {
+	if seq == 0 {
+		return
+	}
+	payload := strconv.FormatUint(seq, 10) + " " + strconv.Itoa(attempt) + " " + strconv.Itoa(from)
+	if err := c.nc.Publish(c.names.Resend(app), []byte(payload)); err != nil {
+		c.log.Debug("asking for missed response messages", "app", app, "seq", seq, "err", err)
+	}
+}
 
 // cancel tells dispatchers to stop the job, and removes it from the stream
 // if no dispatcher took it yet.

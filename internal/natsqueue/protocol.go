@@ -33,6 +33,13 @@
 // while they serve an application, so a gateway can tell a queued job from
 // an abandoned one. A gateway cancels a job by publishing its stream
 // sequence number (decimal) to "orchestra.<orch>.cancel.<app>".
+//
+// Answers survive a NATS restart: a dispatcher keeps the data messages of
+// an attempt until the gateway confirmed it has them all (the final data
+// message is a request, answered AcceptWaiting only when nothing before it
+// is missing, else AcceptResend with the first missing Orch-Seq). A gateway
+// that sees a gap asks for the missing messages on Names.Resend, and puts
+// the answer back in order; duplicates are dropped.
 package natsqueue
 
 import (
@@ -71,10 +78,15 @@ const (
 	KindDeadLettered = "dl"
 )
 
-// Answers to a KindAccepted request.
+// Answers to a KindAccepted request, and to a final data message sent as a
+// request.
 const (
 	AcceptWaiting = "waiting"
 	AcceptGone    = "gone"
+	// AcceptResend, followed by a decimal Orch-Seq, answers a final data
+	// message when messages of the attempt are missing from that one on:
+	// the dispatcher publishes them again and asks again.
+	AcceptResend = "resend "
 )
 
 // Names derives every subject, stream and consumer name of one orchestra.
@@ -105,6 +117,12 @@ func (n Names) Consumer(app string) string { return "app-" + app }
 
 // Heartbeat is where dispatchers announce that they serve an application.
 func (n Names) Heartbeat(app string) string { return "orchestra." + n.token() + ".hb." + app }
+
+// Resend is where gateways ask for data messages they missed (lost while
+// NATS restarted): the payload is "<job stream sequence> <attempt> <first
+// missing Orch-Seq>", and the dispatcher serving that attempt publishes its
+// data messages from there again.
+func (n Names) Resend(app string) string { return "orchestra." + n.token() + ".resend." + app }
 
 // Cancel is where gateways cancel jobs of an application.
 func (n Names) Cancel(app string) string { return "orchestra." + n.token() + ".cancel." + app }

@@ -27,6 +27,11 @@ type reply struct {
 	inbox   []*nats.Msg
 	wake    chan struct{}
 	failure error // set by the client (closed), read by Next
+	// What push has seen of the newest attempt's data messages, to answer
+	// a final data message: the next Orch-Seq missing, and those after it.
+	rxAttempt int
+	rxNext    int
+	rxAhead   map[int]bool
 
 	// Owned by Next.
 	submitted    time.Time
@@ -36,9 +41,11 @@ type reply struct {
 	delivered    bool // a chunk went to the caller
 	finished     bool // the final chunk went to the caller
 	err          error
-	start        *queue.Chunk // stream: status and headers held until data
-	buf          []byte       // non-stream: body of the current attempt
-	timer        *time.Timer  // paces stall checks while waiting
+	start        *queue.Chunk      // stream: status and headers held until data
+	buf          []byte            // non-stream: body of the current attempt
+	ahead        map[int]*nats.Msg // data messages past a gap, by Orch-Seq
+	lastResend   time.Time
+	timer        *time.Timer // paces stall checks while waiting
 	closed       atomic.Bool
 	settled      atomic.Bool // finished, or dead-lettered: nothing to cancel
 	cancelled    atomic.Bool
@@ -52,11 +59,56 @@ func newReply(c *Client, job queue.Job, token string) *reply {
 func (r *reply) push(m *nats.Msg) {
 	r.mu.Lock()
 	r.inbox = append(r.inbox, m)
+	r.received(m)
 	r.mu.Unlock()
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// received records a data message of the newest attempt; r.mu must be held.
+func (r *reply) received(m *nats.Msg) {
+	if m.Header.Get(HeaderKind) != KindData {
+		return
+	}
+	attempt, err1 := strconv.Atoi(m.Header.Get(HeaderAttempt))
+	seq, err2 := strconv.Atoi(m.Header.Get(HeaderSeq))
+	if err1 != nil || err2 != nil || attempt < r.rxAttempt {
+		return
+	}
+	if attempt > r.rxAttempt {
+		r.rxAttempt, r.rxNext, r.rxAhead = attempt, 0, nil
+	}
+	switch {
+	case seq == r.rxNext:
+		r.rxNext++
+		for r.rxAhead[r.rxNext] {
+			delete(r.rxAhead, r.rxNext)
+			r.rxNext++
+		}
+	case seq > r.rxNext:
+		if r.rxAhead == nil {
+			r.rxAhead = map[int]bool{}
+		}
+		r.rxAhead[seq] = true
+	}
+}
+
+// missing reports, for a data message just pushed, the first Orch-Seq of
+// its attempt that has not arrived before it.
+func (r *reply) missing(m *nats.Msg) (int, bool) {
+	if m.Header.Get(HeaderKind) != KindData {
+		return 0, false
+	}
+	attempt, err1 := strconv.Atoi(m.Header.Get(HeaderAttempt))
+	seq, err2 := strconv.Atoi(m.Header.Get(HeaderSeq))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err1 != nil || err2 != nil || attempt != r.rxAttempt || r.rxNext > seq {
+		return 0, false
+	}
+	return r.rxNext, true
 }
 
 func (r *reply) fail(err error) {
@@ -89,7 +141,15 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 		if r.finished {
 			return queue.Chunk{}, io.EOF
 		}
-		for len(pending) > 0 {
+		for {
+			if m, ok := r.ahead[r.nextSeq]; ok {
+				// The gap before it was filled: its turn now.
+				delete(r.ahead, r.nextSeq)
+				pending = append([]*nats.Msg{m}, pending...)
+			}
+			if len(pending) == 0 {
+				break
+			}
 			m := pending[0]
 			pending = pending[1:]
 			chunk, ok, err := r.handle(m)
@@ -102,6 +162,11 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 				r.requeue(pending)
 				return chunk, nil
 			}
+		}
+		if r.finished {
+			// The end marker came without data (a stream's separate end
+			// message): done now, not after the next stall check.
+			return queue.Chunk{}, io.EOF
 		}
 		msgs, failure := r.take()
 		if len(msgs) > 0 {
@@ -117,10 +182,16 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 			r.cancel()
 			continue
 		}
+		wait := r.c.cfg.StallTimeout / 4
+		if len(r.ahead) > 0 {
+			// Waiting for missed messages: ask again soon.
+			r.askResend()
+			wait = min(wait, resendInterval)
+		}
 		if r.timer == nil {
-			r.timer = time.NewTimer(r.c.cfg.StallTimeout / 4)
+			r.timer = time.NewTimer(wait)
 		} else {
-			r.timer.Reset(r.c.cfg.StallTimeout / 4)
+			r.timer.Reset(wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -158,7 +229,7 @@ func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
 			r.cancel()
 			return queue.Chunk{}, false, queue.ErrRetriedAfterPartial
 		}
-		r.attempt, r.nextSeq, r.start, r.buf = attempt, 0, nil, r.buf[:0]
+		r.attempt, r.nextSeq, r.start, r.buf, r.ahead = attempt, 0, nil, r.buf[:0], nil
 	}
 	switch m.Header.Get(HeaderKind) {
 	case KindDeadLettered:
@@ -169,7 +240,20 @@ func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
 		return queue.Chunk{}, false, nil // accepted, heartbeat: progress only
 	}
 	seq, err := strconv.Atoi(m.Header.Get(HeaderSeq))
-	if err != nil || seq != r.nextSeq {
+	switch {
+	case err == nil && seq < r.nextSeq:
+		return queue.Chunk{}, false, nil // a resent duplicate
+	case err == nil && seq > r.nextSeq:
+		// Messages before it were lost (NATS restarted): keep it, and ask
+		// the dispatcher for the missing ones.
+		if r.ahead == nil {
+			r.ahead = map[int]*nats.Msg{}
+		}
+		r.ahead[seq] = m
+		r.askResend()
+		return queue.Chunk{}, false, nil
+	}
+	if err != nil {
 		r.cancel()
 		if r.delivered {
 			return queue.Chunk{}, false, fmt.Errorf("%w (expected chunk %d of attempt %d, got %q)", queue.ErrRetriedAfterPartial, r.nextSeq, attempt, m.Header.Get(HeaderSeq))
@@ -224,6 +308,19 @@ func (r *reply) handle(m *nats.Msg) (queue.Chunk, bool, error) {
 	}
 	r.delivered = true
 	return chunk, true, nil
+}
+
+// resendInterval paces requests for missed messages.
+const resendInterval = 250 * time.Millisecond
+
+// askResend asks for the data messages from r.nextSeq on, at most once per
+// resendInterval.
+func (r *reply) askResend() {
+	if time.Since(r.lastResend) < resendInterval {
+		return
+	}
+	r.lastResend = time.Now()
+	r.c.requestResend(r.job.App, r.seq.Load(), r.attempt, r.nextSeq)
 }
 
 // checkStall fails a reply that stopped making progress.

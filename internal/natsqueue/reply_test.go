@@ -112,13 +112,28 @@ func TestReplyAssembly(t *testing.T) {
 			wantErr: queue.ErrRetriedAfterPartial,
 		},
 		{
-			name:   "a gap is a lost response",
+			name:   "a gap is filled by the resent messages; duplicates are dropped",
 			stream: false,
 			msgs: []*nats.Msg{
 				msg(KindData, 1, 0, "x", true, false),
 				msg(KindData, 1, 2, "z", false, true),
+				msg(KindData, 1, 1, "y", false, false),
+				msg(KindData, 1, 2, "z", false, true),
 			},
-			wantErr: ErrResponseLost,
+			want: []string{"xyz"},
+		},
+		{
+			name:   "a streamed gap too, in order",
+			stream: true,
+			msgs: []*nats.Msg{
+				msg(KindData, 1, 0, "x", true, false),
+				msg(KindData, 1, 2, "z", false, false),
+				msg(KindData, 1, 3, "", false, true),
+				msg(KindData, 1, 0, "x", true, false),
+				msg(KindData, 1, 1, "y", false, false),
+				msg(KindData, 1, 2, "z", false, false),
+			},
+			want: []string{"x", "y", "z"},
 		},
 		{
 			name:    "dead letter",
@@ -185,5 +200,26 @@ func TestReplyToken(t *testing.T) {
 		if err := ValidToken(replyToken(id)); err != nil {
 			t.Errorf("token of %q is not a subject token: %v", id, err)
 		}
+	}
+}
+
+// TestReplyEndsAtOnceAfterTheLastChunk: the end marker that arrives with the
+// last data chunk ends the reply at once, not after a stall-check period
+// (it used to wait StallTimeout/4 after data: [DONE]).
+func TestReplyEndsAtOnceAfterTheLastChunk(t *testing.T) {
+	r := testReply(true, time.Hour)
+	r.push(msg(KindData, 1, 0, "data: [DONE]\n\n", true, false))
+	r.push(msg(KindData, 1, 1, "", false, true))
+	if c, err := r.Next(context.Background()); err != nil || string(c.Data) != "data: [DONE]\n\n" {
+		t.Fatalf("Next = %q, %v", c.Data, err)
+	}
+	select { // the wake-up of the two pushes was spent by the first Next
+	case <-r.wake:
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.Next(ctx); !errors.Is(err, io.EOF) {
+		t.Fatalf("Next after the last chunk = %v, want io.EOF at once", err)
 	}
 }

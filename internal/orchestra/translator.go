@@ -270,6 +270,9 @@ func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 	if !ok || maxBody <= 0 {
 		return nil, fmt.Errorf("spec.gateway.limits.maxBodySize: %s is not a positive whole number of bytes", g.Limits.MaxBodySize.String())
 	}
+	if err := checkMaxBodySize(maxBody); err != nil {
+		return nil, err
+	}
 	annotations := map[string]any{}
 	for k, v := range g.Service.Annotations {
 		annotations[k] = v

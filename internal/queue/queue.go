@@ -63,3 +63,14 @@ var ErrRetriedAfterPartial = errors.New("request interrupted after a partial ans
 
 // ErrUnavailable means the queue cannot accept the job right now.
 var ErrUnavailable = errors.New("queue unavailable")
+
+// ErrTooLarge means the job is larger than the queue can carry: retrying
+// cannot help.
+var ErrTooLarge = errors.New("request too large for the queue")
+
+// SizeLimiter is implemented by queues that bound the size of a job's body.
+type SizeLimiter interface {
+	// MaxBodyBytes is the largest body Submit accepts, or 0 while unknown
+	// (for example before the first connection).
+	MaxBodyBytes() int64
+}
