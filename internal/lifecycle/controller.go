@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -79,8 +81,9 @@ type Controller struct {
 	stsLister appslisters.StatefulSetLister
 	podLister corelisters.PodLister
 
-	mu sync.Mutex
-	kv jetstream.KeyValue
+	mu     sync.Mutex
+	kv     jetstream.KeyValue
+	states *States // every replica's view of the bucket
 }
 
 // New builds a controller; cfg must be valid.
@@ -131,6 +134,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.startInformers(ctx); err != nil {
 		return err
 	}
+	states, err := WatchStates(ctx, c.deps.NC, c.deps.Orchestra, c.log)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.states = states
+	c.mu.Unlock()
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.deps.Kube.CoreV1().Events(c.deps.Namespace)})
 	defer broadcaster.Shutdown()
@@ -280,4 +290,20 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 		return nil
 	}
 	return pods
+}
+
+// ObserveQueueWait records the queue wait of a request first delivered now
+// and stored at stored: cold when it was stored while its application was
+// not awake (it waited for a wake), warm otherwise.
+func (c *Controller) ObserveQueueWait(app string, stored time.Time) {
+	c.mu.Lock()
+	states := c.states
+	c.mu.Unlock()
+	cold := false
+	if states != nil {
+		if st, ok := states.Lookup(app); ok {
+			cold = st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
+		}
+	}
+	c.m.queueWait.WithLabelValues(app, strconv.FormatBool(cold)).Observe(c.now().Sub(stored).Seconds())
 }

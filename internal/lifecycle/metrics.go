@@ -37,6 +37,7 @@ type metrics struct {
 	scalings    *prometheus.CounterVec
 	drains      *prometheus.CounterVec
 	leader      prometheus.Gauge
+	queueWait   *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -59,8 +60,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Attempts to go to zero, by outcome (zero; cancelled: a request arrived or work was in flight)."}, []string{"app", "outcome"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "leader",
 			Help: "1 while this dispatcher holds the lifecycle Lease and decides replica counts."}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "queue_wait_seconds",
+			Help:    "Time from a request being stored to its first delivery by this dispatcher; cold: it was stored while its application was not awake.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}}, []string{"app", "cold"}),
 	}
-	reg.MustRegister(m.state, m.replicas, m.wakes, m.wakeSeconds, m.waiting, m.scalings, m.drains, m.leader)
+	reg.MustRegister(m.state, m.replicas, m.wakes, m.wakeSeconds, m.waiting, m.scalings, m.drains, m.leader, m.queueWait)
 	return m
 }
 
