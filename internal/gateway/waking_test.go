@@ -60,8 +60,6 @@ func heldEngine(release <-chan struct{}) engineFunc {
 	}
 }
 
-
-
 func TestStreamGetsHeadersAndKeepAlivesWhileTheModelWakes(t *testing.T) {
 	release := make(chan struct{})
 	h, wake := newWakeHarness(t, time.Minute, heldEngine(release))
