@@ -1,6 +1,11 @@
 package orchestra
 
 import (
+	"encoding/json"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
@@ -46,5 +51,39 @@ func ownerValues(mo *v1alpha1.ModelOrchestra) map[string]any {
 		"kind":       v1alpha1.Kind,
 		"name":       mo.Name,
 		"uid":        string(mo.UID),
+	}
+}
+
+// annotationLifecycle is where the dispatcher's lifecycle leader publishes
+// an application's state on its root StatefulSet (see internal/lifecycle).
+const annotationLifecycle = "modelorchestra.io/lifecycle"
+
+// lifecycleStatus fills the status of an application with a lifecycle:
+// its replica count is the one the lifecycle set (not scaling.replicas),
+// and at zero pods it is Idle, while its pods start Waking. It sets
+// st.Phase only for those two phases; the caller derives the others.
+func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, root *appsv1.StatefulSet) {
+	if root == nil {
+		return
+	}
+	st.Replicas = 1 // the API server's default when the chart leaves it out
+	if root.Spec.Replicas != nil {
+		st.Replicas = *root.Spec.Replicas
+	}
+	st.Workers = st.Replicas * app.Runtime.Workers
+	var ls v1alpha1.LifecycleStatus
+	if raw, ok := root.Annotations[annotationLifecycle]; ok && json.Unmarshal([]byte(raw), &ls) == nil {
+		st.Lifecycle = &ls
+	}
+	switch {
+	case st.Replicas == 0:
+		st.Phase = v1alpha1.PhaseIdle
+		st.Message = fmt.Sprintf("at zero pods after %v without requests; the next request wakes it", app.Lifecycle.ZeroAfter.Duration)
+	case st.ReadyReplicas == 0 && st.Lifecycle != nil && st.Lifecycle.State == v1alpha1.LifecycleWaking:
+		st.Phase = v1alpha1.PhaseWaking
+		st.Message = "waking: its pods are starting; requests wait in the queue"
+		if st.Lifecycle.Message != "" {
+			st.Message = "cannot wake: " + st.Lifecycle.Message
+		}
 	}
 }
