@@ -177,7 +177,7 @@ type WakeStatus struct {
 	// +optional
 	Trigger string `json:"trigger,omitempty"`
 
-	// seconds from the first request to a ready root; 0 while waking.
+	// seconds from the first request to a ready root; empty while waking.
 	// +optional
 	Seconds string `json:"seconds,omitempty"`
 
