@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	autoscalingv1ac "k8s.io/client-go/applyconfigurations/autoscaling/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
@@ -622,12 +623,18 @@ func (c *Controller) syncWorkers(ctx context.Context, a *appState, replicas int3
 }
 
 func (c *Controller) scale(ctx context.Context, name string, n int32) error {
+	return Scale(ctx, c.deps.Kube, c.deps.Namespace, name, n)
+}
+
+// Scale sets the replica count of a StatefulSet as the lifecycle leader
+// does: a server-side apply of spec.replicas through the scale
+// subresource, as field manager FieldManager, so that the field is owned by
+// the lifecycle alone and no apply of the chart's manifest (which leaves it
+// out) removes or resets it.
+func Scale(ctx context.Context, kube kubernetes.Interface, namespace, name string, n int32) error {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	// Server-side apply of spec.replicas through the scale subresource:
-	// the field is then owned by this manager alone, so no apply of the
-	// chart's manifest (which leaves it out) removes or resets it.
-	_, err := c.deps.Kube.AppsV1().StatefulSets(c.deps.Namespace).ApplyScale(sctx, name,
+	_, err := kube.AppsV1().StatefulSets(namespace).ApplyScale(sctx, name,
 		autoscalingv1ac.Scale().WithSpec(autoscalingv1ac.ScaleSpec().WithReplicas(n)),
 		metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 	if err != nil {
