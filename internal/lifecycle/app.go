@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,11 +46,9 @@ type appState struct {
 	wakeStart   time.Time // first request of the current wake
 	wakeScaled  time.Time // when the wake's replicas were written
 	wakeTrigger string
-	belowSince  time.Time          // since when the backlog asked for fewer replicas
-	delivered   uint64             // the consumer's delivered stream sequence at the last look
-	oldPods     map[types.UID]bool // pods that must be gone before the consumer resumes
-	paused      bool
-	oldPodsDead time.Time // deadline for oldPods
+	belowSince  time.Time // since when the backlog asked for fewer replicas
+	delivered   uint64    // the consumer's delivered stream sequence at the last look
+	paused      bool      // the consumer is held (gate closed)
 	written     string    // the status last persisted
 	writtenAt   time.Time
 	// wrote is the root replica count last written, at wroteAt: the cache
@@ -135,7 +132,6 @@ func (c *Controller) initApp(ctx context.Context, a *appState) error {
 		}
 		obs = c.observe(ctx, a, root, true) // after subscribing: nothing slips between
 		c.enter(a, v1alpha1.LifecycleZero, now)
-		c.trackOldPods(a, now)
 	case obs.serving > 0:
 		c.enter(a, v1alpha1.LifecycleAwake, now)
 	default:
@@ -146,12 +142,14 @@ func (c *Controller) initApp(ctx context.Context, a *appState) error {
 		c.enter(a, v1alpha1.LifecycleWaking, now)
 	}
 	a.status.Replicas = obs.specReplicas
-	// An earlier leader may have died between pausing the consumer and
-	// resuming it.
-	if len(a.oldPods) == 0 {
-		c.resume(ctx, a)
-	} else {
-		a.paused = true
+	// The gate: closed while no root serves (an earlier leader may have
+	// left it either way).
+	if a.status.State == v1alpha1.LifecycleAwake {
+		if err := c.openGate(ctx, a); err != nil {
+			return err
+		}
+	} else if err := c.closeGate(ctx, a); err != nil {
+		return err
 	}
 	if err := c.syncWorkers(ctx, a, obs.specReplicas); err != nil {
 		return err
@@ -210,12 +208,6 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 	if err != nil {
 		return err
 	}
-	if a.paused {
-		c.trackOldPods(a, time.Time{})
-		if len(a.oldPods) == 0 {
-			c.resume(ctx, a)
-		}
-	}
 	switch a.status.State {
 	case v1alpha1.LifecycleZero:
 		// A request seen since the decision to go to zero wakes at once,
@@ -269,6 +261,9 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 		if obs.specReplicas == 0 {
 			// Scaled to zero by someone else: requests now wait for a wake.
 			if err := c.subscribe(a); err != nil {
+				return err
+			}
+			if err := c.closeGate(ctx, a); err != nil {
 				return err
 			}
 			a.zeroAt = obs.now
@@ -340,7 +335,9 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 	c.enter(a, v1alpha1.LifecycleDraining, decided)
 	_ = c.persist(ctx, a, true)
 	cancelDrain := func(why string) error {
-		c.resume(ctx, a)
+		if err := c.openGate(ctx, a); err != nil {
+			c.log.Warn("reopening the consumer after a cancelled drain; retrying", "app", a.Name, "err", err)
+		}
 		c.m.drains.WithLabelValues(a.Name, "cancelled").Inc()
 		c.log.Info("drain cancelled", "app", a.Name, "reason", why)
 		c.event(a, corev1.EventTypeNormal, EventDrainCancelled, "%s stays awake: %s", a.Name, why)
@@ -349,14 +346,10 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		c.enter(a, v1alpha1.LifecycleAwake, c.now())
 		return c.persist(ctx, a, true)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), decided.Add(c.cfg.PodGoneTimeout.Duration))
-	cancel()
-	if err != nil {
+	if err := c.closeGate(ctx, a); err != nil {
 		_ = cancelDrain("pausing its consumer failed: " + err.Error())
-		return fmt.Errorf("pausing consumer: %w", err)
+		return err
 	}
-	a.paused = true
 	obs := c.observe(ctx, a, root, true)
 	switch {
 	case !obs.infoOK:
@@ -367,7 +360,6 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		return cancelDrain("a request arrived")
 	}
 	a.zeroAt = decided
-	c.trackOldPods(a, decided)
 	if err := c.setReplicas(ctx, a, 0); err != nil {
 		_ = cancelDrain("scaling to zero failed: " + err.Error())
 		return err
@@ -422,6 +414,9 @@ func (c *Controller) awake(ctx context.Context, a *appState, obs observation) er
 		c.observeStages(a, now)
 		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", obs.pending)
 		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), obs.pending)
+	}
+	if err := c.openGate(ctx, a); err != nil {
+		return err // retried on the next step, still Waking
 	}
 	a.wakeStart = time.Time{}
 	a.status.Message = ""
@@ -542,47 +537,51 @@ func (c *Controller) unsubscribe(a *appState) {
 	}
 }
 
-// trackOldPods records the application's root pods created before t (all
-// of them when t is zero) as pods that must be gone before its consumer
-// resumes, and forgets those that are gone. With t zero it only prunes.
-func (c *Controller) trackOldPods(a *appState, t time.Time) {
-	present := map[types.UID]bool{}
-	for _, p := range c.appPods(a) {
-		if p.Labels[labelComponent] != "root" {
-			continue
-		}
-		present[p.UID] = true
-		if !t.IsZero() && !p.CreationTimestamp.After(t) {
-			if a.oldPods == nil {
-				a.oldPods = map[types.UID]bool{}
-			}
-			a.oldPods[p.UID] = true
-		}
+// gateHold is how long one pause of a consumer lasts. The leader renews
+// nothing: it reopens the gate when a root serves, and a new leader closes
+// or opens it at once; the bound only matters when no dispatcher with a
+// lifecycle runs any more.
+const gateHold = 24 * time.Hour
+
+// closeGate pauses the application's consumer on the server: from its
+// answer on, no dispatcher receives a request of the application (requests
+// stay in the stream, counting no delivery, however long the wake takes).
+func (c *Controller) closeGate(ctx context.Context, a *appState) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
+		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
 	}
-	if !t.IsZero() {
-		a.oldPodsDead = t.Add(c.cfg.PodGoneTimeout.Duration)
-	}
-	for uid := range a.oldPods {
-		if !present[uid] {
-			delete(a.oldPods, uid)
-		}
-	}
-	if len(a.oldPods) > 0 && !a.oldPodsDead.IsZero() && c.now().After(a.oldPodsDead) {
-		c.log.Warn("pods of a scaled-down application are still there; resuming its consumer anyway", "app", a.Name, "pods", len(a.oldPods))
-		a.oldPods = nil
-	}
+	a.paused = true
+	return nil
 }
 
-// resume lets dispatchers take the application's requests again.
-func (c *Controller) resume(ctx context.Context, a *appState) {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// openGate resumes the application's consumer. nats-server does not hand
+// messages to the pull requests that wait on a consumer when it resumes
+// (only a new message, pull request or configuration change does), so the
+// dispatchers' waiting pull requests are served by a no-op change of the
+// consumer's configuration, made twice to leave it as it was.
+func (c *Controller) openGate(ctx context.Context, a *appState) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	_, err := c.js.ResumeConsumer(rctx, c.names.Stream(), c.names.Consumer(a.Name))
-	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		c.log.Warn("resuming consumer; the pause expires by itself", "app", a.Name, "err", err)
-		return
+	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
+	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
+		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
 	}
 	a.paused = false
+	cons, err := c.js.Consumer(rctx, stream, consumer)
+	if err != nil {
+		return fmt.Errorf("reading the consumer of %s: %w", a.Name, err)
+	}
+	cfg := cons.CachedInfo().Config
+	want := cfg.MaxAckPending
+	for _, n := range []int{want + 1, want} {
+		cfg.MaxAckPending = n
+		if _, err := c.js.UpdateConsumer(rctx, stream, cfg); err != nil {
+			return fmt.Errorf("signalling the consumer of %s: %w", a.Name, err)
+		}
+	}
+	return nil
 }
 
 // setReplicas writes the replica count of the root and worker

@@ -10,12 +10,15 @@
 // stream, and the dispatcher takes them only when a root is ready, so a
 // request for a sleeping application is delayed, never lost.
 //
-// Going to zero is fenced by pausing the application's JetStream consumer
-// (server side, so it holds for every dispatcher replica): once paused and
-// with nothing queued or in flight, the pods are scaled to zero; a request
-// that arrives before that cancels the drain, and one that arrives after
-// it wakes the application again. Either way the request waits in the
-// stream; none is sent to a root that is going away.
+// The gate is the application's JetStream consumer, paused on the server
+// (so it holds for every dispatcher replica) from the decision to go to
+// zero until a root serves again. Going to zero: the consumer is paused,
+// and only if then nothing is queued or in flight are the pods scaled to
+// zero; a request that arrives before that cancels the drain, one that
+// arrives after it wakes the application again. While the consumer is
+// paused no dispatcher receives a request of the application, so requests
+// wait in the stream without counting a delivery, however long the pods
+// take to start, and none is sent to a root that is going away.
 //
 // The state of each application (Awake, Waking, Draining, Zero) is
 // published in a JetStream key-value bucket, which gateways watch to bound
@@ -48,10 +51,6 @@ type Config struct {
 	// Tick paces the backlog scaler and the idle check (default 1s). Wakes
 	// do not wait for it: they are driven by the requests themselves.
 	Tick metav1.Duration `json:"tick,omitempty"`
-	// PodGoneTimeout bounds the wait for the pods of a scaled-down
-	// application to be gone before its consumer is resumed (default 2m);
-	// the consumer pause expires by itself after it.
-	PodGoneTimeout metav1.Duration `json:"podGoneTimeout,omitempty"`
 }
 
 // Owner identifies the resource events are recorded on.
@@ -97,9 +96,6 @@ func (a App) scaleDownStabilization() time.Duration {
 func (c Config) Defaulted() Config {
 	if c.Tick.Duration == 0 {
 		c.Tick.Duration = time.Second
-	}
-	if c.PodGoneTimeout.Duration == 0 {
-		c.PodGoneTimeout.Duration = 2 * time.Minute
 	}
 	for i := range c.Apps {
 		a := &c.Apps[i]
@@ -164,8 +160,8 @@ func (c Config) Validate(appNames []string) error {
 			add("lifecycle.apps[%d] (%s): scaler must be Builtin or KEDA, got %q", i, a.Name, a.Scaler)
 		}
 	}
-	if c.Tick.Duration < 0 || c.PodGoneTimeout.Duration < 0 {
-		add("lifecycle.tick and lifecycle.podGoneTimeout must not be negative")
+	if c.Tick.Duration < 0 {
+		add("lifecycle.tick must not be negative")
 	}
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,6 +48,11 @@ type cluster struct {
 	t          *testing.T
 	cs         *fake.Clientset
 	startDelay time.Duration
+
+	// engine, when set, is host:port of an engine every ready root pod
+	// stands for: the root Service's EndpointSlice lists it while a pod is
+	// ready, as the endpoint controller would.
+	engine string
 
 	mu     sync.Mutex
 	scales []scaleWrite // every replica count written, in order
@@ -111,6 +118,9 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	if err := c.cs.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("statefulsets"), sts, ns); err != nil {
 		return true, nil, err
 	}
+	if n == 0 {
+		c.slice(false) // the endpoint controller marks terminating pods first
+	}
 	for i := n; i < have; i++ {
 		_ = c.cs.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), ns, fmt.Sprintf("%s-%d", root, i))
 	}
@@ -164,8 +174,33 @@ func (c *cluster) ready(i int32) {
 		sts.Status.ReadyReplicas = min(sts.Status.ReadyReplicas+1, *sts.Spec.Replicas)
 		sts.Status.UpdatedReplicas = sts.Status.Replicas
 		_ = c.cs.Tracker().Update(stsGVR, sts, ns)
+		c.slice(true)
 	}
 }
+
+// slice writes the root Service's EndpointSlice: the engine, ready or
+// terminating.
+func (c *cluster) slice(ready bool) {
+	if c.engine == "" {
+		return
+	}
+	host, port, _ := strings.Cut(c.engine, ":")
+	p, _ := strconv.Atoi(port)
+	terminating := !ready
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: root + "-x", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: root}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(p))}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{host},
+			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Terminating: &terminating}}},
+	}
+	gvr := discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
+	if err := c.cs.Tracker().Update(gvr, es, ns); err != nil {
+		_ = c.cs.Tracker().Add(es)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func (c *cluster) replicas() int32 {
 	sts, err := c.cs.AppsV1().StatefulSets(ns).Get(context.Background(), root, metav1.GetOptions{})
@@ -309,7 +344,10 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 
 	eventually(t, 10*time.Second, "the idle application to reach zero replicas", func() bool { return e.c.replicas() == 0 })
 	eventually(t, 5*time.Second, "state Zero in the bucket", func() bool { return e.state().State == v1alpha1.LifecycleZero })
-	eventually(t, 5*time.Second, "the consumer to be resumed once the pods are gone", func() bool { return !e.consumer().Paused })
+	// The gate: at zero no dispatcher receives the application's requests.
+	if !e.consumer().Paused {
+		t.Fatal("at zero the consumer is not paused: dispatchers would take requests they cannot serve, and count deliveries")
+	}
 	sts, _ := e.c.cs.AppsV1().StatefulSets(ns).Get(context.Background(), root, metav1.GetOptions{})
 	var ann v1alpha1.LifecycleStatus
 	if err := json.Unmarshal([]byte(sts.Annotations[lifecycle.AnnotationStatus]), &ann); err != nil || ann.State != v1alpha1.LifecycleZero {
@@ -330,6 +368,9 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 		t.Errorf("the wake was written %v after the request was published, want under 100ms", d)
 	}
 	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	if e.consumer().Paused {
+		t.Error("awake, the consumer is still paused")
+	}
 	st := e.state()
 	if st.Wakes != 1 || st.LastWake == nil || st.LastWake.Trigger != "request" || st.LastWake.Seconds == "" || st.LastWake.RequestsWaiting != 1 {
 		t.Errorf("after the wake the state is %+v (last wake %+v), want 1 wake by a request with its duration and 1 request waiting", st, st.LastWake)
