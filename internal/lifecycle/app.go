@@ -223,9 +223,11 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 			a.wakeStart, a.wakeScaled, a.wakeTrigger = obs.now, obs.now, ""
 			return c.persist(ctx, a, true)
 		}
-		if obs.infoOK && obs.pending > 0 {
-			// Queued while this leader watched: a request, seen through
-			// JetStream before its copy reached the subscription.
+		if obs.infoOK && obs.pending+obs.ackPending > 0 {
+			// Queued while this leader watched (a request, seen through
+			// JetStream before its copy reached the subscription), or
+			// handed to a dispatcher in the instant before the consumer
+			// paused: either way it needs a root.
 			return c.wake(ctx, a, obs, triggerRequest)
 		}
 		return nil

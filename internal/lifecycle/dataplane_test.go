@@ -180,9 +180,11 @@ func TestSawToothAcrossScaleDowns(t *testing.T) {
 	client, reg := e.dataPlane(nil)
 	zeroAfter := appConfig(nil).Apps[0].ZeroAfter.Duration
 	for cycle := range 8 {
+		began := time.Now()
 		if err := sendBatch(client, fmt.Sprintf("c%d", cycle), 8); err != nil {
 			t.Fatalf("cycle %d: requests cut or lost:\n%v", cycle, err)
 		}
+		t.Logf("cycle %d: 8 requests answered in %v", cycle, time.Since(began).Round(time.Millisecond))
 		// Next burst from just before to well after the drain point.
 		time.Sleep(zeroAfter - 60*time.Millisecond + time.Duration(cycle)*40*time.Millisecond)
 	}
