@@ -82,6 +82,7 @@ type observation struct {
 	pending      uint64
 	ackPending   uint64
 	delivered    uint64
+	paused       bool // the consumer is paused on the server
 	infoOK       bool
 }
 
@@ -193,7 +194,7 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		cancel()
 		if err == nil {
 			ci := cons.CachedInfo()
-			o.pending, o.ackPending, o.delivered, o.infoOK = ci.NumPending, uint64(ci.NumAckPending), ci.Delivered.Stream, true
+			o.pending, o.ackPending, o.delivered, o.paused, o.infoOK = ci.NumPending, uint64(ci.NumAckPending), ci.Delivered.Stream, ci.Paused, true
 		}
 	}
 	return o
@@ -223,6 +224,13 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 			a.wakeStart, a.wakeScaled, a.wakeTrigger = obs.now, obs.now, ""
 			return c.persist(ctx, a, true)
 		}
+		if obs.infoOK && !obs.paused {
+			// A dispatcher provisioned its consumers again, which resets
+			// the pause: close the gate again.
+			if err := c.closeGate(ctx, a); err != nil {
+				return err
+			}
+		}
 		if obs.infoOK && obs.pending+obs.ackPending > 0 {
 			// Queued while this leader watched (a request, seen through
 			// JetStream before its copy reached the subscription), or
@@ -236,6 +244,11 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
 		if obs.serving > 0 {
 			return c.awake(ctx, a, obs)
+		}
+		if obs.infoOK && !obs.paused {
+			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
+				return err
+			}
 		}
 		if obs.specReplicas == 0 {
 			// Scaled to zero behind our back while waking: wake again.
