@@ -296,6 +296,9 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 // and stored at stored: cold when it was stored while its application was
 // not awake (it waited for a wake), warm otherwise.
 func (c *Controller) ObserveQueueWait(app string, stored time.Time) {
+	if c.app(app) == nil {
+		return // no lifecycle: the dispatcher's own queue_wait_seconds covers it
+	}
 	c.mu.Lock()
 	states := c.states
 	c.mu.Unlock()
