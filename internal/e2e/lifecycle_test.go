@@ -45,6 +45,9 @@ func TestScaleToZeroAndWake(t *testing.T) {
 	obj.SetNamespace(ns)
 	must(t, stack.MirrorModel(obj, env.hub))
 	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	// The bursts come from one token: no per-token limits.
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
+
 	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(0), "maxReplicas": int64(2), "zeroAfter": "10s", "maxWait": "5m",
