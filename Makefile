@@ -126,6 +126,10 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
 	$(GO) run ./internal/dataplanetest/cmd/bench-dataplane -docs docs/benchmarks.md
 
+.PHONY: bench-lifecycle
+bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
+	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -v -count=1 -timeout 30m
+
 .PHONY: bench-reconcile
 bench-reconcile: tools ## Time for 50 and 200 custom resources to reach Deployed, CPU per no-op reconcile, operator RSS.
 	$(GO) run ./hack/bench-reconcile -n 50,200 -docs docs/benchmarks.md
