@@ -138,6 +138,10 @@ bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy,
 soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
 	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
 
+.PHONY: bench-lifecycle
+bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
+	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -v -count=1 -timeout 30m
+
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.
 	$(GO) run ./hack/bench-reconcile -n 50,200 -rounds 2 -docs docs/benchmarks.md

@@ -17,6 +17,7 @@ import (
 // +kubebuilder:resource:path=modelorchestras,singular=modelorchestra,shortName=mo;orchestra,categories=modelorchestra
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether every application serves and the gateway answers"
 // +kubebuilder:printcolumn:name="Apps",type=string,JSONPath=`.status.readyApplications`,description="Ready applications out of all applications"
+// +kubebuilder:printcolumn:name="Awake",type=string,JSONPath=`.status.awakeApplications`,description="Applications running pods out of all applications (the others are idle at zero and wake on the next request)"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,description="OpenAI-compatible base URL"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -376,6 +377,12 @@ type Application struct {
 	// +optional
 	// +kubebuilder:default={}
 	Scaling ScalingSpec `json:"scaling,omitempty"`
+
+	// lifecycle scales the application with its demand, down to zero pods
+	// when idle; without it scaling.replicas is the fixed size, which it
+	// then replaces.
+	// +optional
+	Lifecycle *LifecycleSpec `json:"lifecycle,omitempty"`
 }
 
 // ModelFormat is the on-disk format of the model files.
@@ -785,6 +792,11 @@ type ModelOrchestraStatus struct {
 	// +optional
 	ReadyApplications string `json:"readyApplications,omitempty"`
 
+	// awakeApplications is "<awake>/<total>", for kubectl get: an
+	// application with a lifecycle at zero pods is ready but not awake.
+	// +optional
+	AwakeApplications string `json:"awakeApplications,omitempty"`
+
 	// applications is the state of each application, by name.
 	// +optional
 	Applications map[string]ApplicationStatus `json:"applications,omitempty"`
@@ -797,7 +809,8 @@ type ModelOrchestraStatus struct {
 // ApplicationStatus is the observed state of one application.
 type ApplicationStatus struct {
 	// phase of the application: Pending, Downloading, Starting, Ready,
-	// Degraded, Stopped or Failed.
+	// Degraded, Stopped, Idle (at zero pods by its lifecycle, wakes on the
+	// next request), Waking or Failed.
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
 
@@ -828,6 +841,10 @@ type ApplicationStatus struct {
 	// message explains a phase other than Ready.
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// lifecycle is the state of an application with spec lifecycle.
+	// +optional
+	Lifecycle *LifecycleStatus `json:"lifecycle,omitempty"`
 }
 
 // ModelStatus is the state of a model cache, as reported by the fetcher.

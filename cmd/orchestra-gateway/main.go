@@ -18,7 +18,9 @@ import (
 
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/gctune"
+	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/version"
 )
 
@@ -68,7 +70,17 @@ func run() int {
 		return 1
 	}
 	defer q.Close()
-	if err := gateway.Run(ctx, cfg, q, log); err != nil {
+	var served queue.Queue = q
+	if hasLifecycle(cfg) {
+		wq, closeStates, err := withWakeStates(ctx, cfg.Queue, q, log)
+		if err != nil {
+			log.Error("watching lifecycle states", "err", err)
+			return 1
+		}
+		defer closeStates()
+		served = wq
+	}
+	if err := gateway.Run(ctx, cfg, served, log); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
 	}
@@ -91,4 +103,39 @@ func connectQueue(qc gateway.QueueConfig, log *slog.Logger) (*natsqueue.Client, 
 		opts = append(opts, nats.UserCredentials(qc.CredsFile))
 	}
 	return natsqueue.Connect(qc.URL, cc, log, opts...)
+}
+
+// hasLifecycle reports whether a model's application has a lifecycle.
+func hasLifecycle(cfg gateway.Config) bool {
+	for _, m := range cfg.Models {
+		if m.MaxWait.Duration > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// wakingQueue is the queue together with the lifecycle states of its
+// applications, which the gateway finds through gateway.WakeStates.
+type wakingQueue struct {
+	*natsqueue.Client
+	*lifecycle.States
+}
+
+// withWakeStates follows the lifecycle bucket on a connection of its own.
+func withWakeStates(ctx context.Context, qc gateway.QueueConfig, q *natsqueue.Client, log *slog.Logger) (*wakingQueue, func(), error) {
+	opts := []nats.Option{nats.Name("orchestra-gateway-lifecycle"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true)}
+	if qc.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(qc.CredsFile))
+	}
+	nc, err := nats.Connect(qc.URL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", qc.URL, err)
+	}
+	states, err := lifecycle.WatchStates(ctx, nc, qc.Orchestra, log)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return &wakingQueue{Client: q, States: states}, nc.Close, nil
 }

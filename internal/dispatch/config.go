@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -60,6 +61,8 @@ type Config struct {
 	// MaxResponseBytes bounds a non-streamed answer.
 	MaxResponseBytes int64  `json:"maxResponseBytes"`
 	Health           Health `json:"health"`
+	// Lifecycle scales applications with their demand (internal/lifecycle).
+	Lifecycle *lifecycle.Config `json:"lifecycle,omitempty"`
 }
 
 // NATS is how to reach the NATS cluster.
@@ -229,6 +232,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxResponseBytes < 1 {
 		add("maxResponseBytes must be positive")
+	}
+	if c.Lifecycle != nil {
+		served := make([]string, 0, len(c.Apps))
+		for _, a := range c.Apps {
+			served = append(served, a.Name)
+		}
+		if err := c.Lifecycle.Validate(served); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.Health.FailureThreshold < 1 || c.Health.EjectBase.Duration <= 0 || c.Health.EjectMax.Duration < c.Health.EjectBase.Duration {
 		add("health needs failureThreshold >= 1 and 0 < ejectBase <= ejectMax")

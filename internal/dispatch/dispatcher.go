@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -55,6 +56,8 @@ type Dispatcher struct {
 
 	ready atomic.Bool
 	wg    sync.WaitGroup
+
+	lifecycle *lifecycle.Controller // nil without a lifecycle section (activator.go)
 }
 
 type app struct {
@@ -225,6 +228,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		if err := watchEndpoints(ctx, d.kube, d.cfg.Namespace, d.cfg.Apps, d.pools, d.log); err != nil {
 			return err
 		}
+	}
+	if err := d.runLifecycle(ctx); err != nil {
+		return err
 	}
 	sub, err := d.nc.Subscribe(d.names.Cancel("*"), d.onCancel)
 	if err != nil {

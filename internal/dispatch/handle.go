@@ -266,6 +266,7 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 
 	if attempt == 1 {
 		a.m.queueWait.Observe(time.Since(md.Timestamp).Seconds())
+		d.observeDelivery(a.Name, md.Timestamp)
 	} else {
 		d.m.redelivered.WithLabelValues(a.Name).Inc()
 	}

@@ -103,6 +103,9 @@ func (d *Dispatcher) OpsHandler() http.Handler {
 }
 
 func needsKubernetes(cfg Config) bool {
+	if cfg.Lifecycle != nil {
+		return true
+	}
 	for _, a := range cfg.Apps {
 		if len(a.Endpoints) == 0 {
 			return true

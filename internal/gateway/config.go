@@ -102,6 +102,9 @@ type ModelConfig struct {
 	App string `json:"app"`
 	// OwnedBy is reported by GET /v1/models. Default "model-orchestra".
 	OwnedBy string `json:"ownedBy,omitempty"`
+	// MaxWait, for an application with a lifecycle, bounds how long a
+	// request waits for it to wake (see waking.go); 0: no lifecycle.
+	MaxWait metav1.Duration `json:"maxWait,omitempty"`
 }
 
 // AuthConfig configures bearer token authentication.
@@ -158,6 +161,10 @@ type TimeoutsConfig struct {
 	Request metav1.Duration `json:"request"`
 	// Stream bounds a streaming request.
 	Stream metav1.Duration `json:"stream"`
+	// WakeKeepAlive paces the SSE comments a streamed request receives
+	// while its application wakes; 0 means 5s, below the 30 s read
+	// timeouts clients commonly have.
+	WakeKeepAlive metav1.Duration `json:"wakeKeepAlive,omitempty"`
 }
 
 // LogConfig configures logging.
@@ -229,6 +236,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Timeouts.Request.Duration <= 0 {
 		add("timeouts.request must be positive, got %s", c.Timeouts.Request.Duration)
+	}
+	if c.Timeouts.WakeKeepAlive.Duration < 0 {
+		add("timeouts.wakeKeepAlive must not be negative, got %s", c.Timeouts.WakeKeepAlive.Duration)
 	}
 	if c.Timeouts.Stream.Duration <= 0 {
 		add("timeouts.stream must be positive, got %s", c.Timeouts.Stream.Duration)

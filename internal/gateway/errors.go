@@ -57,6 +57,7 @@ const (
 	reasonTokenRate       = "tokens_per_minute"
 	reasonConcurrency     = "concurrent_streams"
 	reasonNotFound        = "not_found"
+	reasonWakingTimeout   = "model_waking_timeout"
 )
 
 // Errors raised by the gateway itself, mapped by toAPIError.
@@ -118,6 +119,23 @@ func rateLimited(reason string, retryAfter time.Duration, format string, args ..
 		code:       "rate_limit_exceeded",
 		retryAfter: retryAfter,
 		reason:     reason,
+	}
+}
+
+// modelWakingTimeout is the 503 for a request whose application did not
+// wake within its maxWait; problem explains a wake that does not progress.
+func modelWakingTimeout(model string, maxWait time.Duration, problem string) *apiError {
+	msg := fmt.Sprintf("The model `%s` is waking up and was not ready within %v; retry the request.", model, maxWait)
+	if problem != "" {
+		msg += " It cannot start: " + problem + "."
+	}
+	return &apiError{
+		status:     http.StatusServiceUnavailable,
+		message:    msg,
+		typ:        typeServer,
+		code:       "model_waking_timeout",
+		retryAfter: 10 * time.Second,
+		reason:     reasonWakingTimeout,
 	}
 }
 

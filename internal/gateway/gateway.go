@@ -40,6 +40,9 @@ type Options struct {
 	Tokens TokenSource
 	// Logger receives access logs and events. Nil discards them.
 	Logger *slog.Logger
+	// Wake tells which applications are waking; nil: none ever is
+	// (waking.go).
+	Wake WakeStates
 }
 
 // Gateway serves the OpenAI API in front of a queue.
@@ -48,6 +51,7 @@ type Gateway struct {
 	queue    queue.Queue
 	tokens   TokenSource
 	logger   *slog.Logger
+	wake     WakeStates
 	models   map[string]*ModelConfig
 	anon     *Principal
 	limiter  limiter
@@ -85,6 +89,7 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		queue:   q,
 		tokens:  opts.Tokens,
 		logger:  logger,
+		wake:    opts.Wake,
 		models:  make(map[string]*ModelConfig, len(cfg.Models)),
 		anon:    &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
 		limiter: limiter{now: time.Now},
@@ -256,10 +261,11 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	// this is what happens when the client disconnects or time runs out.
 	defer func() { _ = reply.Close() }()
 
+	first := g.waitFirst(model, reply)
 	if req.Stream {
-		return g.proxyStream(ctx, w, reply, x, req.IncludeUsage)
+		return g.proxyStream(ctx, w, reply, x, req.IncludeUsage, first)
 	}
-	return g.proxyUnary(ctx, w, reply, x)
+	return g.proxyUnary(ctx, w, reply, x, first)
 }
 
 // spentTokens is what a finished request costs against tokens per minute:

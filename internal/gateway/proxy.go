@@ -24,7 +24,7 @@ var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // proxyUnary sends a non-streaming answer. The whole answer is read before
 // anything is written, so that a failure half-way still gets a proper
 // status and JSON error instead of a truncated body.
-func (g *Gateway) proxyUnary(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange) error {
+func (g *Gateway) proxyUnary(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, next firstFunc) error {
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bufPool.Put(buf)
@@ -32,7 +32,13 @@ func (g *Gateway) proxyUnary(ctx context.Context, w http.ResponseWriter, reply q
 	var head queue.Chunk
 	first := true
 	for {
-		c, err := reply.Next(ctx)
+		var c queue.Chunk
+		var err error
+		if first {
+			c, err = next(ctx, w, x) // may wait for a wake (waking.go)
+		} else {
+			c, err = reply.Next(ctx)
+		}
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -121,8 +127,8 @@ func usageOfDecoded(body []byte) usage {
 // always asked for the usage chunk; it is counted, and dropped unless the
 // client asked for it. An error after the first event is sent as an SSE
 // error event by fail.
-func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, includeUsage bool) error {
-	first, err := reply.Next(ctx)
+func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, includeUsage bool, next firstFunc) error {
+	first, err := next(ctx, w, x) // may send keep-alives while a model wakes (waking.go)
 	if errors.Is(err, io.EOF) {
 		return errEmptyReply
 	}
@@ -131,15 +137,20 @@ func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply 
 	}
 	if first.Status != 0 && first.Status != http.StatusOK {
 		// The engine refused the request with a JSON error, not a stream.
+		if x.started {
+			return refusalInStream(ctx, w, reply, x, first)
+		}
 		return g.relayRefusal(ctx, w, reply, x, first)
 	}
 
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	x.status, x.started = http.StatusOK, true
-	w.WriteHeader(http.StatusOK)
+	if !x.started {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream; charset=utf-8")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		x.status, x.started = http.StatusOK, true
+		w.WriteHeader(http.StatusOK)
+	}
 	rc := http.NewResponseController(w)
 
 	s := sseRelay{w: w, includeUsage: includeUsage, x: x}

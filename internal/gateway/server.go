@@ -31,7 +31,11 @@ func Run(ctx context.Context, cfg Config, q queue.Queue, logger *slog.Logger) er
 		st.Start(ctx)
 		tokens = st
 	}
-	g, err := New(cfg, q, Options{Tokens: tokens, Logger: logger})
+	opts := Options{Tokens: tokens, Logger: logger}
+	if ws, ok := q.(WakeStates); ok {
+		opts.Wake = ws
+	}
+	g, err := New(cfg, q, opts)
 	if err != nil {
 		return err
 	}

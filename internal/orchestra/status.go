@@ -69,11 +69,24 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	sort.Strings(names)
 
 	apps := map[string]v1alpha1.ApplicationStatus{}
-	var notCached, failed, downloading, notServing []string
-	ready := 0
+	var notCached, failed, downloading, notServing, idle, wakeFailing []string
+	ready, awake := 0, 0
 	for _, name := range names {
 		st := applicationStatus(name, mo.Spec.Applications[name], idx)
 		apps[name] = st
+		switch {
+		case st.Phase == v1alpha1.PhaseIdle || st.Phase == v1alpha1.PhaseWaking && st.Lifecycle.Message == "":
+			// Requests are accepted and wait in the queue for the wake:
+			// an idle application is ready, only slower to answer first.
+			idle = append(idle, name)
+			ready++
+			continue
+		case st.Phase == v1alpha1.PhaseWaking:
+			wakeFailing = append(wakeFailing, fmt.Sprintf("%s: %s", name, st.Message))
+			continue
+		case st.Phase == v1alpha1.PhaseReady || st.Phase == v1alpha1.PhaseDegraded:
+			awake++
+		}
 		switch {
 		case st.Phase == v1alpha1.PhaseFailed:
 			failed = append(failed, fmt.Sprintf("%s: %s", name, st.Message))
@@ -112,9 +125,15 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	}
 
 	var topoCond metav1.Condition
-	if len(notServing) == 0 {
+	switch {
+	case len(wakeFailing) > 0:
+		topoCond = cond(v1alpha1.ConditionTopologyReady, false, v1alpha1.ReasonWakeFailing, "cannot wake: "+strings.Join(append(wakeFailing, notServing...), "; "))
+	case len(notServing) == 0 && len(idle) > 0:
+		topoCond = cond(v1alpha1.ConditionTopologyReady, true, v1alpha1.ReasonTopologyAvailable,
+			"every replica of every awake application is ready; at zero pods or waking, their requests wait in the queue: "+strings.Join(idle, ", "))
+	case len(notServing) == 0:
 		topoCond = cond(v1alpha1.ConditionTopologyReady, true, v1alpha1.ReasonTopologyAvailable, "every replica of every application is ready")
-	} else {
+	default:
 		topoCond = cond(v1alpha1.ConditionTopologyReady, false, v1alpha1.ReasonTopologyStarting, strings.Join(notServing, "; "))
 	}
 
@@ -127,7 +146,11 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	allOK := modelCond.Status == metav1.ConditionTrue && topoCond.Status == metav1.ConditionTrue && gwOK
 	var readyCond metav1.Condition
 	if allOK {
-		readyCond = cond(v1alpha1.ConditionReady, true, v1alpha1.ReasonAllReady, "every application is served through the gateway")
+		msg := "every application is served through the gateway"
+		if len(idle) > 0 {
+			msg += "; idle at zero pods, they wake on the next request: " + strings.Join(idle, ", ")
+		}
+		readyCond = cond(v1alpha1.ConditionReady, true, v1alpha1.ReasonAllReady, msg)
 	} else {
 		var why []string
 		for _, c := range []metav1.Condition{modelCond, topoCond, gwCond} {
@@ -161,6 +184,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 			"phase":             string(phase),
 			"endpoint":          endpoint(mo, in.Owner, idx),
 			"readyApplications": fmt.Sprintf("%d/%d", ready, len(names)),
+			"awakeApplications": fmt.Sprintf("%d/%d", awake, len(names)),
 			"applications":      appsJSON,
 		},
 		Conditions: []metav1.Condition{modelCond, topoCond, gwCond, readyCond},
@@ -250,6 +274,15 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 	if app.Runtime.Workers > 0 {
 		// A replica serves only with all its workers.
 		st.ReadyReplicas = min(st.ReadyReplicas, int32(workerGroupsReady))
+	}
+	if app.Lifecycle != nil {
+		lifecycleStatus(&st, app, root)
+		if st.Phase != "" {
+			if st.Model.Phase == "Complete" {
+				return st
+			}
+			st.Phase, st.Message = "", ""
+		}
 	}
 
 	switch {

@@ -132,6 +132,7 @@ func Default(mo *v1alpha1.ModelOrchestra) {
 			// dllama-api answers one request at a time.
 			app.Serving.MaxConcurrency = 1
 		}
+		defaultLifecycle(&app)
 		if app.Model.Format == "" {
 			app.Model.Format = nativeFormat(rt.Engine)
 		}
@@ -216,8 +217,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 	// What several subcharts read is under global; each subchart's own
 	// settings are under its name.
 	nats := map[string]any{
-		"url":      natsURL(mo),
-		"replicas": int64(s.NATS.Replicas),
+		"url":       natsURL(mo),
+		"inCluster": s.NATS.URL == "",
+		"replicas":  int64(s.NATS.Replicas),
 	}
 	if r := s.NATS.CredentialsSecretRef; r != nil {
 		nats["credentialsSecretRef"] = map[string]any{"name": r.Name}
@@ -243,6 +245,7 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 		"dispatcher": map[string]any{
 			"replicas":  int64(s.Dispatcher.Replicas),
 			"resources": toMap(orDefault(s.Dispatcher.Resources, defaultDispatcherResource)),
+			"owner":     ownerValues(mo),
 		},
 	}, nil
 }
@@ -409,12 +412,16 @@ func applicationValues(app v1alpha1.Application) (map[string]any, error) {
 		"contextLength":   int64(sv.ContextLength),
 		"warmupPrompts":   strings2any(sv.WarmupPrompts),
 	}
-	return map[string]any{
+	out := map[string]any{
 		"model":   model,
 		"runtime": runtimeValues,
 		"serving": serving,
 		"scaling": map[string]any{"replicas": int64(app.Scaling.Replicas)},
-	}, nil
+	}
+	if app.Lifecycle != nil {
+		out["lifecycle"] = lifecycleValues(app.Lifecycle)
+	}
+	return out, nil
 }
 
 func orDefault(r *corev1.ResourceRequirements, def corev1.ResourceRequirements) corev1.ResourceRequirements {

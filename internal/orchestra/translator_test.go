@@ -94,13 +94,13 @@ func TestTranslatorResolvesNATSOnce(t *testing.T) {
 		{
 			name:    "in-cluster server",
 			spec:    `{nats: {replicas: 3}, ` + apps + `}`,
-			global:  map[string]any{"url": "nats://demo-nats.ns.svc:4222", "replicas": int64(3)},
+			global:  map[string]any{"url": "nats://demo-nats.ns.svc:4222", "inCluster": true, "replicas": int64(3)},
 			enabled: true,
 		},
 		{
 			name:   "external server with credentials",
 			spec:   `{nats: {url: "tls://a:4222,tls://b:4222", credentialsSecretRef: {name: creds}}, ` + apps + `}`,
-			global: map[string]any{"url": "tls://a:4222,tls://b:4222", "replicas": int64(1), "credentialsSecretRef": map[string]any{"name": "creds"}},
+			global: map[string]any{"url": "tls://a:4222,tls://b:4222", "inCluster": false, "replicas": int64(1), "credentialsSecretRef": map[string]any{"name": "creds"}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,188 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// LifecycleSpec lets an application scale with its demand: from zero pods
+// when it has been idle for zeroAfter, back to one on the first request
+// (which waits in the queue meanwhile, never in a proxy), and between one
+// and maxReplicas with its backlog. Exactly one component decides: the
+// dispatcher's leader writes the replica count of the application's root
+// and worker StatefulSets through their scale subresource; the chart then
+// renders no replica count for them, so upgrades and drift repair never
+// reset it. Without lifecycle, scaling.replicas is the fixed size.
+//
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="lifecycle.minReplicas must not exceed lifecycle.maxReplicas",fieldPath=".minReplicas"
+// +kubebuilder:validation:XValidation:rule="self.scaler != 'KEDA' || self.maxReplicas > 1",message="lifecycle.scaler KEDA scales from 1 to maxReplicas: set maxReplicas above 1, or use the Builtin scaler",fieldPath=".scaler"
+type LifecycleSpec struct {
+	// minReplicas is the fewest topology replicas kept running. 0 lets the
+	// application go to zero pods (root and workers) after zeroAfter
+	// without requests; the next request wakes it.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=32
+	MinReplicas int32 `json:"minReplicas"`
+
+	// maxReplicas is the most topology replicas the backlog may scale the
+	// application to.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	MaxReplicas int32 `json:"maxReplicas,omitempty"`
+
+	// zeroAfter is how long the application must be idle (no request
+	// queued, none in flight, none arriving) before it goes to zero pods.
+	// Only used with minReplicas 0. It also paces scaling down from N to
+	// fewer replicas (the backlog must have stayed lower for
+	// min(zeroAfter, 1m)).
+	// +optional
+	// +kubebuilder:default="15m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="lifecycle.zeroAfter must be at least 1s"
+	ZeroAfter metav1.Duration `json:"zeroAfter,omitempty"`
+
+	// targetQueuePerReplica is the number of requests (queued plus in
+	// flight) one replica should carry: the Builtin scaler runs
+	// ceil(requests / targetQueuePerReplica) replicas, between
+	// max(minReplicas, 1) and maxReplicas, while the application is awake.
+	// Defaults to serving.maxConcurrency: scale out as soon as requests
+	// queue behind a full replica.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	TargetQueuePerReplica int32 `json:"targetQueuePerReplica,omitempty"`
+
+	// maxWait is how long a request may wait for the application to wake.
+	// Past it the gateway answers 503 with the code model_waking_timeout
+	// and a Retry-After header (a streamed request that already received
+	// keep-alives gets the same error as an SSE event), and the request is
+	// removed from the queue. At most 10m, the gateway's bound on any wait
+	// in the queue.
+	// +optional
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('10m')",message="lifecycle.maxWait must be between 1s and 10m (the gateway's maxQueueWait)"
+	MaxWait metav1.Duration `json:"maxWait,omitempty"`
+
+	// scaler decides between 1 and maxReplicas replicas: Builtin (the
+	// dispatcher's leader, from the backlog) or KEDA (the chart renders a
+	// KEDA ScaledObject whose NATS JetStream trigger reads the
+	// application's consumer; KEDA must be installed). Waking from zero and
+	// going to zero stay with the dispatcher either way, because the
+	// durable hand-off through the queue is what makes them lossless.
+	// +optional
+	// +kubebuilder:default=Builtin
+	// +kubebuilder:validation:Enum=Builtin;KEDA
+	Scaler LifecycleScaler `json:"scaler,omitempty"`
+}
+
+// LifecycleScaler decides the replica count between 1 and maxReplicas.
+type LifecycleScaler string
+
+// Scalers.
+const (
+	// ScalerBuiltin is the dispatcher's own backlog scaler.
+	ScalerBuiltin LifecycleScaler = "Builtin"
+	// ScalerKEDA is a KEDA ScaledObject rendered by the chart.
+	ScalerKEDA LifecycleScaler = "KEDA"
+)
+
+// LifecycleState is where an application stands in its lifecycle. The
+// checkpoint tiers (sleeping engines, parked weights) and seat groups add
+// states between Awake and Zero later; clients never need to tell them
+// apart, since every state but Awake means "requests wait in the queue".
+type LifecycleState string
+
+// Lifecycle states.
+const (
+	// LifecycleAwake means the application has ready replicas and serves.
+	LifecycleAwake LifecycleState = "Awake"
+	// LifecycleWaking means a request arrived while it had no pods: its
+	// pods are starting, and requests wait in the queue.
+	LifecycleWaking LifecycleState = "Waking"
+	// LifecycleDraining means it is about to go to zero: the queue holds
+	// new requests back until nothing is in flight; a request that
+	// arrives meanwhile cancels the drain.
+	LifecycleDraining LifecycleState = "Draining"
+	// LifecycleZero means it runs no pods; the next request wakes it.
+	LifecycleZero LifecycleState = "Zero"
+)
+
+// Phases of an application with a lifecycle.
+const (
+	// PhaseIdle means the application runs no pods and wakes on the next
+	// request: it is ready to serve, only slower for the first request.
+	PhaseIdle Phase = "Idle"
+	// PhaseWaking means its pods are starting because requests arrived.
+	PhaseWaking Phase = "Waking"
+)
+
+// Condition reasons of lifecycle applications.
+const (
+	// ReasonWakeFailing means pods of a waking application cannot start
+	// (image pull, scheduling, crash loop); the message names the pod.
+	ReasonWakeFailing = "WakeFailing"
+)
+
+// LifecycleStatus is the lifecycle of one application, as reported by the
+// dispatcher's leader.
+type LifecycleStatus struct {
+	// state is Awake, Waking, Draining or Zero.
+	// +optional
+	State LifecycleState `json:"state,omitempty"`
+
+	// since is when the application entered state.
+	// +optional
+	Since *metav1.Time `json:"since,omitempty"`
+
+	// lastActiveTime is the last time a request was queued or in flight
+	// (written at every transition, and at most once a minute while
+	// awake).
+	// +optional
+	LastActiveTime *metav1.Time `json:"lastActiveTime,omitempty"`
+
+	// replicas is the replica count the lifecycle last set.
+	// +optional
+	Replicas int32 `json:"replicas"`
+
+	// wakes counts the wakes from zero since the dispatcher's leader
+	// started.
+	// +optional
+	Wakes int64 `json:"wakes,omitempty"`
+
+	// lastWake describes the latest wake from zero.
+	// +optional
+	LastWake *WakeStatus `json:"lastWake,omitempty"`
+
+	// message explains a wake that does not progress, for example a pod
+	// that cannot pull its image or be scheduled.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// WakeStatus is one wake from zero.
+type WakeStatus struct {
+	// startTime is when the first request for the sleeping application
+	// was seen.
+	// +optional
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+
+	// trigger is what started it: request (a request arrived) or backlog
+	// (requests were queued when the leader took over).
+	// +optional
+	Trigger string `json:"trigger,omitempty"`
+
+	// seconds from the first request to a ready root; empty while waking.
+	// +optional
+	Seconds string `json:"seconds,omitempty"`
+
+	// requestsWaiting is how many requests were queued when the root
+	// became ready.
+	// +optional
+	RequestsWaiting int64 `json:"requestsWaiting,omitempty"`
+}

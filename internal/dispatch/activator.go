@@ -1,0 +1,56 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/lifecycle"
+)
+
+// The activator: when the configuration has a lifecycle section, the
+// dispatcher also runs the lifecycle controller (internal/lifecycle), which
+// wakes applications at zero when their requests arrive, takes idle ones to
+// zero and scales them with their backlog. The dispatcher itself needs no
+// change for it: it only takes a request when a ready root has a free slot,
+// so requests for an application without roots wait in the stream, and
+// they count no delivery.
+
+// runLifecycle starts the lifecycle controller until ctx ends; it is a
+// no-op without a lifecycle section.
+func (d *Dispatcher) runLifecycle(ctx context.Context) error {
+	if d.cfg.Lifecycle == nil || len(d.cfg.Lifecycle.Apps) == 0 {
+		return nil
+	}
+	if d.kube == nil {
+		return errors.New("the lifecycle needs a Kubernetes client")
+	}
+	ctl, err := lifecycle.New(*d.cfg.Lifecycle, lifecycle.Deps{
+		NC:             d.nc,
+		Kube:           d.kube,
+		Namespace:      d.cfg.Namespace,
+		Orchestra:      d.cfg.Orchestra,
+		StreamReplicas: d.cfg.Stream.Replicas,
+		Log:            d.log,
+		Registry:       d.reg,
+	})
+	if err != nil {
+		return err
+	}
+	d.lifecycle = ctl
+	d.wg.Go(func() {
+		if err := ctl.Run(ctx); err != nil {
+			d.log.Error("lifecycle stopped", "err", err)
+		}
+	})
+	return nil
+}
+
+// observeDelivery tells the lifecycle about a request's first delivery, for
+// its queue wait by cold (stored while the application was not awake) and
+// warm.
+func (d *Dispatcher) observeDelivery(app string, stored time.Time) {
+	if d.lifecycle != nil {
+		d.lifecycle.ObserveQueueWait(app, stored)
+	}
+}

@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/lifecycle"
+)
+
+var (
+	benchLifecycle = flag.Bool("lifecycle-bench", false, "run the wake benchmark (make bench-lifecycle) instead of skipping it")
+	benchRounds    = flag.Int("lifecycle-bench-rounds", 5, "wakes (and kubectl-scale baselines) measured by the wake benchmark")
+)
+
+// wakeTimes are the moments of one wake, as this process saw them (watch
+// events, so each includes a watch's delivery latency).
+type wakeTimes struct {
+	request    time.Time // the streamed request was sent
+	scaled     time.Time // the root StatefulSet's replicas became 1
+	podReady   time.Time // the root pod became Ready
+	firstToken time.Time // the first content delta arrived
+}
+
+// TestWakeBenchmark measures, on the real-node cluster, the first request to
+// an application at zero until its first token, split into our control
+// overhead (request -> replicas written, and root ready -> first token) and
+// Kubernetes plus the engine (replicas written -> root ready), against a
+// baseline in the same run: the same StatefulSet scaled from 0 to 1 by a
+// plain scale (as kubectl scale does) until its pod is ready.
+func TestWakeBenchmark(t *testing.T) {
+	if !*benchLifecycle {
+		t.Skip("the wake benchmark runs with -lifecycle-bench (make bench-lifecycle)")
+	}
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "bench-wake")
+	const name = "wake"
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "bench-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj.SetName(name)
+	obj.SetNamespace(ns)
+	must(t, stack.MirrorModel(obj, env.hub))
+	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "3s", "maxWait": "5m",
+	}, "spec", "applications", app, "lifecycle"))
+	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	root := name + "-" + app
+
+	var wakes []wakeTimes
+	var baselines []time.Duration
+	for round := range *benchRounds {
+		// The wake: one streamed request at zero.
+		waitZeroPods(ctx, t, ns, name)
+		w := wakeTimes{}
+		stop := watchWake(ctx, t, ns, root, &w)
+		var once sync.Once
+		w.request = time.Now()
+		_, err := stack.StreamChat(ctx, base, token, served, fmt.Sprintf("wake %d", round), 8, func(string) {
+			once.Do(func() { w.firstToken = time.Now() })
+		})
+		stop()
+		if err != nil || w.scaled.IsZero() || w.podReady.IsZero() || w.firstToken.IsZero() {
+			t.Fatalf("round %d: %v (times %+v)", round, err, w)
+		}
+		wakes = append(wakes, w)
+
+		// The baseline: the same StatefulSet, scaled as kubectl scale does.
+		waitZeroPods(ctx, t, ns, name)
+		b := wakeTimes{}
+		stop = watchWake(ctx, t, ns, root, &b)
+		b.request = time.Now()
+		if err := lifecycle.Scale(ctx, env.cs, ns, root, 1); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(3 * time.Minute)
+		for b.podReadyAt().IsZero() && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+		if b.podReadyAt().IsZero() {
+			t.Fatalf("baseline %d: the pod did not become ready", round)
+		}
+		baselines = append(baselines, b.podReadyAt().Sub(b.request))
+	}
+	table := wakeTable(wakes, baselines)
+	t.Log("\n" + table)
+	if testing.Verbose() {
+		t.Log(stack.DiagnosePods(ctx, env.cs, ns, "app.kubernetes.io/component=dispatcher", 80))
+	}
+}
+
+var wakeMu sync.Mutex
+
+func (w *wakeTimes) podReadyAt() time.Time {
+	wakeMu.Lock()
+	defer wakeMu.Unlock()
+	return w.podReady
+}
+
+// watchWake records when the root StatefulSet gets replicas and when its
+// first pod becomes ready.
+func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes) (stop func()) {
+	t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	sts, err := env.cs.AppsV1().StatefulSets(ns).Watch(wctx, metav1.ListOptions{FieldSelector: "metadata.name=" + root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := env.cs.CoreV1().Pods(ns).Watch(wctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=root,modelorchestra.io/application=" + app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for e := range sts.ResultChan() {
+			if s, ok := e.Object.(*appsv1.StatefulSet); ok && e.Type != watch.Deleted && s.Spec.Replicas != nil && *s.Spec.Replicas > 0 {
+				wakeMu.Lock()
+				if w.scaled.IsZero() {
+					w.scaled = time.Now()
+				}
+				wakeMu.Unlock()
+			}
+		}
+	})
+	wg.Go(func() {
+		for e := range pods.ResultChan() {
+			p, ok := e.Object.(*corev1.Pod)
+			if !ok || e.Type == watch.Deleted || p.DeletionTimestamp != nil {
+				continue
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					wakeMu.Lock()
+					if w.podReady.IsZero() {
+						w.podReady = time.Now()
+					}
+					wakeMu.Unlock()
+				}
+			}
+		}
+	})
+	return func() { sts.Stop(); pods.Stop(); cancel(); wg.Wait() }
+}
+
+// wakeTable summarises the rounds: p50 and max (p99 needs more rounds than
+// a wake benchmark can afford; with 5 rounds max is the conservative one).
+func wakeTable(wakes []wakeTimes, baselines []time.Duration) string {
+	col := func(f func(wakeTimes) time.Duration) (p50, worst time.Duration) {
+		var v []time.Duration
+		for _, w := range wakes {
+			v = append(v, f(w))
+		}
+		slices.Sort(v)
+		return v[len(v)/2], v[len(v)-1]
+	}
+	rows := []struct {
+		what string
+		f    func(wakeTimes) time.Duration
+	}{
+		{"control: request -> replicas written (watch)", func(w wakeTimes) time.Duration { return w.scaled.Sub(w.request) }},
+		{"Kubernetes + engine: replicas -> root Ready (watch)", func(w wakeTimes) time.Duration { return w.podReady.Sub(w.scaled) }},
+		{"control + first token: root Ready -> first token", func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.podReady) }},
+		{"control overhead (sum of the two control rows)", func(w wakeTimes) time.Duration {
+			return w.scaled.Sub(w.request) + w.firstToken.Sub(w.podReady)
+		}},
+		{"wake: request -> first token", func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.request) }},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s, %d rounds, simulator engine (--ttft=20ms) on the real-node cluster.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), len(wakes))
+	b.WriteString("| Stage | p50 | max |\n| --- | --- | --- |\n")
+	for _, r := range rows {
+		p50, worst := col(r.f)
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", r.what, msd(p50), msd(worst))
+	}
+	bl := slices.Clone(baselines)
+	slices.Sort(bl)
+	fmt.Fprintf(&b, "| baseline: plain scale 0 -> 1 -> root Ready | %s | %s |\n", msd(bl[len(bl)/2]), msd(bl[len(bl)-1]))
+	_, wakeMax := col(func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.request) })
+	fmt.Fprintf(&b, "\nwake-to-first-token (max) / baseline (max): %.2f (target <= 1.1)\n", float64(wakeMax)/float64(bl[len(bl)-1]))
+	return b.String()
+}
+
+func msd(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }

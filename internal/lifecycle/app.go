@@ -1,0 +1,730 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	autoscalingv1ac "k8s.io/client-go/applyconfigurations/autoscaling/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
+
+// Event reasons recorded by the lifecycle leader.
+const (
+	EventWaking         = "Waking"
+	EventAwake          = "Awake"
+	EventScaledToZero   = "ScaledToZero"
+	EventScaled         = "Scaled"
+	EventWakeFailing    = "WakeFailing"
+	EventDrainCancelled = "DrainCancelled"
+)
+
+// appState is one application's lifecycle. The fields below the atomics
+// are owned by the application's goroutine on the leader.
+type appState struct {
+	App
+	kick chan struct{}
+	// lastRequest is when a request for the application was last seen
+	// published (unix nanoseconds), while it was not awake.
+	lastRequest atomic.Int64
+
+	status      v1alpha1.LifecycleStatus
+	sub         *nats.Subscription
+	zeroAt      time.Time // when the drain to zero was decided
+	wakeStart   time.Time // first request of the current wake
+	wakeScaled  time.Time // when the wake's replicas were written
+	wakeTrigger string
+	belowSince  time.Time // since when the backlog asked for fewer replicas
+	delivered   uint64    // the consumer's delivered stream sequence at the last look
+	paused      bool      // the consumer is held (gate closed)
+	written     string    // the status last persisted
+	writtenAt   time.Time
+	// wrote is the root replica count last written, at wroteAt: the cache
+	// may not show it yet.
+	wrote   int32
+	wroteAt time.Time
+}
+
+func newAppState(a App) *appState {
+	return &appState{App: a, kick: make(chan struct{}, 1)}
+}
+
+// kickNow makes the application's goroutine look again, at once.
+func (a *appState) kickNow() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// cacheLag is how long a replica count just written is trusted over the
+// informer's cache, which shows it a watch event later.
+const cacheLag = 5 * time.Second
+
+// observation is what one step decides on.
+type observation struct {
+	now          time.Time
+	root         *appsv1.StatefulSet
+	specReplicas int32
+	serving      int32 // replicas whose root and workers are ready
+	pending      uint64
+	ackPending   uint64
+	delivered    uint64
+	paused       bool // the consumer is paused on the server
+	infoOK       bool
+}
+
+// runApp decides for one application until ctx ends.
+func (c *Controller) runApp(ctx context.Context, a *appState) {
+	defer c.unsubscribe(a)
+	if err := c.initApp(ctx, a); err != nil {
+		if ctx.Err() == nil {
+			c.log.Error("starting lifecycle", "app", a.Name, "err", err)
+		}
+	}
+	t := time.NewTicker(c.cfg.Tick.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		case <-t.C:
+		}
+		if err := c.step(ctx, a); err != nil && ctx.Err() == nil {
+			c.log.Warn("lifecycle step failed; retrying", "app", a.Name, "state", a.status.State, "err", err)
+		}
+	}
+}
+
+// initApp takes an application over: its state from the StatefulSet, its
+// history from the bucket, and a fence left by an earlier leader released.
+func (c *Controller) initApp(ctx context.Context, a *appState) error {
+	now := c.now()
+	if prev, ok := c.readBucket(ctx, a.Name); ok {
+		a.status.Wakes, a.status.LastWake = prev.Wakes, prev.LastWake
+	}
+	// Until something else is known, the application counts as active now:
+	// a new leader never takes an application to zero sooner than
+	// zeroAfter after it took over.
+	a.status.LastActiveTime = &metav1.Time{Time: now}
+	root, err := c.rootSet(a)
+	if err != nil {
+		return fmt.Errorf("reading root StatefulSet %s: %w", a.RootStatefulSet, err)
+	}
+	obs := c.observe(ctx, a, root, true)
+	switch {
+	case obs.specReplicas == 0:
+		a.zeroAt = now // a request seen from here on wakes it
+		if err := c.subscribe(a); err != nil {
+			return err
+		}
+		obs = c.observe(ctx, a, root, true) // after subscribing: nothing slips between
+		c.enter(a, v1alpha1.LifecycleZero, now)
+	case obs.serving > 0:
+		c.enter(a, v1alpha1.LifecycleAwake, now)
+	default:
+		if err := c.subscribe(a); err != nil {
+			return err
+		}
+		a.wakeStart, a.wakeScaled, a.wakeTrigger = now, now, ""
+		c.enter(a, v1alpha1.LifecycleWaking, now)
+	}
+	a.status.Replicas = obs.specReplicas
+	// The gate: closed while no root serves (an earlier leader may have
+	// left it either way).
+	if a.status.State == v1alpha1.LifecycleAwake {
+		if err := c.openGate(ctx, a); err != nil {
+			return err
+		}
+	} else if err := c.closeGate(ctx, a); err != nil {
+		return err
+	}
+	if err := c.syncWorkers(ctx, a, obs.specReplicas); err != nil {
+		return err
+	}
+	if a.status.State == v1alpha1.LifecycleZero && obs.infoOK && obs.pending > 0 {
+		return c.wake(ctx, a, obs, triggerBacklog)
+	}
+	return c.persist(ctx, a, true)
+}
+
+// observe reads the application's root StatefulSet and pods from the cache
+// and, when info is true, its consumer from JetStream.
+func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.StatefulSet, info bool) observation {
+	o := observation{now: c.now(), root: root}
+	if root != nil {
+		o.specReplicas = 1
+		if root.Spec.Replicas != nil {
+			o.specReplicas = *root.Spec.Replicas
+		}
+		if o.specReplicas != a.wrote && o.now.Sub(a.wroteAt) < cacheLag {
+			o.specReplicas = a.wrote // our write, not in the cache yet
+		}
+		o.serving = root.Status.ReadyReplicas
+		if root.Status.ObservedGeneration < root.Generation {
+			o.serving = min(o.serving, root.Status.UpdatedReplicas)
+		}
+		if len(a.WorkerStatefulSets) > 0 {
+			groups := int32(0)
+			for i := int32(0); i < o.specReplicas && int(i) < len(a.WorkerStatefulSets); i++ {
+				w, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(a.WorkerStatefulSets[i])
+				if err == nil && w.Status.ReadyReplicas >= a.WorkersPerReplica {
+					groups++
+				}
+			}
+			o.serving = min(o.serving, groups)
+		}
+	}
+	if info {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cons, err := c.js.Consumer(ictx, c.names.Stream(), c.names.Consumer(a.Name))
+		cancel()
+		if err == nil {
+			ci := cons.CachedInfo()
+			o.pending, o.ackPending, o.delivered, o.paused, o.infoOK = ci.NumPending, uint64(ci.NumAckPending), ci.Delivered.Stream, ci.Paused, true
+		}
+	}
+	return o
+}
+
+// step looks at the application once and acts.
+func (c *Controller) step(ctx context.Context, a *appState) error {
+	root, err := c.rootSet(a)
+	if apierrors.IsNotFound(err) {
+		return nil // not rendered yet, or being uninstalled
+	}
+	if err != nil {
+		return err
+	}
+	switch a.status.State {
+	case v1alpha1.LifecycleZero:
+		// A request seen since the decision to go to zero wakes at once,
+		// without asking JetStream; the tick also looks at the backlog.
+		if time.Unix(0, a.lastRequest.Load()).After(a.zeroAt) {
+			return c.wake(ctx, a, c.observe(ctx, a, root, false), triggerRequest)
+		}
+		obs := c.observe(ctx, a, root, true)
+		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		if obs.specReplicas > 0 {
+			// Someone else scaled it up (kubectl scale): follow.
+			c.enter(a, v1alpha1.LifecycleWaking, obs.now)
+			a.wakeStart, a.wakeScaled, a.wakeTrigger = obs.now, obs.now, ""
+			return c.persist(ctx, a, true)
+		}
+		if obs.infoOK && !obs.paused {
+			// A dispatcher provisioned its consumers again, which resets
+			// the pause: close the gate again.
+			if err := c.closeGate(ctx, a); err != nil {
+				return err
+			}
+		}
+		if obs.infoOK && obs.pending+obs.ackPending > 0 {
+			// Queued while this leader watched (a request, seen through
+			// JetStream before its copy reached the subscription), or
+			// handed to a dispatcher in the instant before the consumer
+			// paused: either way it needs a root.
+			return c.wake(ctx, a, obs, triggerRequest)
+		}
+		return nil
+	case v1alpha1.LifecycleWaking:
+		obs := c.observe(ctx, a, root, true)
+		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		if obs.serving > 0 {
+			return c.awake(ctx, a, obs)
+		}
+		if obs.infoOK && !obs.paused {
+			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
+				return err
+			}
+		}
+		if obs.specReplicas == 0 {
+			// Scaled to zero behind our back while waking: wake again.
+			return c.wake(ctx, a, obs, triggerRequest)
+		}
+		msg := wakeProblem(c.appPods(a))
+		if msg != a.status.Message {
+			a.status.Message = msg
+			if msg != "" {
+				c.event(a, corev1.EventTypeWarning, EventWakeFailing, "application %s cannot wake: %s", a.Name, msg)
+			}
+			return c.persist(ctx, a, true)
+		}
+		return nil
+	default: // Awake
+		obs := c.observe(ctx, a, root, true)
+		if !obs.infoOK {
+			return errors.New("reading the consumer's backlog failed")
+		}
+		if obs.pending+obs.ackPending > 0 || obs.delivered != a.delivered {
+			a.status.LastActiveTime = &metav1.Time{Time: obs.now}
+		}
+		a.delivered = obs.delivered
+		c.m.waiting.WithLabelValues(a.Name).Set(0)
+		if obs.specReplicas == 0 {
+			// Scaled to zero by someone else: requests now wait for a wake.
+			if err := c.subscribe(a); err != nil {
+				return err
+			}
+			if err := c.closeGate(ctx, a); err != nil {
+				return err
+			}
+			a.zeroAt = obs.now
+			c.enter(a, v1alpha1.LifecycleZero, obs.now)
+			return c.persist(ctx, a, true)
+		}
+		idle := obs.now.Sub(a.status.LastActiveTime.Time)
+		if a.MinReplicas == 0 && obs.pending+obs.ackPending == 0 && idle >= a.ZeroAfter.Duration {
+			return c.drain(ctx, a, root)
+		}
+		if err := c.scaleWithBacklog(ctx, a, obs); err != nil {
+			return err
+		}
+		return c.persist(ctx, a, false)
+	}
+}
+
+// scaleWithBacklog runs ceil(load / target) replicas within
+// [max(min, 1), max]: more at once, fewer once the backlog has asked for
+// fewer for the stabilization window. With the KEDA scaler it only keeps
+// the workers in step with the root.
+func (c *Controller) scaleWithBacklog(ctx context.Context, a *appState, obs observation) error {
+	cur := obs.specReplicas
+	if a.Scaler == v1alpha1.ScalerKEDA {
+		a.status.Replicas = cur
+		return c.syncWorkers(ctx, a, cur)
+	}
+	load := obs.pending + obs.ackPending
+	target := uint64(a.TargetQueuePerReplica)
+	want := int32(min((load+target-1)/target, uint64(a.MaxReplicas)))
+	want = max(want, a.MinReplicas, 1)
+	switch {
+	case want > cur:
+		a.belowSince = time.Time{}
+		c.log.Info("scaling out on backlog", "app", a.Name, "from", cur, "to", want, "queued", obs.pending, "inFlight", obs.ackPending)
+		c.m.scalings.WithLabelValues(a.Name, "up").Inc()
+		c.event(a, corev1.EventTypeNormal, EventScaled, "scaled %s from %d to %d replicas: %d requests queued, %d in flight", a.Name, cur, want, obs.pending, obs.ackPending)
+		return c.setReplicas(ctx, a, want)
+	case want < cur:
+		if a.belowSince.IsZero() {
+			a.belowSince = obs.now
+		}
+		if obs.now.Sub(a.belowSince) < a.scaleDownStabilization() {
+			return c.syncWorkers(ctx, a, cur)
+		}
+		a.belowSince = time.Time{}
+		c.log.Info("scaling in: backlog dropped", "app", a.Name, "from", cur, "to", want)
+		c.m.scalings.WithLabelValues(a.Name, "down").Inc()
+		c.event(a, corev1.EventTypeNormal, EventScaled, "scaled %s from %d to %d replicas: the backlog dropped", a.Name, cur, want)
+		return c.setReplicas(ctx, a, want)
+	default:
+		a.belowSince = time.Time{}
+		a.status.Replicas = cur
+		return c.syncWorkers(ctx, a, cur)
+	}
+}
+
+// drain takes an idle application to zero behind a fence: its consumer is
+// paused on the server, so that no dispatcher takes a request from now on;
+// if after that anything is queued or in flight, the drain is cancelled
+// (the wake wins); otherwise the pods are scaled to zero. The consumer is
+// resumed once the old pods are gone, so that no request can reach a root
+// on its way out.
+func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	decided := c.now()
+	if err := c.subscribe(a); err != nil {
+		return err
+	}
+	c.enter(a, v1alpha1.LifecycleDraining, decided)
+	_ = c.persist(ctx, a, true)
+	cancelDrain := func(why string) error {
+		if err := c.openGate(ctx, a); err != nil {
+			c.log.Warn("reopening the consumer after a cancelled drain; retrying", "app", a.Name, "err", err)
+		}
+		c.m.drains.WithLabelValues(a.Name, "cancelled").Inc()
+		c.log.Info("drain cancelled", "app", a.Name, "reason", why)
+		c.event(a, corev1.EventTypeNormal, EventDrainCancelled, "%s stays awake: %s", a.Name, why)
+		a.status.LastActiveTime = &metav1.Time{Time: c.now()}
+		c.unsubscribe(a)
+		c.enter(a, v1alpha1.LifecycleAwake, c.now())
+		return c.persist(ctx, a, true)
+	}
+	if err := c.closeGate(ctx, a); err != nil {
+		_ = cancelDrain("pausing its consumer failed: " + err.Error())
+		return err
+	}
+	obs := c.observe(ctx, a, root, true)
+	switch {
+	case !obs.infoOK:
+		return cancelDrain("its backlog could not be read")
+	case obs.pending+obs.ackPending > 0:
+		return cancelDrain(fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending))
+	case time.Unix(0, a.lastRequest.Load()).After(decided):
+		return cancelDrain("a request arrived")
+	}
+	a.zeroAt = decided
+	if err := c.setReplicas(ctx, a, 0); err != nil {
+		_ = cancelDrain("scaling to zero failed: " + err.Error())
+		return err
+	}
+	c.m.drains.WithLabelValues(a.Name, "zero").Inc()
+	c.m.scalings.WithLabelValues(a.Name, "zero").Inc()
+	idle := decided.Sub(a.status.LastActiveTime.Time).Round(time.Second)
+	c.log.Info("scaled to zero", "app", a.Name, "idle", idle)
+	c.event(a, corev1.EventTypeNormal, EventScaledToZero, "scaled %s to zero pods after %v without requests; the next request wakes it", a.Name, idle)
+	c.enter(a, v1alpha1.LifecycleZero, decided)
+	if err := c.persist(ctx, a, true); err != nil {
+		return err
+	}
+	// A request may have been seen between the check and now.
+	a.kickNow()
+	return nil
+}
+
+// wake scales an application at zero (or draining) to its awake size.
+func (c *Controller) wake(ctx context.Context, a *appState, obs observation, trigger string) error {
+	start := obs.now
+	if r := time.Unix(0, a.lastRequest.Load()); trigger == triggerRequest && r.After(a.zeroAt) && r.Before(start) {
+		start = r
+	}
+	want := max(a.MinReplicas, 1)
+	if err := c.setReplicas(ctx, a, want); err != nil {
+		return err
+	}
+	scaled := c.now()
+	a.wakeStart, a.wakeScaled, a.wakeTrigger = start, scaled, trigger
+	a.status.Wakes++
+	a.status.LastWake = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: start}, Trigger: trigger}
+	a.status.LastActiveTime = &metav1.Time{Time: start}
+	a.status.Message = ""
+	c.m.wakes.WithLabelValues(a.Name, trigger).Inc()
+	c.m.wakeSeconds.WithLabelValues(a.Name, stageDecision).Observe(scaled.Sub(start).Seconds())
+	c.m.scalings.WithLabelValues(a.Name, "wake").Inc()
+	c.log.Info("waking", "app", a.Name, "trigger", trigger, "replicas", want, "decision", scaled.Sub(start))
+	c.event(a, corev1.EventTypeNormal, EventWaking, "waking %s (%s): scaled to %d replicas", a.Name, trigger, want)
+	c.enter(a, v1alpha1.LifecycleWaking, scaled)
+	return c.persist(ctx, a, true)
+}
+
+// awake marks a waking application awake: a root is ready, the
+// dispatchers send it the queued requests.
+func (c *Controller) awake(ctx context.Context, a *appState, obs observation) error {
+	now := obs.now
+	if !a.wakeStart.IsZero() && a.status.LastWake != nil {
+		secs := now.Sub(a.wakeStart)
+		a.status.LastWake.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
+		a.status.LastWake.RequestsWaiting = int64(obs.pending)
+		c.observeStages(a, now)
+		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", obs.pending)
+		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), obs.pending)
+	}
+	if err := c.openGate(ctx, a); err != nil {
+		return err // retried on the next step, still Waking
+	}
+	a.wakeStart = time.Time{}
+	a.status.Message = ""
+	a.status.LastActiveTime = &metav1.Time{Time: now}
+	c.unsubscribe(a)
+	c.m.waiting.WithLabelValues(a.Name).Set(0)
+	c.enter(a, v1alpha1.LifecycleAwake, now)
+	return c.persist(ctx, a, true)
+}
+
+// observeStages records the pod stages of the wake that just ended, from
+// the first root pod's conditions and container state.
+func (c *Controller) observeStages(a *appState, now time.Time) {
+	var pod *corev1.Pod
+	for _, p := range c.appPods(a) {
+		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && p.CreationTimestamp.After(a.wakeScaled.Add(-time.Second)) {
+			if pod == nil || p.CreationTimestamp.Before(&pod.CreationTimestamp) {
+				pod = p
+			}
+		}
+	}
+	observe := func(stage string, from, to time.Time) time.Time {
+		if from.IsZero() || to.IsZero() || to.Before(from) {
+			return from
+		}
+		c.m.wakeSeconds.WithLabelValues(a.Name, stage).Observe(to.Sub(from).Seconds())
+		return to
+	}
+	at := a.wakeScaled
+	if pod != nil {
+		var scheduled, ready, started time.Time
+		for _, cond := range pod.Status.Conditions {
+			switch cond.Type {
+			case corev1.PodScheduled:
+				scheduled = cond.LastTransitionTime.Time
+			case corev1.PodReady:
+				ready = cond.LastTransitionTime.Time
+			}
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.State.Running != nil && (started.IsZero() || cs.State.Running.StartedAt.After(started)) {
+				started = cs.State.Running.StartedAt.Time
+			}
+		}
+		at = observe(stageScheduled, at, scheduled)
+		at = observe(stageStarted, at, started)
+		at = observe(stageReady, at, ready)
+	}
+	observe(stageDispatch, at, now)
+}
+
+// wakeProblem explains why pods of a waking application do not start:
+// unschedulable, image pull failures, crash loops, bad configuration.
+func wakeProblem(pods []*corev1.Pod) string {
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && cond.Reason == corev1.PodReasonUnschedulable {
+				return fmt.Sprintf("pod %s cannot be scheduled: %s", p.Name, cond.Message)
+			}
+		}
+		statuses := append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+		for _, cs := range statuses {
+			w := cs.State.Waiting
+			if w == nil {
+				continue
+			}
+			switch w.Reason {
+			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+				"CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+				msg := fmt.Sprintf("pod %s container %s: %s", p.Name, cs.Name, w.Reason)
+				if w.Message != "" {
+					msg += ": " + w.Message
+				}
+				return msg
+			}
+		}
+	}
+	return ""
+}
+
+// enter moves the application to state s.
+func (c *Controller) enter(a *appState, s v1alpha1.LifecycleState, now time.Time) {
+	if a.status.State != s {
+		a.status.State = s
+		a.status.Since = &metav1.Time{Time: now}
+	}
+	c.m.setState(a.Name, s)
+}
+
+// subscribe starts seeing the application's requests as they are
+// published; flushed, so that none published after it returns is missed.
+func (c *Controller) subscribe(a *appState) error {
+	if a.sub != nil {
+		return nil
+	}
+	sub, err := c.deps.NC.Subscribe(c.names.Request(a.Name), func(*nats.Msg) {
+		a.lastRequest.Store(c.now().UnixNano())
+		a.kickNow()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribing to requests of %s: %w", a.Name, err)
+	}
+	if err := c.deps.NC.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("subscribing to requests of %s: %w", a.Name, err)
+	}
+	a.sub = sub
+	return nil
+}
+
+func (c *Controller) unsubscribe(a *appState) {
+	if a.sub != nil {
+		_ = a.sub.Unsubscribe()
+		a.sub = nil
+	}
+}
+
+// gateHold is how long one pause of a consumer lasts. The leader renews
+// nothing: it reopens the gate when a root serves, and a new leader closes
+// or opens it at once; the bound only matters when no dispatcher with a
+// lifecycle runs any more.
+const gateHold = 24 * time.Hour
+
+// closeGate pauses the application's consumer on the server: from its
+// answer on, no dispatcher receives a request of the application (requests
+// stay in the stream, counting no delivery, however long the wake takes).
+func (c *Controller) closeGate(ctx context.Context, a *appState) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
+		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
+	}
+	a.paused = true
+	return nil
+}
+
+// openGate resumes the application's consumer. nats-server does not hand
+// messages to the pull requests that wait on a consumer when it resumes
+// (only a new message, pull request or configuration change does), so the
+// dispatchers' waiting pull requests are served by a no-op change of the
+// consumer's configuration, made twice to leave it as it was.
+func (c *Controller) openGate(ctx context.Context, a *appState) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
+	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
+		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
+	}
+	a.paused = false
+	cons, err := c.js.Consumer(rctx, stream, consumer)
+	if err != nil {
+		return fmt.Errorf("reading the consumer of %s: %w", a.Name, err)
+	}
+	cfg := cons.CachedInfo().Config
+	want := cfg.MaxAckPending
+	for _, n := range []int{want + 1, want} {
+		cfg.MaxAckPending = n
+		if _, err := c.js.UpdateConsumer(rctx, stream, cfg); err != nil {
+			return fmt.Errorf("signalling the consumer of %s: %w", a.Name, err)
+		}
+	}
+	return nil
+}
+
+// setReplicas writes the replica count of the root and worker
+// StatefulSets through their scale subresource.
+func (c *Controller) setReplicas(ctx context.Context, a *appState, n int32) error {
+	if err := c.scale(ctx, a.RootStatefulSet, n); err != nil {
+		return err
+	}
+	a.wrote, a.wroteAt = n, c.now()
+	a.status.Replicas = n
+	c.m.replicas.WithLabelValues(a.Name).Set(float64(n))
+	return c.syncWorkers(ctx, a, n)
+}
+
+// syncWorkers runs WorkersPerReplica pods in the worker StatefulSet of
+// each running replica and none in the others.
+func (c *Controller) syncWorkers(ctx context.Context, a *appState, replicas int32) error {
+	for i, name := range a.WorkerStatefulSets {
+		want := int32(0)
+		if int32(i) < replicas {
+			want = a.WorkersPerReplica
+		}
+		w, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(name)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if w.Spec.Replicas != nil && *w.Spec.Replicas == want {
+			continue
+		}
+		if err := c.scale(ctx, name, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Controller) scale(ctx context.Context, name string, n int32) error {
+	return Scale(ctx, c.deps.Kube, c.deps.Namespace, name, n)
+}
+
+// Scale sets the replica count of a StatefulSet as the lifecycle leader
+// does: a server-side apply of spec.replicas through the scale
+// subresource, as field manager FieldManager, so that the field is owned by
+// the lifecycle alone and no apply of the chart's manifest (which leaves it
+// out) removes or resets it.
+func Scale(ctx context.Context, kube kubernetes.Interface, namespace, name string, n int32) error {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := kube.AppsV1().StatefulSets(namespace).ApplyScale(sctx, name,
+		autoscalingv1ac.Scale().WithSpec(autoscalingv1ac.ScaleSpec().WithReplicas(n)),
+		metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
+	if err != nil {
+		return fmt.Errorf("scaling StatefulSet %s to %d: %w", name, n, err)
+	}
+	return nil
+}
+
+// persist publishes the application's state to the bucket (gateways) and
+// to the root StatefulSet's annotation (the operator's status), when it
+// changed; with force false a changed lastActiveTime alone is written at
+// most once a minute.
+func (c *Controller) persist(ctx context.Context, a *appState, force bool) error {
+	b, err := json.Marshal(a.status)
+	if err != nil {
+		return err
+	}
+	if string(b) == a.written {
+		return nil
+	}
+	if !force && c.now().Sub(a.writtenAt) < time.Minute {
+		return nil
+	}
+	var errs []error
+	if kv := c.bucket(); kv != nil {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := kv.Put(pctx, a.Name, b)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("publishing state to bucket: %w", err))
+		}
+	}
+	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationStatus: string(b)}}})
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = c.deps.Kube.AppsV1().StatefulSets(c.deps.Namespace).Patch(pctx, a.RootStatefulSet, types.MergePatchType, ann,
+		metav1.PatchOptions{FieldManager: FieldManager})
+	cancel()
+	if err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("annotating StatefulSet %s: %w", a.RootStatefulSet, err))
+	}
+	if len(errs) == 0 {
+		a.written, a.writtenAt = string(b), c.now()
+	}
+	return errors.Join(errs...)
+}
+
+// readBucket returns the state an earlier leader published.
+func (c *Controller) readBucket(ctx context.Context, app string) (v1alpha1.LifecycleStatus, bool) {
+	kv := c.bucket()
+	if kv == nil {
+		return v1alpha1.LifecycleStatus{}, false
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	e, err := kv.Get(rctx, app)
+	if err != nil {
+		return v1alpha1.LifecycleStatus{}, false
+	}
+	var st v1alpha1.LifecycleStatus
+	if json.Unmarshal(e.Value(), &st) != nil {
+		return v1alpha1.LifecycleStatus{}, false
+	}
+	return st, true
+}
+
+// event records a Kubernetes event on the owner (or the root StatefulSet).
+func (c *Controller) event(a *appState, typ, reason, format string, args ...any) {
+	if c.rec == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: a.RootStatefulSet, Namespace: c.deps.Namespace}
+	if o := c.cfg.Owner; o != nil && o.Name != "" {
+		ref = &corev1.ObjectReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Namespace: c.deps.Namespace, UID: types.UID(o.UID)}
+	}
+	c.rec.Eventf(ref, typ, reason, format, args...)
+}

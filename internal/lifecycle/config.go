@@ -1,0 +1,167 @@
+// Package lifecycle scales applications with their demand: it takes an idle
+// application to zero pods, wakes it at once when a request arrives, and
+// scales it between one and maxReplicas replicas with its backlog.
+//
+// It runs inside the dispatcher (see internal/dispatch): every dispatcher
+// replica watches the requests published for the orchestra, and the one
+// holding the lifecycle Lease is the single writer of the replica count of
+// the applications' root and worker StatefulSets, through their scale
+// subresource. Requests never wait in a proxy: they stay in the JetStream
+// stream, and the dispatcher takes them only when a root is ready, so a
+// request for a sleeping application is delayed, never lost.
+//
+// The gate is the application's JetStream consumer, paused on the server
+// (so it holds for every dispatcher replica) from the decision to go to
+// zero until a root serves again. Going to zero: the consumer is paused,
+// and only if then nothing is queued or in flight are the pods scaled to
+// zero; a request that arrives before that cancels the drain, one that
+// arrives after it wakes the application again. While the consumer is
+// paused no dispatcher receives a request of the application, so requests
+// wait in the stream without counting a delivery, however long the pods
+// take to start, and none is sent to a root that is going away.
+//
+// The state of each application (Awake, Waking, Draining, Zero) is
+// published in a JetStream key-value bucket, which gateways watch to bound
+// the wait for a wake (maxWait), and in an annotation on the root
+// StatefulSet, from which the operator reports it in the resource's status.
+package lifecycle
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+)
+
+// Config is the lifecycle section of the dispatcher's configuration file.
+type Config struct {
+	// Lease is the name of the coordination.k8s.io Lease that elects the
+	// single decision-maker among dispatcher replicas.
+	Lease string `json:"lease"`
+	// Owner is the resource that events about transitions are recorded on
+	// (the ModelOrchestra); without it they are recorded on the root
+	// StatefulSet.
+	Owner *Owner `json:"owner,omitempty"`
+	// Apps are the applications with a lifecycle.
+	Apps []App `json:"apps"`
+	// Tick paces the backlog scaler and the idle check (default 1s). Wakes
+	// do not wait for it: they are driven by the requests themselves.
+	Tick metav1.Duration `json:"tick,omitempty"`
+}
+
+// Owner identifies the resource events are recorded on.
+type Owner struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Name       string `json:"name"`
+	UID        string `json:"uid"`
+}
+
+// App is one application's lifecycle.
+type App struct {
+	// Name is the application (the queue's routing key).
+	Name string `json:"name"`
+	// RootStatefulSet runs the application's roots, one pod per replica.
+	RootStatefulSet string `json:"rootStatefulSet"`
+	// WorkerStatefulSets are the worker StatefulSets, one per possible
+	// replica (index = replica); each runs WorkersPerReplica pods while its
+	// replica runs.
+	WorkerStatefulSets []string `json:"workerStatefulSets,omitempty"`
+	WorkersPerReplica  int32    `json:"workersPerReplica,omitempty"`
+	// MinReplicas (0: go to zero when idle) and MaxReplicas bound the
+	// replica count.
+	MinReplicas int32 `json:"minReplicas"`
+	MaxReplicas int32 `json:"maxReplicas"`
+	// ZeroAfter is the idle time before going to zero.
+	ZeroAfter metav1.Duration `json:"zeroAfter"`
+	// TargetQueuePerReplica is the number of queued plus in-flight requests
+	// one replica should carry.
+	TargetQueuePerReplica int32 `json:"targetQueuePerReplica"`
+	// Scaler is Builtin (scale 1..N here) or KEDA (a ScaledObject scales
+	// the root; here only 0<->1 and the workers follow the root).
+	Scaler v1alpha1.LifecycleScaler `json:"scaler,omitempty"`
+}
+
+// scaleDownStabilization is how long the backlog must have asked for fewer
+// replicas before the scaler removes some: min(zeroAfter, 1m).
+func (a App) scaleDownStabilization() time.Duration {
+	return min(a.ZeroAfter.Duration, time.Minute)
+}
+
+// Defaulted returns c with its unset fields filled in.
+func (c Config) Defaulted() Config {
+	if c.Tick.Duration == 0 {
+		c.Tick.Duration = time.Second
+	}
+	for i := range c.Apps {
+		a := &c.Apps[i]
+		if a.Scaler == "" {
+			a.Scaler = v1alpha1.ScalerBuiltin
+		}
+		if a.MaxReplicas == 0 {
+			a.MaxReplicas = 1
+		}
+		if a.TargetQueuePerReplica == 0 {
+			a.TargetQueuePerReplica = 1
+		}
+	}
+	return c
+}
+
+// Validate reports every invalid field; appNames are the applications the
+// dispatcher serves.
+func (c Config) Validate(appNames []string) error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Lease == "" {
+		add("lifecycle.lease must be set")
+	}
+	served := map[string]bool{}
+	for _, n := range appNames {
+		served[n] = true
+	}
+	seen := map[string]bool{}
+	for i, a := range c.Apps {
+		if err := natsqueue.ValidToken(a.Name); err != nil {
+			add("lifecycle.apps[%d].name: %w", i, err)
+		}
+		if !served[a.Name] {
+			add("lifecycle.apps[%d]: application %q is not in apps", i, a.Name)
+		}
+		if seen[a.Name] {
+			add("lifecycle.apps[%d]: application %q is listed twice", i, a.Name)
+		}
+		seen[a.Name] = true
+		if a.RootStatefulSet == "" {
+			add("lifecycle.apps[%d] (%s): rootStatefulSet must be set", i, a.Name)
+		}
+		if a.MinReplicas < 0 || a.MaxReplicas < 1 || a.MinReplicas > a.MaxReplicas {
+			add("lifecycle.apps[%d] (%s): need 0 <= minReplicas <= maxReplicas and maxReplicas >= 1, got %d and %d", i, a.Name, a.MinReplicas, a.MaxReplicas)
+		}
+		if a.MinReplicas == 0 && a.ZeroAfter.Duration <= 0 {
+			add("lifecycle.apps[%d] (%s): zeroAfter must be positive with minReplicas 0", i, a.Name)
+		}
+		if a.TargetQueuePerReplica < 1 {
+			add("lifecycle.apps[%d] (%s): targetQueuePerReplica must be at least 1", i, a.Name)
+		}
+		if len(a.WorkerStatefulSets) > 0 && int32(len(a.WorkerStatefulSets)) < a.MaxReplicas {
+			add("lifecycle.apps[%d] (%s): %d workerStatefulSets for maxReplicas %d", i, a.Name, len(a.WorkerStatefulSets), a.MaxReplicas)
+		}
+		if len(a.WorkerStatefulSets) > 0 && a.WorkersPerReplica < 1 {
+			add("lifecycle.apps[%d] (%s): workersPerReplica must be at least 1 with workerStatefulSets", i, a.Name)
+		}
+		switch a.Scaler {
+		case v1alpha1.ScalerBuiltin, v1alpha1.ScalerKEDA:
+		default:
+			add("lifecycle.apps[%d] (%s): scaler must be Builtin or KEDA, got %q", i, a.Name, a.Scaler)
+		}
+	}
+	if c.Tick.Duration < 0 {
+		add("lifecycle.tick must not be negative")
+	}
+	return errors.Join(errs...)
+}

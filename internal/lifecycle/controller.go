@@ -1,0 +1,312 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+)
+
+// FieldManager is the field manager of every write of the lifecycle leader.
+const FieldManager = "orchestra-lifecycle"
+
+// Labels the chart puts on the objects of an orchestra.
+const (
+	labelInstance    = "app.kubernetes.io/instance"
+	labelComponent   = "app.kubernetes.io/component"
+	labelApplication = "modelorchestra.io/application"
+)
+
+// Deps are what the controller needs from the process it runs in.
+type Deps struct {
+	// NC is the dispatcher's NATS connection (owned by the caller).
+	NC *nats.Conn
+	// Kube reads and scales the StatefulSets, reads pods, holds the Lease
+	// and records events.
+	Kube kubernetes.Interface
+	// Namespace of the orchestra's objects.
+	Namespace string
+	// Orchestra is the ModelOrchestra's name.
+	Orchestra string
+	// StreamReplicas is the replica count of the orchestra's streams; the
+	// lifecycle bucket gets the same.
+	StreamReplicas int
+	// Identity names this replica in the Lease; empty: the host name.
+	Identity string
+	Log      *slog.Logger
+	Registry prometheus.Registerer
+	// Clock is time.Now unless set (tests).
+	Clock func() time.Time
+}
+
+// Controller is one dispatcher's part of the lifecycle: every replica runs
+// one, and the one holding the Lease decides.
+type Controller struct {
+	cfg   Config
+	deps  Deps
+	names natsqueue.Names
+	js    jetstream.JetStream
+	log   *slog.Logger
+	m     *metrics
+	now   func() time.Time
+	apps  []*appState
+
+	rec       record.EventRecorder
+	stsLister appslisters.StatefulSetLister
+	podLister corelisters.PodLister
+
+	mu     sync.Mutex
+	kv     jetstream.KeyValue
+	states *States // every replica's view of the bucket
+}
+
+// New builds a controller; cfg must be valid.
+func New(cfg Config, deps Deps) (*Controller, error) {
+	cfg = cfg.Defaulted()
+	if deps.NC == nil || deps.Kube == nil {
+		return nil, errors.New("lifecycle needs a NATS connection and a Kubernetes client")
+	}
+	js, err := jetstream.New(deps.NC)
+	if err != nil {
+		return nil, fmt.Errorf("creating JetStream context: %w", err)
+	}
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
+	}
+	if deps.Registry == nil {
+		deps.Registry = prometheus.NewRegistry()
+	}
+	if deps.Clock == nil {
+		deps.Clock = time.Now
+	}
+	if deps.Identity == "" {
+		host, _ := os.Hostname()
+		deps.Identity = host + "-" + nuid.Next()
+	}
+	if deps.StreamReplicas == 0 {
+		deps.StreamReplicas = 1
+	}
+	c := &Controller{
+		cfg:   cfg,
+		deps:  deps,
+		names: natsqueue.Names{Orchestra: deps.Orchestra},
+		js:    js,
+		log:   deps.Log.With("component", "lifecycle"),
+		m:     newMetrics(deps.Registry),
+		now:   deps.Clock,
+	}
+	for _, a := range cfg.Apps {
+		c.apps = append(c.apps, newAppState(a))
+	}
+	return c, nil
+}
+
+// Run watches the orchestra's StatefulSets and pods, contends for the
+// Lease and, while holding it, decides every application's replica count,
+// until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	if err := c.startInformers(ctx); err != nil {
+		return err
+	}
+	states, err := WatchStates(ctx, c.deps.NC, c.deps.Orchestra, c.log)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.states = states
+	c.mu.Unlock()
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.deps.Kube.CoreV1().Events(c.deps.Namespace)})
+	defer broadcaster.Shutdown()
+	c.rec = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "orchestra-dispatcher"})
+
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: c.deps.Namespace, Name: c.cfg.Lease},
+		Client:     c.deps.Kube.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: c.deps.Identity},
+	}
+	for ctx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   15 * time.Second,
+			RenewDeadline:   10 * time.Second,
+			RetryPeriod:     2 * time.Second,
+			ReleaseOnCancel: true,
+			Name:            c.cfg.Lease,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(lctx context.Context) {
+					c.m.leader.Set(1)
+					c.log.Info("lifecycle leader: deciding replica counts", "identity", c.deps.Identity, "apps", len(c.apps))
+					c.lead(lctx)
+				},
+				OnStoppedLeading: func() {
+					c.m.leader.Set(0)
+					c.log.Info("lifecycle leadership ended", "identity", c.deps.Identity)
+				},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("lifecycle leader election: %w", err)
+		}
+		le.Run(ctx) // returns when leadership is lost or ctx ends
+	}
+	return nil
+}
+
+// startInformers watches the orchestra's StatefulSets and engine pods; a
+// change kicks the application it belongs to.
+func (c *Controller) startInformers(ctx context.Context) error {
+	sel := labels.SelectorFromSet(labels.Set{labelInstance: c.deps.Orchestra}).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(c.deps.Kube, 0,
+		informers.WithNamespace(c.deps.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
+	sts := factory.Apps().V1().StatefulSets()
+	pods := factory.Core().V1().Pods()
+	c.stsLister, c.podLister = sts.Lister(), pods.Lister()
+	kick := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		m, ok := obj.(metav1.Object)
+		if !ok {
+			return
+		}
+		if a := c.app(m.GetLabels()[labelApplication]); a != nil {
+			a.kickNow()
+		}
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(_, o any) { kick(o) }, DeleteFunc: kick}
+	if _, err := sts.Informer().AddEventHandler(h); err != nil {
+		return fmt.Errorf("watching StatefulSets: %w", err)
+	}
+	if _, err := pods.Informer().AddEventHandler(h); err != nil {
+		return fmt.Errorf("watching pods: %w", err)
+	}
+	factory.Start(ctx.Done())
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("syncing %v informer: %w", typ, ctx.Err())
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		factory.Shutdown()
+	}()
+	return nil
+}
+
+func (c *Controller) app(name string) *appState {
+	for _, a := range c.apps {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+// lead decides for every application until ctx ends (leadership lost).
+func (c *Controller) lead(ctx context.Context) {
+	if err := c.ensureBucket(ctx); err != nil {
+		return // ctx ended
+	}
+	var wg sync.WaitGroup
+	for _, a := range c.apps {
+		wg.Go(func() { c.runApp(ctx, a) })
+	}
+	wg.Wait()
+}
+
+// ensureBucket creates the lifecycle bucket, retrying until it works or ctx
+// ends.
+func (c *Controller) ensureBucket(ctx context.Context) error {
+	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		kv, err := c.js.CreateOrUpdateKeyValue(bctx, jetstream.KeyValueConfig{
+			Bucket:      Bucket(c.deps.Orchestra),
+			Description: "Model Orchestra lifecycle state of each application of " + c.deps.Orchestra,
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.deps.StreamReplicas,
+		})
+		cancel()
+		if err == nil {
+			c.mu.Lock()
+			c.kv = kv
+			c.mu.Unlock()
+			return nil
+		}
+		c.log.Warn("creating the lifecycle bucket; retrying", "bucket", Bucket(c.deps.Orchestra), "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (c *Controller) bucket() jetstream.KeyValue {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kv
+}
+
+// rootSet returns an application's root StatefulSet from the cache.
+func (c *Controller) rootSet(a *appState) (*appsv1.StatefulSet, error) {
+	return c.stsLister.StatefulSets(c.deps.Namespace).Get(a.RootStatefulSet)
+}
+
+// appPods lists the root and worker pods of an application from the cache.
+func (c *Controller) appPods(a *appState) []*corev1.Pod {
+	pods, err := c.podLister.Pods(c.deps.Namespace).List(labels.SelectorFromSet(labels.Set{
+		labelInstance: c.deps.Orchestra, labelApplication: a.Name,
+	}))
+	if err != nil {
+		return nil
+	}
+	return pods
+}
+
+// ObserveQueueWait records the queue wait of a request first delivered now
+// and stored at stored: cold when it was stored while its application was
+// not awake (it waited for a wake), warm otherwise.
+func (c *Controller) ObserveQueueWait(app string, stored time.Time) {
+	if c.app(app) == nil {
+		return // no lifecycle: the dispatcher's own queue_wait_seconds covers it
+	}
+	c.mu.Lock()
+	states := c.states
+	c.mu.Unlock()
+	cold := false
+	if states != nil {
+		if st, ok := states.Lookup(app); ok {
+			cold = st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
+		}
+	}
+	c.m.queueWait.WithLabelValues(app, strconv.FormatBool(cold)).Observe(c.now().Sub(stored).Seconds())
+}

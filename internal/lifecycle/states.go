@@ -1,0 +1,142 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+)
+
+// Bucket is the JetStream key-value bucket holding the lifecycle state of
+// each application of an orchestra (key: the application name, value: a
+// v1alpha1.LifecycleStatus as JSON). Only the lifecycle leader writes it.
+func Bucket(orchestra string) string {
+	return natsqueue.Names{Orchestra: orchestra}.Stream() + "_LIFECYCLE"
+}
+
+// AnnotationStatus is the annotation on an application's root StatefulSet
+// holding its v1alpha1.LifecycleStatus as JSON; the operator reports it in
+// status.applications.<app>.lifecycle.
+const AnnotationStatus = "modelorchestra.io/lifecycle"
+
+// States follows the lifecycle state of every application of an orchestra
+// from its bucket. Gateways use it to tell a request that waits for a wake
+// from one that waits behind others. It is safe for concurrent use.
+type States struct {
+	mu     sync.RWMutex
+	states map[string]v1alpha1.LifecycleStatus
+}
+
+// Lookup returns the last known state of app; ok is false when none is
+// known (no lifecycle, or not heard of yet).
+func (s *States) Lookup(app string) (v1alpha1.LifecycleStatus, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st, ok := s.states[app]
+	return st, ok
+}
+
+// Waking reports whether requests for app currently wait for its pods to
+// start (any state but Awake), with the reason when a wake does not
+// progress. Unknown applications are not waking.
+func (s *States) Waking(app string) (bool, string) {
+	st, ok := s.Lookup(app)
+	if !ok || st.State == v1alpha1.LifecycleAwake || st.State == "" {
+		return false, ""
+	}
+	return true, st.Message
+}
+
+func (s *States) set(app string, st v1alpha1.LifecycleStatus) {
+	s.mu.Lock()
+	if s.states == nil {
+		s.states = map[string]v1alpha1.LifecycleStatus{}
+	}
+	s.states[app] = st
+	s.mu.Unlock()
+}
+
+func (s *States) reset() {
+	s.mu.Lock()
+	s.states = nil
+	s.mu.Unlock()
+}
+
+func (s *States) remove(app string) {
+	s.mu.Lock()
+	delete(s.states, app)
+	s.mu.Unlock()
+}
+
+// WatchStates follows the orchestra's lifecycle bucket on nc until ctx
+// ends. The bucket appears when a dispatcher with a lifecycle starts;
+// until then (and after the connection to NATS is lost, until the watch is
+// re-established) every application is unknown, that is not waking.
+func WatchStates(ctx context.Context, nc *nats.Conn, orchestra string, log *slog.Logger) (*States, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("creating JetStream context: %w", err)
+	}
+	s := &States{}
+	go func() {
+		for delay := 250 * time.Millisecond; ctx.Err() == nil; delay = min(2*delay, 5*time.Second) {
+			err := s.watch(ctx, js, orchestra)
+			s.reset() // stale states could bound a wait that is not one
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+				log.Warn("watching lifecycle states; retrying", "bucket", Bucket(orchestra), "err", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+		}
+	}()
+	return s, nil
+}
+
+// watch applies the bucket's updates until the watch ends.
+func (s *States) watch(ctx context.Context, js jetstream.JetStream, orchestra string) error {
+	kv, err := js.KeyValue(ctx, Bucket(orchestra))
+	if err != nil {
+		return err
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watching bucket %s: %w", Bucket(orchestra), err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch closed")
+			}
+			if e == nil {
+				continue // initial values delivered
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				s.remove(e.Key())
+				continue
+			}
+			var st v1alpha1.LifecycleStatus
+			if err := json.Unmarshal(e.Value(), &st); err != nil {
+				continue
+			}
+			s.set(e.Key(), st)
+		}
+	}
+}

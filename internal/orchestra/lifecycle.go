@@ -1,0 +1,89 @@
+package orchestra
+
+import (
+	"encoding/json"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
+
+// defaultLifecycle fills the lifecycle defaults that depend on other
+// fields: targetQueuePerReplica is serving.maxConcurrency, so that the
+// backlog scaler adds a replica as soon as requests queue behind a full
+// one.
+func defaultLifecycle(app *v1alpha1.Application) {
+	lc := app.Lifecycle
+	if lc == nil {
+		return
+	}
+	if lc.TargetQueuePerReplica == 0 {
+		lc.TargetQueuePerReplica = max(app.Serving.MaxConcurrency, 1)
+	}
+	if lc.MaxReplicas == 0 {
+		lc.MaxReplicas = 1
+	}
+	if lc.Scaler == "" {
+		lc.Scaler = v1alpha1.ScalerBuiltin
+	}
+}
+
+// lifecycleValues is an application's lifecycle as chart values; durations
+// in Go's notation, which the dispatcher and gateway configs parse.
+func lifecycleValues(lc *v1alpha1.LifecycleSpec) map[string]any {
+	return map[string]any{
+		"minReplicas":           int64(lc.MinReplicas),
+		"maxReplicas":           int64(lc.MaxReplicas),
+		"zeroAfter":             lc.ZeroAfter.Duration.String(),
+		"targetQueuePerReplica": int64(lc.TargetQueuePerReplica),
+		"maxWait":               lc.MaxWait.Duration.String(),
+		"scaler":                string(lc.Scaler),
+	}
+}
+
+// ownerValues identify the resource in the events the dispatcher records
+// about lifecycle transitions (woke, scaled to zero), so that they show in
+// kubectl describe of the resource.
+func ownerValues(mo *v1alpha1.ModelOrchestra) map[string]any {
+	return map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       v1alpha1.Kind,
+		"name":       mo.Name,
+		"uid":        string(mo.UID),
+	}
+}
+
+// annotationLifecycle is where the dispatcher's lifecycle leader publishes
+// an application's state on its root StatefulSet (see internal/lifecycle).
+const annotationLifecycle = "modelorchestra.io/lifecycle"
+
+// lifecycleStatus fills the status of an application with a lifecycle:
+// its replica count is the one the lifecycle set (not scaling.replicas),
+// and at zero pods it is Idle, while its pods start Waking. It sets
+// st.Phase only for those two phases; the caller derives the others.
+func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, root *appsv1.StatefulSet) {
+	if root == nil {
+		return
+	}
+	st.Replicas = 1 // the API server's default when the chart leaves it out
+	if root.Spec.Replicas != nil {
+		st.Replicas = *root.Spec.Replicas
+	}
+	st.Workers = st.Replicas * app.Runtime.Workers
+	var ls v1alpha1.LifecycleStatus
+	if raw, ok := root.Annotations[annotationLifecycle]; ok && json.Unmarshal([]byte(raw), &ls) == nil {
+		st.Lifecycle = &ls
+	}
+	switch {
+	case st.Replicas == 0:
+		st.Phase = v1alpha1.PhaseIdle
+		st.Message = fmt.Sprintf("at zero pods after %v without requests; the next request wakes it", app.Lifecycle.ZeroAfter.Duration)
+	case st.ReadyReplicas == 0 && st.Lifecycle != nil && st.Lifecycle.State == v1alpha1.LifecycleWaking:
+		st.Phase = v1alpha1.PhaseWaking
+		st.Message = "waking: its pods are starting; requests wait in the queue"
+		if st.Lifecycle.Message != "" {
+			st.Message = "cannot wake: " + st.Lifecycle.Message
+		}
+	}
+}
