@@ -34,7 +34,10 @@ type StackConfig struct {
 	Dispatcher func(*dispatch.Config)
 	Queue      func(*natsqueue.ClientConfig)
 	Gateway    func(*gateway.Config)
-	Log        *slog.Logger
+	// NATSURLs, when set, are the servers of an external NATS (for example
+	// a cluster the test runs); otherwise the stack starts its own.
+	NATSURLs string
+	Log      *slog.Logger
 }
 
 // Stack is a whole data plane in one process: NATS with JetStream, an
@@ -47,6 +50,7 @@ type Stack struct {
 
 	dir      string
 	port     int
+	urls     string // the NATS servers, comma-separated
 	cfg      StackConfig
 	qcfg     natsqueue.ClientConfig
 	gateways int
@@ -70,11 +74,15 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, func() { _ = os.RemoveAll(s.dir) })
-	if s.NATS, err = StartNATS(s.dir, -1); err != nil {
-		return nil, err
+	s.urls = cfg.NATSURLs
+	if s.urls == "" {
+		if s.NATS, err = StartNATS(s.dir, -1); err != nil {
+			return nil, err
+		}
+		s.port = Port(s.NATS)
+		s.closers = append(s.closers, func() { s.NATS.Shutdown() })
+		s.urls = s.NATS.ClientURL()
 	}
-	s.port = Port(s.NATS)
-	s.closers = append(s.closers, func() { s.NATS.Shutdown() })
 	if s.Engine, err = StartEngine(cfg.Sim); err != nil {
 		return nil, err
 	}
@@ -82,7 +90,7 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 
 	s.dispCfg = dispatch.Default()
 	s.dispCfg.Orchestra = Orchestra
-	s.dispCfg.NATS.URL = s.NATS.ClientURL()
+	s.dispCfg.NATS.URL = s.urls
 	s.dispCfg.Apps = []dispatch.App{{Name: App, Endpoints: []string{s.Engine.URL}, MaxConcurrency: 256}}
 	s.dispCfg.AckWait = metav1.Duration{Duration: 3 * time.Second}
 	s.dispCfg.HeartbeatInterval = metav1.Duration{Duration: 200 * time.Millisecond}
@@ -101,7 +109,7 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	if cfg.Queue != nil {
 		cfg.Queue(&qcfg)
 	}
-	if s.Queue, err = natsqueue.Connect(s.NATS.ClientURL(), qcfg, s.log, nats.ReconnectWait(50*time.Millisecond)); err != nil {
+	if s.Queue, err = natsqueue.Connect(s.urls, qcfg, s.log, nats.ReconnectWait(50*time.Millisecond)); err != nil {
 		return nil, err
 	}
 	s.closers = append(s.closers, s.Queue.Close)
@@ -119,7 +127,7 @@ func (s *Stack) StartGateway() (*httptest.Server, error) {
 	qcfg := s.qcfg
 	s.gateways++
 	qcfg.Instance = fmt.Sprintf("gw%d", s.gateways)
-	q, err := natsqueue.Connect(s.NATS.ClientURL(), qcfg, s.log, nats.ReconnectWait(50*time.Millisecond))
+	q, err := natsqueue.Connect(s.urls, qcfg, s.log, nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +169,7 @@ type Dispatcher struct {
 // StartDispatcher starts a dispatcher on its own connection and waits until
 // it is ready.
 func (s *Stack) StartDispatcher() (*Dispatcher, error) {
-	nc, err := nats.Connect(s.NATS.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(s.urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +238,7 @@ func (s *Stack) Close() {
 
 // Queued returns the number of requests stored in the request stream.
 func (s *Stack) Queued(ctx context.Context) (int, error) {
-	nc, err := nats.Connect(s.NATS.ClientURL())
+	nc, err := nats.Connect(s.urls)
 	if err != nil {
 		return 0, err
 	}

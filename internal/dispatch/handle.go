@@ -134,9 +134,14 @@ func (r *responder) finish(p []byte, status int, contentType string, timeout tim
 	m := r.dataMsg(p, status, contentType, true)
 	r.mu.Unlock()
 	deadline := time.Now().Add(finishWindow)
+	asked := false // an earlier ask may have reached the gateway
 	for {
 		res, err := r.nc.RequestMsg(m, timeout)
 		switch {
+		case err == nil && string(res.Data) == natsqueue.AcceptGone && asked:
+			// The answer to an earlier ask was lost: the gateway most
+			// likely took the whole answer and closed the reply since.
+			return nil
 		case err == nil && string(res.Data) == natsqueue.AcceptGone:
 			return errCancelled
 		case err == nil && strings.HasPrefix(string(res.Data), natsqueue.AcceptResend):
@@ -155,6 +160,7 @@ func (r *responder) finish(p []byte, status int, contentType string, timeout tim
 		case errors.Is(err, nats.ErrNoResponders), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrConnectionReconnecting):
 			// The gateway has not resubscribed after a NATS restart yet, or
 			// the request or its answer was lost: ask again.
+			asked = asked || errors.Is(err, nats.ErrTimeout)
 			time.Sleep(100 * time.Millisecond)
 		default:
 			return &attemptError{reason: "publish_failed", err: err}
