@@ -132,7 +132,7 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 
 .PHONY: bench-tiers
 bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB.
-	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/checkpoint.md
+	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
 .PHONY: soak
 soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
