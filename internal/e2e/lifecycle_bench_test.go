@@ -119,7 +119,14 @@ func TestWakeBenchmark(t *testing.T) {
 	table := wakeTable(wakes, baselines)
 	t.Log("\n" + table)
 	if testing.Verbose() {
-		t.Log(stack.DiagnosePods(ctx, env.cs, ns, "app.kubernetes.io/component=dispatcher", 80))
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=dispatcher"})
+		if err == nil {
+			for _, p := range pods.Items {
+				tail := int64(60)
+				raw, err := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(ctx)
+				t.Logf("dispatcher %s (last 60 lines, %v):\n%s", p.Name, err, raw)
+			}
+		}
 	}
 }
 
