@@ -182,7 +182,7 @@ func TestChaos(t *testing.T) {
 		rep := chaosLoadOn(t, s, []string{s.Gateway.URL, other.URL}, total, concurrency, 42, func() {
 			// The process dies: its connections drop, its port closes.
 			s.Gateway.CloseClientConnections()
-			s.Gateway.Listener.Close()
+			_ = s.Gateway.Listener.Close()
 		})
 		t.Logf("one of two gateways killed: %v", rep)
 		if rep.lost != 0 || rep.duplicated != 0 || rep.serverErrors != 0 {

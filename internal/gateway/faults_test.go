@@ -98,6 +98,7 @@ func TestBodyReadTimeoutHidesAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = resp.Body.Close() }()
 	body, _ := io.ReadAll(resp.Body)
 	wantError(t, &answer{StatusCode: resp.StatusCode, Header: resp.Header}, string(body), http.StatusRequestTimeout,
 		`{"error":{"message":"Timed out reading the request body; send it faster or in a smaller request.","type":"invalid_request_error","param":null,"code":"request_timeout"}}`)
