@@ -63,8 +63,8 @@ func main() {
 	if gogc == "" {
 		gogc = strconv.Itoa(gctune.Percent)
 	}
-	section := fmt.Sprintf("Measured %s on %s/%s, %d CPUs, load average before the run %s, %s per level after %s warm-up; everything (load generator, gateway, NATS with file-backed JetStream, dispatcher, simulator) in one process, GOGC=%s as the data-plane binaries set it. \"Added\" is via queue minus direct.\n\n%s",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, *duration, *warmup, gogc, table)
+	section := fmt.Sprintf("Measured on %s/%s, %d CPUs, load average before the run %s, %s per level after %s warm-up; everything (load generator, gateway, NATS with file-backed JetStream, dispatcher, simulator) in one process, GOGC=%s as the data-plane binaries set it. \"Added\" is via queue minus direct.\n\n%s",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, *duration, *warmup, gogc, table)
 	fmt.Print(section)
 	if *docs != "" {
 		if err := dataplanetest.WriteSection(*docs, section); err != nil {

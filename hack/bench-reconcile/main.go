@@ -668,7 +668,7 @@ func updateDocs(path, table, peerTable string, warmup int) error {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	measured := "Measured " + time.Now().UTC().Format("2006-01-02 15:04 UTC") + " by `go run ./hack/bench-reconcile " + strings.Join(os.Args[1:], " ") + "`"
+	measured := "Measured by `go run ./hack/bench-reconcile " + strings.Join(os.Args[1:], " ") + "`"
 	section := measured + " (our operator built from cmd/orchestra-operator as `make images` builds it: static, `-trimpath -ldflags=\"-s -w\"`; a new operator process for each row). " +
 		fmt.Sprintf("Before the rows, %d resources were deployed in a namespace of their own, with an operator process of their own, and not measured: a fresh control plane serves its first resources slower.\n", warmup) + table +
 		"\nCPU is the operator process's user+system time. API requests per install are the requests sent to the API server: ours as its transport counts them, the peer's as client-go counts them (rest_client_requests_total; the peer answers no request itself). \"Private\" RSS is RssAnon (heap, stacks); the rest of the RSS is pages of the executable (Helm's SDK brings in oras, kustomize, kubectl), shared and reclaimable. " +

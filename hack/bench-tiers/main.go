@@ -395,8 +395,8 @@ func restoreBW(r *sim.StageReport) float64 {
 func render(rows []row, loadBefore, loadAfter string, took time.Duration) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs, %s; load average %s before, %s after; %s.\n\n",
-		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), loadBefore, loadAfter, took.Round(time.Second))
+	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s.\n\n",
+		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
 	fmt.Fprintf(&b, "Each column is the median of %d runs; every wake of every run is counted in the last column. ", rows[0].runs)
 	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). A restore is the whole wake of the weights: map and pre-fault the arena, read, verify (xxh64 overlapped with the read).\n\n")
 	b.WriteString("| Weights | memcpy | memcpy into fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot ÷ fresh memcpy | warm ÷ disk (≥ 0.8): raw read of the same file just before | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")

@@ -207,7 +207,7 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration) string {
 		{"wake: request -> first token", func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.request) }},
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Measured %s, %d rounds, simulator engine (--ttft=20ms) on the real-node cluster.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), len(wakes))
+	fmt.Fprintf(&b, "Measured with %d rounds, simulator engine (--ttft=20ms) on the real-node cluster.\n\n", len(wakes))
 	b.WriteString("| Stage | p50 | max |\n| --- | --- | --- |\n")
 	for _, r := range rows {
 		p50, worst := col(r.f)
