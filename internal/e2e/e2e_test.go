@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -47,14 +46,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj.SetName(name)
-	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, env.hub))
-	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	obj := simulatorResource(t, ns, name)
 	must(t, unstructured.SetNestedField(obj.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
 

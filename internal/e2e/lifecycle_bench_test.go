@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -54,14 +53,7 @@ func TestWakeBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj.SetName(name)
-	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, env.hub))
-	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	obj := simulatorResource(t, ns, name)
 	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "3s", "maxWait": "5m",

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -37,14 +36,7 @@ func TestScaleToZeroAndWake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj.SetName(name)
-	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, env.hub))
-	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	obj := simulatorResource(t, ns, name)
 	// The bursts come from one token: no per-token limits.
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
 
