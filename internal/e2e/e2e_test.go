@@ -13,6 +13,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -417,20 +418,27 @@ func requireRealPods(ctx context.Context, t *testing.T, ns, name string) {
 // the demo repository's bytes.
 func requireFetchedFromMirror(ctx context.Context, t *testing.T, ns, name string, model v1alpha1.ModelStatus) {
 	t.Helper()
-	jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=model-fetch"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(jobs.Items) != 1 {
-		t.Fatalf("%d fetch Jobs; want the operator's one", len(jobs.Items))
-	}
-	j := jobs.Items[0]
+	// The model is reported verified from the fetcher's own final report,
+	// which can reach the status a moment before the Job controller counts
+	// the finished pod: wait for the Job to catch up.
+	var j batchv1.Job
+	eventually(t, 30*time.Second, func() error {
+		jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=model-fetch"})
+		if err != nil {
+			return err
+		}
+		if len(jobs.Items) != 1 {
+			return fmt.Errorf("%d fetch Jobs; want the operator's one", len(jobs.Items))
+		}
+		j = jobs.Items[0]
+		if j.Status.Succeeded < 1 {
+			return fmt.Errorf("fetch Job %s: succeeded %d, failed %d; want it to succeed", j.Name, j.Status.Succeeded, j.Status.Failed)
+		}
+		return nil
+	})
 	args := j.Spec.Template.Spec.Containers[0].Args
 	if !slices.Contains(args, "--hf-endpoint="+env.hub) {
 		t.Errorf("fetch Job %s args %v; want --hf-endpoint=%s", j.Name, args, env.hub)
-	}
-	if j.Status.Succeeded < 1 {
-		t.Errorf("fetch Job %s: succeeded %d, failed %d; want it to succeed", j.Name, j.Status.Succeeded, j.Status.Failed)
 	}
 	var total int64
 	for _, data := range stack.TinyModelFiles() {
