@@ -1,6 +1,8 @@
 // Package v1alpha1 holds the modelorchestra.io/v1alpha1 API: the
 // ModelOrchestra kind, which describes an LLM serving stack (model cache,
-// inference topology, OpenAI-compatible gateway and queue) as one resource.
+// inference topology, OpenAI-compatible gateway and queue) as one resource,
+// CheckpointPolicy, how idle engines sleep and where their weights rest, and
+// ModelCheckpoint, where the weights of one application rest.
 //
 // +kubebuilder:object:generate=true
 // +groupName=modelorchestra.io
@@ -26,7 +28,8 @@ var (
 // addKnownTypes registers the kinds of this group version, as
 // controller-runtime's deprecated scheme.Builder used to.
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &ModelOrchestra{}, &ModelOrchestraList{})
+	s.AddKnownTypes(GroupVersion, &ModelOrchestra{}, &ModelOrchestraList{},
+		&CheckpointPolicy{}, &CheckpointPolicyList{}, &ModelCheckpoint{}, &ModelCheckpointList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="lifecycle.minReplicas must not exceed lifecycle.maxReplicas",fieldPath=".minReplicas"
 // +kubebuilder:validation:XValidation:rule="self.scaler != 'KEDA' || self.maxReplicas > 1",message="lifecycle.scaler KEDA scales from 1 to maxReplicas: set maxReplicas above 1, or use the Builtin scaler",fieldPath=".scaler"
+// +kubebuilder:validation:XValidation:rule="!has(self.sleepAfter) || self.minReplicas > 0 || duration(self.sleepAfter) < duration(has(self.zeroAfter) ? self.zeroAfter : '15m')",message="lifecycle.sleepAfter must be shorter than zeroAfter: engines sleep first and go to zero pods later",fieldPath=".sleepAfter"
 type LifecycleSpec struct {
 	// minReplicas is the fewest topology replicas kept running. 0 lets the
 	// application go to zero pods (root and workers) after zeroAfter
@@ -79,6 +80,98 @@ type LifecycleSpec struct {
 	// +kubebuilder:default=Builtin
 	// +kubebuilder:validation:Enum=Builtin;KEDA
 	Scaler LifecycleScaler `json:"scaler,omitempty"`
+
+	// sleepAfter is how long the application must be idle before its
+	// engines are put to sleep: the pods keep running and leave the
+	// Service's endpoints, the weights move out of the accelerator (to the
+	// hot tier at sleep level 1, dropped at level 2), and the next request
+	// wakes them in seconds instead of a pod start. It must be shorter
+	// than zeroAfter when minReplicas is 0 (sleep first, then zero).
+	// Overrides the policy's triggers.idleSeconds. Unset, with no policy:
+	// the engines never sleep.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="lifecycle.sleepAfter must be at least 1s"
+	SleepAfter *metav1.Duration `json:"sleepAfter,omitempty"`
+
+	// sleepLevel is how the engine sleeps: 1 offloads the weights to the
+	// hot tier (fast wake, uses node RAM), 2 drops them (wake reloads them
+	// from the warm or cold tier). Default 1. The vLLM, Ollama, llama.cpp
+	// and simulator engines sleep; distributed-llama cannot.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2
+	SleepLevel int32 `json:"sleepLevel,omitempty"`
+
+	// parkAfter is how long the engine stays asleep with its weights in
+	// the hot tier before they are demoted to the warm tier (node-local
+	// disk), freeing the node's RAM. Overrides the policy's
+	// triggers.parkSeconds.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="lifecycle.parkAfter must be at least 1s"
+	ParkAfter *metav1.Duration `json:"parkAfter,omitempty"`
+
+	// checkpointPolicy names a CheckpointPolicy in the resource's
+	// namespace. The fields set here (sleepAfter, parkAfter, tiers,
+	// resumeSLO) override the policy's. A policy that does not exist sets
+	// the CheckpointPolicyResolved condition to False, naming it; the
+	// application then runs with its inline fields only.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	CheckpointPolicy string `json:"checkpointPolicy,omitempty"`
+
+	// tiers override the policy's tiers, field by field.
+	// +optional
+	Tiers *CheckpointTiers `json:"tiers,omitempty"`
+
+	// resumeSLO overrides the policy's slo, field by field.
+	// +optional
+	ResumeSLO *ResumeSLO `json:"resumeSLO,omitempty"`
+
+	// seat makes the application share an accelerator seat with the other
+	// applications of the same seat group (spec.seatGroups): one pod per
+	// group and replica runs one engine per application, and at most the
+	// group's activeSeats of them are awake at a time.
+	// +optional
+	Seat *SeatSpec `json:"seat,omitempty"`
+}
+
+// SeatSpec is an application's membership in a seat group.
+type SeatSpec struct {
+	// group is the name of a seat group in spec.seatGroups.
+	// +required
+	// +kubebuilder:validation:MaxLength=24
+	Group string `json:"group"`
+
+	// priority orders who keeps a seat: when the seat is full, the awake
+	// application with the lowest (priority, last use) that has nothing in
+	// flight and has been resident for minResidency is put to sleep.
+	// Default 0.
+	// +optional
+	// +kubebuilder:validation:Minimum=-1000
+	// +kubebuilder:validation:Maximum=1000
+	Priority int32 `json:"priority,omitempty"`
+
+	// minResidency is how long a woken application keeps its seat before
+	// it may be swapped out for another (against thrashing). Default 30s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
+	MinResidency *metav1.Duration `json:"minResidency,omitempty"`
+}
+
+// SeatGroupSpec is an accelerator seat shared by several applications.
+type SeatGroupSpec struct {
+	// activeSeats is how many of the group's applications may be awake at
+	// once. Default 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16
+	ActiveSeats int32 `json:"activeSeats,omitempty"`
 }
 
 // LifecycleScaler decides the replica count between 1 and maxReplicas.
@@ -92,10 +185,9 @@ const (
 	ScalerKEDA LifecycleScaler = "KEDA"
 )
 
-// LifecycleState is where an application stands in its lifecycle. The
-// checkpoint tiers (sleeping engines, parked weights) and seat groups add
-// states between Awake and Zero later; clients never need to tell them
-// apart, since every state but Awake means "requests wait in the queue".
+// LifecycleState is where an application stands in its lifecycle. Clients
+// never need to tell the states apart: every state but Awake means
+// "requests wait in the queue".
 type LifecycleState string
 
 // Lifecycle states.
@@ -111,6 +203,9 @@ const (
 	LifecycleDraining LifecycleState = "Draining"
 	// LifecycleZero means it runs no pods; the next request wakes it.
 	LifecycleZero LifecycleState = "Zero"
+	// LifecycleAsleep means its pods run but its engines sleep (weights
+	// in the tier named by residentTier); the next request wakes them.
+	LifecycleAsleep LifecycleState = "Asleep"
 )
 
 // Phases of an application with a lifecycle.
@@ -120,6 +215,10 @@ const (
 	PhaseIdle Phase = "Idle"
 	// PhaseWaking means its pods are starting because requests arrived.
 	PhaseWaking Phase = "Waking"
+	// PhaseAsleep means its engines sleep in running pods and wake on the
+	// next request, from the tier in status.applications.<app>.lifecycle
+	// .residentTier.
+	PhaseAsleep Phase = "Asleep"
 )
 
 // Condition reasons of lifecycle applications.
@@ -163,6 +262,47 @@ type LifecycleStatus struct {
 	// that cannot pull its image or be scheduled.
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// residentTier is where the weights are: Accelerator while awake, Hot,
+	// Warm or Cold while asleep or at zero.
+	// +optional
+	ResidentTier Tier `json:"residentTier,omitempty"`
+
+	// expectedResumeSeconds is the expected time to wake from
+	// residentTier, as a decimal string (the seed's Expected-Resume-Sec).
+	// +optional
+	ExpectedResumeSeconds string `json:"expectedResumeSeconds,omitempty"`
+
+	// sleeps counts the engine sleeps since the dispatcher's leader
+	// started.
+	// +optional
+	Sleeps int64 `json:"sleeps,omitempty"`
+
+	// seat is the application's standing in its seat group.
+	// +optional
+	Seat *SeatStatus `json:"seat,omitempty"`
+}
+
+// SeatStatus is an application's standing in its seat group.
+type SeatStatus struct {
+	// holding is true while the application holds one of the group's
+	// active seats.
+	// +optional
+	Holding bool `json:"holding,omitempty"`
+
+	// swapsIn counts the times the application was swapped in.
+	// +optional
+	SwapsIn int64 `json:"swapsIn,omitempty"`
+
+	// lastSwapSeconds is the duration of its last swap in, as a decimal
+	// string.
+	// +optional
+	LastSwapSeconds string `json:"lastSwapSeconds,omitempty"`
+
+	// waitingSeconds is how long its oldest request has waited for a seat,
+	// as a decimal string; empty when none waits.
+	// +optional
+	WaitingSeconds string `json:"waitingSeconds,omitempty"`
 }
 
 // WakeStatus is one wake from zero.
@@ -185,4 +325,22 @@ type WakeStatus struct {
 	// became ready.
 	// +optional
 	RequestsWaiting int64 `json:"requestsWaiting,omitempty"`
+
+	// fromTier is where the weights came from: Hot, Warm or Cold (a pod
+	// start from the model cache).
+	// +optional
+	FromTier Tier `json:"fromTier,omitempty"`
+
+	// bytes restored and verified by the wake.
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
+
+	// bytesPerSecond is bytes over the restore's duration.
+	// +optional
+	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+
+	// firstTokenSeconds is from the first request to its first token, as a
+	// decimal string.
+	// +optional
+	FirstTokenSeconds string `json:"firstTokenSeconds,omitempty"`
 }

@@ -46,6 +46,7 @@ type ModelOrchestraList struct {
 }
 
 // ModelOrchestraSpec is the desired serving stack.
+// +kubebuilder:validation:XValidation:rule="self.applications.all(n, !has(self.applications[n].lifecycle) || !has(self.applications[n].lifecycle.seat) || (has(self.seatGroups) && self.applications[n].lifecycle.seat.group in self.seatGroups))",message="lifecycle.seat.group must name a group in spec.seatGroups"
 type ModelOrchestraSpec struct {
 	// imagePullSecrets are Secrets in the resource's namespace used to pull
 	// every image of the stack (engines, gateway, dispatcher, fetcher, NATS).
@@ -80,6 +81,12 @@ type ModelOrchestraSpec struct {
 	// +kubebuilder:validation:MaxProperties=16
 	// +kubebuilder:validation:XValidation:rule="self.all(name, size(name) <= 24 && name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$'))",message="application names must be lower-case DNS labels of at most 24 characters that start with a letter"
 	Applications map[string]Application `json:"applications"`
+
+	// seatGroups are accelerator seats shared by several applications, by
+	// group name (see applications.<app>.lifecycle.seat).
+	// +optional
+	// +kubebuilder:validation:MaxProperties=16
+	SeatGroups map[string]SeatGroupSpec `json:"seatGroups,omitempty"`
 }
 
 // NATSSpec selects the NATS JetStream server.
@@ -358,6 +365,7 @@ type DispatcherSpec struct {
 // +kubebuilder:validation:XValidation:rule="!(self.runtime.engine in ['llamacpp', 'ollama', 'dllama'] || (self.runtime.engine == 'vllm' && has(self.model.format) && self.model.format == 'gguf')) || has(self.model.file)",message="file is required: the engine loads one model file (for example model-Q4_K_M.gguf)",fieldPath=".model.file"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'dllama' || has(self.model.tokenizerFile)",message="tokenizerFile is required by the dllama engine",fieldPath=".model.tokenizerFile"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'vllm' || self.runtime.workers == 0 || self.model.source.startsWith('pvc://') || (has(self.model.cache) && (has(self.model.cache.existingClaim) || (has(self.model.cache.accessMode) && self.model.cache.accessMode == 'ReadWriteMany')))",message="multi-node vllm reads the model on every node: set cache.accessMode ReadWriteMany, an existingClaim or a pvc:// source",fieldPath=".model.cache"
+// +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.maxReplicas) || self.lifecycle.maxReplicas <= 1 || self.model.source.startsWith('pvc://') || !has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode != 'ReadWriteOncePod'",message="lifecycle.maxReplicas above 1 needs a model cache that several pods can mount: a ReadWriteOncePod claim admits one pod; use ReadWriteOnce or ReadWriteMany",fieldPath=".lifecycle.maxReplicas"
 type Application struct {
 	// model is what to serve and where it comes from.
 	// +required

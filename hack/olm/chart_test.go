@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,11 +118,16 @@ func TestChartAllNamespaces(t *testing.T) {
 		t.Errorf("image = %q, want %q", got, want)
 	}
 	crds := find(objs, "CustomResourceDefinition", "")
-	if len(crds) != 1 || crds[0].GetName() != "modelorchestras.modelorchestra.io" {
-		t.Fatalf("CRDs = %v", crds)
+	var names []string
+	for _, crd := range crds {
+		names = append(names, crd.GetName())
+		if crd.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("the CRD %s is not kept on uninstall: %v", crd.GetName(), crd.GetAnnotations())
+		}
 	}
-	if crds[0].GetAnnotations()["helm.sh/resource-policy"] != "keep" {
-		t.Errorf("the CRD is not kept on uninstall: %v", crds[0].GetAnnotations())
+	slices.Sort(names)
+	if want := []string{"checkpointpolicies.modelorchestra.io", "modelcheckpoints.modelorchestra.io", "modelorchestras.modelorchestra.io"}; !slices.Equal(names, want) {
+		t.Fatalf("CRDs = %v, want %v", names, want)
 	}
 }
 

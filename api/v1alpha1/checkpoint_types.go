@@ -1,0 +1,327 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CheckpointPolicy is a reusable way of putting idle engines to sleep and
+// keeping their weights in tiers: when to sleep (triggers), where the
+// weights may rest (tiers) and how fast they must come back (slo).
+// Applications reference it by name from spec.applications.<app>.lifecycle
+// .checkpointPolicy; the fields an application sets inline override the
+// policy's, field by field.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=checkpointpolicies,singular=checkpointpolicy,shortName=cpp,categories=modelorchestra
+// +kubebuilder:printcolumn:name="Idle",type=integer,JSONPath=`.spec.triggers.idleSeconds`,description="Seconds without requests before the engine sleeps"
+// +kubebuilder:printcolumn:name="Hot",type=string,JSONPath=`.spec.tiers.hot`
+// +kubebuilder:printcolumn:name="Warm",type=string,JSONPath=`.spec.tiers.warm`
+// +kubebuilder:printcolumn:name="Cold",type=string,JSONPath=`.spec.tiers.cold`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type CheckpointPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the policy.
+	// +required
+	Spec CheckpointPolicySpec `json:"spec"`
+
+	// status is written by the operator.
+	// +optional
+	Status CheckpointPolicyStatus `json:"status,omitempty"`
+}
+
+// CheckpointPolicyList is a list of CheckpointPolicy.
+//
+// +kubebuilder:object:root=true
+type CheckpointPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CheckpointPolicy `json:"items"`
+}
+
+// CheckpointPolicySpec says when engines sleep, where their weights rest
+// and how fast they must resume. Every field is optional; the defaults are
+// documented on each field and applied by the operator, so that an
+// application's inline field can tell "unset" from "set to the default".
+type CheckpointPolicySpec struct {
+	// triggers say when an engine is put to sleep and demoted.
+	// +optional
+	Triggers CheckpointTriggers `json:"triggers,omitempty"`
+
+	// tiers say where the weights of a sleeping engine may rest.
+	// +optional
+	Tiers CheckpointTiers `json:"tiers,omitempty"`
+
+	// slo is how fast a sleeping engine must resume, per tier. The operator
+	// compares it with the expected resume time (the bytes to restore over
+	// the tier's measured read bandwidth) and sets the ResumeSLOAtRisk
+	// condition when the expected time exceeds it.
+	// +optional
+	SLO ResumeSLO `json:"slo,omitempty"`
+}
+
+// CheckpointTriggers say when an engine is put to sleep and demoted.
+type CheckpointTriggers struct {
+	// idleSeconds without a request (none queued, none in flight) before
+	// the engine is put to sleep. The pod keeps running; the weights leave
+	// the accelerator for the hot tier (sleep level 1) or are dropped
+	// (level 2). Unset: the engine never sleeps, and an application with
+	// minReplicas 0 goes straight to zero after zeroAfter.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=604800
+	IdleSeconds *int32 `json:"idleSeconds,omitempty"`
+
+	// parkSeconds asleep in the hot tier before the weights are demoted to
+	// the warm tier (node-local disk), freeing the node's RAM. Unset: the
+	// weights stay hot until the node agent evicts them for a copy of
+	// higher priority or more recent use.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=2592000
+	ParkSeconds *int32 `json:"parkSeconds,omitempty"`
+
+	// intervalSeconds between verifications of the tier copies: the node
+	// agent re-hashes each copy at this period and drops a copy that does
+	// not match (the next wake then comes from the tier below). Default
+	// 900.
+	// +optional
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=604800
+	IntervalSeconds *int32 `json:"intervalSeconds,omitempty"`
+
+	// preemption lets the lifecycle put this application's engine to sleep
+	// before idleSeconds, to free an accelerator seat for another
+	// application of its seat group (see lifecycle.seat). Never while it
+	// has requests in flight. Default true.
+	// +optional
+	Preemption *bool `json:"preemption,omitempty"`
+}
+
+// CheckpointTiers say where the weights of a sleeping engine may rest.
+type CheckpointTiers struct {
+	// hot is node RAM (a tmpfs owned by the node agent): RAM, or None to
+	// skip it. Default RAM.
+	// +optional
+	// +kubebuilder:validation:Enum=RAM;None
+	Hot HotTier `json:"hot,omitempty"`
+
+	// warm is node-local disk owned by the node agent: Disk, or None to
+	// skip it. Default Disk.
+	// +optional
+	// +kubebuilder:validation:Enum=Disk;None
+	Warm WarmTier `json:"warm,omitempty"`
+
+	// cold is where the weights come from when no node copy exists:
+	// ModelCache (the application's model-cache claim, filled by the fetch
+	// Job) or S3 (the model's s3:// source, with its credentials). Default
+	// ModelCache.
+	// +optional
+	// +kubebuilder:validation:Enum=ModelCache;S3
+	Cold ColdTier `json:"cold,omitempty"`
+}
+
+// HotTier is the RAM tier's setting.
+type HotTier string
+
+// WarmTier is the node-disk tier's setting.
+type WarmTier string
+
+// ColdTier is the source of weights without a node copy.
+type ColdTier string
+
+// Tier settings.
+const (
+	HotTierRAM         HotTier  = "RAM"
+	HotTierNone        HotTier  = "None"
+	WarmTierDisk       WarmTier = "Disk"
+	WarmTierNone       WarmTier = "None"
+	ColdTierModelCache ColdTier = "ModelCache"
+	ColdTierS3         ColdTier = "S3"
+)
+
+// ResumeSLO is how fast a sleeping engine must resume, per tier it resumes
+// from, in seconds from the wake decision to an engine that serves.
+type ResumeSLO struct {
+	// resumeRamSeconds bounds a wake from the hot tier. Default 1.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	ResumeRAMSeconds *int32 `json:"resumeRamSeconds,omitempty"`
+
+	// resumeNvmeSeconds bounds a wake from the warm tier (node-local disk).
+	// Default 5.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3600
+	ResumeNVMeSeconds *int32 `json:"resumeNvmeSeconds,omitempty"`
+}
+
+// CheckpointPolicyStatus is the observed state of a policy.
+type CheckpointPolicyStatus struct {
+	// observedGeneration is the generation last checked.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions: Valid.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ModelCheckpoint records where the weights of one application rest: on
+// which node, in which tier, how many bytes, their digest, when they were
+// last verified and how fast the tier reads. The operator creates one per
+// application whose lifecycle sleeps, owned by the ModelOrchestra (it goes
+// with it); the lifecycle leader writes its status from the node agents'
+// reports.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=modelcheckpoints,singular=modelcheckpoint,shortName=mcp,categories=modelorchestra
+// +kubebuilder:printcolumn:name="Orchestra",type=string,JSONPath=`.spec.orchestra`
+// +kubebuilder:printcolumn:name="App",type=string,JSONPath=`.spec.application`
+// +kubebuilder:printcolumn:name="Resident",type=string,JSONPath=`.status.residentTier`,description="The fastest tier holding a verified copy"
+// +kubebuilder:printcolumn:name="Resume",type=string,JSONPath=`.status.expectedResumeSeconds`,description="Expected seconds to resume from the resident tier"
+// +kubebuilder:printcolumn:name="Bytes",type=integer,JSONPath=`.status.bytes`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ModelCheckpoint struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec names the application.
+	// +required
+	Spec ModelCheckpointSpec `json:"spec"`
+
+	// status is written by the lifecycle leader.
+	// +optional
+	Status ModelCheckpointStatus `json:"status,omitempty"`
+}
+
+// ModelCheckpointList is a list of ModelCheckpoint.
+//
+// +kubebuilder:object:root=true
+type ModelCheckpointList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ModelCheckpoint `json:"items"`
+}
+
+// ModelCheckpointSpec names the application whose weights are recorded.
+type ModelCheckpointSpec struct {
+	// orchestra is the ModelOrchestra in the same namespace.
+	// +required
+	// +kubebuilder:validation:MaxLength=40
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="orchestra is immutable"
+	Orchestra string `json:"orchestra"`
+
+	// application is the application's name in the orchestra.
+	// +required
+	// +kubebuilder:validation:MaxLength=24
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="application is immutable"
+	Application string `json:"application"`
+}
+
+// Tier is a place the weights of an engine can be.
+// +kubebuilder:validation:Enum=Accelerator;Hot;Warm;Cold
+type Tier string
+
+// Tiers, fastest first.
+const (
+	// TierAccelerator: the weights are loaded in the engine (awake).
+	TierAccelerator Tier = "Accelerator"
+	// TierHot: node RAM.
+	TierHot Tier = "Hot"
+	// TierWarm: node-local disk.
+	TierWarm Tier = "Warm"
+	// TierCold: the model cache claim or S3.
+	TierCold Tier = "Cold"
+)
+
+// ModelCheckpointStatus is where the weights rest.
+type ModelCheckpointStatus struct {
+	// residentTier is the fastest tier holding a verified copy.
+	// +optional
+	ResidentTier Tier `json:"residentTier,omitempty"`
+
+	// expectedResumeSeconds is the expected time to resume from
+	// residentTier: the bytes over the tier's measured read bandwidth, plus
+	// the engine's own start-up share, as a decimal string ("0.42").
+	// +optional
+	ExpectedResumeSeconds string `json:"expectedResumeSeconds,omitempty"`
+
+	// bytes of the weights.
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
+
+	// digest of the weights (xxh64:<16 hex>), recorded when the engine
+	// first loaded them; every copy and every restore is checked against
+	// it.
+	// +optional
+	Digest string `json:"digest,omitempty"`
+
+	// placements are the copies, one per node and tier.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	Placements []Placement `json:"placements,omitempty"`
+
+	// conditions: Verified (every placement matched its digest at its last
+	// check).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Placement is one copy of the weights.
+type Placement struct {
+	// node holding the copy (empty for the cold tier).
+	// +optional
+	Node string `json:"node,omitempty"`
+
+	// tier of the copy.
+	// +required
+	Tier Tier `json:"tier"`
+
+	// bytes of the copy.
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
+
+	// digest of the copy, as last verified.
+	// +optional
+	Digest string `json:"digest,omitempty"`
+
+	// verifiedTime is when the copy last matched its digest.
+	// +optional
+	VerifiedTime *metav1.Time `json:"verifiedTime,omitempty"`
+
+	// readBytesPerSecond is the tier's read bandwidth measured on the node.
+	// +optional
+	ReadBytesPerSecond int64 `json:"readBytesPerSecond,omitempty"`
+
+	// lastUsedTime is when the copy last served a wake or was written.
+	// +optional
+	LastUsedTime *metav1.Time `json:"lastUsedTime,omitempty"`
+}
+
+// Condition types and reasons of checkpoints.
+const (
+	// ConditionResumeSLOAtRisk is True on a ModelOrchestra when an
+	// application's expected resume time exceeds its resume SLO; the
+	// message names the application, the tier and both numbers.
+	ConditionResumeSLOAtRisk = "ResumeSLOAtRisk"
+	// ConditionCheckpointPolicyResolved is False when an application
+	// references a CheckpointPolicy that does not exist; the message names
+	// it.
+	ConditionCheckpointPolicyResolved = "CheckpointPolicyResolved"
+
+	ReasonResumeWithinSLO       = "ResumeWithinSLO"
+	ReasonResumeSlowerThanSLO   = "ResumeSlowerThanSLO"
+	ReasonPoliciesResolved      = "PoliciesResolved"
+	ReasonPolicyNotFound        = "CheckpointPolicyNotFound"
+	ReasonCheckpointUnsupported = "CheckpointUnsupported"
+)
