@@ -45,19 +45,7 @@ func TestSamplesPassServerSideDryRun(t *testing.T) {
 	p := newRenderer(t)
 	for _, sample := range samples {
 		t.Run(filepath.Base(sample), func(t *testing.T) {
-			f, err := os.Open(sample)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = f.Close() }()
-			objs, err := decode(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, _, err := p.Render(ctx, objs[0], Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := renderSample(t, p, sample)
 			for _, o := range res.Objects {
 				ns := o.GetNamespace()
 				if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
