@@ -46,7 +46,17 @@ type ModelOrchestraList struct {
 }
 
 // ModelOrchestraSpec is the desired serving stack.
+//
+// Applications of one seat group share an accelerator, so the rules below
+// refuse what cannot share one: different GPU products or counts
+// (distributed-llama, which cannot sleep, is refused per application).
+// Node selectors that no single node satisfies are refused by the operator
+// when it renders (and by orchestra template), not here: a rule over
+// runtime.nodeSelector, an unbounded map, exceeds the API server's CEL cost
+// budget, and bounding the map would refuse stored resources.
+//
 // +kubebuilder:validation:XValidation:rule="self.applications.all(n, !has(self.applications[n].lifecycle) || !has(self.applications[n].lifecycle.seat) || (has(self.seatGroups) && self.applications[n].lifecycle.seat.group in self.seatGroups))",message="lifecycle.seat.group must name a group in spec.seatGroups"
+// +kubebuilder:validation:XValidation:rule="!has(self.seatGroups) || self.applications.all(a, !has(self.applications[a].lifecycle) || !has(self.applications[a].lifecycle.seat) || self.applications.all(b, !has(self.applications[b].lifecycle) || !has(self.applications[b].lifecycle.seat) || self.applications[b].lifecycle.seat.group != self.applications[a].lifecycle.seat.group || (has(self.applications[a].runtime.gpu.product) == has(self.applications[b].runtime.gpu.product) && (!has(self.applications[a].runtime.gpu.product) || self.applications[a].runtime.gpu.product == self.applications[b].runtime.gpu.product) && self.applications[a].runtime.gpu.count == self.applications[b].runtime.gpu.count)))",message="applications of one seat group share one accelerator: they must ask for the same runtime.gpu.count and runtime.gpu.product",fieldPath=".seatGroups"
 type ModelOrchestraSpec struct {
 	// imagePullSecrets are Secrets in the resource's namespace used to pull
 	// every image of the stack (engines, gateway, dispatcher, fetcher, NATS).
@@ -365,6 +375,9 @@ type DispatcherSpec struct {
 // +kubebuilder:validation:XValidation:rule="!(self.runtime.engine in ['llamacpp', 'ollama', 'dllama'] || (self.runtime.engine == 'vllm' && has(self.model.format) && self.model.format == 'gguf')) || has(self.model.file)",message="file is required: the engine loads one model file (for example model-Q4_K_M.gguf)",fieldPath=".model.file"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'dllama' || has(self.model.tokenizerFile)",message="tokenizerFile is required by the dllama engine",fieldPath=".model.tokenizerFile"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'vllm' || self.runtime.workers == 0 || self.model.source.startsWith('pvc://') || (has(self.model.cache) && (has(self.model.cache.existingClaim) || (has(self.model.cache.accessMode) && self.model.cache.accessMode == 'ReadWriteMany')))",message="multi-node vllm reads the model on every node: set cache.accessMode ReadWriteMany, an existingClaim or a pvc:// source",fieldPath=".model.cache"
+// +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.sleepAfter) || self.runtime.engine != 'dllama'",message="distributed-llama cannot sleep (it has no sleep or unload API): remove lifecycle.sleepAfter",fieldPath=".lifecycle.sleepAfter"
+// +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.checkpointPolicy) || self.runtime.engine != 'dllama'",message="distributed-llama cannot sleep (it has no sleep or unload API): remove lifecycle.checkpointPolicy",fieldPath=".lifecycle.checkpointPolicy"
+// +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.seat) || self.runtime.engine != 'dllama'",message="distributed-llama cannot share an accelerator seat (it cannot sleep to free it): remove lifecycle.seat",fieldPath=".lifecycle.seat"
 // +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.maxReplicas) || self.lifecycle.maxReplicas <= 1 || self.model.source.startsWith('pvc://') || !has(self.model.cache) || !has(self.model.cache.accessMode) || self.model.cache.accessMode != 'ReadWriteOncePod'",message="lifecycle.maxReplicas above 1 needs a model cache that several pods can mount: a ReadWriteOncePod claim admits one pod; use ReadWriteOnce or ReadWriteMany",fieldPath=".lifecycle.maxReplicas"
 type Application struct {
 	// model is what to serve and where it comes from.

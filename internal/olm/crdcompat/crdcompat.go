@@ -188,6 +188,7 @@ func compareSchema(r *check.Report, obj, path string, old, cur *apiextv1.JSONSch
 		case oldRules[v.Rule]:
 		case isTransitionRule(v):
 			r.Warnf("crd-transition-rule", obj, "%s: transition rule %q was added; stored objects stay valid, but every update of one evaluates it against the stored value, so it must hold when the value is unchanged", field, v.Rule)
+		case holdsWithoutNewFields(v, old):
 		default:
 			at("crd-validation-rule", "validation rule %q was added", v.Rule)
 		}
@@ -264,6 +265,103 @@ func isTransitionRule(v apiextv1.ValidationRule) bool {
 		}
 	}))
 	return uses
+}
+
+// holdsWithoutNewFields reports whether a CEL rule holds for every object
+// the old schema admits because it is guarded by a field the old schema
+// does not have: the rule is a disjunction (possibly under all(), over the
+// elements of a list or map) with a disjunct !has(self.<path>) whose path
+// leaves the old schema. The API server prunes unknown fields, so no stored
+// object has that field and the guard is true for all of them; only objects
+// that use the new field are checked. Where the old schema keeps unknown
+// fields, or the path goes through a map's keys, absence cannot be proven
+// and the rule is treated like any other.
+func holdsWithoutNewFields(v apiextv1.ValidationRule, old *apiextv1.JSONSchemaProps) bool {
+	env, err := cel.NewEnv(cel.ClearMacros())
+	if err != nil {
+		return false
+	}
+	parsed, iss := env.Parse(v.Rule)
+	if iss.Err() != nil {
+		return false
+	}
+	e := parsed.NativeRep().Expr()
+	// X.all(v, body) holds when body holds for every element.
+	for e.Kind() == celast.CallKind && e.AsCall().FunctionName() == "all" && e.AsCall().IsMemberFunction() && len(e.AsCall().Args()) == 2 {
+		e = e.AsCall().Args()[1]
+	}
+	for _, d := range disjuncts(e) {
+		if d.Kind() != celast.CallKind || d.AsCall().FunctionName() != "!_" || len(d.AsCall().Args()) != 1 {
+			continue
+		}
+		h := d.AsCall().Args()[0]
+		if h.Kind() != celast.CallKind || h.AsCall().FunctionName() != "has" || len(h.AsCall().Args()) != 1 {
+			continue
+		}
+		if absentFrom(h.AsCall().Args()[0], old) {
+			return true
+		}
+	}
+	return false
+}
+
+// disjuncts flattens a || b || c.
+func disjuncts(e celast.Expr) []celast.Expr {
+	if e.Kind() == celast.CallKind && e.AsCall().FunctionName() == "_||_" {
+		var out []celast.Expr
+		for _, a := range e.AsCall().Args() {
+			out = append(out, disjuncts(a)...)
+		}
+		return out
+	}
+	return []celast.Expr{e}
+}
+
+// absentFrom reports whether the path e (self.a[i].b...) certainly names
+// no field of an object valid under the schema self has.
+func absentFrom(e celast.Expr, self *apiextv1.JSONSchemaProps) bool {
+	node, absent := resolvePath(e, self)
+	return node == nil && absent
+}
+
+// resolvePath follows e through the schema: the schema it names, or nil
+// with absent true when the path leaves the schema's fields, or nil with
+// absent false when it cannot tell.
+func resolvePath(e celast.Expr, self *apiextv1.JSONSchemaProps) (*apiextv1.JSONSchemaProps, bool) {
+	switch e.Kind() {
+	case celast.IdentKind:
+		if e.AsIdent() == "self" {
+			return self, false
+		}
+	case celast.SelectKind:
+		sel := e.AsSelect()
+		parent, absent := resolvePath(sel.Operand(), self)
+		if parent == nil {
+			return nil, absent
+		}
+		if p, ok := parent.Properties[sel.FieldName()]; ok {
+			return &p, false
+		}
+		if isTrue(parent.XPreserveUnknownFields) || parent.AdditionalProperties != nil {
+			return nil, false
+		}
+		return nil, parent.Type == "object"
+	case celast.CallKind:
+		call := e.AsCall()
+		if call.FunctionName() != "_[_]" || len(call.Args()) != 2 {
+			return nil, false
+		}
+		parent, absent := resolvePath(call.Args()[0], self)
+		switch {
+		case parent == nil:
+			return nil, absent
+		case parent.Items != nil && parent.Items.Schema != nil:
+			return parent.Items.Schema, false
+		case parent.AdditionalProperties != nil && parent.AdditionalProperties.Schema != nil:
+			return parent.AdditionalProperties.Schema, false
+		}
+	}
+	return nil, false
 }
 
 func isTrue(b *bool) bool { return b != nil && *b }

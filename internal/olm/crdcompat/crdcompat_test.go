@@ -165,6 +165,31 @@ func TestRefusedChanges(t *testing.T) {
 				s.XValidations = apiextv1.ValidationRules{{Rule: "!oldSelf.hasValue() || self.size == oldSelf.value().size", OptionalOldSelf: ptr(true)}}
 			})
 		})},
+		{"CEL rule guarded by a field the old schema has", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "!has(self.name) || size(self.name) > 3"}}
+			})
+		})},
+		{"CEL rule guarded by a field where unknown fields are kept", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "!has(self.extra.knob) || self.size > 2"}}
+			})
+		})},
+		{"CEL rule guarded by a map key", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "!has(self.labels.team) || self.size > 2"}}
+			})
+		})},
+		{"CEL rule guarded by a new field in a conjunction", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "!has(self.gateway) && self.size > 2"}}
+			})
+		})},
+		{"CEL rule with the new-field guard under exists", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.XValidations = apiextv1.ValidationRules{{Rule: "self.tags.exists(t, !has(self.gateway) || t == 'x')"}}
+			})
+		})},
 		{"CEL rule naming oldSelf only in a string", "crd-validation-rule", one(func(c *apiextv1.CustomResourceDefinition) {
 			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
 				s.XValidations = apiextv1.ValidationRules{{Rule: "self.name != 'oldSelf'"}}
@@ -244,6 +269,18 @@ func TestAllowedChanges(t *testing.T) {
 		}},
 		{"description changed", func(c *apiextv1.CustomResourceDefinition) {
 			editField(c, "size", func(p *apiextv1.JSONSchemaProps) { p.Description = "how big" })
+		}},
+		// Stored objects cannot have a field the old schema lacks (the API
+		// server prunes it), so a rule that holds whenever it is absent
+		// cannot invalidate them.
+		{"CEL rule guarded by a new field", func(c *apiextv1.CustomResourceDefinition) {
+			editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+				s.Properties["gateway"] = apiextv1.JSONSchemaProps{Type: "object", Properties: map[string]apiextv1.JSONSchemaProps{"port": {Type: "integer"}}}
+				s.XValidations = apiextv1.ValidationRules{
+					{Rule: "!has(self.gateway) || !has(self.gateway.port) || self.gateway.port > self.size"},
+					{Rule: "self.tags.all(t, self.size > 1 || !has(self.gateway.port))"},
+				}
+			})
 		}},
 		{"new version added, storage moved", func(c *apiextv1.CustomResourceDefinition) {
 			v1 := *c.Spec.Versions[0].DeepCopy()

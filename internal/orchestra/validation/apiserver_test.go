@@ -81,9 +81,15 @@ spec:
 }
 
 // servedResource starts a local API server (skipping the test without
-// one), installs the CRD and returns the ModelOrchestra resource of the
+// one), installs the ModelOrchestra CRD and returns its resource of the
 // default namespace once it is served.
 func servedResource(t *testing.T) dynamic.ResourceInterface {
+	t.Helper()
+	return installCRD(t, startAPIServer(t), operator.ModelOrchestraCRD(), "modelorchestras")
+}
+
+// startAPIServer starts a local API server, skipping the test without one.
+func startAPIServer(t *testing.T) *localcluster.Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a local API server")
@@ -92,29 +98,32 @@ func servedResource(t *testing.T) dynamic.ResourceInterface {
 	if _, err := os.Stat(filepath.Join(opts.BinDir, "kube-apiserver")); err != nil {
 		t.Skipf("no kube-apiserver in %s (build the tools first): %v", opts.BinDir, err)
 	}
-	cluster := localcluster.StartForTest(t, localcluster.Options{})
-	ctx := context.Background()
+	return localcluster.StartForTest(t, localcluster.Options{})
+}
 
+// installCRD installs a CRD (the API server checks its schema and the cost
+// of its CEL rules) and returns its resource of the default namespace once
+// it is served.
+func installCRD(t *testing.T, cluster *localcluster.Cluster, crdYAML []byte, resource string) dynamic.ResourceInterface {
+	t.Helper()
+	ctx := context.Background()
 	var crd apiextensionsv1.CustomResourceDefinition
-	if err := yaml.UnmarshalStrict(operator.ModelOrchestraCRD(), &crd); err != nil {
+	if err := yaml.UnmarshalStrict(crdYAML, &crd); err != nil {
 		t.Fatal(err)
 	}
 	ext := apiextensionsclient.NewForConfigOrDie(cluster.Config())
 	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("the API server refused the CRD: %v", err)
+		t.Fatalf("the API server refused the CRD %s: %v", crd.Name, err)
 	}
-	dyn := dynamic.NewForConfigOrDie(cluster.Config())
-	res := dyn.Resource(v1alpha1.GroupVersion.WithResource("modelorchestras")).Namespace("default")
-	// Wait until the CRD is served.
+	res := dynamic.NewForConfigOrDie(cluster.Config()).Resource(v1alpha1.GroupVersion.WithResource(resource)).Namespace("default")
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		_, err := res.List(ctx, metav1.ListOptions{})
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("the CRD is not served: %v", err)
+		t.Fatalf("the CRD %s is not served: %v", crd.Name, err)
 	}
 	return res
-
 }
 
 // TestImmutableStorageOnAPIServer checks the transition rules on a real API

@@ -58,6 +58,41 @@ func Spec(spec *v1alpha1.ModelOrchestraSpec) field.ErrorList {
 			errs = append(errs, field.Invalid(p, m.HubEndpoint, msg))
 		}
 	}
+	return append(errs, seatNodeSelectors(spec, names)...)
+}
+
+// seatNodeSelectors refuses applications of one seat group whose node
+// selectors conflict: they run in one pod, which no node could satisfy. It
+// is not a CEL rule because runtime.nodeSelector is an unbounded map, over
+// which a pairwise rule exceeds the API server's cost budget. names are
+// the sorted application names.
+func seatNodeSelectors(spec *v1alpha1.ModelOrchestraSpec, names []string) field.ErrorList {
+	var errs field.ErrorList
+	first := map[string]string{} // seat group -> first application (in name order) with a node selector
+	for _, name := range names {
+		app := spec.Applications[name]
+		if app.Lifecycle == nil || app.Lifecycle.Seat == nil || len(app.Runtime.NodeSelector) == 0 {
+			continue
+		}
+		group := app.Lifecycle.Seat.Group
+		other, ok := first[group]
+		if !ok {
+			first[group] = name
+			continue
+		}
+		theirs := spec.Applications[other].Runtime.NodeSelector
+		keys := make([]string, 0, len(app.Runtime.NodeSelector))
+		for k := range app.Runtime.NodeSelector {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if v, set := theirs[k]; set && v != app.Runtime.NodeSelector[k] {
+				errs = append(errs, field.Invalid(field.NewPath("spec", "applications").Key(name).Child("runtime", "nodeSelector").Key(k), app.Runtime.NodeSelector[k],
+					fmt.Sprintf("seat group %q runs its applications in one pod, but application %q selects %s=%s: use the same value, or another seat group", group, other, k, v)))
+			}
+		}
+	}
 	return errs
 }
 

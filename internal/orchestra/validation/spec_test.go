@@ -37,6 +37,20 @@ func natsSize(q string) func(s *v1alpha1.ModelOrchestraSpec) {
 	return func(s *v1alpha1.ModelOrchestraSpec) { s.NATS.Storage.Size = resource.MustParse(q) }
 }
 
+// seated puts the named applications into seat group g, each with the
+// given node selector (nil: none), adding the applications it lacks.
+func seated(selectors map[string]map[string]string) func(s *v1alpha1.ModelOrchestraSpec) {
+	return func(s *v1alpha1.ModelOrchestraSpec) {
+		s.SeatGroups = map[string]v1alpha1.SeatGroupSpec{"g": {ActiveSeats: 1}}
+		for name, sel := range selectors {
+			app := s.Applications["chat"]
+			app.Runtime.NodeSelector = sel
+			app.Lifecycle = &v1alpha1.LifecycleSpec{Seat: &v1alpha1.SeatSpec{Group: "g"}}
+			s.Applications[name] = app
+		}
+	}
+}
+
 func TestSpec(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -65,6 +79,30 @@ func TestSpec(t *testing.T) {
 			name: "hub endpoint with credentials",
 			fn:   model(func(m *v1alpha1.ModelSpec) { m.HubEndpoint = "https://user:pw@mirror" }),
 			want: []string{"spec.applications[chat].model.hubEndpoint", "credentials"},
+		},
+		{
+			name: "seat group with agreeing node selectors",
+			fn: seated(map[string]map[string]string{
+				"a": {"pool": "gpu", "zone": "z1"},
+				"b": {"pool": "gpu"},
+				"c": nil,
+			}),
+		},
+		{
+			name: "seat group with conflicting node selectors",
+			fn: seated(map[string]map[string]string{
+				"a": {"pool": "gpu", "zone": "z1"},
+				"b": {"zone": "z2"},
+			}),
+			want: []string{"spec.applications[b].runtime.nodeSelector[zone]", `"z2"`, `seat group "g"`, `application "a" selects zone=z1`},
+		},
+		{
+			name: "different seat groups may select different nodes",
+			fn: func(s *v1alpha1.ModelOrchestraSpec) {
+				seated(map[string]map[string]string{"a": {"zone": "z1"}, "b": {"zone": "z2"}})(s)
+				s.SeatGroups["h"] = v1alpha1.SeatGroupSpec{ActiveSeats: 1}
+				s.Applications["b"].Lifecycle.Seat.Group = "h"
+			},
 		},
 		{
 			name: "hub endpoint that is not http",
