@@ -30,9 +30,11 @@ func defaultLifecycle(app *v1alpha1.Application) {
 }
 
 // lifecycleValues is an application's lifecycle as chart values; durations
-// in Go's notation, which the dispatcher and gateway configs parse.
-func lifecycleValues(lc *v1alpha1.LifecycleSpec) map[string]any {
-	return map[string]any{
+// in Go's notation, which the dispatcher and gateway configs parse. sleep
+// is its effective sleep: the sleep value is written only when the
+// application sleeps, and seat only when it has one.
+func lifecycleValues(lc *v1alpha1.LifecycleSpec, sleep Sleep) map[string]any {
+	out := map[string]any{
 		"minReplicas":           int64(lc.MinReplicas),
 		"maxReplicas":           int64(lc.MaxReplicas),
 		"zeroAfter":             lc.ZeroAfter.Duration.String(),
@@ -40,6 +42,24 @@ func lifecycleValues(lc *v1alpha1.LifecycleSpec) map[string]any {
 		"maxWait":               lc.MaxWait.Duration.String(),
 		"scaler":                string(lc.Scaler),
 	}
+	if sleep.Enabled() {
+		out["sleep"] = sleepValues(sleep)
+	}
+	if lc.Seat != nil {
+		out["seat"] = seatValues(lc.Seat)
+	}
+	return out
+}
+
+// effectiveSleep is app's effective sleep with the policy it references,
+// when that was resolved. distributed-llama never sleeps (the CRD refuses
+// its sleep fields; a stored resource from before that rule keeps running
+// as it did).
+func effectiveSleep(app v1alpha1.Application, pols policies) Sleep {
+	if app.Lifecycle == nil || app.Runtime.Engine == v1alpha1.EngineDllama {
+		return Sleep{}
+	}
+	return EffectiveSleep(app.Lifecycle, pols.forApp(app))
 }
 
 // ownerValues identify the resource in the events the dispatcher records
@@ -60,8 +80,10 @@ const annotationLifecycle = "modelorchestra.io/lifecycle"
 
 // lifecycleStatus fills the status of an application with a lifecycle:
 // its replica count is the one the lifecycle set (not scaling.replicas),
-// and at zero pods it is Idle, while its pods start Waking. It sets
-// st.Phase only for those two phases; the caller derives the others.
+// and at zero pods it is Idle, while its pods start Waking, while its
+// engines sleep Asleep (its roots are not ready then: a sleeping root
+// leaves the Service's endpoints). It sets st.Phase only for those three
+// phases; the caller derives the others.
 func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, root *appsv1.StatefulSet) {
 	if root == nil {
 		return
@@ -79,6 +101,12 @@ func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, r
 	case st.Replicas == 0:
 		st.Phase = v1alpha1.PhaseIdle
 		st.Message = fmt.Sprintf("at zero pods after %v without requests; the next request wakes it", app.Lifecycle.ZeroAfter.Duration)
+	case st.Lifecycle != nil && st.Lifecycle.State == v1alpha1.LifecycleAsleep:
+		st.Phase = v1alpha1.PhaseAsleep
+		st.Message = "asleep: its engines wait with their weights in the " + tierOrUnknown(st.Lifecycle.ResidentTier) + " tier; the next request wakes them"
+		if s := st.Lifecycle.ExpectedResumeSeconds; s != "" {
+			st.Message += " in about " + s + " s"
+		}
 	case st.ReadyReplicas == 0 && st.Lifecycle != nil && st.Lifecycle.State == v1alpha1.LifecycleWaking:
 		st.Phase = v1alpha1.PhaseWaking
 		st.Message = "waking: its pods are starting; requests wait in the queue"
@@ -86,4 +114,11 @@ func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, r
 			st.Message = "cannot wake: " + st.Lifecycle.Message
 		}
 	}
+}
+
+func tierOrUnknown(t v1alpha1.Tier) string {
+	if t == "" {
+		return "(not yet reported)"
+	}
+	return string(t)
 }

@@ -75,9 +75,10 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 		st := applicationStatus(name, mo.Spec.Applications[name], idx)
 		apps[name] = st
 		switch {
-		case st.Phase == v1alpha1.PhaseIdle || st.Phase == v1alpha1.PhaseWaking && st.Lifecycle.Message == "":
+		case st.Phase == v1alpha1.PhaseIdle || st.Phase == v1alpha1.PhaseAsleep || st.Phase == v1alpha1.PhaseWaking && st.Lifecycle.Message == "":
 			// Requests are accepted and wait in the queue for the wake:
-			// an idle application is ready, only slower to answer first.
+			// an idle or sleeping application is ready, only slower to
+			// answer first.
 			idle = append(idle, name)
 			ready++
 			continue
@@ -130,7 +131,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 		topoCond = cond(v1alpha1.ConditionTopologyReady, false, v1alpha1.ReasonWakeFailing, "cannot wake: "+strings.Join(append(wakeFailing, notServing...), "; "))
 	case len(notServing) == 0 && len(idle) > 0:
 		topoCond = cond(v1alpha1.ConditionTopologyReady, true, v1alpha1.ReasonTopologyAvailable,
-			"every replica of every awake application is ready; at zero pods or waking, their requests wait in the queue: "+strings.Join(idle, ", "))
+			"every replica of every awake application is ready; asleep, at zero pods or waking, their requests wait in the queue: "+strings.Join(idle, ", "))
 	case len(notServing) == 0:
 		topoCond = cond(v1alpha1.ConditionTopologyReady, true, v1alpha1.ReasonTopologyAvailable, "every replica of every application is ready")
 	default:
@@ -148,7 +149,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	if allOK {
 		msg := "every application is served through the gateway"
 		if len(idle) > 0 {
-			msg += "; idle at zero pods, they wake on the next request: " + strings.Join(idle, ", ")
+			msg += "; idle (asleep or at zero pods), they wake on the next request: " + strings.Join(idle, ", ")
 		}
 		readyCond = cond(v1alpha1.ConditionReady, true, v1alpha1.ReasonAllReady, msg)
 	} else {
@@ -179,6 +180,11 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	if err != nil {
 		return plugin.StatusResult{}, err
 	}
+	conds := []metav1.Condition{modelCond, topoCond, gwCond, readyCond}
+	for _, c := range sleepConditions(mo, apps, resolvePolicies(ctx, in.Reader, mo), mo.Status.Conditions) {
+		c.ObservedGeneration = gen
+		conds = append(conds, c)
+	}
 	return plugin.StatusResult{
 		Fields: map[string]any{
 			"phase":             string(phase),
@@ -187,7 +193,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 			"awakeApplications": fmt.Sprintf("%d/%d", awake, len(names)),
 			"applications":      appsJSON,
 		},
-		Conditions: []metav1.Condition{modelCond, topoCond, gwCond, readyCond},
+		Conditions: conds,
 	}, nil
 }
 

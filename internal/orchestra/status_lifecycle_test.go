@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -22,6 +23,27 @@ func lifecycleRoot(t *testing.T, replicas, ready int, state string) *unstructure
 		o.SetAnnotations(map[string]string{"modelorchestra.io/lifecycle": state})
 	}
 	return o
+}
+
+// TestLifecycleStatusCopiesTheLeadersReport checks that the tier, the
+// expected resume time and the last wake's tier, bytes and first token
+// reach status.applications.<app>.lifecycle as the leader published them.
+func TestLifecycleStatusCopiesTheLeadersReport(t *testing.T) {
+	complete := progress(t, "chat", `{"phase":"Complete","bytesDone":1,"bytesTotal":1,"files":1,"filesDone":1,"verified":true}`)
+	root := lifecycleRoot(t, 1, 1, `{"state":"Awake","replicas":1,"residentTier":"Accelerator","expectedResumeSeconds":"0","sleeps":4,
+		"lastWake":{"trigger":"request","seconds":"0.61","fromTier":"Warm","bytes":1073741824,"bytesPerSecond":2147483648,"firstTokenSeconds":"0.64"}}`)
+	res, err := Status{}.Status(context.Background(), plugin.StatusInput{Owner: owner(t, lifecycleApp), Objects: append(stack(t, 1), complete, root)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc, _, _ := unstructured.NestedMap(res.Fields, "applications", "chat", "lifecycle")
+	want := map[string]any{
+		"state": "Awake", "replicas": float64(1), "residentTier": "Accelerator", "expectedResumeSeconds": "0", "sleeps": float64(4),
+		"lastWake": map[string]any{"trigger": "request", "seconds": "0.61", "fromTier": "Warm", "bytes": float64(1 << 30), "bytesPerSecond": float64(2 << 30), "firstTokenSeconds": "0.64"},
+	}
+	if diff := cmp.Diff(want, lc); diff != "" {
+		t.Errorf("lifecycle status (-want +got):\n%s", diff)
+	}
 }
 
 func TestLifecycleStatus(t *testing.T) {
@@ -56,6 +78,13 @@ func TestLifecycleStatus(t *testing.T) {
 			wantPhase: v1alpha1.PhaseWaking, wantState: v1alpha1.LifecycleWaking, wantReplicas: 1,
 			wantReady: "False", wantTopo: "False", wantAwake: "0/1", wantTopoReason: v1alpha1.ReasonWakeFailing,
 			wantMessage: "cannot wake: pod demo-chat-0 container engine: ImagePullBackOff",
+		},
+		{
+			name:      "asleep is ready but not awake, and says where the weights are",
+			root:      lifecycleRoot(t, 1, 0, `{"state":"Asleep","replicas":1,"residentTier":"Hot","expectedResumeSeconds":"0.42","sleeps":3}`),
+			wantPhase: v1alpha1.PhaseAsleep, wantState: v1alpha1.LifecycleAsleep, wantReplicas: 1,
+			wantReady: "True", wantTopo: "True", wantAwake: "0/1", wantTopoReason: v1alpha1.ReasonTopologyAvailable,
+			wantMessage: "weights in the Hot tier; the next request wakes them in about 0.42 s",
 		},
 		{
 			name:      "awake with the replicas the lifecycle set, not scaling.replicas",

@@ -17,6 +17,7 @@ import (
 	operator "github.com/model-orchestra/operator"
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/orchestra/validation"
+	"github.com/model-orchestra/operator/internal/plugin"
 	"github.com/model-orchestra/operator/internal/version"
 )
 
@@ -79,8 +80,12 @@ type Translator struct {
 	Getenv func(string) string
 }
 
-// Translate implements plugin.Translator.
-func (t Translator) Translate(_ context.Context, obj *unstructured.Unstructured) (map[string]any, error) {
+// Translate implements plugin.Translator. The CheckpointPolicies the
+// applications reference are read through plugin.ReaderFrom(ctx); one that
+// cannot be read leaves its applications with their inline fields (the
+// status plugin reports it), so that a missing policy never fails the
+// release.
+func (t Translator) Translate(ctx context.Context, obj *unstructured.Unstructured) (map[string]any, error) {
 	mo, err := Decode(obj)
 	if err != nil {
 		return nil, err
@@ -88,7 +93,7 @@ func (t Translator) Translate(_ context.Context, obj *unstructured.Unstructured)
 	if errs := validation.Spec(&mo.Spec); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %s %q: %w", validation.ErrInvalid, v1alpha1.Kind, mo.Name, errs.ToAggregate())
 	}
-	return t.values(mo)
+	return t.values(mo, resolvePolicies(ctx, plugin.ReaderFrom(ctx), mo))
 }
 
 // crdDefaults applies the CRD schema's defaults; built once from the
@@ -181,7 +186,7 @@ func nativeFormat(e v1alpha1.Engine) v1alpha1.ModelFormat {
 	}
 }
 
-func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) {
+func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[string]any, error) {
 	getenv := t.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
@@ -206,8 +211,11 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 		return nil, err
 	}
 	apps := map[string]any{}
+	sleeping := false
 	for name, app := range s.Applications {
-		v, err := applicationValues(app)
+		sleep := effectiveSleep(app, pols)
+		sleeping = sleeping || sleep.Enabled()
+		v, err := applicationValues(app, sleep)
 		if err != nil {
 			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
 		}
@@ -233,13 +241,18 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra) (map[string]any, error) 
 		natsServer["storage"] = natsStorage(st.Size, st.StorageClassName)
 	}
 
+	global := map[string]any{
+		"images":           images,
+		"imagePullSecrets": pullSecrets,
+		"nats":             nats,
+		"applications":     apps,
+	}
+	if sleeping {
+		// The node agent owns the hot and warm tiers of sleeping engines.
+		global["agent"] = map[string]any{"enabled": true}
+	}
 	return map[string]any{
-		"global": map[string]any{
-			"images":           images,
-			"imagePullSecrets": pullSecrets,
-			"nats":             nats,
-			"applications":     apps,
-		},
+		"global": global,
 		"nats":    natsServer,
 		"gateway": gateway,
 		"dispatcher": map[string]any{
@@ -331,7 +344,7 @@ func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 	return out, nil
 }
 
-func applicationValues(app v1alpha1.Application) (map[string]any, error) {
+func applicationValues(app v1alpha1.Application, sleep Sleep) (map[string]any, error) {
 	m := app.Model
 	model := map[string]any{
 		"source":        m.Source,
@@ -419,7 +432,7 @@ func applicationValues(app v1alpha1.Application) (map[string]any, error) {
 		"scaling": map[string]any{"replicas": int64(app.Scaling.Replicas)},
 	}
 	if app.Lifecycle != nil {
-		out["lifecycle"] = lifecycleValues(app.Lifecycle)
+		out["lifecycle"] = lifecycleValues(app.Lifecycle, sleep)
 	}
 	return out, nil
 }

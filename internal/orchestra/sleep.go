@@ -1,0 +1,176 @@
+package orchestra
+
+import (
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
+
+// The defaults of sleeping engines and accelerator seats, documented on the
+// API fields. EffectiveSleep and effectiveSeat are the only places that
+// apply them; the chart and the dispatcher receive the resolved values.
+const (
+	DefaultSleepLevel        int32 = 1
+	DefaultVerifyInterval          = 900 * time.Second
+	DefaultPreemption              = true
+	DefaultHotTier                 = v1alpha1.HotTierRAM
+	DefaultWarmTier                = v1alpha1.WarmTierDisk
+	DefaultColdTier                = v1alpha1.ColdTierModelCache
+	DefaultResumeRAMSeconds  int32 = 1
+	DefaultResumeNVMeSeconds int32 = 5
+	DefaultSeatMinResidency        = 30 * time.Second
+)
+
+// Sleep is the effective sleep of one application: its inline lifecycle
+// fields over its CheckpointPolicy's, field by field, with the defaults
+// applied.
+type Sleep struct {
+	// After is the idle time before the engine sleeps; 0 means it never
+	// sleeps (and every other field is then meaningless).
+	After time.Duration
+	// Level is 1 (weights to the hot tier) or 2 (weights dropped).
+	Level int32
+	// ParkAfter is the time asleep in the hot tier before the weights are
+	// demoted to the warm tier; 0 means never.
+	ParkAfter time.Duration
+	// VerifyInterval is the period at which tier copies are re-hashed.
+	VerifyInterval time.Duration
+	// Preemption lets a seat group put the engine to sleep early.
+	Preemption bool
+	// Tiers are where the weights may rest.
+	Tiers v1alpha1.CheckpointTiers
+	// ResumeRAMSeconds and ResumeNVMeSeconds are the resume SLO per tier.
+	ResumeRAMSeconds  int32
+	ResumeNVMeSeconds int32
+}
+
+// Enabled reports whether the application sleeps at all.
+func (s Sleep) Enabled() bool { return s.After > 0 }
+
+// SLOSeconds is the resume SLO of a wake from tier, and false for a tier
+// without one (the accelerator, where nothing resumes, and the cold tier,
+// whose wake is a model load bounded by lifecycle.maxWait).
+func (s Sleep) SLOSeconds(tier v1alpha1.Tier) (int32, bool) {
+	switch tier {
+	case v1alpha1.TierHot:
+		return s.ResumeRAMSeconds, true
+	case v1alpha1.TierWarm:
+		return s.ResumeNVMeSeconds, true
+	default:
+		return 0, false
+	}
+}
+
+// EffectiveSleep merges an application's lifecycle with the CheckpointPolicy
+// it references (nil when it references none, or the policy is missing):
+// every field set inline wins over the policy's, and what neither sets
+// takes its default. lc may be nil.
+func EffectiveSleep(lc *v1alpha1.LifecycleSpec, policy *v1alpha1.CheckpointPolicySpec) Sleep {
+	var p v1alpha1.CheckpointPolicySpec
+	if policy != nil {
+		p = *policy
+	}
+	if lc == nil {
+		lc = &v1alpha1.LifecycleSpec{}
+	}
+	s := Sleep{
+		Level:             DefaultSleepLevel,
+		VerifyInterval:    DefaultVerifyInterval,
+		Preemption:        DefaultPreemption,
+		Tiers:             v1alpha1.CheckpointTiers{Hot: DefaultHotTier, Warm: DefaultWarmTier, Cold: DefaultColdTier},
+		ResumeRAMSeconds:  DefaultResumeRAMSeconds,
+		ResumeNVMeSeconds: DefaultResumeNVMeSeconds,
+	}
+
+	switch {
+	case lc.SleepAfter != nil:
+		s.After = lc.SleepAfter.Duration
+	case p.Triggers.IdleSeconds != nil:
+		s.After = seconds(*p.Triggers.IdleSeconds)
+	}
+	if lc.SleepLevel != 0 {
+		s.Level = lc.SleepLevel
+	}
+	switch {
+	case lc.ParkAfter != nil:
+		s.ParkAfter = lc.ParkAfter.Duration
+	case p.Triggers.ParkSeconds != nil:
+		s.ParkAfter = seconds(*p.Triggers.ParkSeconds)
+	}
+	if p.Triggers.IntervalSeconds != nil {
+		s.VerifyInterval = seconds(*p.Triggers.IntervalSeconds)
+	}
+	if p.Triggers.Preemption != nil {
+		s.Preemption = *p.Triggers.Preemption
+	}
+
+	tiers := []v1alpha1.CheckpointTiers{p.Tiers}
+	if lc.Tiers != nil {
+		tiers = append(tiers, *lc.Tiers)
+	}
+	for _, t := range tiers { // later wins: the policy, then inline
+		if t.Hot != "" {
+			s.Tiers.Hot = t.Hot
+		}
+		if t.Warm != "" {
+			s.Tiers.Warm = t.Warm
+		}
+		if t.Cold != "" {
+			s.Tiers.Cold = t.Cold
+		}
+	}
+	slos := []v1alpha1.ResumeSLO{p.SLO}
+	if lc.ResumeSLO != nil {
+		slos = append(slos, *lc.ResumeSLO)
+	}
+	for _, o := range slos {
+		if o.ResumeRAMSeconds != nil {
+			s.ResumeRAMSeconds = *o.ResumeRAMSeconds
+		}
+		if o.ResumeNVMeSeconds != nil {
+			s.ResumeNVMeSeconds = *o.ResumeNVMeSeconds
+		}
+	}
+	return s
+}
+
+func seconds(n int32) time.Duration { return time.Duration(n) * time.Second }
+
+// sleepValues is the effective sleep as the chart's
+// global.applications.<app>.lifecycle.sleep value.
+func sleepValues(s Sleep) map[string]any {
+	park := ""
+	if s.ParkAfter > 0 {
+		park = s.ParkAfter.String()
+	}
+	return map[string]any{
+		"after":          s.After.String(),
+		"level":          int64(s.Level),
+		"parkAfter":      park,
+		"verifyInterval": s.VerifyInterval.String(),
+		"preemption":     s.Preemption,
+		"tiers": map[string]any{
+			"hot":  string(s.Tiers.Hot),
+			"warm": string(s.Tiers.Warm),
+			"cold": string(s.Tiers.Cold),
+		},
+		"slo": map[string]any{
+			"resumeRamSeconds":  int64(s.ResumeRAMSeconds),
+			"resumeNvmeSeconds": int64(s.ResumeNVMeSeconds),
+		},
+	}
+}
+
+// seatValues is an application's seat as the chart's
+// global.applications.<app>.lifecycle.seat value, with its defaults.
+func seatValues(seat *v1alpha1.SeatSpec) map[string]any {
+	minResidency := DefaultSeatMinResidency
+	if seat.MinResidency != nil {
+		minResidency = seat.MinResidency.Duration
+	}
+	return map[string]any{
+		"group":        seat.Group,
+		"priority":     int64(seat.Priority),
+		"minResidency": minResidency.String(),
+	}
+}

@@ -1,0 +1,183 @@
+package orchestra
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/plugin"
+)
+
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+func i32(n int32) *int32                  { return &n }
+func boolp(b bool) *bool                  { return &b }
+
+// defaultSleep is the effective sleep of an application that sets only
+// sleepAfter (5m) and references no policy.
+func defaultSleep() Sleep {
+	return Sleep{
+		After: 5 * time.Minute, Level: 1, VerifyInterval: 15 * time.Minute, Preemption: true,
+		Tiers:            v1alpha1.CheckpointTiers{Hot: v1alpha1.HotTierRAM, Warm: v1alpha1.WarmTierDisk, Cold: v1alpha1.ColdTierModelCache},
+		ResumeRAMSeconds: 1, ResumeNVMeSeconds: 5,
+	}
+}
+
+func TestEffectiveSleep(t *testing.T) {
+	fullPolicy := &v1alpha1.CheckpointPolicySpec{
+		Triggers: v1alpha1.CheckpointTriggers{IdleSeconds: i32(600), ParkSeconds: i32(3600), IntervalSeconds: i32(120), Preemption: boolp(false)},
+		Tiers:    v1alpha1.CheckpointTiers{Hot: v1alpha1.HotTierNone, Warm: v1alpha1.WarmTierDisk, Cold: v1alpha1.ColdTierS3},
+		SLO:      v1alpha1.ResumeSLO{ResumeRAMSeconds: i32(2), ResumeNVMeSeconds: i32(20)},
+	}
+	for _, tc := range []struct {
+		name   string
+		lc     *v1alpha1.LifecycleSpec
+		policy *v1alpha1.CheckpointPolicySpec
+		want   func(s *Sleep)
+	}{
+		{name: "no lifecycle", want: func(s *Sleep) { s.After = 0 }},
+		{name: "lifecycle without sleep", lc: &v1alpha1.LifecycleSpec{}, want: func(s *Sleep) { s.After = 0 }},
+		{name: "inline sleepAfter takes every default", lc: &v1alpha1.LifecycleSpec{SleepAfter: dur(5 * time.Minute)}},
+		{
+			name: "policy alone", lc: &v1alpha1.LifecycleSpec{}, policy: fullPolicy,
+			want: func(s *Sleep) {
+				s.After, s.ParkAfter, s.VerifyInterval, s.Preemption = 10*time.Minute, time.Hour, 2*time.Minute, false
+				s.Tiers = fullPolicy.Tiers
+				s.ResumeRAMSeconds, s.ResumeNVMeSeconds = 2, 20
+			},
+		},
+		{
+			name: "inline fields win field by field",
+			lc: &v1alpha1.LifecycleSpec{
+				SleepAfter: dur(5 * time.Minute), SleepLevel: 2, ParkAfter: dur(30 * time.Minute),
+				Tiers:     &v1alpha1.CheckpointTiers{Hot: v1alpha1.HotTierRAM},
+				ResumeSLO: &v1alpha1.ResumeSLO{ResumeNVMeSeconds: i32(8)},
+			},
+			policy: fullPolicy,
+			want: func(s *Sleep) {
+				s.Level, s.ParkAfter, s.VerifyInterval, s.Preemption = 2, 30*time.Minute, 2*time.Minute, false
+				s.Tiers = v1alpha1.CheckpointTiers{Hot: v1alpha1.HotTierRAM, Warm: v1alpha1.WarmTierDisk, Cold: v1alpha1.ColdTierS3}
+				s.ResumeRAMSeconds, s.ResumeNVMeSeconds = 2, 8
+			},
+		},
+		{
+			name: "empty policy changes nothing", lc: &v1alpha1.LifecycleSpec{SleepAfter: dur(5 * time.Minute)},
+			policy: &v1alpha1.CheckpointPolicySpec{},
+		},
+		{
+			name: "policy without idleSeconds does not make it sleep", lc: &v1alpha1.LifecycleSpec{},
+			policy: &v1alpha1.CheckpointPolicySpec{SLO: v1alpha1.ResumeSLO{ResumeRAMSeconds: i32(3)}},
+			want:   func(s *Sleep) { s.After, s.ResumeRAMSeconds = 0, 3 },
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := defaultSleep()
+			if tc.want != nil {
+				tc.want(&want)
+			}
+			got := EffectiveSleep(tc.lc, tc.policy)
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("EffectiveSleep (-want +got):\n%s", diff)
+			}
+			if got.Enabled() != (want.After > 0) {
+				t.Errorf("Enabled() = %v with After %v", got.Enabled(), got.After)
+			}
+		})
+	}
+}
+
+func TestSleepSLOSeconds(t *testing.T) {
+	s := defaultSleep()
+	for tier, want := range map[v1alpha1.Tier]int32{v1alpha1.TierHot: 1, v1alpha1.TierWarm: 5} {
+		if got, ok := s.SLOSeconds(tier); !ok || got != want {
+			t.Errorf("SLOSeconds(%s) = %d, %v; want %d", tier, got, ok, want)
+		}
+	}
+	for _, tier := range []v1alpha1.Tier{v1alpha1.TierAccelerator, v1alpha1.TierCold, ""} {
+		if _, ok := s.SLOSeconds(tier); ok {
+			t.Errorf("SLOSeconds(%q) has an SLO", tier)
+		}
+	}
+}
+
+// policyDoc is a CheckpointPolicy named name in namespace ns.
+func policyDoc(t *testing.T, name, spec string) *unstructured.Unstructured {
+	t.Helper()
+	return fromYAML(t, "apiVersion: modelorchestra.io/v1alpha1\nkind: CheckpointPolicy\nmetadata: {name: "+name+", namespace: ns}\nspec: "+spec+"\n")
+}
+
+func TestTranslatorSleepValues(t *testing.T) {
+	spec := `{seatGroups: {g: {}}, applications: {
+    chat: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: simulator},
+      lifecycle: {sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast, resumeSLO: {resumeRamSeconds: 3}}},
+    seated: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: vllm, args: [x]}, lifecycle: {minReplicas: 1, checkpointPolicy: fast, seat: {group: g, priority: 7}}},
+    plain: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {checkpointPolicy: missing}},
+    fixed: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+	reader := PolicyDocuments{
+		types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", "{triggers: {idleSeconds: 600, parkSeconds: 3600}, tiers: {warm: None}}"),
+	}
+	ctx := plugin.WithReader(context.Background(), reader)
+	vals, err := Translator{Getenv: func(string) string { return "" }}.Translate(ctx, owner(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) any {
+		v, _, err := unstructured.NestedFieldNoCopy(vals, strings.Split(path, ".")...)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return v
+	}
+	wantChat := map[string]any{
+		"after": "2m0s", "level": int64(1), "parkAfter": "1h0m0s", "verifyInterval": "15m0s", "preemption": true,
+		"tiers": map[string]any{"hot": "RAM", "warm": "None", "cold": "ModelCache"},
+		"slo":   map[string]any{"resumeRamSeconds": int64(3), "resumeNvmeSeconds": int64(5)},
+	}
+	if diff := cmp.Diff(wantChat, get("global.applications.chat.lifecycle.sleep")); diff != "" {
+		t.Errorf("chat's sleep (inline over the policy) (-want +got):\n%s", diff)
+	}
+	if got := get("global.applications.seated.lifecycle.sleep.after"); got != "10m0s" {
+		t.Errorf("seated sleeps after %v, want the policy's 10m0s", got)
+	}
+	if diff := cmp.Diff(map[string]any{"group": "g", "priority": int64(7), "minResidency": "30s"}, get("global.applications.seated.lifecycle.seat")); diff != "" {
+		t.Errorf("seated's seat (-want +got):\n%s", diff)
+	}
+	for _, path := range []string{"global.applications.chat.lifecycle.seat", "global.applications.plain.lifecycle.sleep", "global.applications.fixed.lifecycle"} {
+		if v := get(path); v != nil {
+			t.Errorf("%s = %v, want none", path, v)
+		}
+	}
+	if got := get("global.agent.enabled"); got != true {
+		t.Errorf("global.agent.enabled = %v, want true: applications sleep", got)
+	}
+
+	// Without a reader (or when the policies are missing) the inline
+	// fields alone count: chat still sleeps, seated does not.
+	vals, err = Translator{Getenv: func(string) string { return "" }}.Translate(context.Background(), owner(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := unstructured.NestedString(vals, "global", "applications", "chat", "lifecycle", "sleep", "parkAfter"); got != "" {
+		t.Errorf("without the policy chat parks after %q, want never", got)
+	}
+	if _, found, _ := unstructured.NestedMap(vals, "global", "applications", "seated", "lifecycle", "sleep"); found {
+		t.Error("without the policy seated sleeps")
+	}
+}
+
+func TestTranslatorNoAgentWithoutSleep(t *testing.T) {
+	vals, err := Translator{Getenv: func(string) string { return "" }}.Translate(context.Background(),
+		owner(t, `{applications: {chat: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {zeroAfter: 5m}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := unstructured.NestedFieldNoCopy(vals, "global", "agent"); found {
+		t.Error("global.agent is set although no application sleeps")
+	}
+}

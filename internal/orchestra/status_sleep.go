@@ -1,0 +1,113 @@
+package orchestra
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
+
+// sleepConditions are the conditions of sleeping applications:
+//
+//   - CheckpointPolicyResolved, while an application references a
+//     CheckpointPolicy: False naming each one that cannot be read (its
+//     applications run with their inline fields), else True;
+//   - ResumeSLOAtRisk, while an application sleeps: True when an
+//     application's expected resume time from its resident tier exceeds the
+//     resume SLO of that tier (the message names the application, the tier
+//     and both numbers), else False.
+//
+// The engine keeps a condition a status plugin once set, so a condition
+// that no longer applies is not dropped but set to its all-clear value with
+// a reason saying why; old holds the conditions of the last status.
+// apps are the application statuses, with their lifecycle as the leader
+// reported it.
+func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.ApplicationStatus, pols policies, old []metav1.Condition) []metav1.Condition {
+	var out []metav1.Condition
+	had := func(t string) bool { return meta.FindStatusCondition(old, t) != nil }
+
+	switch {
+	case len(pols.problems) > 0:
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionCheckpointPolicyResolved, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPolicyNotFound,
+			Message: pols.unresolved() + "; the applications that reference it sleep by their inline lifecycle fields only",
+		})
+	case len(pols.specs) > 0:
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionCheckpointPolicyResolved, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonPoliciesResolved,
+			Message: "every referenced CheckpointPolicy exists: " + strings.Join(sortedKeys(pols.specs), ", "),
+		})
+	case had(v1alpha1.ConditionCheckpointPolicyResolved):
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionCheckpointPolicyResolved, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonPoliciesResolved,
+			Message: "no application references a CheckpointPolicy",
+		})
+	}
+
+	var sleeping, atRisk, within, unreported []string
+	for _, name := range sortedKeys(mo.Spec.Applications) {
+		app := mo.Spec.Applications[name]
+		sleep := effectiveSleep(app, pols)
+		if !sleep.Enabled() {
+			continue
+		}
+		sleeping = append(sleeping, name)
+		ls := apps[name].Lifecycle
+		if ls == nil || ls.ExpectedResumeSeconds == "" {
+			unreported = append(unreported, name)
+			continue
+		}
+		slo, ok := sleep.SLOSeconds(ls.ResidentTier)
+		if !ok {
+			continue // awake, or cold: no resume SLO applies
+		}
+		expected, err := strconv.ParseFloat(ls.ExpectedResumeSeconds, 64)
+		if err != nil {
+			unreported = append(unreported, name)
+			continue
+		}
+		if expected > float64(slo) {
+			atRisk = append(atRisk, fmt.Sprintf("%s resumes from the %s tier in %s s, over its SLO of %d s", name, ls.ResidentTier, ls.ExpectedResumeSeconds, slo))
+		} else {
+			within = append(within, fmt.Sprintf("%s %s s from %s (SLO %d s)", name, ls.ExpectedResumeSeconds, ls.ResidentTier, slo))
+		}
+	}
+	switch {
+	case len(atRisk) > 0:
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionResumeSLOAtRisk, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonResumeSlowerThanSLO,
+			Message: strings.Join(atRisk, "; "),
+		})
+	case len(sleeping) > 0:
+		msg := "every sleeping application resumes within its SLO"
+		if len(within) > 0 {
+			msg += ": " + strings.Join(within, ", ")
+		}
+		if len(unreported) > 0 {
+			msg += "; no expected resume time reported yet: " + strings.Join(unreported, ", ")
+		}
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionResumeSLOAtRisk, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonResumeWithinSLO, Message: msg,
+		})
+	case had(v1alpha1.ConditionResumeSLOAtRisk):
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionResumeSLOAtRisk, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonResumeWithinSLO,
+			Message: "no application sleeps",
+		})
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
