@@ -16,8 +16,8 @@ import (
 )
 
 func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
-func i32(n int32) *int32                  { return &n }
-func boolp(b bool) *bool                  { return &b }
+func i32(n int32) *int32                   { return &n }
+func boolp(b bool) *bool                   { return &b }
 
 // defaultSleep is the effective sleep of an application that sets only
 // sleepAfter (5m) and references no policy.

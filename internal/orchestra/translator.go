@@ -252,7 +252,7 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 		global["agent"] = map[string]any{"enabled": true}
 	}
 	return map[string]any{
-		"global": global,
+		"global":  global,
 		"nats":    natsServer,
 		"gateway": gateway,
 		"dispatcher": map[string]any{
