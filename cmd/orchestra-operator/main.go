@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	operator "github.com/model-orchestra/operator"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/manager"
 	"github.com/model-orchestra/operator/internal/orchestra"
 	"github.com/model-orchestra/operator/internal/plugin"
@@ -50,6 +51,9 @@ func main() {
 
 	reg := plugin.NewRegistry()
 	orchestra.Register(reg)
+	// The values translator reads the CheckpointPolicies applications
+	// reference: a change of one re-renders the resources that use it.
+	cfg.RelatedWatches = []manager.RelatedWatch{{Owner: v1alpha1.GroupVersionKind, Kind: orchestra.CheckpointPolicyGVK, Map: orchestra.PolicyReferrers}}
 	if err := cfg.Validate(); err != nil {
 		log.Error(err, "invalid configuration")
 		os.Exit(2)

@@ -280,6 +280,10 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 	return nil
 }
 
+// Watch adds a source to the reconciler's controller, for the objects its
+// plugins read that it does not own (see manager.RelatedWatch).
+func (r *Reconciler) Watch(src source.Source) error { return r.ctrl.Watch(src) }
+
 // watchDependents starts watching the kinds of objs, once per kind, so that a
 // change to an owned object reconciles its owner promptly.
 func (r *Reconciler) watchDependents(objs []*unstructured.Unstructured) error {

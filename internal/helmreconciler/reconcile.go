@@ -125,7 +125,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		return reconcile.Result{}, nil
 	}
 
-	in, err := render.Prepare(ctx, r.entry, obj)
+	in, err := render.Prepare(plugin.WithReader(ctx, r.client), r.entry, obj)
 	if err == nil {
 		// Validation is cheap next to a Helm action but not free; it only
 		// matters when the inputs changed, which the digest tells.

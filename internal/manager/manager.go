@@ -77,6 +77,9 @@ type Config struct {
 	// resource in the metric orchestra_api_requests_total (a debug aid:
 	// what one install costs in round trips).
 	CountAPIRequests bool
+	// RelatedWatches are the other kinds the values translators read, and
+	// the resources to reconcile when one changes.
+	RelatedWatches []RelatedWatch
 }
 
 // DefaultWatchesFile is the default of Config.WatchesFile.
@@ -174,6 +177,11 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 		}
 		byObject[u] = cache.ByObject{Label: sel}
 	}
+	related, err := servedRelated(restCfg, c.RelatedWatches, entries)
+	if err != nil {
+		return nil, err
+	}
+	cacheRelated(byObject, related)
 	cacheOpts := cache.Options{
 		// Owned objects and release Secrets carry Helm's managed-by label;
 		// nothing else of the cluster is cached.
@@ -209,8 +217,9 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
+	recs := make([]*helmreconciler.Reconciler, len(entries))
 	for i := range entries {
-		if _, err := helmreconciler.New(mgr, &entries[i], helmreconciler.Options{
+		if recs[i], err = helmreconciler.New(mgr, &entries[i], helmreconciler.Options{
 			ReconcilePeriod:         c.ReconcilePeriod,
 			MaxConcurrentReconciles: c.MaxConcurrentReconciles,
 			ActionTimeout:           c.ActionTimeout,
@@ -218,6 +227,9 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 		}); err != nil {
 			return nil, fmt.Errorf("%s: %w", entries[i].Source, err)
 		}
+	}
+	if err := watchRelated(mgr, related, entries, recs); err != nil {
+		return nil, err
 	}
 	if err := addUpgradeableReporter(mgr); err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -121,6 +122,8 @@ func PolicyReferrers(ctx context.Context, r client.Reader, policy client.Object)
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind(v1alpha1.Kind + "List"))
 	if err := r.List(ctx, list, client.InNamespace(policy.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "listing the ModelOrchestras that may reference a CheckpointPolicy; they pick up its change at their next resync",
+			"checkpointPolicy", client.ObjectKeyFromObject(policy).String())
 		return nil
 	}
 	var out []reconcile.Request
