@@ -9,10 +9,12 @@ import (
 // weights may rest (tiers) and how fast they must come back (slo).
 // Applications reference it by name from spec.applications.<app>.lifecycle
 // .checkpointPolicy; the fields an application sets inline override the
-// policy's, field by field.
+// policy's, field by field. It has no status: the API server checks it
+// completely when it is written, and whether a ModelOrchestra found the
+// policy it references is that resource's CheckpointPolicyResolved
+// condition.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:subresource:status
 // +kubebuilder:resource:path=checkpointpolicies,singular=checkpointpolicy,shortName=cpp,categories=modelorchestra
 // +kubebuilder:printcolumn:name="Idle",type=integer,JSONPath=`.spec.triggers.idleSeconds`,description="Seconds without requests before the engine sleeps"
 // +kubebuilder:printcolumn:name="Hot",type=string,JSONPath=`.spec.tiers.hot`
@@ -26,10 +28,6 @@ type CheckpointPolicy struct {
 	// spec is the policy.
 	// +required
 	Spec CheckpointPolicySpec `json:"spec"`
-
-	// status is written by the operator.
-	// +optional
-	Status CheckpointPolicyStatus `json:"status,omitempty"`
 }
 
 // CheckpointPolicyList is a list of CheckpointPolicy.
@@ -157,19 +155,6 @@ type ResumeSLO struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3600
 	ResumeNVMeSeconds *int32 `json:"resumeNvmeSeconds,omitempty"`
-}
-
-// CheckpointPolicyStatus is the observed state of a policy.
-type CheckpointPolicyStatus struct {
-	// observedGeneration is the generation last checked.
-	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-
-	// conditions: Valid.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // ModelCheckpoint records where the weights of one application rest: on
