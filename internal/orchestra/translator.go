@@ -43,6 +43,7 @@ func Images() []Image {
 		{Key: "dispatcher", Env: "RELATED_IMAGE_DISPATCHER", Default: version.Image("orchestra-dispatcher")},
 		{Key: "fetch", Env: "RELATED_IMAGE_FETCH", Default: version.Image("orchestra-fetch")},
 		{Key: "sim", Env: "RELATED_IMAGE_SIM", Default: version.Image("orchestra-sim")},
+		{Key: "agent", Env: "RELATED_IMAGE_AGENT", Default: version.Image("orchestra-agent")},
 		{Key: "nats", Env: "RELATED_IMAGE_NATS", Default: version.Image("nats-server")},
 		{Key: "llamacpp", Env: "RELATED_IMAGE_LLAMACPP", Default: "ghcr.io/ggml-org/llama.cpp:full"},
 		{Key: "dllama", Env: "RELATED_IMAGE_DLLAMA", Default: "ghcr.io/b4rtaz/distributed-llama:v0.16.2"},

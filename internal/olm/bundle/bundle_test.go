@@ -7,6 +7,7 @@ import (
 	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -383,5 +384,34 @@ func TestValidateDockerfile(t *testing.T) {
 				t.Fatalf("rules = %v, want [%s]; findings %v", got, tc.rule, rep.Findings)
 			}
 		})
+	}
+}
+
+// TestReadOnlyKindNeedsReadVerbsOnly: an owned kind without a status
+// subresource is configuration the operator reads; getting, listing and
+// watching it is enough, and less is refused.
+func TestReadOnlyKindNeedsReadVerbsOnly(t *testing.T) {
+	perms := func(b *Bundle) *v1alpha1.StrategyDeploymentPermissions {
+		return &b.CSV.Spec.InstallStrategy.StrategySpec.Permissions[0]
+	}
+	readOnly := func(b *Bundle, verbs ...string) {
+		b.CRDs[0].Spec.Versions[0].Subresources = nil
+		var keep []rbacv1.PolicyRule
+		for _, r := range perms(b).Rules {
+			if !slices.Contains(r.APIGroups, b.CRDs[0].Spec.Group) {
+				keep = append(keep, r)
+			}
+		}
+		perms(b).Rules = append(keep, rbacv1.PolicyRule{APIGroups: []string{b.CRDs[0].Spec.Group}, Resources: []string{b.CRDs[0].Spec.Names.Plural}, Verbs: verbs})
+	}
+	b := generate(t).Bundle
+	readOnly(b, "get", "list", "watch")
+	if got := Validate(b).Rules(check.Error); slices.Contains(got, "permissions-own-crd") {
+		t.Errorf("read verbs on a kind without status were refused: %v", Validate(b).Findings)
+	}
+	b = generate(t).Bundle
+	readOnly(b, "get", "list")
+	if got := Validate(b).Rules(check.Error); !slices.Contains(got, "permissions-own-crd") {
+		t.Errorf("a kind the operator cannot watch was accepted: %v", Validate(b).Findings)
 	}
 }

@@ -42,7 +42,7 @@ func Validate(b *Bundle) check.Report {
 	csv := b.CSV
 	validateRelatedImages(&r, csv)
 	validateWatchNamespace(&r, csv)
-	validateOwnRBAC(&r, csv)
+	validateOwnRBAC(&r, csv, b.CRDs)
 	validateDescriptors(&r, b)
 	validateOLMv1(&r, csv)
 	return r
@@ -182,8 +182,11 @@ func validateWatchNamespace(r *check.Report, csv *v1alpha1.ClusterServiceVersion
 	}
 }
 
-// validateOwnRBAC checks that the operator may manage its own resources.
-func validateOwnRBAC(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
+// validateOwnRBAC checks that the operator may manage its own resources. A
+// kind whose CRD has no status subresource is configuration the operator
+// only reads (it reconciles nothing of it and has nothing to report on
+// it): the operator needs to get, list and watch it, nothing more.
+func validateOwnRBAC(r *check.Report, csv *v1alpha1.ClusterServiceVersion, crds []*apiextv1.CustomResourceDefinition) {
 	sd := csv.Spec.InstallStrategy.StrategySpec
 	var rules = append([]v1alpha1.StrategyDeploymentPermissions(nil), sd.Permissions...)
 	rules = append(rules, sd.ClusterPermissions...)
@@ -197,6 +200,9 @@ func validateOwnRBAC(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
 			plural:                 {"get", "list", "watch", "update", "patch"},
 			plural + "/status":     {"get", "update", "patch"},
 			plural + "/finalizers": {"update"},
+		}
+		if !hasStatusSubresource(crds, d.Name, d.Version) {
+			need = map[string][]string{plural: {"get", "list", "watch"}}
 		}
 		for _, res := range sortedKeys(need) {
 			for _, verb := range need[res] {
@@ -212,6 +218,23 @@ func validateOwnRBAC(r *check.Report, csv *v1alpha1.ClusterServiceVersion) {
 			}
 		}
 	}
+}
+
+// hasStatusSubresource reports whether version of the CRD named name has a
+// status subresource; true when the CRD is not in the bundle (the check
+// then asks for everything).
+func hasStatusSubresource(crds []*apiextv1.CustomResourceDefinition, name, version string) bool {
+	for _, c := range crds {
+		if c.Name != name {
+			continue
+		}
+		for _, v := range c.Spec.Versions {
+			if v.Name == version {
+				return v.Subresources != nil && v.Subresources.Status != nil
+			}
+		}
+	}
+	return true
 }
 
 // validateDescriptors checks that every spec/status descriptor names a field
