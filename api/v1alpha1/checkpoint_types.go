@@ -159,10 +159,10 @@ type ResumeSLO struct {
 
 // ModelCheckpoint records where the weights of one application rest: on
 // which node, in which tier, how many bytes, their digest, when they were
-// last verified and how fast the tier reads. The operator creates one per
-// application whose lifecycle sleeps, owned by the ModelOrchestra (it goes
-// with it); the lifecycle leader writes its status from the node agents'
-// reports.
+// last verified and how fast the tier reads. The operator's chart creates
+// one per application that sleeps, named <orchestra>-<application> and
+// owned by the ModelOrchestra (it goes with it); the lifecycle leader
+// writes its status from the node agents' reports. Users do not create it.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

@@ -231,7 +231,7 @@ const (
 // LifecycleStatus is the lifecycle of one application, as reported by the
 // dispatcher's leader.
 type LifecycleStatus struct {
-	// state is Awake, Waking, Draining or Zero.
+	// state is Awake, Waking, Draining, Zero or Asleep.
 	// +optional
 	State LifecycleState `json:"state,omitempty"`
 

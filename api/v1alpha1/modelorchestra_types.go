@@ -17,7 +17,7 @@ import (
 // +kubebuilder:resource:path=modelorchestras,singular=modelorchestra,shortName=mo;orchestra,categories=modelorchestra
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether every application serves and the gateway answers"
 // +kubebuilder:printcolumn:name="Apps",type=string,JSONPath=`.status.readyApplications`,description="Ready applications out of all applications"
-// +kubebuilder:printcolumn:name="Awake",type=string,JSONPath=`.status.awakeApplications`,description="Applications running pods out of all applications (the others are idle at zero and wake on the next request)"
+// +kubebuilder:printcolumn:name="Awake",type=string,JSONPath=`.status.awakeApplications`,description="Applications with awake engines out of all applications (the others are asleep or at zero pods and wake on the next request)"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,description="OpenAI-compatible base URL"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -814,7 +814,8 @@ type ModelOrchestraStatus struct {
 	ReadyApplications string `json:"readyApplications,omitempty"`
 
 	// awakeApplications is "<awake>/<total>", for kubectl get: an
-	// application with a lifecycle at zero pods is ready but not awake.
+	// application with a lifecycle at zero pods or asleep is ready but not
+	// awake.
 	// +optional
 	AwakeApplications string `json:"awakeApplications,omitempty"`
 
@@ -831,6 +832,7 @@ type ModelOrchestraStatus struct {
 type ApplicationStatus struct {
 	// phase of the application: Pending, Downloading, Starting, Ready,
 	// Degraded, Stopped, Idle (at zero pods by its lifecycle, wakes on the
+	// next request), Asleep (its engines sleep in running pods, wake on the
 	// next request), Waking or Failed.
 	// +optional
 	Phase Phase `json:"phase,omitempty"`
