@@ -10,8 +10,12 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/model-orchestra/operator/internal/orchestra"
 	"github.com/model-orchestra/operator/internal/orchestra/validation"
+	"github.com/model-orchestra/operator/internal/plugin"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")
@@ -312,5 +316,56 @@ func TestNoResource(t *testing.T) {
 	p := newRenderer(t)
 	if _, err := p.TemplateBytes(context.Background(), []byte("---\n# nothing\n"), Options{}); !errors.Is(err, ErrNoResource) {
 		t.Fatalf("got %v, want ErrNoResource", err)
+	}
+}
+
+// TestPoliciesBesideTheResource: CheckpointPolicies in the input are
+// validated against their CRD and served to the values translator; they
+// render nothing themselves.
+func TestPoliciesBesideTheResource(t *testing.T) {
+	p := newRenderer(t)
+	const mo = `
+apiVersion: modelorchestra.io/v1alpha1
+kind: ModelOrchestra
+metadata: {name: demo}
+spec:
+  applications:
+    chat:
+      model: {source: "hf://org/repo", file: m.gguf}
+      lifecycle: {minReplicas: 1, checkpointPolicy: fast}
+`
+	policy := func(spec string) string {
+		return "apiVersion: modelorchestra.io/v1alpha1\nkind: CheckpointPolicy\nmetadata: {name: fast}\nspec: " + spec + "\n---\n"
+	}
+	all, err := decode(strings.NewReader(policy("{slo: {resumeRamSeconds: 2}}") + mo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, ctx, err := p.split(context.Background(), all, Options{Namespace: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 || objs[0].GetKind() != "ModelOrchestra" {
+		t.Fatalf("to render: %v, want the ModelOrchestra only", objs)
+	}
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(orchestra.CheckpointPolicyGVK)
+	if err := plugin.ReaderFrom(ctx).Get(ctx, client.ObjectKey{Namespace: "ns", Name: "fast"}, got); err != nil {
+		t.Fatalf("the translator cannot read the policy beside the resource: %v", err)
+	}
+	if v, _, _ := unstructured.NestedInt64(got.Object, "spec", "slo", "resumeRamSeconds"); v != 2 {
+		t.Errorf("served policy %v", got.Object)
+	}
+	if _, err := p.TemplateBytes(context.Background(), []byte(policy("{slo: {resumeRamSeconds: 2}}")+mo), Options{}); err != nil {
+		t.Errorf("template with a policy: %v", err)
+	}
+
+	_, err = p.TemplateBytes(context.Background(), []byte(policy("{triggers: {intervalSeconds: 5}}")+mo), Options{})
+	if !errors.Is(err, validation.ErrInvalid) || !strings.Contains(err.Error(), "spec.triggers.intervalSeconds") {
+		t.Errorf("an invalid policy: error %v, want it refused naming spec.triggers.intervalSeconds", err)
+	}
+	_, err = p.TemplateBytes(context.Background(), []byte(policy("{}")), Options{})
+	if !errors.Is(err, ErrNoResource) {
+		t.Errorf("a policy alone: error %v, want ErrNoResource", err)
 	}
 }
