@@ -52,9 +52,9 @@ func lifecycleValues(lc *v1alpha1.LifecycleSpec, sleep Sleep) map[string]any {
 }
 
 // effectiveSleep is app's effective sleep with the policy it references,
-// when that was resolved. distributed-llama never sleeps (the CRD refuses
-// its sleep fields; a stored resource from before that rule keeps running
-// as it did).
+// when that was resolved. distributed-llama never sleeps: it has no sleep
+// or unload API (the CRD refuses its sleep fields; this guards resources
+// that did not pass through the API server, such as previews).
 func effectiveSleep(app v1alpha1.Application, pols policies) Sleep {
 	if app.Lifecycle == nil || app.Runtime.Engine == v1alpha1.EngineDllama {
 		return Sleep{}
