@@ -177,7 +177,7 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 		}
 		byObject[u] = cache.ByObject{Label: sel}
 	}
-	related, err := servedRelated(restCfg, c.RelatedWatches, entries)
+	related, err := servedRelated(context.Background(), restCfg, c.RelatedWatches, entries, c.WatchNamespaces)
 	if err != nil {
 		return nil, err
 	}

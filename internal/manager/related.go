@@ -3,12 +3,16 @@ package manager
 import (
 	"context"
 	"fmt"
+	"strings"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -39,27 +43,39 @@ type RelatedWatch struct {
 	Map func(ctx context.Context, r client.Reader, obj client.Object) []reconcile.Request
 }
 
-// servedRelated returns the related watches whose owner an entry serves and
-// whose kind the API server serves.
-func servedRelated(restCfg *rest.Config, related []RelatedWatch, entries []watches.Entry) ([]RelatedWatch, error) {
+// servedRelated returns the related watches whose owner an entry serves,
+// whose kind the API server serves and which the operator may list and
+// watch in the namespaces it serves. An operator installed with the CRDs or
+// the permissions of an earlier release runs without the watch, and says
+// so, rather than failing to start.
+func servedRelated(ctx context.Context, restCfg *rest.Config, related []RelatedWatch, entries []watches.Entry, namespaces []string) ([]RelatedWatch, error) {
 	var out []RelatedWatch
-	var dc *discovery.DiscoveryClient
+	var cs *kubernetes.Clientset
+	log := ctrl.Log.WithName("manager")
 	for _, rw := range related {
 		if entryFor(entries, rw.Owner) < 0 {
 			continue
 		}
-		if dc == nil {
+		if cs == nil {
 			var err error
-			if dc, err = discovery.NewDiscoveryClientForConfig(restCfg); err != nil {
-				return nil, fmt.Errorf("discovery client: %w", err)
+			if cs, err = kubernetes.NewForConfig(restCfg); err != nil {
+				return nil, fmt.Errorf("API client: %w", err)
 			}
 		}
-		served, err := servesKind(dc, rw.Kind)
+		resource, err := servedResource(cs.Discovery(), rw.Kind)
 		if err != nil {
 			return nil, err
 		}
-		if !served {
-			ctrl.Log.WithName("manager").Info("not watching a related kind: the API server does not serve it (is its CRD installed?)", "kind", rw.Kind.String(), "owner", rw.Owner.String())
+		if resource == "" {
+			log.Info("not watching a related kind: the API server does not serve it (is its CRD installed?)", "kind", rw.Kind.String(), "owner", rw.Owner.String())
+			continue
+		}
+		denied, err := deniedVerb(ctx, cs, rw.Kind.Group, resource, namespaces)
+		if err != nil {
+			return nil, err
+		}
+		if denied != "" {
+			log.Info("not watching a related kind: the operator may not "+denied+" it (are its permissions from an earlier release?)", "kind", rw.Kind.String(), "owner", rw.Owner.String())
 			continue
 		}
 		out = append(out, rw)
@@ -67,20 +83,45 @@ func servedRelated(restCfg *rest.Config, related []RelatedWatch, entries []watch
 	return out, nil
 }
 
-func servesKind(dc discovery.DiscoveryInterface, gvk schema.GroupVersionKind) (bool, error) {
+// deniedVerb returns the first of list and watch the operator may not use
+// on resource in one of namespaces (all namespaces when empty), or "".
+func deniedVerb(ctx context.Context, cs kubernetes.Interface, group, resource string, namespaces []string) (string, error) {
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
+	}
+	for _, ns := range namespaces {
+		for _, verb := range []string{"list", "watch"} {
+			review, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Namespace: ns, Verb: verb, Group: group, Resource: resource,
+				}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				return "", fmt.Errorf("reviewing access to %s.%s: %w", resource, group, err)
+			}
+			if !review.Status.Allowed {
+				return verb, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// servedResource returns the resource (plural) that serves gvk, or "".
+func servedResource(dc discovery.DiscoveryInterface, gvk schema.GroupVersionKind) (string, error) {
 	list, err := dc.ServerResourcesForGroupVersion(gvk.GroupVersion().String())
 	switch {
 	case apierrors.IsNotFound(err):
-		return false, nil
+		return "", nil
 	case err != nil:
-		return false, fmt.Errorf("discovering %s: %w", gvk.GroupVersion(), err)
+		return "", fmt.Errorf("discovering %s: %w", gvk.GroupVersion(), err)
 	}
 	for _, r := range list.APIResources {
-		if r.Kind == gvk.Kind {
-			return true, nil
+		if r.Kind == gvk.Kind && !strings.Contains(r.Name, "/") {
+			return r.Name, nil
 		}
 	}
-	return false, nil
+	return "", nil
 }
 
 func entryFor(entries []watches.Entry, gvk schema.GroupVersionKind) int {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -48,6 +49,12 @@ func referencedPolicies(spec *v1alpha1.ModelOrchestraSpec) []string {
 	return names
 }
 
+// policyReadTimeout bounds the read of one policy. From the operator's
+// cache it answers at once; an operator that runs without the policy watch
+// (no permission to list policies, see manager.RelatedWatch) would
+// otherwise wait for a cache that never fills.
+const policyReadTimeout = 5 * time.Second
+
 // resolvePolicies reads the CheckpointPolicies mo references through r.
 // A policy that does not exist or cannot be read is recorded as a problem,
 // never returned as an error: the applications that reference it run with
@@ -60,7 +67,9 @@ func resolvePolicies(ctx context.Context, r client.Reader, mo *v1alpha1.ModelOrc
 			out.problems[name] = "not read: no cluster to read it from"
 			continue
 		}
-		spec, err := getPolicy(ctx, r, mo.Namespace, name)
+		getCtx, cancel := context.WithTimeout(ctx, policyReadTimeout)
+		spec, err := getPolicy(getCtx, r, mo.Namespace, name)
+		cancel()
 		switch {
 		case apierrors.IsNotFound(err):
 			out.problems[name] = fmt.Sprintf("CheckpointPolicy %s/%s does not exist", mo.Namespace, name)
