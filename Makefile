@@ -140,7 +140,7 @@ soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a f
 
 .PHONY: bench-lifecycle
 bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
-	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -v -count=1 -timeout 30m
+	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 30m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.
