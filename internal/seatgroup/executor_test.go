@@ -189,7 +189,7 @@ func TestAntiThrashKeepsAHolderForMinResidency(t *testing.T) {
 	var wokeHolder, wokeOther time.Time
 	for _, ev := range h.Events() {
 		if ev.Kind == seatgroup.ActionWake && ev.App == holder {
-			wokeHolder = ev.End
+			wokeHolder = ev.Start
 		}
 		if ev.Kind == seatgroup.ActionWake && ev.App == other {
 			wokeOther = ev.Start

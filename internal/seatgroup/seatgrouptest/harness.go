@@ -44,6 +44,9 @@ type Options struct {
 	// TTFT.
 	HotBandwidth float64
 	Log          *slog.Logger
+	// OnEvent, if set, is called after each applied action (from the
+	// executor's goroutine; it must not block).
+	OnEvent func(seatgroup.Event)
 }
 
 // Harness is a running seat group.
@@ -186,6 +189,9 @@ func (h *Harness) record(ev seatgroup.Event) {
 	h.mu.Lock()
 	h.events = append(h.events, ev)
 	h.mu.Unlock()
+	if h.opts.OnEvent != nil {
+		h.opts.OnEvent(ev)
+	}
 }
 
 // Events returns the actions applied since the group settled.
@@ -287,14 +293,16 @@ func (h *Harness) CheckSwaps() error {
 		switch ev.Kind {
 		case seatgroup.ActionWake:
 			if ev.Err == "" {
-				wokeAt[ev.App] = ev.End
+				// The engine turned awake during the wake: its start is
+				// the earliest the residency can have begun.
+				wokeAt[ev.App] = ev.Start
 			}
 		case seatgroup.ActionSleep:
 			if ev.Err == "" && ev.InFlight > 0 {
 				errs = append(errs, fmt.Errorf("%s was put to sleep with %d requests in flight", ev.App, ev.InFlight))
 			}
 			if w, ok := wokeAt[ev.App]; ok && !ev.OverBudget && ev.Start.Sub(w) < h.opts.Group.MinResidency {
-				errs = append(errs, fmt.Errorf("anti-thrash: %s gave up its seat %v after its wake, under minResidency %v", ev.App, ev.Start.Sub(w), h.opts.Group.MinResidency))
+				errs = append(errs, fmt.Errorf("anti-thrash: %s gave up its seat %v after its wake started, under minResidency %v", ev.App, ev.Start.Sub(w), h.opts.Group.MinResidency))
 			}
 		}
 	}
