@@ -39,7 +39,7 @@ const (
 	// tokens per request: with simITL, a request takes about 170 ms, so
 	// bursts overlap with swaps and holders have to be drained.
 	tokens = 32
-	apps        = 4
+	apps   = 4
 )
 
 // swap is one swap of the round-robin run, split into the engines' own
