@@ -48,6 +48,7 @@ type swap struct {
 	seconds     float64
 	engineSleep float64 // copy to tmpfs + free
 	engineWake  float64 // alloc + copy + verify + remove the offload
+	wakeAlloc   float64 // of which: map and pre-fault fresh memory
 }
 
 type row struct {
@@ -237,6 +238,7 @@ func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptes
 		case ev.Kind == seatgroup.ActionWake && ev.SwapSeconds > 0 && st.LastWake != nil:
 			cur.seconds = ev.SwapSeconds
 			cur.engineWake = st.LastWake.TotalSeconds
+			cur.wakeAlloc = st.LastWake.AllocSeconds
 			swaps = append(swaps, cur)
 			cur = swap{}
 		}
@@ -317,8 +319,8 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
 	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor; sleep level 1 writes the weights to a tmpfs (the hot tier), every wake reads them back and verifies them. ", simTTFT, tokens, simITL)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake; its bound is the bytes written out ÷ the tmpfs write bandwidth + the bytes read in ÷ the tmpfs read bandwidth (into memory already mapped), each the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
-	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap | round-robin swaps | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | engine sleep p50 | engine wake p50 | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs, unmap) and wake (map and pre-fault fresh memory, read, verify) and the rest (seat agents, drain check, memory reading); its bound is the bytes written out ÷ the tmpfs write bandwidth + the bytes read in ÷ the tmpfs read bandwidth (into memory already mapped), each the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap | round-robin swaps | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
@@ -326,18 +328,19 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 			continue
 		}
 		bound := float64(r.size)/r.write.BytesPerSecond + float64(r.size)/r.read.BytesPerSecond
-		var secs, ratios, sl, wk, rest []float64
+		var secs, ratios, sl, wk, alloc, rest []float64
 		for _, s := range r.swaps {
 			secs = append(secs, s.seconds)
 			ratios = append(ratios, s.seconds/bound)
 			sl = append(sl, s.engineSleep)
 			wk = append(wk, s.engineWake)
+			alloc = append(alloc, s.wakeAlloc)
 			rest = append(rest, s.seconds-s.engineSleep-s.engineWake)
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.3f s | %d | %.3f s | %.3f s | %.2f | %.2f | %.3f s | %.3f s | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.3f s | %d | %.3f s | %.3f s | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
 			arena.Size(r.size), r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9, bound, len(r.swaps),
 			quantile(secs, 0.5), quantile(secs, 1), quantile(ratios, 0.5), quantile(ratios, 1),
-			quantile(sl, 0.5), quantile(wk, 0.5), quantile(rest, 0.5),
+			quantile(sl, 0.5), quantile(wk, 0.5), quantile(alloc, 0.5), quantile(rest, 0.5),
 			r.burstySwaps, r.burstyDrains, r.inFlightSwaps, r.lost, r.requests, r.verified, r.wakes)
 	}
 	var notes []string
