@@ -188,11 +188,6 @@ func (r *row) note(h *seatgrouptest.Harness, rs []seatgrouptest.Result) {
 			r.firstLost = fmt.Sprintf("%s: %v", f.App, f.Err)
 		}
 	}
-	for _, ev := range h.Events() {
-		if ev.Kind == seatgroup.ActionSleep && ev.Err == "" && ev.InFlight > 0 {
-			r.inFlightSwaps++
-		}
-	}
 	for _, e := range h.Engines {
 		_, _, n := e.Counts()
 		r.inFlightSwaps += n

@@ -109,6 +109,7 @@ type Event struct {
 // decisions; only the executor's goroutine touches it.
 type memberState struct {
 	memory     MemoryCheck
+	restarted  time.Time // the last successful restart
 	draining   bool
 	drainStart time.Time
 	state      State
@@ -195,11 +196,7 @@ func (e *Executor) Run(ctx context.Context) {
 // end, a failure, or a fact that contradicts it (then the next Step
 // decides again).
 func (e *Executor) Step(ctx context.Context) error {
-	g, err := e.observe(ctx)
-	if err != nil {
-		return err
-	}
-	plan := Decide(g, e.now())
+	plan := Decide(e.observe(ctx), e.now())
 	e.mu.Lock()
 	changed := !slices.Equal(plan, e.lastPlan)
 	e.lastPlan = plan
@@ -257,7 +254,7 @@ func (e *Executor) member(name string) Member {
 
 // observe reads every seat and the dispatcher's demand, and keeps the gate
 // in step: open exactly for Awake members that are not draining.
-func (e *Executor) observe(ctx context.Context) (Group, error) {
+func (e *Executor) observe(ctx context.Context) Group {
 	g := Group{ActiveSeats: e.cfg.ActiveSeats, MinResidency: e.cfg.MinResidency, MaxSwapWait: e.cfg.MaxSwapWait}
 	var errs []error
 	for _, m := range e.members {
@@ -268,6 +265,11 @@ func (e *Executor) observe(ctx context.Context) (Group, error) {
 			st = checkpoint.SeatStatus{State: checkpoint.SeatUnknown}
 		}
 		s := fromSeat(st.State)
+		if s == StateFailed && !ms.restarted.IsZero() && !st.Since.After(ms.restarted) {
+			// Restarted since the seat last changed its mind: the engine
+			// is stopped, its memory freed; the seat's watch catches up.
+			s = StateAsleep
+		}
 		if s == StateAwake {
 			ms.memory = MemoryUnchecked
 			if ms.draining {
@@ -295,7 +297,7 @@ func (e *Executor) observe(ctx context.Context) (Group, error) {
 	if err := errors.Join(errs...); err != nil {
 		e.log.Warn("reading seats", "err", err)
 	}
-	return g, nil
+	return g
 }
 
 func (e *Executor) setState(name string, ms *memberState, s State) {
@@ -477,6 +479,7 @@ func (e *Executor) restart(ctx context.Context, m Member, a Action) error {
 		e.record(ev, resultFailed)
 		return err
 	}
+	e.st[m.Name].restarted = ev.End
 	e.m.restarts.WithLabelValues(e.cfg.Name, m.Name, reason).Inc()
 	e.record(ev, resultOK)
 	return nil

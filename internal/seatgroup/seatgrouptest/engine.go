@@ -33,8 +33,11 @@ type Engine struct {
 	restarts int
 	starts   int
 	// sleepsInFlight counts sleeps that reached the engine while it ran
-	// requests (the simulator refuses them; a real vLLM dies).
+	// requests, or while the dispatcher had requests for it on their way
+	// (the simulator refuses the first; a real vLLM dies of both).
 	sleepsInFlight int
+	// dispatched is the dispatcher's in-flight count for this engine.
+	dispatched func() int
 }
 
 func newEngine(name string, cfg sim.Config, b *budget, log *slog.Logger) (*Engine, error) {
@@ -134,7 +137,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s, h := e.s, e.h
-	if s != nil && r.Method == http.MethodPost && r.URL.Path == "/sleep" && s.WeightsStatus().InFlight > 0 {
+	if s != nil && r.Method == http.MethodPost && r.URL.Path == "/sleep" && !s.IsSleeping() &&
+		(s.WeightsStatus().InFlight > 0 || (e.dispatched != nil && e.dispatched() > 0)) {
 		e.sleepsInFlight++
 	}
 	e.mu.Unlock()

@@ -103,6 +103,8 @@ func Start(opts Options) (*Harness, error) {
 			return nil, err
 		}
 		h.Engines[a.Name] = eng
+		name := a.Name
+		eng.dispatched = func() int { return h.Dispatcher.Demand(name).InFlight }
 		h.budget.engines = append(h.budget.engines, eng)
 		engSrv := httptest.NewServer(eng)
 		h.servers = append(h.servers, engSrv)
@@ -281,9 +283,8 @@ func (h *Harness) Bursty(apps []string, seed uint64, bursts, maxBurst, tokens in
 	return Collect(chans)
 }
 
-// CheckSwaps verifies the executor's record: no application was put to
-// sleep with requests in flight (as the dispatcher counted them, and as the
-// engines saw them), no wake started while the others held the
+// CheckSwaps verifies the run: no sleep reached an engine while it, or the
+// dispatcher on its behalf, had requests in flight; no wake started while the others held the
 // accelerator's memory, and no holder gave up its seat within minResidency
 // of its wake unless the group was over budget.
 func (h *Harness) CheckSwaps() error {
@@ -298,9 +299,6 @@ func (h *Harness) CheckSwaps() error {
 				wokeAt[ev.App] = ev.Start
 			}
 		case seatgroup.ActionSleep:
-			if ev.Err == "" && ev.InFlight > 0 {
-				errs = append(errs, fmt.Errorf("%s was put to sleep with %d requests in flight", ev.App, ev.InFlight))
-			}
 			if w, ok := wokeAt[ev.App]; ok && !ev.OverBudget && ev.Start.Sub(w) < h.opts.Group.MinResidency {
 				errs = append(errs, fmt.Errorf("anti-thrash: %s gave up its seat %v after its wake started, under minResidency %v", ev.App, ev.Start.Sub(w), h.opts.Group.MinResidency))
 			}
