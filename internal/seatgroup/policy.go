@@ -191,7 +191,8 @@ func holdsSeat(a App) bool {
 //  2. Over budget (more holders than activeSeats, as when every engine of
 //     a new group starts awake), the holders with the lowest (priority,
 //     last use) are put to sleep, idle ones first, busy ones drained first;
-//     minResidency does not apply.
+//     minResidency does not apply. Unknown seats count as held, but do not
+//     make others sleep.
 //  3. Asleep applications with queued requests wait in order: priority
 //     (highest first), then oldest wait (longest first). Each takes, in
 //     turn: a free seat (Wake); a seat being given up (a Draining holder
@@ -222,10 +223,14 @@ func Decide(g Group, now time.Time) []Action {
 	}
 
 	held := 0
+	var unknown []string
 	var leaving []App // Draining or Sleeping: their seats are being given up
 	for _, a := range apps {
 		if holdsSeat(a) {
 			held++
+		}
+		if a.State == StateUnknown {
+			unknown = append(unknown, a.Name)
 		}
 		if a.State == StateDraining || a.State == StateSleeping {
 			leaving = append(leaving, a)
@@ -262,14 +267,18 @@ func Decide(g Group, now time.Time) []Action {
 		}
 	}
 
-	// 2. Over budget: leaving seats count first, then more holders go.
-	excess := held - g.ActiveSeats
+	// 2. Over budget: leaving seats count first, then more holders go. A
+	// seat that does not answer keeps anyone from waking into it, but
+	// puts nobody to sleep: its agent may only be restarting.
+	excess := held - len(unknown) - g.ActiveSeats
+	released := 0
 	for _, v := range leaving {
 		if excess <= 0 {
 			break
 		}
 		release(v, "", fmt.Sprintf("%d applications hold seats, %d allowed", held, g.ActiveSeats))
 		excess--
+		released++
 	}
 	if excess > 0 {
 		var awake []App
@@ -287,9 +296,13 @@ func Decide(g Group, now time.Time) []Action {
 		})
 		for _, v := range awake[:min(excess, len(awake))] {
 			release(v, "", fmt.Sprintf("%d applications hold seats, %d allowed", held, g.ActiveSeats))
+			released++
 		}
 	}
 	free := max(g.ActiveSeats-held, 0)
+	// Seats held beyond the budget once the releases above are done:
+	// only unknown seats can be left over, and nobody wakes while they are.
+	blocked := held - released - g.ActiveSeats
 
 	// 3. Waiting applications, in order.
 	var waiting []App
@@ -311,6 +324,10 @@ func Decide(g Group, now time.Time) []Action {
 		plan = append(plan, Action{Kind: ActionWait, App: w.Name, Reason: reason})
 	}
 	for _, w := range waiting {
+		if blocked > 0 {
+			wait(w, fmt.Sprintf("the seat agents of %s do not answer; their engines may hold memory", strings.Join(unknown, ", ")))
+			continue
+		}
 		if free > 0 {
 			free--
 			wake(w, "a seat is free")

@@ -47,6 +47,7 @@ var (
 	sleeping = state(StateSleeping)
 	waking   = state(StateWaking)
 	failed   = state(StateFailed)
+	unknown  = state(StateUnknown)
 )
 
 func wakeA(app string) Action { return Action{Kind: ActionWake, App: app} }
@@ -214,6 +215,11 @@ func TestDecide(t *testing.T) {
 			name: "over budget: a busy holder beyond the budget is drained, not slept",
 			apps: []App{awake("a", inFlight(1), resident(0)), awake("b", inFlight(2), resident(0), prio(1))},
 			want: []Action{drainA("a", "")},
+		},
+		{
+			name: "a seat that does not answer keeps its seat: nobody wakes into it, nobody is put to sleep for it",
+			apps: []App{awake("a"), unknown("b"), asleep("c", queued(1, 0))},
+			want: []Action{waitA("c", "the seat agents of b do not answer; their engines may hold memory")},
 		},
 		{
 			name:  "activeSeats 2: two waiting applications take the two free seats",
