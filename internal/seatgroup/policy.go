@@ -360,7 +360,11 @@ func Decide(g Group, now time.Time) []Action {
 		}
 		if len(idle) > 0 {
 			v := slices.MinFunc(idle, byUse)
-			release(v, w.Name, fmt.Sprintf("idle for %s, lowest (priority, last use) of the idle holders", now.Sub(v.LastUse).Round(time.Millisecond)))
+			idle := "never used"
+			if !v.LastUse.IsZero() {
+				idle = "idle for " + now.Sub(v.LastUse).Round(time.Millisecond).String()
+			}
+			release(v, w.Name, idle+", lowest (priority, last use) of the idle holders")
 			wake(w, v.Name+" gave up its seat")
 			continue
 		}
