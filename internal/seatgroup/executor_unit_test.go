@@ -216,8 +216,8 @@ func TestExecutorResumesARefusedSleepNobodyWaitsFor(t *testing.T) {
 func TestExecutorRestartsAnEngineThatKeptItsMemoryBeforeWaking(t *testing.T) {
 	u := newUnit(t, false)
 	u.seats["a"].resident = 100 // the leak keeps all of it
-	u.step(t)                    // sleep a: the reading shows the leak; the plan stops
-	u.step(t)                    // restart a, then wake b
+	u.step(t)                   // sleep a: the reading shows the leak; the plan stops
+	u.step(t)                   // restart a, then wake b
 	if diff := cmp.Diff([]string{"sleep a", "restart a", "wake b"}, u.log); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
