@@ -27,6 +27,12 @@ const (
 	// some memory asleep (vLLM its CUDA context, a few hundred MiB against
 	// weights of several GiB); a leak keeps all of it (vllm#47654).
 	DefaultMaxResidentFraction = 0.05
+	// DefaultSeatTimeout bounds one sleep or wake call to a seat agent:
+	// the agent's own wake timeout (10 minutes by default) and a margin.
+	DefaultSeatTimeout = 11 * time.Minute
+	// stateTimeout bounds one GET /state; a seat that does not answer in
+	// time counts as Unknown for that decision.
+	stateTimeout = 5 * time.Second
 )
 
 // Config configures the executor of one seat group.
@@ -47,6 +53,8 @@ type Config struct {
 	// more than this fraction of its weights' bytes is restarted before
 	// another application wakes.
 	MaxResidentFraction float64 `json:"maxResidentFraction"`
+	// SeatTimeout bounds one sleep or wake call to a seat agent.
+	SeatTimeout time.Duration `json:"seatTimeout"`
 }
 
 // Default returns the defaults for a group named name.
@@ -58,6 +66,7 @@ func Default(name string) Config {
 		MaxSwapWait:         DefaultMaxSwapWait,
 		Tick:                DefaultTick,
 		MaxResidentFraction: DefaultMaxResidentFraction,
+		SeatTimeout:         DefaultSeatTimeout,
 	}
 }
 
@@ -80,6 +89,9 @@ func (c Config) Validate(members []Member) error {
 	}
 	if c.Tick <= 0 {
 		bad("seat group %s: tick must be positive, got %v", c.Name, c.Tick)
+	}
+	if c.SeatTimeout <= 0 {
+		bad("seat group %s: seatTimeout must be positive, got %v", c.Name, c.SeatTimeout)
 	}
 	if c.MaxResidentFraction < 0 || c.MaxResidentFraction >= 1 {
 		bad("seat group %s: maxResidentFraction must be within [0, 1), got %v", c.Name, c.MaxResidentFraction)

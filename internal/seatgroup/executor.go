@@ -90,8 +90,8 @@ type Event struct {
 	For  string
 	// Start and End bound the action.
 	Start, End time.Time
-	// InFlight is the application's in-flight count as the dispatcher saw
-	// it when a Sleep began.
+	// InFlight is set on a Sleep that found requests in flight once the
+	// gate was closed (it then drains them first): the dispatcher's count.
 	InFlight int
 	// ResidentBytes is the memory reading after a Sleep, CheckMemory or
 	// Restart.
@@ -259,7 +259,9 @@ func (e *Executor) observe(ctx context.Context) Group {
 	var errs []error
 	for _, m := range e.members {
 		ms := e.st[m.Name]
-		st, err := m.Seat.State(ctx)
+		sctx, cancel := context.WithTimeout(ctx, stateTimeout)
+		st, err := m.Seat.State(sctx)
+		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
 			st = checkpoint.SeatStatus{State: checkpoint.SeatUnknown}
@@ -347,7 +349,9 @@ func (e *Executor) record(ev Event, result string) {
 
 func (e *Executor) wake(ctx context.Context, m Member, swapStart time.Time) error {
 	ev := Event{Kind: ActionWake, App: m.Name, Start: e.now()}
-	err := m.Seat.Wake(ctx)
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
+	err := m.Seat.Wake(wctx)
+	cancel()
 	ev.End = e.now()
 	if err != nil {
 		ev.Err = err.Error()
@@ -405,7 +409,9 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 	if ms.draining {
 		e.m.drain.WithLabelValues(e.cfg.Name).Observe(e.now().Sub(ms.drainStart).Seconds())
 	}
-	err := m.Seat.Sleep(ctx, a.Level)
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
+	err := m.Seat.Sleep(sctx, a.Level)
+	cancel()
 	ev.End = e.now()
 	if err != nil {
 		// The engine stays awake (abandoned, not drained) or its state
