@@ -134,6 +134,10 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB.
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
+.PHONY: bench-mux
+bench-mux: ## Seat-group swaps (4 applications, 1 seat) vs the hot tier's write + read bandwidth, 0.25/1 GiB; requests lost, swaps with requests in flight.
+	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-mux --sizes 0.25GiB,1GiB -docs docs/benchmarks.md
+
 .PHONY: soak
 soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
 	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
