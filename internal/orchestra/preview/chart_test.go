@@ -30,7 +30,7 @@ const (
 )
 
 // parts are the umbrella's subcharts that render objects.
-var parts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats"}
+var parts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats", "agent"}
 
 func ciValues(t *testing.T) map[string]any {
 	t.Helper()
