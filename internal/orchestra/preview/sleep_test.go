@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -85,6 +87,22 @@ func TestSleepGolden(t *testing.T) {
 	}
 	if diff := cmp.Diff(string(want), got); diff != "" {
 		t.Errorf("rendered %s differs from %s (-want +got; go test -update refreshes):\n%s", sleepValues, sleepGolden, diff)
+	}
+}
+
+// TestSleepValuesPassTheSchema: the hand-written values are in the shape the
+// chart's values.schema.json accepts (the shape the translator must write).
+func TestSleepValuesPassTheSchema(t *testing.T) {
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coalesced, err := chartutil.CoalesceValues(c, readValues(t, sleepValues))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := chartutil.ValidateAgainstSchema(c, coalesced); err != nil {
+		t.Errorf("%s: %v", sleepValues, err)
 	}
 }
 
