@@ -543,7 +543,8 @@ var (
 	binariesErr  error
 )
 
-// binary builds one of the project's commands once per test run.
+// binary builds one of the project's commands once per test run; TestMain
+// removes them.
 func binary(t *testing.T, name string) string {
 	t.Helper()
 	if testing.Short() {
@@ -554,7 +555,9 @@ func binary(t *testing.T, name string) string {
 		if binariesErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binariesDir+"/", "../../../cmd/orchestra-agent", "../../../cmd/orchestra-sim")
+		// Static, as in the images (the real-node test packs them).
+		cmd := exec.Command("go", "build", "-trimpath", "-o", binariesDir+"/", "../../../cmd/orchestra-agent", "../../../cmd/orchestra-sim")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binariesErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
@@ -571,7 +574,6 @@ func binary(t *testing.T, name string) string {
 func TestRenderedAgentAndEngineFlagsParse(t *testing.T) {
 	objs := renderObjects(t, readValues(t, sleepValues))
 	agent, sim := binary(t, "orchestra-agent"), binary(t, "orchestra-sim")
-	t.Cleanup(func() { _ = os.RemoveAll(binariesDir) })
 	check := func(what, bin string, args []string) {
 		t.Helper()
 		var stderr bytes.Buffer
