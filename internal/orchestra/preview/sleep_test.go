@@ -310,6 +310,36 @@ func TestSleepingRootsGetASeat(t *testing.T) {
 	})
 }
 
+// TestNoWarmTier: a policy without the warm tier (tiers.warm None) gives the
+// simulator neither the warm directory nor its flag.
+func TestNoWarmTier(t *testing.T) {
+	vals := readValues(t, sleepValues)
+	sim := vals["global"].(map[string]any)["applications"].(map[string]any)["sim"].(map[string]any)
+	sim["lifecycle"].(map[string]any)["sleep"].(map[string]any)["tiers"].(map[string]any)["warm"] = "None"
+	var sts appsv1.StatefulSet
+	renderObjects(t, vals).get(t, "StatefulSet", "x-sim", &sts)
+	pod := sts.Spec.Template.Spec
+	for _, v := range pod.Volumes {
+		if v.Name == "warm" {
+			t.Errorf("volume warm %+v rendered without a warm tier", v)
+		}
+	}
+	engine := container(t, pod, "engine")
+	for _, m := range engine.VolumeMounts {
+		if m.Name == "warm" {
+			t.Errorf("mount %+v rendered without a warm tier", m)
+		}
+	}
+	for _, a := range engine.Args {
+		if strings.HasPrefix(a, "--warm-dir") {
+			t.Errorf("flag %s rendered without a warm tier", a)
+		}
+	}
+	if !slices.Contains(engine.Args, "--hot-dir=/var/run/model-orchestra/hot") {
+		t.Errorf("args %v lost the hot tier", engine.Args)
+	}
+}
+
 // TestNodeAgent: the node agent DaemonSet runs orchestra-agent --role=node
 // with the values' tiers and budgets, unprivileged, and only the
 // dispatcher reaches it; it is rendered only when global.agent.enabled.

@@ -286,7 +286,9 @@ args:
   before the cold source. */}}
   - --enable-sleep-mode
   - --hot-dir=/var/run/model-orchestra/hot
+  {{- if include "mo.usesWarmTier" . }}
   - --warm-dir=/var/run/model-orchestra/warm
+  {{- end }}
   - --weights-name={{ .name }}
   {{- end }}
   {{- range $rt.args }}
@@ -391,15 +393,23 @@ volumeMounts:
   {{- if and .sleep (eq $rt.engine "simulator") }}
   - name: hot
     mountPath: /var/run/model-orchestra/hot
+  {{- if include "mo.usesWarmTier" . }}
   - name: warm
     mountPath: /var/run/model-orchestra/warm
     readOnly: true
+  {{- end }}
   {{- end }}
   {{- if and .sleep (eq $rt.engine "llamacpp") }}
   - name: llama-preset
     mountPath: /etc/orchestra/llama
     readOnly: true
   {{- end }}
+{{- end -}}
+
+{{/* "true" when a sleeping application's weights may rest in the warm tier
+(node disk): its policy's tiers.warm is not None. Empty otherwise. */}}
+{{- define "mo.usesWarmTier" -}}
+{{- if and .sleep (ne (default "Disk" (dig "tiers" "warm" "" .sleep)) "None") }}true{{ end -}}
 {{- end -}}
 
 {{/* The seat sidecar of a sleeping application's root (orchestra-agent
