@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -54,6 +55,13 @@ type cluster struct {
 	// ready, as the endpoint controller would.
 	engine string
 
+	// stsMu makes each read-modify-write of the root StatefulSet atomic,
+	// as the API server's are and the fake client's are not: a pod
+	// counted ready while the leader patched its annotation was lost
+	// (the patch wrote back the status it had read), and the wake
+	// waited until the leader noticed the lost write.
+	stsMu sync.Mutex
+
 	mu     sync.Mutex
 	scales []scaleWrite // every replica count written, in order
 	onZero func()       // runs inside the scale-to-zero write, before it returns
@@ -81,7 +89,40 @@ func newCluster(t *testing.T, replicas int32) *cluster {
 		c.createPod(i, true)
 	}
 	c.cs.PrependReactor("patch", "statefulsets", c.reactScale)
+	c.cs.PrependReactor("patch", "statefulsets", c.reactPatch)
 	return c
+}
+
+// reactPatch applies a patch of the StatefulSet itself (the leader's
+// status annotation) atomically.
+func (c *cluster) reactPatch(a k8stesting.Action) (bool, runtime.Object, error) {
+	pa := a.(k8stesting.PatchActionImpl)
+	if pa.GetSubresource() != "" {
+		return false, nil, nil
+	}
+	c.stsMu.Lock()
+	defer c.stsMu.Unlock()
+	gvr := appsv1.SchemeGroupVersion.WithResource("statefulsets")
+	obj, err := c.cs.Tracker().Get(gvr, ns, pa.GetName())
+	if err != nil {
+		return true, nil, err
+	}
+	orig, err := json.Marshal(obj)
+	if err != nil {
+		return true, nil, err
+	}
+	patched, err := strategicpatch.StrategicMergePatch(orig, pa.GetPatch(), &appsv1.StatefulSet{})
+	if err != nil {
+		return true, nil, err
+	}
+	sts := &appsv1.StatefulSet{}
+	if err := json.Unmarshal(patched, sts); err != nil {
+		return true, nil, err
+	}
+	if err := c.cs.Tracker().Update(gvr, sts, ns); err != nil {
+		return true, nil, err
+	}
+	return true, sts, nil
 }
 
 // reactScale implements the scale subresource's apply, which the fake
@@ -103,8 +144,10 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	if n == 0 && onZero != nil {
 		onZero()
 	}
+	c.stsMu.Lock()
 	obj, err := c.cs.Tracker().Get(appsv1.SchemeGroupVersion.WithResource("statefulsets"), ns, pa.GetName())
 	if err != nil {
+		c.stsMu.Unlock()
 		return true, nil, err
 	}
 	sts := obj.(*appsv1.StatefulSet).DeepCopy()
@@ -115,7 +158,9 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	if n < have {
 		sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = n, min(sts.Status.ReadyReplicas, n), n
 	}
-	if err := c.cs.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("statefulsets"), sts, ns); err != nil {
+	err = c.cs.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("statefulsets"), sts, ns)
+	c.stsMu.Unlock()
+	if err != nil {
 		return true, nil, err
 	}
 	if n == 0 {
@@ -164,16 +209,24 @@ func (c *cluster) ready(i int32) {
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}, {Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
 	_ = c.cs.Tracker().Update(podGVR, p, ns)
 	stsGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets")
+	c.stsMu.Lock()
 	obj, err = c.cs.Tracker().Get(stsGVR, ns, root)
 	if err != nil {
+		c.stsMu.Unlock()
 		return
 	}
 	sts := obj.(*appsv1.StatefulSet).DeepCopy()
-	if i < *sts.Spec.Replicas {
+	counted := i < *sts.Spec.Replicas
+	if counted {
 		sts.Status.Replicas = max(sts.Status.Replicas, i+1)
 		sts.Status.ReadyReplicas = min(sts.Status.ReadyReplicas+1, *sts.Spec.Replicas)
 		sts.Status.UpdatedReplicas = sts.Status.Replicas
-		_ = c.cs.Tracker().Update(stsGVR, sts, ns)
+		if err := c.cs.Tracker().Update(stsGVR, sts, ns); err != nil {
+			c.t.Errorf("counting pod %d ready: %v", i, err)
+		}
+	}
+	c.stsMu.Unlock()
+	if counted {
 		c.slice(true)
 	}
 }
