@@ -177,6 +177,13 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		if root.Status.ObservedGeneration < root.Generation {
 			o.serving = min(o.serving, root.Status.UpdatedReplicas)
 		}
+		// A root pod's Ready condition reaches this cache a controller hop
+		// (and tens of milliseconds) before the StatefulSet counts it; a
+		// ready root pod that is not terminating serves (the dispatchers'
+		// EndpointSlices list exactly those).
+		if n := c.readyRoots(a); n > o.serving {
+			o.serving = min(n, o.specReplicas)
+		}
 		if len(a.WorkerStatefulSets) > 0 {
 			groups := int32(0)
 			for i := int32(0); i < o.specReplicas && int(i) < len(a.WorkerStatefulSets); i++ {
@@ -727,4 +734,25 @@ func (c *Controller) event(a *appState, typ, reason, format string, args ...any)
 		ref = &corev1.ObjectReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Namespace: c.deps.Namespace, UID: types.UID(o.UID)}
 	}
 	c.rec.Eventf(ref, typ, reason, format, args...)
+}
+
+// readyRoots counts the application's ready root pods that are not
+// terminating, from the cache.
+func (c *Controller) readyRoots(a *appState) int32 {
+	n := int32(0)
+	for _, p := range c.appPods(a) {
+		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && podReady(p) {
+			n++
+		}
+	}
+	return n
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -62,8 +62,11 @@ type cluster struct {
 	// waited until the leader noticed the lost write.
 	stsMu sync.Mutex
 
-	mu     sync.Mutex
-	scales []scaleWrite // every replica count written, in order
+	mu sync.Mutex
+	// uncounted: pods turn ready, but the StatefulSet controller never
+	// counts them (as if it lagged).
+	uncounted bool
+	scales    []scaleWrite // every replica count written, in order
 	onZero func()       // runs inside the scale-to-zero write, before it returns
 	pods   int
 }
@@ -208,6 +211,10 @@ func (c *cluster) ready(i int32) {
 	now := metav1.Now()
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}, {Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
 	_ = c.cs.Tracker().Update(podGVR, p, ns)
+	if c.uncounted {
+		c.slice(true)
+		return
+	}
 	stsGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets")
 	c.stsMu.Lock()
 	obj, err = c.cs.Tracker().Get(stsGVR, ns, root)
@@ -432,6 +439,27 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	// waking does not consume deliveries.
 	if ci := e.consumer(); ci.NumPending != 1 || ci.Delivered.Consumer != 0 {
 		t.Errorf("consumer has %d pending and %d delivered, want the request queued and undelivered", ci.NumPending, ci.Delivered.Consumer)
+	}
+}
+
+// TestAReadyRootPodEndsTheWake: the wake ends when the root pod is ready,
+// which the pod cache shows a controller hop before the StatefulSet counts
+// it; here the StatefulSet never does.
+func TestAReadyRootPodEndsTheWake(t *testing.T) {
+	e := newEnv(t, 1)
+	e.start(appConfig(nil))
+	eventually(t, 10*time.Second, "state Zero", func() bool { return e.state().State == v1alpha1.LifecycleZero })
+	e.c.mu.Lock()
+	e.c.uncounted = true
+	e.c.mu.Unlock()
+	e.publish(1)
+	eventually(t, 5*time.Second, "state Awake with the root pod ready", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	if e.consumer().Paused {
+		t.Error("awake, the consumer is still paused")
+	}
+	sts, err := e.c.cs.AppsV1().StatefulSets(ns).Get(context.Background(), root, metav1.GetOptions{})
+	if err != nil || sts.Status.ReadyReplicas != 0 {
+		t.Fatalf("the StatefulSet counts %d ready replicas (%v); the test needs it to count none", sts.Status.ReadyReplicas, err)
 	}
 }
 
