@@ -67,8 +67,8 @@ type cluster struct {
 	// counts them (as if it lagged).
 	uncounted bool
 	scales    []scaleWrite // every replica count written, in order
-	onZero func()       // runs inside the scale-to-zero write, before it returns
-	pods   int
+	onZero    func()       // runs inside the scale-to-zero write, before it returns
+	pods      int
 }
 
 type scaleWrite struct {
