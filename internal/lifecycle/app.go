@@ -39,6 +39,9 @@ type appState struct {
 	// lastRequest is when a request for the application was last seen
 	// published (unix nanoseconds), while it was not awake.
 	lastRequest atomic.Int64
+	// firstToken is the start (unix nanoseconds) of the last wake whose
+	// first_token stage this dispatcher observed.
+	firstToken atomic.Int64
 
 	status      v1alpha1.LifecycleStatus
 	sub         *nats.Subscription
