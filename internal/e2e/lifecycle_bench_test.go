@@ -269,7 +269,7 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 		{"Kubernetes: root Ready -> listed ready in the EndpointSlice", func(w wakeTimes) time.Duration { return w.listed.Sub(w.podReady) }},
 		{"root Ready -> first token", afterReady},
 		{"warm request -> first token (awake, same pod)", warm},
-		{"control overhead: decision + (Ready -> first token - warm)", overhead},
+		{"control overhead: decision + (listed -> first token - warm)", overhead},
 		{"wake: request -> first token", total},
 	}
 	var b strings.Builder
