@@ -54,3 +54,13 @@ func (d *Dispatcher) observeDelivery(app string, stored time.Time) {
 		d.lifecycle.ObserveQueueWait(app, stored)
 	}
 }
+
+// firstTokenHook returns what tells the lifecycle about the first answer
+// data of a request first delivered now, for the wake's first_token stage;
+// nil without a lifecycle.
+func (d *Dispatcher) firstTokenHook(a *app, stored time.Time) func() {
+	if d.lifecycle == nil {
+		return nil
+	}
+	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, a.pool.rootsSince()) }
+}

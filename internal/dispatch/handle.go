@@ -35,6 +35,9 @@ type responder struct {
 	// of the attempt (nats.go only reads header values).
 	attemptVal []string
 
+	// first, when set, runs when the first data message goes out.
+	first func()
+
 	mu  sync.Mutex
 	seq int
 	// retained are the data messages from Orch-Seq base on, kept until
@@ -214,6 +217,9 @@ func (r *responder) dataMsg(p []byte, status int, contentType string, end bool) 
 		default:
 			h[natsqueue.HeaderContentType] = []string{contentType}
 		}
+		if r.first != nil {
+			r.first()
+		}
 	} else {
 		h[natsqueue.HeaderSeq] = []string{strconv.Itoa(r.seq)}
 	}
@@ -273,6 +279,7 @@ func (d *Dispatcher) handle(work context.Context, a *app, msg jetstream.Msg, rt 
 	if attempt == 1 {
 		a.m.queueWait.Observe(time.Since(md.Timestamp).Seconds())
 		d.observeDelivery(a.Name, md.Timestamp)
+		resp.first = d.firstTokenHook(a, md.Timestamp)
 	} else {
 		d.m.redelivered.WithLabelValues(a.Name).Inc()
 	}

@@ -28,6 +28,8 @@ type pool struct {
 	mu      sync.Mutex
 	roots   map[string]*root
 	changed chan struct{} // closed and replaced on every change
+	// since is when the pool last went from no roots to some.
+	since time.Time
 }
 
 type root struct {
@@ -66,6 +68,9 @@ func (p *pool) notify() {
 func (p *pool) set(urls []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(urls) > 0 && p.liveLocked() == 0 {
+		p.since = p.now()
+	}
 	keep := map[string]bool{}
 	for _, u := range urls {
 		keep[u] = true
@@ -86,6 +91,25 @@ func (p *pool) set(urls []string) {
 		}
 	}
 	p.notify()
+}
+
+// liveLocked counts the roots that take requests or will again; p.mu must
+// be held.
+func (p *pool) liveLocked() int {
+	n := 0
+	for _, r := range p.roots {
+		if !r.removed {
+			n++
+		}
+	}
+	return n
+}
+
+// rootsSince returns when the pool last went from no roots to some.
+func (p *pool) rootsSince() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.since
 }
 
 // urls lists the current roots, sorted.

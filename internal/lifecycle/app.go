@@ -39,6 +39,9 @@ type appState struct {
 	// lastRequest is when a request for the application was last seen
 	// published (unix nanoseconds), while it was not awake.
 	lastRequest atomic.Int64
+	// firstToken is the start (unix nanoseconds) of the last wake whose
+	// first_token stage this dispatcher observed.
+	firstToken atomic.Int64
 
 	status      v1alpha1.LifecycleStatus
 	sub         *nats.Subscription
@@ -176,6 +179,13 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		o.serving = root.Status.ReadyReplicas
 		if root.Status.ObservedGeneration < root.Generation {
 			o.serving = min(o.serving, root.Status.UpdatedReplicas)
+		}
+		// A root pod's Ready condition reaches this cache a controller hop
+		// (and tens of milliseconds) before the StatefulSet counts it; a
+		// ready root pod that is not terminating serves (the dispatchers'
+		// EndpointSlices list exactly those).
+		if n := c.readyRoots(a); n > o.serving {
+			o.serving = min(n, o.specReplicas)
 		}
 		if len(a.WorkerStatefulSets) > 0 {
 			groups := int32(0)
@@ -727,4 +737,25 @@ func (c *Controller) event(a *appState, typ, reason, format string, args ...any)
 		ref = &corev1.ObjectReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Namespace: c.deps.Namespace, UID: types.UID(o.UID)}
 	}
 	c.rec.Eventf(ref, typ, reason, format, args...)
+}
+
+// readyRoots counts the application's ready root pods that are not
+// terminating, from the cache.
+func (c *Controller) readyRoots(a *appState) int32 {
+	n := int32(0)
+	for _, p := range c.appPods(a) {
+		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && podReady(p) {
+			n++
+		}
+	}
+	return n
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

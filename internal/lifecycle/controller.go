@@ -292,6 +292,38 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 	return pods
 }
 
+// ObserveFirstToken records the first_token stage of a wake when the first
+// answer data of a request stored at stored goes out now: once per wake,
+// for a request that waited for it (stored while the application was not
+// awake), timed from rootsSince, when this dispatcher's pool got the root
+// that the wake started.
+func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time) {
+	a := c.app(app)
+	if a == nil {
+		return
+	}
+	c.mu.Lock()
+	states := c.states
+	c.mu.Unlock()
+	if states == nil {
+		return
+	}
+	st, ok := states.Lookup(app)
+	if !ok || st.LastWake == nil || st.LastWake.StartTime == nil {
+		return
+	}
+	wake := st.LastWake.StartTime.Time
+	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
+	if !cold || !rootsSince.After(wake) {
+		return // a warm request, or roots older than the wake
+	}
+	prev := a.firstToken.Load()
+	if prev == wake.UnixNano() || !a.firstToken.CompareAndSwap(prev, wake.UnixNano()) {
+		return // observed for this wake already
+	}
+	c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(c.now().Sub(rootsSince).Seconds())
+}
+
 // ObserveQueueWait records the queue wait of a request first delivered now
 // and stored at stored: cold when it was stored while its application was
 // not awake (it waited for a wake), warm otherwise.

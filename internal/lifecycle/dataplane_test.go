@@ -136,6 +136,31 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	if c := sum(t, reg, "orchestra_lifecycle_queue_wait_seconds"); c != n {
 		t.Errorf("%v queue waits observed, want %d", c, n)
 	}
+	if c := stageCount(t, reg, "first_token"); c != 1 {
+		t.Errorf("%v first_token stages observed, want 1 (the first answer of the wake)", c)
+	}
+}
+
+// stageCount is the number of observations of one stage of wake_seconds.
+func stageCount(t *testing.T, reg *prometheus.Registry, stage string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "orchestra_lifecycle_wake_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" && l.GetValue() == stage {
+					return value(m)
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // sendBatch sends n concurrent requests, half streamed, and reads every

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -54,10 +55,20 @@ type cluster struct {
 	// ready, as the endpoint controller would.
 	engine string
 
-	mu     sync.Mutex
-	scales []scaleWrite // every replica count written, in order
-	onZero func()       // runs inside the scale-to-zero write, before it returns
-	pods   int
+	// stsMu makes each read-modify-write of the root StatefulSet atomic,
+	// as the API server's are and the fake client's are not: a pod
+	// counted ready while the leader patched its annotation was lost
+	// (the patch wrote back the status it had read), and the wake
+	// waited until the leader noticed the lost write.
+	stsMu sync.Mutex
+
+	mu sync.Mutex
+	// uncounted: pods turn ready, but the StatefulSet controller never
+	// counts them (as if it lagged).
+	uncounted bool
+	scales    []scaleWrite // every replica count written, in order
+	onZero    func()       // runs inside the scale-to-zero write, before it returns
+	pods      int
 }
 
 type scaleWrite struct {
@@ -81,7 +92,40 @@ func newCluster(t *testing.T, replicas int32) *cluster {
 		c.createPod(i, true)
 	}
 	c.cs.PrependReactor("patch", "statefulsets", c.reactScale)
+	c.cs.PrependReactor("patch", "statefulsets", c.reactPatch)
 	return c
+}
+
+// reactPatch applies a patch of the StatefulSet itself (the leader's
+// status annotation) atomically.
+func (c *cluster) reactPatch(a k8stesting.Action) (bool, runtime.Object, error) {
+	pa := a.(k8stesting.PatchActionImpl)
+	if pa.GetSubresource() != "" {
+		return false, nil, nil
+	}
+	c.stsMu.Lock()
+	defer c.stsMu.Unlock()
+	gvr := appsv1.SchemeGroupVersion.WithResource("statefulsets")
+	obj, err := c.cs.Tracker().Get(gvr, ns, pa.GetName())
+	if err != nil {
+		return true, nil, err
+	}
+	orig, err := json.Marshal(obj)
+	if err != nil {
+		return true, nil, err
+	}
+	patched, err := strategicpatch.StrategicMergePatch(orig, pa.GetPatch(), &appsv1.StatefulSet{})
+	if err != nil {
+		return true, nil, err
+	}
+	sts := &appsv1.StatefulSet{}
+	if err := json.Unmarshal(patched, sts); err != nil {
+		return true, nil, err
+	}
+	if err := c.cs.Tracker().Update(gvr, sts, ns); err != nil {
+		return true, nil, err
+	}
+	return true, sts, nil
 }
 
 // reactScale implements the scale subresource's apply, which the fake
@@ -103,8 +147,10 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	if n == 0 && onZero != nil {
 		onZero()
 	}
+	c.stsMu.Lock()
 	obj, err := c.cs.Tracker().Get(appsv1.SchemeGroupVersion.WithResource("statefulsets"), ns, pa.GetName())
 	if err != nil {
+		c.stsMu.Unlock()
 		return true, nil, err
 	}
 	sts := obj.(*appsv1.StatefulSet).DeepCopy()
@@ -115,7 +161,9 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	if n < have {
 		sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = n, min(sts.Status.ReadyReplicas, n), n
 	}
-	if err := c.cs.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("statefulsets"), sts, ns); err != nil {
+	err = c.cs.Tracker().Update(appsv1.SchemeGroupVersion.WithResource("statefulsets"), sts, ns)
+	c.stsMu.Unlock()
+	if err != nil {
 		return true, nil, err
 	}
 	if n == 0 {
@@ -163,17 +211,29 @@ func (c *cluster) ready(i int32) {
 	now := metav1.Now()
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}, {Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now}}
 	_ = c.cs.Tracker().Update(podGVR, p, ns)
+	if c.uncounted {
+		c.slice(true)
+		return
+	}
 	stsGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets")
+	c.stsMu.Lock()
 	obj, err = c.cs.Tracker().Get(stsGVR, ns, root)
 	if err != nil {
+		c.stsMu.Unlock()
 		return
 	}
 	sts := obj.(*appsv1.StatefulSet).DeepCopy()
-	if i < *sts.Spec.Replicas {
+	counted := i < *sts.Spec.Replicas
+	if counted {
 		sts.Status.Replicas = max(sts.Status.Replicas, i+1)
 		sts.Status.ReadyReplicas = min(sts.Status.ReadyReplicas+1, *sts.Spec.Replicas)
 		sts.Status.UpdatedReplicas = sts.Status.Replicas
-		_ = c.cs.Tracker().Update(stsGVR, sts, ns)
+		if err := c.cs.Tracker().Update(stsGVR, sts, ns); err != nil {
+			c.t.Errorf("counting pod %d ready: %v", i, err)
+		}
+	}
+	c.stsMu.Unlock()
+	if counted {
 		c.slice(true)
 	}
 }
@@ -379,6 +439,27 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	// waking does not consume deliveries.
 	if ci := e.consumer(); ci.NumPending != 1 || ci.Delivered.Consumer != 0 {
 		t.Errorf("consumer has %d pending and %d delivered, want the request queued and undelivered", ci.NumPending, ci.Delivered.Consumer)
+	}
+}
+
+// TestAReadyRootPodEndsTheWake: the wake ends when the root pod is ready,
+// which the pod cache shows a controller hop before the StatefulSet counts
+// it; here the StatefulSet never does.
+func TestAReadyRootPodEndsTheWake(t *testing.T) {
+	e := newEnv(t, 1)
+	e.start(appConfig(nil))
+	eventually(t, 10*time.Second, "state Zero", func() bool { return e.state().State == v1alpha1.LifecycleZero })
+	e.c.mu.Lock()
+	e.c.uncounted = true
+	e.c.mu.Unlock()
+	e.publish(1)
+	eventually(t, 5*time.Second, "state Awake with the root pod ready", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	if e.consumer().Paused {
+		t.Error("awake, the consumer is still paused")
+	}
+	sts, err := e.c.cs.AppsV1().StatefulSets(ns).Get(context.Background(), root, metav1.GetOptions{})
+	if err != nil || sts.Status.ReadyReplicas != 0 {
+		t.Fatalf("the StatefulSet counts %d ready replicas (%v); the test needs it to count none", sts.Status.ReadyReplicas, err)
 	}
 }
 
