@@ -136,7 +136,7 @@ bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy,
 
 .PHONY: soak
 soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
-	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
+	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) ORCHESTRA_SOAK_PROFILES=$(SOAK_PROFILES) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
 
 .PHONY: bench-lifecycle
 bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
