@@ -153,8 +153,16 @@ func StreamChat(ctx context.Context, baseURL, token, model, prompt string, maxTo
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		return nil, fmt.Errorf("expected an event stream, got Content-Type %q", ct)
 	}
+	return ReadChatStream(resp.Body, onDelta)
+}
+
+// ReadChatStream reads a chat completion event stream to its end, calling
+// onDelta (if set) with each piece of the answer. An error event, or a
+// stream without [DONE], is an error; an error event is an *APIError with
+// Status 200.
+func ReadChatStream(body io.Reader, onDelta func(string)) (*ChatResult, error) {
 	res := &ChatResult{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		line := sc.Text()
