@@ -77,6 +77,9 @@ type ChatResult struct {
 	FinishReason string
 	// Chunks is the number of SSE events with a content delta.
 	Chunks int
+	// Events is the number of SSE events of the answer (the role, content
+	// and finish events; not an error event, not [DONE]).
+	Events int
 	// Done is true when the stream ended with "data: [DONE]".
 	Done bool
 }
@@ -194,6 +197,7 @@ func ReadChatStream(body io.Reader, onDelta func(string)) (*ChatResult, error) {
 		if ev.Error != nil {
 			return res, &APIError{Status: http.StatusOK, Message: ev.Error.Message, Type: ev.Error.Type, Code: fmt.Sprint(ev.Error.Code)}
 		}
+		res.Events++
 		for _, c := range ev.Choices {
 			if c.Delta.Content != "" {
 				res.Content += c.Delta.Content
