@@ -363,7 +363,7 @@ type chaosOutcome struct {
 	// started is true when part of the answer reached the client (for a
 	// stream, an event: the role may come before the first token).
 	started bool
-	done   bool   // a whole answer: finish_reason, and [DONE] for a stream
+	done    bool // a whole answer: finish_reason, and [DONE] for a stream
 }
 
 func (r *chaosReport) add(target string, o chaosOutcome) {
