@@ -199,11 +199,14 @@ func TestChaos(t *testing.T) {
 		})
 	}
 
-	t.Run("the operator killed during a second install, then the resource deleted", func(t *testing.T) {
+	t.Run("a stack with three NATS servers: the operator killed during its install, one server killed under load", func(t *testing.T) {
 		const small = "chaos-b"
 		o := simulatorResource(t, ns, small)
 		must(t, unstructured.SetNestedField(o.Object, int64(1), "spec", "gateway", "replicas"))
 		must(t, unstructured.SetNestedField(o.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
+		must(t, unstructured.SetNestedStringSlice(o.Object, []string{"--ttft=20ms", "--itl=15ms"}, "spec", "applications", app, "runtime", "args"))
+		must(t, unstructured.SetNestedMap(o.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
+		must(t, unstructured.SetNestedMap(o.Object, map[string]any{"replicas": int64(3), "storage": map[string]any{"size": "2Gi"}}, "spec", "nats"))
 		killOperatorWhilePending(ctx, t, ns, small, "pending-install", func() {
 			if _, err := stack.Apply(ctx, env.dyn, o); err != nil {
 				t.Fatal(err)
@@ -211,6 +214,32 @@ func TestChaos(t *testing.T) {
 		})
 		waitReady(ctx, t, ns, small)
 		requireDeployed(t, ns, small)
+		table = append(table, "| the operator killed during the install of a second stack (3 NATS servers) | converged to Ready, release deployed |")
+		waitStackPodsReady(ctx, t, ns, small)
+
+		base, err := stack.GatewayURL(ctx, env.cs, ns, small)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+			t.Fatalf("first chat through %s: %v", base, err)
+		}
+		// The server the dispatcher is connected to: its loss breaks the
+		// path of every answer.
+		victim := natsServerOf(ctx, t, ns, small, "orchestra-dispatcher")
+		l := chaosLoad{token: token, model: served, targets: []string{base}}
+		rep := l.run(ctx, t, "nats-cluster", func() time.Time {
+			return killContainer(ctx, t, ns, victim, "nats")
+		})
+		table = append(table, rep.row(fmt.Sprintf("one of three NATS servers killed (%s, the dispatcher's)", victim.Name)))
+		rep.check(t, 0)
+		if d := rep.recovery(); d > 5*time.Second {
+			t.Errorf("the requests in flight were answered %v after the NATS server died, want at most 5s", d)
+		}
+		if t.Failed() {
+			t.Logf("gateway and dispatcher logs:\n%s", podLogs(ctx, ns, "app.kubernetes.io/instance="+small+",app.kubernetes.io/component in (gateway,dispatcher)", 40))
+		}
+
 		manifest, err := stack.ReleaseManifest(env.kubeconfig, ns, small)
 		if err != nil {
 			t.Fatal(err)
@@ -225,8 +254,50 @@ func TestChaos(t *testing.T) {
 			}
 			return nil
 		})
-		table = append(table, "| the operator killed during a second install | converged to Ready, release deployed; nothing left after delete |")
+		table = append(table, "| the second stack deleted | nothing it created left |")
 	})
+}
+
+// natsServerOf returns the NATS pod of the stack that holds a client
+// connection named client (it asks each server's monitoring endpoint).
+func natsServerOf(ctx context.Context, t *testing.T, ns, name, client string) *corev1.Pod {
+	t.Helper()
+	var found *corev1.Pod
+	eventually(t, 30*time.Second, func() error {
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=nats"})
+		if err != nil {
+			return err
+		}
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(p.Status.PodIP, "8222")+"/connz", nil)
+			if err != nil {
+				return err
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("asking NATS server %s for its connections: %w", p.Name, err)
+			}
+			var connz struct {
+				Connections []struct {
+					Name string `json:"name"`
+				} `json:"connections"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&connz)
+			_ = resp.Body.Close()
+			if err != nil {
+				return fmt.Errorf("decoding the connections of NATS server %s: %w", p.Name, err)
+			}
+			for _, c := range connz.Connections {
+				if c.Name == client {
+					found = p
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("no NATS server of %s/%s has a connection named %s", ns, name, client)
+	})
+	return found
 }
 
 // chaosLoad is the bounded load of one chaos case.
