@@ -135,7 +135,7 @@ bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy,
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
 .PHONY: soak
-soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
+soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m), profiles into SOAK_PROFILES (a directory); not in CI.
 	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) ORCHESTRA_SOAK_PROFILES=$(SOAK_PROFILES) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
 
 .PHONY: bench-lifecycle
