@@ -2,7 +2,9 @@ package dataplanetest_test
 
 import (
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -54,12 +56,21 @@ func TestSoak(t *testing.T) {
 	// A warm-up round first, so that the start figures are of a running stack.
 	chaosLoad(t, s, 48, 16, 42, func() {})
 	startRSS, startHeap, startG := footprint()
+	profiles := os.Getenv("ORCHESTRA_SOAK_PROFILES")
+	writeProfiles(t, profiles, "start")
+	t.Logf("start: goroutines by creator: %v", goroutinesByCreator())
 	var sum chaosReport
 	sum.cutBy = map[string]int{}
 	var worstRecovery time.Duration
 	end := time.Now().Add(d)
 	nextFault, n := time.Now(), 0
+	nextSample := time.Now().Add(10 * time.Minute)
 	for time.Now().Before(end) {
+		if !time.Now().Before(nextSample) {
+			rss, heap, g := footprint()
+			t.Logf("sample: RSS %d MiB, heap in use %d MiB, goroutines %d %v", rss>>20, heap>>20, g, goroutinesByCreator())
+			nextSample = time.Now().Add(10 * time.Minute)
+		}
 		fault := func() {}
 		name := "none"
 		if !time.Now().Before(nextFault) {
@@ -85,6 +96,8 @@ func TestSoak(t *testing.T) {
 	}
 	sum.recovery = worstRecovery
 	endRSS, endHeap, endG := footprint()
+	writeProfiles(t, profiles, "end")
+	t.Logf("end: goroutines by creator: %v", goroutinesByCreator())
 	t.Logf("soak of %v, %d faults: %v (recovery: the worst)", d, n, sum)
 	t.Logf("process: RSS %d → %d MiB, heap in use %d → %d MiB, goroutines %d → %d",
 		startRSS>>20, endRSS>>20, startHeap>>20, endHeap>>20, startG, endG)
@@ -112,4 +125,78 @@ func footprint() (rss, heap uint64, goroutines int) {
 		}
 	}
 	return rss, ms.HeapInuse, runtime.NumGoroutine()
+}
+
+// goroutinesByCreator counts the process's goroutines by the package of the
+// function that started them, so that a growth can be told apart: the
+// gateway (and its queue client), the dispatchers, NATS (server and client
+// library), the engine simulator, or the test itself.
+func goroutinesByCreator() map[string]int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	counts := map[string]int{}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		creator := "runtime"
+		if i := strings.Index(g, "\ncreated by "); i >= 0 {
+			creator = strings.Fields(g[i+len("\ncreated by "):])[0]
+		}
+		counts[component(creator)]++
+	}
+	return counts
+}
+
+// component names the part of the data plane a function belongs to.
+func component(fn string) string {
+	for _, c := range []struct{ prefix, name string }{
+		{"github.com/model-orchestra/operator/internal/gateway", "gateway"},
+		{"github.com/model-orchestra/operator/internal/natsqueue", "gateway queue client"},
+		{"github.com/model-orchestra/operator/internal/dispatch", "dispatcher"},
+		{"github.com/model-orchestra/operator/internal/sim", "engine"},
+		{"github.com/nats-io/nats-server", "nats-server"},
+		{"github.com/nats-io/nats.go", "nats client"},
+		{"github.com/model-orchestra/operator/internal/dataplanetest", "test"},
+		{"net/http", "net/http"},
+	} {
+		if strings.HasPrefix(fn, c.prefix) {
+			return c.name
+		}
+	}
+	return "other"
+}
+
+// writeProfiles writes the goroutine (full stacks) and heap profiles into
+// dir as <when>-goroutines.txt and <when>-heap.pprof, for comparing the
+// start and the end of a soak (go tool pprof -base start-heap.pprof
+// end-heap.pprof). An empty dir writes nothing.
+func writeProfiles(t *testing.T, dir, when string) {
+	if dir == "" {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, debug := range map[string]int{"goroutine": 2, "heap": 0} {
+		file := filepath.Join(dir, when+"-"+name+".pprof")
+		if debug != 0 {
+			file = filepath.Join(dir, when+"-"+name+"s.txt")
+		}
+		f, err := os.Create(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.Lookup(name).WriteTo(f, debug); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%s profiles written to %s", when, dir)
 }

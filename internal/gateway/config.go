@@ -48,7 +48,9 @@ type QueueConfig struct {
 	// Instance names this gateway replica for its reply subjects. Empty:
 	// POD_NAME, else a random id.
 	Instance string `json:"instance,omitempty"`
-	// SubmitTimeout bounds the wait for JetStream to accept a job.
+	// SubmitTimeout bounds the wait for JetStream to accept a job, including
+	// retries while the request stream has no leader (a NATS server
+	// restarting, or a cluster electing a new leader).
 	SubmitTimeout metav1.Duration `json:"submitTimeout"`
 	// StallTimeout fails a reply that shows no sign of life for this long.
 	StallTimeout metav1.Duration `json:"stallTimeout"`

@@ -25,7 +25,10 @@ type ClientConfig struct {
 	// Instance names this gateway instance (for example the pod name); its
 	// replies arrive under Names.ReplyPrefix(Instance). Empty: a random ID.
 	Instance string
-	// SubmitTimeout bounds the wait for JetStream's acknowledgement.
+	// SubmitTimeout bounds the wait for JetStream's acknowledgement. While
+	// the request stream has no responder (a NATS server restarting, or a
+	// cluster electing the stream's new leader after losing a server), the
+	// publish is retried every submitRetryWait within it.
 	SubmitTimeout time.Duration
 	// StallTimeout is how long a reply may see no sign of life (no message
 	// for it, and while not started, no heartbeat of a dispatcher serving the
@@ -263,7 +266,10 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	}
 
 	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
-	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()))
+	// Retried until pctx ends; safe, as the message ID makes JetStream
+	// store it once.
+	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()),
+		jetstream.WithRetryAttempts(int(c.cfg.SubmitTimeout/submitRetryWait)+1), jetstream.WithRetryWait(submitRetryWait))
 	cancel()
 	if err != nil {
 		c.forget(token)
@@ -278,6 +284,10 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	r.seq.Store(ack.Sequence)
 	return r, nil
 }
+
+// submitRetryWait paces the publishes of a job while its stream has no
+// responder.
+const submitRetryWait = 100 * time.Millisecond
 
 // headerSize is the size of h on the wire, with the two headers
 // JetStream's publish adds (Nats-Msg-Id: id, Nats-Expected-Stream: stream).

@@ -77,6 +77,9 @@ type ChatResult struct {
 	FinishReason string
 	// Chunks is the number of SSE events with a content delta.
 	Chunks int
+	// Events is the number of SSE events of the answer (the role, content
+	// and finish events; not an error event, not [DONE]).
+	Events int
 	// Done is true when the stream ended with "data: [DONE]".
 	Done bool
 }
@@ -153,8 +156,16 @@ func StreamChat(ctx context.Context, baseURL, token, model, prompt string, maxTo
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		return nil, fmt.Errorf("expected an event stream, got Content-Type %q", ct)
 	}
+	return ReadChatStream(resp.Body, onDelta)
+}
+
+// ReadChatStream reads a chat completion event stream to its end, calling
+// onDelta (if set) with each piece of the answer. An error event, or a
+// stream without [DONE], is an error; an error event is an *APIError with
+// Status 200.
+func ReadChatStream(body io.Reader, onDelta func(string)) (*ChatResult, error) {
 	res := &ChatResult{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -186,6 +197,7 @@ func StreamChat(ctx context.Context, baseURL, token, model, prompt string, maxTo
 		if ev.Error != nil {
 			return res, &APIError{Status: http.StatusOK, Message: ev.Error.Message, Type: ev.Error.Type, Code: fmt.Sprint(ev.Error.Code)}
 		}
+		res.Events++
 		for _, c := range ev.Choices {
 			if c.Delta.Content != "" {
 				res.Content += c.Delta.Content
