@@ -365,7 +365,11 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		} else if err != nil {
 			return nil, acted, r.failed(st, obj, ReasonInstallFailed, "%v", err)
 		}
-		r.event(obj, corev1.EventTypeNormal, ReasonInstallSuccessful, "Install", "installed release %s revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
+		// No event: the Deployed condition (reason InstallSuccessful, with
+		// its transition time) tells it, and an event is a write to the
+		// API server per install, a fifth of an install's requests. The
+		// events are kept for what a condition does not keep: upgrades,
+		// rollbacks, recoveries, repairs and failures.
 	case stepUpgrade:
 		acted = "upgrade"
 		if rel, rendered, err = r.upgradeOrRollback(ctx, cfg, obj, in, st, hist, p.MarkFailed); err != nil {
