@@ -941,3 +941,76 @@ func TestInstallSkipsReadsOfObjectsTheCacheShowsAbsent(t *testing.T) {
 		return nil
 	})
 }
+
+// A release whose objects all carry the resource's owner reference needs no
+// finalizer: deleting the resource leaves the objects and the history to the
+// garbage collector. A resource created again under the same name at once
+// waits for that, and then installs its own release. (It waits for the
+// garbage collector of a fresh control plane, which learns of the test CRD
+// at its next discovery, up to 30 s after the CRD was created: hence the
+// long waits, and the place of this test at the end of the file.)
+func TestOwnedReleaseNeedsNoFinalizer(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	values := map[string]any{"greeting": "hi", "clusterRole": false}
+	create(t, newCR(sampleGVK, ns, "plain", values))
+	cr := waitDeployed(t, sampleGVK, ns, "plain", 1)
+	if f := cr.GetFinalizers(); len(f) != 0 {
+		t.Errorf("finalizers %v, want none: the release has only owned objects", f)
+	}
+	first := cr.GetUID()
+
+	// Deleted and created again at once: the new resource's release is
+	// its own, and so are its objects.
+	if err := k8s.Delete(ctx, cr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error { return gone(sampleGVK, ns, "plain") })
+	create(t, newCR(sampleGVK, ns, "plain", values))
+	var again *unstructured.Unstructured
+	eventually(t, 90*time.Second, func() error {
+		again = get(t, sampleGVK, ns, "plain")
+		if c := condition(again, "Deployed"); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("the new resource is not deployed: %s", describe(again))
+		}
+		return nil
+	})
+	if again.GetUID() == first {
+		t.Fatal("the resource was not created again")
+	}
+	eventually(t, 10*time.Second, func() error {
+		cm, ok := configMap(t, ns, "plain-config")
+		if !ok {
+			return errors.New("no ConfigMap")
+		}
+		if ref := metav1.GetControllerOf(cm); ref == nil || ref.UID != again.GetUID() {
+			return fmt.Errorf("ConfigMap controller %v, want the new resource %s", ref, again.GetUID())
+		}
+		s := releaseSecrets(t, ns)
+		if len(s) != 1 {
+			return fmt.Errorf("%d release Secrets, want the new resource's one", len(s))
+		}
+		if ref := metav1.GetControllerOf(&s[0]); ref == nil || ref.UID != again.GetUID() {
+			return fmt.Errorf("release Secret controller %v, want the new resource %s", ref, again.GetUID())
+		}
+		return nil
+	})
+
+	// Deleting it removes everything, by garbage collection.
+	if err := k8s.Delete(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, func() error {
+		if _, ok := configMap(t, ns, "plain-config"); ok {
+			return errors.New("ConfigMap left")
+		}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("Deployment left (%v)", err)
+		}
+		if s := releaseSecrets(t, ns); len(s) != 0 {
+			return fmt.Errorf("%d release Secrets left", len(s))
+		}
+		return nil
+	})
+}

@@ -45,6 +45,9 @@ type releaseDriver struct {
 	*driver.Secrets
 	secrets *releaseSecrets
 
+	// stored, when set, is told of each record before it is created.
+	stored func(*release.Release)
+
 	mu sync.Mutex
 	// recordedDeployed holds the keys of the records this driver created
 	// deployed in place of pending-install; the deployed update of one is
@@ -107,6 +110,9 @@ func releaseSecret(key string, rls *release.Release, stamp string) (*corev1.Secr
 // Create is Helm's Secrets.Create with this driver's encoding; a hookless
 // install's pending record is created deployed.
 func (d *releaseDriver) Create(key string, rls *release.Release) error {
+	if d.stored != nil {
+		d.stored(rls)
+	}
 	early := rls.Info != nil && rls.Info.Status == release.StatusPendingInstall && len(rls.Hooks) == 0
 	if early {
 		rls = deployedCopy(rls)
