@@ -1005,8 +1005,11 @@ func TestOwnedReleaseNeedsNoFinalizer(t *testing.T) {
 		if _, ok := configMap(t, ns, "plain-config"); ok {
 			return errors.New("ConfigMap left")
 		}
-		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &appsv1.Deployment{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("Deployment left (%v)", err)
+		switch err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &appsv1.Deployment{}); {
+		case err == nil:
+			return errors.New("Deployment left")
+		case !apierrors.IsNotFound(err):
+			return err
 		}
 		if s := releaseSecrets(t, ns); len(s) != 0 {
 			return fmt.Errorf("%d release Secrets left", len(s))
