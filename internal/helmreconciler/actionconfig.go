@@ -11,6 +11,7 @@ import (
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/kube"
+	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -91,6 +92,9 @@ type actionOptions struct {
 	// writer), storing revision 1 fails with driver.ErrReleaseExists before
 	// any object is written, and the next reconcile lists the history.
 	noHistory bool
+	// stored, when set, is told of each release record Helm creates,
+	// before it is written.
+	stored func(*release.Release)
 	// background, when set, receives the update that records a release
 	// deployed (see releaseSecrets.background).
 	background *backgroundWrites
@@ -120,7 +124,9 @@ func (a *actionConfigs) forReconcile(obj *unstructured.Unstructured, log action.
 	if o.noHistory {
 		secrets.lists.put(metav1.ListOptions{LabelSelector: releaseSelector(obj.GetName()).String()}, &corev1.SecretList{})
 	}
-	store := storage.Init(newReleaseDriver(secrets, log))
+	d := newReleaseDriver(secrets, log)
+	d.stored = o.stored
+	store := storage.Init(d)
 	store.Log = log
 	rc := a.kubeClient(ns, log)
 	var kc kube.Interface = rc

@@ -39,7 +39,8 @@ func releaseLabels(in render.Inputs) map[string]string {
 // rendered manifest (the release's), or nil.
 // forms receives the objects the install creates; cfg's kube client
 // records them there (actionOptions.forms).
-func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, forms *serverForms) (*release.Release, []*unstructured.Unstructured, error) {
+// fin, when set, learns the objects rendered (finalizerGate.rendered).
+func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, forms *serverForms, fin *finalizerGate) (*release.Release, []*unstructured.Unstructured, error) {
 	i := action.NewInstall(cfg)
 	i.ReleaseName = obj.GetName()
 	i.Namespace = obj.GetNamespace()
@@ -48,6 +49,7 @@ func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj
 	i.Labels = releaseLabels(in)
 	pr := r.postRenderer(ctx, obj, in, i.Labels)
 	pr.absent = r.cachedAbsent
+	fin.rendered(pr.Objects)
 	i.PostRenderer = pr
 	i.SkipSchemaValidation = true // render.Validate ran, with a clearer message
 	i.DisableOpenAPIValidation = true
@@ -111,7 +113,8 @@ func (r *Reconciler) cachedAbsent(ctx context.Context, gvk schema.GroupVersionKi
 
 // upgrade upgrades the release of obj. It also returns the objects of the
 // rendered manifest (the new revision's), or nil.
-func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs) (*release.Release, []*unstructured.Unstructured, error) {
+// fin, when set, learns the objects rendered.
+func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, fin *finalizerGate) (*release.Release, []*unstructured.Unstructured, error) {
 	u := action.NewUpgrade(cfg)
 	u.Namespace = obj.GetNamespace()
 	u.MaxHistory = maxHistory
@@ -119,6 +122,7 @@ func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj
 	u.Labels = releaseLabels(in)
 	u.Force = boolAnnotation(obj, AnnotationUpgradeForce)
 	pr := r.postRenderer(ctx, obj, in, u.Labels)
+	fin.rendered(pr.Objects)
 	u.PostRenderer = pr
 	u.SkipSchemaValidation = true
 	u.DisableOpenAPIValidation = true

@@ -78,7 +78,15 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 	if got := cr.GetFinalizers(); len(got) != 1 || got[0] != helmreconciler.Finalizer {
 		t.Errorf("finalizers = %v", got)
 	}
-	waitEvent(t, ns, "demo", "InstallSuccessful")
+	// The install is told by the condition (no event: see the docs).
+	if c := condition(cr, "Deployed"); c.Reason != "InstallSuccessful" {
+		t.Errorf("Deployed reason = %s, want InstallSuccessful", c.Reason)
+	}
+	// operator-lib's instrumented handler exports the creation time.
+	createdAt := map[string]string{"name": "demo", "namespace": ns, "group": sampleGVK.Group, "version": sampleGVK.Version, "kind": sampleGVK.Kind}
+	if v, ok := gaugeValue(t, "resource_created_at_seconds", createdAt); !ok || int64(v) != cr.GetCreationTimestamp().Unix() {
+		t.Errorf("resource_created_at_seconds = %v (found %v), want %d", v, ok, cr.GetCreationTimestamp().Unix())
+	}
 
 	// The helm CLI sees the release.
 	if out := helmCLI(t, "list", "-n", ns); !strings.Contains(out, "demo") || !strings.Contains(out, "deployed") || !strings.Contains(out, "small-0.1.0") {
@@ -122,6 +130,12 @@ func TestInstallUpgradeUninstall(t *testing.T) {
 		t.Errorf("%d release Secrets left after uninstall", len(s))
 	}
 	waitEvent(t, ns, "demo", "UninstallSuccessful")
+	eventually(t, 10*time.Second, func() error {
+		if _, ok := gaugeValue(t, "resource_created_at_seconds", createdAt); ok {
+			return errors.New("resource_created_at_seconds of the deleted resource is still exported")
+		}
+		return nil
+	})
 }
 
 func TestNoOpReconcileDoesNotRender(t *testing.T) {
@@ -371,6 +385,70 @@ func TestPendingInstallIsRecovered(t *testing.T) {
 		t.Errorf("greeting = %q, want the chart's", cm.Data["greeting"])
 	}
 	if out := helmCLI(t, "status", "crashed", "-n", ns); !strings.Contains(out, "STATUS: deployed") {
+		t.Errorf("helm status:\n%s", out)
+	}
+}
+
+// An install without hooks writes its release record once, deployed, before
+// it creates the objects (see releaseDriver). An operator killed between the
+// record and the objects leaves a deployed record whose objects are missing;
+// the next one creates them from the record, without a new revision.
+func TestKilledInstallIsCompletedFromItsRecord(t *testing.T) {
+	ns := newNamespace(t)
+	entries := loadEntries(t, sampleWatch)
+	stop := startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	create(t, newCR(sampleGVK, ns, "cut", map[string]any{"greeting": "hi"}))
+	waitDeployed(t, sampleGVK, ns, "cut", 1)
+	stop()
+	s := releaseSecrets(t, ns)
+	if len(s) != 1 || s[0].Labels["status"] != "deployed" {
+		t.Fatalf("release Secrets %v, want one deployed record", s)
+	}
+	if at, ok := s[0].Labels["modifiedAt"]; ok {
+		t.Errorf("the install record was written twice (modifiedAt=%s), want once", at)
+	}
+
+	// The objects are removed, as if the operator had been killed right
+	// after storing the record: the record is all that is left.
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cut-config"}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cut"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: ns + "-cut-reader"}},
+	} {
+		if err := k8s.Delete(ctx, o); err != nil {
+			t.Fatalf("deleting %s: %v", o.GetName(), err)
+		}
+	}
+	eventually(t, 30*time.Second, func() error {
+		if _, ok := configMap(t, ns, "cut-config"); ok {
+			return errors.New("the ConfigMap is not gone yet")
+		}
+		return nil
+	})
+
+	startManager(t, entries, managerOpts{namespaces: []string{ns}})
+	eventually(t, 60*time.Second, func() error {
+		cm, ok := configMap(t, ns, "cut-config")
+		if !ok || cm.Data["greeting"] != "hi" {
+			return fmt.Errorf("ConfigMap = %v, want it recreated with greeting hi", cm)
+		}
+		for _, o := range []client.Object{&appsv1.Deployment{}, &rbacv1.ClusterRole{}} {
+			key := types.NamespacedName{Namespace: ns, Name: "cut"}
+			if _, ok := o.(*rbacv1.ClusterRole); ok {
+				key = types.NamespacedName{Name: ns + "-cut-reader"}
+			}
+			if err := k8s.Get(ctx, key, o); err != nil {
+				return fmt.Errorf("%T %s: %w", o, key, err)
+			}
+		}
+		return nil
+	})
+	waitEvent(t, ns, "cut", "DriftRepaired")
+	if s := releaseSecrets(t, ns); len(s) != 1 || s[0].Labels["version"] != "1" {
+		t.Errorf("release Secrets after the recovery: %d, want revision 1 alone", len(s))
+	}
+	if out := helmCLI(t, "status", "cut", "-n", ns); !strings.Contains(out, "STATUS: deployed") {
 		t.Errorf("helm status:\n%s", out)
 	}
 }
@@ -859,6 +937,82 @@ func TestInstallSkipsReadsOfObjectsTheCacheShowsAbsent(t *testing.T) {
 		}
 		if cm.Data["owner"] != "someone else" || cm.Labels[helmreconciler.LabelManagedBy] != "" {
 			return fmt.Errorf("the existing ConfigMap was changed: data %v, labels %v", cm.Data, cm.Labels)
+		}
+		return nil
+	})
+}
+
+// A release whose objects all carry the resource's owner reference needs no
+// finalizer: deleting the resource leaves the objects and the history to the
+// garbage collector. A resource created again under the same name at once
+// waits for that, and then installs its own release. (It waits for the
+// garbage collector of a fresh control plane, which learns of the test CRD
+// at its next discovery, up to 30 s after the CRD was created: hence the
+// long waits, and the place of this test at the end of the file.)
+func TestOwnedReleaseNeedsNoFinalizer(t *testing.T) {
+	ns := newNamespace(t)
+	startManager(t, loadEntries(t, sampleWatch), managerOpts{namespaces: []string{ns}})
+	ctx := context.Background()
+	values := map[string]any{"greeting": "hi", "clusterRole": false}
+	create(t, newCR(sampleGVK, ns, "plain", values))
+	cr := waitDeployed(t, sampleGVK, ns, "plain", 1)
+	if f := cr.GetFinalizers(); len(f) != 0 {
+		t.Errorf("finalizers %v, want none: the release has only owned objects", f)
+	}
+	first := cr.GetUID()
+
+	// Deleted and created again at once: the new resource's release is
+	// its own, and so are its objects.
+	if err := k8s.Delete(ctx, cr); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error { return gone(sampleGVK, ns, "plain") })
+	create(t, newCR(sampleGVK, ns, "plain", values))
+	var again *unstructured.Unstructured
+	eventually(t, 90*time.Second, func() error {
+		again = get(t, sampleGVK, ns, "plain")
+		if c := condition(again, "Deployed"); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("the new resource is not deployed: %s", describe(again))
+		}
+		return nil
+	})
+	if again.GetUID() == first {
+		t.Fatal("the resource was not created again")
+	}
+	eventually(t, 10*time.Second, func() error {
+		cm, ok := configMap(t, ns, "plain-config")
+		if !ok {
+			return errors.New("no ConfigMap")
+		}
+		if ref := metav1.GetControllerOf(cm); ref == nil || ref.UID != again.GetUID() {
+			return fmt.Errorf("ConfigMap controller %v, want the new resource %s", ref, again.GetUID())
+		}
+		s := releaseSecrets(t, ns)
+		if len(s) != 1 {
+			return fmt.Errorf("%d release Secrets, want the new resource's one", len(s))
+		}
+		if ref := metav1.GetControllerOf(&s[0]); ref == nil || ref.UID != again.GetUID() {
+			return fmt.Errorf("release Secret controller %v, want the new resource %s", ref, again.GetUID())
+		}
+		return nil
+	})
+
+	// Deleting it removes everything, by garbage collection.
+	if err := k8s.Delete(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, func() error {
+		if _, ok := configMap(t, ns, "plain-config"); ok {
+			return errors.New("ConfigMap left")
+		}
+		switch err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "plain"}, &appsv1.Deployment{}); {
+		case err == nil:
+			return errors.New("Deployment left")
+		case !apierrors.IsNotFound(err):
+			return err
+		}
+		if s := releaseSecrets(t, ns); len(s) != 0 {
+			return fmt.Errorf("%d release Secrets left", len(s))
 		}
 		return nil
 	})

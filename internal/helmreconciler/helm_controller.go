@@ -42,6 +42,7 @@ import (
 	"sync"
 	"time"
 
+	libhandler "github.com/operator-framework/operator-lib/handler"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -254,7 +255,7 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 		workers = r.opts.MaxConcurrentReconciles
 	}
 	owner := r.newObject()
-	forOpts := []builder.ForOption{builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
+	forOpts := []builder.WatchesOption{builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{},
 		predicate.AnnotationChangedPredicate{}, predicate.LabelChangedPredicate{}, deletingPredicate{}))}
 	if r.entry.Selector != nil {
 		sel := r.entry.Selector
@@ -263,9 +264,14 @@ func (r *Reconciler) setup(mgr ctrl.Manager) error {
 		})))
 	}
 	releaseSecrets := releaseSecretMeta()
+	// The custom resources are watched with operator-lib's instrumented
+	// handler: it enqueues them as For would, and keeps the gauge
+	// resource_created_at_seconds{name,namespace,group,version,kind} (the
+	// creation time of each served resource) that operator-sdk's operators,
+	// helm-operator-plugins among them, export.
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		Named(controllerName(r.entry)).
-		For(owner, forOpts...).
+		Watches(owner, &libhandler.InstrumentedEnqueueRequestForObject[client.Object]{}, forOpts...).
 		WatchesMetadata(releaseSecrets,
 			handler.EnqueueRequestForOwner(mgr.GetScheme(), mgr.GetRESTMapper(), owner, handler.OnlyControllerOwner()),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {

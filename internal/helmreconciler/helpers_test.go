@@ -396,3 +396,24 @@ func histogramCount(t *testing.T, name string, match map[string]string) float64 
 	}
 	return n
 }
+
+// gaugeValue returns the value of the gauge name with the labels of match,
+// and whether there is one.
+func gaugeValue(t *testing.T, name string, match map[string]string) (float64, bool) {
+	t.Helper()
+	families, err := ctrlGather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if labelsMatch(m, match) {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}

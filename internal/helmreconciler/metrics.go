@@ -10,7 +10,7 @@ import (
 var (
 	reconcileDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "orchestra_helm_reconcile_duration_seconds",
-		Help:    "Time to reconcile one custom resource, by kind and outcome (noop, install, upgrade, uninstall, repair, paused, invalid, error).",
+		Help:    "Time to reconcile one custom resource, by kind and outcome (noop, install, upgrade, uninstall, repair, paused, invalid, waiting, error).",
 		Buckets: []float64{0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
 	}, []string{"kind", "outcome"})
 	helmActions = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/model-orchestra/operator/internal/plugin"
@@ -106,12 +104,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	}
 	meta.RemoveStatusCondition(&st.conditions, TypePaused)
 
-	// The finalizer patch runs while the inputs are prepared and the
-	// history is read; it is waited for before any Helm action, and before
-	// anything is reported.
-	if !controllerutil.ContainsFinalizer(obj, Finalizer) {
-		finalized = r.addFinalizer(ctx, obj)
+	// The finalizer is added when the release needs it (finalizer.go):
+	// before Helm writes the first object, and waited for before anything
+	// is reported. uninstall-wait always needs it; its patch runs while the
+	// inputs are prepared and the history is read.
+	fin := r.newFinalizerGate(ctx, obj)
+	if fin.uninstallWait {
+		fin.start()
 	}
+	finalized = fin.wait
 	st.set(TypeInitialized, metav1.ConditionTrue, ReasonInitialized, "the %s engine serves this resource", r.entry.Chart.Name())
 
 	period, err := r.reconcilePeriod(obj)
@@ -143,7 +144,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		return reconcile.Result{}, nil
 	}
 
-	rs, acted, err := r.ensureRelease(ctx, obj, in, st, finalized, bg)
+	rs, acted, err := r.ensureRelease(ctx, obj, in, st, fin, bg)
+	if errors.Is(err, errPreviousRelease) {
+		// A resource of the same name was deleted without an uninstall
+		// (it had no finalizer): the garbage collector is removing its
+		// release. Installing now would take over objects it is deleting.
+		outcome = "waiting"
+		st.set(TypeDeployed, metav1.ConditionFalse, ReasonPreviousRelease, "%v", err)
+		return reconcile.Result{RequeueAfter: previousReleasePoll}, nil
+	}
 	if err != nil {
 		return reconcile.Result{}, err
 	}
@@ -185,30 +194,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		}
 	}
 	return reconcile.Result{RequeueAfter: period}, nil
-}
-
-// addFinalizer starts patching the finalizer onto obj and returns a
-// function that waits for the patch (once) and then gives obj the patched
-// finalizers and resource version. obj must not be written before.
-func (r *Reconciler) addFinalizer(ctx context.Context, obj *unstructured.Unstructured) func() error {
-	orig := obj.DeepCopy()
-	patched := obj.DeepCopy()
-	controllerutil.AddFinalizer(patched, Finalizer)
-	done := make(chan error, 1)
-	go func() { done <- r.client.Patch(ctx, patched, client.MergeFrom(orig)) }()
-	var once sync.Once
-	var err error
-	return func() error {
-		once.Do(func() {
-			if err = <-done; err != nil {
-				err = fmt.Errorf("adding finalizer: %w", err)
-				return
-			}
-			obj.SetFinalizers(patched.GetFinalizers())
-			obj.SetResourceVersion(patched.GetResourceVersion())
-		})
-		return err
-	}
 }
 
 // irreconcilable reports that the resource cannot be reconciled as it is,
@@ -253,6 +238,9 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 	var latest revisionInfo
 	found := false
 	for _, s := range list.Items {
+		if ref := metav1.GetControllerOfNoCopy(&s); ref != nil && ref.UID != obj.GetUID() && ref.Kind == obj.GetKind() {
+			return revisionInfo{}, false, fmt.Errorf("%w (release Secret %s, owner uid %s)", errPreviousRelease, s.GetName(), ref.UID)
+		}
 		l := s.GetLabels()
 		v, err := strconv.Atoi(l["version"])
 		if err != nil || v <= latest.Revision {
@@ -268,7 +256,7 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 // inputs, running a Helm action only when the digest differs. It returns
 // the remembered state of the deployed release and the action taken ("" if
 // none).
-func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, finalized func() error, bg *backgroundWrites) (*releaseState, string, error) {
+func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, fin *finalizerGate, bg *backgroundWrites) (*releaseState, string, error) {
 	latest, cached, err := r.latestRevision(ctx, obj)
 	if err != nil {
 		return nil, "", err
@@ -299,12 +287,12 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 
-	// No Helm action writes an object before the finalizer is on: a
-	// deletion must uninstall what it creates. The patch runs while Helm
-	// reads the history, renders and stores the pending release.
+	// No Helm action writes an object before the finalizer is on, when
+	// the release needs it: a deletion must uninstall what it creates.
 	forms := &serverForms{}
 	cfg, err := r.actions.forReconcile(obj, helmLog(ctx), actionOptions{
-		beforeWrite: finalized,
+		beforeWrite: fin.beforeWrite,
+		stored:      fin.stored,
 		noHistory:   !cached && rs == nil && !r.mustListHistory(obj),
 		background:  bg,
 		forms:       forms,
@@ -334,13 +322,6 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 	p := planRelease(infos, want)
-	if p.Step == stepUpgrade || p.PurgeFirst {
-		// Recovery and upgrades change stored releases before Helm writes
-		// objects; they wait for the finalizer first.
-		if err := finalized(); err != nil {
-			return nil, "", err
-		}
-	}
 	if p.Recovered != "" {
 		logr.FromContextOrDiscard(ctx).Info("recovering release", "detail", p.Recovered)
 		r.event(obj, corev1.EventTypeWarning, ReasonReleaseRecovered, "Recover", "%s", p.Recovered)
@@ -360,15 +341,19 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 				return nil, acted, r.failed(st, obj, ReasonInstallFailed, "removing the failed release before installing again: %v", err)
 			}
 		}
-		if rel, rendered, err = r.install(ctx, cfg, obj, in, forms); errors.Is(err, errHistoryChanged) {
+		if rel, rendered, err = r.install(ctx, cfg, obj, in, forms, fin); errors.Is(err, errHistoryChanged) {
 			return nil, acted, err
 		} else if err != nil {
 			return nil, acted, r.failed(st, obj, ReasonInstallFailed, "%v", err)
 		}
-		r.event(obj, corev1.EventTypeNormal, ReasonInstallSuccessful, "Install", "installed release %s revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
+		// No event: the Deployed condition (reason InstallSuccessful, with
+		// its transition time) tells it, and an event would be one more
+		// write to the API server per install. Events are kept for what a
+		// condition does not keep: upgrades, rollbacks, recoveries,
+		// repairs and failures.
 	case stepUpgrade:
 		acted = "upgrade"
-		if rel, rendered, err = r.upgradeOrRollback(ctx, cfg, obj, in, st, hist, p.MarkFailed); err != nil {
+		if rel, rendered, err = r.upgradeOrRollback(ctx, cfg, obj, in, st, hist, p.MarkFailed, fin); err != nil {
 			return nil, acted, err
 		}
 	}
@@ -399,7 +384,7 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 // its revision is rolled back to the deployed one, which st then reports.
 // It also returns the objects of the rendered manifest (the new
 // revision's), or nil.
-func (r *Reconciler) upgradeOrRollback(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, st *status, hist []*release.Release, pending int) (*release.Release, []*unstructured.Unstructured, error) {
+func (r *Reconciler) upgradeOrRollback(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, st *status, hist []*release.Release, pending int, fin *finalizerGate) (*release.Release, []*unstructured.Unstructured, error) {
 	if pending > 0 {
 		if err := markFailed(cfg, obj.GetName(), pending); err != nil {
 			return nil, nil, r.failed(st, obj, ReasonUpgradeFailed, "%v", err)
@@ -409,7 +394,7 @@ func (r *Reconciler) upgradeOrRollback(ctx context.Context, cfg *action.Configur
 	if deployed == nil {
 		return nil, nil, fmt.Errorf("release %s has no deployed revision to upgrade from", obj.GetName())
 	}
-	rel, rendered, err := r.upgrade(ctx, cfg, obj, in)
+	rel, rendered, err := r.upgrade(ctx, cfg, obj, in, fin)
 	if err == nil {
 		r.event(obj, corev1.EventTypeNormal, ReasonUpgradeSuccessful, "Upgrade", "upgraded release %s to revision %d (chart %s)", rel.Name, rel.Version, chartRef(rel))
 		return rel, rendered, nil

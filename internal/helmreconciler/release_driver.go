@@ -28,9 +28,31 @@ import (
 // write, and the best level is slower than the default one for records of
 // about the same size. Any level decodes alike: the helm CLI reads them as
 // its own (TestReleaseRecordsAreHelms).
+//
+// An install of a release without hooks is recorded once: Helm creates the
+// record pending-install before it creates the objects and updates it to
+// deployed after, and the driver instead creates it deployed, "Install
+// complete", as Helm's update would have written it, and drops that update
+// (see recordedDeployed). The record, with its manifest, still exists
+// before any object of the release does, which is what recovery needs: an
+// operator killed between the record and the objects leaves a deployed
+// release some of whose objects are missing, and the next reconcile
+// creates them (drift repair; TestKilledInstallIsCompletedFromItsRecord).
+// An install that fails updates the record to failed, as Helm does. A
+// release with hooks keeps Helm's two writes: its hooks run between them,
+// and a crash there must be seen as an unfinished install.
 type releaseDriver struct {
 	*driver.Secrets
 	secrets *releaseSecrets
+
+	// stored, when set, is told of each record before it is created.
+	stored func(*release.Release)
+
+	mu sync.Mutex
+	// recordedDeployed holds the keys of the records this driver created
+	// deployed in place of pending-install; the deployed update of one is
+	// not written again.
+	recordedDeployed map[string]bool
 }
 
 func newReleaseDriver(secrets *releaseSecrets, log func(string, ...any)) *releaseDriver {
@@ -85,8 +107,16 @@ func releaseSecret(key string, rls *release.Release, stamp string) (*corev1.Secr
 	}, nil
 }
 
-// Create is Helm's Secrets.Create with this driver's encoding.
+// Create is Helm's Secrets.Create with this driver's encoding; a hookless
+// install's pending record is created deployed.
 func (d *releaseDriver) Create(key string, rls *release.Release) error {
+	if d.stored != nil {
+		d.stored(rls)
+	}
+	early := rls.Info != nil && rls.Info.Status == release.StatusPendingInstall && len(rls.Hooks) == 0
+	if early {
+		rls = deployedCopy(rls)
+	}
 	sec, err := releaseSecret(key, rls, "createdAt")
 	if err != nil {
 		return fmt.Errorf("create: failed to encode release %q: %w", rls.Name, err)
@@ -97,11 +127,38 @@ func (d *releaseDriver) Create(key string, rls *release.Release) error {
 		}
 		return fmt.Errorf("create: failed to create: %w", err)
 	}
+	if early {
+		d.mu.Lock()
+		if d.recordedDeployed == nil {
+			d.recordedDeployed = map[string]bool{}
+		}
+		d.recordedDeployed[key] = true
+		d.mu.Unlock()
+	}
 	return nil
 }
 
-// Update is Helm's Secrets.Update with this driver's encoding.
+// deployedCopy is rls as Helm's install records it once its objects are
+// created; rls itself is left pending, as Helm holds it.
+func deployedCopy(rls *release.Release) *release.Release {
+	c := *rls
+	info := *rls.Info
+	c.Info = &info
+	c.SetStatus(release.StatusDeployed, "Install complete")
+	return &c
+}
+
+// Update is Helm's Secrets.Update with this driver's encoding. The
+// deployed update of a record created deployed is not written: the stored
+// record already is that update.
 func (d *releaseDriver) Update(key string, rls *release.Release) error {
+	d.mu.Lock()
+	early := d.recordedDeployed[key]
+	delete(d.recordedDeployed, key)
+	d.mu.Unlock()
+	if early && rls.Info != nil && rls.Info.Status == release.StatusDeployed {
+		return nil
+	}
 	sec, err := releaseSecret(key, rls, "modifiedAt")
 	if err != nil {
 		return fmt.Errorf("update: failed to encode release %q: %w", rls.Name, err)

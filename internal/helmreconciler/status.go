@@ -55,6 +55,7 @@ const (
 	ReasonPaused              Reason = "PauseReconcileAnnotationTrue"
 	ReasonNotPaused           Reason = "NotPaused"
 	ReasonUninstallWaiting    Reason = "WaitingForObjectsGone"
+	ReasonPreviousRelease     Reason = "WaitingForPreviousReleaseGone"
 )
 
 // Keys of .status that belong to the engine. A status plugin may not set

@@ -23,7 +23,8 @@ import (
 // A reconcile writes the status once, after the finalizer is on; when the
 // finalizer cannot be added, it reports that error and writes no status.
 // (An invalid reconcile-period annotation is the shortest path past the
-// finalizer to a status write: no Helm action runs.)
+// finalizer to a status write: no Helm action runs. uninstall-wait makes
+// the reconcile add the finalizer before it knows the release.)
 func TestStatusIsWrittenOnceAfterTheFinalizer(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -40,7 +41,7 @@ func TestStatusIsWrittenOnceAfterTheFinalizer(t *testing.T) {
 			cr.SetGroupVersionKind(gvk)
 			cr.SetNamespace("ns")
 			cr.SetName("period")
-			cr.SetAnnotations(map[string]string{AnnotationReconcilePeriod: "often"})
+			cr.SetAnnotations(map[string]string{AnnotationReconcilePeriod: "often", AnnotationUninstallWait: "true"})
 
 			writes := 0
 			c := fake.NewClientBuilder().WithScheme(runtime.NewScheme()).WithObjects(cr).WithStatusSubresource(cr).
