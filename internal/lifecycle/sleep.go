@@ -445,10 +445,11 @@ func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.S
 		obs.now.Sub(a.sl.asleepAt) >= a.Sleep.ParkAfter.Duration && !obs.now.Before(a.sl.parkRetryAt) {
 		return c.demote(ctx, a, root, seats)
 	}
+	before := a.status.ResidentTier
 	if obs.now.Sub(a.sl.refreshed) >= refreshEvery {
 		c.refreshTier(ctx, a, seats)
 	}
-	return c.persist(ctx, a, false)
+	return c.persist(ctx, a, a.status.ResidentTier != before)
 }
 
 // zeroFromSleep takes a sleeping application to zero pods after zeroAfter
@@ -543,10 +544,14 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	return c.persist(ctx, a, true)
 }
 
-// seatsAwake ends a wake: every seat reports Awake, so the gate opens.
+// seatsAwake ends a wake: every seat reports Awake, so the gate opens; the
+// wake's numbers are worked out after that, off the requests' path.
 func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []seatResult) error {
+	now := c.now()
+	if err := c.openGate(ctx, a); err != nil {
+		return err // retried on the next step (the seats answer at once)
+	}
 	obs := c.observe(ctx, a, root, true)
-	now := obs.now
 	lw := a.status.LastWake
 	if lw == nil {
 		lw = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: a.sl.wakeStart}, Trigger: triggerBacklog, FromTier: v1alpha1.TierHot}
@@ -574,7 +579,7 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 	}
 	secs := now.Sub(a.sl.wakeStart)
 	lw.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
-	lw.RequestsWaiting = int64(obs.pending)
+	lw.RequestsWaiting = int64(obs.pending + obs.ackPending) // read just after the gate opened
 	lw.Bytes = bytes
 	lw.BytesPerSecond = 0
 	if engineSecs > 0 && bytes > 0 {
@@ -591,9 +596,6 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 	c.sm.wakes.WithLabelValues(a.Name, tier, "ok").Inc()
 	c.sm.wakeSeconds.WithLabelValues(a.Name, tier).Observe(secs.Seconds())
 	c.sm.restoredBytes.WithLabelValues(a.Name, tier).Add(float64(bytes))
-	if err := c.openGate(ctx, a); err != nil {
-		return err // retried on the next step (the seats answer at once)
-	}
 	c.log.Info("engines awake", "app", a.Name, "from", tier, "seconds", secs.Seconds(), "engineSeconds", engineSecs,
 		"bytes", bytes, "bytesPerSecond", lw.BytesPerSecond, "verified", verified, "requestsWaiting", obs.pending)
 	c.event(a, corev1.EventTypeNormal, EventEnginesAwake, "the engines of %s are awake after %.2fs from the %s tier (%d bytes restored); %d requests were waiting",
@@ -709,10 +711,14 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 		a.sl.asleepAt = prev.Since.Time // parkAfter counts from the sleep, not the takeover
 	}
 	if waking || midWake {
-		a.status.LastWake = prev.LastWake
 		a.sl.waking, a.sl.wakeStart = true, now
-		if prev.LastWake != nil && prev.LastWake.StartTime != nil {
+		a.status.LastWake = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: now}, Trigger: triggerBacklog, FromTier: a.status.ResidentTier}
+		if known && prev.LastWake != nil && prev.LastWake.StartTime != nil && prev.LastWake.Seconds == "" {
+			a.status.LastWake = prev.LastWake
 			a.sl.wakeStart = prev.LastWake.StartTime.Time
+		}
+		if a.status.LastWake.FromTier == "" || a.status.LastWake.FromTier == v1alpha1.TierAccelerator {
+			a.status.LastWake.FromTier = v1alpha1.TierHot
 		}
 		c.log.Info("continuing the wake of the engines the previous leader began", "app", a.Name)
 		c.enter(a, v1alpha1.LifecycleWaking, now)

@@ -60,6 +60,20 @@ type sleepPlane struct {
 
 	mu      sync.Mutex
 	written []v1alpha1.ModelCheckpointStatus // ModelCheckpoint status writes
+	regs    map[string]*prometheus.Registry  // each leader's metrics
+}
+
+// registry is the metrics registry of the leader named identity.
+func (p *sleepPlane) registry(identity string) *prometheus.Registry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.regs == nil {
+		p.regs = map[string]*prometheus.Registry{}
+	}
+	if p.regs[identity] == nil {
+		p.regs[identity] = prometheus.NewRegistry()
+	}
+	return p.regs[identity]
 }
 
 type planeOptions struct {
@@ -282,7 +296,7 @@ func (p *sleepPlane) startLeader(identity string, cfg lifecycle.Config) (stop fu
 		t.Fatal(err)
 	}
 	ctl, err := lifecycle.New(cfg, lifecycle.Deps{NC: nc, Kube: p.e.c.cs, Namespace: ns, Orchestra: orch, Identity: identity,
-		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("leader", identity), Registry: p.e.reg, Checkpoints: p})
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("leader", identity), Registry: p.registry(identity), Checkpoints: p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,6 +380,24 @@ func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
 	}
 }
 
+// lastWake waits until the status's last wake is as described (the gate
+// opens before the status is written, so answers can arrive first).
+func (p *sleepPlane) lastWake(want string, ok func(*v1alpha1.WakeStatus) bool) {
+	p.e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lw := p.e.state().LastWake
+		if lw != nil && ok(lw) {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.e.t.Errorf("last wake %+v, want %s", lw, want)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // counter sums the series of a metric family with the given labels.
 func counter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
@@ -414,10 +446,11 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	if err := sendBatch(p.client, "asleep", n); err != nil {
 		t.Fatalf("requests sent to sleeping engines were lost or failed:\n%v", err)
 	}
-	st := p.e.state()
-	lw := st.LastWake
-	if st.Wakes != 1 || lw == nil || lw.FromTier != v1alpha1.TierHot || lw.Bytes != weightsBytes || lw.BytesPerSecond <= 0 || lw.Seconds == "" || lw.Trigger != "request" {
-		t.Errorf("after the wake: %d wakes, last %+v; want 1 wake by a request from the hot tier restoring %d bytes, with its speed", st.Wakes, lw, weightsBytes)
+	p.lastWake(fmt.Sprintf("a wake by a request from the hot tier restoring %d bytes, with its speed", weightsBytes), func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierHot && lw.Bytes == weightsBytes && lw.BytesPerSecond > 0 && lw.Seconds != "" && lw.Trigger == "request"
+	})
+	if st := p.e.state(); st.Wakes != 1 {
+		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
 	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
 		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
@@ -448,7 +481,11 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
 	p := newSleepPlane(t, planeOptions{inDispatcher: true})
 	p.sleepDelay.Store(int64(time.Hour)) // the seat sleeps only when the caller waits for it
-	eventually(t, 10*time.Second, "the decision to sleep", func() bool { return p.e.state().State == v1alpha1.LifecycleDraining })
+	// Draining is published just before the consumer pauses: wait for both,
+	// so that the requests find the engines falling asleep.
+	eventually(t, 10*time.Second, "the decision to sleep, the consumer paused", func() bool {
+		return p.e.state().State == v1alpha1.LifecycleDraining && p.e.consumer().Paused
+	})
 	if err := sendBatch(p.client, "falling", 4); err != nil {
 		t.Fatalf("requests sent while the engines fell asleep were lost or failed:\n%v", err)
 	}
@@ -494,16 +531,17 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 		if err := sendBatch(p.client, prefix, 4); err != nil {
 			t.Fatalf("requests sent to engines asleep in the %s tier were lost or failed:\n%v", tier, err)
 		}
-		if lw := p.e.state().LastWake; lw == nil || lw.FromTier != tier || lw.Bytes != weightsBytes {
-			t.Errorf("last wake %+v, want %d bytes from the %s tier", lw, weightsBytes, tier)
-		}
+		p.lastWake(fmt.Sprintf("%d bytes from the %s tier", weightsBytes, tier), func(lw *v1alpha1.WakeStatus) bool {
+			return lw.FromTier == tier && lw.Bytes == weightsBytes
+		})
 		w := p.sim.WeightsStatus()
 		if w.Wakes != wakes || w.Verified != wakes || w.LastWake == nil || w.LastWake.Tier != simTier || !w.LastWake.Verified {
 			t.Errorf("engine: %d wakes, %d verified, last %+v; want %d verified wakes, the last from %s", w.Wakes, w.Verified, w.LastWake, wakes, simTier)
 		}
-		if mc := p.checkpointStatus(); !hasCondition(mc.Conditions, "Verified", metav1.ConditionTrue) {
-			t.Errorf("ModelCheckpoint conditions %+v, want Verified True after the wake", mc.Conditions)
-		}
+		// The gate opens first; the status follows.
+		eventually(t, 5*time.Second, "the ModelCheckpoint's Verified condition after the wake", func() bool {
+			return hasCondition(p.checkpointStatus().Conditions, "Verified", metav1.ConditionTrue)
+		})
 	}
 	// The demotion itself woke the engine once, from the hot tier.
 	wake("warm", v1alpha1.TierWarm, sim.TierWarm, 2)
@@ -525,7 +563,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
 	}
-	if c := counter(t, p.e.reg, "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c < 2 {
+	if c := counter(t, p.registry("leader-a"), "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c < 2 {
 		t.Errorf("orchestra_lifecycle_demotions_total{result=ok} = %v, want 2", c)
 	}
 }
@@ -569,9 +607,11 @@ func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the requests were not answered after the engine could wake again")
 	}
-	if st := p.e.state(); st.Message != "" || st.LastWake == nil || st.LastWake.Bytes != weightsBytes {
-		t.Errorf("after the wake: message %q, last wake %+v; want the message cleared and the wake's bytes", st.Message, st.LastWake)
-	}
+	// The gate opens first; the status follows.
+	eventually(t, 5*time.Second, "the message cleared and the wake's bytes in the status", func() bool {
+		st := p.e.state()
+		return st.Message == "" && st.LastWake != nil && st.LastWake.Bytes == weightsBytes
+	})
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
 	}
@@ -602,9 +642,9 @@ func TestANewLeaderContinuesAWake(t *testing.T) {
 	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 {
 		t.Errorf("engine: %d wakes, %d verified; want the one wake, verified", w.Wakes, w.Verified)
 	}
-	if st := p.e.state(); st.LastWake == nil || st.LastWake.FromTier != v1alpha1.TierHot || st.LastWake.Seconds == "" {
-		t.Errorf("last wake %+v, want the wake from the hot tier finished by the new leader", st.LastWake)
-	}
+	p.lastWake("the wake from the hot tier finished by the new leader", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierHot && lw.Seconds != "" && lw.Bytes == weightsBytes
+	})
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
 	}
