@@ -134,13 +134,17 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB.
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
+.PHONY: bench-mux
+bench-mux: ## Seat-group swaps (4 applications, 1 seat) vs the hot tier's write + read bandwidth, 0.25/1 GiB; requests lost, swaps with requests in flight.
+	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-mux --sizes 0.25GiB,1GiB -docs docs/benchmarks.md
+
 .PHONY: soak
 soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a fault every SOAK_FAULT_EVERY (3m); not in CI.
 	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
 
 .PHONY: bench-lifecycle
 bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
-	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -v -count=1 -timeout 30m
+	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 30m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.

@@ -14,6 +14,12 @@ const WatchesFile = "watches.yaml"
 // CRDFile is the embedded ModelOrchestra CustomResourceDefinition in FS.
 const CRDFile = "config/crd/bases/modelorchestra.io_modelorchestras.yaml"
 
+// The other embedded CustomResourceDefinitions in FS.
+const (
+	CheckpointPolicyCRDFile = "config/crd/bases/modelorchestra.io_checkpointpolicies.yaml"
+	ModelCheckpointCRDFile  = "config/crd/bases/modelorchestra.io_modelcheckpoints.yaml"
+)
+
 //go:embed watches.yaml all:charts/model-orchestra config/crd/bases/*.yaml
 var files embed.FS
 
@@ -32,10 +38,18 @@ func Watches() []byte {
 }
 
 // ModelOrchestraCRD returns the embedded ModelOrchestra CRD as YAML.
-func ModelOrchestraCRD() []byte {
-	b, err := fs.ReadFile(files, CRDFile)
+func ModelOrchestraCRD() []byte { return mustRead(CRDFile) }
+
+// CheckpointPolicyCRD returns the embedded CheckpointPolicy CRD as YAML.
+func CheckpointPolicyCRD() []byte { return mustRead(CheckpointPolicyCRDFile) }
+
+// ModelCheckpointCRD returns the embedded ModelCheckpoint CRD as YAML.
+func ModelCheckpointCRD() []byte { return mustRead(ModelCheckpointCRDFile) }
+
+func mustRead(name string) []byte {
+	b, err := fs.ReadFile(files, name)
 	if err != nil {
-		panic("embedded CRD is missing: " + err.Error()) // impossible: go:embed checked it at build time
+		panic("embedded " + name + " is missing: " + err.Error()) // impossible: go:embed checked it at build time
 	}
 	return b
 }

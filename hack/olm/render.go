@@ -26,7 +26,9 @@ type chartRenderer struct {
 }
 
 // Render sets the operator's environment (the RELATED_IMAGE_* variables the
-// values translator reads), loads watches.yaml and renders cr offline.
+// values translator reads), loads watches.yaml and renders cr offline. A
+// kind that watches.yaml does not serve renders nothing: the operator only
+// reads it (a CheckpointPolicy, read by the values translator).
 func (c chartRenderer) Render(ctx context.Context, cr *unstructured.Unstructured, env map[string]string) ([]*unstructured.Unstructured, error) {
 	for k, v := range env {
 		if err := os.Setenv(k, v); err != nil {
@@ -62,7 +64,7 @@ func (c chartRenderer) Render(ctx context.Context, cr *unstructured.Unstructured
 		}
 		return res.Objects, nil
 	}
-	return nil, fmt.Errorf("watches.yaml serves no %s", cr.GroupVersionKind())
+	return nil, nil
 }
 
 // imageDefaults returns the RELATED_IMAGE_* variables the operator reads and

@@ -8,7 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -683,5 +685,92 @@ orchestra_dispatcher_inflight{app="chat"} 0
 	}))
 	if n, err := testutil.GatherAndCount(reg, "orchestra_dispatcher_queue_wait_seconds"); err != nil || n != 1 {
 		t.Errorf("queue wait histogram series: %d %v", n, err)
+	}
+}
+
+// TestTheFirstRequestAfterTheRootsChangedGoesToANewRoot replays a wake:
+// the application's root served a request and went away (scaled to zero),
+// a new root came up at another address, and the next request must go to
+// the new root at its first delivery. An idle dispatcher waits for its next
+// request holding a slot on a root; a slot on the root that left sent the
+// first request of every wake to a dead address (a dial timeout on real
+// pods, then a redelivery).
+func TestTheFirstRequestAfterTheRootsChangedGoesToANewRoot(t *testing.T) {
+	e := newEnv(t, dataplanetest.FastSim())
+	old := e.engine
+	fresh, err := dataplanetest.StartEngine(dataplanetest.FastSim())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fresh.Close)
+	endpoint := func(engineURL string) ([]discoveryv1.Endpoint, []discoveryv1.EndpointPort) {
+		u, err := url.Parse(engineURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready, name, p := true, "http", int32(port)
+		return []discoveryv1.Endpoint{{Addresses: []string{u.Hostname()}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+			[]discoveryv1.EndpointPort{{Name: &name, Port: &p}}
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "chat-abc", Namespace: "ns",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "chat"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+	}
+	slice.Endpoints, slice.Ports = endpoint(old.URL)
+	cs := fake.NewClientset(slice)
+	cfg := e.cfg
+	cfg.Namespace = "ns"
+	cfg.Apps = []dispatch.App{{Name: app, Service: "chat", PortName: "http", Port: 1, MaxConcurrency: 4}}
+	reg := prometheus.NewRegistry()
+	d, err := dispatch.New(cfg, e.connect(), testLogger(t), dispatch.WithKubernetes(cs), dispatch.WithRegistry(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { _ = d.Run(ctx) }()
+	eventually(t, 10*time.Second, holds("dispatcher ready", d.Ready))
+	c := e.client(nil)
+	ask := func(id string) {
+		t.Helper()
+		r, err := c.Submit(ctx, chatJob(id, "hello", false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = r.Close() }()
+		if status, _, _, err := collect(ctx, r); err != nil || status != http.StatusOK {
+			t.Fatalf("%s: status %d, %v", id, status, err)
+		}
+	}
+	ask("job-before")
+
+	// The old root goes away, a new one comes up elsewhere.
+	old.Close()
+	slice.Endpoints, slice.Ports = endpoint(fresh.URL)
+	if _, err := cs.DiscoveryV1().EndpointSlices("ns").Update(ctx, slice, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, holds("the new root", func() bool { return slices.Equal(d.Roots(app), []string{fresh.URL}) }))
+	ask("job-after")
+
+	if n := fresh.Requests.Load(); n != 1 {
+		t.Errorf("the new root received %d requests, want 1", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "orchestra_dispatcher_failed_total", "orchestra_dispatcher_redelivered_total"); err != nil || n != 0 {
+		var b strings.Builder
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if n := mf.GetName(); n == "orchestra_dispatcher_failed_total" || n == "orchestra_dispatcher_redelivered_total" {
+				for _, m := range mf.GetMetric() {
+					fmt.Fprintf(&b, "  %s%v %v\n", n, m.GetLabel(), m.GetCounter().GetValue())
+				}
+			}
+		}
+		t.Errorf("the request after the roots changed was not delivered once (%v):\n%s", err, b.String())
 	}
 }

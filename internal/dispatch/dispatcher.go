@@ -363,13 +363,8 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
 	}()
 	go a.held.keepAlive(pctx, d.cfg.AckWait.Duration/3)
 	for {
-		rt, err := a.pool.acquire(pctx)
+		rt, msg, err := d.next(pctx, a)
 		if err != nil {
-			break
-		}
-		msg, err := a.held.pop(pctx)
-		if err != nil {
-			a.pool.release(rt, true, false)
 			break
 		}
 		d.wg.Add(1)
@@ -386,6 +381,40 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
 		_ = m.Nak()
 	}
 	return err
+}
+
+// next waits for a held request and a slot to serve it on. The slot is
+// taken first, so that a request leaves the held queue (where it is kept
+// alive) only when it can start at once. An idle dispatcher waits for its
+// next request holding that slot, and its root may leave or be ejected
+// meanwhile: an application scaled to zero and woken again has a new root,
+// and the old slot would send the first request of the wake to an address
+// that no longer answers (a dial timeout, then a failed delivery). So the
+// slot is checked once a request is there, and taken again when its root
+// no longer takes requests.
+func (d *Dispatcher) next(ctx context.Context, a *app) (lease, jetstream.Msg, error) {
+	for {
+		rt, err := a.pool.acquire(ctx)
+		if err != nil {
+			return lease{}, nil, err
+		}
+		if err := a.held.wait(ctx); err != nil {
+			a.pool.release(rt, true, false)
+			return lease{}, nil, err
+		}
+		if !a.pool.usable(rt) {
+			a.pool.release(rt, true, false)
+			continue
+		}
+		// This loop is the only consumer of the held queue: the request
+		// it saw is still there.
+		msg, err := a.held.pop(ctx)
+		if err != nil {
+			a.pool.release(rt, true, false)
+			return lease{}, nil, err
+		}
+		return rt, msg, nil
+	}
 }
 
 // fetch fills the application's held queue from its consumer until ctx

@@ -55,6 +55,24 @@ func (h *held) pop(ctx context.Context) (jetstream.Msg, error) {
 	}
 }
 
+// wait waits until a message is held or ctx ends.
+func (h *held) wait(ctx context.Context) error {
+	for {
+		h.mu.Lock()
+		n := len(h.msgs)
+		changed := h.changed
+		h.mu.Unlock()
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
 // space waits until fewer than limit messages are held and returns how
 // many more may be fetched.
 func (h *held) space(ctx context.Context, limit int) (int, error) {

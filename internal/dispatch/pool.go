@@ -152,6 +152,14 @@ func (p *pool) acquire(ctx context.Context) (lease, error) {
 	}
 }
 
+// usable reports whether l's root still takes new requests: it has not
+// left the pool and is not ejected.
+func (p *pool) usable(l lease) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return !l.removed && !p.now().Before(l.ejectedUntil)
+}
+
 // target returns the URL of path on the root, parsed once per path.
 func (r *root) target(path string) (*url.URL, error) {
 	if u, ok := r.paths.Load(path); ok {

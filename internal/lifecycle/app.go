@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -441,7 +440,6 @@ func (c *Controller) awake(ctx context.Context, a *appState, obs observation) er
 		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", obs.pending)
 		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), obs.pending)
 	}
-	c.waitReachable(ctx, a)
 	if err := c.openGate(ctx, a); err != nil {
 		return err // retried on the next step, still Waking
 	}
@@ -739,68 +737,4 @@ func (c *Controller) event(a *appState, typ, reason, format string, args ...any)
 		ref = &corev1.ObjectReference{APIVersion: o.APIVersion, Kind: o.Kind, Name: o.Name, Namespace: c.deps.Namespace, UID: types.UID(o.UID)}
 	}
 	c.rec.Eventf(ref, typ, reason, format, args...)
-}
-
-// reachableWithin bounds waitReachable.
-const reachableWithin = 15 * time.Second
-
-// waitReachable waits until a ready root pod of the application accepts a
-// TCP connection on its http port from here (this dispatcher's network
-// identity, which the engines' NetworkPolicy admits), so that the first
-// request after a wake does not find the pod Ready but its network path not
-// yet programmed (a connect that hangs until the dispatcher's dial timeout,
-// then a failed delivery). Pods without an address (tests) pass at once.
-func (c *Controller) waitReachable(ctx context.Context, a *appState) {
-	deadline := c.now().Add(reachableWithin)
-	for {
-		var addrs []string
-		addressed := false
-		for _, p := range c.appPods(a) {
-			if p.Labels[labelComponent] != "root" || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
-				continue
-			}
-			addressed = true
-			if !podReady(p) {
-				continue // the pod cache may lag the StatefulSet's status
-			}
-			port := int32(8080)
-			for _, ct := range p.Spec.Containers {
-				for _, cp := range ct.Ports {
-					if cp.Name == "http" {
-						port = cp.ContainerPort
-					}
-				}
-			}
-			addrs = append(addrs, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))))
-		}
-		if !addressed {
-			return // no pod with an address (tests): nothing to probe
-		}
-		for _, addr := range addrs {
-			d := net.Dialer{Timeout: 250 * time.Millisecond}
-			conn, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil {
-				_ = conn.Close()
-				return
-			}
-		}
-		if c.now().After(deadline) || ctx.Err() != nil {
-			c.log.Warn("no ready root accepts connections yet; opening the queue anyway", "app", a.Name, "roots", addrs)
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == corev1.PodReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

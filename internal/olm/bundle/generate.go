@@ -76,31 +76,38 @@ type Config struct {
 	// list each of them; one written without a value takes its default.
 	ImageDefaults map[string]string
 
-	CSVBase        string // config/manifests/bases/<pkg>.clusterserviceversion.yaml
-	Icon           string // config/manifests/icon.svg
-	CRDDir         string // config/crd/bases
-	SamplesDir     string // config/samples
-	ManagerFile    string // config/manager/manager.yaml
-	OperatorRules  string // config/rbac/operator_role.yaml
-	ChartTemplates string // charts/model-orchestra (optional: its and its subcharts' templates are scanned for kinds)
-	ExtraManifests string // config/manifests/extra (optional dir of Services etc.)
+	CSVBase    string // config/manifests/bases/<pkg>.clusterserviceversion.yaml
+	Icon       string // config/manifests/icon.svg
+	CRDDir     string // config/crd/bases
+	SamplesDir string // config/samples
+	// InternalExamplesDir holds examples of the kinds the operator manages
+	// (listed in the CSV base's operators.operatorframework.io/internal-objects
+	// annotation). They go into alm-examples, which the validators want for
+	// every owned kind, but are not rendered and are not samples for users.
+	// Optional.
+	InternalExamplesDir string // config/samples/internal
+	ManagerFile         string // config/manager/manager.yaml
+	OperatorRules       string // config/rbac/operator_role.yaml
+	ChartTemplates      string // charts/model-orchestra (optional: its and its subcharts' templates are scanned for kinds)
+	ExtraManifests      string // config/manifests/extra (optional dir of Services etc.)
 }
 
 // Default returns the configuration of this repository.
 func Default() Config {
 	return Config{
-		Root:              ".",
-		PackageName:       "orchestra-operator",
-		ImageRepository:   "ghcr.io/model-orchestra",
-		OperatorImageName: "orchestra-operator",
-		CSVBase:           "config/manifests/bases/orchestra-operator.clusterserviceversion.yaml",
-		Icon:              "config/manifests/icon.svg",
-		CRDDir:            "config/crd/bases",
-		SamplesDir:        "config/samples",
-		ManagerFile:       "config/manager/manager.yaml",
-		OperatorRules:     "config/rbac/operator_role.yaml",
-		ChartTemplates:    "charts/model-orchestra",
-		ExtraManifests:    "config/manifests/extra",
+		Root:                ".",
+		PackageName:         "orchestra-operator",
+		ImageRepository:     "ghcr.io/model-orchestra",
+		OperatorImageName:   "orchestra-operator",
+		CSVBase:             "config/manifests/bases/orchestra-operator.clusterserviceversion.yaml",
+		Icon:                "config/manifests/icon.svg",
+		CRDDir:              "config/crd/bases",
+		SamplesDir:          "config/samples",
+		InternalExamplesDir: "config/samples/internal",
+		ManagerFile:         "config/manager/manager.yaml",
+		OperatorRules:       "config/rbac/operator_role.yaml",
+		ChartTemplates:      "charts/model-orchestra",
+		ExtraManifests:      "config/manifests/extra",
 	}
 }
 
@@ -170,6 +177,10 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 		return nil, err
 	}
 	samples, err := loadSamples(path(cfg.SamplesDir), crds)
+	if err != nil {
+		return nil, err
+	}
+	internalExamples, err := loadInternalExamples(cfg.InternalExamplesDir, path(cfg.InternalExamplesDir), csv, crds)
 	if err != nil {
 		return nil, err
 	}
@@ -251,7 +262,7 @@ func Generate(ctx context.Context, cfg Config, r Renderer) (*Result, error) {
 	if csv.Annotations == nil {
 		csv.Annotations = map[string]string{}
 	}
-	examples, err := json.MarshalIndent(samplesForExamples(samples), "", "  ")
+	examples, err := json.MarshalIndent(samplesForExamples(append(append([]*unstructured.Unstructured(nil), samples...), internalExamples...)), "", "  ")
 	if err != nil {
 		return nil, err
 	}
@@ -446,6 +457,77 @@ func loadSamples(dir string, crds []*apiextv1.CustomResourceDefinition) ([]*unst
 		return a.GetName() < b.GetName()
 	})
 	return out, nil
+}
+
+// AnnotationInternalObjects lists, as a JSON array of CRD names, the owned
+// kinds the operator manages itself; consoles hide them from users.
+const AnnotationInternalObjects = "operators.operatorframework.io/internal-objects"
+
+// loadInternalExamples returns the examples of the kinds the CSV base lists
+// as internal objects. Each must be of an owned CRD listed there, so that an
+// example of a kind users create is not hidden among them.
+func loadInternalExamples(rel, dir string, csv *v1alpha1.ClusterServiceVersion, crds []*apiextv1.CustomResourceDefinition) ([]*unstructured.Unstructured, error) {
+	internal := map[string]bool{}
+	if raw := csv.Annotations[AnnotationInternalObjects]; raw != "" {
+		var names []string
+		if err := json.Unmarshal([]byte(raw), &names); err != nil {
+			return nil, fmt.Errorf("CSV base annotation %s: want a JSON array of CRD names: %w", AnnotationInternalObjects, err)
+		}
+		for _, n := range names {
+			if crdNamed(crds, n) == nil {
+				return nil, fmt.Errorf("CSV base annotation %s names %s, which is not an owned CRD", AnnotationInternalObjects, n)
+			}
+			internal[n] = true
+		}
+	}
+	if rel == "" {
+		return nil, nil
+	}
+	paths, err := manifest.YAMLFiles(dir, true)
+	if err != nil {
+		return nil, fmt.Errorf("listing internal examples: %w", err)
+	}
+	var out []*unstructured.Unstructured
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		objs, err := manifest.Objects(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+		for _, o := range objs {
+			if !servedBy(crds, o) {
+				return nil, fmt.Errorf("%s: example %s %s is not a served version of an owned CRD", p, o.GetAPIVersion(), o.GetKind())
+			}
+			name := crdOf(crds, o).Name
+			if !internal[name] {
+				return nil, fmt.Errorf("%s: %s is an example of %s, which the CSV base does not list in %s; move it to the samples or list the CRD there", p, o.GetName(), name, AnnotationInternalObjects)
+			}
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}
+
+func crdNamed(crds []*apiextv1.CustomResourceDefinition, name string) *apiextv1.CustomResourceDefinition {
+	for _, c := range crds {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func crdOf(crds []*apiextv1.CustomResourceDefinition, o *unstructured.Unstructured) *apiextv1.CustomResourceDefinition {
+	gvk := o.GroupVersionKind()
+	for _, c := range crds {
+		if c.Spec.Group == gvk.Group && c.Spec.Names.Kind == gvk.Kind {
+			return c
+		}
+	}
+	return nil
 }
 
 func servedBy(crds []*apiextv1.CustomResourceDefinition, o *unstructured.Unstructured) bool {

@@ -30,7 +30,7 @@ const (
 )
 
 // parts are the umbrella's subcharts that render objects.
-var parts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats"}
+var parts = []string{"model-cache", "topology", "gateway", "dispatcher", "nats", "agent"}
 
 func ciValues(t *testing.T) map[string]any {
 	t.Helper()
@@ -216,6 +216,11 @@ func TestChartSchemaRefusesBadValues(t *testing.T) {
 		{"misspelt gateway key", `{gateway: {replica: 2}}`, "replica"},
 		{"misspelt global key", `{global: {application: {}}}`, "application"},
 		{"nats storage without size", `{nats: {storage: {size: ""}}}`, "size"},
+		{"sleep level 3", `{global: {applications: {a: {model: {source: "hf://o/r"}, runtime: {engine: simulator}, serving: {maxConcurrency: 1}, scaling: {replicas: 1}, lifecycle: {minReplicas: 0, maxReplicas: 1, zeroAfter: 1h, targetQueuePerReplica: 1, maxWait: 5m, scaler: Builtin, sleep: {after: 5m, level: 3, slo: {resumeRamSeconds: 1, resumeNvmeSeconds: 5}}}}}}}`, "level"},
+		{"sleep without an SLO", `{global: {applications: {a: {model: {source: "hf://o/r"}, runtime: {engine: simulator}, serving: {maxConcurrency: 1}, scaling: {replicas: 1}, lifecycle: {minReplicas: 0, maxReplicas: 1, zeroAfter: 1h, targetQueuePerReplica: 1, maxWait: 5m, scaler: Builtin, sleep: {after: 5m, level: 1}}}}}}`, "slo"},
+		{"relative hot tier path", `{global: {agent: {enabled: true, hotPath: "shm/tiers", warmPath: /var/lib/w}}}`, "hotPath"},
+		{"misspelt agent budget", `{agent: {hotMaxByte: 1GiB}}`, "hotMaxByte"},
+		{"agent budget that is no size", `{agent: {hotMaxBytes: lots}}`, "hotMaxBytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var vals map[string]any

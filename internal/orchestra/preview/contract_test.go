@@ -19,7 +19,34 @@ import (
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/gateway"
+	"github.com/model-orchestra/operator/internal/render"
 )
+
+// renderSample renders the one ModelOrchestra of a sample file, with the
+// CheckpointPolicies beside it, as Template does.
+func renderSample(t *testing.T, p *Renderer, path string) *render.Result {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := decode(strings.NewReader(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, ctx, err := p.split(context.Background(), all, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 {
+		t.Fatalf("%s holds %d resources to render, want 1", path, len(objs))
+	}
+	res, _, err := p.Render(ctx, objs[0], Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
 
 // TestRenderedObjectsMatchTheirContracts renders every sample and checks
 // what the chart hands to others: every built-in object decodes strictly
@@ -35,18 +62,7 @@ func TestRenderedObjectsMatchTheirContracts(t *testing.T) {
 	p := newRenderer(t)
 	for _, sample := range samples {
 		t.Run(filepath.Base(sample), func(t *testing.T) {
-			data, err := os.ReadFile(sample)
-			if err != nil {
-				t.Fatal(err)
-			}
-			objs, err := decode(strings.NewReader(string(data)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, _, err := p.Render(context.Background(), objs[0], Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := renderSample(t, p, sample)
 			var dispatchers, gateways, fetchJobs int
 			for _, o := range res.Objects {
 				if scheme.Scheme.Recognizes(o.GroupVersionKind()) {

@@ -7,10 +7,15 @@ import (
 
 // TestMain clears the proxy variables before any test runs: the proxy-env
 // post-renderer copies them into the rendered pods, and the golden files
-// pin what a cluster without a proxy gets.
+// pin what a cluster without a proxy gets. It removes the binaries the
+// tests built, once all have run.
 func TestMain(m *testing.M) {
 	for _, v := range []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"} {
 		_ = os.Unsetenv(v)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binariesDir != "" {
+		_ = os.RemoveAll(binariesDir)
+	}
+	os.Exit(code)
 }

@@ -5,6 +5,12 @@
 // embedded watches.yaml, the embedded chart and the same plugin registry.
 // Template does all of it; Values and PostRender are its two halves around
 // Helm, for previews with helm template.
+//
+// CheckpointPolicies in the input are validated against their CRD and
+// serve the resources beside them, as the policies of their namespace
+// serve them in a cluster; they render nothing themselves. ModelCheckpoints
+// (which the chart renders and the lifecycle fills) are validated and
+// otherwise ignored.
 package preview
 
 import (
@@ -21,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	operator "github.com/model-orchestra/operator"
@@ -60,7 +67,9 @@ const DefaultKubeVersion = "v1.36.0"
 // sequential use.
 type Renderer struct {
 	validator *validation.Validator
-	entries   []watches.Entry
+	// others validate the kinds that render nothing, by kind.
+	others  map[string]*validation.Validator
+	entries []watches.Entry
 }
 
 // New loads the embedded CRD, watches.yaml and charts, and the plugins.
@@ -69,20 +78,33 @@ func New() (*Renderer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded CRD: %w", err)
 	}
+	others := map[string]*validation.Validator{}
+	for kind, crd := range map[string][]byte{
+		orchestra.CheckpointPolicyGVK.Kind: operator.CheckpointPolicyCRD(),
+		"ModelCheckpoint":                  operator.ModelCheckpointCRD(),
+	} {
+		if others[kind], err = validation.New(crd, ""); err != nil {
+			return nil, fmt.Errorf("loading the embedded %s CRD: %w", kind, err)
+		}
+	}
 	reg := plugin.NewRegistry()
 	orchestra.Register(reg)
 	entries, err := watches.Parse(operator.WatchesFile, operator.Watches(), operator.FS, reg)
 	if err != nil {
 		return nil, fmt.Errorf("loading the embedded watches.yaml: %w", err)
 	}
-	return &Renderer{validator: v, entries: entries}, nil
+	return &Renderer{validator: v, others: others, entries: entries}, nil
 }
 
 // Template renders every resource in the YAML stream r and returns the
 // manifests, separated by "---". The first invalid resource stops it with
 // an error naming the resource and its fields.
 func (p *Renderer) Template(ctx context.Context, r io.Reader, opts Options) (string, error) {
-	objs, err := decode(r)
+	all, err := decode(r)
+	if err != nil {
+		return "", err
+	}
+	objs, ctx, err := p.split(ctx, all, opts)
 	if err != nil {
 		return "", err
 	}
@@ -130,11 +152,7 @@ func (p *Renderer) prepare(ctx context.Context, obj *unstructured.Unstructured, 
 		}
 	}
 	if obj.GetNamespace() == "" {
-		ns := opts.Namespace
-		if ns == "" {
-			ns = "default"
-		}
-		obj.SetNamespace(ns)
+		obj.SetNamespace(namespaceOr(opts.Namespace))
 	}
 	valid, err := p.validator.Validate(ctx, obj)
 	if err != nil {
@@ -153,7 +171,7 @@ func (p *Renderer) prepare(ctx context.Context, obj *unstructured.Unstructured, 
 // -f`, with PostRender as the post-renderer, they render what Template
 // does.
 func (p *Renderer) Values(ctx context.Context, r io.Reader, opts Options) ([]byte, error) {
-	obj, err := decodeOne(r)
+	obj, ctx, err := p.decodeOne(ctx, r, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +205,7 @@ var ErrReleaseMismatch = errors.New("the manifest was rendered for another relea
 // what `orchestra post-render` does as Helm's --post-renderer. Secrets that
 // the chart does not render are not read, as in Template.
 func (p *Renderer) PostRender(ctx context.Context, cr io.Reader, manifest []byte, opts Options) ([]byte, error) {
-	obj, err := decodeOne(cr)
+	obj, ctx, err := p.decodeOne(ctx, cr, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -213,16 +231,59 @@ func (p *Renderer) PostRender(ctx context.Context, cr io.Reader, manifest []byte
 	return out.Bytes(), nil
 }
 
-// decodeOne reads the one resource of a YAML or JSON stream.
-func decodeOne(r io.Reader) (*unstructured.Unstructured, error) {
-	objs, err := decode(r)
+// decodeOne reads the one resource of a YAML or JSON stream, beside the
+// policies it may reference (see split).
+func (p *Renderer) decodeOne(ctx context.Context, r io.Reader, opts Options) (*unstructured.Unstructured, context.Context, error) {
+	all, err := decode(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	objs, ctx, err := p.split(ctx, all, opts)
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(objs) != 1 {
-		return nil, fmt.Errorf("%w: the input holds %d resources; give one (a Helm release renders one)", ErrNotOne, len(objs))
+		return nil, nil, fmt.Errorf("%w: the input holds %d resources; give one (a Helm release renders one)", ErrNotOne, len(objs))
 	}
-	return objs[0], nil
+	return objs[0], ctx, nil
+}
+
+// split validates the documents of the kinds that render nothing
+// (CheckpointPolicy, ModelCheckpoint) against their CRDs and returns the
+// others, to render, with a context whose reader serves the
+// CheckpointPolicies to the values translator.
+func (p *Renderer) split(ctx context.Context, all []*unstructured.Unstructured, opts Options) ([]*unstructured.Unstructured, context.Context, error) {
+	var render []*unstructured.Unstructured
+	policies := orchestra.PolicyDocuments{}
+	for _, obj := range all {
+		v := p.others[obj.GetKind()]
+		if v == nil || obj.GroupVersionKind().Group != orchestra.CheckpointPolicyGVK.Group {
+			render = append(render, obj)
+			continue
+		}
+		obj = obj.DeepCopy()
+		if obj.GetNamespace() == "" {
+			obj.SetNamespace(namespaceOr(opts.Namespace))
+		}
+		valid, err := v.Validate(ctx, obj)
+		if err != nil {
+			return nil, nil, err
+		}
+		if valid.GroupVersionKind() == orchestra.CheckpointPolicyGVK {
+			policies[client.ObjectKeyFromObject(valid)] = valid
+		}
+	}
+	if len(render) == 0 {
+		return nil, nil, ErrNoResource
+	}
+	return render, plugin.WithReader(ctx, policies), nil
+}
+
+func namespaceOr(ns string) string {
+	if ns == "" {
+		return "default"
+	}
+	return ns
 }
 
 func (p *Renderer) templateOne(ctx context.Context, obj *unstructured.Unstructured, opts Options) (string, error) {

@@ -4,6 +4,7 @@ Engine containers. Each template takes a dict with
   app:   the application name
   spec:  the application values
   name:  the application's full name (mo.appFullname)
+  sleep: the application's lifecycle.sleep, when it sleeps
   group: the replica group index (workers only)
 and returns one container (a YAML mapping, not a list item).
 
@@ -156,16 +157,27 @@ imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
 {{- if eq $rt.engine "llamacpp" }}
 command: ["/app/llama-server"]
 {{- /* llama.cpp's argument parser takes each value as the next argument:
-it refuses --flag=value ("invalid argument"). */}}
+it refuses --flag=value ("invalid argument"). A sleeping application's
+server runs in router mode, which the seat unloads and loads
+(POST /models/unload, /models/load): the model is the one preset of
+mo.llamaCppPreset, named after the served model and loaded at start; the
+other arguments apply to it. */}}
 args:
   - --host
   - 0.0.0.0
   - --port
   - "8080"
+  {{- if .sleep }}
+  - --models-preset
+  - /etc/orchestra/llama/models.ini
+  - --models-max
+  - "1"
+  {{- else }}
   - --model
   - /models/{{ $m.file }}
   - --alias
   - {{ $served | quote }}
+  {{- end }}
   - --parallel
   - {{ $sv.maxConcurrency | quote }}
   - --metrics
@@ -220,6 +232,9 @@ args:
 {{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
 {{- $gpus := int (default 0 $rt.gpu.count) }}
 {{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
+{{- /* The seat drives /sleep, /wake_up and /collective_rpc, which vLLM
+serves only in development mode (VLLM_SERVER_DEV_MODE=1, below). */}}
+{{- if .sleep }}{{ $vargs = append $vargs "--enable-sleep-mode" }}{{ end }}
 {{- if gt $workers 0 }}
 {{- $vargs = append $vargs (printf "--pipeline-parallel-size=%d" (add1 $workers)) }}
 {{- $vargs = append $vargs "--distributed-executor-backend=ray" }}
@@ -264,6 +279,18 @@ args:
   {{- with $sv.contextLength }}
   - --max-model-len={{ . }}
   {{- end }}
+  {{- if .sleep }}
+  {{- /* Level 1 offloads the weights into the hot tier; a level-2 wake
+  reads the copy the node agent keeps under the artifact's name
+  ("<hot or warm>/<namespace>/<release>-<app>", the ModelCheckpoint's name)
+  before the cold source. */}}
+  - --enable-sleep-mode
+  - --hot-dir=/var/run/model-orchestra/hot
+  {{- if include "mo.usesWarmTier" . }}
+  - --warm-dir=/var/run/model-orchestra/warm
+  {{- end }}
+  - --weights-name={{ .name }}
+  {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
   {{- end }}
@@ -280,8 +307,12 @@ env:
     value: /models/.ollama
   - name: OLLAMA_NUM_PARALLEL
     value: {{ $sv.maxConcurrency | quote }}
+  {{- /* Without sleep the model stays loaded for good. With it, Ollama's
+  own idle unload is the policy's sleep time: the seat unloads and preloads
+  it (keep_alive 0, then the same keep_alive), and should the dispatcher be
+  away Ollama still frees the memory after the same idle time. */}}
   - name: OLLAMA_KEEP_ALIVE
-    value: "-1"
+    value: {{ if .sleep }}{{ .sleep.after | quote }}{{ else }}"-1"{{ end }}
   {{- with $sv.contextLength }}
   - name: OLLAMA_CONTEXT_LENGTH
     value: {{ . | quote }}
@@ -304,6 +335,10 @@ env:
     value: /tmp
   - name: HF_HUB_OFFLINE
     value: "1"
+  {{- if .sleep }}
+  - name: VLLM_SERVER_DEV_MODE
+    value: "1"
+  {{- end }}
   {{- end }}
   {{- with $rt.env }}
   {{- toYaml . | nindent 2 }}
@@ -325,7 +360,17 @@ ports:
 {{- end }}
 resources:
   {{- include "mo.resources" (dict "resources" $rt.resources "default" $defaultResources) | nindent 2 }}
-{{- if eq $rt.engine "simulator" }}
+{{- if and (eq $rt.engine "simulator") .sleep }}
+{{- /* The tier directories on the node belong to root (see the agent
+part); like the other engines, the simulator then runs as root without any
+capability. */}}
+securityContext:
+  runAsUser: 0
+  runAsGroup: 0
+  runAsNonRoot: false
+  readOnlyRootFilesystem: true
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+{{- else if eq $rt.engine "simulator" }}
 securityContext:
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
 {{- else }}
@@ -345,6 +390,86 @@ volumeMounts:
   - name: shm
     mountPath: /dev/shm
   {{- end }}
+  {{- if and .sleep (eq $rt.engine "simulator") }}
+  - name: hot
+    mountPath: /var/run/model-orchestra/hot
+  {{- if include "mo.usesWarmTier" . }}
+  - name: warm
+    mountPath: /var/run/model-orchestra/warm
+    readOnly: true
+  {{- end }}
+  {{- end }}
+  {{- if and .sleep (eq $rt.engine "llamacpp") }}
+  - name: llama-preset
+    mountPath: /etc/orchestra/llama
+    readOnly: true
+  {{- end }}
+{{- end -}}
+
+{{/* "true" when a sleeping application's weights may rest in the warm tier
+(node disk): its policy's tiers.warm is not None. Empty otherwise. */}}
+{{- define "mo.usesWarmTier" -}}
+{{- if and .sleep (ne (default "Disk" (dig "tiers" "warm" "" .sleep)) "None") }}true{{ end -}}
+{{- end -}}
+
+{{/* The seat sidecar of a sleeping application's root (orchestra-agent
+--role=seat): drives the engine's own sleep and wake API on localhost for
+the dispatcher, and is ready only while the engine is Awake, so that a
+sleeping root leaves the Service's EndpointSlice. Restricted Pod Security;
+it reads no file, so it mounts none. */}}
+{{- define "mo.seatContainer" -}}
+{{- $rt := .spec.runtime -}}
+{{- $served := default .app .spec.serving.servedModelName -}}
+name: seat
+image: {{ .root.Values.global.images.agent | quote }}
+imagePullPolicy: {{ .root.Values.global.imagePullPolicy }}
+args:
+  - --role=seat
+  - --engine={{ $rt.engine }}
+  - --engine-url=http://127.0.0.1:8080
+  - --addr=:{{ include "mo.seatPort" .root }}
+  - --sleep-level={{ .sleep.level }}
+  {{- if has $rt.engine (list "ollama" "llamacpp") }}
+  - --model={{ $served }}
+  {{- end }}
+  {{- if eq $rt.engine "ollama" }}
+  - --keep-alive={{ .sleep.after }}
+  {{- end }}
+ports:
+  - name: seat
+    containerPort: {{ include "mo.seatPort" .root }}
+    protocol: TCP
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: seat
+  periodSeconds: 2
+  timeoutSeconds: 2
+  failureThreshold: 1
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: seat
+  periodSeconds: 20
+  timeoutSeconds: 5
+  failureThreshold: 6
+resources:
+  requests: {cpu: 10m, memory: 16Mi}
+  limits: {memory: 64Mi}
+securityContext:
+  runAsUser: 65532
+  runAsGroup: 65532
+  {{- include "mo.containerSecurityContext" .root | nindent 2 }}
+{{- end -}}
+
+{{/* llama-server's model preset in router mode: the application's model,
+named after the served model and loaded at start.
+models.ini: | {{- include "mo.llamaCppPreset" $ctx | nindent 4 }} */}}
+{{- define "mo.llamaCppPreset" -}}
+version = 1
+[{{ default .app .spec.serving.servedModelName }}]
+model = /models/{{ .spec.model.file }}
+load-on-startup = true
 {{- end -}}
 
 {{/* Worker container of a multi-node engine. */}}

@@ -1,0 +1,242 @@
+package preview
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/internal/localcluster"
+	"github.com/model-orchestra/operator/internal/ociimage"
+)
+
+// TestSleepingSimulatorOnARealNode runs what the chart renders for a
+// sleeping simulator on the real-node cluster: the node agent DaemonSet and
+// the root StatefulSet with its seat, from the images of this tree. It
+// proves what only a kubelet can: the non-root seat and the capability-less
+// root engine and agent can use the tier directories the kubelet creates,
+// the root is Ready only while the seat says Awake (so a sleeping root
+// leaves the EndpointSlice), a level-1 sleep offloads the weights into the
+// node's hot tier under the namespace's directory, and the node agent
+// reports that tier as a tmpfs.
+func TestSleepingSimulatorOnARealNode(t *testing.T) {
+	localcluster.SkipUnderShort(t)
+	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
+		t.Skip("real-node mode needs Linux and root (it runs containerd, kubelet and iptables)")
+	}
+	const (
+		agentRef = "localhost/preview/orchestra-agent:test"
+		simRef   = "localhost/preview/orchestra-sim:test"
+	)
+	dir := t.TempDir()
+	var tarballs []string
+	for bin, ref := range map[string]string{binary(t, "orchestra-agent"): agentRef, binary(t, "orchestra-sim"): simRef} {
+		out := filepath.Join(dir, filepath.Base(bin)+".tar")
+		if _, err := ociimage.Pack(ociimage.Options{Binary: bin, Ref: ref, Out: out}); err != nil {
+			t.Fatal(err)
+		}
+		tarballs = append(tarballs, out)
+	}
+	// Tier roots of this test only; the kubelet creates them.
+	hotPath, err := os.MkdirTemp("/dev/shm", "mo-preview-hot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmPath := filepath.Join(dir, "warm")
+	_ = os.Remove(hotPath) // the kubelet creates it
+	t.Cleanup(func() { _ = os.RemoveAll(hotPath) })
+
+	values := fmt.Sprintf(`
+global:
+  images: {agent: %q, sim: %q}
+  nats: {url: "nats://x-nats.ns.svc:4222", replicas: 1}
+  agent: {enabled: true, hotPath: %q, warmPath: %q}
+  applications:
+    sim:
+      model: {source: "https://example.com/models/tiny.gguf", format: gguf, file: tiny.gguf, cache: {size: 64Mi}}
+      runtime: {engine: simulator, workers: 0, gpu: {count: 0}, args: ["--weights-bytes=16MiB"]}
+      serving: {maxConcurrency: 4}
+      scaling: {replicas: 1}
+      lifecycle:
+        minReplicas: 1
+        maxReplicas: 1
+        zeroAfter: 0s
+        targetQueuePerReplica: 4
+        maxWait: 5m0s
+        scaler: Builtin
+        sleep:
+          after: 5m0s
+          level: 1
+          parkAfter: ""
+          verifyInterval: 15m0s
+          preemption: true
+          tiers: {hot: RAM, warm: Disk, cold: ModelCache}
+          slo: {resumeRamSeconds: 1, resumeNvmeSeconds: 5}
+agent: {hotMaxBytes: 64MiB, warmMaxBytes: 64MiB, measureBytes: 0}
+gateway: {auth: {anonymous: true}}
+`, agentRef, simRef, hotPath, warmPath)
+	var vals map[string]any
+	if err := yaml.Unmarshal([]byte(values), &vals); err != nil {
+		t.Fatal(err)
+	}
+	objs := renderObjects(t, vals)
+
+	cluster := localcluster.StartForTest(t, localcluster.Options{RealNode: true, Images: tarballs})
+	ctx := context.Background()
+	c := newDryRunClient(cluster)
+	// The parts a sleeping root needs; no queue, gateway or dispatcher.
+	for _, key := range []string{"PersistentVolumeClaim/x-sim-model", "StatefulSet/x-sim", "DaemonSet/x-agent"} {
+		o, ok := objs[key]
+		if !ok {
+			t.Fatalf("no %s rendered", key)
+		}
+		create(ctx, t, c, o)
+	}
+
+	podReady := func(p *corev1.Pod) bool {
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady {
+				return cond.Status == corev1.ConditionTrue
+			}
+		}
+		return false
+	}
+	pod := func(name string) *corev1.Pod {
+		p, err := c.cs.CoreV1().Pods(sleepNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+	waitFor := func(what string, timeout time.Duration, cond func() bool) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, timeout, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+			t.Fatalf("waiting for %s: %v\n%s", what, err, podReport(ctx, c, sleepNS))
+		}
+	}
+	var root *corev1.Pod
+	waitFor("the sleeping simulator's root to be Ready (its seat says Awake)", 3*time.Minute, func() bool {
+		root = pod("x-sim-0")
+		return root != nil && podReady(root)
+	})
+	var agentIP string
+	waitFor("the node agent to be Ready", 2*time.Minute, func() bool {
+		list, err := c.cs.CoreV1().Pods(sleepNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=checkpoint-agent"})
+		if err != nil || len(list.Items) != 1 || !podReady(&list.Items[0]) {
+			return false
+		}
+		agentIP = list.Items[0].Status.PodIP
+		return true
+	})
+
+	seat := fmt.Sprintf("http://%s:%d", root.Status.PodIP, seatPort)
+	call := func(method, url string) []byte {
+		t.Helper()
+		reqCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		req, err := http.NewRequestWithContext(reqCtx, method, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, url, err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, body)
+		}
+		return body
+	}
+
+	call(http.MethodPost, seat+"/sleep?level=1")
+	waitFor("the sleeping root to be unready", 30*time.Second, func() bool {
+		p := pod("x-sim-0")
+		return p != nil && !podReady(p)
+	})
+	offload := filepath.Join(hotPath, sleepNS, ".x-sim.level1")
+	fi, err := os.Stat(offload)
+	if err != nil {
+		t.Fatalf("the level-1 offload is not in the node's hot tier: %v", err)
+	}
+	if fi.Size() != 16<<20 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("offload %s: %d bytes, mode %v; want %d bytes, 0600", offload, fi.Size(), fi.Mode().Perm(), 16<<20)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 {
+		t.Errorf("offload owned by uid %d, want 0 (the owner of the kubelet's directory)", st.Uid)
+	}
+
+	call(http.MethodPost, seat+"/wake")
+	waitFor("the woken root to be Ready again", 30*time.Second, func() bool {
+		p := pod("x-sim-0")
+		return p != nil && podReady(p)
+	})
+	if _, err := os.Stat(offload); !os.IsNotExist(err) {
+		t.Errorf("the level-1 offload is still there after the wake: %v", err)
+	}
+
+	var report struct {
+		Hot, Warm struct {
+			Dir, Filesystem string
+			BudgetBytes     int64
+		}
+	}
+	if err := json.Unmarshal(call(http.MethodGet, fmt.Sprintf("http://%s:%d/report", agentIP, agentPort)), &report); err != nil {
+		t.Fatal(err)
+	}
+	if report.Hot.Filesystem != "tmpfs" || report.Hot.BudgetBytes != 64<<20 || report.Warm.BudgetBytes != 64<<20 {
+		t.Errorf("node report %+v: want a tmpfs hot tier and 64MiB budgets", report)
+	}
+}
+
+// create creates one rendered object for real (namespace first).
+func create(ctx context.Context, t *testing.T, c dryRunClient, o *unstructured.Unstructured) {
+	t.Helper()
+	if _, err := c.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.GetNamespace()}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	gvk := o.GroupVersionKind()
+	m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.dyn.Resource(m.Resource).Namespace(o.GetNamespace()).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating %s %s: %v", gvk.Kind, o.GetName(), err)
+	}
+}
+
+// podReport lists the namespace's pods with their container states and
+// recent events, for a failed wait.
+func podReport(ctx context.Context, c dryRunClient, ns string) string {
+	out := ""
+	pods, _ := c.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	for _, p := range pods.Items {
+		out += fmt.Sprintf("pod %s: %s\n", p.Name, p.Status.Phase)
+		for _, s := range p.Status.ContainerStatuses {
+			out += fmt.Sprintf("  %s ready=%v state=%+v\n", s.Name, s.Ready, s.State)
+			if logs, err := c.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: s.Name, TailLines: new(int64(20))}).DoRaw(ctx); err == nil {
+				out += string(logs) + "\n"
+			}
+		}
+	}
+	events, _ := c.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	for _, e := range events.Items {
+		out += fmt.Sprintf("event %s %s: %s\n", e.InvolvedObject.Name, e.Reason, e.Message)
+	}
+	return out
+}
