@@ -525,6 +525,10 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 		return ctx.Err() // leadership lost: the next leader reads the seats and continues
 	}
 	failed := failures(res)
+	if len(seats) == 0 {
+		// Every root is (re)starting: wait for one whose seat can answer.
+		failed = []error{fmt.Errorf("no root pod of %s is running", a.RootStatefulSet)}
+	}
 	if len(failed) == 0 {
 		return c.seatsAwake(ctx, a, root, res)
 	}

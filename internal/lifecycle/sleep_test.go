@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -53,8 +54,10 @@ type sleepPlane struct {
 	// when it runs one).
 	dispatcherReg *prometheus.Registry
 
-	// failWake makes the engine answer 500 to its wake calls.
+	// failWake makes the engine answer 500 to its wake calls; hang makes
+	// it answer 500 to everything (an engine the seat can no longer tell).
 	failWake atomic.Bool
+	broken   atomic.Bool
 	// sleepDelay holds every seat sleep call before it reaches the seat.
 	sleepDelay atomic.Int64
 
@@ -138,6 +141,10 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	t.Cleanup(p.sim.Close)
 	eh := p.sim.Handler()
 	p.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.broken.Load() {
+			http.Error(w, `{"error":{"message":"injected: the engine is broken"}}`, http.StatusInternalServerError)
+			return
+		}
 		if p.failWake.Load() && r.Method == http.MethodPost && (r.URL.Path == "/wake_up" || r.URL.Path == "/collective_rpc") {
 			http.Error(w, `{"error":{"message":"injected: the engine cannot wake"}}`, http.StatusInternalServerError)
 			return
@@ -237,8 +244,23 @@ func (p *sleepPlane) placePods() {
 	if err := c.cs.Tracker().Update(stsGVR, sts, ns); err != nil {
 		t.Fatal(err)
 	}
+	p.placeRoot()
+	agent := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: orch + "-agent-x1", Namespace: ns, Labels: map[string]string{
+			"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "checkpoint-agent"}},
+		Spec:   corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
+	}
+	if err := c.cs.Tracker().Add(agent); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// placeRoot gives the root pod an address, a node and the engine's port.
+func (p *sleepPlane) placeRoot() {
+	t, c := p.e.t, p.e.c
 	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
-	obj, err = c.cs.Tracker().Get(podGVR, ns, root+"-0")
+	obj, err := c.cs.Tracker().Get(podGVR, ns, root+"-0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,15 +269,6 @@ func (p *sleepPlane) placePods() {
 	pod.Spec.Containers = []corev1.Container{{Name: "engine", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: port(t, p.engine)}}}}
 	pod.Status.PodIP, pod.Status.Phase = "127.0.0.1", corev1.PodRunning
 	if err := c.cs.Tracker().Update(podGVR, pod, ns); err != nil {
-		t.Fatal(err)
-	}
-	agent := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: orch + "-agent-x1", Namespace: ns, Labels: map[string]string{
-			"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "checkpoint-agent"}},
-		Spec:   corev1.PodSpec{NodeName: "node-a"},
-		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
-	}
-	if err := c.cs.Tracker().Add(agent); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -612,6 +625,47 @@ func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
 		st := p.e.state()
 		return st.Message == "" && st.LastWake != nil && st.LastWake.Bytes == weightsBytes
 	})
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
+}
+
+// TestAFailedSeatsPodIsRestarted: an engine that fails its wake and then
+// no longer answers leaves its seat Failed; the leader deletes the pod (its
+// StatefulSet starts it again), and the wake completes with the new pod.
+func TestAFailedSeatsPodIsRestarted(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{inDispatcher: true})
+	p.asleep(1, v1alpha1.TierHot)
+	p.broken.Store(true)
+	errc := make(chan error, 1)
+	go func() { errc <- sendBatch(p.client, "failed", 2) }()
+	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
+	eventually(t, 10*time.Second, "the pod of the Failed seat deleted", func() bool {
+		_, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0")
+		return apierrors.IsNotFound(err)
+	})
+	if s := p.seatState(); s.State != checkpoint.SeatFailed {
+		t.Fatalf("seat %s, want Failed", s.State)
+	}
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_seat_restarts_total", nil); c != 1 {
+		t.Errorf("orchestra_lifecycle_seat_restarts_total = %v, want 1", c)
+	}
+	if !p.e.consumer().Paused {
+		t.Fatal("the gate opened with no root running")
+	}
+	// The StatefulSet starts the pod again; here the same engine answers
+	// again and its seat learns that it sleeps.
+	p.broken.Store(false)
+	p.e.c.createPod(0, true)
+	p.placeRoot()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("requests waiting through the restart were lost or failed:\n%v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the requests were not answered after the pod was restarted")
+	}
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
 	}
