@@ -57,6 +57,27 @@ type Transition struct {
 	At      time.Time `json:"at"`
 	Seconds float64   `json:"seconds"`
 	Error   string    `json:"error,omitempty"`
+	// Transfer is what the engine reported moving, when it reports it
+	// (the simulator does; vLLM, Ollama and llama.cpp do not).
+	Transfer *Transfer `json:"transfer,omitempty"`
+}
+
+// Transfer is the weights an engine moved in one sleep or wake, as the
+// engine reports it.
+type Transfer struct {
+	// Tier the bytes moved to (sleep) or from (wake): hot, warm or cold.
+	Tier  string `json:"tier,omitempty"`
+	Bytes int64  `json:"bytes"`
+	// Verified is true when the restored bytes hashed to the digest
+	// recorded when the engine first loaded them.
+	Verified bool `json:"verified,omitempty"`
+}
+
+// TransferReporter is implemented by adapters whose engine reports what a
+// sleep or wake moved; the seat records it in the transition.
+type TransferReporter interface {
+	// LastTransfer is what the last successful Sleep or Wake moved, or nil.
+	LastTransfer() *Transfer
 }
 
 // SeatStatus is the body of GET /state.
@@ -298,6 +319,9 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 
 func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 	tr := &Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
+	if r, ok := s.engine.(TransferReporter); ok && err == nil {
+		tr.Transfer = r.LastTransfer()
+	}
 	op, result := "wake", "ok"
 	if sleep {
 		op = "sleep"

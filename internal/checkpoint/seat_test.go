@@ -114,8 +114,14 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 	if code, body := e.do("POST", "/wake"); code != http.StatusOK {
 		t.Fatalf("wake: %d %s", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatAwake || st.Wakes != 1 || st.LastWake == nil {
+	st = e.state()
+	if st.State != checkpoint.SeatAwake || st.Wakes != 1 || st.LastWake == nil {
 		t.Fatalf("after wake: %+v", st)
+	}
+	// The engine's own report of what the wake moved reaches the state, for
+	// the lifecycle's status (from tier, bytes, bandwidth).
+	if tr := st.LastWake.Transfer; tr == nil || tr.Tier != "hot" || tr.Bytes != 2<<20 || !tr.Verified {
+		t.Fatalf("last wake transfer %+v, want 2 MiB from the hot tier, verified", tr)
 	}
 	if w := e.sim.WeightsStatus(); w.Verified != 1 || w.Sleeping {
 		t.Fatalf("engine after wake: %+v", w)

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"sync"
@@ -17,6 +18,32 @@ type VLLM struct {
 
 	mu    sync.Mutex
 	level int // the level of the last sleep, which decides the wake sequence
+	last  *Transfer
+}
+
+// LastTransfer implements TransferReporter: what the last sleep or wake
+// reported moving. vLLM itself reports nothing; the simulator answers its
+// sleep and wake calls with a stage report (tier, bytes, verified).
+func (v *VLLM) LastTransfer() *Transfer {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.last
+}
+
+// transferOf reads a stage report from an engine's answer, directly or as
+// collective_rpc's {"results": [report]}; nil when the answer has none.
+func transferOf(b []byte) *Transfer {
+	var t Transfer
+	if json.Unmarshal(b, &t) == nil && (t.Tier != "" || t.Bytes > 0) {
+		return &t
+	}
+	var rpc struct {
+		Results []Transfer `json:"results"`
+	}
+	if json.Unmarshal(b, &rpc) == nil && len(rpc.Results) > 0 && (rpc.Results[0].Tier != "" || rpc.Results[0].Bytes > 0) {
+		return &rpc.Results[0]
+	}
+	return nil
 }
 
 // Name implements Engine.
@@ -46,7 +73,8 @@ func (v *VLLM) Sleep(ctx context.Context, level int) error {
 	} else if n > 0 {
 		return fmt.Errorf("%w: %d requests (vllm:num_requests_running + waiting); drain first", ErrBusy, n)
 	}
-	if err := v.call(ctx, http.MethodPost, fmt.Sprintf("/sleep?level=%d", level), nil, nil); err != nil {
+	answer, err := v.callBody(ctx, http.MethodPost, fmt.Sprintf("/sleep?level=%d", level), nil)
+	if err != nil {
 		return err
 	}
 	asleep, err := v.Sleeping(ctx)
@@ -57,7 +85,7 @@ func (v *VLLM) Sleep(ctx context.Context, level int) error {
 		return fmt.Errorf("vLLM answered /sleep?level=%d but GET /is_sleeping says it is awake", level)
 	}
 	v.mu.Lock()
-	v.level = level
+	v.level, v.last = level, transferOf(answer)
 	v.mu.Unlock()
 	return nil
 }
@@ -70,6 +98,7 @@ func (v *VLLM) Wake(ctx context.Context) error {
 	v.mu.Lock()
 	level := v.level
 	v.mu.Unlock()
+	var moved *Transfer
 	if level == 2 {
 		steps := []struct {
 			path string
@@ -81,12 +110,20 @@ func (v *VLLM) Wake(ctx context.Context) error {
 			{"/reset_prefix_cache", nil},
 		}
 		for _, s := range steps {
-			if err := v.call(ctx, http.MethodPost, s.path, s.body, nil); err != nil {
+			answer, err := v.callBody(ctx, http.MethodPost, s.path, s.body)
+			if err != nil {
 				return fmt.Errorf("level-2 wake: %w", err)
 			}
+			if t := transferOf(answer); t != nil && t.Tier != "" {
+				moved = t // reload_weights fills the weights
+			}
 		}
-	} else if err := v.call(ctx, http.MethodPost, "/wake_up", nil, nil); err != nil {
-		return err
+	} else {
+		answer, err := v.callBody(ctx, http.MethodPost, "/wake_up", nil)
+		if err != nil {
+			return err
+		}
+		moved = transferOf(answer)
 	}
 	asleep, err := v.Sleeping(ctx)
 	if err != nil {
@@ -96,7 +133,7 @@ func (v *VLLM) Wake(ctx context.Context) error {
 		return fmt.Errorf("vLLM answered the wake but GET /is_sleeping still says it sleeps")
 	}
 	v.mu.Lock()
-	v.level = 0
+	v.level, v.last = 0, moved
 	v.mu.Unlock()
 	return nil
 }

@@ -58,6 +58,7 @@ type appState struct {
 	// may not show it yet.
 	wrote   int32
 	wroteAt time.Time
+	sl      sleepState // sleeping engines (sleep.go)
 }
 
 func newAppState(a App) *appState {
@@ -128,6 +129,9 @@ func (c *Controller) initApp(ctx context.Context, a *appState) error {
 		return fmt.Errorf("reading root StatefulSet %s: %w", a.RootStatefulSet, err)
 	}
 	obs := c.observe(ctx, a, root, true)
+	if adopted, err := c.adoptSleep(ctx, a, root, obs); adopted || err != nil {
+		return err
+	}
 	switch {
 	case obs.specReplicas == 0:
 		a.zeroAt = now // a request seen from here on wakes it
@@ -219,6 +223,9 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 	if err != nil {
 		return err
 	}
+	if done, err := c.stepSleep(ctx, a, root); done || err != nil {
+		return err
+	}
 	switch a.status.State {
 	case v1alpha1.LifecycleZero:
 		// A request seen since the decision to go to zero wakes at once,
@@ -296,6 +303,9 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 			return c.persist(ctx, a, true)
 		}
 		idle := obs.now.Sub(a.status.LastActiveTime.Time)
+		if c.sleepDue(a, obs, idle) {
+			return c.fallAsleep(ctx, a, root)
+		}
 		if a.MinReplicas == 0 && obs.pending+obs.ackPending == 0 && idle >= a.ZeroAfter.Duration {
 			return c.drain(ctx, a, root)
 		}

@@ -84,6 +84,9 @@ type App struct {
 	// Scaler is Builtin (scale 1..N here) or KEDA (a ScaledObject scales
 	// the root; here only 0<->1 and the workers follow the root).
 	Scaler v1alpha1.LifecycleScaler `json:"scaler,omitempty"`
+	// Sleep, when set, puts the engines to sleep when idle instead of
+	// (or, with minReplicas 0, before) going to zero (sleep.go).
+	Sleep *SleepConfig `json:"sleep,omitempty"`
 }
 
 // scaleDownStabilization is how long the backlog must have asked for fewer
@@ -108,6 +111,7 @@ func (c Config) Defaulted() Config {
 		if a.TargetQueuePerReplica == 0 {
 			a.TargetQueuePerReplica = 1
 		}
+		a.Sleep = a.Sleep.defaulted()
 	}
 	return c
 }
@@ -159,6 +163,7 @@ func (c Config) Validate(appNames []string) error {
 		default:
 			add("lifecycle.apps[%d] (%s): scaler must be Builtin or KEDA, got %q", i, a.Name, a.Scaler)
 		}
+		errs = append(errs, a.Sleep.validate(i, a)...)
 	}
 	if c.Tick.Duration < 0 {
 		add("lifecycle.tick must not be negative")

@@ -63,6 +63,9 @@ type Deps struct {
 	Registry prometheus.Registerer
 	// Clock is time.Now unless set (tests).
 	Clock func() time.Time
+	// Checkpoints writes ModelCheckpoint status for applications whose
+	// engines sleep; nil: through Kube's REST client.
+	Checkpoints CheckpointStatusWriter
 }
 
 // Controller is one dispatcher's part of the lifecycle: every replica runs
@@ -74,12 +77,14 @@ type Controller struct {
 	js    jetstream.JetStream
 	log   *slog.Logger
 	m     *metrics
+	sm    *sleepMetrics
 	now   func() time.Time
 	apps  []*appState
 
-	rec       record.EventRecorder
-	stsLister appslisters.StatefulSetLister
-	podLister corelisters.PodLister
+	rec         record.EventRecorder
+	checkpoints CheckpointStatusWriter
+	stsLister   appslisters.StatefulSetLister
+	podLister   corelisters.PodLister
 
 	mu     sync.Mutex
 	kv     jetstream.KeyValue
@@ -119,7 +124,12 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 		js:    js,
 		log:   deps.Log.With("component", "lifecycle"),
 		m:     newMetrics(deps.Registry),
+		sm:    newSleepMetrics(deps.Registry),
 		now:   deps.Clock,
+	}
+	c.checkpoints = deps.Checkpoints
+	if c.checkpoints == nil {
+		c.checkpoints = checkpointWriter(deps.Kube)
 	}
 	for _, a := range cfg.Apps {
 		c.apps = append(c.apps, newAppState(a))

@@ -29,7 +29,7 @@ const (
 	triggerBacklog = "backlog"
 )
 
-var allStates = []v1alpha1.LifecycleState{v1alpha1.LifecycleAwake, v1alpha1.LifecycleWaking, v1alpha1.LifecycleDraining, v1alpha1.LifecycleZero}
+var allStates = []v1alpha1.LifecycleState{v1alpha1.LifecycleAwake, v1alpha1.LifecycleWaking, v1alpha1.LifecycleDraining, v1alpha1.LifecycleZero, v1alpha1.LifecycleAsleep}
 
 type metrics struct {
 	state       *prometheus.GaugeVec
@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	const ns = "orchestra_lifecycle"
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "state",
-			Help: "1 for the lifecycle state each application is in (Awake, Waking, Draining, Zero), as seen by the leader."}, []string{"app", "state"}),
+			Help: "1 for the lifecycle state each application is in (Awake, Waking, Draining, Zero, Asleep), as seen by the leader."}, []string{"app", "state"}),
 		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "replicas",
 			Help: "Replica count the leader last wrote for the application's root StatefulSet."}, []string{"app"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakes_total",

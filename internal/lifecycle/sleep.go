@@ -1,0 +1,782 @@
+package lifecycle
+
+// Sleeping engines. An application with a sleep section keeps its pods when
+// idle and puts their engines to sleep instead, through the seat sidecar in
+// each root pod (internal/checkpoint): the weights leave the accelerator
+// for the node's hot tier (level 1) or are dropped (level 2), and the next
+// request wakes them in the time it takes to move the bytes back, not a pod
+// start.
+//
+// The gate is the one going to zero uses: the application's consumer is
+// paused on the server before any engine is told to sleep and resumed only
+// once every root's seat reports Awake again, so no dispatcher ever sends a
+// request to an engine that sleeps or is falling asleep. A request that
+// arrives while the engines fall asleep cancels the sleep; one that arrives
+// while they sleep wakes them.
+//
+//	Awake --sleep.after idle--> Draining --seats asleep--> Asleep
+//	Asleep --request--> Waking (seats' POST /wake, retried) --seats Awake--> Awake
+//	Asleep --parkAfter--> Asleep in the warm tier (level 2; the node agent holds a warm copy)
+//	Asleep --zeroAfter (minReplicas 0)--> Zero (the pods go; the next wake is a pod start)
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+)
+
+// Event reasons of sleeping engines.
+const (
+	EventAsleep          = "Asleep"
+	EventSleepCancelled  = "SleepCancelled"
+	EventSleepFailed     = "SleepFailed"
+	EventDemoted         = "Demoted"
+	EventSeatRestarted   = "SeatRestarted"
+	EventEnginesAwake    = "EnginesAwake"
+	EventEngineWakeRetry = "EngineWakeFailing"
+)
+
+// SleepConfig is the sleep section of an application's lifecycle: when its
+// engines sleep, how, and where the leader finds the seats and node agents
+// that do it. The chart renders it from the application's effective
+// lifecycle (inline fields over its CheckpointPolicy).
+type SleepConfig struct {
+	// After is the idle time (none queued, none in flight) before the
+	// engines are put to sleep. With minReplicas 0 it must be shorter than
+	// zeroAfter: the engines sleep first, the pods go later.
+	After metav1.Duration `json:"after"`
+	// Level is the engines' sleep level: 1 keeps the weights in the node's
+	// hot tier (RAM), 2 drops them (a wake reloads them from the warm or
+	// cold tier). Default 1.
+	Level int32 `json:"level,omitempty"`
+	// ParkAfter is how long engines sleep at level 1 before they are
+	// demoted: the weights leave the hot tier, and the engines sleep at
+	// level 2 with the node agent holding the warm copy. 0: never.
+	ParkAfter metav1.Duration `json:"parkAfter,omitempty"`
+	// SeatPort is the seat sidecar's port in each root pod. Default 9300.
+	SeatPort int32 `json:"seatPort,omitempty"`
+	// AgentSelector selects the node agents' pods (one per node); the
+	// agent on a root pod's node reports its tiers and places warm copies.
+	// Empty: no node agent; the resident tier is then known only from the
+	// sleep level.
+	AgentSelector string `json:"agentSelector,omitempty"`
+	// AgentPort is the node agent's port. Default 9301.
+	AgentPort int32 `json:"agentPort,omitempty"`
+	// ModelCheckpoint is the application's ModelCheckpoint, whose status
+	// the leader writes; it is also the name of the weights in the node
+	// agent's tiers (under the orchestra's namespace). Empty: no status is
+	// written.
+	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
+	// ColdPath is the weights file inside the node agent's cold tier (its
+	// --cold-dir, the model cache). When set, a demotion first asks the
+	// agent for a verified warm copy from it; without it the warm tier
+	// holds only what the agent already has, and a demoted engine wakes
+	// from the cold tier.
+	ColdPath string `json:"coldPath,omitempty"`
+	// SLO is the resume time the application should meet, per tier.
+	SLO SleepSLO `json:"slo,omitempty"`
+	// SleepTimeout bounds one seat's sleep (its drain included). Default 3m.
+	SleepTimeout metav1.Duration `json:"sleepTimeout,omitempty"`
+	// WakeTimeout bounds one attempt to wake a seat; a failed attempt is
+	// retried with backoff while requests wait (each bounded by the
+	// gateway's maxWait). Default 5m.
+	WakeTimeout metav1.Duration `json:"wakeTimeout,omitempty"`
+}
+
+// SleepSLO is the resume time objective, in seconds, per tier.
+type SleepSLO struct {
+	// ResumeRAMSeconds bounds a wake from the hot tier. Default 1.
+	ResumeRAMSeconds int32 `json:"resumeRamSeconds,omitempty"`
+	// ResumeNVMeSeconds bounds a wake from the warm tier. Default 5.
+	ResumeNVMeSeconds int32 `json:"resumeNvmeSeconds,omitempty"`
+}
+
+// defaulted returns s with its unset fields filled in (nil stays nil).
+func (s *SleepConfig) defaulted() *SleepConfig {
+	if s == nil {
+		return nil
+	}
+	d := *s
+	if d.Level == 0 {
+		d.Level = 1
+	}
+	if d.SeatPort == 0 {
+		d.SeatPort = 9300
+	}
+	if d.AgentPort == 0 {
+		d.AgentPort = 9301
+	}
+	if d.SLO.ResumeRAMSeconds == 0 {
+		d.SLO.ResumeRAMSeconds = 1
+	}
+	if d.SLO.ResumeNVMeSeconds == 0 {
+		d.SLO.ResumeNVMeSeconds = 5
+	}
+	if d.SleepTimeout.Duration == 0 {
+		d.SleepTimeout.Duration = 3 * time.Minute
+	}
+	if d.WakeTimeout.Duration == 0 {
+		d.WakeTimeout.Duration = 5 * time.Minute
+	}
+	return &d
+}
+
+// validate reports every invalid field of application i's sleep section.
+func (s *SleepConfig) validate(i int, a App) []error {
+	if s == nil {
+		return nil
+	}
+	var errs []error
+	add := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("lifecycle.apps[%d] (%s): sleep."+format, append([]any{i, a.Name}, args...)...))
+	}
+	if s.After.Duration <= 0 {
+		add("after must be positive, got %v", s.After.Duration)
+	}
+	if a.MinReplicas == 0 && s.After.Duration >= a.ZeroAfter.Duration && a.ZeroAfter.Duration > 0 {
+		add("after (%v) must be shorter than zeroAfter (%v): the engines sleep first and the pods go to zero later", s.After.Duration, a.ZeroAfter.Duration)
+	}
+	if s.Level != 1 && s.Level != 2 {
+		add("level must be 1 or 2, got %d", s.Level)
+	}
+	if s.ParkAfter.Duration < 0 {
+		add("parkAfter must not be negative, got %v", s.ParkAfter.Duration)
+	}
+	if s.ParkAfter.Duration > 0 && s.Level == 2 {
+		add("parkAfter demotes level-1 sleepers to the warm tier; with level 2 the weights never sit in the hot tier: leave parkAfter unset")
+	}
+	for name, p := range map[string]int32{"seatPort": s.SeatPort, "agentPort": s.AgentPort} {
+		if p < 1 || p > 65535 {
+			add("%s must be a port (1-65535), got %d", name, p)
+		}
+	}
+	if s.AgentSelector != "" {
+		if _, err := labels.Parse(s.AgentSelector); err != nil {
+			add("agentSelector %q: %v", s.AgentSelector, err)
+		}
+	}
+	if s.ColdPath != "" && s.AgentSelector == "" {
+		add("coldPath needs agentSelector: the node agent places the warm copy")
+	}
+	if s.SLO.ResumeRAMSeconds < 0 || s.SLO.ResumeNVMeSeconds < 0 {
+		add("slo seconds must not be negative")
+	}
+	if s.SleepTimeout.Duration < 0 || s.WakeTimeout.Duration < 0 {
+		add("sleepTimeout and wakeTimeout must not be negative")
+	}
+	return errs
+}
+
+// sleepState is one application's sleeping engines, owned by its goroutine
+// on the leader.
+type sleepState struct {
+	// level the engines sleep at now (1, or 2 once demoted).
+	level int32
+	// asleepAt is when they were decided asleep: a request seen after it
+	// wakes them.
+	asleepAt time.Time
+	// waking: state Waking is a wake of sleeping engines, not a pod start.
+	waking    bool
+	wakeStart time.Time
+	attempts  int
+	nextTry   time.Time
+	// retryAt holds off the next sleep or demotion after a failed one.
+	retryAt     time.Time
+	parkRetryAt time.Time
+	// bytes of the weights (per engine), as the engines last reported.
+	bytes int64
+	// overhead is the engines' measured wake time beyond moving the bytes.
+	overhead float64
+	// coldBPS is the bandwidth the last wake from the cold tier measured.
+	coldBPS float64
+	// refreshed is when the resident tier and the ModelCheckpoint were
+	// last refreshed from the node agents.
+	refreshed time.Time
+	// restarted are the pods deleted for a Failed seat.
+	restarted map[string]bool
+	// verifiedCond is the ModelCheckpoint's Verified condition from the
+	// last wake.
+	verifiedCond *metav1.Condition
+	written      string // the ModelCheckpoint status last written
+}
+
+// wakeBackoff is the delay before retry n (1-based) of a failed wake.
+func wakeBackoff(n int) time.Duration {
+	d := 500 * time.Millisecond
+	for i := 1; i < n && d < 30*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 30*time.Second)
+}
+
+// refreshEvery paces the refresh of the resident tier and the
+// ModelCheckpoint from the node agents while the engines sleep.
+var refreshEvery = 5 * time.Second
+
+// requestSince reports whether a request was seen published after t.
+func (a *appState) requestSince(t time.Time) bool {
+	return time.Unix(0, a.lastRequest.Load()).After(t)
+}
+
+// sleepDue reports whether an awake application's engines should sleep now.
+func (c *Controller) sleepDue(a *appState, obs observation, idle time.Duration) bool {
+	return a.Sleep != nil && obs.specReplicas > 0 && obs.pending+obs.ackPending == 0 &&
+		idle >= a.Sleep.After.Duration && !obs.now.Before(a.sl.retryAt)
+}
+
+// stepSleep runs the parts of a step that belong to sleeping engines; it
+// reports whether it handled the step.
+func (c *Controller) stepSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) (bool, error) {
+	if a.Sleep == nil {
+		return false, nil
+	}
+	switch a.status.State {
+	case v1alpha1.LifecycleAsleep:
+		return true, c.stepAsleep(ctx, a, root)
+	case v1alpha1.LifecycleWaking:
+		if a.sl.waking {
+			return true, c.stepSeatWake(ctx, a, root)
+		}
+	case v1alpha1.LifecycleAwake, v1alpha1.LifecycleZero:
+		tier, resume := v1alpha1.TierAccelerator, ""
+		if a.status.State == v1alpha1.LifecycleZero {
+			tier = v1alpha1.TierCold
+		}
+		if a.status.ResidentTier != tier || a.status.ExpectedResumeSeconds != resume {
+			a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
+			return false, c.persist(ctx, a, true)
+		}
+	}
+	return false, nil
+}
+
+// fallAsleep puts every root of an idle application to sleep behind the
+// gate: the consumer is paused first, and only if then nothing is queued,
+// in flight or arriving are the seats told to sleep. A request that arrives
+// while they fall asleep cancels the sleep (the seats abandon their drain,
+// or are woken at once).
+func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	decided := c.now()
+	seats, err := c.rootSeats(a, root)
+	if err != nil || len(seats) == 0 {
+		if err == nil {
+			err = errors.New("no root pod with an address")
+		}
+		a.sl.retryAt = decided.Add(a.Sleep.After.Duration)
+		c.log.Warn("cannot put the engines to sleep; retrying later", "app", a.Name, "retryIn", a.Sleep.After.Duration, "err", err)
+		return nil
+	}
+	if err := c.subscribe(a); err != nil {
+		return err
+	}
+	c.enter(a, v1alpha1.LifecycleDraining, decided)
+	_ = c.persist(ctx, a, true)
+	level := a.Sleep.Level
+	if err := c.closeGate(ctx, a); err != nil {
+		return c.cancelSleep(ctx, a, root, seats, "pausing its consumer failed: "+err.Error(), false)
+	}
+	obs := c.observe(ctx, a, root, true)
+	switch {
+	case !obs.infoOK:
+		return c.cancelSleep(ctx, a, root, seats, "its backlog could not be read", false)
+	case obs.pending+obs.ackPending > 0:
+		return c.cancelSleep(ctx, a, root, seats, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
+	case a.requestSince(decided):
+		return c.cancelSleep(ctx, a, root, seats, "a request arrived", true)
+	}
+
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan []seatResult, 1)
+	go func() {
+		done <- c.onSeats(sctx, seats, "POST", "/sleep?level="+strconv.Itoa(int(level)), a.Sleep.SleepTimeout.Duration)
+	}()
+	var res []seatResult
+	cancelled := false
+wait:
+	for {
+		select {
+		case res = <-done:
+			break wait
+		case <-a.kick:
+			if a.requestSince(decided) && !cancelled {
+				cancelled = true
+				stop() // the seats abandon their drain; the wake below undoes the rest
+			}
+		case <-ctx.Done():
+			stop()
+			<-done
+			return ctx.Err()
+		}
+	}
+	a.kickNow() // what the loop consumed
+	if cancelled || a.requestSince(decided) {
+		return c.cancelSleep(ctx, a, root, seats, "a request arrived while the engines fell asleep", true)
+	}
+	if failed := failures(res); len(failed) > 0 {
+		c.event(a, corev1.EventTypeWarning, EventSleepFailed, "the engines of %s could not be put to sleep: %s", a.Name, joinErrs(failed))
+		return c.cancelSleep(ctx, a, root, seats, "a seat failed to sleep: "+joinErrs(failed), false)
+	}
+
+	a.sl.level, a.sl.asleepAt = level, decided
+	for _, r := range res {
+		if r.st.LastSleep != nil && r.st.LastSleep.Transfer != nil && r.st.LastSleep.Transfer.Bytes > 0 {
+			a.sl.bytes = r.st.LastSleep.Transfer.Bytes
+		}
+	}
+	a.status.Sleeps++
+	a.status.Message = ""
+	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(level)), "asleep").Inc()
+	idle := decided.Sub(a.status.LastActiveTime.Time).Round(time.Millisecond)
+	c.log.Info("engines asleep", "app", a.Name, "level", level, "roots", len(seats), "idle", idle, "seconds", c.now().Sub(decided).Seconds())
+	c.event(a, corev1.EventTypeNormal, EventAsleep, "the engines of %s sleep at level %d after %v without requests; the next request wakes them", a.Name, level, idle)
+	c.enter(a, v1alpha1.LifecycleAsleep, decided)
+	c.refreshTier(ctx, a, seats)
+	if err := c.persist(ctx, a, true); err != nil {
+		return err
+	}
+	a.kickNow() // a request may have been seen meanwhile
+	return nil
+}
+
+// cancelSleep leaves a sleep that did not happen: every seat is woken (a
+// seat still draining abandons its sleep) and the gate reopened. A request
+// resets the idle time; a failure holds off the next attempt for sleep.after.
+func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef, why string, byRequest bool) error {
+	now := c.now()
+	outcome := "cancelled"
+	if byRequest {
+		a.status.LastActiveTime = &metav1.Time{Time: now}
+	} else {
+		outcome = "failed"
+		a.sl.retryAt = now.Add(a.Sleep.After.Duration)
+	}
+	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
+	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
+	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
+	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+		// An engine did fall asleep and does not wake: wake it like any
+		// sleeping engine, with retries, the gate still closed.
+		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
+		a.sl.level, a.sl.asleepAt = a.Sleep.Level, now
+		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, true), triggerRequest)
+	}
+	if err := c.openGate(ctx, a); err != nil {
+		c.log.Warn("reopening the consumer after a cancelled sleep; retrying", "app", a.Name, "err", err)
+	}
+	c.unsubscribe(a)
+	c.enter(a, v1alpha1.LifecycleAwake, c.now())
+	return c.persist(ctx, a, true)
+}
+
+// stepAsleep looks at a sleeping application once: a request or a backlog
+// wakes it; otherwise it keeps every seat asleep, restarts failed seats,
+// demotes after parkAfter and goes to zero after zeroAfter.
+func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	if a.requestSince(a.sl.asleepAt) {
+		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
+	}
+	obs := c.observe(ctx, a, root, true)
+	c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+	if obs.specReplicas == 0 {
+		// Scaled to zero by someone else: the next request starts pods.
+		a.zeroAt = obs.now
+		c.enter(a, v1alpha1.LifecycleZero, obs.now)
+		a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
+		return c.persist(ctx, a, true)
+	}
+	if obs.infoOK && !obs.paused {
+		if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
+			return err
+		}
+	}
+	if obs.infoOK && obs.pending+obs.ackPending > 0 {
+		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
+	}
+	if a.MinReplicas == 0 && obs.now.Sub(a.status.LastActiveTime.Time) >= a.ZeroAfter.Duration {
+		return c.zeroFromSleep(ctx, a, root, obs)
+	}
+
+	seats, err := c.rootSeats(a, root)
+	if err != nil {
+		return err
+	}
+	states := c.onSeats(ctx, seats, "GET", "/state", 2*time.Second)
+	var awake []seatRef
+	allAsleep := len(states) > 0
+	for _, r := range states {
+		switch {
+		case r.err != nil:
+			allAsleep = false
+		case r.st.State == checkpoint.SeatFailed:
+			allAsleep = false
+			c.restartSeat(ctx, a, r)
+		case r.st.State == checkpoint.SeatAwake:
+			// A root that started (again) while the engines sleep: its
+			// engine loaded the weights; the gate is closed, so it
+			// sleeps like the others.
+			allAsleep = false
+			awake = append(awake, r.seatRef)
+		case r.st.State != checkpoint.SeatAsleep:
+			allAsleep = false
+		}
+	}
+	if len(awake) > 0 {
+		level := strconv.Itoa(int(a.sl.level))
+		if failed := failures(c.onSeats(ctx, awake, "POST", "/sleep?level="+level, a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+			c.log.Warn("putting a started root to sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
+		} else {
+			c.log.Info("a started root sleeps like the others", "app", a.Name, "roots", len(awake), "level", level)
+		}
+		a.kickNow()
+		return nil
+	}
+	if allAsleep && a.sl.level == 1 && a.Sleep.ParkAfter.Duration > 0 &&
+		obs.now.Sub(a.sl.asleepAt) >= a.Sleep.ParkAfter.Duration && !obs.now.Before(a.sl.parkRetryAt) {
+		return c.demote(ctx, a, root, seats)
+	}
+	before := a.status.ResidentTier
+	if obs.now.Sub(a.sl.refreshed) >= refreshEvery {
+		c.refreshTier(ctx, a, seats)
+	}
+	return c.persist(ctx, a, a.status.ResidentTier != before)
+}
+
+// zeroFromSleep takes a sleeping application to zero pods after zeroAfter
+// (minReplicas 0). The gate is already closed; a request seen before the
+// replicas are written wakes the engines instead.
+func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) error {
+	decided := obs.now
+	if !obs.infoOK {
+		return errors.New("reading the consumer's backlog failed")
+	}
+	if a.requestSince(a.sl.asleepAt) {
+		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
+	}
+	if err := c.setReplicas(ctx, a, 0); err != nil {
+		return err
+	}
+	a.zeroAt = decided
+	c.m.drains.WithLabelValues(a.Name, "zero").Inc()
+	c.m.scalings.WithLabelValues(a.Name, "zero").Inc()
+	idle := decided.Sub(a.status.LastActiveTime.Time).Round(time.Second)
+	c.log.Info("scaled to zero from sleep", "app", a.Name, "idle", idle)
+	c.event(a, corev1.EventTypeNormal, EventScaledToZero, "scaled %s to zero pods after %v without requests (its engines slept); the next request wakes it", a.Name, idle)
+	a.sl = sleepState{overhead: a.sl.overhead, coldBPS: a.sl.coldBPS, bytes: a.sl.bytes}
+	a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
+	c.enter(a, v1alpha1.LifecycleZero, decided)
+	if err := c.persist(ctx, a, true); err != nil {
+		return err
+	}
+	c.writeCheckpoint(ctx, a, nil, nil)
+	a.kickNow()
+	return nil
+}
+
+// beginSeatWake starts waking sleeping engines: state Waking (requests keep
+// waiting in the queue, the gate closed), then the first attempt.
+func (c *Controller) beginSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation, trigger string) error {
+	start := obs.now
+	if r := time.Unix(0, a.lastRequest.Load()); trigger == triggerRequest && r.After(a.sl.asleepAt) && r.Before(start) {
+		start = r
+	}
+	a.sl.waking, a.sl.wakeStart, a.sl.attempts, a.sl.nextTry = true, start, 0, time.Time{}
+	from := a.status.ResidentTier
+	if from == "" || from == v1alpha1.TierAccelerator {
+		from = v1alpha1.TierHot
+	}
+	a.status.Wakes++
+	a.status.LastWake = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: start}, Trigger: trigger, FromTier: from}
+	a.status.LastActiveTime = &metav1.Time{Time: start}
+	a.status.Message = ""
+	c.log.Info("waking the engines", "app", a.Name, "trigger", trigger, "from", from)
+	c.event(a, corev1.EventTypeNormal, EventWaking, "waking the engines of %s (%s) from the %s tier", a.Name, trigger, from)
+	c.enter(a, v1alpha1.LifecycleWaking, c.now())
+	if err := c.persist(ctx, a, true); err != nil {
+		c.log.Warn("publishing the wake", "app", a.Name, "err", err)
+	}
+	return c.stepSeatWake(ctx, a, root)
+}
+
+// stepSeatWake makes one attempt to wake every root's seat; the gate opens
+// only once all report Awake. A failed attempt is retried with backoff,
+// with the reason in the status message; a seat in state Failed has its pod
+// deleted (its StatefulSet starts it again, awake).
+func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	if c.now().Before(a.sl.nextTry) {
+		return nil
+	}
+	seats, err := c.rootSeats(a, root)
+	if err != nil {
+		return err
+	}
+	res := c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)
+	if ctx.Err() != nil {
+		return ctx.Err() // leadership lost: the next leader reads the seats and continues
+	}
+	failed := failures(res)
+	if len(seats) == 0 {
+		// Every root is (re)starting: wait for one whose seat can answer.
+		failed = []error{fmt.Errorf("no root pod of %s is running", a.RootStatefulSet)}
+	}
+	if len(failed) == 0 {
+		return c.seatsAwake(ctx, a, root, res)
+	}
+	for _, r := range c.onSeats(ctx, failedRefs(res), "GET", "/state", 2*time.Second) {
+		if r.err == nil && r.st.State == checkpoint.SeatFailed {
+			c.restartSeat(ctx, a, r)
+		}
+	}
+	a.sl.attempts++
+	delay := wakeBackoff(a.sl.attempts)
+	a.sl.nextTry = c.now().Add(delay)
+	tier := string(a.status.LastWake.FromTier)
+	c.sm.wakes.WithLabelValues(a.Name, tier, "failed").Inc()
+	a.status.Message = fmt.Sprintf("waking the engines failed (attempt %d, retrying in %v): %s", a.sl.attempts, delay, joinErrs(failed))
+	c.log.Warn("waking the engines failed; retrying", "app", a.Name, "attempt", a.sl.attempts, "retryIn", delay, "err", joinErrs(failed))
+	c.event(a, corev1.EventTypeWarning, EventEngineWakeRetry, "%s: %s", a.Name, a.status.Message)
+	return c.persist(ctx, a, true)
+}
+
+// seatsAwake ends a wake: every seat reports Awake, so the gate opens; the
+// wake's numbers are worked out after that, off the requests' path.
+func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []seatResult) error {
+	now := c.now()
+	if err := c.openGate(ctx, a); err != nil {
+		return err // retried on the next step (the seats answer at once)
+	}
+	obs := c.observe(ctx, a, root, true)
+	lw := a.status.LastWake
+	if lw == nil {
+		lw = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: a.sl.wakeStart}, Trigger: triggerBacklog, FromTier: v1alpha1.TierHot}
+		a.status.LastWake = lw
+	}
+	var bytes int64
+	var engineSecs float64
+	verified := true
+	for _, r := range res {
+		w := r.st.LastWake
+		if w == nil || w.At.Before(a.sl.wakeStart.Add(-5*time.Second)) {
+			continue // awake already (a root that started), nothing restored
+		}
+		engineSecs = max(engineSecs, w.Seconds)
+		if w.Transfer != nil {
+			bytes += w.Transfer.Bytes
+			verified = verified && (w.Transfer.Verified || w.Transfer.Bytes == 0)
+			if t := tierOf(w.Transfer.Tier); t != "" {
+				lw.FromTier = t
+			}
+			if w.Transfer.Bytes > 0 {
+				a.sl.bytes = w.Transfer.Bytes
+			}
+		}
+	}
+	secs := now.Sub(a.sl.wakeStart)
+	lw.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
+	lw.RequestsWaiting = int64(obs.pending + obs.ackPending) // read just after the gate opened
+	lw.Bytes = bytes
+	lw.BytesPerSecond = 0
+	if engineSecs > 0 && bytes > 0 {
+		lw.BytesPerSecond = int64(float64(bytes) / engineSecs)
+		per := float64(bytes) / float64(max(len(res), 1))
+		if bw := c.tierBandwidth(ctx, a, res, lw.FromTier); bw > 0 {
+			a.sl.overhead = max(engineSecs-per/bw, 0)
+		}
+		if lw.FromTier == v1alpha1.TierCold {
+			a.sl.coldBPS = per / engineSecs
+		}
+	}
+	tier := string(lw.FromTier)
+	c.sm.wakes.WithLabelValues(a.Name, tier, "ok").Inc()
+	c.sm.wakeSeconds.WithLabelValues(a.Name, tier).Observe(secs.Seconds())
+	c.sm.restoredBytes.WithLabelValues(a.Name, tier).Add(float64(bytes))
+	c.log.Info("engines awake", "app", a.Name, "from", tier, "seconds", secs.Seconds(), "engineSeconds", engineSecs,
+		"bytes", bytes, "bytesPerSecond", lw.BytesPerSecond, "verified", verified, "requestsWaiting", obs.pending)
+	c.event(a, corev1.EventTypeNormal, EventEnginesAwake, "the engines of %s are awake after %.2fs from the %s tier (%d bytes restored); %d requests were waiting",
+		a.Name, secs.Seconds(), tier, bytes, obs.pending)
+	a.sl.waking, a.sl.attempts, a.sl.nextTry, a.sl.retryAt, a.sl.parkRetryAt = false, 0, time.Time{}, time.Time{}, time.Time{}
+	a.status.Message = ""
+	a.status.LastActiveTime = &metav1.Time{Time: now}
+	a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierAccelerator, ""
+	c.unsubscribe(a)
+	c.m.waiting.WithLabelValues(a.Name).Set(0)
+	c.enter(a, v1alpha1.LifecycleAwake, now)
+	if err := c.persist(ctx, a, true); err != nil {
+		return err
+	}
+	c.writeCheckpoint(ctx, a, refsOf(res), &verified)
+	return nil
+}
+
+// demote moves sleeping engines' weights out of the hot tier: the node
+// agent places a verified warm copy (from the cold tier, when coldPath is
+// set), then each engine is woken (from the hot tier, the gate closed) and
+// put back to sleep at level 2, which frees the hot tier. A request seen
+// meanwhile ends the demotion as a wake.
+func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef) error {
+	start := c.now()
+	if a.Sleep.ColdPath != "" {
+		for _, ag := range c.agentsOf(a, seats) {
+			if err := c.promoteWarm(ctx, a, ag); err != nil {
+				c.log.Warn("placing a warm copy failed; demoting anyway (the next wake reads the cold tier)", "app", a.Name, "agent", ag.pod, "err", err)
+			}
+		}
+	}
+	retry := func(what string, failed []error) error {
+		a.sl.parkRetryAt = c.now().Add(a.Sleep.ParkAfter.Duration)
+		a.status.Message = fmt.Sprintf("demoting to the warm tier failed (%s): %s; retrying in %v", what, joinErrs(failed), a.Sleep.ParkAfter.Duration)
+		c.log.Warn("demotion failed", "app", a.Name, "step", what, "err", joinErrs(failed))
+		c.sm.demotions.WithLabelValues(a.Name, "failed").Inc()
+		a.kickNow()
+		return c.persist(ctx, a, true)
+	}
+	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+		return retry("waking from the hot tier", failed)
+	}
+	if a.requestSince(a.sl.asleepAt) {
+		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
+	}
+	a.sl.level = 2 // a seat that fails to sleep below is put to sleep at level 2 by the next step
+	if failed := failures(c.onSeats(ctx, seats, "POST", "/sleep?level=2", a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+		return retry("sleeping at level 2", failed)
+	}
+	a.status.Message = ""
+	c.refreshTier(ctx, a, seats)
+	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
+	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
+	c.event(a, corev1.EventTypeNormal, EventDemoted, "the weights of %s left the hot tier after %v asleep; the next wake reads the %s tier",
+		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
+	if err := c.persist(ctx, a, true); err != nil {
+		return err
+	}
+	a.kickNow()
+	return nil
+}
+
+// adoptSleep takes over sleeping or waking engines when this replica
+// becomes the leader: the seats' /state says what the previous leader left
+// (asleep, or a wake under way, which it continues). It reports whether it
+// decided the application's state.
+func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) (bool, error) {
+	if a.Sleep == nil {
+		return false, nil
+	}
+	prev, known := c.readBucket(ctx, a.Name)
+	if known {
+		a.status.Sleeps, a.status.ResidentTier, a.status.ExpectedResumeSeconds = prev.Sleeps, prev.ResidentTier, prev.ExpectedResumeSeconds
+	}
+	if obs.specReplicas == 0 {
+		return false, nil
+	}
+	seats, err := c.rootSeats(a, root)
+	if err != nil {
+		return false, err
+	}
+	level, sleeping, waking := int32(0), false, false
+	for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
+		if r.err != nil {
+			continue
+		}
+		switch r.st.State {
+		case checkpoint.SeatAwake, checkpoint.SeatUnknown:
+		case checkpoint.SeatWaking:
+			waking = true
+		default:
+			sleeping = true
+			level = max(level, int32(r.st.Level))
+		}
+	}
+	midWake := known && prev.State == v1alpha1.LifecycleWaking && prev.LastWake != nil && prev.LastWake.FromTier != "" && prev.LastWake.Seconds == ""
+	if !sleeping && !waking && !midWake {
+		return false, nil
+	}
+	if err := c.subscribe(a); err != nil {
+		return true, err
+	}
+	if err := c.closeGate(ctx, a); err != nil {
+		return true, err
+	}
+	now := obs.now
+	if level == 0 {
+		level = a.Sleep.Level
+	}
+	a.sl.level, a.sl.asleepAt = level, now
+	if known && prev.State == v1alpha1.LifecycleAsleep && prev.Since != nil {
+		a.sl.asleepAt = prev.Since.Time // parkAfter counts from the sleep, not the takeover
+	}
+	if waking || midWake {
+		a.sl.waking, a.sl.wakeStart = true, now
+		a.status.LastWake = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: now}, Trigger: triggerBacklog, FromTier: a.status.ResidentTier}
+		if known && prev.LastWake != nil && prev.LastWake.StartTime != nil && prev.LastWake.Seconds == "" {
+			a.status.LastWake = prev.LastWake
+			a.sl.wakeStart = prev.LastWake.StartTime.Time
+		}
+		if a.status.LastWake.FromTier == "" || a.status.LastWake.FromTier == v1alpha1.TierAccelerator {
+			a.status.LastWake.FromTier = v1alpha1.TierHot
+		}
+		c.log.Info("continuing the wake of the engines the previous leader began", "app", a.Name)
+		c.enter(a, v1alpha1.LifecycleWaking, now)
+		_ = c.persist(ctx, a, true)
+		return true, c.stepSeatWake(ctx, a, root)
+	}
+	if a.status.ResidentTier == "" || a.status.ResidentTier == v1alpha1.TierAccelerator {
+		a.status.ResidentTier = v1alpha1.TierHot
+	}
+	c.log.Info("the engines sleep; taking them over", "app", a.Name, "level", level, "tier", a.status.ResidentTier)
+	c.enter(a, v1alpha1.LifecycleAsleep, now)
+	if known && prev.Since != nil && prev.State == v1alpha1.LifecycleAsleep {
+		a.status.Since = prev.Since
+	}
+	a.status.Replicas = obs.specReplicas
+	if ob := c.observe(ctx, a, root, true); ob.infoOK && ob.pending+ob.ackPending > 0 {
+		return true, c.beginSeatWake(ctx, a, root, ob, triggerBacklog)
+	}
+	return true, c.persist(ctx, a, true)
+}
+
+// restartSeat deletes a root pod whose seat is Failed (the engine is in a
+// state the seat cannot tell); its StatefulSet starts it again, awake, and
+// the application's step puts it back to sleep or takes it into the wake.
+func (c *Controller) restartSeat(ctx context.Context, a *appState, r seatResult) {
+	uid := string(r.pod.UID)
+	if a.sl.restarted == nil {
+		a.sl.restarted = map[string]bool{}
+	}
+	if a.sl.restarted[uid] {
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := c.deps.Kube.CoreV1().Pods(c.deps.Namespace).Delete(dctx, r.pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &r.pod.UID}})
+	if err != nil {
+		c.log.Warn("restarting the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "err", err)
+		return
+	}
+	a.sl.restarted[uid] = true
+	c.sm.restarts.WithLabelValues(a.Name).Inc()
+	c.log.Warn("restarted the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
+	c.event(a, corev1.EventTypeWarning, EventSeatRestarted, "deleted pod %s of %s: its seat is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
+}
+
+// tierOf maps an engine's tier name (hot, warm, cold) to the API's.
+func tierOf(s string) v1alpha1.Tier {
+	switch s {
+	case string(checkpoint.TierHot):
+		return v1alpha1.TierHot
+	case string(checkpoint.TierWarm):
+		return v1alpha1.TierWarm
+	case string(checkpoint.TierCold):
+		return v1alpha1.TierCold
+	}
+	return ""
+}

@@ -1,0 +1,498 @@
+package lifecycle
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+)
+
+// The leader talks to two agents (internal/checkpoint): the seat sidecar
+// of each root pod (GET /state, POST /sleep?level=, POST /wake) and the
+// node agent on each root's node (GET /tiers, GET /report, POST /promote).
+
+// agentHTTP is the client of both; every call carries its own deadline.
+var agentHTTP = &http.Client{}
+
+// seatRef is one root pod's seat.
+type seatRef struct {
+	pod *corev1.Pod
+	url string
+}
+
+// seatResult is one seat's answer.
+type seatResult struct {
+	seatRef
+	st  checkpoint.SeatStatus
+	err error
+}
+
+// rootSeats finds the seats of the application's root pods: the pods of
+// the root StatefulSet's selector that have an address and are not going
+// away.
+func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef, error) {
+	if root.Spec.Selector == nil {
+		return nil, fmt.Errorf("root StatefulSet %s has no selector", root.Name)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(root.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("root StatefulSet %s selector: %w", root.Name, err)
+	}
+	pods, err := c.podLister.Pods(c.deps.Namespace).List(sel)
+	if err != nil {
+		return nil, fmt.Errorf("listing the pods of %s: %w", root.Name, err)
+	}
+	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+	var out []seatRef
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		out = append(out, seatRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
+	}
+	return out, nil
+}
+
+// onSeats makes the same call on every seat at once and decodes each
+// SeatStatus.
+func (c *Controller) onSeats(ctx context.Context, seats []seatRef, method, path string, timeout time.Duration) []seatResult {
+	out := make([]seatResult, len(seats))
+	var wg sync.WaitGroup
+	for i, s := range seats {
+		wg.Go(func() {
+			out[i] = seatResult{seatRef: s}
+			out[i].err = callAgent(ctx, method, s.url+path, nil, &out[i].st, timeout)
+			if out[i].err != nil {
+				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// callAgent sends a JSON body (nil for none) and decodes a JSON answer
+// into out (nil to discard it); a non-2xx answer is an error carrying the
+// agent's message.
+func callAgent(ctx context.Context, method, url string, body, out any, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := agentHTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, req.URL.Path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, req.URL.Path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		return fmt.Errorf("%s %s: %d: %s", method, req.URL.Path, resp.StatusCode, msg)
+	}
+	if out != nil && len(bytes.TrimSpace(b)) > 0 {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%s %s: decoding the answer: %w", method, req.URL.Path, err)
+		}
+	}
+	return nil
+}
+
+func failures(res []seatResult) []error {
+	var errs []error
+	for _, r := range res {
+		if r.err != nil {
+			errs = append(errs, r.err)
+		}
+	}
+	return errs
+}
+
+func failedRefs(res []seatResult) []seatRef {
+	var out []seatRef
+	for _, r := range res {
+		if r.err != nil {
+			out = append(out, r.seatRef)
+		}
+	}
+	return out
+}
+
+func refsOf(res []seatResult) []seatRef {
+	out := make([]seatRef, len(res))
+	for i, r := range res {
+		out[i] = r.seatRef
+	}
+	return out
+}
+
+func joinErrs(errs []error) string {
+	s := make([]string, len(errs))
+	for i, e := range errs {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+// agentRef is the node agent on one node.
+type agentRef struct {
+	node, pod, url string
+}
+
+// agentsOf finds the node agent on each seat's node (one per node).
+func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
+	sleep := a.Sleep
+	if sleep.AgentSelector == "" || len(seats) == 0 {
+		return nil
+	}
+	sel, err := labels.Parse(sleep.AgentSelector)
+	if err != nil {
+		return nil
+	}
+	pods, err := c.podLister.Pods(c.deps.Namespace).List(sel)
+	if err != nil {
+		return nil
+	}
+	nodes := map[string]bool{}
+	for _, s := range seats {
+		nodes[s.pod.Spec.NodeName] = true
+	}
+	var out []agentRef
+	seen := map[string]bool{}
+	for _, p := range pods {
+		n := p.Spec.NodeName
+		if !nodes[n] || seen[n] || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+			continue
+		}
+		seen[n] = true
+		out = append(out, agentRef{node: n, pod: p.Name, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(sleep.AgentPort)))})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].node < out[j].node })
+	return out
+}
+
+// promoteWarm asks a node agent for a verified warm copy of the weights
+// from its cold tier.
+func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef) error {
+	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm, ColdPath: a.Sleep.ColdPath}
+	var e checkpoint.Entry
+	if err := callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
+		return fmt.Errorf("node agent %s: %w", ag.pod, err)
+	}
+	c.log.Info("warm copy placed", "app", a.Name, "node", ag.node, "bytes", e.Bytes, "digest", e.Digest)
+	return nil
+}
+
+// nodeView is what one node agent says about the application's weights.
+type nodeView struct {
+	agentRef
+	report  checkpoint.NodeReport
+	entries []checkpoint.Entry // the application's copies
+	err     error
+}
+
+// nodeViews asks the node agents of the seats' nodes for their report and
+// the application's copies.
+func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef) []nodeView {
+	agents := c.agentsOf(a, seats)
+	out := make([]nodeView, len(agents))
+	var wg sync.WaitGroup
+	for i, ag := range agents {
+		wg.Go(func() {
+			v := nodeView{agentRef: ag}
+			var tiers checkpoint.TiersStatus
+			v.err = errors.Join(
+				callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
+				callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
+			for _, e := range tiers.Entries {
+				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint {
+					v.entries = append(v.entries, e)
+				}
+			}
+			out[i] = v
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// readBPS is a node's measured read bandwidth of a tier (0: unknown).
+func (v nodeView) readBPS(t v1alpha1.Tier) float64 {
+	var b *checkpoint.Bandwidth
+	switch t {
+	case v1alpha1.TierHot:
+		b = v.report.Hot.Read
+	case v1alpha1.TierWarm:
+		b = v.report.Warm.Read
+	}
+	if b == nil {
+		return 0
+	}
+	return b.BytesPerSecond
+}
+
+// has reports whether the node agent holds a copy in tier t.
+func (v nodeView) has(t v1alpha1.Tier) (checkpoint.Entry, bool) {
+	for _, e := range v.entries {
+		if tierOf(string(e.Tier)) == t {
+			return e, true
+		}
+	}
+	return checkpoint.Entry{}, false
+}
+
+// tierBandwidth is the slowest measured read bandwidth of tier t on the
+// nodes of the seats in res (0: unknown).
+func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatResult, t v1alpha1.Tier) float64 {
+	if a.Sleep.AgentSelector == "" {
+		return 0
+	}
+	bw := 0.0
+	for _, v := range c.nodeViews(ctx, a, refsOf(res)) {
+		if b := v.readBPS(t); b > 0 && (bw == 0 || b < bw) {
+			bw = b
+		}
+	}
+	return bw
+}
+
+// refreshTier works out where sleeping engines' weights rest and how long
+// a wake should take: at level 1 the hot tier; at level 2 the fastest tier
+// in which every root's node agent holds a copy, else the cold tier. The
+// expected resume is bytes over the slowest node's measured read bandwidth
+// of that tier plus the engines' measured wake overhead. It then writes the
+// ModelCheckpoint's status.
+func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatRef) {
+	a.sl.refreshed = c.now()
+	var views []nodeView
+	if a.Sleep.AgentSelector != "" {
+		views = c.nodeViews(ctx, a, seats)
+	}
+	tier := v1alpha1.TierHot
+	if a.sl.level == 2 {
+		tier = v1alpha1.TierCold
+		for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+			all := len(views) > 0
+			for _, v := range views {
+				if _, ok := v.has(t); !ok {
+					all = false
+				}
+			}
+			if all {
+				tier = t
+				break
+			}
+		}
+	}
+	bytes := a.sl.bytes
+	bw := 0.0
+	for _, v := range views {
+		if e, ok := v.has(tier); ok && bytes == 0 {
+			bytes = e.Bytes
+		}
+		if b := v.readBPS(tier); b > 0 && (bw == 0 || b < bw) {
+			bw = b
+		}
+	}
+	if tier == v1alpha1.TierCold {
+		bw = a.sl.coldBPS
+	}
+	resume := ""
+	if bw > 0 && bytes > 0 {
+		resume = strconv.FormatFloat(float64(bytes)/bw+a.sl.overhead, 'f', 3, 64)
+	}
+	a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
+	c.writeCheckpointFrom(ctx, a, seats, views, nil)
+}
+
+// writeCheckpoint writes the application's ModelCheckpoint status from the
+// node agents of the seats' nodes; verified is the last wake's
+// verification, when one just ended.
+func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []seatRef, verified *bool) {
+	var views []nodeView
+	if a.Sleep.AgentSelector != "" && len(seats) > 0 {
+		views = c.nodeViews(ctx, a, seats)
+	}
+	c.writeCheckpointFrom(ctx, a, seats, views, verified)
+}
+
+func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats []seatRef, views []nodeView, verified *bool) {
+	if a.Sleep.ModelCheckpoint == "" || c.checkpoints == nil {
+		return
+	}
+	st := v1alpha1.ModelCheckpointStatus{ResidentTier: a.status.ResidentTier, ExpectedResumeSeconds: a.status.ExpectedResumeSeconds, Bytes: a.sl.bytes}
+	for _, v := range views {
+		for _, e := range v.entries {
+			t := tierOf(string(e.Tier))
+			p := v1alpha1.Placement{Node: v.node, Tier: t, Bytes: e.Bytes, Digest: e.Digest, ReadBytesPerSecond: int64(v.readBPS(t))}
+			if !e.VerifiedAt.IsZero() {
+				p.VerifiedTime = &metav1.Time{Time: e.VerifiedAt.UTC().Truncate(time.Second)}
+			}
+			if !e.LastUsed.IsZero() {
+				p.LastUsedTime = &metav1.Time{Time: e.LastUsed.UTC().Truncate(time.Second)}
+			}
+			st.Placements = append(st.Placements, p)
+			if st.Digest == "" {
+				st.Digest = e.Digest
+			}
+			if st.Bytes == 0 {
+				st.Bytes = e.Bytes
+			}
+		}
+	}
+	if a.status.State == v1alpha1.LifecycleAsleep && a.sl.level == 1 {
+		// The engines' own level-1 offload, one per root's node.
+		nodes := map[string]bool{}
+		for _, s := range seats {
+			if n := s.pod.Spec.NodeName; !nodes[n] {
+				nodes[n] = true
+				p := v1alpha1.Placement{Node: n, Tier: v1alpha1.TierHot, Bytes: a.sl.bytes}
+				for _, v := range views {
+					if v.node == n {
+						p.ReadBytesPerSecond = int64(v.readBPS(v1alpha1.TierHot))
+					}
+				}
+				st.Placements = append(st.Placements, p)
+			}
+		}
+	}
+	if len(st.Placements) > 64 {
+		st.Placements = st.Placements[:64]
+	}
+	if verified != nil {
+		cond := metav1.Condition{Type: "Verified", Status: metav1.ConditionTrue, Reason: "WakeVerified",
+			Message: "the last wake's bytes hashed to the digest recorded when the engine loaded them", LastTransitionTime: metav1.Now()}
+		if !*verified {
+			cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "WakeNotVerified", "the last wake restored bytes the engine did not verify"
+		}
+		meta.SetStatusCondition(&st.Conditions, cond)
+		a.sl.verifiedCond = &cond
+	} else if a.sl.verifiedCond != nil {
+		meta.SetStatusCondition(&st.Conditions, *a.sl.verifiedCond)
+	}
+	b, err := json.Marshal(st)
+	if err != nil || string(b) == a.sl.written {
+		return
+	}
+	if err := c.checkpoints.WriteStatus(ctx, c.deps.Namespace, a.Sleep.ModelCheckpoint, st); err != nil {
+		c.log.Warn("writing the ModelCheckpoint status", "app", a.Name, "modelCheckpoint", a.Sleep.ModelCheckpoint, "err", err)
+		return
+	}
+	a.sl.written = string(b)
+}
+
+// CheckpointStatusWriter writes a ModelCheckpoint's status.
+type CheckpointStatusWriter interface {
+	WriteStatus(ctx context.Context, namespace, name string, st v1alpha1.ModelCheckpointStatus) error
+}
+
+// restCheckpoints writes ModelCheckpoint status with a merge patch of its
+// status subresource through the clientset's REST client.
+type restCheckpoints struct{ rc *rest.RESTClient }
+
+// checkpointWriter returns the writer of a real clientset, or nil (fake
+// clientsets in tests have no REST client).
+func checkpointWriter(kube kubernetes.Interface) CheckpointStatusWriter {
+	if kube == nil {
+		return nil
+	}
+	if rc, ok := kube.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil {
+		return restCheckpoints{rc: rc}
+	}
+	return nil
+}
+
+// WriteStatus implements CheckpointStatusWriter.
+func (r restCheckpoints) WriteStatus(ctx context.Context, namespace, name string, st v1alpha1.ModelCheckpointStatus) error {
+	body, err := json.Marshal(map[string]any{"status": st})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	gv := v1alpha1.GroupVersion
+	err = r.rc.Patch(types.MergePatchType).
+		AbsPath("/apis", gv.Group, gv.Version, "namespaces", namespace, "modelcheckpoints", name, "status").
+		Param("fieldManager", FieldManager).
+		Body(body).Do(ctx).Error()
+	if err != nil {
+		return fmt.Errorf("patching ModelCheckpoint %s/%s status: %w", namespace, name, err)
+	}
+	return nil
+}
+
+// sleepMetrics are the metrics of sleeping engines.
+type sleepMetrics struct {
+	sleeps        *prometheus.CounterVec
+	wakes         *prometheus.CounterVec
+	wakeSeconds   *prometheus.HistogramVec
+	restoredBytes *prometheus.CounterVec
+	demotions     *prometheus.CounterVec
+	restarts      *prometheus.CounterVec
+}
+
+func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
+	const ns = "orchestra_lifecycle"
+	m := &sleepMetrics{
+		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sleeps_total",
+			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a seat could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),
+		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_wakes_total",
+			Help: "Attempts to wake sleeping engines, by the tier the weights came from (Hot, Warm, Cold) and result (ok, failed: retried with backoff)."}, []string{"app", "tier", "result"}),
+		wakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_wake_seconds",
+			Help:    "Time from the first request for sleeping engines to every root's seat reporting Awake (the gate opens), by the tier the weights came from.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}}, []string{"app", "tier"}),
+		restoredBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "restored_bytes_total",
+			Help: "Weight bytes the engines reported restoring in wakes, by tier."}, []string{"app", "tier"}),
+		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "demotions_total",
+			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
+			Help: "Root pods deleted because their seat was Failed (the engine in a state the seat cannot tell)."}, []string{"app"}),
+	}
+	reg.MustRegister(m.sleeps, m.wakes, m.wakeSeconds, m.restoredBytes, m.demotions, m.restarts)
+	return m
+}

@@ -1,0 +1,709 @@
+package lifecycle_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/dataplanetest"
+	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+// weightsBytes is the size of the simulator's weights in these tests: big
+// enough that every wake moves and hashes real bytes, small enough for a
+// shared machine.
+const weightsBytes = 8 << 20
+
+// sleepPlane is one root pod's engine (a real simulator with real weights
+// and sleep mode), its seat sidecar (a real checkpoint seat over HTTP) and
+// the node's agent (a real checkpoint node agent over HTTP), on the fake
+// cluster of env, with a real dispatcher in front.
+type sleepPlane struct {
+	e      *env
+	sim    *sim.Simulator
+	engine *httptest.Server
+	seat   *httptest.Server
+	agent  *httptest.Server
+	client *natsqueue.Client
+	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
+	// when it runs one).
+	dispatcherReg *prometheus.Registry
+
+	// failWake makes the engine answer 500 to its wake calls; hang makes
+	// it answer 500 to everything (an engine the seat can no longer tell).
+	failWake atomic.Bool
+	broken   atomic.Bool
+	// sleepDelay holds every seat sleep call before it reaches the seat.
+	sleepDelay atomic.Int64
+
+	mu      sync.Mutex
+	written []v1alpha1.ModelCheckpointStatus // ModelCheckpoint status writes
+	regs    map[string]*prometheus.Registry  // each leader's metrics
+}
+
+// registry is the metrics registry of the leader named identity.
+func (p *sleepPlane) registry(identity string) *prometheus.Registry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.regs == nil {
+		p.regs = map[string]*prometheus.Registry{}
+	}
+	if p.regs[identity] == nil {
+		p.regs[identity] = prometheus.NewRegistry()
+	}
+	return p.regs[identity]
+}
+
+type planeOptions struct {
+	// inDispatcher runs the lifecycle inside the dispatcher (production);
+	// otherwise the test starts controllers itself (startLeader).
+	inDispatcher bool
+	sleep        func(*lifecycle.SleepConfig)
+	sim          func(*sim.Config)
+}
+
+func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
+	t.Helper()
+	e := newEnv(t, 1)
+	p := &sleepPlane{e: e}
+	dir := t.TempDir()
+	cold := filepath.Join(dir, "cold")
+	agentHot, agentWarm := filepath.Join(dir, "agent-hot"), filepath.Join(dir, "agent-warm")
+	for _, d := range []string{cold, agentHot, agentWarm, filepath.Join(dir, "engine-hot")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The model file in the model cache (the cold tier).
+	w := make([]byte, weightsBytes)
+	for i := range w {
+		w[i] = byte(i*7 + i>>11)
+	}
+	if err := os.WriteFile(filepath.Join(cold, "weights.bin"), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	// The node agent.
+	ac := checkpoint.Default()
+	ac.Role = checkpoint.RoleNode
+	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
+	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.agent = httptest.NewServer(ah)
+	t.Cleanup(p.agent.Close)
+
+	// The engine: the simulator reads its weights from the model cache;
+	// its warm directory is the agent's, so a copy the agent places there
+	// is what a level-2 wake reads.
+	sc := dataplanetest.FastSim()
+	sc.Weights = sim.Weights{File: filepath.Join(cold, "weights.bin"), Name: "demo-chat"}
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: filepath.Join(dir, "engine-hot"), WarmDir: filepath.Join(agentWarm, ns)}
+	if o.sim != nil {
+		o.sim(&sc)
+	}
+	if err := sc.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p.sim = sim.New(sc)
+	if err := p.sim.LoadWeights(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.sim.Close)
+	eh := p.sim.Handler()
+	p.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.broken.Load() {
+			http.Error(w, `{"error":{"message":"injected: the engine is broken"}}`, http.StatusInternalServerError)
+			return
+		}
+		if p.failWake.Load() && r.Method == http.MethodPost && (r.URL.Path == "/wake_up" || r.URL.Path == "/collective_rpc") {
+			http.Error(w, `{"error":{"message":"injected: the engine cannot wake"}}`, http.StatusInternalServerError)
+			return
+		}
+		eh.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.engine.Close)
+
+	// The seat sidecar.
+	scfg := checkpoint.Default()
+	scfg.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
+	scfg.Seat.PollInterval, scfg.Seat.DrainTimeout = 5*time.Millisecond, 5*time.Second
+	sh, err := checkpoint.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.seat = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d := time.Duration(p.sleepDelay.Load()); d > 0 && r.URL.Path == "/sleep" {
+			select {
+			case <-r.Context().Done():
+				return // the caller gave up: the seat never hears of this sleep
+			case <-time.After(d):
+			}
+		}
+		sh.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.seat.Close)
+	eventually(t, 5*time.Second, "the seat to see its engine awake", func() bool { return p.seatState().State == checkpoint.SeatAwake })
+
+	// The root pod and the node agent's pod, where the leader finds them.
+	p.placePods()
+	u, _ := url.Parse(p.engine.URL)
+	e.c.engine = u.Host
+	e.c.slice(true)
+
+	lc := p.config(o.sleep)
+	cfg := dispatch.Default()
+	cfg.Orchestra, cfg.Namespace, cfg.NATS.URL = orch, ns, e.srv.ClientURL()
+	cfg.Apps = []dispatch.App{{Name: app, Service: root, PortName: "http", Port: 1, MaxConcurrency: 8}}
+	if o.inDispatcher {
+		cfg.Lifecycle = &lc
+	}
+	cfg.AckWait = metav1.Duration{Duration: 5 * time.Second}
+	cfg.HeartbeatInterval = metav1.Duration{Duration: 200 * time.Millisecond}
+	nc, err := nats.Connect(e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.dispatcherReg = prometheus.NewRegistry()
+	d, err := dispatch.New(cfg, nc, slog.New(slog.NewTextHandler(testWriter{t}, nil)), dispatch.WithKubernetes(e.c.cs), dispatch.WithRegistry(p.dispatcherReg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, dcancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(dctx) }()
+	t.Cleanup(func() { dcancel(); <-done; nc.Close() })
+
+	qc := natsqueue.DefaultClientConfig()
+	qc.Orchestra = orch
+	cnc, err := nats.Connect(e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cnc.Close)
+	p.client, err = natsqueue.NewClient(cnc, qc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.client.Close)
+	return p
+}
+
+func port(t *testing.T, s *httptest.Server) int32 {
+	u, _ := url.Parse(s.URL)
+	n, err := strconv.Atoi(u.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+// placePods gives the root StatefulSet its selector and the root pod an
+// address, a node and the engine's port, and adds the node agent's pod on
+// the same node: everything here listens on 127.0.0.1, so the pods'
+// address is that, and the configured ports tell the servers apart.
+func (p *sleepPlane) placePods() {
+	t, c := p.e.t, p.e.c
+	stsGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets")
+	obj, err := c.cs.Tracker().Get(stsGVR, ns, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sts := obj.(*appsv1.StatefulSet).DeepCopy()
+	sts.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{
+		"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "root", "modelorchestra.io/application": app}}
+	if err := c.cs.Tracker().Update(stsGVR, sts, ns); err != nil {
+		t.Fatal(err)
+	}
+	p.placeRoot()
+	agent := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: orch + "-agent-x1", Namespace: ns, Labels: map[string]string{
+			"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "checkpoint-agent"}},
+		Spec:   corev1.PodSpec{NodeName: "node-a"},
+		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
+	}
+	if err := c.cs.Tracker().Add(agent); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// placeRoot gives the root pod an address, a node and the engine's port.
+func (p *sleepPlane) placeRoot() {
+	t, c := p.e.t, p.e.c
+	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
+	obj, err := c.cs.Tracker().Get(podGVR, ns, root+"-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := obj.(*corev1.Pod).DeepCopy()
+	pod.Spec.NodeName = "node-a"
+	pod.Spec.Containers = []corev1.Container{{Name: "engine", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: port(t, p.engine)}}}}
+	pod.Status.PodIP, pod.Status.Phase = "127.0.0.1", corev1.PodRunning
+	if err := c.cs.Tracker().Update(podGVR, pod, ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// config is the lifecycle with sleeping engines: minReplicas 1, sleep after
+// 300ms idle at level 1.
+func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
+	s := &lifecycle.SleepConfig{
+		After: metav1.Duration{Duration: 300 * time.Millisecond}, Level: 1,
+		SeatPort:        port(p.e.t, p.seat),
+		AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
+		AgentPort:       port(p.e.t, p.agent),
+		ModelCheckpoint: "demo-chat",
+		ColdPath:        "weights.bin",
+		WakeTimeout:     metav1.Duration{Duration: 20 * time.Second},
+	}
+	if mut != nil {
+		mut(s)
+	}
+	return appConfig(func(a *lifecycle.App) {
+		a.MinReplicas, a.MaxReplicas = 1, 1
+		a.ZeroAfter.Duration = time.Hour
+		a.Sleep = s
+	})
+}
+
+// startLeader runs a lifecycle controller outside the dispatcher, with a
+// ModelCheckpoint status writer that records; stop ends it (releasing the
+// Lease).
+func (p *sleepPlane) startLeader(identity string, cfg lifecycle.Config) (stop func()) {
+	t := p.e.t
+	t.Helper()
+	if err := cfg.Validate([]string{app}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(p.e.srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := lifecycle.New(cfg, lifecycle.Deps{NC: nc, Kube: p.e.c.cs, Namespace: ns, Orchestra: orch, Identity: identity,
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("leader", identity), Registry: p.registry(identity), Checkpoints: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ctl.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done; nc.Close() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// WriteStatus records ModelCheckpoint status writes.
+func (p *sleepPlane) WriteStatus(_ context.Context, namespace, name string, st v1alpha1.ModelCheckpointStatus) error {
+	if namespace != ns || name != "demo-chat" {
+		return fmt.Errorf("unexpected ModelCheckpoint %s/%s", namespace, name)
+	}
+	p.mu.Lock()
+	p.written = append(p.written, st)
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *sleepPlane) checkpointStatus() v1alpha1.ModelCheckpointStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.written) == 0 {
+		return v1alpha1.ModelCheckpointStatus{}
+	}
+	return p.written[len(p.written)-1]
+}
+
+func (p *sleepPlane) seatState() checkpoint.SeatStatus {
+	var st checkpoint.SeatStatus
+	if p.seat == nil {
+		return st
+	}
+	resp, err := http.Get(p.seat.URL + "/state")
+	if err != nil {
+		return st
+	}
+	defer func() { _ = resp.Body.Close() }()
+	_ = jsonDecode(resp, &st)
+	return st
+}
+
+// refused is the simulator's count of inference requests refused because
+// it was not awake: a request the dispatcher sent to a sleeping engine.
+func (p *sleepPlane) refused() float64 {
+	p.e.t.Helper()
+	resp, err := http.Get(p.engine.URL + "/metrics")
+	if err != nil {
+		p.e.t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "orchestra_sim_requests_refused_asleep_total "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	p.e.t.Fatal("the simulator exports no orchestra_sim_requests_refused_asleep_total")
+	return 0
+}
+
+// asleep waits for the application and its engine to sleep at level (the
+// weights out of the engine's memory, the gate closed).
+func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
+	p.e.t.Helper()
+	eventually(p.e.t, 15*time.Second, fmt.Sprintf("the engines asleep at level %d in the %s tier", level, tier), func() bool {
+		st := p.e.state()
+		w := p.sim.WeightsStatus()
+		return st.State == v1alpha1.LifecycleAsleep && st.ResidentTier == tier && w.Sleeping && w.Level == level && w.ResidentBytes == 0
+	})
+	if !p.e.consumer().Paused {
+		p.e.t.Fatal("the engines sleep but the consumer is not paused: a dispatcher could send them a request")
+	}
+	if s := p.seatState(); s.State != checkpoint.SeatAsleep {
+		p.e.t.Fatalf("seat state %s, want Asleep", s.State)
+	}
+}
+
+// lastWake waits until the status's last wake is as described (the gate
+// opens before the status is written, so answers can arrive first).
+func (p *sleepPlane) lastWake(want string, ok func(*v1alpha1.WakeStatus) bool) {
+	p.e.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lw := p.e.state().LastWake
+		if lw != nil && ok(lw) {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.e.t.Errorf("last wake %+v, want %s", lw, want)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// counter sums the series of a metric family with the given labels.
+func counter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue metric
+				}
+			}
+			total += value(m)
+		}
+	}
+	return total
+}
+
+// TestEnginesSleepWhenIdleAndWakeOnTheNextRequest: the idle application's
+// engine is put to sleep through its seat (the pod stays), and the next
+// requests, sent through the queue to the dispatcher that runs the
+// lifecycle, wake it: every answer arrives, the restored bytes verify, no
+// request reached the sleeping engine and none was lost or redelivered.
+func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{inDispatcher: true})
+	p.asleep(1, v1alpha1.TierHot)
+	if st := p.e.state(); st.Sleeps != 1 || st.Replicas != 1 {
+		t.Errorf("asleep: %d sleeps and %d replicas, want 1 sleep and the pod kept", st.Sleeps, st.Replicas)
+	}
+	if p.e.c.replicas() != 1 {
+		t.Fatal("sleeping removed the pod")
+	}
+
+	const n = 16
+	if err := sendBatch(p.client, "asleep", n); err != nil {
+		t.Fatalf("requests sent to sleeping engines were lost or failed:\n%v", err)
+	}
+	p.lastWake(fmt.Sprintf("a wake by a request from the hot tier restoring %d bytes, with its speed", weightsBytes), func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierHot && lw.Bytes == weightsBytes && lw.BytesPerSecond > 0 && lw.Seconds != "" && lw.Trigger == "request"
+	})
+	if st := p.e.state(); st.Wakes != 1 {
+		t.Errorf("%d wakes, want 1", st.Wakes)
+	}
+	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
+		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
+	}
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep: the dispatcher sent requests to a sleeping engine", r)
+	}
+	ci := p.e.consumer()
+	if ci.NumRedelivered != 0 || ci.Delivered.Consumer != n {
+		t.Errorf("consumer delivered %d times with %d redelivered, want each of the %d requests delivered once", ci.Delivered.Consumer, ci.NumRedelivered, n)
+	}
+	if f := sum(t, p.dispatcherReg, "orchestra_dispatcher_failed_total"); f != 0 {
+		t.Errorf("%v failed deliveries, want 0", f)
+	}
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_engine_wakes_total", map[string]string{"tier": "Hot", "result": "ok"}); c != 1 {
+		t.Errorf("orchestra_lifecycle_engine_wakes_total{tier=Hot,result=ok} = %v, want 1", c)
+	}
+	if b := counter(t, p.dispatcherReg, "orchestra_lifecycle_restored_bytes_total", map[string]string{"tier": "Hot"}); b != weightsBytes {
+		t.Errorf("orchestra_lifecycle_restored_bytes_total{tier=Hot} = %v, want %d", b, weightsBytes)
+	}
+	// Idle again, it sleeps again.
+	p.asleep(1, v1alpha1.TierHot)
+}
+
+// TestARequestWhileFallingAsleepCancelsTheSleep: a request that arrives
+// while the engines are being put to sleep wins: the sleep is cancelled,
+// the request answered, and the engine never refuses one.
+func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{inDispatcher: true})
+	p.sleepDelay.Store(int64(time.Hour)) // the seat sleeps only when the caller waits for it
+	// Draining is published just before the consumer pauses: wait for both,
+	// so that the requests find the engines falling asleep.
+	eventually(t, 10*time.Second, "the decision to sleep, the consumer paused", func() bool {
+		return p.e.state().State == v1alpha1.LifecycleDraining && p.e.consumer().Paused
+	})
+	if err := sendBatch(p.client, "falling", 4); err != nil {
+		t.Fatalf("requests sent while the engines fell asleep were lost or failed:\n%v", err)
+	}
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_sleeps_total", map[string]string{"outcome": "cancelled"}); c < 1 {
+		t.Errorf("orchestra_lifecycle_sleeps_total{outcome=cancelled} = %v, want the sleep cancelled by the request", c)
+	}
+	if w := p.sim.WeightsStatus(); w.Wakes != 0 || p.seatState().Sleeps != 0 {
+		t.Errorf("the engine slept (%d wakes, seat %d sleeps): the request did not cancel the sleep", w.Wakes, p.seatState().Sleeps)
+	}
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests", r)
+	}
+}
+
+// TestSleepingEnginesAreDemotedAndWakeFromEachTier: after parkAfter asleep
+// in the hot tier the weights are demoted (the node agent places a verified
+// warm copy, the engine sleeps at level 2) and the next request wakes them
+// from the warm tier; with the warm copy gone the wake reads the cold tier.
+// Each wake's bytes verify, the status names the tier, and the
+// ModelCheckpoint records the copies.
+func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
+	defer lifecycle.SetRefreshEvery(50 * time.Millisecond)()
+	p := newSleepPlane(t, planeOptions{sleep: func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }})
+	p.startLeader("leader-a", p.config(func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }))
+
+	p.asleep(2, v1alpha1.TierWarm)
+	mc := p.checkpointStatus()
+	var warm *v1alpha1.Placement
+	for i := range mc.Placements {
+		if mc.Placements[i].Tier == v1alpha1.TierWarm {
+			warm = &mc.Placements[i]
+		}
+	}
+	if mc.ResidentTier != v1alpha1.TierWarm || warm == nil || warm.Node != "node-a" || warm.Bytes != weightsBytes || warm.Digest == "" || warm.ReadBytesPerSecond <= 0 {
+		t.Fatalf("ModelCheckpoint status %+v, want resident Warm with the warm copy on node-a, its digest and measured read bandwidth", mc)
+	}
+	if st := p.e.state(); st.ExpectedResumeSeconds == "" || mc.ExpectedResumeSeconds != st.ExpectedResumeSeconds {
+		t.Errorf("expected resume %q in the lifecycle status and %q in the ModelCheckpoint, want the same estimate from the warm tier's bandwidth", st.ExpectedResumeSeconds, mc.ExpectedResumeSeconds)
+	}
+
+	wake := func(prefix string, tier v1alpha1.Tier, simTier string, wakes int) {
+		t.Helper()
+		if err := sendBatch(p.client, prefix, 4); err != nil {
+			t.Fatalf("requests sent to engines asleep in the %s tier were lost or failed:\n%v", tier, err)
+		}
+		p.lastWake(fmt.Sprintf("%d bytes from the %s tier", weightsBytes, tier), func(lw *v1alpha1.WakeStatus) bool {
+			return lw.FromTier == tier && lw.Bytes == weightsBytes
+		})
+		w := p.sim.WeightsStatus()
+		if w.Wakes != wakes || w.Verified != wakes || w.LastWake == nil || w.LastWake.Tier != simTier || !w.LastWake.Verified {
+			t.Errorf("engine: %d wakes, %d verified, last %+v; want %d verified wakes, the last from %s", w.Wakes, w.Verified, w.LastWake, wakes, simTier)
+		}
+		// The gate opens first; the status follows.
+		eventually(t, 5*time.Second, "the ModelCheckpoint's Verified condition after the wake", func() bool {
+			return hasCondition(p.checkpointStatus().Conditions, "Verified", metav1.ConditionTrue)
+		})
+	}
+	// The demotion itself woke the engine once, from the hot tier.
+	wake("warm", v1alpha1.TierWarm, sim.TierWarm, 2)
+
+	// Hot, then warm again; then the agent loses the warm copy: cold.
+	p.asleep(2, v1alpha1.TierWarm)
+	req, _ := http.NewRequest(http.MethodDelete, p.agent.URL+"/tiers/warm/"+ns+"/demo-chat", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("removing the warm copy: %d", resp.StatusCode)
+	}
+	p.asleep(2, v1alpha1.TierCold)
+	wake("cold", v1alpha1.TierCold, sim.TierCold, 4)
+
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
+	if c := counter(t, p.registry("leader-a"), "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c < 2 {
+		t.Errorf("orchestra_lifecycle_demotions_total{result=ok} = %v, want 2", c)
+	}
+}
+
+func hasCondition(conds []metav1.Condition, typ string, status metav1.ConditionStatus) bool {
+	for _, c := range conds {
+		if c.Type == typ {
+			return c.Status == status
+		}
+	}
+	return false
+}
+
+// TestAFailingWakeIsRetriedAndReported: while the engine cannot wake, the
+// requests wait in the queue, the status says why and the leader retries;
+// once the engine wakes the requests are answered, none lost, none sent to
+// the sleeping engine.
+func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{inDispatcher: true})
+	p.asleep(1, v1alpha1.TierHot)
+	p.failWake.Store(true)
+	errc := make(chan error, 1)
+	go func() { errc <- sendBatch(p.client, "failing", 4) }()
+	eventually(t, 10*time.Second, "the failed wake in the status", func() bool {
+		st := p.e.state()
+		return st.State == v1alpha1.LifecycleWaking && strings.Contains(st.Message, "waking the engines failed (attempt 2") &&
+			strings.Contains(st.Message, "injected: the engine cannot wake")
+	})
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_engine_wakes_total", map[string]string{"result": "failed"}); c < 2 {
+		t.Errorf("orchestra_lifecycle_engine_wakes_total{result=failed} = %v, want the retries counted", c)
+	}
+	if p.e.consumer().Paused == false {
+		t.Fatal("the gate opened while the engine could not wake")
+	}
+	p.failWake.Store(false)
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("requests waiting through failed wakes were lost or failed:\n%v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the requests were not answered after the engine could wake again")
+	}
+	// The gate opens first; the status follows.
+	eventually(t, 5*time.Second, "the message cleared and the wake's bytes in the status", func() bool {
+		st := p.e.state()
+		return st.Message == "" && st.LastWake != nil && st.LastWake.Bytes == weightsBytes
+	})
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
+}
+
+// TestAFailedSeatsPodIsRestarted: an engine that fails its wake and then
+// no longer answers leaves its seat Failed; the leader deletes the pod (its
+// StatefulSet starts it again), and the wake completes with the new pod.
+func TestAFailedSeatsPodIsRestarted(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{inDispatcher: true})
+	p.asleep(1, v1alpha1.TierHot)
+	p.broken.Store(true)
+	errc := make(chan error, 1)
+	go func() { errc <- sendBatch(p.client, "failed", 2) }()
+	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
+	eventually(t, 10*time.Second, "the pod of the Failed seat deleted", func() bool {
+		_, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0")
+		return apierrors.IsNotFound(err)
+	})
+	if s := p.seatState(); s.State != checkpoint.SeatFailed {
+		t.Fatalf("seat %s, want Failed", s.State)
+	}
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_seat_restarts_total", nil); c != 1 {
+		t.Errorf("orchestra_lifecycle_seat_restarts_total = %v, want 1", c)
+	}
+	if !p.e.consumer().Paused {
+		t.Fatal("the gate opened with no root running")
+	}
+	// The StatefulSet starts the pod again; here the same engine answers
+	// again and its seat learns that it sleeps.
+	p.broken.Store(false)
+	p.e.c.createPod(0, true)
+	p.placeRoot()
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("requests waiting through the restart were lost or failed:\n%v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the requests were not answered after the pod was restarted")
+	}
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
+}
+
+// TestANewLeaderContinuesAWake: the leader is stopped while the engine
+// wakes; the next one reads the seat's state, finishes the wake (one engine
+// wake, not two) and opens the gate: the request is answered.
+func TestANewLeaderContinuesAWake(t *testing.T) {
+	p := newSleepPlane(t, planeOptions{sim: func(c *sim.Config) { c.Faults.WakeDelay = 3 * time.Second }})
+	cfg := p.config(nil)
+	stopA := p.startLeader("leader-a", cfg)
+	p.asleep(1, v1alpha1.TierHot)
+	p.startLeader("leader-b", cfg) // waits for the Lease
+
+	errc := make(chan error, 1)
+	go func() { errc <- sendBatch(p.client, "handover", 2) }()
+	eventually(t, 10*time.Second, "the engine waking", func() bool { return p.seatState().State == checkpoint.SeatWaking })
+	stopA() // releases the Lease mid-wake
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("requests waiting through the leader change were lost or failed:\n%v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the requests were not answered after the leader change")
+	}
+	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 {
+		t.Errorf("engine: %d wakes, %d verified; want the one wake, verified", w.Wakes, w.Verified)
+	}
+	p.lastWake("the wake from the hot tier finished by the new leader", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierHot && lw.Seconds != "" && lw.Bytes == weightsBytes
+	})
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
+}
+
+func jsonDecode(resp *http.Response, v any) error {
+	return json.NewDecoder(resp.Body).Decode(v)
+}
