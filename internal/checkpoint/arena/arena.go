@@ -2,11 +2,13 @@
 // the bytes, and verifies every byte it moves.
 //
 // An Arena is anonymous memory outside the Go heap (mmap), advised for
-// transparent huge pages and pre-faulted, so a restore pays one 2 MiB fault
-// per 2 MiB instead of 512 faults of 4 KiB, and Free really returns the
-// memory to the kernel (the Go heap would keep it). Fill reads a file into an
-// arena in large blocks with read(2) while a second goroutine hashes the
-// blocks already read, so verification overlaps the copy.
+// transparent huge pages, so a restore pays one 2 MiB fault per 2 MiB instead
+// of 512 faults of 4 KiB, and Free really returns the memory to the kernel
+// (the Go heap would keep it). An arena is either pre-faulted when it is
+// made, or faulted block by block by the fill that writes it, so getting the
+// memory overlaps reading into it. FillFile reads a file into an arena in
+// large blocks with pread(2) from several workers while another goroutine
+// hashes the blocks already read, in order, so verification overlaps the copy.
 package arena
 
 import (
@@ -21,6 +23,9 @@ import (
 type Arena struct {
 	full []byte // page-rounded mapping
 	n    int64
+	// faulted is true once every page has been faulted in (New without
+	// NoPopulate, or a fill that touched every block).
+	faulted bool
 }
 
 // pageRound rounds n up to a multiple of the page size.
@@ -33,7 +38,9 @@ func pageRound(n int64) int64 {
 type Options struct {
 	// NoHugePages skips MADV_HUGEPAGE (for measuring its effect).
 	NoHugePages bool
-	// NoPopulate skips pre-faulting; pages then fault on first touch.
+	// NoPopulate skips pre-faulting: FillFile then faults each block just
+	// before it reads into it, on the worker that reads it, and counts the
+	// faults in the copy time.
 	NoPopulate bool
 }
 
@@ -57,21 +64,29 @@ func New(n int64, opts Options) (*Arena, error) {
 	if !opts.NoHugePages {
 		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advisory; THP may be off
 	}
+	a := &Arena{full: b, n: n}
 	if !opts.NoPopulate {
-		if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err != nil {
-			// Kernels before 5.14 lack it; touch one byte per page instead,
-			// so the copy that follows measures copying, not faulting.
-			if !errors.Is(err, unix.EINVAL) {
-				_ = unix.Munmap(b)
-				return nil, fmt.Errorf("pre-faulting a %d-byte arena: %w", n, err)
-			}
-			p := os.Getpagesize()
-			for i := 0; i < len(b); i += p {
-				b[i] = 0
-			}
+		if err := populate(b); err != nil {
+			_ = unix.Munmap(b)
+			return nil, fmt.Errorf("pre-faulting a %d-byte arena: %w", n, err)
 		}
+		a.faulted = true
 	}
-	return &Arena{full: b, n: n}, nil
+	return a, nil
+}
+
+// populate faults b's pages in for writing.
+func populate(b []byte) error {
+	err := unix.Madvise(b, unix.MADV_POPULATE_WRITE)
+	if errors.Is(err, unix.EINVAL) {
+		// Kernels before 5.14 lack it: touch one byte per page instead.
+		p := os.Getpagesize()
+		for i := 0; i < len(b); i += p {
+			b[i] = 0
+		}
+		return nil
+	}
+	return err
 }
 
 // Bytes returns the arena's n bytes (none for a nil arena).
