@@ -454,7 +454,7 @@ func (s *Simulator) restore(ctx context.Context, fill bool) (*StageReport, error
 	// The memory was given back at sleep: the readers fault it in again
 	// block by block, each just before reading into it, so getting the
 	// memory overlaps the copy (and is counted in it).
-	a, err := arena.New(size, arena.Options{NoPopulate: !(fill && hasLoad && size > 0)})
+	a, err := arena.New(size, arena.Options{NoPopulate: fill && hasLoad && size > 0})
 	if err != nil {
 		return nil, err
 	}
