@@ -43,10 +43,14 @@ type StageReport struct {
 	// regenerated synthetic weights).
 	Source string `json:"source,omitempty"`
 	Bytes  int64  `json:"bytes"`
-	// AllocSeconds maps and pre-faults the memory.
+	// AllocSeconds maps the memory, and pre-faults it unless
+	// FaultedInCopy.
 	AllocSeconds float64 `json:"allocSeconds"`
 	// CopySeconds moves the bytes.
 	CopySeconds float64 `json:"copySeconds"`
+	// FaultedInCopy is true when the readers faulted the memory in block
+	// by block, inside CopySeconds.
+	FaultedInCopy bool `json:"faultedInCopy,omitempty"`
 	// VerifySeconds is hashing that did not overlap the copy.
 	VerifySeconds float64 `json:"verifySeconds"`
 	// FreeSeconds unmaps memory (sleep) or removes the level-1 offload copy.
@@ -146,7 +150,7 @@ func (s *Simulator) LoadWeights() error {
 			a.Free()
 			return fmt.Errorf("loading weights: %w", err)
 		}
-		rep.Source, rep.Direct = w.File, st.Direct
+		rep.Source, rep.Direct, rep.FaultedInCopy = w.File, st.Direct, st.Faulted
 		rep.CopySeconds, rep.VerifySeconds = st.Copy.Seconds(), st.Verify.Seconds()
 	} else {
 		t := time.Now()
@@ -557,7 +561,7 @@ func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest,
 			// pages are released block by block as the arena takes them
 			// (and written back if the wake fails).
 			_, st, err := arena.FillFile(a, src.path, arena.FileOptions{Direct: src.tier != TierHot, Consume: level == 1, Expect: &digest})
-			rep.CopySeconds, rep.VerifySeconds, rep.Direct = st.Copy.Seconds(), st.Verify.Seconds(), st.Direct
+			rep.CopySeconds, rep.VerifySeconds, rep.Direct, rep.FaultedInCopy = st.Copy.Seconds(), st.Verify.Seconds(), st.Direct, st.Faulted
 			if err != nil {
 				return err
 			}
