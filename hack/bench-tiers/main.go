@@ -96,7 +96,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		}
 		defer func() { _ = os.Remove(mnt) }()
 		// Sized for the largest size's offload plus the tmpfs probe.
-		biggest := int64(slices.Max(sizes))
+		biggest := slices.Max(sizes)
 		if _, err := checkpoint.MountHotTier(mnt, 2*biggest+(64<<20)); err != nil {
 			hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
 			hotRoot = "/dev/shm"

@@ -235,7 +235,7 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillS
 	}
 	if firstErr != nil && opts.Consume {
 		if err := writeBack(r.buffered, a.full[:n], consumed); err != nil {
-			firstErr = fmt.Errorf("%w; writing the consumed blocks back to %s also failed, the copy is lost: %v", firstErr, path, err)
+			firstErr = fmt.Errorf("%w; writing the consumed blocks back to %s also failed, the copy is lost: %w", firstErr, path, err)
 		}
 	}
 	return d, st, firstErr
