@@ -456,8 +456,12 @@ func restoreBW(r *sim.StageReport) float64 {
 func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNote string, criu checkpoint.CRIUReport) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
+	fpr := "no free page reporting"
+	if arena.FreePageReporting() {
+		fpr = "free page reporting on (virtio balloon): freed memory returns to the host, so arenas use 4 KiB pages"
+	}
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
-		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, freePageReporting())
+		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
 	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). memcpy and disk are the peak of 1 thread and of the restore's 2 readers (both in the notes below), between pre-faulted buffers. ")
 	b.WriteString("A restore is the whole wake of the weights: map the arena, fault each 8 MiB block in and pread into it (2 readers), verify (xxh64, in order, overlapped with the reads). Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
@@ -503,19 +507,6 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		fmt.Fprintf(&b, "Process snapshot (criu): unsupported on this node: %s.\n", strings.TrimSuffix(criu.Reason, "."))
 	}
 	return b.String()
-}
-
-// freePageReporting says whether a virtio balloon hands freed guest memory
-// back to the hypervisor (VIRTIO_BALLOON_F_REPORTING, feature bit 5), which
-// makes a wake fault host pages in again.
-func freePageReporting() string {
-	matches, _ := filepath.Glob("/sys/bus/virtio/drivers/virtio_balloon/virtio*/features")
-	for _, m := range matches {
-		if f, err := os.ReadFile(m); err == nil && len(f) > 5 && f[5] == '1' {
-			return "free page reporting on (virtio balloon): freed memory returns to the host"
-		}
-	}
-	return "no free page reporting"
 }
 
 func updateDocs(path, table string) error {

@@ -72,7 +72,7 @@ func (n *Node) updateGauges() {
 // Measure probes the node: bandwidth of memcpy and of each tier (when
 // MeasureBytes > 0), criu, and the container runtime.
 func (n *Node) Measure(ctx context.Context) NodeReport {
-	r := NodeReport{Time: time.Now(), TransparentHugePages: transparentHugePages("enabled"), TransparentHugePagesDefrag: transparentHugePages("defrag")}
+	r := NodeReport{Time: time.Now(), TransparentHugePages: transparentHugePages("enabled"), TransparentHugePagesDefrag: transparentHugePages("defrag"), FreePageReporting: arena.FreePageReporting()}
 	if b := n.cfg.MeasureBytes; b > 0 {
 		if one, par, err := MeasureMemcpy(b); err == nil {
 			m := Peak(one, par)

@@ -27,9 +27,13 @@ type NodeReport struct {
 	// TransparentHugePagesDefrag is the THP defrag mode: with "madvise" or
 	// "always", the first touch of an MADV_HUGEPAGE arena may stall in
 	// direct compaction when free memory is held by the page cache.
-	TransparentHugePagesDefrag string        `json:"transparentHugePagesDefrag,omitempty"`
-	CRIU                       CRIUReport    `json:"criu"`
-	Runtime                    RuntimeReport `json:"runtime"`
+	TransparentHugePagesDefrag string `json:"transparentHugePagesDefrag,omitempty"`
+	// FreePageReporting is true in a VM whose balloon hands freed memory
+	// back to the host: a wake then faults host pages in again, and
+	// arenas use 4 KiB pages, which fault in faster there.
+	FreePageReporting bool          `json:"freePageReporting,omitempty"`
+	CRIU              CRIUReport    `json:"criu"`
+	Runtime           RuntimeReport `json:"runtime"`
 	// ProcessSnapshots is true when both CRIU and the runtime can
 	// checkpoint a container; Reason says why not.
 	ProcessSnapshots       bool   `json:"processSnapshots"`
