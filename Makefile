@@ -131,7 +131,7 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
 
 .PHONY: bench-tiers
-bench-tiers: ## Wake from the hot (tmpfs), warm (disk) and cold tiers vs memcpy, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB.
+bench-tiers: ## Wake from the hot (huge-page tmpfs), warm (disk) and cold tiers vs memcpy, fresh memory, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB (root mounts the tmpfs).
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
 .PHONY: bench-mux
@@ -143,8 +143,9 @@ soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a f
 	ORCHESTRA_SOAK=$(or $(SOAK),1h) ORCHESTRA_SOAK_FAULT_EVERY=$(or $(SOAK_FAULT_EVERY),3m) ORCHESTRA_SOAK_PROFILES=$(SOAK_PROFILES) $(GO) test ./internal/dataplanetest -run '^TestSoak$$' -count=1 -v -timeout 3h
 
 .PHONY: bench-lifecycle
-bench-lifecycle: tools images ## First request at zero to first token, split into control overhead and pod start, against a plain scale 0->1 (real-node cluster, root).
+bench-lifecycle: tools images ## Wake from zero (real-node cluster, root), then the checkpoint tiers (bench-tiers); BENCH_TIERS=0 runs the first alone.
 	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 30m
+	$(if $(filter 0,$(BENCH_TIERS)),,$(MAKE) bench-tiers)
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.

@@ -56,6 +56,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&n.ColdDir, "cold-dir", n.ColdDir, "node: mount of the cold tier (model cache); promotion sources are inside it")
 	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20); empty asks containerd --version")
 	fs.StringVar(&n.CRIU, "criu", n.CRIU, "node: criu binary probed with criu check (empty skips it)")
+	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
+	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")
 
 	checkConfig := fs.Bool("check-config", false, "validate the configuration, print it as JSON and exit")
 	logFormat := fs.String("log-format", "json", "log format: json or text")

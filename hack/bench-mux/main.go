@@ -133,7 +133,7 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 		if err != nil {
 			return r, err
 		}
-		rd, err := checkpoint.MeasureRead("tmpfs", hot, n, false)
+		rd, err := checkpoint.MeasureRead("tmpfs", hot, n, arena.FileOptions{})
 		if err != nil {
 			return r, err
 		}

@@ -14,6 +14,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -29,12 +30,16 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/sim"
 )
+
+var asleep time.Duration
 
 const (
 	startMarker = "<!-- bench-tiers:start -->"
@@ -43,25 +48,30 @@ const (
 )
 
 type row struct {
-	size                           int64
-	memcpy, fresh, tmpfs, disk, s3 checkpoint.Bandwidth
+	size int64
+	// memcpy is the peak of memcpy1 (one thread) and memcpy2 (the
+	// restore's workers); disk likewise for O_DIRECT reads.
+	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
+	fresh, tmpfs, s3         checkpoint.Bandwidth
+	disk, disk1, disk2       checkpoint.Bandwidth
 	// warmRaw is an O_DIRECT read of the warm copy itself, right before
 	// the warm wake: the shared disk's bandwidth moves by 3× from one
 	// minute to the next, so the ratio compares neighbours.
-	warmRaw         checkpoint.Bandwidth
-	hot, warm, cold *sim.StageReport
-	ttftHot         time.Duration
-	wakes, verified int
-	skipped         string
-	runs            int
+	warmRaw, warmRaw1, warmRaw2 checkpoint.Bandwidth
+	hot, warm, cold             *sim.StageReport
+	ttftHot                     time.Duration
+	wakes, verified             int
+	skipped                     string
+	runs                        int
 }
 
 func main() {
 	sizes := flag.String("sizes", "0.25GiB,1GiB,4GiB", "comma-separated weight sizes")
-	hotRoot := flag.String("hot-dir", "/dev/shm", "a directory on a tmpfs")
+	hotRoot := flag.String("hot-dir", "", "a directory on a tmpfs (empty: mount a huge-page tmpfs as the node agent does, or /dev/shm when that fails)")
 	diskRoot := flag.String("disk-dir", "/var/tmp", "a directory on the node's disk (not a tmpfs)")
 	docs := flag.String("docs", "", "markdown file to update between the bench-tiers markers")
 	repeat := flag.Int("repeat", 3, "runs per size; each column reports its median run")
+	flag.DurationVar(&asleep, "asleep", 3*time.Second, "how long the engine sleeps before each wake (a real sleep lasts minutes; a VM's free page reporting hands freed memory back to the host after about 2 s)")
 	flag.Parse()
 	if err := run(*sizes, *hotRoot, *diskRoot, *docs, *repeat); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-tiers:", err)
@@ -78,11 +88,30 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		}
 		sizes = append(sizes, int64(n))
 	}
+	hotNote := ""
+	if hotRoot == "" {
+		mnt, err := os.MkdirTemp("", "mo-bench-tiers-hotmnt-")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = os.Remove(mnt) }()
+		// Sized for the largest size's offload plus the tmpfs probe.
+		biggest := slices.Max(sizes)
+		if _, err := checkpoint.MountHotTier(mnt, 2*biggest+(64<<20)); err != nil {
+			hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
+			hotRoot = "/dev/shm"
+		} else {
+			defer func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) }()
+			hotRoot = mnt
+		}
+	}
 	hot, err := os.MkdirTemp(hotRoot, "mo-bench-tiers-hot-")
 	if err != nil {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(hot) }()
+	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hot), "(not a tmpfs)"), hotNote)
+	criu := checkpoint.ProbeCRIU(context.Background(), "criu")
 	disk, err := os.MkdirTemp(diskRoot, "mo-bench-tiers-disk-")
 	if err != nil {
 		return err
@@ -107,7 +136,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		}
 		rows = append(rows, median(runs))
 	}
-	table := render(rows, loadBefore, loadavg(), time.Since(start))
+	table := render(rows, loadBefore, loadavg(), time.Since(start), hotNote, criu)
 	fmt.Print(table)
 	if docs != "" {
 		return updateDocs(docs, table)
@@ -148,23 +177,45 @@ func measure(n int64, hot, disk string) (row, error) {
 		return r, nil
 	}
 	var err error
-	if r.memcpy, err = checkpoint.MeasureMemcpy(n); err != nil {
+	if r.memcpy1, r.memcpy2, err = checkpoint.MeasureMemcpy(n); err != nil {
 		return r, err
 	}
-	if r.fresh, err = checkpoint.MeasureMemcpyFresh(n); err != nil {
+	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
+	// Fresh memory as a wake finds it: freed, then left alone as long as
+	// the engine sleeps.
+	if err := freeAndWait(n); err != nil {
 		return r, err
 	}
-	if r.tmpfs, err = checkpoint.MeasureRead("tmpfs", hot, n, false); err != nil {
+	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
 		return r, err
 	}
-	if r.disk, err = checkpoint.MeasureRead("disk", disk, n, true); err != nil {
+	if r.tmpfs, err = checkpoint.MeasureRead("tmpfs", hot, n, arena.FileOptions{}); err != nil {
 		return r, err
 	}
+	if r.disk1, err = checkpoint.MeasureRead("disk", disk, n, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
+		return r, err
+	}
+	if r.disk2, err = checkpoint.MeasureRead("disk", disk, n, arena.FileOptions{Direct: true}); err != nil {
+		return r, err
+	}
+	r.disk = checkpoint.Peak(r.disk1, r.disk2)
 	if r.s3, err = measureS3(n); err != nil {
 		return r, err
 	}
 	runtime.GC()
 	return r, measureSim(&r, n, hot, disk)
+}
+
+// freeAndWait touches n bytes, frees them and waits as long as an engine
+// sleeps, so the fresh-memory probe gets the pages a wake would get.
+func freeAndWait(n int64) error {
+	a, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return err
+	}
+	a.Free()
+	time.Sleep(asleep)
+	return nil
 }
 
 // measureS3 GETs an n-byte object from the in-repo S3 fake over loopback
@@ -238,10 +289,12 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 
-	// Hot: level 1 offloads to the tmpfs; time the wake and the first token.
+	// Hot: level 1 offloads to the tmpfs; the engine sleeps; time the
+	// wake and the first token.
 	if _, err := s.Sleep(1); err != nil {
 		return err
 	}
+	time.Sleep(asleep)
 	t0 := time.Now()
 	if r.hot, err = wake(srv.URL); err != nil {
 		return err
@@ -260,10 +313,15 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	if r.warmRaw, err = checkpoint.MeasureReadFile("warm raw", warm, true); err != nil {
+	if r.warmRaw1, err = checkpoint.MeasureReadFile("warm raw", warm, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
 		return err
 	}
+	if r.warmRaw2, err = checkpoint.MeasureReadFile("warm raw", warm, arena.FileOptions{Direct: true}); err != nil {
+		return err
+	}
+	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
 	_ = checkpoint.DropCache(warm)
+	time.Sleep(asleep)
 	if r.warm, err = wake(srv.URL); err != nil {
 		return err
 	}
@@ -279,6 +337,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 		return err
 	}
 	_ = checkpoint.DropCache(model)
+	time.Sleep(asleep)
 	if r.cold, err = wake(srv.URL); err != nil {
 		return err
 	}
@@ -366,15 +425,17 @@ func median(runs []row) row {
 		return sorted[len(sorted)/2]
 	}
 	out := runs[0]
-	out.memcpy = pick(func(r row) float64 { return r.memcpy.BytesPerSecond }).memcpy
+	m := pick(func(r row) float64 { return r.memcpy.BytesPerSecond })
+	out.memcpy, out.memcpy1, out.memcpy2 = m.memcpy, m.memcpy1, m.memcpy2
 	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
 	out.tmpfs = pick(func(r row) float64 { return r.tmpfs.BytesPerSecond }).tmpfs
-	out.disk = pick(func(r row) float64 { return r.disk.BytesPerSecond }).disk
+	d := pick(func(r row) float64 { return r.disk.BytesPerSecond })
+	out.disk, out.disk1, out.disk2 = d.disk, d.disk1, d.disk2
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
 	out.hot = pick(func(r row) float64 { return restoreBW(r.hot) }).hot
 	// The warm restore and the raw read just before it stay paired.
 	w := pick(func(r row) float64 { return restoreBW(r.warm) / r.warmRaw.BytesPerSecond })
-	out.warm, out.warmRaw = w.warm, w.warmRaw
+	out.warm, out.warmRaw, out.warmRaw1, out.warmRaw2 = w.warm, w.warmRaw, w.warmRaw1, w.warmRaw2
 	out.cold = pick(func(r row) float64 { return restoreBW(r.cold) }).cold
 	out.ttftHot = pick(func(r row) float64 { return float64(r.ttftHot) }).ttftHot
 	out.wakes, out.verified = 0, 0
@@ -392,39 +453,59 @@ func restoreBW(r *sim.StageReport) float64 {
 	return float64(r.Bytes) / (r.AllocSeconds + r.CopySeconds + r.VerifySeconds)
 }
 
-func render(rows []row, loadBefore, loadAfter string, took time.Duration) string {
+func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNote string, criu checkpoint.CRIUReport) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s.\n\n",
-		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
-	fmt.Fprintf(&b, "Each column is the median of %d runs; every wake of every run is counted in the last column. ", rows[0].runs)
-	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). A restore is the whole wake of the weights: map and pre-fault the arena, read, verify (xxh64 overlapped with the read).\n\n")
-	b.WriteString("| Weights | memcpy | memcpy into fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot ÷ fresh memcpy | warm ÷ disk (≥ 0.8): raw read of the same file just before | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fpr := "no free page reporting"
+	if arena.FreePageReporting() {
+		fpr = "free page reporting on (virtio balloon): freed memory returns to the host, so arenas use 4 KiB pages"
+	}
+	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
+		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
+	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
+	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). memcpy and disk are the peak of 1 thread and of the restore's 2 readers (both in the notes below), between pre-faulted buffers. ")
+	b.WriteString("A restore is the whole wake of the weights: map the arena, fault each 8 MiB block in and pread into it (2 readers), verify (xxh64, in order, overlapped with the reads). Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
+	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |  |  |  |  |  |  |  |  |  |  |  |  |\n", arena.Size(r.size), r.skipped)
+			fmt.Fprintf(&b, "| %s | %s |  |  |  |  |  |  |  |  |  |  |  |\n", arena.Size(r.size), r.skipped)
 			continue
 		}
 		hotBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.warm), restoreBW(r.cold)
 		bound := time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
 			arena.Size(r.size), gbps(r.memcpy.BytesPerSecond), gbps(r.fresh.BytesPerSecond), gbps(r.tmpfs.BytesPerSecond), gbps(r.disk.BytesPerSecond), gbps(r.s3.BytesPerSecond),
 			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds, gbps(warmBW), gbps(coldBW),
-			hotBW/r.memcpy.BytesPerSecond, hotBW/r.fresh.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
+			hotBW/r.memcpy.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
 			float64(r.ttftHot)/float64(bound), r.ttftHot.Round(time.Millisecond), bound.Round(time.Millisecond),
 			r.verified, r.wakes)
 	}
-	b.WriteString("\nStages of the hot restore, copy only: ")
+	b.WriteString("\nPeaks, 1 thread / 2 threads: ")
 	var parts []string
 	for _, r := range rows {
 		if r.skipped == "" {
-			parts = append(parts, fmt.Sprintf("%s %s GB/s (%.2f of memcpy, %.2f of tmpfs read)", arena.Size(r.size),
-				gbps(float64(r.size)/r.hot.CopySeconds), float64(r.size)/r.hot.CopySeconds/r.memcpy.BytesPerSecond,
-				float64(r.size)/r.hot.CopySeconds/r.tmpfs.BytesPerSecond))
+			parts = append(parts, fmt.Sprintf("%s memcpy %s / %s, disk %s / %s, warm file %s / %s", arena.Size(r.size),
+				gbps(r.memcpy1.BytesPerSecond), gbps(r.memcpy2.BytesPerSecond), gbps(r.disk1.BytesPerSecond), gbps(r.disk2.BytesPerSecond),
+				gbps(r.warmRaw1.BytesPerSecond), gbps(r.warmRaw2.BytesPerSecond)))
 		}
 	}
-	b.WriteString(strings.Join(parts, "; ") + ".\n")
+	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
+	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (tmpfs read) and sink (fresh memory), as a share of memcpy: ")
+	parts = parts[:0]
+	for _, r := range rows {
+		if r.skipped == "" {
+			sink := 1 / (1/r.fresh.BytesPerSecond + 1/r.memcpy.BytesPerSecond) // fault, then copy
+			parts = append(parts, fmt.Sprintf("%s %.2f (fault then copy: %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
+				min(sink, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond, gbps(sink), gbps(r.tmpfs.BytesPerSecond)))
+		}
+	}
+	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
+	if criu.CheckPassed {
+		fmt.Fprintf(&b, "Process snapshot (criu %s): `criu check` passes; `go test ./internal/checkpoint -run TestCRIUDumpRestore -v` times a dump and restore of a process holding 64 MiB of weights.\n", criu.Version)
+	} else {
+		fmt.Fprintf(&b, "Process snapshot (criu): unsupported on this node: %s.\n", strings.TrimSuffix(criu.Reason, "."))
+	}
 	return b.String()
 }
 

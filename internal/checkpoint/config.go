@@ -58,6 +58,13 @@ type NodeConfig struct {
 	RuntimeVersion string `json:"runtimeVersion,omitempty"`
 	// CRIU is the criu binary probed with `criu check` ("" skips it).
 	CRIU string `json:"criu,omitempty"`
+	// MountHotTier mounts a tmpfs with huge=within_size and the hot budget
+	// as its size at the hot directory when it is not a mount point yet
+	// (needs CAP_SYS_ADMIN). Off, the directory is used as it is.
+	MountHotTier bool `json:"mountHotTier,omitempty"`
+	// SnapshotDir holds process snapshots (criu images); empty disables
+	// them. They are taken only when the node's report says criu works.
+	SnapshotDir string `json:"snapshotDir,omitempty"`
 }
 
 // Default returns the defaults of both roles.

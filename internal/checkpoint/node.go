@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,16 +28,31 @@ type Node struct {
 
 	mu     sync.Mutex
 	report NodeReport
+	// hotMount says whether NewNode mounted the hot tier, or why not.
+	hotMount string
 }
 
 // NewNode opens the store. Call Measure to fill in bandwidths and
 // capabilities before serving the report.
 func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node, error) {
+	hotMount := ""
+	if cfg.MountHotTier {
+		switch mounted, err := MountHotTier(cfg.Store.HotDir, cfg.Store.Budgets.Hot); {
+		case err != nil:
+			hotMount = err.Error()
+			log.Warn("the hot tier stays as it is", "dir", cfg.Store.HotDir, "err", err)
+		case mounted:
+			hotMount = fmt.Sprintf("mounted a tmpfs with huge=%s", HotTierHugePages)
+			log.Info("hot tier mounted", "dir", cfg.Store.HotDir, "huge", HotTierHugePages, "bytes", cfg.Store.Budgets.Hot)
+		default:
+			hotMount = "already a mount point: used as it is"
+		}
+	}
 	s, err := OpenStore(cfg.Store, log)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg)}
+	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount}
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
 	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
 	n.m.budget.WithLabelValues(string(TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
@@ -55,16 +72,17 @@ func (n *Node) updateGauges() {
 // Measure probes the node: bandwidth of memcpy and of each tier (when
 // MeasureBytes > 0), criu, and the container runtime.
 func (n *Node) Measure(ctx context.Context) NodeReport {
-	r := NodeReport{Time: time.Now(), TransparentHugePages: transparentHugePages("enabled"), TransparentHugePagesDefrag: transparentHugePages("defrag")}
+	r := NodeReport{Time: time.Now(), TransparentHugePages: transparentHugePages("enabled"), TransparentHugePagesDefrag: transparentHugePages("defrag"), FreePageReporting: arena.FreePageReporting()}
 	if b := n.cfg.MeasureBytes; b > 0 {
-		if m, err := MeasureMemcpy(b); err == nil {
+		if one, par, err := MeasureMemcpy(b); err == nil {
+			m := Peak(one, par)
 			r.Memcpy = &m
 			n.m.bandwidth.WithLabelValues("memcpy").Set(m.BytesPerSecond)
 		} else {
 			n.log.Warn("measuring memcpy", "err", err)
 		}
 		for _, t := range []Tier{TierHot, TierWarm} {
-			m, err := MeasureRead(string(t), n.store.dir(t), b, t == TierWarm)
+			m, err := MeasureRead(string(t), n.store.dir(t), b, arena.FileOptions{Direct: t == TierWarm})
 			if err != nil {
 				n.log.Warn("measuring tier read bandwidth", "tier", t, "err", err)
 				continue
@@ -109,6 +127,7 @@ func (n *Node) Report() NodeReport {
 	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, n.store.Used(TierHot), count[TierHot])
 	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, n.store.Used(TierWarm), count[TierWarm])
 	r.Hot.Read, r.Warm.Read = hot, warm
+	r.Hot.Mount = n.hotMount
 	return r
 }
 
@@ -138,6 +157,9 @@ type TiersStatus struct {
 //	GET    /tiers                           budgets, use and every copy
 //	POST   /promote                         PromoteRequest → the new Entry
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
+//	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
+//	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
+//	       (both 501 with the reason where the node cannot snapshot)
 //	GET    /healthz, /metrics
 func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
@@ -150,6 +172,8 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		})
 	})
 	mux.HandleFunc("POST /promote", n.handlePromote)
+	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)
+	mux.HandleFunc("POST /snapshots/{namespace}/{name}/restore", n.handleSnapshot)
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
 		t := Tier(r.PathValue("tier"))
 		k := Key{r.PathValue("namespace"), r.PathValue("name")}
@@ -222,4 +246,62 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	}
 	n.m.promotions.WithLabelValues(string(req.To), "ok").Inc()
 	writeJSON(w, http.StatusOK, e)
+}
+
+// SnapshotSupport says whether this node can take process snapshots, and
+// why not.
+func (n *Node) SnapshotSupport() (bool, string) {
+	n.mu.Lock()
+	r := n.report
+	n.mu.Unlock()
+	switch {
+	case n.cfg.SnapshotDir == "":
+		return false, "process snapshots are off: no --snapshot-dir"
+	case r.Time.IsZero():
+		return false, "the node has not been probed yet"
+	case !r.CRIU.CheckPassed:
+		return false, "criu: " + r.CRIU.Reason
+	}
+	return true, ""
+}
+
+func (n *Node) criu() CRIU {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return CRIU{Bin: n.cfg.CRIU, Report: n.report.CRIU}
+}
+
+func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
+	k := Key{r.PathValue("namespace"), r.PathValue("name")}
+	if err := k.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if ok, why := n.SnapshotSupport(); !ok {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%v: %s", ErrSnapshotsUnsupported, why))
+		return
+	}
+	dir := filepath.Join(n.cfg.SnapshotDir, k.Namespace, k.Name)
+	var st SnapshotStats
+	var err error
+	if strings.HasSuffix(r.URL.Path, "/restore") {
+		st, err = n.criu().Restore(r.Context(), dir)
+	} else {
+		pid, perr := strconv.Atoi(r.URL.Query().Get("pid"))
+		if perr != nil || pid <= 1 {
+			writeError(w, http.StatusBadRequest, "pid must be the process to snapshot (an integer above 1)")
+			return
+		}
+		st, err = n.criu().Dump(r.Context(), pid, dir)
+	}
+	if err != nil {
+		status := http.StatusInternalServerError
+		if errors.Is(err, ErrSnapshotsUnsupported) {
+			status = http.StatusNotImplemented
+		}
+		n.log.Warn("process snapshot failed", "key", k.String(), "err", err)
+		writeError(w, status, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
 }

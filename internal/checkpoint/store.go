@@ -402,12 +402,9 @@ func (s *Store) Restore(k Key, a *arena.Arena) (Entry, arena.FillStats, error) {
 		if err != nil {
 			return e, arena.FillStats{}, err
 		}
-		got, st, err := arena.FillFile(a, s.Path(k, t), t == TierWarm)
+		_, st, err := arena.FillFile(a, s.Path(k, t), arena.FileOptions{Direct: t == TierWarm, Expect: &want})
 		if err != nil {
 			return e, st, err
-		}
-		if got != want {
-			return e, st, &arena.MismatchError{Source: s.Path(k, t), Want: want, Got: got, Bytes: e.Bytes}
 		}
 		s.mu.Lock()
 		if p, ok := s.entries[entryID{k, t}]; ok {

@@ -140,8 +140,8 @@ func TestSleepLevel1OffloadsToTheHotTierAndWakeVerifies(t *testing.T) {
 	if err := json.Unmarshal([]byte(s.must("POST", "/wake_up", "")), &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Tier != sim.TierHot || !rep.Verified || rep.Bytes != weightsSize {
-		t.Fatalf("wake report %+v, want a verified hot restore of %d bytes", rep, weightsSize)
+	if rep.Tier != sim.TierHot || !rep.Verified || rep.Bytes != weightsSize || !rep.FaultedInCopy {
+		t.Fatalf("wake report %+v, want a verified hot restore of %d bytes faulted in by the readers", rep, weightsSize)
 	}
 	if s.sleeping() {
 		t.Fatal("still sleeping after wake_up")
@@ -240,6 +240,11 @@ func TestCorruptTierFailsTheWakeLoudly(t *testing.T) {
 	}
 	if st := s.sim.WeightsStatus(); st.ResidentBytes != 0 {
 		t.Fatalf("a failed wake kept %d bytes", st.ResidentBytes)
+	}
+	// The wake consumed the offload block by block; failing, it wrote
+	// the blocks back.
+	if back, err := os.ReadFile(path); err != nil || !bytes.Equal(back, b) {
+		t.Fatalf("the level-1 offload is not whole after a failed wake (err %v)", err)
 	}
 	if code, _ := s.chat(); code != http.StatusServiceUnavailable {
 		t.Fatalf("inference after a failed wake: %d", code)

@@ -2,17 +2,25 @@
 // the bytes, and verifies every byte it moves.
 //
 // An Arena is anonymous memory outside the Go heap (mmap), advised for
-// transparent huge pages and pre-faulted, so a restore pays one 2 MiB fault
-// per 2 MiB instead of 512 faults of 4 KiB, and Free really returns the
-// memory to the kernel (the Go heap would keep it). Fill reads a file into an
-// arena in large blocks with read(2) while a second goroutine hashes the
-// blocks already read, so verification overlaps the copy.
+// transparent huge pages, so a restore pays one 2 MiB fault per 2 MiB instead
+// of 512 faults of 4 KiB, and Free really returns the memory to the kernel
+// (the Go heap would keep it). In a virtual machine whose balloon reports
+// free pages to the host, the free 2 MiB blocks a huge page needs are the
+// ones the guest has handed back, and each costs the host's faults again:
+// there 4 KiB pages, taken from blocks the host never saw, fault in several
+// times faster, and the arena does not ask for huge pages. An arena is either pre-faulted when it is
+// made, or faulted block by block by the fill that writes it, so getting the
+// memory overlaps reading into it. FillFile reads a file into an arena in
+// large blocks with pread(2) from several workers while another goroutine
+// hashes the blocks already read, in order, so verification overlaps the copy.
 package arena
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,6 +29,9 @@ import (
 type Arena struct {
 	full []byte // page-rounded mapping
 	n    int64
+	// faulted is true once every page has been faulted in (New without
+	// NoPopulate, or a fill that touched every block).
+	faulted bool
 }
 
 // pageRound rounds n up to a multiple of the page size.
@@ -31,9 +42,12 @@ func pageRound(n int64) int64 {
 
 // Options tune how an arena is allocated.
 type Options struct {
-	// NoHugePages skips MADV_HUGEPAGE (for measuring its effect).
+	// NoHugePages skips MADV_HUGEPAGE. Without it the arena asks for huge
+	// pages unless FreePageReporting.
 	NoHugePages bool
-	// NoPopulate skips pre-faulting; pages then fault on first touch.
+	// NoPopulate skips pre-faulting: FillFile then faults each block just
+	// before it reads into it, on the worker that reads it, and counts the
+	// faults in the copy time.
 	NoPopulate bool
 }
 
@@ -54,24 +68,32 @@ func New(n int64, opts Options) (*Arena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping a %d-byte arena: %w", n, err)
 	}
-	if !opts.NoHugePages {
+	if !opts.NoHugePages && !FreePageReporting() {
 		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advisory; THP may be off
 	}
+	a := &Arena{full: b, n: n}
 	if !opts.NoPopulate {
-		if err := unix.Madvise(b, unix.MADV_POPULATE_WRITE); err != nil {
-			// Kernels before 5.14 lack it; touch one byte per page instead,
-			// so the copy that follows measures copying, not faulting.
-			if !errors.Is(err, unix.EINVAL) {
-				_ = unix.Munmap(b)
-				return nil, fmt.Errorf("pre-faulting a %d-byte arena: %w", n, err)
-			}
-			p := os.Getpagesize()
-			for i := 0; i < len(b); i += p {
-				b[i] = 0
-			}
+		if err := populate(b); err != nil {
+			_ = unix.Munmap(b)
+			return nil, fmt.Errorf("pre-faulting a %d-byte arena: %w", n, err)
 		}
+		a.faulted = true
 	}
-	return &Arena{full: b, n: n}, nil
+	return a, nil
+}
+
+// populate faults b's pages in for writing.
+func populate(b []byte) error {
+	err := unix.Madvise(b, unix.MADV_POPULATE_WRITE)
+	if errors.Is(err, unix.EINVAL) {
+		// Kernels before 5.14 lack it: touch one byte per page instead.
+		p := os.Getpagesize()
+		for i := 0; i < len(b); i += p {
+			b[i] = 0
+		}
+		return nil
+	}
+	return err
 }
 
 // Bytes returns the arena's n bytes (none for a nil arena).
@@ -99,3 +121,21 @@ func (a *Arena) Free() {
 	_ = unix.Munmap(a.full) // unmapping a mapping we made cannot fail
 	a.full, a.n = nil, 0
 }
+
+var freePageReporting = sync.OnceValue(func() bool {
+	features, _ := filepath.Glob("/sys/bus/virtio/drivers/virtio_balloon/virtio*/features")
+	for _, f := range features {
+		// VIRTIO_BALLOON_F_REPORTING is feature bit 5; the file lists
+		// the bits as characters, bit 0 first.
+		if b, err := os.ReadFile(f); err == nil && len(b) > 5 && b[5] == '1' {
+			return true
+		}
+	}
+	return false
+})
+
+// FreePageReporting is true in a virtual machine whose virtio balloon
+// reports free memory to the host (VIRTIO_BALLOON_F_REPORTING): free blocks
+// of 2 MiB and more go back to the host about two seconds after they are
+// freed, and faulting them in again costs a host fault per page.
+func FreePageReporting() bool { return freePageReporting() }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func synth(t *testing.T, n int64, seed uint64) *Arena {
@@ -40,7 +42,7 @@ func TestFillFileRoundTrip(t *testing.T) {
 	// Sizes around the block size and not a multiple of the O_DIRECT
 	// alignment, so the unaligned tail is exercised.
 	for _, n := range []int64{0, 1, 4095, 4097, BlockSize, BlockSize + 12345, 3*BlockSize - 1} {
-		for _, direct := range []bool{false, true} {
+		for i, direct := range []bool{false, true} {
 			src := synth(t, n, uint64(n))
 			path := filepath.Join(t.TempDir(), "w")
 			if err := WriteFile(path, src.Bytes(), true); err != nil {
@@ -53,11 +55,12 @@ func TestFillFileRoundTrip(t *testing.T) {
 			if fi.Mode().Perm() != 0o600 {
 				t.Errorf("mode %v, want 0600", fi.Mode().Perm())
 			}
-			dst, err := New(n, Options{})
+			// Pre-faulted with one worker, and faulted by two workers.
+			dst, err := New(n, Options{NoPopulate: i == 1})
 			if err != nil {
 				t.Fatal(err)
 			}
-			d, st, err := FillFile(dst, path, direct)
+			d, st, err := FillFile(dst, path, FileOptions{Direct: direct, Workers: i + 1})
 			if err != nil {
 				t.Fatalf("n=%d direct=%v: %v", n, direct, err)
 			}
@@ -82,7 +85,7 @@ func TestFillFileSizeMismatch(t *testing.T) {
 	}
 	a, _ := New(200, Options{})
 	defer a.Free()
-	if _, _, err := FillFile(a, path, false); err == nil || !strings.Contains(err.Error(), "holds 100 bytes, want 200") {
+	if _, _, err := FillFile(a, path, FileOptions{}); err == nil || !strings.Contains(err.Error(), "holds 100 bytes, want 200") {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -152,5 +155,46 @@ func TestParseSize(t *testing.T) {
 		if got := in.String(); got != want {
 			t.Errorf("%d.String() = %q, want %q", int64(in), got, want)
 		}
+	}
+}
+
+func TestFillFileConsume(t *testing.T) {
+	n := int64(3*BlockSize + 4321)
+	src := synth(t, n, 3)
+	want := Sum(src.Bytes())
+	path := filepath.Join(t.TempDir(), "w")
+	if err := WriteFile(path, src.Bytes(), false); err != nil {
+		t.Fatal(err)
+	}
+
+	// A wrong digest: the fill fails and the file is whole again.
+	wrong := want + 1
+	dst, _ := New(n, Options{NoPopulate: true})
+	defer dst.Free()
+	if _, _, err := FillFile(dst, path, FileOptions{Consume: true, Expect: &wrong, Workers: 2}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("err = %v, want a mismatch", err)
+	}
+	back, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(back, src.Bytes()) {
+		t.Fatalf("after a failed consuming fill the file differs (err %v)", err)
+	}
+
+	// The right digest: the bytes arrive and the file's blocks are released.
+	dst2, _ := New(n, Options{NoPopulate: true})
+	defer dst2.Free()
+	d, _, err := FillFile(dst2, path, FileOptions{Consume: true, Expect: &want, Workers: 2})
+	if err != nil || d != want || !bytes.Equal(dst2.Bytes(), src.Bytes()) {
+		t.Fatalf("consuming fill: %v %v", d, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 >= n/2 {
+		t.Errorf("the consumed file still holds %d of %d bytes", st.Blocks*512, n)
+	}
+
+	if _, _, err := FillFile(dst2, path, FileOptions{Consume: true}); err == nil {
+		t.Error("consuming without a digest succeeded")
 	}
 }

@@ -80,6 +80,11 @@ type FillStats struct {
 	// Direct is true when the file was read with O_DIRECT (page cache
 	// bypassed).
 	Direct bool
+	// Workers is how many blocks were read at once.
+	Workers int
+	// Faulted is true when the arena's pages were faulted in by the fill
+	// (inside Copy) rather than before it.
+	Faulted bool
 }
 
 // Total is the wall time of the fill.
@@ -94,21 +99,17 @@ func Fill(dst []byte, r io.Reader) (Digest, FillStats, error) {
 	return fill(dst, len(dst), func(b []byte) (int, error) { return io.ReadFull(r, b) })
 }
 
-// fill reads n bytes into buf (len(buf) ≥ n, rounded up for O_DIRECT) with
-// read, and hashes buf[:n] unless noHash.
-func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Digest, FillStats, error) {
+// fill reads n bytes into buf (len(buf) ≥ n) with read, and hashes buf[:n].
+func fill(buf []byte, n int, read func([]byte) (int, error)) (Digest, FillStats, error) {
 	start := time.Now()
 	// Room for every block: the reader never waits for the hasher, so Copy
 	// measures the read alone and Verify the hashing left after it.
 	spans := make(chan span, len(buf)/BlockSize+2)
 	sum := make(chan uint64, 1)
-	hash := len(noHash) == 0 || !noHash[0]
 	go func() {
 		h := xxhash.New()
 		for s := range spans {
-			if hash {
-				_, _ = h.Write(buf[s.off:s.end])
-			}
+			_, _ = h.Write(buf[s.off:s.end])
 		}
 		sum <- h.Sum64()
 	}()
@@ -129,7 +130,7 @@ func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Di
 	close(spans)
 	copied := time.Now()
 	d := Digest(<-sum)
-	st := FillStats{Bytes: int64(min(off, n)), Copy: copied.Sub(start), Verify: time.Since(copied)}
+	st := FillStats{Bytes: int64(min(off, n)), Copy: copied.Sub(start), Verify: time.Since(copied), Workers: 1}
 	switch {
 	case off >= n:
 		return d, st, nil
@@ -138,60 +139,6 @@ func fill(buf []byte, n int, read func([]byte) (int, error), noHash ...bool) (Di
 	default:
 		return d, st, err
 	}
-}
-
-// FillFile reads the file at path into a, which must be exactly as large as
-// the file, and returns the digest of its bytes. With direct it opens the
-// file with O_DIRECT, bypassing the page cache, when the filesystem supports
-// it (tmpfs does not: it is read normally).
-func FillFile(a *Arena, path string, direct bool) (Digest, FillStats, error) {
-	return fillFile(a, path, direct, true)
-}
-
-// ReadFile is FillFile without hashing: the raw read that FillFile is
-// measured against.
-func ReadFile(a *Arena, path string, direct bool) (FillStats, error) {
-	_, st, err := fillFile(a, path, direct, false)
-	return st, err
-}
-
-func fillFile(a *Arena, path string, direct, hash bool) (Digest, FillStats, error) {
-	f, isDirect, err := open(path, direct)
-	if err != nil {
-		return 0, FillStats{}, err
-	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, FillStats{}, fmt.Errorf("stat %s: %w", path, err)
-	}
-	if fi.Size() != a.Len() {
-		return 0, FillStats{}, fmt.Errorf("%s holds %d bytes, want %d", path, fi.Size(), a.Len())
-	}
-	buf := a.full
-	if !isDirect {
-		buf = a.Bytes()
-	}
-	read := func(b []byte) (int, error) {
-		m, err := f.Read(b)
-		if isDirect && m%directAlign != 0 && m < len(b) && err == nil {
-			// A short, unaligned read mid-file would misalign the next
-			// O_DIRECT read: continue with the page cache.
-			if flags, ferr := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0); ferr == nil {
-				_, _ = unix.FcntlInt(f.Fd(), unix.F_SETFL, flags&^unix.O_DIRECT)
-			}
-		}
-		if errors.Is(err, io.EOF) && m > 0 {
-			err = nil
-		}
-		return m, err
-	}
-	d, st, err := fill(buf, int(a.Len()), read, !hash)
-	st.Direct = isDirect
-	if err != nil {
-		return d, st, fmt.Errorf("reading %s: %w", path, err)
-	}
-	return d, st, nil
 }
 
 // open opens path for reading, with O_DIRECT when asked and supported.

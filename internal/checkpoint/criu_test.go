@@ -1,0 +1,208 @@
+package checkpoint_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+)
+
+// fakeCRIU writes a criu stand-in that prints out and exits with code on
+// `criu check`.
+func fakeCRIU(t *testing.T, out string, code int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "criu")
+	script := fmt.Sprintf("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'Version: 3.17.1'; exit 0; fi\ncat <<'END'\n%s\nEND\nexit %d\n", out, code)
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+const vdsoFailure = `Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds
+Error (criu/vdso.c:613): vdso: Failed to fill self vdso symtable
+Error (criu/kerndat.c:1615): kerndat_vdso_fill_symtable failed when initializing kerndat.`
+
+func TestProbeCRIU(t *testing.T) {
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		bin        string
+		present    bool
+		passed     bool
+		wantReason string
+	}{
+		"disabled": {"", false, false, "probing disabled"},
+		"absent":   {filepath.Join(t.TempDir(), "no-criu"), false, false, "criu not found"},
+		"passes":   {fakeCRIU(t, "Looks good.", 0), true, true, ""},
+		"vdso":     {fakeCRIU(t, vdsoFailure, 1), true, false, "Unexpected rt vDSO area bounds: this criu cannot parse the kernel's vDSO layout"},
+		"eperm":    {fakeCRIU(t, "Error (criu/cr-check.c:10): Operation not permitted", 1), true, false, "needs root"},
+		"other":    {fakeCRIU(t, "Error (criu/x.c:1): something new", 1), true, false, "exit status 1): Error (criu/x.c:1): something new"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := checkpoint.ProbeCRIU(ctx, c.bin)
+			if r.Present != c.present || r.CheckPassed != c.passed || !strings.Contains(r.Reason, c.wantReason) || (c.wantReason == "" && r.Reason != "") {
+				t.Fatalf("report %+v, want present=%v passed=%v reason containing %q", r, c.present, c.passed, c.wantReason)
+			}
+			if c.present && r.Version != "3.17.1" {
+				t.Errorf("version %q", r.Version)
+			}
+		})
+	}
+}
+
+// A node that cannot snapshot answers 501 with the reason, and the report
+// carries it; nothing crashes.
+func TestNodeRefusesSnapshotsWithReason(t *testing.T) {
+	for name, c := range map[string]struct {
+		criu, snapshotDir, want string
+	}{
+		"criu broken": {fakeCRIU(t, vdsoFailure, 1), t.TempDir(), "criu: criu check failed"},
+		"no dir":      {fakeCRIU(t, "Looks good.", 0), "", "no --snapshot-dir"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := checkpoint.NodeConfig{
+				Store: checkpoint.StoreConfig{
+					HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+					Budgets: checkpoint.Budgets{Hot: 1 << 20, Warm: 1 << 20},
+				},
+				RuntimeVersion: "containerd://1.6.20", CRIU: c.criu, SnapshotDir: c.snapshotDir,
+			}
+			reg := prometheus.NewRegistry()
+			n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep := n.Measure(context.Background())
+			if rep.ProcessSnapshots || rep.ProcessSnapshotsReason == "" {
+				t.Fatalf("report %+v: process snapshots should be refused with a reason", rep)
+			}
+			srv := httptest.NewServer(n.Handler(reg))
+			defer srv.Close()
+			for _, path := range []string{"/snapshots/team-a/m?pid=4242", "/snapshots/team-a/m/restore"} {
+				resp, err := http.Post(srv.URL+path, "", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusNotImplemented || !strings.Contains(string(b), c.want) || !strings.Contains(string(b), "not supported on this node") {
+					t.Errorf("POST %s: %d %s, want 501 naming %q", path, resp.StatusCode, b, c.want)
+				}
+			}
+		})
+	}
+}
+
+const helperEnv = "MO_CRIU_HELPER_DIR"
+
+// TestCRIUHelperProcess is not a test: it is the process TestCRIUDumpRestore
+// snapshots. It holds synthetic weights in memory and, whenever the file
+// "ask" appears, writes the digest of the weights it holds to "answer".
+func TestCRIUHelperProcess(t *testing.T) {
+	dir := os.Getenv(helperEnv)
+	if dir == "" {
+		t.Skip("helper process for TestCRIUDumpRestore")
+	}
+	w := make([]byte, 64<<20)
+	arena.Synthesize(w, 42)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "ask")); err == nil {
+			_ = os.Remove(filepath.Join(dir, "ask"))
+			_ = os.WriteFile(filepath.Join(dir, "answer.tmp"), []byte(arena.Sum(w).String()), 0o600)
+			_ = os.Rename(filepath.Join(dir, "answer.tmp"), filepath.Join(dir, "answer"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestCRIUDumpRestore dumps a process holding 64 MiB of weights and restores
+// it, and the restored process still holds the same bytes. It runs wherever
+// criu is installed; where `criu check` fails it proves the refusal names
+// the reason and skips the round trip, saying why.
+func TestCRIUDumpRestore(t *testing.T) {
+	if _, err := exec.LookPath("criu"); err != nil {
+		t.Skip("criu is not installed (apt-get install criu)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := checkpoint.CRIU{Bin: "criu", Report: checkpoint.ProbeCRIU(ctx, "criu")}
+	images := t.TempDir()
+	if !c.Report.CheckPassed {
+		_, err := c.Dump(ctx, os.Getpid(), images)
+		if !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) || !strings.Contains(err.Error(), c.Report.Reason) || c.Report.Reason == "" {
+			t.Fatalf("dump on a node whose criu check fails: %v, want ErrSnapshotsUnsupported with the reason", err)
+		}
+		if _, err := c.Restore(ctx, images); !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) {
+			t.Fatalf("restore on a node whose criu check fails: %v", err)
+		}
+		t.Skipf("criu %s is installed but `criu check` fails here, so the round trip cannot run: %s", c.Report.Version, c.Report.Reason)
+	}
+
+	work := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCRIUHelperProcess$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+work)
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = devnull.Close() }()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	ask := func(pid int) string {
+		t.Helper()
+		_ = os.Remove(filepath.Join(work, "answer"))
+		if err := os.WriteFile(filepath.Join(work, "ask"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for ctx.Err() == nil {
+			if b, err := os.ReadFile(filepath.Join(work, "answer")); err == nil {
+				return string(b)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Fatalf("process %d never answered", pid)
+		return ""
+	}
+	want := ask(pid)
+
+	dump, err := c.Dump(ctx, pid, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // criu dump ends the process
+	if dump.Bytes < 64<<20 {
+		t.Errorf("the images hold %d bytes, less than the weights", dump.Bytes)
+	}
+	rest, err := c.Restore(ctx, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p, err := os.FindProcess(rest.PID); err == nil {
+			_ = p.Kill()
+		}
+	})
+	if got := ask(rest.PID); got != want {
+		t.Fatalf("restored process holds weights %s, want %s", got, want)
+	}
+	t.Logf("dump %.3fs, restore %.3fs, %s of images (pid %s)", dump.Seconds, rest.Seconds, arena.Size(dump.Bytes), strconv.Itoa(rest.PID))
+}
