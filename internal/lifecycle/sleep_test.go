@@ -491,6 +491,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	if st := p.e.state(); st.Wakes != 1 {
 		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
+	firstToken(t, p.e, 0)
 	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
 		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
 	}
