@@ -88,6 +88,9 @@ type planeOptions struct {
 	inDispatcher bool
 	sleep        func(*lifecycle.SleepConfig)
 	sim          func(*sim.Config)
+	// offloadElsewhere gives the engine a hot directory of its own, outside
+	// the node agent's hot tier (so the agent cannot demote its offload).
+	offloadElsewhere bool
 }
 
 func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
@@ -135,6 +138,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	sc := dataplanetest.FastSim()
 	sc.Weights = sim.Weights{File: filepath.Join(cold, "weights.bin"), Name: "demo-chat"}
 	sc.Sleep = sim.Sleep{Enabled: true, HotDir: filepath.Join(agentHot, ns), WarmDir: filepath.Join(agentWarm, ns)}
+	if o.offloadElsewhere {
+		sc.Sleep.HotDir = t.TempDir()
+	}
 	if o.sim != nil {
 		o.sim(&sc)
 	}
@@ -615,6 +621,30 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 	if c := counter(t, p.registry("leader-a"), "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c < 2 {
 		t.Errorf("orchestra_lifecycle_demotions_total{result=ok} = %v, want 2", c)
 	}
+}
+
+// TestDemotionFallsBackToTheColdTier: when the node agent cannot demote
+// the engine's offload (it is not in the agent's hot tier), a demotion with
+// coldPath places the warm copy from the agent's cold tier instead, and the
+// next wake still reads the warm tier.
+func TestDemotionFallsBackToTheColdTier(t *testing.T) {
+	park := func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }
+	p := newSleepPlane(t, planeOptions{sleep: park, offloadElsewhere: true})
+	p.startLeader("leader-a", p.config(park))
+
+	p.asleep(2, v1alpha1.TierWarm)
+	if c := p.agentMetric(`orchestra_agent_demotions_total{result="failed"}`); c != 1 {
+		t.Errorf("orchestra_agent_demotions_total{result=failed} = %v, want the demotion of an offload the agent does not hold refused once", c)
+	}
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
+		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from the cold tier", c)
+	}
+	if err := sendBatch(p.client, "warm", 2); err != nil {
+		t.Fatalf("requests sent to engines asleep in the warm tier were lost or failed:\n%v", err)
+	}
+	p.lastWake("a wake from the warm tier", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierWarm && lw.Bytes == weightsBytes
+	})
 }
 
 func hasCondition(conds []metav1.Condition, typ string, status metav1.ConditionStatus) bool {
