@@ -291,7 +291,7 @@ func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		status, result := http.StatusInternalServerError, "failed"
 		switch {
-		case errors.Is(err, arena.ErrMismatch):
+		case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
 			// The hot bytes are not the engine's: nothing was placed.
 			status, result = http.StatusConflict, "mismatch"
 		case errors.Is(err, ErrDigestRequired):

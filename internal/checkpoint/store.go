@@ -443,6 +443,10 @@ const (
 // could not be verified.
 var ErrDigestRequired = errors.New("the digest recorded by the engine is required to verify the warm copy")
 
+// ErrDigestConflict refuses a demotion whose digest is not the one recorded
+// for the store's hot copy.
+var ErrDigestConflict = errors.New("digest conflict")
+
 // Demote places a verified warm copy of k from the hot tier: from the
 // store's own hot copy, or else from the engine's level-1 offload
 // (EngineOffloadName) in the namespace's hot directory. The bytes are
@@ -467,7 +471,7 @@ func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource,
 	defer s.admit.Unlock()
 	hot, haveHot := s.Lookup(k, TierHot)
 	if haveHot && want != "" && hot.Digest != want {
-		return Entry{}, "", fmt.Errorf("demoting %s: the hot copy's recorded digest %s is not the engine's %s: refusing to copy weights that are not the engine's", k, hot.Digest, want)
+		return Entry{}, "", fmt.Errorf("demoting %s: %w: the hot copy's recorded digest is %s, the engine's %s; refusing to copy weights that are not the engine's", k, ErrDigestConflict, hot.Digest, want)
 	}
 	if want == "" && haveHot {
 		want = hot.Digest

@@ -224,6 +224,12 @@ func TestStoreDemotionOfItsHotCopyReleasesIt(t *testing.T) {
 	s, cfg := testStore(t, Budgets{Hot: 4 << 10, Warm: 4 << 10})
 	w := blob(1<<10, 8)
 	put(t, s, "m", TierHot, w, 2)
+	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(blob(1<<10, 9)).String(), 0); !errors.Is(err, ErrDigestConflict) {
+		t.Errorf("demoting the hot copy with another digest than its recorded one: %v, want ErrDigestConflict", err)
+	}
+	if _, ok := s.Lookup(Key{"team-a", "m"}, TierHot); !ok {
+		t.Fatal("a refused demotion removed the hot copy")
+	}
 	e, from, err := s.Demote(Key{"team-a", "m"}, "", 0)
 	if err != nil || from != DemoteFromStore || e.Priority != 2 {
 		t.Fatalf("demotion %+v from %s: %v; want the store's hot copy, its priority kept", e, from, err)

@@ -42,6 +42,9 @@ type appState struct {
 	// firstToken is the start (unix nanoseconds) of the last wake whose
 	// first_token stage this dispatcher observed.
 	firstToken atomic.Int64
+	// firstTokenSent is the start (unix nanoseconds) of the last wake whose
+	// first token this dispatcher handed to the leader.
+	firstTokenSent atomic.Int64
 	// firstTokens holds a first token reported to the leader (firsttoken.go).
 	firstTokens firstTokenBox
 

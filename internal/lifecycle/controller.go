@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -330,21 +331,23 @@ func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time)
 	}
 	wake := st.LastWake.StartTime.Time
 	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
+	if !cold {
+		return // a warm request
+	}
+	now := c.now()
+	once := func(v *atomic.Int64) bool {
+		prev := v.Load()
+		return prev != wake.UnixNano() && v.CompareAndSwap(prev, wake.UnixNano())
+	}
+	if rootsSince.After(wake) && once(&a.firstToken) {
+		c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
+	}
 	// The wake is the current one: under way, or what made it awake (not
 	// the wake before a sleep that a request cancelled).
 	current := st.State == v1alpha1.LifecycleWaking || (st.State == v1alpha1.LifecycleAwake && st.Since != nil && !st.Since.Time.Before(wake))
-	if !cold || !current {
-		return // a warm request
+	if current && once(&a.firstTokenSent) {
+		c.publishFirstToken(app, wake, now)
 	}
-	prev := a.firstToken.Load()
-	if prev == wake.UnixNano() || !a.firstToken.CompareAndSwap(prev, wake.UnixNano()) {
-		return // observed for this wake already
-	}
-	now := c.now()
-	if rootsSince.After(wake) {
-		c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
-	}
-	c.publishFirstToken(app, wake, now)
 }
 
 // ObserveQueueWait records the queue wait of a request first delivered now
