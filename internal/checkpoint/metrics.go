@@ -49,6 +49,7 @@ type nodeMetrics struct {
 	evictions  *prometheus.CounterVec
 	bandwidth  *prometheus.GaugeVec
 	promotions *prometheus.CounterVec
+	demotions  *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -68,8 +69,11 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		promotions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orchestra_agent_promotions_total", Help: "Promotions into a tier by result (ok, failed, mismatch).",
 		}, []string{"tier", "result"}),
+		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orchestra_agent_demotions_total", Help: "Requested demotions from the hot to the warm tier (POST /demote) by result (ok; mismatch: the hot bytes did not hash to the recorded digest, nothing placed; failed).",
+		}, []string{"result"}),
 	}
-	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions)
+	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions, m.demotions)
 	return m
 }
 

@@ -144,6 +144,27 @@ type PromoteRequest struct {
 	Priority int32  `json:"priority,omitempty"`
 }
 
+// DemoteRequest is the body of POST /demote: move an artifact's weights
+// from the hot tier to the warm tier (Store.Demote).
+type DemoteRequest struct {
+	Key
+	// Digest is the digest the engine recorded when it loaded the weights
+	// (xxh64:…); the warm copy must hash to it. Required when the source is
+	// the engine's level-1 offload rather than a copy the agent holds.
+	Digest   string `json:"digest,omitempty"`
+	Priority int32  `json:"priority,omitempty"`
+}
+
+// DemoteResult is the answer of POST /demote.
+type DemoteResult struct {
+	// Entry is the verified warm copy.
+	Entry
+	// Source is what was copied: store (the agent's hot copy, now
+	// released), engine (the engine's level-1 offload, which the engine
+	// releases) or warm (the warm tier held the digest already).
+	Source DemoteSource `json:"source"`
+}
+
 // TiersStatus is the body of GET /tiers.
 type TiersStatus struct {
 	Budgets Budgets        `json:"budgets"`
@@ -156,6 +177,7 @@ type TiersStatus struct {
 //	GET    /report                          the NodeReport
 //	GET    /tiers                           budgets, use and every copy
 //	POST   /promote                         PromoteRequest → the new Entry
+//	POST   /demote                          DemoteRequest → DemoteResult
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
 //	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
@@ -172,6 +194,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		})
 	})
 	mux.HandleFunc("POST /promote", n.handlePromote)
+	mux.HandleFunc("POST /demote", n.handleDemote)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}/restore", n.handleSnapshot)
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
@@ -246,6 +269,46 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	}
 	n.m.promotions.WithLabelValues(string(req.To), "ok").Inc()
 	writeJSON(w, http.StatusOK, e)
+}
+
+func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
+	var req DemoteRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return
+	}
+	if err := req.Validate(); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	start := time.Now()
+	e, src, err := n.store.Demote(req.Key, req.Digest, req.Priority)
+	n.updateGauges()
+	if err != nil {
+		status, result := http.StatusInternalServerError, "failed"
+		switch {
+		case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
+			// The hot bytes are not the engine's: nothing was placed.
+			status, result = http.StatusConflict, "mismatch"
+		case errors.Is(err, ErrDigestRequired):
+			status = http.StatusBadRequest
+		case errors.Is(err, ErrNoRoom):
+			status = http.StatusInsufficientStorage
+		case errors.Is(err, ErrNotFound):
+			status = http.StatusNotFound
+		}
+		n.m.demotions.WithLabelValues(result).Inc()
+		n.log.Warn("demotion refused", "key", req.String(), "result", result, "err", err)
+		writeError(w, status, err.Error())
+		return
+	}
+	n.m.demotions.WithLabelValues("ok").Inc()
+	n.log.Info("demotion", "key", req.String(), "source", src, "bytes", e.Bytes, "seconds", time.Since(start).Seconds())
+	writeJSON(w, http.StatusOK, DemoteResult{Entry: e, Source: src})
 }
 
 // SnapshotSupport says whether this node can take process snapshots, and

@@ -114,3 +114,80 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeDemotesTheEngineOffloadOverHTTP: POST /demote turns an engine's
+// level-1 offload in the hot tier into a verified warm copy; bytes that do
+// not hash to the engine's digest are refused (409) and placed nowhere.
+func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
+	cfg := checkpoint.NodeConfig{
+		Store: checkpoint.StoreConfig{
+			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+			Budgets: checkpoint.Budgets{Hot: 4 << 20, Warm: 4 << 20},
+		},
+		RuntimeVersion: "containerd://1.6.20",
+	}
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(n.Handler(reg))
+	defer srv.Close()
+	w := make([]byte, 1<<20)
+	arena.Synthesize(w, 5)
+	if err := os.MkdirAll(filepath.Join(cfg.Store.HotDir, "team-a"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Store.HotDir, "team-a", checkpoint.EngineOffloadName("orch-chat")), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	demote := func(body string) (int, string) {
+		resp, err := http.Post(srv.URL+"/demote", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for body, want := range map[string]int{
+		`{"namespace":"team-a","name":"orch-chat"}`:                                       400, // no digest for the engine's offload
+		`{"namespace":"team-a","name":"orch-chat","digest":"xxh64:0000000000000000"}`:     409, // the bytes are not the engine's
+		`{"namespace":"team-a","name":"absent","digest":"` + arena.Sum(w).String() + `"}`: 404,
+		`{"namespace":"team-a","name":"../x","digest":"` + arena.Sum(w).String() + `"}`:   400,
+	} {
+		if code, out := demote(body); code != want {
+			t.Errorf("%s: %d %s, want %d", body, code, out, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Store.WarmDir, "team-a", "orch-chat")); err == nil {
+		t.Fatal("a refused demotion left a warm copy")
+	}
+	code, out := demote(`{"namespace":"team-a","name":"orch-chat","digest":"` + arena.Sum(w).String() + `"}`)
+	if code != 200 {
+		t.Fatalf("demotion: %d %s", code, out)
+	}
+	var res checkpoint.DemoteResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Source != checkpoint.DemoteFromEngine || res.Tier != checkpoint.TierWarm || res.Digest != arena.Sum(w).String() || res.Bytes != int64(len(w)) {
+		t.Errorf("demotion result %+v, want a warm copy of the engine's offload with its digest", res)
+	}
+	got, err := os.ReadFile(filepath.Join(cfg.Store.WarmDir, "team-a", "orch-chat"))
+	if err != nil || !bytes.Equal(got, w) {
+		t.Errorf("warm copy: %v", err)
+	}
+	mfs, _ := reg.Gather()
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "orchestra_agent_demotions_total" {
+			for _, m := range mf.GetMetric() {
+				counts[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if counts["ok"] != 1 || counts["mismatch"] != 1 {
+		t.Errorf("orchestra_agent_demotions_total %v, want ok 1 and mismatch 1", counts)
+	}
+}

@@ -92,6 +92,52 @@ type SeatStatus struct {
 	LastWake  *Transition `json:"lastWake,omitempty"`
 	Sleeps    int         `json:"sleeps"`
 	Wakes     int         `json:"wakes"`
+	// Digest is the digest the engine recorded when it loaded its weights
+	// (xxh64:…), which every restore and every demotion of them must match;
+	// empty when the engine does not report it (only the simulator does).
+	Digest string `json:"digest,omitempty"`
+	// ResidentBytes is the engine's memory holding weights right now, as
+	// the engine reports it (the simulator's
+	// orchestra_sim_weights_resident_bytes): 0 after a sleep that freed
+	// its memory. Omitted when the engine does not report it.
+	ResidentBytes *int64 `json:"residentBytes,omitempty"`
+}
+
+// EngineWeights is what an engine reports about its weights.
+type EngineWeights struct {
+	Bytes         int64  `json:"bytes"`
+	Digest        string `json:"digest,omitempty"`
+	ResidentBytes int64  `json:"residentBytes"`
+}
+
+// WeightsReporter is implemented by adapters whose engine reports its
+// weights; ok is false when this engine does not.
+type WeightsReporter interface {
+	Weights(ctx context.Context) (w EngineWeights, ok bool, err error)
+}
+
+// weightsTimeout bounds the engine call GET /state makes for the weights.
+const weightsTimeout = time.Second
+
+// state is the seat's status with what the engine reports about its
+// weights now, when it reports them.
+func (s *Seat) state(ctx context.Context) SeatStatus {
+	st := s.Status()
+	wr, ok := s.engine.(WeightsReporter)
+	if !ok {
+		return st
+	}
+	ctx, cancel := context.WithTimeout(ctx, weightsTimeout)
+	defer cancel()
+	w, ok, err := wr.Weights(ctx)
+	if err != nil {
+		s.log.Debug("reading the engine's weights", "err", err)
+		return st
+	}
+	if ok {
+		st.Digest, st.ResidentBytes = w.Digest, &w.ResidentBytes
+	}
+	return st
 }
 
 // Seat drives one engine's sleep and wake for the lifecycle decision-maker.
@@ -362,7 +408,8 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 
 // Handler serves the seat API:
 //
-//	GET  /state          the SeatStatus (JSON)
+//	GET  /state          the SeatStatus (JSON), with the engine's weights digest and
+//	                     resident bytes when the engine reports them (the simulator)
 //	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
 //	                     in time, or in the wrong state; 500 when the engine call failed
 //	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
@@ -370,7 +417,7 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 //	GET  /healthz        200 while the agent runs
 func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /state", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, s.Status()) })
+	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.state(r.Context())) })
 	mux.HandleFunc("POST /sleep", func(w http.ResponseWriter, r *http.Request) {
 		level := 0
 		if v := r.URL.Query().Get("level"); v != "" {

@@ -230,3 +230,21 @@ func TestSeatAdoptsTheEngineState(t *testing.T) {
 		t.Fatalf("sleep of an unreachable engine: %d, want 409", code)
 	}
 }
+
+// TestSeatStateReportsTheEnginesResidentMemory: GET /state carries the
+// simulator's weights digest and the memory its weights hold, so a caller
+// can check that a sleep freed it.
+func TestSeatStateReportsTheEnginesResidentMemory(t *testing.T) {
+	e := startSeat(t, nil)
+	st := e.state()
+	w := e.sim.WeightsStatus()
+	if st.ResidentBytes == nil || *st.ResidentBytes != 2<<20 || st.Digest == "" || st.Digest != w.Digest {
+		t.Fatalf("awake: residentBytes %v, digest %q; want %d resident bytes and the engine's digest %q", st.ResidentBytes, st.Digest, 2<<20, w.Digest)
+	}
+	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
+		t.Fatalf("sleep: %d %s", code, body)
+	}
+	if st := e.state(); st.ResidentBytes == nil || *st.ResidentBytes != 0 {
+		t.Errorf("asleep: residentBytes %v, want 0 (the sleep freed the weights)", st.ResidentBytes)
+	}
+}

@@ -417,3 +417,117 @@ func (s *Store) Restore(k Key, a *arena.Arena) (Entry, arena.FillStats, error) {
 	}
 	return Entry{}, arena.FillStats{}, fmt.Errorf("restoring %s: %w", k, ErrNotFound)
 }
+
+// EngineOffloadName is the file name under which an engine offloads the
+// weights named name at sleep level 1, in its namespace's hot directory:
+// a dot file ("."+name+".level1", internal/sim), so it never collides with
+// a copy the store keeps under name and the store's index skips it.
+func EngineOffloadName(name string) string { return "." + name + ".level1" }
+
+// DemoteSource says what a demotion copied into the warm tier.
+type DemoteSource string
+
+const (
+	// DemoteFromStore: the store's own hot copy (released once the warm
+	// copy verified).
+	DemoteFromStore DemoteSource = "store"
+	// DemoteFromEngine: the engine's level-1 offload in the hot directory
+	// (released by the engine: its next wake or a sleep at level 2).
+	DemoteFromEngine DemoteSource = "engine"
+	// DemoteWarmHeld: the warm tier already held a copy with the digest.
+	DemoteWarmHeld DemoteSource = "warm"
+)
+
+// ErrDigestRequired refuses to demote an engine's offload without the
+// digest the engine recorded when it loaded the weights: the warm copy
+// could not be verified.
+var ErrDigestRequired = errors.New("the digest recorded by the engine is required to verify the warm copy")
+
+// ErrDigestConflict refuses a demotion whose digest is not the one recorded
+// for the store's hot copy.
+var ErrDigestConflict = errors.New("digest conflict")
+
+// Demote places a verified warm copy of k from the hot tier: from the
+// store's own hot copy, or else from the engine's level-1 offload
+// (EngineOffloadName) in the namespace's hot directory. The bytes are
+// hashed while they are copied and compared with the recorded digest (the
+// store's for its own copy; want, required, for the engine's offload; want
+// must also match the store's digest when both are known), the warm file is
+// fsynced before it is renamed into place, and room is made within the warm
+// budget by PlanAdmit's rules. The store's hot copy is removed only after
+// the warm copy verified; the engine's offload is left to the engine. A
+// warm copy that already holds the digest is kept and reported as
+// DemoteWarmHeld; one with another digest is replaced.
+func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource, error) {
+	if err := k.Validate(); err != nil {
+		return Entry{}, "", err
+	}
+	if want != "" {
+		if _, err := arena.ParseDigest(want); err != nil {
+			return Entry{}, "", fmt.Errorf("demoting %s: %w", k, err)
+		}
+	}
+	s.admit.Lock()
+	defer s.admit.Unlock()
+	hot, haveHot := s.Lookup(k, TierHot)
+	if haveHot && want != "" && hot.Digest != want {
+		return Entry{}, "", fmt.Errorf("demoting %s: %w: the hot copy's recorded digest is %s, the engine's %s; refusing to copy weights that are not the engine's", k, ErrDigestConflict, hot.Digest, want)
+	}
+	if want == "" && haveHot {
+		want = hot.Digest
+	}
+	if w, ok := s.Lookup(k, TierWarm); ok {
+		if want == "" || w.Digest == want {
+			if haveHot {
+				if err := s.Remove(k, TierHot); err != nil {
+					return Entry{}, "", err
+				}
+			}
+			s.Touch(k)
+			w, _ = s.Lookup(k, TierWarm)
+			return w, DemoteWarmHeld, nil
+		}
+		s.log.Info("replacing a warm copy with another digest", "key", k.String(), "digest", w.Digest, "want", want)
+	}
+	src, source := s.Path(k, TierHot), DemoteFromStore
+	if !haveHot {
+		src, source = filepath.Join(s.dir(TierHot), k.Namespace, EngineOffloadName(k.Name)), DemoteFromEngine
+		if want == "" {
+			return Entry{}, "", fmt.Errorf("demoting %s from the engine's offload: %w", k, ErrDigestRequired)
+		}
+	}
+	f, err := os.Open(src)
+	if errors.Is(err, os.ErrNotExist) {
+		return Entry{}, "", fmt.Errorf("demoting %s: %w: neither the store's hot copy nor the engine's offload %s exists", k, ErrNotFound, src)
+	}
+	if err != nil {
+		return Entry{}, "", fmt.Errorf("demoting %s: %w", k, err)
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return Entry{}, "", fmt.Errorf("demoting %s: %w", k, err)
+	}
+	if haveHot {
+		priority = max(priority, hot.Priority)
+	}
+	in := Entry{Key: k, Tier: TierWarm, Bytes: fi.Size(), Priority: priority, LastUsed: s.now()}
+	plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, in)
+	if err != nil {
+		return Entry{}, "", fmt.Errorf("demoting %s (%d bytes) to the warm tier: %w", k, fi.Size(), err)
+	}
+	if err := s.apply(plan); err != nil {
+		return Entry{}, "", err
+	}
+	e, err := s.write(PutRequest{Key: k, Tier: TierWarm, Bytes: fi.Size(), Priority: priority, Digest: want}, f)
+	if err != nil {
+		return Entry{}, "", fmt.Errorf("demoting %s from %s: %w", k, src, err)
+	}
+	if haveHot {
+		if err := s.Remove(k, TierHot); err != nil {
+			return e, source, err
+		}
+	}
+	s.log.Info("demoted to the warm tier", "key", k.String(), "from", source, "bytes", e.Bytes, "digest", e.Digest)
+	return e, source, nil
+}

@@ -170,3 +170,112 @@ func TestKeyValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// offload writes b as an engine's level-1 offload of name in team-a's hot
+// directory, as the simulator does.
+func offload(t *testing.T, cfg StoreConfig, name string, b []byte) string {
+	t.Helper()
+	dir := filepath.Join(cfg.HotDir, "team-a")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, EngineOffloadName(name))
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 4 << 10, Warm: 3 << 10})
+	w := blob(2<<10, 7)
+	src := offload(t, cfg, "m", w)
+	digest := arena.Sum(w).String()
+
+	e, from, err := s.Demote(Key{"team-a", "m"}, digest, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if from != DemoteFromEngine || e.Tier != TierWarm || e.Digest != digest || e.Bytes != int64(len(w)) || e.VerifiedAt.IsZero() {
+		t.Fatalf("demotion %+v from %s, want a verified warm copy of the engine's offload", e, from)
+	}
+	got, err := os.ReadFile(filepath.Join(cfg.WarmDir, "team-a", "m"))
+	if err != nil || !bytes.Equal(got, w) {
+		t.Fatalf("warm copy: %v (equal %v)", err, bytes.Equal(got, w))
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Errorf("the engine's offload is the engine's to release, but it is gone: %v", err)
+	}
+	// A second demotion finds the digest in the warm tier already.
+	if _, from, err := s.Demote(Key{"team-a", "m"}, digest, 0); err != nil || from != DemoteWarmHeld {
+		t.Errorf("demoting again: %s, %v; want the warm copy kept", from, err)
+	}
+	// The index survives a restart: the warm copy has its metadata.
+	s2, err := OpenStore(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e2, ok := s2.Lookup(Key{"team-a", "m"}, TierWarm); !ok || e2.Digest != digest {
+		t.Errorf("after a restart the warm copy is %+v (%v)", e2, ok)
+	}
+}
+
+func TestStoreDemotionOfItsHotCopyReleasesIt(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 4 << 10, Warm: 4 << 10})
+	w := blob(1<<10, 8)
+	put(t, s, "m", TierHot, w, 2)
+	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(blob(1<<10, 9)).String(), 0); !errors.Is(err, ErrDigestConflict) {
+		t.Errorf("demoting the hot copy with another digest than its recorded one: %v, want ErrDigestConflict", err)
+	}
+	if _, ok := s.Lookup(Key{"team-a", "m"}, TierHot); !ok {
+		t.Fatal("a refused demotion removed the hot copy")
+	}
+	e, from, err := s.Demote(Key{"team-a", "m"}, "", 0)
+	if err != nil || from != DemoteFromStore || e.Priority != 2 {
+		t.Fatalf("demotion %+v from %s: %v; want the store's hot copy, its priority kept", e, from, err)
+	}
+	if diff := cmp.Diff([]placed{{"m", TierWarm}}, placement(s)); diff != "" {
+		t.Errorf("placement (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.HotDir, "team-a", "m")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the hot copy is still on disk after the demotion: %v", err)
+	}
+}
+
+func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 4 << 10, Warm: 3 << 10})
+	old := blob(2<<10, 1)
+	put(t, s, "old", TierWarm, old, 0)
+	w := blob(2<<10, 9)
+	offload(t, cfg, "m", w)
+
+	if _, _, err := s.Demote(Key{"team-a", "m"}, "", 0); !errors.Is(err, ErrDigestRequired) {
+		t.Errorf("demoting an offload without the engine's digest: %v, want ErrDigestRequired", err)
+	}
+	wrong := arena.Sum(blob(2<<10, 10)).String()
+	if _, _, err := s.Demote(Key{"team-a", "m"}, wrong, 0); !errors.Is(err, arena.ErrMismatch) {
+		t.Fatalf("demoting bytes that do not hash to the digest: %v, want a mismatch", err)
+	}
+	if _, ok := s.Lookup(Key{"team-a", "m"}, TierWarm); ok {
+		t.Fatal("a copy that failed verification entered the warm tier")
+	}
+	if _, err := os.Stat(filepath.Join(cfg.WarmDir, "team-a", "m")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a copy that failed verification is on disk: %v", err)
+	}
+	// A higher-priority copy is never evicted for it.
+	put(t, s, "old", TierWarm, old, 5)
+	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); !errors.Is(err, ErrNoRoom) {
+		t.Errorf("demoting past the warm budget: %v, want ErrNoRoom", err)
+	}
+	// With the same priority the least recently used copy makes room.
+	put(t, s, "old", TierWarm, old, 0)
+	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]placed{{"m", TierWarm}}, placement(s)); diff != "" {
+		t.Errorf("placement (-want +got):\n%s", diff)
+	}
+	if used := s.Used(TierWarm); used > cfg.Budgets.Warm {
+		t.Errorf("warm tier holds %d bytes, budget %d", used, cfg.Budgets.Warm)
+	}
+}

@@ -151,3 +151,16 @@ func (v *VLLM) Sleeping(ctx context.Context) (bool, error) {
 	}
 	return *r.IsSleeping, nil
 }
+
+// Weights implements WeightsReporter: the simulator reports its weights
+// (GET /orchestra/weights); vLLM has no such endpoint.
+func (v *VLLM) Weights(ctx context.Context) (EngineWeights, bool, error) {
+	if v.kind != EngineSimulator {
+		return EngineWeights{}, false, nil
+	}
+	var w EngineWeights
+	if err := v.call(ctx, http.MethodGet, "/orchestra/weights", nil, &w); err != nil {
+		return EngineWeights{}, false, err
+	}
+	return w, true, nil
+}

@@ -42,6 +42,11 @@ type appState struct {
 	// firstToken is the start (unix nanoseconds) of the last wake whose
 	// first_token stage this dispatcher observed.
 	firstToken atomic.Int64
+	// firstTokenSent is the start (unix nanoseconds) of the last wake whose
+	// first token this dispatcher handed to the leader.
+	firstTokenSent atomic.Int64
+	// firstTokens holds a first token reported to the leader (firsttoken.go).
+	firstTokens firstTokenBox
 
 	status      v1alpha1.LifecycleStatus
 	sub         *nats.Subscription
@@ -223,6 +228,7 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 	if err != nil {
 		return err
 	}
+	c.applyFirstToken(ctx, a)
 	if done, err := c.stepSleep(ctx, a, root); done || err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -245,6 +246,11 @@ func (c *Controller) lead(ctx context.Context) {
 	if err := c.ensureBucket(ctx); err != nil {
 		return // ctx ended
 	}
+	if stop, err := c.subscribeFirstTokens(); err != nil {
+		c.log.Warn("subscribing to the first tokens of wakes; lastWake.firstTokenSeconds stays empty", "err", err)
+	} else {
+		defer stop()
+	}
 	var wg sync.WaitGroup
 	for _, a := range c.apps {
 		wg.Go(func() { c.runApp(ctx, a) })
@@ -306,7 +312,8 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 // answer data of a request stored at stored goes out now: once per wake,
 // for a request that waited for it (stored while the application was not
 // awake), timed from rootsSince, when this dispatcher's pool got the root
-// that the wake started.
+// that the wake started; and hands the time to the leader for
+// lastWake.firstTokenSeconds (firsttoken.go).
 func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time) {
 	a := c.app(app)
 	if a == nil {
@@ -324,14 +331,23 @@ func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time)
 	}
 	wake := st.LastWake.StartTime.Time
 	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
-	if !cold || !rootsSince.After(wake) {
-		return // a warm request, or roots older than the wake
+	if !cold {
+		return // a warm request
 	}
-	prev := a.firstToken.Load()
-	if prev == wake.UnixNano() || !a.firstToken.CompareAndSwap(prev, wake.UnixNano()) {
-		return // observed for this wake already
+	now := c.now()
+	once := func(v *atomic.Int64) bool {
+		prev := v.Load()
+		return prev != wake.UnixNano() && v.CompareAndSwap(prev, wake.UnixNano())
 	}
-	c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(c.now().Sub(rootsSince).Seconds())
+	if rootsSince.After(wake) && once(&a.firstToken) {
+		c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
+	}
+	// The wake is the current one: under way, or what made it awake (not
+	// the wake before a sleep that a request cancelled).
+	current := st.State == v1alpha1.LifecycleWaking || (st.State == v1alpha1.LifecycleAwake && st.Since != nil && !st.Since.Time.Before(wake))
+	if current && once(&a.firstTokenSent) {
+		c.publishFirstToken(app, wake, now)
+	}
 }
 
 // ObserveQueueWait records the queue wait of a request first delivered now

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -138,6 +139,23 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	}
 	if c := stageCount(t, reg, "first_token"); c != 1 {
 		t.Errorf("%v first_token stages observed, want 1 (the first answer of the wake)", c)
+	}
+	firstToken(t, e, 0)
+}
+
+// firstToken waits for the last wake's firstTokenSeconds, which the
+// dispatcher that answered first hands to the leader, and checks that it
+// is at least min seconds (and no more than the test ran).
+func firstToken(t *testing.T, e *env, min float64) {
+	t.Helper()
+	var lw *v1alpha1.WakeStatus
+	eventually(t, 5*time.Second, "lastWake.firstTokenSeconds", func() bool {
+		lw = e.state().LastWake
+		return lw != nil && lw.FirstTokenSeconds != ""
+	})
+	secs, err := strconv.ParseFloat(lw.FirstTokenSeconds, 64)
+	if err != nil || secs < min || secs > 30 {
+		t.Errorf("lastWake.firstTokenSeconds %q, want the seconds from the first request to its first token (at least %v)", lw.FirstTokenSeconds, min)
 	}
 }
 

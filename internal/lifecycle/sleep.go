@@ -16,7 +16,7 @@ package lifecycle
 //
 //	Awake --sleep.after idle--> Draining --seats asleep--> Asleep
 //	Asleep --request--> Waking (seats' POST /wake, retried) --seats Awake--> Awake
-//	Asleep --parkAfter--> Asleep in the warm tier (level 2; the node agent holds a warm copy)
+//	Asleep --parkAfter--> Asleep in the warm tier (the node agent copies the hot offload to warm, verified; level 2)
 //	Asleep --zeroAfter (minReplicas 0)--> Zero (the pods go; the next wake is a pod start)
 
 import (
@@ -74,14 +74,16 @@ type SleepConfig struct {
 	AgentPort int32 `json:"agentPort,omitempty"`
 	// ModelCheckpoint is the application's ModelCheckpoint, whose status
 	// the leader writes; it is also the name of the weights in the node
-	// agent's tiers (under the orchestra's namespace). Empty: no status is
-	// written.
+	// agent's tiers (under the orchestra's namespace) and the engine's
+	// weights name, whose level-1 offload a demotion copies. Empty: no
+	// status is written.
 	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
 	// ColdPath is the weights file inside the node agent's cold tier (its
-	// --cold-dir, the model cache). When set, a demotion first asks the
-	// agent for a verified warm copy from it; without it the warm tier
-	// holds only what the agent already has, and a demoted engine wakes
-	// from the cold tier.
+	// --cold-dir, the model cache). A demotion copies the engine's level-1
+	// offload from the agent's hot tier into its warm tier (POST /demote);
+	// only when that fails and ColdPath is set does it ask the agent for a
+	// warm copy from the cold tier instead. Without either, a demoted
+	// engine wakes from the cold tier.
 	ColdPath string `json:"coldPath,omitempty"`
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
@@ -619,15 +621,30 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 }
 
 // demote moves sleeping engines' weights out of the hot tier: the node
-// agent places a verified warm copy (from the cold tier, when coldPath is
-// set), then each engine is woken (from the hot tier, the gate closed) and
-// put back to sleep at level 2, which frees the hot tier. A request seen
-// meanwhile ends the demotion as a wake.
+// agent on each root's node copies the engine's level-1 offload from its
+// hot tier into its warm tier, verified against the digest the engine
+// recorded (POST /demote; from the cold tier with POST /promote when that
+// fails and coldPath is set), then each engine is woken (from the hot tier,
+// the gate closed) and put back to sleep at level 2, which releases the
+// hot copy; the next wake reads the warm copy. A request seen meanwhile
+// ends the demotion as a wake.
 func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef) error {
 	start := c.now()
-	if a.Sleep.ColdPath != "" {
-		for _, ag := range c.agentsOf(a, seats) {
-			if err := c.promoteWarm(ctx, a, ag); err != nil {
+	if agents := c.agentsOf(a, seats); len(agents) > 0 {
+		digest := ""
+		for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
+			if r.err == nil && r.st.Digest != "" {
+				digest = r.st.Digest
+				break
+			}
+		}
+		for _, ag := range agents {
+			err := c.demoteWarm(ctx, a, ag, digest)
+			if err != nil && a.Sleep.ColdPath != "" {
+				c.log.Warn("demoting the hot copy failed; placing a warm copy from the cold tier", "app", a.Name, "agent", ag.pod, "err", err)
+				err = c.promoteWarm(ctx, a, ag)
+			}
+			if err != nil {
 				c.log.Warn("placing a warm copy failed; demoting anyway (the next wake reads the cold tier)", "app", a.Name, "agent", ag.pod, "err", err)
 			}
 		}

@@ -31,7 +31,8 @@ import (
 
 // The leader talks to two agents (internal/checkpoint): the seat sidecar
 // of each root pod (GET /state, POST /sleep?level=, POST /wake) and the
-// node agent on each root's node (GET /tiers, GET /report, POST /promote).
+// node agent on each root's node (GET /tiers, GET /report, POST /demote,
+// POST /promote).
 
 // agentHTTP is the client of both; every call carries its own deadline.
 var agentHTTP = &http.Client{}
@@ -214,6 +215,18 @@ func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].node < out[j].node })
 	return out
+}
+
+// demoteWarm asks a node agent to copy the engines' level-1 offload from
+// its hot tier into its warm tier, verified against digest (the engine's).
+func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
+	req := checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
+	var res checkpoint.DemoteResult
+	if err := callAgent(ctx, "POST", ag.url+"/demote", req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
+		return fmt.Errorf("node agent %s: %w", ag.pod, err)
+	}
+	c.log.Info("warm copy placed from the hot tier", "app", a.Name, "node", ag.node, "source", res.Source, "bytes", res.Bytes, "digest", res.Digest)
+	return nil
 }
 
 // promoteWarm asks a node agent for a verified warm copy of the weights

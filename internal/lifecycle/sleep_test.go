@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -49,7 +50,9 @@ type sleepPlane struct {
 	engine *httptest.Server
 	seat   *httptest.Server
 	agent  *httptest.Server
-	client *natsqueue.Client
+	// agentHot is the node agent's hot tier directory.
+	agentHot string
+	client   *natsqueue.Client
 	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
 	// when it runs one).
 	dispatcherReg *prometheus.Registry
@@ -85,6 +88,9 @@ type planeOptions struct {
 	inDispatcher bool
 	sleep        func(*lifecycle.SleepConfig)
 	sim          func(*sim.Config)
+	// offloadElsewhere gives the engine a hot directory of its own, outside
+	// the node agent's hot tier (so the agent cannot demote its offload).
+	offloadElsewhere bool
 }
 
 func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
@@ -94,7 +100,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	dir := t.TempDir()
 	cold := filepath.Join(dir, "cold")
 	agentHot, agentWarm := filepath.Join(dir, "agent-hot"), filepath.Join(dir, "agent-warm")
-	for _, d := range []string{cold, agentHot, agentWarm, filepath.Join(dir, "engine-hot")} {
+	// The namespace's tier directories exist before the engine starts (the
+	// chart mounts them as hostPath DirectoryOrCreate).
+	for _, d := range []string{cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -119,15 +127,20 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.agent = httptest.NewServer(ah)
+	p.agent, p.agentHot = httptest.NewServer(ah), agentHot
 	t.Cleanup(p.agent.Close)
 
 	// The engine: the simulator reads its weights from the model cache;
-	// its warm directory is the agent's, so a copy the agent places there
-	// is what a level-2 wake reads.
+	// its hot and warm directories are the namespace's directories of the
+	// agent's tiers, as the chart mounts them: its level-1 offload lands in
+	// the agent's hot tier, and a copy the agent places in the warm tier is
+	// what a level-2 wake reads.
 	sc := dataplanetest.FastSim()
 	sc.Weights = sim.Weights{File: filepath.Join(cold, "weights.bin"), Name: "demo-chat"}
-	sc.Sleep = sim.Sleep{Enabled: true, HotDir: filepath.Join(dir, "engine-hot"), WarmDir: filepath.Join(agentWarm, ns)}
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: filepath.Join(agentHot, ns), WarmDir: filepath.Join(agentWarm, ns)}
+	if o.offloadElsewhere {
+		sc.Sleep.HotDir = t.TempDir()
+	}
 	if o.sim != nil {
 		o.sim(&sc)
 	}
@@ -356,6 +369,25 @@ func (p *sleepPlane) seatState() checkpoint.SeatStatus {
 	return st
 }
 
+// agentMetric is the value of one series of the node agent's metrics (0
+// when absent).
+func (p *sleepPlane) agentMetric(series string) float64 {
+	p.e.t.Helper()
+	resp, err := http.Get(p.agent.URL + "/metrics")
+	if err != nil {
+		p.e.t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return 0
+}
+
 // refused is the simulator's count of inference requests refused because
 // it was not awake: a request the dispatcher sent to a sleeping engine.
 func (p *sleepPlane) refused() float64 {
@@ -465,6 +497,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	if st := p.e.state(); st.Wakes != 1 {
 		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
+	firstToken(t, p.e, 0)
 	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
 		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
 	}
@@ -514,17 +547,26 @@ func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
 }
 
 // TestSleepingEnginesAreDemotedAndWakeFromEachTier: after parkAfter asleep
-// in the hot tier the weights are demoted (the node agent places a verified
-// warm copy, the engine sleeps at level 2) and the next request wakes them
-// from the warm tier; with the warm copy gone the wake reads the cold tier.
-// Each wake's bytes verify, the status names the tier, and the
-// ModelCheckpoint records the copies.
+// in the hot tier the weights are demoted (the node agent copies the
+// engine's level-1 offload from its hot tier into its warm tier, verified
+// against the engine's digest; the engine sleeps at level 2, releasing the
+// hot copy) and the next request wakes them from the warm tier; with the
+// warm copy gone the wake reads the cold tier. Each wake's bytes verify,
+// the status names the tier, and the ModelCheckpoint records the copies.
+// As on the chart, the agent has no cold tier to copy from (no coldPath).
 func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 	defer lifecycle.SetRefreshEvery(50 * time.Millisecond)()
-	p := newSleepPlane(t, planeOptions{sleep: func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }})
-	p.startLeader("leader-a", p.config(func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }))
+	park := func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration, s.ColdPath = 300*time.Millisecond, "" }
+	p := newSleepPlane(t, planeOptions{sleep: park})
+	p.startLeader("leader-a", p.config(park))
 
 	p.asleep(2, v1alpha1.TierWarm)
+	if _, err := os.Stat(filepath.Join(p.agentHot, ns, checkpoint.EngineOffloadName("demo-chat"))); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the engine's level-1 offload is still in the hot tier after the demotion: %v", err)
+	}
+	if c := p.agentMetric(`orchestra_agent_demotions_total{result="ok"}`); c != 1 {
+		t.Errorf("orchestra_agent_demotions_total{result=ok} = %v, want the warm copy placed by the agent's demotion", c)
+	}
 	mc := p.checkpointStatus()
 	var warm *v1alpha1.Placement
 	for i := range mc.Placements {
@@ -579,6 +621,30 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 	if c := counter(t, p.registry("leader-a"), "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c < 2 {
 		t.Errorf("orchestra_lifecycle_demotions_total{result=ok} = %v, want 2", c)
 	}
+}
+
+// TestDemotionFallsBackToTheColdTier: when the node agent cannot demote
+// the engine's offload (it is not in the agent's hot tier), a demotion with
+// coldPath places the warm copy from the agent's cold tier instead, and the
+// next wake still reads the warm tier.
+func TestDemotionFallsBackToTheColdTier(t *testing.T) {
+	park := func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration = 300 * time.Millisecond }
+	p := newSleepPlane(t, planeOptions{sleep: park, offloadElsewhere: true})
+	p.startLeader("leader-a", p.config(park))
+
+	p.asleep(2, v1alpha1.TierWarm)
+	if c := p.agentMetric(`orchestra_agent_demotions_total{result="failed"}`); c != 1 {
+		t.Errorf("orchestra_agent_demotions_total{result=failed} = %v, want the demotion of an offload the agent does not hold refused once", c)
+	}
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
+		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from the cold tier", c)
+	}
+	if err := sendBatch(p.client, "warm", 2); err != nil {
+		t.Fatalf("requests sent to engines asleep in the warm tier were lost or failed:\n%v", err)
+	}
+	p.lastWake("a wake from the warm tier", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierWarm && lw.Bytes == weightsBytes
+	})
 }
 
 func hasCondition(conds []metav1.Condition, typ string, status metav1.ConditionStatus) bool {
