@@ -299,6 +299,13 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
 			root, seat.State, jsonOf(seat.LastWake), sleepWeights, from)
 	}
+	// Awake, the engine holds the weights once: a wake that leaves a
+	// second copy behind (an arena, the offload) would be OOM-killed by
+	// the next level-1 sleep.
+	if mem := engineMemory(ctx, t, ns, root); mem.RSS+mem.Shmem > sleepWeights*5/4 {
+		t.Errorf("awake after a wake from the %s tier, the engine holds %d MiB of anonymous memory and tmpfs for %d MiB of weights (%s): a copy was left behind",
+			from, (mem.RSS+mem.Shmem)>>20, sleepWeights>>20, mem)
+	}
 	m, err := scrape(ctx, ns, root, strconv.Itoa(enginePort))
 	if err != nil {
 		t.Fatal(err)
