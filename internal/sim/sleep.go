@@ -443,6 +443,16 @@ func (s *Simulator) ReloadWeights(ctx context.Context) (*StageReport, error) {
 	if loaded {
 		return &StageReport{Verified: true}, nil
 	}
+	// wake_up?tags=weights allocated the weights unfilled: give that arena
+	// back before filling a new one, so the engine never holds them twice
+	// (nor keeps the first). Should the reload fail, the engine is asleep
+	// with nothing allocated, as after any failed wake.
+	e.mu.Lock()
+	if e.live != nil {
+		e.live.Free()
+	}
+	e.live, e.weightsAwake = nil, false
+	e.mu.Unlock()
 	return s.restore(ctx, true)
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -399,4 +400,36 @@ func TestLevel2WakePrefersTheAgentsHotCopyAndKeepsIt(t *testing.T) {
 	if _, err := os.Stat(agentCopy); err != nil {
 		t.Fatalf("the agent's hot copy is gone: %v", err)
 	}
+}
+
+// TestLevel2ReloadHoldsTheWeightsOnce: the documented level-2 sequence
+// allocates the weights (wake_up?tags=weights), then fills them
+// (reload_weights). The engine must end up holding them once: the arena
+// the first call allocated is not left behind by the second.
+func TestLevel2ReloadHoldsTheWeightsOnce(t *testing.T) {
+	const size = 64 << 20
+	s := startSleepy(t, func(c *sim.Config) { c.Weights.Bytes = size })
+	s.must("POST", "/sleep?level=2", "")
+	before := residentBytes(t)
+	s.must("POST", "/wake_up?tags=weights", "")
+	s.must("POST", "/collective_rpc", `{"method":"reload_weights"}`)
+	s.must("POST", "/wake_up?tags=kv_cache", "")
+	if grew := residentBytes(t) - before; grew > size*3/2 {
+		t.Fatalf("the level-2 wake grew the resident memory by %d MiB for %d MiB of weights: it holds them twice", grew>>20, size>>20)
+	}
+}
+
+// residentBytes is this process's resident memory (Linux).
+func residentBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		t.Skipf("no /proc/self/statm: %v", err)
+	}
+	f := strings.Fields(string(b))
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pages * int64(os.Getpagesize())
 }

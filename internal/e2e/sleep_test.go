@@ -1,0 +1,391 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+)
+
+// sleepWeights is the simulator's synthetic weights in TestSleepAndWake:
+// the 1 GiB of issue #17. A level-1 sleep writes them to the hot tier (a
+// tmpfs charged to the engine container) before it frees them, so the
+// engine briefly holds them twice: its limit is twice the weights plus the
+// process.
+const (
+	sleepWeights     = 1 << 30
+	sleepWeightsFlag = "--weights-bytes=1Gi"
+	sleepMemLimit    = "2432Mi"
+	sleepMemRequest  = "1152Mi"
+	sleepPolicy      = "fast-resume"
+	seatPort         = 9300 // the seat sidecar's port in a root pod
+	enginePort       = 8080 // the simulator's port in a root pod
+)
+
+var checkpointPolicyGVR = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: "checkpointpolicies"}
+
+// TestSleepAndWake runs a simulator application holding 1 GiB of real
+// weights with a short sleepAfter on real pods. First its CheckpointPolicy
+// does not exist: the condition names it and the application runs and
+// sleeps by its inline fields. Idle, its engine sleeps at level 1: status
+// Asleep in the hot tier, the root pod running but not Ready and out of
+// the EndpointSlice; a streamed chat through the gateway, JetStream and
+// the dispatcher wakes it, the restored bytes verified, nothing sent to
+// the sleeping engine and every request delivered once. Then the policy
+// appears with a parkAfter: the sleeping engine is demoted out of the hot
+// tier and the next chat wakes it from where the weights went.
+func TestSleepAndWake(t *testing.T) {
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-sleep")
+	const name = "sleepy"
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{sleepWeightsFlag, "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"requests": map[string]any{"cpu": "50m", "memory": sleepMemRequest},
+		"limits":   map[string]any{"memory": sleepMemLimit},
+	}, "spec", "applications", app, "runtime", "resources"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "4s", "maxWait": "2m",
+		"checkpointPolicy": sleepPolicy,
+	}, "spec", "applications", app, "lifecycle"))
+	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	logf("Ready")
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("a missing CheckpointPolicy is a condition naming it", func(t *testing.T) {
+		eventually(t, time.Minute, func() error {
+			mo, err := stack.Get(ctx, env.dyn, ns, name)
+			if err != nil {
+				return err
+			}
+			c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionCheckpointPolicyResolved)
+			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, sleepPolicy) {
+				return fmt.Errorf("condition %s = %+v; want False naming %s", v1alpha1.ConditionCheckpointPolicyResolved, c, sleepPolicy)
+			}
+			if !stack.Ready(mo) {
+				return fmt.Errorf("not Ready: %s", stack.Progress(mo))
+			}
+			return nil
+		})
+	})
+
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat through %s: %v", base, err)
+	}
+	root := stackPod(ctx, t, ns, name, "root", 0)
+	before := failedDeliveries(ctx, t, ns)
+
+	t.Run("asleep in the hot tier, out of the EndpointSlice", func(t *testing.T) {
+		waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierHot })
+		logf("asleep in the hot tier")
+		mem := engineMemory(ctx, t, ns, root.Name)
+		logf("engine memory asleep: %s", mem)
+		if mem.Shmem < sleepWeights {
+			t.Errorf("the engine's memory cgroup holds %d bytes of tmpfs while asleep; want the %d bytes of the level-1 offload", mem.Shmem, sleepWeights)
+		}
+	})
+
+	t.Run("a streamed chat wakes it from the hot tier", func(t *testing.T) {
+		wakeByChat(ctx, t, ns, name, root.Name, base, token, served, v1alpha1.TierHot)
+		logf("awake from the hot tier; engine memory: %s", engineMemory(ctx, t, ns, root.Name))
+		if grew := grown(before, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
+			t.Errorf("the request that woke the engine was not delivered once; the dispatcher counted:\n%s", strings.Join(grew, "\n"))
+		}
+	})
+
+	// The policy appears, with a parkAfter: the engine that sleeps again
+	// is demoted out of the hot tier.
+	policy := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": "CheckpointPolicy",
+		"metadata": map[string]any{"name": sleepPolicy, "namespace": ns},
+		"spec": map[string]any{
+			"triggers": map[string]any{"parkSeconds": int64(5)},
+			"tiers":    map[string]any{"hot": "RAM", "warm": "Disk", "cold": "ModelCache"},
+		},
+	}}
+	if _, err := env.dyn.Resource(checkpointPolicyGVR).Namespace(ns).Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating CheckpointPolicy %s: %v", sleepPolicy, err)
+	}
+	eventually(t, time.Minute, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		if c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionCheckpointPolicyResolved); c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("condition %s = %+v; want True once the policy exists", v1alpha1.ConditionCheckpointPolicyResolved, c)
+		}
+		return nil
+	})
+	logf("policy resolved")
+
+	t.Run("demoted by parkAfter, woken from where the weights went", func(t *testing.T) {
+		var tier v1alpha1.Tier
+		waitAsleep(ctx, t, ns, name, root.Name, func(got v1alpha1.Tier) bool {
+			tier = got
+			return got == v1alpha1.TierWarm || got == v1alpha1.TierCold
+		})
+		logf("demoted: asleep in the %s tier; engine memory: %s", tier, engineMemory(ctx, t, ns, root.Name))
+		if tier != v1alpha1.TierWarm {
+			t.Logf("the demoted weights are in the %s tier, not Warm: the node agent placed no warm copy", tier)
+		}
+		// The dispatcher was replaced with its new configuration: its
+		// counters start again.
+		dispatchers := failedDeliveries(ctx, t, ns)
+		wakeByChat(ctx, t, ns, name, root.Name, base, token, served, tier)
+		logf("awake from the %s tier", tier)
+		if grew := grown(dispatchers, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
+			t.Errorf("the request that woke the demoted engine was not delivered once; the dispatcher counted:\n%s", strings.Join(grew, "\n"))
+		}
+	})
+
+	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.UID != root.UID {
+		t.Errorf("root pod %s was replaced (uid %s, was %s): sleeping must keep the pod", root.Name, p.UID, root.UID)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			t.Errorf("container %s of root %s restarted %d times (last: %+v): sleeping and waking must not kill it", s.Name, root.Name, s.RestartCount, s.LastTerminationState.Terminated)
+		}
+	}
+	logf("engine memory at the end, for %d MiB of weights: %s", sleepWeights>>20, engineMemory(ctx, t, ns, root.Name))
+}
+
+// waitAsleep waits until the application sleeps in a tier tierOK accepts:
+// phase and state Asleep, the seat of its root Asleep, the root pod
+// running but not Ready and no EndpointSlice listing it as ready.
+func waitAsleep(ctx context.Context, t *testing.T, ns, name, root string, tierOK func(v1alpha1.Tier) bool) {
+	t.Helper()
+	eventually(t, 90*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		st := mo.Status.Applications[app]
+		lc := st.Lifecycle
+		if st.Phase != v1alpha1.PhaseAsleep || lc == nil || lc.State != v1alpha1.LifecycleAsleep || !tierOK(lc.ResidentTier) {
+			return fmt.Errorf("application %s: phase %q, lifecycle %s; want phase and state Asleep in the expected tier", app, st.Phase, lifecycleJSON(lc))
+		}
+		seat, err := seatState(ctx, ns, root)
+		if err != nil {
+			return err
+		}
+		if seat.State != checkpoint.SeatAsleep {
+			return fmt.Errorf("the seat of %s is %s; want Asleep", root, seat.State)
+		}
+		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+			return fmt.Errorf("root pod %s is %s; a sleeping engine keeps its pod running", root, p.Status.Phase)
+		}
+		if podReady(p) {
+			return fmt.Errorf("root pod %s is still Ready while its engine sleeps", root)
+		}
+		return inEndpointSlice(ctx, ns, name+"-"+app, root)
+	})
+}
+
+// inEndpointSlice is an error while an EndpointSlice of the Service lists
+// the pod as a ready endpoint. The service is the application's root
+// Service, whose ready endpoints the dispatchers send requests to (not the
+// headless one, which publishes pods that are not ready for their DNS
+// names).
+func inEndpointSlice(ctx context.Context, ns, service, pod string) error {
+	slices, err := env.cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + service})
+	if err != nil {
+		return err
+	}
+	if len(slices.Items) == 0 {
+		return fmt.Errorf("service %s has no EndpointSlice", service)
+	}
+	for _, s := range slices.Items {
+		for _, e := range s.Endpoints {
+			if e.TargetRef != nil && e.TargetRef.Name == pod && (e.Conditions.Ready == nil || *e.Conditions.Ready) {
+				return fmt.Errorf("EndpointSlice %s still lists %s as ready", s.Name, pod)
+			}
+		}
+	}
+	return nil
+}
+
+// wakeByChat sends one streamed chat through the gateway to the sleeping
+// application and checks the wake: the answer complete, the state Awake,
+// lastWake from the tier with every byte restored and verified (by the
+// seat and the simulator), and no request ever refused by the sleeping
+// engine.
+func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, model string, from v1alpha1.Tier) {
+	t.Helper()
+	mo, err := stack.Get(ctx, env.dyn, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakes := int64(0)
+	if lc := mo.Status.Applications[app].Lifecycle; lc != nil {
+		wakes = lc.Wakes
+	}
+	sent := time.Now()
+	res, err := stack.StreamChat(ctx, base, token, model, "wake up", 8, nil)
+	if err == nil && (!res.Done || res.FinishReason == "") {
+		err = fmt.Errorf("stream cut: done %v, finish_reason %q after %d chunks", res.Done, res.FinishReason, res.Chunks)
+	}
+	if err != nil {
+		t.Fatalf("the chat sent to the sleeping application was not answered completely: %v", err)
+	}
+	t.Logf("the chat that woke the engine was answered in %.2fs", time.Since(sent).Seconds())
+
+	var lw *v1alpha1.WakeStatus
+	eventually(t, 30*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		st := mo.Status.Applications[app]
+		lc := st.Lifecycle
+		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes != wakes+1 || lc.LastWake == nil || lc.LastWake.Seconds == "" {
+			return fmt.Errorf("application %s: phase %q, lifecycle %s; want state Awake after wake %d", app, st.Phase, lifecycleJSON(lc), wakes+1)
+		}
+		lw = lc.LastWake
+		return nil
+	})
+	if lw.FromTier != from || lw.Bytes != sleepWeights {
+		t.Errorf("lastWake = %+v; want fromTier %s and bytes %d (the weights)", lw, from, sleepWeights)
+	}
+	t.Logf("lastWake: from %s, %d bytes in %ss (%d B/s)", lw.FromTier, lw.Bytes, lw.Seconds, lw.BytesPerSecond)
+
+	seat, err := seatState(ctx, ns, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
+		!seat.LastWake.Transfer.Verified || seat.LastWake.Transfer.Bytes != sleepWeights ||
+		!strings.EqualFold(seat.LastWake.Transfer.Tier, string(from)) {
+		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
+			root, seat.State, jsonOf(seat.LastWake), sleepWeights, from)
+	}
+	// Awake, the engine holds the weights once: a wake that leaves a
+	// second copy behind (an arena, the offload) would be OOM-killed by
+	// the next level-1 sleep.
+	if mem := engineMemory(ctx, t, ns, root); mem.RSS+mem.Shmem > sleepWeights*5/4 {
+		t.Errorf("awake after a wake from the %s tier, the engine holds %d MiB of anonymous memory and tmpfs for %d MiB of weights (%s): a copy was left behind",
+			from, (mem.RSS+mem.Shmem)>>20, sleepWeights>>20, mem)
+	}
+	m, err := scrape(ctx, ns, root, strconv.Itoa(enginePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metricValue(m, "orchestra_sim_requests_refused_asleep_total"); n != 0 {
+		t.Errorf("the sleeping engine refused %g requests: one was sent to it while it slept", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
+		t.Errorf("%g wakes failed the hash verification", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+strings.ToLower(string(from))+`"`, `result="ok"`); n < 1 {
+		t.Errorf("the simulator counted no verified wake from the %s tier", from)
+	}
+}
+
+// seatState reads GET /state of the seat sidecar of a root pod through
+// the API server's pod proxy.
+func seatState(ctx context.Context, ns, pod string) (*checkpoint.SeatStatus, error) {
+	raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", pod, strconv.Itoa(seatPort), "/state", nil).DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the seat state of %s: %w", pod, err)
+	}
+	st := &checkpoint.SeatStatus{}
+	if err := json.Unmarshal(raw, st); err != nil {
+		return nil, fmt.Errorf("decoding the seat state of %s: %w (%s)", pod, err, raw)
+	}
+	return st, nil
+}
+
+// scrape reads /metrics of a pod's port through the API server's pod proxy.
+func scrape(ctx context.Context, ns, pod, port string) (string, error) {
+	raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", pod, port, "/metrics", nil).DoRaw(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the metrics of %s: %w", pod, err)
+	}
+	return string(raw), nil
+}
+
+// metricValue sums the samples of a metric whose labels contain every one
+// of labels (`name="value"`); 0 when there are none.
+func metricValue(text, name string, labels ...string) float64 {
+	var sum float64
+	for line := range strings.Lines(text) {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			ok = ok && strings.Contains(line, l)
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); ok && err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// engineMemory reads the memory cgroup of the root's engine container.
+func engineMemory(ctx context.Context, t *testing.T, ns, pod string) stack.Memory {
+	t.Helper()
+	m, err := stack.ContainerMemory(ctx, env.cs, ns, pod, "engine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func lifecycleJSON(lc *v1alpha1.LifecycleStatus) string {
+	if lc == nil {
+		return "(none)"
+	}
+	return jsonOf(lc)
+}
+
+func jsonOf(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
