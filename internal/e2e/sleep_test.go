@@ -151,7 +151,7 @@ func TestSleepAndWake(t *testing.T) {
 	})
 	logf("policy resolved")
 
-	t.Run("demoted by parkAfter, woken from where the weights went", func(t *testing.T) {
+	t.Run("demoted by parkAfter to the warm tier, woken from it", func(t *testing.T) {
 		var tier v1alpha1.Tier
 		waitAsleep(ctx, t, ns, name, root.Name, func(got v1alpha1.Tier) bool {
 			tier = got
@@ -159,7 +159,7 @@ func TestSleepAndWake(t *testing.T) {
 		})
 		logf("demoted: asleep in the %s tier; engine memory: %s", tier, engineMemory(ctx, t, ns, root.Name))
 		if tier != v1alpha1.TierWarm {
-			t.Logf("the demoted weights are in the %s tier, not Warm: the node agent placed no warm copy", tier)
+			t.Errorf("the demoted weights are in the %s tier; want Warm (the node agent's verified copy of the hot offload)", tier)
 		}
 		// The dispatcher was replaced with its new configuration: its
 		// counters start again.
@@ -278,8 +278,8 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 		}
 		st := mo.Status.Applications[app]
 		lc := st.Lifecycle
-		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes != wakes+1 || lc.LastWake == nil || lc.LastWake.Seconds == "" {
-			return fmt.Errorf("application %s: phase %q, lifecycle %s; want state Awake after wake %d", app, st.Phase, lifecycleJSON(lc), wakes+1)
+		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes != wakes+1 || lc.LastWake == nil || lc.LastWake.Seconds == "" || lc.LastWake.FirstTokenSeconds == "" {
+			return fmt.Errorf("application %s: phase %q, lifecycle %s; want state Awake after wake %d, with its seconds and first-token seconds", app, st.Phase, lifecycleJSON(lc), wakes+1)
 		}
 		lw = lc.LastWake
 		return nil
@@ -287,7 +287,7 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 	if lw.FromTier != from || lw.Bytes != sleepWeights {
 		t.Errorf("lastWake = %+v; want fromTier %s and bytes %d (the weights)", lw, from, sleepWeights)
 	}
-	t.Logf("lastWake: from %s, %d bytes in %ss (%d B/s)", lw.FromTier, lw.Bytes, lw.Seconds, lw.BytesPerSecond)
+	t.Logf("lastWake: from %s, %d bytes in %ss (%d B/s), first token after %ss", lw.FromTier, lw.Bytes, lw.Seconds, lw.BytesPerSecond, lw.FirstTokenSeconds)
 
 	seat, err := seatState(ctx, ns, root)
 	if err != nil {
