@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -77,9 +78,15 @@ func TestOperatorServesTheSampleModelOrchestra(t *testing.T) {
 		t.Fatal(err)
 	}
 	mo.SetNamespace(ns)
-	if err := k8s.Create(ctx, mo); err != nil {
-		t.Fatalf("creating the sample: %v", err)
-	}
+	// Established can come a moment before the API server's discovery
+	// lists the kind: retry a create that finds no such kind.
+	eventually(t, 30*time.Second, func() error {
+		err := k8s.Create(ctx, mo.DeepCopy())
+		if err != nil && !meta.IsNoMatchError(err) {
+			t.Fatalf("creating the sample: %v", err)
+		}
+		return err
+	})
 	eventually(t, 120*time.Second, func() error {
 		got := &unstructured.Unstructured{}
 		got.SetGroupVersionKind(mo.GroupVersionKind())
