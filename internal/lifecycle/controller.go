@@ -319,35 +319,67 @@ func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time)
 	if a == nil {
 		return
 	}
+	now := c.now()
+	if c.observeFirstToken(a, stored, rootsSince, now) {
+		return
+	}
+	// The answer went out before this dispatcher heard of the wake from
+	// the lifecycle bucket (the leader publishes it there; the watch is
+	// asynchronous): wait for the state to catch up, briefly, off the
+	// request's path. Warm requests never get here: the state of an
+	// awake application is known.
+	go func() {
+		deadline := time.Now().Add(firstTokenStateWait)
+		for time.Now().Before(deadline) {
+			time.Sleep(firstTokenStateWait / 40)
+			if c.observeFirstToken(a, stored, rootsSince, now) {
+				return
+			}
+		}
+	}()
+}
+
+// firstTokenStateWait bounds how long a first answer waits for the
+// lifecycle state of its wake to reach this dispatcher.
+const firstTokenStateWait = 2 * time.Second
+
+// observeFirstToken is ObserveFirstToken for a first answer sent at now;
+// it reports false when this dispatcher does not know the wake yet (no
+// state, no last wake, or a state that is neither waking nor awake).
+func (c *Controller) observeFirstToken(a *appState, stored, rootsSince, now time.Time) bool {
 	c.mu.Lock()
 	states := c.states
 	c.mu.Unlock()
 	if states == nil {
-		return
+		return true
 	}
-	st, ok := states.Lookup(app)
-	if !ok || st.LastWake == nil || st.LastWake.StartTime == nil {
-		return
+	st, ok := states.Lookup(a.Name)
+	if !ok || st.LastWake == nil || st.LastWake.StartTime == nil ||
+		(st.State != v1alpha1.LifecycleWaking && st.State != v1alpha1.LifecycleAwake) {
+		return false
 	}
 	wake := st.LastWake.StartTime.Time
-	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time))
+	// A request stored before this dispatcher's pool had the wake's root
+	// waited for it; the state's times are whole seconds, too coarse to
+	// tell alone within the second of the wake.
+	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time)) || stored.Before(rootsSince)
 	if !cold {
-		return // a warm request
+		return true // a warm request
 	}
-	now := c.now()
 	once := func(v *atomic.Int64) bool {
 		prev := v.Load()
 		return prev != wake.UnixNano() && v.CompareAndSwap(prev, wake.UnixNano())
 	}
 	if rootsSince.After(wake) && once(&a.firstToken) {
-		c.m.wakeSeconds.WithLabelValues(app, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
+		c.m.wakeSeconds.WithLabelValues(a.Name, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
 	}
 	// The wake is the current one: under way, or what made it awake (not
 	// the wake before a sleep that a request cancelled).
 	current := st.State == v1alpha1.LifecycleWaking || (st.State == v1alpha1.LifecycleAwake && st.Since != nil && !st.Since.Time.Before(wake))
 	if current && once(&a.firstTokenSent) {
-		c.publishFirstToken(app, wake, now)
+		c.publishFirstToken(a.Name, wake, now)
 	}
+	return true
 }
 
 // ObserveQueueWait records the queue wait of a request first delivered now

@@ -137,6 +137,10 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	if c := sum(t, reg, "orchestra_lifecycle_queue_wait_seconds"); c != n {
 		t.Errorf("%v queue waits observed, want %d", c, n)
 	}
+	// The first answer may go out before the dispatcher hears of the wake
+	// from the lifecycle bucket; it is then recorded once the state
+	// arrives.
+	eventually(t, 5*time.Second, "the first_token stage of the wake", func() bool { return stageCount(t, reg, "first_token") >= 1 })
 	if c := stageCount(t, reg, "first_token"); c != 1 {
 		t.Errorf("%v first_token stages observed, want 1 (the first answer of the wake)", c)
 	}
