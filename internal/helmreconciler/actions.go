@@ -16,6 +16,35 @@ import (
 	"github.com/model-orchestra/operator/internal/render"
 )
 
+// HelmAction is a Helm action on one release.
+type HelmAction struct {
+	// Action is install, upgrade, rollback, uninstall or purge (an
+	// uninstall that keeps no history).
+	Action    string
+	Namespace string
+	Release   string
+}
+
+// ActionTracker learns of the Helm actions the engine runs, for what must
+// know that one is in flight (OLM's Upgradeable condition,
+// internal/manager).
+type ActionTracker interface {
+	// ActionStarted is called as a Helm action starts, before it writes
+	// anything; the function it returns is called once, when the action
+	// has returned. Actions may nest (an install that fails purges what
+	// it created) and run concurrently.
+	ActionStarted(HelmAction) (finished func())
+}
+
+// started tells the tracker, if any, that action on the release of obj
+// starts; the caller calls the returned function when it has returned.
+func (r *Reconciler) started(action string, obj *unstructured.Unstructured) (finished func()) {
+	if r.opts.Actions == nil {
+		return func() {}
+	}
+	return r.opts.Actions.ActionStarted(HelmAction{Action: action, Namespace: obj.GetNamespace(), Release: obj.GetName()})
+}
+
 // postRenderer is the render pipeline for an install or upgrade whose
 // release labels are labels. Post-renderers read live objects directly
 // from the API server: the operator's cache holds only objects labelled
@@ -41,6 +70,7 @@ func releaseLabels(in render.Inputs) map[string]string {
 // records them there (actionOptions.forms).
 // fin, when set, learns the objects rendered (finalizerGate.rendered).
 func (r *Reconciler) install(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, forms *serverForms, fin *finalizerGate) (*release.Release, []*unstructured.Unstructured, error) {
+	defer r.started("install", obj)()
 	i := action.NewInstall(cfg)
 	i.ReleaseName = obj.GetName()
 	i.Namespace = obj.GetNamespace()
@@ -115,6 +145,7 @@ func (r *Reconciler) cachedAbsent(ctx context.Context, gvk schema.GroupVersionKi
 // rendered manifest (the new revision's), or nil.
 // fin, when set, learns the objects rendered.
 func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj *unstructured.Unstructured, in render.Inputs, fin *finalizerGate) (*release.Release, []*unstructured.Unstructured, error) {
+	defer r.started("upgrade", obj)()
 	u := action.NewUpgrade(cfg)
 	u.Namespace = obj.GetNamespace()
 	u.MaxHistory = maxHistory
@@ -141,6 +172,7 @@ func (r *Reconciler) upgrade(ctx context.Context, cfg *action.Configuration, obj
 // fields the API server set and keeps immutable (a Job's selector), leaving
 // the release failed.
 func (r *Reconciler) rollback(cfg *action.Configuration, obj *unstructured.Unstructured, revision int) error {
+	defer r.started("rollback", obj)()
 	rb := action.NewRollback(cfg)
 	rb.Version = revision
 	rb.MaxHistory = maxHistory
@@ -156,6 +188,7 @@ func (r *Reconciler) rollback(cfg *action.Configuration, obj *unstructured.Unstr
 // uninstall removes the release's objects; keepHistory leaves its Secrets
 // (status uninstalled) for uninstall-wait to read the manifest from.
 func (r *Reconciler) uninstall(cfg *action.Configuration, obj *unstructured.Unstructured, keepHistory bool, name string) error {
+	defer r.started(name, obj)()
 	u := action.NewUninstall(cfg)
 	u.KeepHistory = keepHistory
 	u.IgnoreNotFound = true

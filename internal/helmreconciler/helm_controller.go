@@ -123,6 +123,8 @@ type Options struct {
 	// ChunkSize is the largest release data kept in one Secret; larger
 	// releases are split across Secrets. Default DefaultChunkSize.
 	ChunkSize int
+	// Actions, when set, learns of every Helm action the engine runs.
+	Actions ActionTracker
 }
 
 // Reconciler reconciles the custom resources of one watches.yaml entry.

@@ -217,6 +217,12 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 	if err != nil {
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
+	// Under OLM, the engine tells the reporter of OLM's Upgradeable
+	// condition of its Helm actions.
+	actions, err := addUpgradeableReporter(mgr)
+	if err != nil {
+		return nil, err
+	}
 	recs := make([]*helmreconciler.Reconciler, len(entries))
 	for i := range entries {
 		if recs[i], err = helmreconciler.New(mgr, &entries[i], helmreconciler.Options{
@@ -224,14 +230,12 @@ func New(restCfg *rest.Config, c Config, entries []watches.Entry, opts ...Option
 			MaxConcurrentReconciles: c.MaxConcurrentReconciles,
 			ActionTimeout:           c.ActionTimeout,
 			ChunkSize:               c.ChunkSize,
+			Actions:                 actions,
 		}); err != nil {
 			return nil, fmt.Errorf("%s: %w", entries[i].Source, err)
 		}
 	}
 	if err := watchRelated(mgr, related, entries, recs); err != nil {
-		return nil, err
-	}
-	if err := addUpgradeableReporter(mgr); err != nil {
 		return nil, err
 	}
 	if c.ProbeAddr != "0" {
