@@ -31,8 +31,10 @@ func defaultLifecycle(app *v1alpha1.Application) {
 
 // lifecycleValues is an application's lifecycle as chart values; durations
 // in Go's notation, which the dispatcher and gateway configs parse. sleep
-// is its effective sleep: the sleep value is written only when the
-// application sleeps, and seat only when it has one.
+// is its effective sleep: the sleep value is written when the application
+// sleeps when idle or shares a seat (its seat group puts it to sleep to
+// free the seat; without sleepAfter its sleep has no "after"), and seat
+// only when it has one.
 func lifecycleValues(lc *v1alpha1.LifecycleSpec, sleep Sleep) map[string]any {
 	out := map[string]any{
 		"minReplicas":           int64(lc.MinReplicas),
@@ -42,7 +44,7 @@ func lifecycleValues(lc *v1alpha1.LifecycleSpec, sleep Sleep) map[string]any {
 		"maxWait":               lc.MaxWait.Duration.String(),
 		"scaler":                string(lc.Scaler),
 	}
-	if sleep.Enabled() {
+	if sleep.Enabled() || lc.Seat != nil {
 		out["sleep"] = sleepValues(sleep)
 	}
 	if lc.Seat != nil {

@@ -22,8 +22,8 @@ type ProxyEnvConfig struct {
 	// Components are the values of the pods' app.kubernetes.io/component
 	// label that get the proxy variables: the pods that download from
 	// outside the cluster. Default: model-fetch (the model fetch Job and
-	// the engines' fetch init container), root and worker (the engines,
-	// which may pull models or tokenizers themselves).
+	// the engines' fetch init container), root, worker and seat-group (the
+	// engines, which may pull models or tokenizers themselves).
 	Components []string `json:"components,omitempty"`
 }
 
@@ -56,7 +56,7 @@ func newProxyEnv(config json.RawMessage, env []corev1.EnvVar) (*proxyEnv, error)
 		return nil, err
 	}
 	if cfg.Components == nil {
-		cfg.Components = []string{"model-fetch", "root", "worker"}
+		cfg.Components = []string{"model-fetch", "root", "worker", "seat-group"}
 	}
 	for _, c := range cfg.Components {
 		if c == "" {

@@ -137,14 +137,14 @@ func EffectiveSleep(lc *v1alpha1.LifecycleSpec, policy *v1alpha1.CheckpointPolic
 func seconds(n int32) time.Duration { return time.Duration(n) * time.Second }
 
 // sleepValues is the effective sleep as the chart's
-// global.applications.<app>.lifecycle.sleep value.
+// global.applications.<app>.lifecycle.sleep value; "after" only when the
+// application sleeps when idle.
 func sleepValues(s Sleep) map[string]any {
 	park := ""
 	if s.ParkAfter > 0 {
 		park = s.ParkAfter.String()
 	}
-	return map[string]any{
-		"after":          s.After.String(),
+	out := map[string]any{
 		"level":          int64(s.Level),
 		"parkAfter":      park,
 		"verifyInterval": s.VerifyInterval.String(),
@@ -159,6 +159,24 @@ func sleepValues(s Sleep) map[string]any {
 			"resumeNvmeSeconds": int64(s.ResumeNVMeSeconds),
 		},
 	}
+	if s.Enabled() {
+		out["after"] = s.After.String()
+	}
+	return out
+}
+
+func hasSeat(app v1alpha1.Application) bool {
+	return app.Lifecycle != nil && app.Lifecycle.Seat != nil
+}
+
+// seatGroupValues are spec.seatGroups as the chart's global.seatGroups
+// value, with their defaults.
+func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
+	out := make(map[string]any, len(groups))
+	for name, g := range groups {
+		out[name] = map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1))}
+	}
+	return out
 }
 
 // seatValues is an application's seat as the chart's

@@ -157,8 +157,14 @@ func TestTranslatorSleepValues(t *testing.T) {
 		t.Errorf("global.agent.enabled = %v, want true: applications sleep", got)
 	}
 
+	if diff := cmp.Diff(map[string]any{"g": map[string]any{"activeSeats": int64(1)}}, get("global.seatGroups")); diff != "" {
+		t.Errorf("global.seatGroups (-want +got):\n%s", diff)
+	}
+
 	// Without a reader (or when the policies are missing) the inline
-	// fields alone count: chat still sleeps, seated does not.
+	// fields alone count: chat still sleeps when idle, seated does not,
+	// but its seat group still puts it to sleep, so its engine gets its
+	// sleep (level 1, the default) without an idle time.
 	vals, err = Translator{Getenv: func(string) string { return "" }}.Translate(context.Background(), owner(t, spec))
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +172,18 @@ func TestTranslatorSleepValues(t *testing.T) {
 	if got, _, _ := unstructured.NestedString(vals, "global", "applications", "chat", "lifecycle", "sleep", "parkAfter"); got != "" {
 		t.Errorf("without the policy chat parks after %q, want never", got)
 	}
-	if _, found, _ := unstructured.NestedMap(vals, "global", "applications", "seated", "lifecycle", "sleep"); found {
-		t.Error("without the policy seated sleeps")
+	seated, found, _ := unstructured.NestedMap(vals, "global", "applications", "seated", "lifecycle", "sleep")
+	if !found {
+		t.Fatal("without the policy seated's engine has no sleep, which its seat group needs")
+	}
+	if after, ok := seated["after"]; ok {
+		t.Errorf("without the policy seated sleeps after %v when idle, want only when its group needs the seat", after)
+	}
+	if seated["level"] != int64(1) {
+		t.Errorf("without the policy seated sleeps at level %v, want the default 1", seated["level"])
+	}
+	if got, _, _ := unstructured.NestedBool(vals, "global", "agent", "enabled"); !got {
+		t.Error("global.agent.enabled is not set: a seat group's engines sleep into the node's tiers")
 	}
 }
 

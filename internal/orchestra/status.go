@@ -27,6 +27,7 @@ const StatusName = "modelorchestra"
 const (
 	labelComponent   = "app.kubernetes.io/component"
 	labelApplication = "modelorchestra.io/application"
+	labelSeatGroup   = "modelorchestra.io/seat-group"
 	progressKey      = "progress.json"
 )
 
@@ -262,6 +263,9 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 	for _, s := range idx.statefulSets {
 		switch {
 		case matches(s, "root", name):
+			root = s
+		case hasSeat(app) && matches(s, "seat-group", "") && s.Labels[labelSeatGroup] == app.Lifecycle.Seat.Group:
+			// The application's engine runs in its seat group's pods.
 			root = s
 		case matches(s, "worker", name):
 			st.ReadyWorkers += s.Status.ReadyReplicas

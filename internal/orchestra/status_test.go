@@ -2,6 +2,7 @@ package orchestra
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -216,5 +217,35 @@ func TestStatusGatewayEndpoints(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The applications of a seat group run in the group's StatefulSet: their
+// readiness is its readiness.
+func TestStatusOfASeatGroup(t *testing.T) {
+	complete := `{"phase":"Complete","bytesDone":1000,"bytesTotal":1000,"files":2,"filesDone":2,"verified":true}`
+	spec := `{seatGroups: {g: {}}, applications: {
+  a: {model: {source: "hf://org/a", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {seat: {group: g}}},
+  b: {model: {source: "hf://org/b", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {seat: {group: g}}}}}`
+	group := func(ready int) *unstructured.Unstructured {
+		return fromYAML(t, "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: demo-seat-g, namespace: ns, generation: 1, labels: {app.kubernetes.io/component: seat-group, modelorchestra.io/seat-group: g}}\n"+
+			"spec: {replicas: 1}\nstatus: {observedGeneration: 1, replicas: 1, readyReplicas: "+itoa(ready)+", updatedReplicas: 1}\n")
+	}
+	for _, tc := range []struct {
+		ready     int
+		wantPhase v1alpha1.Phase
+	}{{0, v1alpha1.PhaseStarting}, {1, v1alpha1.PhaseReady}} {
+		objs := append(stack(t, 1), progress(t, "a", complete), progress(t, "b", complete), group(tc.ready))
+		res, err := Status{}.Status(context.Background(), plugin.StatusInput{Owner: owner(t, spec), Objects: objs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		apps, _ := res.Fields["applications"].(map[string]any)
+		for _, app := range []string{"a", "b"} {
+			st, _ := apps[app].(map[string]any)
+			if st["phase"] != string(tc.wantPhase) || fmt.Sprint(st["readyReplicas"]) != fmt.Sprint(tc.ready) {
+				t.Errorf("group pod ready %d: %s has phase %v and readyReplicas %v, want %s and %d", tc.ready, app, st["phase"], st["readyReplicas"], tc.wantPhase, tc.ready)
+			}
+		}
 	}
 }

@@ -215,7 +215,7 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 	sleeping := false
 	for name, app := range s.Applications {
 		sleep := effectiveSleep(app, pols)
-		sleeping = sleeping || sleep.Enabled()
+		sleeping = sleeping || sleep.Enabled() || hasSeat(app)
 		v, err := applicationValues(app, sleep)
 		if err != nil {
 			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
@@ -251,6 +251,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 	if sleeping {
 		// The node agent owns the hot and warm tiers of sleeping engines.
 		global["agent"] = map[string]any{"enabled": true}
+	}
+	if len(s.SeatGroups) > 0 {
+		global["seatGroups"] = seatGroupValues(s.SeatGroups)
 	}
 	return map[string]any{
 		"global":  global,

@@ -47,3 +47,49 @@ component: {{ include "mo.agentComponent" $ }} */}}
 {{- define "mo.agentComponent" -}}
 checkpoint-agent
 {{- end -}}
+
+{{/* The applications of one seat group, comma-separated and sorted: an
+application's index in this list places its engine and its seat in the
+group's pod (mo.seatGroupEnginePort, mo.seatGroupSeatPort).
+{{- $apps := include "mo.seatGroupApps" (dict "root" $ "group" $g) | splitList "," | compact }} */}}
+{{- define "mo.seatGroupApps" -}}
+{{- $names := list -}}
+{{- range $app, $spec := .root.Values.global.applications -}}
+{{- if and $spec.lifecycle $spec.lifecycle.seat (eq $spec.lifecycle.seat.group $.group) -}}
+{{- $names = append $names $app -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
+{{/* The index of an application in its seat group (mo.seatGroupApps).
+{{ include "mo.seatGroupIndex" (dict "root" $ "app" $app) }} */}}
+{{- define "mo.seatGroupIndex" -}}
+{{- $group := (index .root.Values.global.applications .app).lifecycle.seat.group -}}
+{{- $apps := include "mo.seatGroupApps" (dict "root" .root "group" $group) | splitList "," | compact -}}
+{{- range $i, $a := $apps -}}{{- if eq $a $.app -}}{{ $i }}{{- end -}}{{- end -}}
+{{- end -}}
+
+{{/* The port of the i-th engine of a seat group's pod: 8080 + i (a group
+holds at most 16 applications, the resource's limit).
+containerPort: {{ include "mo.seatGroupEnginePort" $i }} */}}
+{{- define "mo.seatGroupEnginePort" -}}
+{{- add 8080 (int .) -}}
+{{- end -}}
+
+{{/* The port of the i-th seat of a seat group's pod: mo.seatPort + i, so
+9300-9315.
+containerPort: {{ include "mo.seatGroupSeatPort" (dict "root" $ "index" $i) }} */}}
+{{- define "mo.seatGroupSeatPort" -}}
+{{- add (int (include "mo.seatPort" .root)) (int .index) -}}
+{{- end -}}
+
+{{/* The highest seat port any pod of the release may use: mo.seatPort, or
+the last of a seat group's range when the release has seat groups. */}}
+{{- define "mo.lastSeatPort" -}}
+{{- if .Values.global.seatGroups -}}
+{{- add (int (include "mo.seatPort" .)) 15 -}}
+{{- else -}}
+{{- include "mo.seatPort" . -}}
+{{- end -}}
+{{- end -}}

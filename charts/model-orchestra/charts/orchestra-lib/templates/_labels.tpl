@@ -21,3 +21,10 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "mo.selectorLabels" . }}
 modelorchestra.io/application: {{ .app | quote }}
 {{- end -}}
+
+{{/* Selector labels of one seat group's pods.
+{{ include "mo.seatGroupSelectorLabels" (dict "root" $ "group" $g) }} */}}
+{{- define "mo.seatGroupSelectorLabels" -}}
+{{ include "mo.selectorLabels" (dict "root" .root "component" "seat-group") }}
+modelorchestra.io/seat-group: {{ .group | quote }}
+{{- end -}}

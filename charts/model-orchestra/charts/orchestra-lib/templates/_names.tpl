@@ -22,3 +22,16 @@ may have.
 {{- $name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The name of one seat group's objects (its StatefulSet, headless
+Service and ResourceClaimTemplate): "<release>-seat-<group>", shortened
+like mo.appFullname.
+{{ include "mo.seatGroupFullname" (dict "root" $ "group" $name) }} */}}
+{{- define "mo.seatGroupFullname" -}}
+{{- $name := printf "%s-seat-%s" (include "mo.fullname" .root) .group -}}
+{{- if gt (len $name) 40 -}}
+{{- printf "%s-%s" ($name | trunc 33 | trimSuffix "-") ($name | sha256sum | trunc 6) -}}
+{{- else -}}
+{{- $name -}}
+{{- end -}}
+{{- end -}}

@@ -8,7 +8,18 @@ Engine containers. Each template takes a dict with
   group: the replica group index (workers only)
 and returns one container (a YAML mapping, not a list item).
 
-Every root container serves the OpenAI API on port 8080 ("http").
+Every root container serves the OpenAI API on port 8080 ("http"). In a seat
+group's pod (seatgroup.yaml), where several engines share the pod, the dict
+also carries
+  port:            the engine's port (else 8080)
+  portName:        its container port's name (else "http")
+  engineContainer: the engine container's name (else "engine")
+  seatContainer:   the seat container's name (else "seat")
+  seatPort:        the seat's port (else mo.seatPort)
+  seatPortName:    its container port's name (else "seat")
+  volumeSuffix:    appended to the names of the engine's own volumes
+                   (model, tmp, llama-preset)
+  seatGroup:       the group's name
 */}}
 
 {{/* The ready-made engine image: runtime.image, else the chart's default. */}}
@@ -52,43 +63,43 @@ readinessProbe:
 livenessProbe:
   httpGet:
     path: /api/version
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
 {{- else if eq $engine "dllama" }}
 startupProbe:
   tcpSocket:
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 10
   failureThreshold: 360
 readinessProbe:
   tcpSocket:
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 10
 livenessProbe:
   tcpSocket:
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 20
   failureThreshold: 6
 {{- else }}
 startupProbe:
   httpGet:
     path: /health
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 360
 readinessProbe:
   httpGet:
     path: /health
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 10
   timeoutSeconds: 5
 livenessProbe:
   httpGet:
     path: /health
-    port: http
+    port: {{ default "http" .portName }}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
@@ -121,7 +132,7 @@ lifecycle:
         - |
           python3 - <<'EOF'
           import json, os, time, urllib.request
-          base = "http://127.0.0.1:8080"
+          base = "http://127.0.0.1:{{ default 8080 .port }}"
           while True:
               try:
                   urllib.request.urlopen(base + "/health", timeout=5)
@@ -151,7 +162,9 @@ lifecycle:
 {{- $served := default .app $sv.servedModelName -}}
 {{- $ns := .root.Release.Namespace -}}
 {{- $workers := int (default 0 $rt.workers) -}}
-name: engine
+{{- $port := int (default 8080 .port) -}}
+{{- $vs := default "" .volumeSuffix -}}
+name: {{ default "engine" .engineContainer }}
 image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
 {{- if eq $rt.engine "llamacpp" }}
@@ -166,7 +179,7 @@ args:
   - --host
   - 0.0.0.0
   - --port
-  - "8080"
+  - {{ $port | quote }}
   {{- if .sleep }}
   - --models-preset
   - /etc/orchestra/llama/models.ini
@@ -205,7 +218,7 @@ args:
 command: ["dllama-api"]
 args:
   - --port
-  - "8080"
+  - {{ $port | quote }}
   - --model
   - /models/{{ $m.file }}
   - --tokenizer
@@ -228,7 +241,7 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- else if eq $rt.engine "vllm" }}
-{{- $vargs := list "--host=0.0.0.0" "--port=8080" (printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/") (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
+{{- $vargs := list "--host=0.0.0.0" (printf "--port=%d" $port) (printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/") (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
 {{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
 {{- $gpus := int (default 0 $rt.gpu.count) }}
 {{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
@@ -273,7 +286,7 @@ args:
     wait "$server"
 {{- else if eq $rt.engine "simulator" }}
 args:
-  - --addr=:8080
+  - --addr=:{{ $port }}
   - --model={{ $served }}
   - --max-num-seqs={{ $sv.maxConcurrency }}
   {{- with $sv.contextLength }}
@@ -302,7 +315,7 @@ env:
         fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
   {{- if eq $rt.engine "ollama" }}
   - name: OLLAMA_HOST
-    value: 0.0.0.0:8080
+    value: 0.0.0.0:{{ $port }}
   - name: OLLAMA_MODELS
     value: /models/.ollama
   - name: OLLAMA_NUM_PARALLEL
@@ -312,7 +325,7 @@ env:
   it (keep_alive 0, then the same keep_alive), and should the dispatcher be
   away Ollama still frees the memory after the same idle time. */}}
   - name: OLLAMA_KEEP_ALIVE
-    value: {{ if .sleep }}{{ .sleep.after | quote }}{{ else }}"-1"{{ end }}
+    value: {{ if and .sleep .sleep.after }}{{ .sleep.after | quote }}{{ else }}"-1"{{ end }}
   {{- with $sv.contextLength }}
   - name: OLLAMA_CONTEXT_LENGTH
     value: {{ . | quote }}
@@ -344,8 +357,8 @@ env:
   {{- toYaml . | nindent 2 }}
   {{- end }}
 ports:
-  - name: http
-    containerPort: 8080
+  - name: {{ default "http" .portName }}
+    containerPort: {{ $port }}
     protocol: TCP
   {{- if and (eq $rt.engine "vllm") (gt $workers 0) }}
   - name: ray
@@ -378,13 +391,13 @@ securityContext:
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 {{- end }}
 volumeMounts:
-  - name: model
+  - name: model{{ $vs }}
     mountPath: /models
     readOnly: {{ ne $rt.engine "ollama" }}
     {{- with include "mo.modelSubPath" . }}
     subPath: {{ . | quote }}
     {{- end }}
-  - name: tmp
+  - name: tmp{{ $vs }}
     mountPath: /tmp
   {{- if eq $rt.engine "vllm" }}
   - name: shm
@@ -400,7 +413,7 @@ volumeMounts:
   {{- end }}
   {{- end }}
   {{- if and .sleep (eq $rt.engine "llamacpp") }}
-  - name: llama-preset
+  - name: llama-preset{{ $vs }}
     mountPath: /etc/orchestra/llama
     readOnly: true
   {{- end }}
@@ -420,36 +433,41 @@ it reads no file, so it mounts none. */}}
 {{- define "mo.seatContainer" -}}
 {{- $rt := .spec.runtime -}}
 {{- $served := default .app .spec.serving.servedModelName -}}
-name: seat
+{{- $seatPort := int (default (include "mo.seatPort" .root) .seatPort) -}}
+name: {{ default "seat" .seatContainer }}
 image: {{ .root.Values.global.images.agent | quote }}
 imagePullPolicy: {{ .root.Values.global.imagePullPolicy }}
 args:
   - --role=seat
   - --engine={{ $rt.engine }}
-  - --engine-url=http://127.0.0.1:8080
-  - --addr=:{{ include "mo.seatPort" .root }}
+  - --engine-url=http://127.0.0.1:{{ default 8080 .port }}
+  - --addr=:{{ $seatPort }}
   - --sleep-level={{ .sleep.level }}
   {{- if has $rt.engine (list "ollama" "llamacpp") }}
   - --model={{ $served }}
   {{- end }}
-  {{- if eq $rt.engine "ollama" }}
+  {{- if and (eq $rt.engine "ollama") .sleep.after }}
   - --keep-alive={{ .sleep.after }}
   {{- end }}
 ports:
-  - name: seat
-    containerPort: {{ include "mo.seatPort" .root }}
+  - name: {{ default "seat" .seatPortName }}
+    containerPort: {{ $seatPort }}
     protocol: TCP
+{{- /* In a seat group's pod the seats of sleeping engines must not make
+the pod unready, which would take every engine of the group out of the
+Services: there the seat is ready while it runs, and the dispatcher's gate
+(the application's paused consumer) keeps requests from sleeping engines. */}}
 readinessProbe:
   httpGet:
-    path: /readyz
-    port: seat
+    path: {{ ternary "/healthz" "/readyz" (not (empty .seatGroup)) }}
+    port: {{ default "seat" .seatPortName }}
   periodSeconds: 2
   timeoutSeconds: 2
   failureThreshold: 1
 livenessProbe:
   httpGet:
     path: /healthz
-    port: seat
+    port: {{ default "seat" .seatPortName }}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
@@ -560,7 +578,7 @@ volumeMounts:
 {{/* Init container that holds an engine pod until the fetch Job has
 published the whole model (its manifest says complete). */}}
 {{- define "mo.waitForModel" -}}
-name: wait-for-model
+name: wait-for-model{{ default "" .volumeSuffix }}
 image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" .spec.runtime.imagePullPolicy }}
 command: ["/bin/sh", "-c"]
@@ -576,7 +594,7 @@ resources:
 securityContext:
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 volumeMounts:
-  - name: model
+  - name: model{{ default "" .volumeSuffix }}
     mountPath: /models
     readOnly: true
 {{- end -}}

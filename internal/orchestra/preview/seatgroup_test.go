@@ -1,0 +1,240 @@
+package preview
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// A seat group (docs/checkpoint.md, "Multiplexing") renders one pod per
+// group and replica, one engine and one seat agent per application, and
+// leads each application's Service to its own engine's port in that pod.
+
+const seatGroupSample = "simulator-seatgroup.yaml"
+
+func TestSeatGroupSampleRendersOnePodForTheGroup(t *testing.T) {
+	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
+	objs := rendered{}
+	for _, o := range res.Objects {
+		objs[o.GetKind()+"/"+o.GetName()] = o
+	}
+	apps := []string{"alpha", "beta", "gamma"}
+
+	// No root StatefulSet, root Service or PodDisruptionBudget per application.
+	for _, app := range apps {
+		for _, kind := range []string{"StatefulSet/shared-" + app, "Service/shared-" + app + "-root", "PodDisruptionBudget/shared-" + app} {
+			if _, ok := objs[kind]; ok {
+				t.Errorf("%s rendered for an application of a seat group", kind)
+			}
+		}
+	}
+
+	var sts appsv1.StatefulSet
+	objs.get(t, "StatefulSet", "shared-seat-accel", &sts)
+	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 1 {
+		t.Errorf("group StatefulSet replicas = %v, want 1", sts.Spec.Replicas)
+	}
+	pod := sts.Spec.Template.Spec
+	var names []string
+	for _, c := range pod.Containers {
+		names = append(names, c.Name)
+	}
+	want := []string{"engine-alpha", "seat-alpha", "engine-beta", "seat-beta", "engine-gamma", "seat-gamma"}
+	if diff := cmp.Diff(want, names); diff != "" {
+		t.Fatalf("group pod containers (-want +got):\n%s", diff)
+	}
+
+	for i, app := range apps {
+		enginePort, seatPort := int32(8080+i), int32(9300+i)
+		engine := container(t, pod, "engine-"+app)
+		if len(engine.Ports) != 1 || engine.Ports[0].ContainerPort != enginePort || engine.Ports[0].Name != fmt.Sprintf("http-%d", i) {
+			t.Errorf("%s ports = %+v, want http-%d on %d", engine.Name, engine.Ports, i, enginePort)
+		}
+		if !slices.Contains(engine.Args, fmt.Sprintf("--addr=:%d", enginePort)) || !slices.Contains(engine.Args, "--model="+app) {
+			t.Errorf("%s args %q do not serve %s on %d", engine.Name, engine.Args, app, enginePort)
+		}
+		if !slices.Contains(engine.Args, "--enable-sleep-mode") || !slices.Contains(engine.Args, "--weights-name=shared-"+app) {
+			t.Errorf("%s args %q lack its sleep flags", engine.Name, engine.Args)
+		}
+		if p := engine.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Port != intstr.FromString(fmt.Sprintf("http-%d", i)) {
+			t.Errorf("%s readiness probe %+v does not ask its own port", engine.Name, p)
+		}
+		mounts := map[string]string{}
+		for _, m := range engine.VolumeMounts {
+			mounts[m.MountPath] = m.Name
+		}
+		if mounts["/models"] != "model-"+app || mounts["/tmp"] != "tmp-"+app || mounts["/var/run/model-orchestra/hot"] != "hot" {
+			t.Errorf("%s mounts %v, want its own model and tmp volumes and the shared hot tier", engine.Name, mounts)
+		}
+
+		seat := container(t, pod, "seat-"+app)
+		if !slices.Contains(seat.Args, fmt.Sprintf("--engine-url=http://127.0.0.1:%d", enginePort)) || !slices.Contains(seat.Args, fmt.Sprintf("--addr=:%d", seatPort)) {
+			t.Errorf("%s args %q do not drive its engine on %d from %d", seat.Name, seat.Args, enginePort, seatPort)
+		}
+		// A sleeping engine must not make the group's pod unready.
+		if p := seat.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
+			t.Errorf("%s readiness probe %+v, want GET /healthz", seat.Name, p)
+		}
+		if why := restricted(seat); why != "" {
+			t.Errorf("%s: %s", seat.Name, why)
+		}
+
+		// The application's Service selects the group's pods and targets its engine.
+		var svc corev1.Service
+		objs.get(t, "Service", "shared-"+app, &svc)
+		if diff := cmp.Diff(sts.Spec.Template.Labels, svc.Spec.Selector); diff != "" {
+			t.Errorf("Service shared-%s selector is not the group pod's labels (-pod +selector):\n%s", app, diff)
+		}
+		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "http" || svc.Spec.Ports[0].TargetPort != intstr.FromString(fmt.Sprintf("http-%d", i)) {
+			t.Errorf("Service shared-%s ports = %+v, want http -> http-%d", app, svc.Spec.Ports, i)
+		}
+	}
+
+	// Only the dispatcher reaches the seats; the engines still reach each other.
+	var np networkingv1.NetworkPolicy
+	objs.get(t, "NetworkPolicy", "shared-engines", &np)
+	if !strings.Contains(fmt.Sprint(np.Spec.PodSelector.MatchExpressions), "seat-group") {
+		t.Errorf("NetworkPolicy shared-engines does not select the group's pods: %v", np.Spec.PodSelector)
+	}
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port == nil || p.Port.IntValue() > 9315 || p.EndPort == nil || *p.EndPort < 9300 {
+				continue
+			}
+			t.Errorf("NetworkPolicy shared-engines admits the engines to seat ports %v-%v", p.Port, *p.EndPort)
+		}
+	}
+}
+
+// renderWithCapabilities renders the chart's values for a cluster that
+// serves resource.k8s.io (as Helm's default capabilities say) or not.
+func renderWithCapabilities(t *testing.T, vals map[string]any, dra bool) (map[string]string, error) {
+	t.Helper()
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	if !caps.APIVersions.Has("resource.k8s.io/v1") {
+		t.Fatal("Helm's default capabilities lack resource.k8s.io/v1")
+	}
+	if !dra {
+		caps.APIVersions = slices.DeleteFunc(slices.Clone(caps.APIVersions), func(v string) bool {
+			return strings.HasPrefix(v, "resource.k8s.io/")
+		})
+	}
+	rv, err := chartutil.ToRenderValues(c, vals, chartutil.ReleaseOptions{Name: "x", Namespace: "ns", IsInstall: true}, caps)
+	if err != nil {
+		t.Fatalf("values: %v", err)
+	}
+	return engine.Render(c, rv)
+}
+
+func gpuSeatGroupValues(t *testing.T) map[string]any {
+	t.Helper()
+	app := func(engine string) map[string]any {
+		return map[string]any{
+			"model":   map[string]any{"source": "hf://Qwen/Qwen2.5-0.5B-Instruct", "format": "safetensors"},
+			"runtime": map[string]any{"engine": engine, "workers": 0, "gpu": map[string]any{"count": 1}},
+			"serving": map[string]any{"maxConcurrency": 4},
+			"scaling": map[string]any{"replicas": 1},
+			"lifecycle": map[string]any{
+				"minReplicas": 0, "maxReplicas": 1, "zeroAfter": "15m0s", "targetQueuePerReplica": 4, "maxWait": "10m0s", "scaler": "Builtin",
+				"sleep": map[string]any{"level": 1, "parkAfter": "", "verifyInterval": "15m0s", "preemption": true,
+					"tiers": map[string]any{"hot": "RAM", "warm": "Disk", "cold": "ModelCache"},
+					"slo":   map[string]any{"resumeRamSeconds": 1, "resumeNvmeSeconds": 5}},
+				"seat": map[string]any{"group": "gpu", "priority": 0, "minResidency": "30s"},
+			},
+		}
+	}
+	return map[string]any{
+		"global": map[string]any{
+			"nats":         map[string]any{"url": "nats://n.ns.svc:4222", "replicas": 1},
+			"agent":        map[string]any{"enabled": true, "hotPath": "/dev/shm/model-orchestra", "warmPath": "/var/lib/model-orchestra/warm"},
+			"seatGroups":   map[string]any{"gpu": map[string]any{"activeSeats": 1}},
+			"applications": map[string]any{"a": app("vllm"), "b": app("vllm")},
+		},
+		"gateway": map[string]any{"auth": map[string]any{"anonymous": true}},
+	}
+}
+
+// TestSeatGroupSharesItsGPUThroughOneDRAClaim: where the cluster serves
+// resource.k8s.io, a GPU seat group's pod gets one claim that every engine
+// references, and none of the gpu-scheduling annotations that would give
+// the GPU to one container; elsewhere the render fails and says why.
+func TestSeatGroupSharesItsGPUThroughOneDRAClaim(t *testing.T) {
+	files, err := renderWithCapabilities(t, gpuSeatGroupValues(t), true)
+	if err != nil {
+		t.Fatalf("rendering with resource.k8s.io/v1: %v", err)
+	}
+	out := rendered{}
+	for name, content := range files {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		for k, v := range decodeDocs(t, name, content) {
+			out[k] = v
+		}
+	}
+	claim, ok := out["ResourceClaimTemplate/x-seat-gpu"]
+	if !ok {
+		t.Fatal("no ResourceClaimTemplate x-seat-gpu rendered")
+	}
+	if claim.GetAPIVersion() != "resource.k8s.io/v1" {
+		t.Errorf("claim apiVersion %s, want resource.k8s.io/v1", claim.GetAPIVersion())
+	}
+	var sts appsv1.StatefulSet
+	out.get(t, "StatefulSet", "x-seat-gpu", &sts)
+	pod := sts.Spec.Template.Spec
+	if len(pod.ResourceClaims) != 1 || pod.ResourceClaims[0].ResourceClaimTemplateName == nil || *pod.ResourceClaims[0].ResourceClaimTemplateName != "x-seat-gpu" {
+		t.Errorf("pod resourceClaims = %+v, want one from template x-seat-gpu", pod.ResourceClaims)
+	}
+	for _, c := range pod.Containers {
+		if !strings.HasPrefix(c.Name, "engine-") {
+			continue
+		}
+		if len(c.Resources.Claims) != 1 || c.Resources.Claims[0].Name != pod.ResourceClaims[0].Name {
+			t.Errorf("%s claims = %+v, want the pod's one claim", c.Name, c.Resources.Claims)
+		}
+	}
+	for k := range sts.Spec.Template.Annotations {
+		if strings.HasPrefix(k, "modelorchestra.io/gpu-") {
+			t.Errorf("group pod carries %s, which would give the GPU to one container", k)
+		}
+	}
+
+	_, err = renderWithCapabilities(t, gpuSeatGroupValues(t), false)
+	if err == nil || !strings.Contains(err.Error(), "resource.k8s.io") {
+		t.Errorf("rendering a GPU seat group without resource.k8s.io: err = %v, want one naming resource.k8s.io", err)
+	}
+}
+
+func decodeDocs(t *testing.T, name, content string) rendered {
+	t.Helper()
+	out := rendered{}
+	for _, doc := range strings.Split(content, "\n---") {
+		var m map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		o := &unstructured.Unstructured{Object: m}
+		out[o.GetKind()+"/"+o.GetName()] = o
+	}
+	return out
+}
