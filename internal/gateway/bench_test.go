@@ -43,7 +43,7 @@ func newBenchGateway(b *testing.B) *Gateway {
 	cfg := testConfig()
 	cfg.Auth.HashKeyFile = ""
 	// Limits on, as in production, but never reached.
-	cfg.Limits.Default = Limits{RequestsPerMinute: 1 << 30, TokensPerMinute: 1 << 30, MaxConcurrentStreams: 1 << 20}
+	cfg.Limits.Default = Limits{RequestsPerMinute: 1 << 30, TokensPerMinute: 1 << 30, MaxConcurrent: 1 << 20}
 	job := queue.Job{ID: "bench", Path: "/v1/chat/completions"}
 	var unary []queue.Chunk
 	engine := newEngine(engineOptions{})

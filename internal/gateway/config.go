@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -153,8 +155,44 @@ type Limits struct {
 	// settled with the engine's usage when it ends, so the limit holds within
 	// one request's size at any concurrency.
 	TokensPerMinute int `json:"tokensPerMinute"`
-	// MaxConcurrentStreams caps streaming requests in flight at once.
-	MaxConcurrentStreams int `json:"maxConcurrentStreams"`
+	// MaxConcurrent caps streaming requests in flight at once (the
+	// resource's spec.gateway.limits.maxConcurrent). The name it had
+	// before, maxConcurrentStreams, is read as a deprecated alias.
+	MaxConcurrent int `json:"maxConcurrent"`
+}
+
+// deprecatedMaxConcurrent is the name Limits.MaxConcurrent had before it
+// took the resource's name; configurations and token Secrets that use it
+// keep working.
+const deprecatedMaxConcurrent = "maxConcurrentStreams"
+
+// UnmarshalJSON decodes l over the values it already holds (the defaults),
+// strictly: an unknown field is an error, as everywhere in the
+// configuration. maxConcurrentStreams is read as maxConcurrent; both may
+// be given only with the same value.
+func (l *Limits) UnmarshalJSON(data []byte) error {
+	type fields Limits // the fields, without this method
+	in := struct {
+		fields
+		MaxConcurrent           *int `json:"maxConcurrent"`
+		DeprecatedMaxConcurrent *int `json:"maxConcurrentStreams"`
+	}{fields: fields(*l)}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return err
+	}
+	*l = Limits(in.fields)
+	n, old := in.MaxConcurrent, in.DeprecatedMaxConcurrent
+	switch {
+	case n != nil && old != nil && *n != *old:
+		return fmt.Errorf("maxConcurrent is %d but %s, its deprecated name, is %d: give maxConcurrent only", *n, deprecatedMaxConcurrent, *old)
+	case n != nil:
+		l.MaxConcurrent = *n
+	case old != nil:
+		l.MaxConcurrent = *old
+	}
+	return nil
 }
 
 // TimeoutsConfig bounds the time a request may take end to end.
@@ -196,9 +234,9 @@ func Default() Config {
 			MaxBodyBytes:     8 << 20,
 			AssumedMaxTokens: 1024,
 			Default: Limits{
-				RequestsPerMinute:    600,
-				TokensPerMinute:      0,
-				MaxConcurrentStreams: 16,
+				RequestsPerMinute: 600,
+				TokensPerMinute:   0,
+				MaxConcurrent:     16,
 			},
 		},
 		Timeouts: TimeoutsConfig{
@@ -303,8 +341,8 @@ func (l Limits) validate(where string) error {
 	if l.TokensPerMinute < 0 {
 		errs = append(errs, fmt.Errorf("%s.tokensPerMinute must not be negative", where))
 	}
-	if l.MaxConcurrentStreams < 0 {
-		errs = append(errs, fmt.Errorf("%s.maxConcurrentStreams must not be negative", where))
+	if l.MaxConcurrent < 0 {
+		errs = append(errs, fmt.Errorf("%s.maxConcurrent must not be negative", where))
 	}
 	return errors.Join(errs...)
 }

@@ -23,7 +23,7 @@ func TestLoadConfig(t *testing.T) {
 	}
 	want.Auth.HashKeyFile = "testdata/hash.key"
 	want.Limits = LimitsConfig{MaxBodyBytes: 4 << 20, AssumedMaxTokens: 1024, Default: Limits{
-		RequestsPerMinute: 120, TokensPerMinute: 200000, MaxConcurrentStreams: 4,
+		RequestsPerMinute: 120, TokensPerMinute: 200000, MaxConcurrent: 4,
 	}}
 	want.Timeouts = TimeoutsConfig{
 		Request: metav1.Duration{Duration: 2 * time.Minute},
@@ -53,9 +53,13 @@ func TestParseConfigErrors(t *testing.T) {
 		}},
 		{"bad selector", models + "auth: {secretSelector: 'a in (b'}\n", []string{"auth.secretSelector:"}},
 		{"missing key file", models + "auth: {hashKeyFile: /nonexistent/key}\n", []string{"auth.hashKeyFile:"}},
-		{"negative limits", models + "limits: {default: {requestsPerMinute: -1, maxConcurrentStreams: -2}}\n", []string{
+		{"negative limits", models + "limits: {default: {requestsPerMinute: -1, maxConcurrent: -2}}\n", []string{
 			"limits.default.requestsPerMinute must not be negative",
-			"limits.default.maxConcurrentStreams must not be negative",
+			"limits.default.maxConcurrent must not be negative",
+		}},
+		{"unknown limit", models + "limits: {default: {maxConcurent: 2}}\n", []string{`unknown field "maxConcurent"`}},
+		{"both names of maxConcurrent", models + "limits: {default: {maxConcurrent: 2, maxConcurrentStreams: 3}}\n", []string{
+			"maxConcurrent is 2 but maxConcurrentStreams, its deprecated name, is 3: give maxConcurrent only",
 		}},
 		{"timeouts", models + "timeouts: {request: 0s, stream: -1s}\nserver: {drainTimeout: -1s}\n", []string{
 			"timeouts.request must be positive", "timeouts.stream must be positive",
@@ -102,5 +106,35 @@ func TestParseConfigAnonymous(t *testing.T) {
 	}
 	if !cfg.Auth.Anonymous || cfg.Auth.SecretSelector != "" {
 		t.Errorf("auth = %+v", cfg.Auth)
+	}
+}
+
+// TestMaxConcurrentDeprecatedName: configurations written before
+// limits.default.maxConcurrentStreams took the resource's name,
+// maxConcurrent, keep their limit.
+func TestMaxConcurrentDeprecatedName(t *testing.T) {
+	const models = "models: [{name: m, app: a}]\n"
+	tests := []struct {
+		name, limits string
+		want         int
+	}{
+		{"default", "{}", 16},
+		{"maxConcurrent", "{maxConcurrent: 3}", 3},
+		{"deprecated maxConcurrentStreams", "{maxConcurrentStreams: 4}", 4},
+		{"both, the same", "{maxConcurrent: 5, maxConcurrentStreams: 5}", 5},
+		{"unlimited by the deprecated name", "{maxConcurrentStreams: 0}", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := ParseConfig([]byte(models + "limits: {default: " + tt.limits + "}\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Default().Limits
+			want.Default.MaxConcurrent = tt.want
+			if diff := cmp.Diff(want, cfg.Limits); diff != "" {
+				t.Errorf("limits (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -121,24 +121,24 @@ func estimateTokens(bodyBytes, maxTokens int) int {
 // ends (only when admit returned nil).
 func (l *limiter) admit(p *Principal, stream bool, cost int) (admission, error) {
 	lim := p.Limits
-	if lim.RequestsPerMinute == 0 && lim.TokensPerMinute == 0 && (!stream || lim.MaxConcurrentStreams == 0) {
+	if lim.RequestsPerMinute == 0 && lim.TokensPerMinute == 0 && (!stream || lim.MaxConcurrent == 0) {
 		return admission{}, nil
 	}
 	s := l.state(p)
 	now := l.now()
-	if stream && lim.MaxConcurrentStreams > 0 {
+	if stream && lim.MaxConcurrent > 0 {
 		s.mu.Lock()
-		if s.streams >= lim.MaxConcurrentStreams {
+		if s.streams >= lim.MaxConcurrent {
 			s.mu.Unlock()
 			return admission{}, rateLimited(reasonConcurrency, time.Second,
 				"Rate limit reached for %s: at most %d concurrent streams. Please try again when a stream ends.",
-				p.Name, lim.MaxConcurrentStreams)
+				p.Name, lim.MaxConcurrent)
 		}
 		s.streams++
 		s.mu.Unlock()
 	}
 	undoStream := func() {
-		if stream && lim.MaxConcurrentStreams > 0 {
+		if stream && lim.MaxConcurrent > 0 {
 			s.endStream()
 		}
 	}
@@ -175,7 +175,7 @@ func (l *limiter) release(a admission, p *Principal, stream bool, spent int) {
 	if s == nil {
 		return
 	}
-	if stream && p.Limits.MaxConcurrentStreams > 0 {
+	if stream && p.Limits.MaxConcurrent > 0 {
 		s.endStream()
 	}
 	if p.Limits.TokensPerMinute > 0 && spent != a.reserved {

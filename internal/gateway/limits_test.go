@@ -117,7 +117,7 @@ func TestTokensPerMinuteHoldsUnderConcurrency(t *testing.T) {
 
 func TestMaxConcurrentStreams(t *testing.T) {
 	cfg := testConfig()
-	cfg.Limits.Default.MaxConcurrentStreams = 1
+	cfg.Limits.Default.MaxConcurrent = 1
 	hold := make(chan struct{})
 	h := newHarness(t, cfg, newEngine(engineOptions{hold: hold}))
 	release := sync.OnceFunc(func() { close(hold) })

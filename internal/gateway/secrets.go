@@ -33,8 +33,12 @@ const (
 	SecretKeyRequestsPerMinute = "requestsPerMinute"
 	// SecretKeyTokensPerMinute overrides limits.default.tokensPerMinute.
 	SecretKeyTokensPerMinute = "tokensPerMinute"
-	// SecretKeyMaxConcurrentStreams overrides limits.default.maxConcurrentStreams.
-	SecretKeyMaxConcurrentStreams = "maxConcurrentStreams"
+	// SecretKeyMaxConcurrent overrides limits.default.maxConcurrent.
+	SecretKeyMaxConcurrent = "maxConcurrent"
+	// SecretKeyMaxConcurrentStreams is the deprecated name of
+	// SecretKeyMaxConcurrent, still read; a Secret that gives both must
+	// give the same value.
+	SecretKeyMaxConcurrentStreams = deprecatedMaxConcurrent
 )
 
 // SecretTokens is a TokenSource fed by the Kubernetes Secrets that match a
@@ -173,10 +177,18 @@ func (s *SecretTokens) parseSecret(sec *corev1.Secret) (Digest, *Principal, stri
 			}
 		}
 	}
+	maxConcurrentKey := SecretKeyMaxConcurrent
+	switch n, old := data(SecretKeyMaxConcurrent), data(SecretKeyMaxConcurrentStreams); {
+	case n != "" && old != "" && n != old:
+		return Digest{}, nil, fmt.Sprintf("data.%s and data.%s, its deprecated name, differ: give data.%s only",
+			SecretKeyMaxConcurrent, SecretKeyMaxConcurrentStreams, SecretKeyMaxConcurrent)
+	case n == "" && old != "":
+		maxConcurrentKey = SecretKeyMaxConcurrentStreams
+	}
 	for key, dst := range map[string]*int{
-		SecretKeyRequestsPerMinute:    &p.Limits.RequestsPerMinute,
-		SecretKeyTokensPerMinute:      &p.Limits.TokensPerMinute,
-		SecretKeyMaxConcurrentStreams: &p.Limits.MaxConcurrentStreams,
+		SecretKeyRequestsPerMinute: &p.Limits.RequestsPerMinute,
+		SecretKeyTokensPerMinute:   &p.Limits.TokensPerMinute,
+		maxConcurrentKey:           &p.Limits.MaxConcurrent,
 	} {
 		v := data(key)
 		if v == "" {

@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes/fake"
 )
 
@@ -150,6 +152,47 @@ func TestSecretLimitOverrides(t *testing.T) {
 		if resp, _ := h.do(t, "POST", "/v1/chat/completions", "sk-free", chatBody); resp.StatusCode != 200 {
 			t.Fatalf("unlimited token refused at request %d: %d", i, resp.StatusCode)
 		}
+	}
+}
+
+// TestSecretMaxConcurrent: a token Secret sets its stream limit as
+// maxConcurrent, or by the deprecated name maxConcurrentStreams that Secrets
+// written before the rename use.
+func TestSecretMaxConcurrent(t *testing.T) {
+	st := &SecretTokens{hasher: NewTokenHasher(nil), selector: labels.Everything(), defaults: Limits{RequestsPerMinute: 600, MaxConcurrent: 16}}
+	tests := []struct {
+		name        string
+		data        map[string]string
+		want        int
+		wantProblem string
+	}{
+		{"default", nil, 16, ""},
+		{"maxConcurrent", map[string]string{"maxConcurrent": "3"}, 3, ""},
+		{"deprecated maxConcurrentStreams", map[string]string{"maxConcurrentStreams": "4"}, 4, ""},
+		{"both, the same", map[string]string{"maxConcurrent": "5", "maxConcurrentStreams": " 5\n"}, 5, ""},
+		{"both, different", map[string]string{"maxConcurrent": "5", "maxConcurrentStreams": "6"}, 0,
+			"data.maxConcurrent and data.maxConcurrentStreams, its deprecated name, differ: give data.maxConcurrent only"},
+		{"not a number by the deprecated name", map[string]string{"maxConcurrentStreams": "many"}, 0,
+			"data.maxConcurrentStreams must be a non-negative integer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := map[string]string{"token": "sk-t"}
+			for k, v := range tt.data {
+				data[k] = v
+			}
+			_, p, problem := st.parseSecret(tokenSecret("t", true, data))
+			if problem != tt.wantProblem {
+				t.Fatalf("problem %q, want %q", problem, tt.wantProblem)
+			}
+			if tt.wantProblem != "" {
+				return
+			}
+			want := Limits{RequestsPerMinute: 600, MaxConcurrent: tt.want}
+			if diff := cmp.Diff(want, p.Limits); diff != "" {
+				t.Errorf("limits (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -19,6 +19,10 @@
 //     revisions (pure, table-tested).
 //   - actions.go: the Helm actions (install, upgrade, rollback, uninstall)
 //     and what the engine remembers of a deployed release.
+//   - finalizer.go: when a release needs the finalizer (objects the garbage
+//     collector would not remove, hooks, uninstall-wait), added before the
+//     first write of a Helm action; a resource created again under a deleted
+//     one's name waits for the garbage collector.
 //   - uninstall.go: the deletion of a resource (uninstall, uninstall-wait).
 //   - drift.go: the desired objects of a release and the repair of live
 //     objects that drifted from them.

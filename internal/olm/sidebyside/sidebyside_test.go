@@ -3,7 +3,6 @@ package sidebyside
 import (
 	"context"
 	"fmt"
-	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -86,17 +86,17 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 		if err := admin.Create(ctx, obj); err != nil {
 			t.Fatalf("creating CRD %s: %v", crd.Name, err)
 		}
-		waitFor(t, 30*time.Second, "CRD "+crd.Name+" established", func() (bool, error) {
+		eventually(t, 30*time.Second, func() error {
 			var got apiextv1.CustomResourceDefinition
 			if err := admin.Get(ctx, client.ObjectKey{Name: crd.Name}, &got); err != nil {
-				return false, err
+				return fmt.Errorf("reading CRD %s: %w", crd.Name, err)
 			}
 			for _, cond := range got.Status.Conditions {
 				if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-					return true, nil
+					return nil
 				}
 			}
-			return false, nil
+			return fmt.Errorf("CRD %s is not established yet: conditions %v", crd.Name, got.Status.Conditions)
 		})
 	}
 
@@ -132,35 +132,38 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 
 	for _, v := range versions {
 		want := "ghcr.io/model-orchestra/orchestra-gateway:v" + v.version
-		waitFor(t, 3*time.Minute, fmt.Sprintf("operator %s to deploy the gateway %s in %s", v.version, want, v.namespace), func() (bool, error) {
+		eventually(t, 3*time.Minute, func() error {
 			images, err := deploymentImages(ctx, admin, v.namespace)
 			if err != nil {
-				return false, err
+				return fmt.Errorf("listing the Deployments in %s: %w", v.namespace, err)
 			}
 			for _, img := range images {
 				if img == want {
-					return true, nil
+					return nil
 				}
 				if strings.HasPrefix(img, "ghcr.io/model-orchestra/orchestra-gateway:") {
-					return false, fmt.Errorf("namespace %s runs gateway %s: the wrong operator version reconciled it", v.namespace, img)
+					// Waiting longer cannot fix this.
+					t.Fatalf("namespace %s runs gateway %s, want %s: the wrong operator version reconciled it", v.namespace, img, want)
 				}
 			}
-			return false, nil
+			return fmt.Errorf("operator %s has not deployed the gateway %s in %s yet (images %v)", v.version, want, v.namespace, images)
 		})
-		waitFor(t, time.Minute, "status.deployedRelease in "+v.namespace, func() (bool, error) {
+		eventually(t, time.Minute, func() error {
 			var mo unstructured.Unstructured
 			mo.SetGroupVersionKind(sample.GroupVersionKind())
 			if err := admin.Get(ctx, client.ObjectKey{Namespace: v.namespace, Name: sample.GetName()}, &mo); err != nil {
-				return false, err
+				return fmt.Errorf("reading %s in %s: %w", sample.GetName(), v.namespace, err)
 			}
-			name, _, _ := unstructured.NestedString(mo.Object, "status", "deployedRelease", "name")
-			return name != "", nil
+			if name, _, _ := unstructured.NestedString(mo.Object, "status", "deployedRelease", "name"); name == "" {
+				return fmt.Errorf("%s in %s has no status.deployedRelease yet", sample.GetName(), v.namespace)
+			}
+			return nil
 		})
 	}
 
 	// Both operators are up and have reconciled their namespace; neither
 	// may touch the third one.
-	consistently(t, 5*time.Second, "nothing reconciles "+unwatched, func() error {
+	consistently(t, 5*time.Second, func() error {
 		images, err := deploymentImages(ctx, admin, unwatched)
 		if err != nil {
 			return err
@@ -171,7 +174,7 @@ func TestTwoVersionsSideBySide(t *testing.T) {
 		var mo unstructured.Unstructured
 		mo.SetGroupVersionKind(sample.GroupVersionKind())
 		if err := admin.Get(ctx, client.ObjectKey{Namespace: unwatched, Name: sample.GetName()}, &mo); err != nil {
-			return err
+			return fmt.Errorf("reading %s in %s: %w", sample.GetName(), unwatched, err)
 		}
 		if len(mo.GetFinalizers()) > 0 || mo.Object["status"] != nil {
 			return fmt.Errorf("the %s resource was reconciled: finalizers %v, status %v", unwatched, mo.GetFinalizers(), mo.Object["status"])
@@ -324,40 +327,4 @@ func deploymentImages(ctx context.Context, c client.Client, ns string) ([]string
 		}
 	}
 	return out, nil
-}
-
-// waitFor polls cond until it holds. An error from cond is remembered and
-// reported on timeout, except a permanent one, which fails at once.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if err != nil {
-			last = err
-			if strings.Contains(err.Error(), "wrong operator version") {
-				t.Fatalf("%s: %v", what, err)
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, last)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
-// consistently checks cond repeatedly for d; any error fails.
-func consistently(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if err := cond(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
 }
