@@ -52,6 +52,8 @@ func Port(s *server.Server) int { return s.Addr().(*net.TCPAddr).Port }
 type Engine struct {
 	*httptest.Server
 	Sim *sim.Simulator
+	// Config is the simulator's configuration.
+	Config sim.Config
 	// Requests counts requests received; Active those not finished yet
 	// (finished includes aborted by the client).
 	Requests atomic.Int64
@@ -67,7 +69,7 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("simulator config: %w", err)
 	}
-	e := &Engine{Sim: sim.New(cfg)}
+	e := &Engine{Sim: sim.New(cfg), Config: cfg}
 	h := e.Sim.Handler()
 	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
