@@ -5,7 +5,9 @@
 package dataplanetest
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -77,6 +79,14 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 			e.Active.Add(1)
 			defer e.Active.Add(-1)
 			if d := time.Duration(e.Hold.Load()); d > 0 {
+				// Read the request first: the server notices that its
+				// client went away (and ends r's context) only once the
+				// body is read.
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
 				select {
 				case <-r.Context().Done():
 					return
