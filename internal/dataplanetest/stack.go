@@ -175,8 +175,8 @@ func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Se
 	return srv, nil
 }
 
-// DispatcherConnName is the name of the dispatchers' NATS connections, as
-// a server lists them (its connz); the gateways' is GatewayConnName.
+// The names of the NATS connections, as a server lists them (its connz):
+// the stack's dispatchers', and the one natsqueue.Connect gives a gateway's.
 const (
 	DispatcherConnName = "orchestra-dispatcher"
 	GatewayConnName    = "orchestra-gateway"
