@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -12,11 +14,15 @@ import (
 
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // chaosReport is what a bounded load saw across one fault.
 type chaosReport struct {
 	accepted, completed, cut, lost, duplicated, serverErrors int
+	// wrong counts complete answers that differ from the simulator's
+	// deterministic answer to the same request.
+	wrong int
 	// cutBy counts the errors clients saw on cut requests; cutAt the cut
 	// requests per gateway.
 	cutBy    map[string]int
@@ -25,15 +31,17 @@ type chaosReport struct {
 }
 
 func (r chaosReport) String() string {
-	return fmt.Sprintf("accepted %d, completed %d, cut %d %v, lost %d, duplicated %d, 5xx %d, recovery %v",
-		r.accepted, r.completed, r.cut, r.cutBy, r.lost, r.duplicated, r.serverErrors, r.recovery.Round(10*time.Millisecond))
+	return fmt.Sprintf("accepted %d, completed %d, cut %d %v, lost %d, duplicated %d, wrong %d, 5xx %d, recovery %v",
+		r.accepted, r.completed, r.cut, r.cutBy, r.lost, r.duplicated, r.wrong, r.serverErrors, r.recovery.Round(10*time.Millisecond))
 }
 
 // chaosLoad sends total chat requests, concurrency at a time, half of them
 // streamed, calls fault once requests are in flight, and reports. Recovery
 // is the time from the fault to the end of the last request that was in
 // flight when it happened. wantEvents is the number of SSE events of a
-// whole stream.
+// whole stream. Every complete answer is compared, byte for byte but for
+// its ID and creation time, with the engine simulator's answer to the same
+// request.
 func chaosLoad(t *testing.T, s *dataplanetest.Stack, total, concurrency, wantEvents int, fault func()) chaosReport {
 	return chaosLoadOn(t, s, []string{s.Gateway.URL}, total, concurrency, wantEvents, fault)
 }
@@ -44,6 +52,7 @@ func chaosLoadOn(t *testing.T, s *dataplanetest.Stack, urls []string, total, con
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rep := chaosReport{cutBy: map[string]int{}, cutAt: map[string]int{}}
+	ref := newReference(s.Engine.Config)
 	var (
 		mu        sync.Mutex
 		faultAt   time.Time
@@ -75,6 +84,7 @@ func chaosLoadOn(t *testing.T, s *dataplanetest.Stack, urls []string, total, con
 			stream := i%2 == 1
 			url := urls[(i/2)%len(urls)]
 			body := fmt.Sprintf(`{"model":"sim-model","stream":%t,"messages":[{"role":"user","content":"chaos %d"}]}`, stream, i)
+			want := ref.answer("/v1/chat/completions", body)
 			req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
 			started <- struct{}{}
@@ -107,6 +117,12 @@ func chaosLoadOn(t *testing.T, s *dataplanetest.Stack, urls []string, total, con
 				if o.stream && strings.Count(o.body, "data: ") != wantEvents {
 					rep.duplicated++
 				}
+				if !sameAnswer(o.body, want) {
+					rep.wrong++
+					if rep.wrong <= 3 {
+						t.Logf("answer differs from the simulator's:\n got: %.600s\nwant: %.600s", o.body, want)
+					}
+				}
 			default:
 				rep.accepted++
 				rep.cut++
@@ -118,6 +134,34 @@ func chaosLoadOn(t *testing.T, s *dataplanetest.Stack, urls []string, total, con
 	wg.Wait()
 	rep.recovery = lastEnded.Sub(faultAt)
 	return rep
+}
+
+// reference answers requests as the engine simulator does, at once: the
+// answer a client must get, word for word, whatever happened on the way.
+type reference struct{ h http.Handler }
+
+func newReference(cfg sim.Config) reference {
+	cfg.TimeToFirstToken, cfg.InterTokenLatency, cfg.Faults = 0, 0, sim.Faults{}
+	return reference{h: sim.New(cfg).Handler()}
+}
+
+// answer returns the body of the simulator's answer to a POST of body.
+func (r reference) answer(path, body string) string {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	r.h.ServeHTTP(rec, req)
+	return rec.Body.String()
+}
+
+// perResponse matches what differs between two answers to the same
+// request: the response ID and its creation time.
+var perResponse = regexp.MustCompile(`"id":"[^"]*"|"created":[0-9]+`)
+
+// sameAnswer reports whether two answers are the same, byte for byte,
+// apart from their IDs and creation times.
+func sameAnswer(got, want string) bool {
+	return perResponse.ReplaceAllString(got, "") == perResponse.ReplaceAllString(want, "")
 }
 
 // errorKind names an error a client saw, without the variable parts.
@@ -185,8 +229,8 @@ func TestChaos(t *testing.T) {
 			_ = s.Gateway.Listener.Close()
 		})
 		t.Logf("one of two gateways killed: %v", rep)
-		if rep.lost != 0 || rep.duplicated != 0 || rep.serverErrors != 0 {
-			t.Errorf("lost %d, duplicated %d, 5xx %d; want 0 each", rep.lost, rep.duplicated, rep.serverErrors)
+		if rep.lost != 0 || rep.duplicated != 0 || rep.wrong != 0 || rep.serverErrors != 0 {
+			t.Errorf("lost %d, duplicated %d, wrong %d, 5xx %d; want 0 each", rep.lost, rep.duplicated, rep.wrong, rep.serverErrors)
 		}
 		if n := rep.cutAt[other.URL]; n != 0 {
 			t.Errorf("%d requests to the surviving gateway were cut, want 0", n)
@@ -208,8 +252,8 @@ func TestChaos(t *testing.T) {
 			wantEvents := 42 // role, 40 tokens, [DONE]
 			rep := chaosLoad(t, s, total, concurrency, wantEvents, func() { c.fault(t, s, victim) })
 			t.Logf("%s: %v", c.name, rep)
-			if rep.lost != 0 || rep.duplicated != 0 || rep.serverErrors != 0 {
-				t.Errorf("lost %d, duplicated %d, 5xx %d; want 0 each", rep.lost, rep.duplicated, rep.serverErrors)
+			if rep.lost != 0 || rep.duplicated != 0 || rep.wrong != 0 || rep.serverErrors != 0 {
+				t.Errorf("lost %d, duplicated %d, wrong %d, 5xx %d; want 0 each", rep.lost, rep.duplicated, rep.wrong, rep.serverErrors)
 			}
 			if rep.cut > c.maxCut {
 				t.Errorf("%d requests cut, want at most %d", rep.cut, c.maxCut)

@@ -62,6 +62,8 @@ type outcome struct {
 	body   string
 	err    error
 	done   time.Time
+	// want is the simulator's answer to the request, when known.
+	want string
 }
 
 // complete reports whether the client got a whole answer: a 200 with the
@@ -76,17 +78,18 @@ func (o outcome) complete() bool {
 	return strings.Contains(o.body, `"finish_reason"`)
 }
 
-// fire sends n chat requests at once, every other one streamed, and
-// returns a channel with one outcome per request.
-func fire(ctx context.Context, url string, n int) <-chan outcome {
+// fire sends n chat requests at once to the stack's gateway, every other
+// one streamed, and returns a channel with one outcome per request.
+func fire(ctx context.Context, s *dataplanetest.Stack, n int) <-chan outcome {
 	out := make(chan outcome, n)
+	ref := newReference(s.Engine.Config)
 	for i := range n {
 		go func() {
 			stream := i%2 == 1
 			body := fmt.Sprintf(`{"model":"sim-model","stream":%t,"messages":[{"role":"user","content":"request %d"}]}`, stream, i)
-			req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
+			req, _ := http.NewRequestWithContext(ctx, "POST", s.Gateway.URL+"/v1/chat/completions", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
-			o := outcome{stream: stream}
+			o := outcome{stream: stream, want: ref.answer("/v1/chat/completions", body)}
 			resp, err := http.DefaultClient.Do(req)
 			if err == nil {
 				b, rerr := io.ReadAll(resp.Body)
@@ -101,14 +104,18 @@ func fire(ctx context.Context, url string, n int) <-chan outcome {
 }
 
 // settle collects n outcomes and fails the test unless every one is
-// complete; it returns when the last one arrived.
+// complete and, where known, the simulator's answer word for word; it
+// returns when the last one arrived.
 func settle(t *testing.T, n int, out <-chan outcome) time.Time {
 	t.Helper()
 	var last time.Time
 	for range n {
 		o := <-out
-		if !o.complete() {
+		switch {
+		case !o.complete():
 			t.Errorf("request not answered completely: status %d, err %v, body %.300s", o.status, o.err, o.body)
+		case o.want != "" && !sameAnswer(o.body, o.want):
+			t.Errorf("answer differs from the simulator's:\n got: %.600s\nwant: %.600s", o.body, o.want)
 		}
 		if o.done.After(last) {
 			last = o.done
@@ -140,7 +147,7 @@ func TestDeadDispatchersRequestsAnsweredWithin5s(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 32
-	out := fire(ctx, s.Gateway.URL, n)
+	out := fire(ctx, s, n)
 	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	held := victim.InFlight()
 	victim.Kill()
@@ -157,6 +164,70 @@ func TestDeadDispatchersRequestsAnsweredWithin5s(t *testing.T) {
 	}
 }
 
+// TestHundredsOfRequestsOfADeadDispatcherRedeliveredWithin5s: a
+// dispatcher that dies holding several hundred requests (most at the
+// engine, the rest held for an engine slot) hands every one of them to
+// another dispatcher within 5 s of its death, whatever its load: each
+// request reports its own progress, so JetStream redelivers all of them
+// one ackWait (3 s) after the death. The bound covers the redelivery, the
+// restart of the work on an engine; the answer then takes the engine's
+// time for it (here almost none).
+func TestHundredsOfRequestsOfADeadDispatcherRedeliveredWithin5s(t *testing.T) {
+	if testing.Short() {
+		t.Skip("several hundred requests")
+	}
+	const n, slots, prefetch = 400, 320, 128
+	simCfg := dataplanetest.FastSim()
+	simCfg.MaxNumSeqs = 2 * n
+	s := startStack(t, simCfg, func(c *dataplanetest.StackConfig) {
+		c.Dispatcher = func(d *dispatch.Config) {
+			d.AckWait = dispatch.Default().AckWait
+			d.HeartbeatInterval = dispatch.Default().HeartbeatInterval
+			d.Apps[0].MaxConcurrency = slots
+			d.Prefetch = prefetch
+			// The dead dispatcher's engine calls end soon after its death,
+			// as a dead process's connections do.
+			d.ShutdownTimeout.Duration = time.Second
+		}
+	})
+	// Until the death, the engine sends nothing: the victim's requests have
+	// sent nothing to their clients, and can be answered transparently.
+	s.Engine.Hold.Store(int64(time.Minute))
+	victim := dispatcher(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out := fire(ctx, s, n)
+	eventually(t, 30*time.Second, holds(fmt.Sprintf("the dispatcher to hold all %d requests", n), func() bool {
+		return victim.InFlight() == n
+	}))
+	load, _ := victim.Load(dataplanetest.App)
+	if load.InFlight != slots || load.Held != n-slots {
+		t.Fatalf("the dispatcher serves %d and holds %d for a slot, want %d and %d", load.InFlight, load.Held, slots, n-slots)
+	}
+	// Its successor runs before the death, as another replica would; it
+	// has nothing of its own to do, so whatever it serves is redelivered.
+	dispatcher(t, s)
+	atEngine := s.Engine.Requests.Load()
+	s.Engine.Hold.Store(0)
+	victim.Kill()
+	died := time.Now()
+	var first, redelivered time.Duration
+	eventually(t, 30*time.Second, holds(fmt.Sprintf("all %d requests to reach the engine again", n), func() bool {
+		redelivered = time.Since(died)
+		again := s.Engine.Requests.Load() - atEngine
+		if first == 0 && again > 0 {
+			first = redelivered
+		}
+		return again == n
+	}))
+	answered := settle(t, n, out).Sub(died)
+	t.Logf("%d requests (%d at the engine, %d held for a slot) of a dead dispatcher: the first redelivered to the engine %v after its death, all %v after it, all answered %v after it",
+		n, load.InFlight, load.Held, first.Round(10*time.Millisecond), redelivered.Round(10*time.Millisecond), answered.Round(10*time.Millisecond))
+	if redelivered > 5*time.Second {
+		t.Errorf("the dead dispatcher's requests were redelivered %v after its death, want within 5s", redelivered)
+	}
+}
+
 // TestRequestsInFlightAnsweredWithin5sOfANATSRestart: requests being served
 // while NATS restarts are answered within 5 s of its return.
 func TestRequestsInFlightAnsweredWithin5sOfANATSRestart(t *testing.T) {
@@ -165,7 +236,7 @@ func TestRequestsInFlightAnsweredWithin5sOfANATSRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 16
-	out := fire(ctx, s.Gateway.URL, n)
+	out := fire(ctx, s, n)
 	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	if err := s.RestartNATS(); err != nil {
 		t.Fatal(err)
@@ -197,7 +268,7 @@ func TestLivenessCost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 32
-	out := fire(ctx, s.Gateway.URL, n)
+	out := fire(ctx, s, n)
 	eventually(t, 10*time.Second, holds("every request to reach the engine", func() bool { return s.Engine.Active.Load() == n }))
 	const window = 4 * time.Second
 	before, err := s.NATS.Varz(nil)

@@ -5,7 +5,9 @@
 package dataplanetest
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -52,6 +54,8 @@ func Port(s *server.Server) int { return s.Addr().(*net.TCPAddr).Port }
 type Engine struct {
 	*httptest.Server
 	Sim *sim.Simulator
+	// Config is the simulator's configuration.
+	Config sim.Config
 	// Requests counts requests received; Active those not finished yet
 	// (finished includes aborted by the client).
 	Requests atomic.Int64
@@ -67,7 +71,7 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("simulator config: %w", err)
 	}
-	e := &Engine{Sim: sim.New(cfg)}
+	e := &Engine{Sim: sim.New(cfg), Config: cfg}
 	h := e.Sim.Handler()
 	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
@@ -75,6 +79,14 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 			e.Active.Add(1)
 			defer e.Active.Add(-1)
 			if d := time.Duration(e.Hold.Load()); d > 0 {
+				// Read the request first: the server notices that its
+				// client went away (and ends r's context) only once the
+				// body is read.
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					return
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
 				select {
 				case <-r.Context().Done():
 					return

@@ -89,6 +89,7 @@ func TestSoak(t *testing.T) {
 		sum.cut += rep.cut
 		sum.lost += rep.lost
 		sum.duplicated += rep.duplicated
+		sum.wrong += rep.wrong
 		sum.serverErrors += rep.serverErrors
 		for k, v := range rep.cutBy {
 			sum.cutBy[k] += v
@@ -101,8 +102,8 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak of %v, %d faults: %v (recovery: the worst)", d, n, sum)
 	t.Logf("process: RSS %d → %d MiB, heap in use %d → %d MiB, goroutines %d → %d",
 		startRSS>>20, endRSS>>20, startHeap>>20, endHeap>>20, startG, endG)
-	if sum.lost != 0 || sum.duplicated != 0 || sum.serverErrors != 0 {
-		t.Errorf("lost %d, duplicated %d, 5xx %d; want 0 each", sum.lost, sum.duplicated, sum.serverErrors)
+	if sum.lost != 0 || sum.duplicated != 0 || sum.wrong != 0 || sum.serverErrors != 0 {
+		t.Errorf("lost %d, duplicated %d, wrong %d, 5xx %d; want 0 each", sum.lost, sum.duplicated, sum.wrong, sum.serverErrors)
 	}
 	if worstRecovery > 5*time.Second {
 		t.Errorf("worst recovery %v, want at most 5s", worstRecovery)

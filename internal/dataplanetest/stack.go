@@ -36,8 +36,16 @@ type StackConfig struct {
 	Gateway    func(*gateway.Config)
 	// NATSURLs, when set, are the servers of an external NATS (for example
 	// a cluster the test runs); otherwise the stack starts its own.
+	// Clients connect to them in random order, as in production.
 	NATSURLs string
-	Log      *slog.Logger
+	// GatewayNATS and DispatcherNATS, when set, are the servers the
+	// gateways' queue clients and the dispatchers connect to, tried in the
+	// order given: a client stays on the first one while it is up, and
+	// fails over to the next (or to a server the cluster told it about).
+	// They place clients on chosen servers of a cluster.
+	GatewayNATS, DispatcherNATS string
+
+	Log *slog.Logger
 }
 
 // Stack is a whole data plane in one process: NATS with JetStream, an
@@ -109,7 +117,8 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	if cfg.Queue != nil {
 		cfg.Queue(&qcfg)
 	}
-	if s.Queue, err = natsqueue.Connect(s.urls, qcfg, s.log, nats.ReconnectWait(50*time.Millisecond)); err != nil {
+	gwURLs, gwOpts := s.natsFor(cfg.GatewayNATS)
+	if s.Queue, err = natsqueue.Connect(gwURLs, qcfg, s.log, gwOpts...); err != nil {
 		return nil, err
 	}
 	s.closers = append(s.closers, s.Queue.Close)
@@ -121,13 +130,24 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	return s, nil
 }
 
+// natsFor returns the servers a client connects to and how: pinned, when
+// set, in its order; else the stack's servers in random order.
+func (s *Stack) natsFor(pinned string) (string, []nats.Option) {
+	opts := []nats.Option{nats.ReconnectWait(50 * time.Millisecond)}
+	if pinned == "" {
+		return s.urls, opts
+	}
+	return pinned, append(opts, nats.DontRandomize())
+}
+
 // StartGateway starts another gateway, with its own queue client (a
 // gateway instance of its own), in front of the same queue.
 func (s *Stack) StartGateway() (*httptest.Server, error) {
 	qcfg := s.qcfg
 	s.gateways++
 	qcfg.Instance = fmt.Sprintf("gw%d", s.gateways)
-	q, err := natsqueue.Connect(s.urls, qcfg, s.log, nats.ReconnectWait(50*time.Millisecond))
+	urls, opts := s.natsFor(s.cfg.GatewayNATS)
+	q, err := natsqueue.Connect(urls, qcfg, s.log, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +175,13 @@ func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Se
 	return srv, nil
 }
 
+// The names of the NATS connections, as a server lists them (its connz):
+// the stack's dispatchers', and the one natsqueue.Connect gives a gateway's.
+const (
+	DispatcherConnName = "orchestra-dispatcher"
+	GatewayConnName    = "orchestra-gateway"
+)
+
 // DispatcherConfig returns the configuration dispatchers start with.
 func (s *Stack) DispatcherConfig() dispatch.Config { return s.dispCfg }
 
@@ -169,7 +196,8 @@ type Dispatcher struct {
 // StartDispatcher starts a dispatcher on its own connection and waits until
 // it is ready.
 func (s *Stack) StartDispatcher() (*Dispatcher, error) {
-	nc, err := nats.Connect(s.urls, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	urls, opts := s.natsFor(s.cfg.DispatcherNATS)
+	nc, err := nats.Connect(urls, append(opts, nats.Name(DispatcherConnName), nats.MaxReconnects(-1))...)
 	if err != nil {
 		return nil, err
 	}

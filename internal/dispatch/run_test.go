@@ -55,12 +55,12 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 
 	// NATS is not running yet: alive, not ready.
 	eventually(t, 10*time.Second, holds("/healthz to answer 200", func() bool { return status(t, base+"/healthz") == http.StatusOK }))
-	for range 5 {
+	consistently(t, 250*time.Millisecond, func() error {
 		if code := status(t, base+"/readyz"); code != http.StatusServiceUnavailable {
-			t.Fatalf("/readyz without NATS = %d, want 503", code)
+			return fmt.Errorf("/readyz without NATS = %d, want 503", code)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 
 	srv, err := dataplanetest.StartNATS(t.TempDir(), natsPort)
 	if err != nil {
