@@ -239,17 +239,17 @@ func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes)
 	return func() { sts.Stop(); pods.Stop(); slices.Stop(); cancel(); wg.Wait() }
 }
 
-// wakeTable summarises the rounds: p50 and max (p99 needs more rounds than
-// a wake benchmark can afford; with a handful of rounds max is the
-// conservative one), and whether the targets are met.
+// wakeTable summarises the rounds: p50, p90 and max, nearest rank (below
+// 100 rounds the nearest-rank p99 is the max, so the targets are checked
+// against the max), and whether the targets are met.
 func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAfter string) string {
-	col := func(f func(wakeTimes) time.Duration) (p50, worst time.Duration) {
+	col := func(f func(wakeTimes) time.Duration) (p50, p90, worst time.Duration) {
 		var v []time.Duration
 		for _, w := range wakes {
 			v = append(v, f(w))
 		}
 		slices.Sort(v)
-		return v[len(v)/2], v[len(v)-1]
+		return v[len(v)/2], v[(len(v)*9+9)/10-1], v[len(v)-1]
 	}
 	decision := func(w wakeTimes) time.Duration { return w.scaled.Sub(w.request) }
 	afterReady := func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.podReady) }
@@ -283,18 +283,19 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 		"times the path every request takes (gateway, queue, dispatcher, the engine's 20 ms to its first\n"+
 		"token). The control overhead is the decision plus what the first token took, from the root\n"+
 		"being Ready and listed in its Service's EndpointSlice (where the dispatchers find roots, as\n"+
-		"kube-proxy does), beyond that path. With %d rounds, max stands in for p99.\n\n",
+		"kube-proxy does), beyond that path. Percentiles are nearest rank: with %d rounds the p99 is\n"+
+		"the max.\n\n",
 		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, len(wakes))
-	b.WriteString("| Stage | p50 | max |\n| --- | --- | --- |\n")
+	b.WriteString("| Stage | p50 | p90 | max |\n| --- | --- | --- | --- |\n")
 	for _, r := range rows {
-		p50, worst := col(r.f)
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", r.what, msd(p50), msd(worst))
+		p50, p90, worst := col(r.f)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.what, msd(p50), msd(p90), msd(worst))
 	}
 	bl := slices.Clone(baselines)
 	slices.Sort(bl)
-	fmt.Fprintf(&b, "| baseline: plain scale 0 -> 1 -> root Ready | %s | %s |\n", msd(bl[len(bl)/2]), msd(bl[len(bl)-1]))
-	_, wakeMax := col(total)
-	_, overheadMax := col(overhead)
+	fmt.Fprintf(&b, "| baseline: plain scale 0 -> 1 -> root Ready | %s | %s | %s |\n", msd(bl[len(bl)/2]), msd(bl[(len(bl)*9+9)/10-1]), msd(bl[len(bl)-1]))
+	_, _, wakeMax := col(total)
+	_, _, overheadMax := col(overhead)
 	ratio := float64(wakeMax) / float64(bl[len(bl)-1])
 	verdict := "Both targets met."
 	switch {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -29,13 +31,14 @@ import (
 // TestScaleToZeroAndWake runs a simulator application with a short
 // zeroAfter on real pods: it reaches zero engine pods, then concurrent
 // requests (half streamed) sent while it is at zero are all answered 2xx,
-// also when the dispatcher (the lifecycle leader) is killed mid-wake.
+// also when the dispatcher (the lifecycle leader) is killed mid-wake, and
+// bursts timed to arrive while it scales down are never cut or lost.
 func TestScaleToZeroAndWake(t *testing.T) {
 	requireCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-zero")
-	const name = "zero"
+	const name, zeroAfter = "zero", 5 * time.Second
 
 	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
 	if err != nil {
@@ -47,7 +50,7 @@ func TestScaleToZeroAndWake(t *testing.T) {
 
 	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
-		"minReplicas": int64(0), "maxReplicas": int64(2), "zeroAfter": "10s", "maxWait": "5m",
+		"minReplicas": int64(0), "maxReplicas": int64(2), "zeroAfter": zeroAfter.String(), "maxWait": "5m",
 	}, "spec", "applications", app, "lifecycle"))
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
 	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
@@ -85,7 +88,8 @@ func TestScaleToZeroAndWake(t *testing.T) {
 	t.Run("the dispatcher killed in the middle of a wake", func(t *testing.T) {
 		waitZeroPods(ctx, t, ns, name)
 		done := make(chan []string, 1)
-		go func() { done <- burst(ctx, base, token, served, "kill", 64) }()
+		go func() { done <- burst(ctx, base, token, served, "kill", 256) }()
+		// Polled faster than eventually does: the wake lasts seconds.
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			mo, err := stack.Get(ctx, env.dyn, ns, name)
 			if err != nil {
@@ -106,7 +110,7 @@ func TestScaleToZeroAndWake(t *testing.T) {
 			must(t, env.cs.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}))
 		}
 		if errs := <-done; len(errs) > 0 {
-			t.Fatalf("%d of 64 requests sent at zero, with the dispatcher killed mid-wake, were not answered completely:\n%s", len(errs), strings.Join(errs, "\n"))
+			t.Fatalf("%d of 256 requests sent at zero, with the dispatcher killed mid-wake, were not answered completely:\n%s", len(errs), strings.Join(errs, "\n"))
 		}
 		// The consumer is paused while the application wakes, so the
 		// killed dispatcher held none of them: the new one delivers each
@@ -114,6 +118,113 @@ func TestScaleToZeroAndWake(t *testing.T) {
 		if grew := grown(nil, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
 			t.Errorf("requests sent at zero were not all delivered once; the new dispatcher counted:\n%s", strings.Join(grew, "\n"))
 		}
+	})
+
+	t.Run("bursts while it scales down", func(t *testing.T) {
+		sawTooth(ctx, t, ns, name, base, token, served, zeroAfter)
+	})
+}
+
+// sawTooth sends bursts of 16 requests (half streamed) timed to arrive
+// while the idle application goes to zero: half of them the moment the
+// leader writes zero replicas (the root pod is terminating, the consumer
+// paused), the others at the end of zeroAfter (while the leader decides
+// to drain). Every request is answered completely and delivered once, and
+// the bursts that came after the scale-down each woke the application.
+// Bounded: four cycles of zeroAfter plus at most a wake (about a minute).
+func sawTooth(ctx context.Context, t *testing.T, ns, name, base, token, model string, zeroAfter time.Duration) {
+	t.Helper()
+	root := name + "-" + app
+	// The replica counts the leader writes, from a watch.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	w, err := env.cs.AppsV1().StatefulSets(ns).Watch(wctx, metav1.ListOptions{FieldSelector: "metadata.name=" + root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	zeroed := make(chan struct{}, 1)
+	go func() {
+		last := int32(-1)
+		for e := range w.ResultChan() {
+			s, ok := e.Object.(*appsv1.StatefulSet)
+			if !ok || s.Spec.Replicas == nil {
+				continue
+			}
+			if *s.Spec.Replicas == 0 && last != 0 {
+				select {
+				case zeroed <- struct{}{}:
+				default:
+				}
+			}
+			last = *s.Spec.Replicas
+		}
+	}()
+	status := func() *v1alpha1.LifecycleStatus {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lc := mo.Status.Applications[app].Lifecycle
+		if lc == nil {
+			t.Fatalf("status.applications.%s.lifecycle is empty", app)
+		}
+		return lc
+	}
+	// Start awake, with the scale-down still ahead.
+	if errs := burst(ctx, base, token, model, "saw-start", 4); len(errs) > 0 {
+		t.Fatalf("requests before the saw-tooth were not answered completely:\n%s", strings.Join(errs, "\n"))
+	}
+	select {
+	case <-zeroed: // a scale-down of the subtests before
+	default:
+	}
+	before := failedDeliveries(ctx, t, ns)
+	wakes := status().Wakes
+	const cycles = 4
+	afterZero := 0
+	for i := range cycles {
+		select {
+		case <-zeroed: // a scale to zero before the last burst was answered
+		default:
+		}
+		var when string
+		if i%2 == 0 {
+			// The moment the leader writes zero replicas, and a little later.
+			select {
+			case <-zeroed:
+			case <-time.After(zeroAfter + time.Minute):
+				t.Fatalf("cycle %d: the idle application did not scale to zero within zeroAfter and a minute", i)
+			}
+			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
+			when = fmt.Sprintf("%v after the scale to zero", time.Duration(i)*100*time.Millisecond)
+			afterZero++
+		} else {
+			// When the leader decides to drain (it ticks every second).
+			d := zeroAfter + time.Duration(i-1)*250*time.Millisecond
+			time.Sleep(d)
+			when = fmt.Sprintf("%v after the last answer", d)
+			select {
+			case <-zeroed:
+				afterZero++ // it went to zero before the burst
+			default:
+			}
+		}
+		began := time.Now()
+		if errs := burst(ctx, base, token, model, fmt.Sprintf("saw-%d", i), 16); len(errs) > 0 {
+			t.Fatalf("cycle %d (%s): %d of 16 requests were cut or lost:\n%s", i, when, len(errs), strings.Join(errs, "\n"))
+		}
+		t.Logf("cycle %d (%s): 16 answered in %v", i, when, time.Since(began).Round(time.Millisecond))
+	}
+	if grew := grown(before, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
+		t.Errorf("requests of the saw-tooth were not all delivered once; the dispatcher counted:\n%s", strings.Join(grew, "\n"))
+	}
+	// Each burst sent after the scale to zero needed a wake: the race
+	// between scaling down and new requests was exercised.
+	eventually(t, 30*time.Second, func() error {
+		if got := status().Wakes - wakes; got < int64(afterZero) {
+			return fmt.Errorf("%d wakes during the saw-tooth, want at least the %d bursts sent after a scale to zero", got, afterZero)
+		}
+		return nil
 	})
 }
 
@@ -276,41 +387,43 @@ func TestScaleOutAndBackInOnBacklog(t *testing.T) {
 			}
 		})
 	}
-	var spec, ready int32
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		spec, ready, err = sts(ctx)
-		return err == nil && ready >= maxReplicas, nil
+	stop := sync.OnceFunc(func() { close(stopLoad) })
+	defer stop() // also when the wait below fails
+	var ready int32
+	eventually(t, 3*time.Minute, func() error {
+		spec, r, err := sts(ctx)
+		if err != nil {
+			return err
+		}
+		if ready = r; ready < maxReplicas {
+			return fmt.Errorf("%d concurrent clients did not scale the application to %d ready roots: %d written, %d ready", clients, maxReplicas, spec, ready)
+		}
+		return nil
 	})
-	close(stopLoad)
+	stop()
 	wg.Wait()
 	if len(failed) > 0 {
 		t.Fatalf("%d requests under the backlog were not answered completely:\n%s", len(failed), strings.Join(failed, "\n"))
-	}
-	if err != nil {
-		t.Fatalf("%d concurrent clients did not scale the application to %d ready roots: %d written, %d ready (%v)", clients, maxReplicas, spec, ready, err)
 	}
 	t.Logf("%d ready roots after %d answers", ready, answered.Load())
 
 	// The backlog has drained: back to one root, after the stabilization
 	// window (min(zeroAfter, 1m) = 10s), its pods gone.
 	sel := "app.kubernetes.io/instance=" + name + ",modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"
-	var pods int
-	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		if spec, ready, err = sts(ctx); err != nil {
-			return false, nil //nolint:nilerr // polled until the timeout
+	eventually(t, 2*time.Minute, func() error {
+		spec, ready, err := sts(ctx)
+		if err != nil {
+			return err
 		}
 		list, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
-			return false, nil //nolint:nilerr // polled until the timeout
+			return err
 		}
-		pods = len(list.Items)
-		return spec == 1 && ready == 1 && pods == 1, nil
+		if spec != 1 || ready != 1 || len(list.Items) != 1 {
+			return fmt.Errorf("the drained application did not scale back to one root: %d written, %d ready, %d root pods", spec, ready, len(list.Items))
+		}
+		return nil
 	})
-	if err != nil {
-		t.Fatalf("the drained application did not scale back to one root: %d written, %d ready, %d root pods (%v)", spec, ready, pods, err)
-	}
 	stopWatch()
 	<-watched
 	if m := most.Load(); m != maxReplicas {
@@ -327,24 +440,27 @@ func waitZeroPods(ctx context.Context, t *testing.T, ns, name string) int64 {
 	t.Helper()
 	sel := "app.kubernetes.io/instance=" + name + ",modelorchestra.io/application=" + app
 	var wakes int64
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	eventually(t, 3*time.Minute, func() error {
 		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel + ",app.kubernetes.io/component in (root,worker)"})
-		if err != nil || len(pods.Items) > 0 {
-			return false, nil //nolint:nilerr // polled until the timeout
+		if err != nil {
+			return fmt.Errorf("listing engine pods: %w", err)
+		}
+		if len(pods.Items) > 0 {
+			return fmt.Errorf("the idle application still runs %d engine pods (%s first)", len(pods.Items), pods.Items[0].Name)
 		}
 		mo, err := stack.Get(ctx, env.dyn, ns, name)
 		if err != nil {
-			return false, nil //nolint:nilerr // polled until the timeout
+			return err
 		}
 		st := mo.Status.Applications[app]
 		if st.Lifecycle != nil {
 			wakes = st.Lifecycle.Wakes
 		}
-		return st.Phase == v1alpha1.PhaseIdle && stack.Ready(mo), nil
+		if st.Phase != v1alpha1.PhaseIdle || !stack.Ready(mo) {
+			return fmt.Errorf("at zero engine pods the application is in phase %s and Ready %v, want phase Idle and Ready", st.Phase, stack.Ready(mo))
+		}
+		return nil
 	})
-	if err != nil {
-		t.Fatalf("the idle application did not reach zero engine pods, phase Idle and Ready: %v", err)
-	}
 	return wakes
 }
 
@@ -409,6 +525,237 @@ func unaryChat(ctx context.Context, base, token, model, prompt string) error {
 	}
 	if err := json.Unmarshal(b, &out); err != nil || len(out.Choices) == 0 || out.Choices[0].FinishReason == "" {
 		return errors.Join(errors.New("incomplete answer: "+string(b)), err)
+	}
+	return nil
+}
+
+// TestAWakeThatCannotStart wakes an application whose engine image cannot
+// be pulled: within seconds its status says why (TopologyReady False,
+// reason WakeFailing, the application's message naming the pod and the
+// pull failure), and the requests waiting for it fail after maxWait with
+// model_waking_timeout (503 and Retry-After; a streamed request, already
+// answered 200 with keep-alives, gets it as an SSE error event), while the
+// gateway and the dispatcher carry on untouched.
+func TestAWakeThatCannotStart(t *testing.T) {
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-wakefail")
+	const name, maxWait = "wakefail", 20 * time.Second
+	const image = "registry.invalid/model-orchestra/missing:v0"
+
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "2s", "maxWait": maxWait.String(),
+	}, "spec", "applications", app, "lifecycle"))
+	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat through %s: %v", base, err)
+	}
+	waitZeroPods(ctx, t, ns, name)
+
+	// At zero, the engine's image becomes one that cannot be pulled.
+	root := name + "-" + app
+	patch(ctx, t, ns, name, `{"spec":{"applications":{"`+app+`":{"runtime":{"image":"`+image+`"}}}}}`)
+	eventually(t, 2*time.Minute, func() error {
+		s, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, root, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if s.Spec.Replicas == nil || *s.Spec.Replicas != 0 {
+			return fmt.Errorf("the upgrade changed the root's replicas to %v; want the lifecycle's 0", s.Spec.Replicas)
+		}
+		for _, c := range s.Spec.Template.Spec.Containers {
+			if c.Image == image {
+				return nil
+			}
+		}
+		return errors.New("the upgrade has not set the engine image of the root StatefulSet yet")
+	})
+	others := stackPods(ctx, t, ns)
+	before := failedDeliveries(ctx, t, ns)
+
+	type result struct {
+		err     error
+		elapsed time.Duration
+	}
+	streamed, unary := make(chan result, 1), make(chan result, 1)
+	sent := time.Now()
+	go func() {
+		err := wakeTimeoutStreamed(ctx, base, token, served)
+		streamed <- result{err, time.Since(sent)}
+	}()
+	go func() { err := wakeTimeoutUnary(ctx, base, token, served); unary <- result{err, time.Since(sent)} }()
+
+	// Within seconds (well before maxWait) the status says why.
+	pod := root + "-0"
+	eventually(t, maxWait, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionTopologyReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonWakeFailing {
+			return fmt.Errorf("condition TopologyReady %+v, want False with reason %s", c, v1alpha1.ReasonWakeFailing)
+		}
+		st := mo.Status.Applications[app]
+		if !strings.Contains(st.Message, pod) || !strings.Contains(st.Message, "ImagePull") {
+			return fmt.Errorf("status.applications.%s.message %q does not name pod %s and its image pull failure", app, st.Message, pod)
+		}
+		t.Logf("%.0fs after the requests: phase %s, message %q", time.Since(sent).Seconds(), st.Phase, st.Message)
+		return nil
+	})
+	evs, err := env.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=WakeFailing,involvedObject.name=" + name})
+	if err != nil || len(evs.Items) == 0 {
+		t.Errorf("no WakeFailing event on the ModelOrchestra (%v)", err)
+	}
+
+	for what, ch := range map[string]chan result{"streamed": streamed, "non-streamed": unary} {
+		r := <-ch
+		if r.err != nil {
+			t.Errorf("the %s request waiting on the failing wake: %v", what, r.err)
+		} else if r.elapsed < maxWait {
+			t.Errorf("the %s request failed after %v, before maxWait (%v)", what, r.elapsed, maxWait)
+		}
+	}
+
+	// Nothing else is affected: the gateway and the dispatcher neither
+	// restarted nor counted failed deliveries, and the gateway still serves.
+	if after := stackPods(ctx, t, ns); !maps.Equal(others, after) {
+		t.Errorf("the gateway and dispatcher pods changed during the failing wake: before %v, after %v", others, after)
+	}
+	if grew := grown(before, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
+		t.Errorf("the requests that timed out counted as failed deliveries:\n%s", strings.Join(grew, "\n"))
+	}
+	if err := listsModel(ctx, base, token, served); err != nil {
+		t.Errorf("the gateway after the failing wake: %v", err)
+	}
+}
+
+// stackPods maps the gateway and dispatcher pods to their restart counts.
+func stackPods(ctx context.Context, t *testing.T, ns string) map[string]int32 {
+	t.Helper()
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (gateway,dispatcher)"})
+	if err != nil {
+		t.Fatalf("listing the gateway and dispatcher pods: %v", err)
+	}
+	out := map[string]int32{}
+	for _, p := range pods.Items {
+		var restarts int32
+		for _, s := range p.Status.ContainerStatuses {
+			restarts += s.RestartCount
+		}
+		out[p.Name] = restarts
+	}
+	if len(out) < 2 {
+		t.Fatalf("found pods %v; want a gateway and a dispatcher", out)
+	}
+	return out
+}
+
+// wakeTimeoutUnary sends a non-streamed chat and checks that it is
+// answered 503 model_waking_timeout with Retry-After, and why the pods
+// cannot start.
+func wakeTimeoutUnary(ctx context.Context, base, token, model string) error {
+	resp, err := postChat(ctx, base, token, model, false)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		return fmt.Errorf("HTTP %d, Retry-After %q: %s; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	return wakingTimeoutError(b)
+}
+
+// wakeTimeoutStreamed sends a streamed chat and checks that it gets its
+// headers and keep-alive comments while it waits, then the
+// model_waking_timeout error as an SSE event, and no [DONE].
+func wakeTimeoutStreamed(ctx context.Context, base, token, model string) error {
+	resp, err := postChat(ctx, base, token, model, true)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return fmt.Errorf("HTTP %d %s: %s; want 200 and an event stream (keep-alives while waiting)", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	body := string(b)
+	if !strings.Contains(body, ": waiting for model") {
+		return fmt.Errorf("no keep-alive comment while waiting: %q", body)
+	}
+	if strings.Contains(body, "[DONE]") {
+		return fmt.Errorf("the stream of a request that never reached an engine ended with [DONE]: %q", body)
+	}
+	var event string
+	for line := range strings.Lines(body) {
+		if d, ok := strings.CutPrefix(strings.TrimSpace(line), "data:"); ok {
+			event = strings.TrimSpace(d)
+		}
+	}
+	return wakingTimeoutError([]byte(event))
+}
+
+// wakingTimeoutError checks an OpenAI error body: code
+// model_waking_timeout, naming the pull failure.
+func wakingTimeoutError(b []byte) error {
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return fmt.Errorf("decoding the error %q: %w", b, err)
+	}
+	if e.Error.Code != "model_waking_timeout" || !strings.Contains(e.Error.Message, "ImagePull") {
+		return fmt.Errorf("error %+v; want code model_waking_timeout and a message naming the image pull failure", e.Error)
+	}
+	return nil
+}
+
+func postChat(ctx context.Context, base, token, model string, stream bool) (*http.Response, error) {
+	body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 8, "stream": stream,
+		"messages": []map[string]string{{"role": "user", "content": "wake up"}}})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	return http.DefaultClient.Do(req)
+}
+
+// listsModel checks that the gateway answers GET /models with model.
+func listsModel(ctx context.Context, base, token, model string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/models", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), model) {
+		return fmt.Errorf("GET /models: HTTP %d: %s", resp.StatusCode, b)
 	}
 	return nil
 }

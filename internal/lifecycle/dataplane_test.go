@@ -115,9 +115,8 @@ func value(m *dto.Metric) float64 {
 func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	e := newEnv(t, 1)
 	client, reg := e.dataPlane(nil)
-	eventually(t, 10*time.Second, "the idle application at zero", func() bool {
-		return e.c.replicas() == 0 && e.state().State == v1alpha1.LifecycleZero
-	})
+	eventually(t, 10*time.Second, e.atReplicas(0))
+	eventually(t, 10*time.Second, e.inState(v1alpha1.LifecycleZero))
 
 	const n = 64
 	if err := sendBatch(client, "job", n); err != nil {
@@ -140,7 +139,12 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	// The first answer may go out before the dispatcher hears of the wake
 	// from the lifecycle bucket; it is then recorded once the state
 	// arrives.
-	eventually(t, 5*time.Second, "the first_token stage of the wake", func() bool { return stageCount(t, reg, "first_token") >= 1 })
+	eventually(t, 5*time.Second, func() error {
+		if stageCount(t, reg, "first_token") == 0 {
+			return errors.New("no first_token stage of the wake observed")
+		}
+		return nil
+	})
 	if c := stageCount(t, reg, "first_token"); c != 1 {
 		t.Errorf("%v first_token stages observed, want 1 (the first answer of the wake)", c)
 	}
@@ -153,9 +157,11 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 func firstToken(t *testing.T, e *env, min float64) {
 	t.Helper()
 	var lw *v1alpha1.WakeStatus
-	eventually(t, 5*time.Second, "lastWake.firstTokenSeconds", func() bool {
-		lw = e.state().LastWake
-		return lw != nil && lw.FirstTokenSeconds != ""
+	eventually(t, 5*time.Second, func() error {
+		if lw = e.state().LastWake; lw == nil || lw.FirstTokenSeconds == "" {
+			return fmt.Errorf("lastWake %+v has no firstTokenSeconds", lw)
+		}
+		return nil
 	})
 	secs, err := strconv.ParseFloat(lw.FirstTokenSeconds, 64)
 	if err != nil || secs < min || secs > 30 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -387,14 +388,24 @@ func (e *env) state() v1alpha1.LifecycleStatus {
 	return st
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
+// inState is a condition for eventually: the bucket holds state want.
+func (e *env) inState(want v1alpha1.LifecycleState) func() error {
+	return func() error {
+		if st := e.state(); st.State != want {
+			return fmt.Errorf("state %q in the bucket (message %q), want %s", st.State, st.Message, want)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}
+}
+
+// atReplicas is a condition for eventually: the root StatefulSet asks for
+// want replicas.
+func (e *env) atReplicas(want int32) func() error {
+	return func() error {
+		if n := e.c.replicas(); n != want {
+			return fmt.Errorf("the root StatefulSet has %d replicas, want %d", n, want)
+		}
+		return nil
 	}
 }
 
@@ -402,8 +413,8 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	e := newEnv(t, 1)
 	e.start(appConfig(nil))
 
-	eventually(t, 10*time.Second, "the idle application to reach zero replicas", func() bool { return e.c.replicas() == 0 })
-	eventually(t, 5*time.Second, "state Zero in the bucket", func() bool { return e.state().State == v1alpha1.LifecycleZero })
+	eventually(t, 10*time.Second, e.atReplicas(0))
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleZero))
 	// The gate: at zero no dispatcher receives the application's requests.
 	if !e.consumer().Paused {
 		t.Fatal("at zero the consumer is not paused: dispatchers would take requests they cannot serve, and count deliveries")
@@ -417,7 +428,12 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	before := len(e.c.writes())
 	published := time.Now()
 	e.publish(1)
-	eventually(t, 5*time.Second, "a wake", func() bool { return len(e.c.writes()) > before })
+	eventually(t, 5*time.Second, func() error {
+		if n := len(e.c.writes()); n == before {
+			return fmt.Errorf("no replica count written since the request was published (%d writes)", n)
+		}
+		return nil
+	})
 	w := e.c.writes()[before]
 	if w.replicas != 1 || w.name != root || w.manager != lifecycle.FieldManager {
 		t.Fatalf("wake wrote %+v, want %s to 1 replica by %s", w, root, lifecycle.FieldManager)
@@ -427,7 +443,7 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	if d := w.at.Sub(published); d > 100*time.Millisecond {
 		t.Errorf("the wake was written %v after the request was published, want under 100ms", d)
 	}
-	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	if e.consumer().Paused {
 		t.Error("awake, the consumer is still paused")
 	}
@@ -440,6 +456,30 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	if ci := e.consumer(); ci.NumPending != 1 || ci.Delivered.Consumer != 0 {
 		t.Errorf("consumer has %d pending and %d delivered, want the request queued and undelivered", ci.NumPending, ci.Delivered.Consumer)
 	}
+	// kubectl describe shows the transitions, on the ModelOrchestra.
+	want := []string{lifecycle.EventScaledToZero, lifecycle.EventWaking, lifecycle.EventAwake}
+	eventually(t, 5*time.Second, func() error {
+		evs, err := e.c.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return fmt.Errorf("listing events: %w", err)
+		}
+		var got []string
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.Kind != "ModelOrchestra" || ev.InvolvedObject.Name != orch || ev.Type != corev1.EventTypeNormal {
+				return fmt.Errorf("event %s %q on %s %s, want Normal events on the ModelOrchestra %s", ev.Type, ev.Reason, ev.InvolvedObject.Kind, ev.InvolvedObject.Name, orch)
+			}
+			if !strings.Contains(ev.Message, app) {
+				return fmt.Errorf("event %s says %q, which does not name the application %s", ev.Reason, ev.Message, app)
+			}
+			got = append(got, ev.Reason)
+		}
+		slices.Sort(got)
+		sorted := slices.Sorted(slices.Values(want))
+		if !slices.Equal(got, sorted) {
+			return fmt.Errorf("events %v, want one each of %v", got, want)
+		}
+		return nil
+	})
 }
 
 // TestAReadyRootPodEndsTheWake: the wake ends when the root pod is ready,
@@ -448,12 +488,12 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 func TestAReadyRootPodEndsTheWake(t *testing.T) {
 	e := newEnv(t, 1)
 	e.start(appConfig(nil))
-	eventually(t, 10*time.Second, "state Zero", func() bool { return e.state().State == v1alpha1.LifecycleZero })
+	eventually(t, 10*time.Second, e.inState(v1alpha1.LifecycleZero))
 	e.c.mu.Lock()
 	e.c.uncounted = true
 	e.c.mu.Unlock()
 	e.publish(1)
-	eventually(t, 5*time.Second, "state Awake with the root pod ready", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	if e.consumer().Paused {
 		t.Error("awake, the consumer is still paused")
 	}
@@ -476,11 +516,13 @@ func TestARequestDuringTheDrainWins(t *testing.T) {
 	}
 	e.c.mu.Unlock()
 	e.start(appConfig(nil))
-	eventually(t, 10*time.Second, "the wake after the racing request", func() bool {
-		w := e.c.writes()
-		return len(w) >= 2 && w[len(w)-1].replicas == 1
+	eventually(t, 10*time.Second, func() error {
+		if w := e.c.writes(); len(w) < 2 || w[len(w)-1].replicas != 1 {
+			return fmt.Errorf("replica counts written %+v, want a wake to 1 after the scale to zero the request raced", w)
+		}
+		return nil
 	})
-	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	if ci := e.consumer(); ci.NumPending != 1 {
 		t.Errorf("the racing request: %d pending in the consumer, want 1 (it was lost)", ci.NumPending)
 	}
@@ -491,8 +533,17 @@ func TestQueuedRequestsHoldOffTheDrain(t *testing.T) {
 	cfg := appConfig(func(a *lifecycle.App) { a.MaxReplicas = 1 })
 	e.publish(1) // queued: the application is not idle while it waits
 	e.start(cfg)
-	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
-	time.Sleep(3 * cfg.Apps[0].ZeroAfter.Duration) // several idle periods pass with the request queued
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
+	// Several idle periods pass with the request queued: it never goes to zero.
+	consistently(t, 3*cfg.Apps[0].ZeroAfter.Duration, func() error {
+		if n := e.c.replicas(); n != 1 {
+			return fmt.Errorf("the root StatefulSet went to %d replicas while a request was queued", n)
+		}
+		if st := e.state(); st.State != v1alpha1.LifecycleAwake {
+			return fmt.Errorf("state %q while a request was queued, want Awake", st.State)
+		}
+		return nil
+	})
 
 	// Take the request, as a dispatcher would; only then may it go to zero.
 	cons, err := e.js.Consumer(context.Background(), names.Stream(), names.Consumer(app))
@@ -509,7 +560,7 @@ func TestQueuedRequestsHoldOffTheDrain(t *testing.T) {
 		}
 	}
 	taken := time.Now()
-	eventually(t, 10*time.Second, "zero once the request was taken", func() bool { return e.c.replicas() == 0 })
+	eventually(t, 10*time.Second, e.atReplicas(0))
 	for _, w := range e.c.writes() {
 		if w.replicas == 0 && w.at.Before(taken) {
 			t.Fatalf("scaled to zero at %v while a request was queued (taken at %v)", w.at, taken)
@@ -520,9 +571,9 @@ func TestQueuedRequestsHoldOffTheDrain(t *testing.T) {
 func TestBacklogScalesOutAndBackIn(t *testing.T) {
 	e := newEnv(t, 1)
 	e.start(appConfig(func(a *lifecycle.App) { a.MinReplicas = 1; a.ZeroAfter.Duration = 200 * time.Millisecond }))
-	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	e.publish(5) // ceil(5/2) = 3 = maxReplicas
-	eventually(t, 5*time.Second, "3 replicas for 5 queued requests", func() bool { return e.c.replicas() == 3 })
+	eventually(t, 5*time.Second, e.atReplicas(3))
 	e.publish(10)
 	s, err := e.js.Stream(context.Background(), names.Stream())
 	if err != nil {
@@ -531,7 +582,7 @@ func TestBacklogScalesOutAndBackIn(t *testing.T) {
 	if err := s.Purge(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "back to minReplicas 1 once the backlog is gone", func() bool { return e.c.replicas() == 1 })
+	eventually(t, 5*time.Second, e.atReplicas(1))
 	for _, w := range e.c.writes() {
 		if w.replicas > 3 || w.replicas < 1 {
 			t.Errorf("wrote %d replicas, outside [minReplicas 1, maxReplicas 3]", w.replicas)
@@ -543,8 +594,8 @@ func TestANewLeaderWakesAnApplicationWithABacklog(t *testing.T) {
 	e := newEnv(t, 0)
 	e.publish(3)
 	e.start(appConfig(nil))
-	eventually(t, 5*time.Second, "a wake from the backlog", func() bool { return e.c.replicas() == 1 })
-	eventually(t, 5*time.Second, "state Awake", func() bool { return e.state().State == v1alpha1.LifecycleAwake })
+	eventually(t, 5*time.Second, e.atReplicas(1))
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	if st := e.state(); st.LastWake == nil || st.LastWake.Trigger != "backlog" {
 		t.Errorf("last wake %+v, want trigger backlog", st.LastWake)
 	}
@@ -554,9 +605,9 @@ func TestWakeProblemsAreReported(t *testing.T) {
 	e := newEnv(t, 0)
 	e.c.startDelay = time.Hour // never ready
 	e.start(appConfig(nil))
-	eventually(t, 5*time.Second, "state Zero", func() bool { return e.state().State == v1alpha1.LifecycleZero })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleZero))
 	e.publish(1)
-	eventually(t, 5*time.Second, "state Waking", func() bool { return e.state().State == v1alpha1.LifecycleWaking })
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleWaking))
 	pod, err := e.c.cs.CoreV1().Pods(ns).Get(context.Background(), root+"-0", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -566,8 +617,11 @@ func TestWakeProblemsAreReported(t *testing.T) {
 	if _, err := e.c.cs.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the image pull failure in the state", func() bool {
-		return strings.Contains(e.state().Message, "ImagePullBackOff")
+	eventually(t, 5*time.Second, func() error {
+		if m := e.state().Message; !strings.Contains(m, "ImagePullBackOff") {
+			return fmt.Errorf("state message %q does not name the image pull failure", m)
+		}
+		return nil
 	})
 	if want := `pod demo-chat-0 container engine: ImagePullBackOff: Back-off pulling image "nope:1"`; e.state().Message != want {
 		t.Errorf("message %q, want %q", e.state().Message, want)
@@ -586,13 +640,17 @@ func TestStatesFollowTheBucket(t *testing.T) {
 		t.Fatal("an unknown application counts as waking")
 	}
 	e.start(appConfig(nil))
-	eventually(t, 10*time.Second, "the watcher to see the application at zero", func() bool {
-		waking, _ := states.Waking(app)
-		return waking
+	eventually(t, 10*time.Second, func() error {
+		if waking, _ := states.Waking(app); !waking {
+			return fmt.Errorf("the watcher does not see the application at zero (waking false)")
+		}
+		return nil
 	})
 	e.publish(1)
-	eventually(t, 10*time.Second, "the watcher to see it awake", func() bool {
-		st, ok := states.Lookup(app)
-		return ok && st.State == v1alpha1.LifecycleAwake
+	eventually(t, 10*time.Second, func() error {
+		if st, ok := states.Lookup(app); !ok || st.State != v1alpha1.LifecycleAwake {
+			return fmt.Errorf("the watcher sees state %q (known %v), want Awake", st.State, ok)
+		}
+		return nil
 	})
 }

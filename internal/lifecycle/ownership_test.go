@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,17 +85,17 @@ func TestUpgradesAndDriftRepairNeverResetLifecycleReplicas(t *testing.T) {
 	if err := k8s.Create(ctx, crd); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the CRD to be established", func() (bool, string) {
+	eventually(t, 30*time.Second, func() error {
 		got := &apiextensionsv1.CustomResourceDefinition{}
 		if err := k8s.Get(ctx, types.NamespacedName{Name: crd.Name}, got); err != nil {
-			return false, err.Error()
+			return fmt.Errorf("getting the CRD: %w", err)
 		}
 		for _, c := range got.Status.Conditions {
 			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, ""
+				return nil
 			}
 		}
-		return false, "not established"
+		return fmt.Errorf("the CRD %s is not established", crd.Name)
 	})
 	const ns = "lifecycle-own"
 	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -128,9 +129,11 @@ func TestUpgradesAndDriftRepairNeverResetLifecycleReplicas(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Drift repair restores what the chart renders, and only that.
-	waitFor(t, 60*time.Second, "drift repair to restore the chart's replicas of own-fixed", func() (bool, string) {
-		n := replicas("own-fixed")
-		return n == 1, "own-fixed has " + itoa32(n)
+	eventually(t, 60*time.Second, func() error {
+		if n := replicas("own-fixed"); n != 1 {
+			return fmt.Errorf("drift repair has not restored the chart's replicas: own-fixed has %d, want 1", n)
+		}
+		return nil
 	})
 	if n := replicas("own-elastic"); n != 3 {
 		t.Fatalf("after drift repair own-elastic has %d replicas, want the lifecycle's 3", n)
@@ -166,8 +169,6 @@ func TestUpgradesAndDriftRepairNeverResetLifecycleReplicas(t *testing.T) {
 	}
 	t.Errorf("spec.replicas of own-elastic is not managed by %s through the scale subresource: %+v", lifecycle.FieldManager, sts.ManagedFields)
 }
-
-func itoa32(n int32) string { b, _ := json.Marshal(n); return string(b) }
 
 func moduleRoot(t *testing.T) string {
 	t.Helper()
@@ -234,30 +235,17 @@ func patchSpec(t *testing.T, k8s client.Client, ns, patch string) {
 // deployed.
 func waitRevision(t *testing.T, k8s client.Client, ns string, rev int64) {
 	t.Helper()
-	waitFor(t, 120*time.Second, "release revision "+itoa32(int32(rev))+" to be deployed", func() (bool, string) {
+	eventually(t, 120*time.Second, func() error {
 		got := &unstructured.Unstructured{}
 		got.SetAPIVersion("modelorchestra.io/v1alpha1")
 		got.SetKind("ModelOrchestra")
 		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "own"}, got); err != nil {
-			return false, err.Error()
+			return fmt.Errorf("getting the ModelOrchestra: %w", err)
 		}
-		have, _, _ := unstructured.NestedInt64(got.Object, "status", "deployedRelease", "revision")
-		b, _ := json.Marshal(got.Object["status"])
-		return have >= rev, string(b)
+		if have, _, _ := unstructured.NestedInt64(got.Object, "status", "deployedRelease", "revision"); have < rev {
+			b, _ := json.Marshal(got.Object["status"])
+			return fmt.Errorf("release revision %d is not deployed yet; status: %s", rev, b)
+		}
+		return nil
 	})
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last: %s", within, what, last)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

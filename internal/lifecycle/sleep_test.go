@@ -185,7 +185,12 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 		sh.ServeHTTP(w, r)
 	}))
 	t.Cleanup(p.seat.Close)
-	eventually(t, 5*time.Second, "the seat to see its engine awake", func() bool { return p.seatState().State == checkpoint.SeatAwake })
+	eventually(t, 5*time.Second, func() error {
+		if st := p.seatState().State; st != checkpoint.SeatAwake {
+			return fmt.Errorf("the seat sees its engine %s, want awake", st)
+		}
+		return nil
+	})
 
 	// The root pod and the node agent's pod, where the leader finds them.
 	p.placePods()
@@ -412,10 +417,13 @@ func (p *sleepPlane) refused() float64 {
 // weights out of the engine's memory, the gate closed).
 func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
 	p.e.t.Helper()
-	eventually(p.e.t, 15*time.Second, fmt.Sprintf("the engines asleep at level %d in the %s tier", level, tier), func() bool {
+	eventually(p.e.t, 15*time.Second, func() error {
 		st := p.e.state()
 		w := p.sim.WeightsStatus()
-		return st.State == v1alpha1.LifecycleAsleep && st.ResidentTier == tier && w.Sleeping && w.Level == level && w.ResidentBytes == 0
+		if st.State != v1alpha1.LifecycleAsleep || st.ResidentTier != tier || !w.Sleeping || w.Level != level || w.ResidentBytes != 0 {
+			return fmt.Errorf("state %s in tier %s, engine %+v; want the engines asleep at level %d in the %s tier", st.State, st.ResidentTier, w, level, tier)
+		}
+		return nil
 	})
 	if !p.e.consumer().Paused {
 		p.e.t.Fatal("the engines sleep but the consumer is not paused: a dispatcher could send them a request")
@@ -529,8 +537,11 @@ func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
 	p.sleepDelay.Store(int64(time.Hour)) // the seat sleeps only when the caller waits for it
 	// Draining is published just before the consumer pauses: wait for both,
 	// so that the requests find the engines falling asleep.
-	eventually(t, 10*time.Second, "the decision to sleep, the consumer paused", func() bool {
-		return p.e.state().State == v1alpha1.LifecycleDraining && p.e.consumer().Paused
+	eventually(t, 10*time.Second, func() error {
+		if st, paused := p.e.state().State, p.e.consumer().Paused; st != v1alpha1.LifecycleDraining || !paused {
+			return fmt.Errorf("state %s, consumer paused %v; want the decision to sleep (Draining) with the consumer paused", st, paused)
+		}
+		return nil
 	})
 	if err := sendBatch(p.client, "falling", 4); err != nil {
 		t.Fatalf("requests sent while the engines fell asleep were lost or failed:\n%v", err)
@@ -594,8 +605,11 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 			t.Errorf("engine: %d wakes, %d verified, last %+v; want %d verified wakes, the last from %s", w.Wakes, w.Verified, w.LastWake, wakes, simTier)
 		}
 		// The gate opens first; the status follows.
-		eventually(t, 5*time.Second, "the ModelCheckpoint's Verified condition after the wake", func() bool {
-			return hasCondition(p.checkpointStatus().Conditions, "Verified", metav1.ConditionTrue)
+		eventually(t, 5*time.Second, func() error {
+			if c := p.checkpointStatus().Conditions; !hasCondition(c, "Verified", metav1.ConditionTrue) {
+				return fmt.Errorf("the ModelCheckpoint's conditions after the wake %+v, want Verified True", c)
+			}
+			return nil
 		})
 	}
 	// The demotion itself woke the engine once, from the hot tier.
@@ -666,10 +680,13 @@ func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
 	p.failWake.Store(true)
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "failing", 4) }()
-	eventually(t, 10*time.Second, "the failed wake in the status", func() bool {
+	eventually(t, 10*time.Second, func() error {
 		st := p.e.state()
-		return st.State == v1alpha1.LifecycleWaking && strings.Contains(st.Message, "waking the engines failed (attempt 2") &&
-			strings.Contains(st.Message, "injected: the engine cannot wake")
+		if st.State != v1alpha1.LifecycleWaking || !strings.Contains(st.Message, "waking the engines failed (attempt 2") ||
+			!strings.Contains(st.Message, "injected: the engine cannot wake") {
+			return fmt.Errorf("state %s, message %q; want the failed wake in the status", st.State, st.Message)
+		}
+		return nil
 	})
 	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_engine_wakes_total", map[string]string{"result": "failed"}); c < 2 {
 		t.Errorf("orchestra_lifecycle_engine_wakes_total{result=failed} = %v, want the retries counted", c)
@@ -687,9 +704,11 @@ func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
 		t.Fatal("the requests were not answered after the engine could wake again")
 	}
 	// The gate opens first; the status follows.
-	eventually(t, 5*time.Second, "the message cleared and the wake's bytes in the status", func() bool {
-		st := p.e.state()
-		return st.Message == "" && st.LastWake != nil && st.LastWake.Bytes == weightsBytes
+	eventually(t, 5*time.Second, func() error {
+		if st := p.e.state(); st.Message != "" || st.LastWake == nil || st.LastWake.Bytes != weightsBytes {
+			return fmt.Errorf("message %q, last wake %+v; want the message cleared and the wake's bytes in the status", st.Message, st.LastWake)
+		}
+		return nil
 	})
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
@@ -706,9 +725,11 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "failed", 2) }()
 	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
-	eventually(t, 10*time.Second, "the pod of the Failed seat deleted", func() bool {
-		_, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0")
-		return apierrors.IsNotFound(err)
+	eventually(t, 10*time.Second, func() error {
+		if _, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0"); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the pod of the Failed seat is not deleted (%v)", err)
+		}
+		return nil
 	})
 	if s := p.seatState(); s.State != checkpoint.SeatFailed {
 		t.Fatalf("seat %s, want Failed", s.State)
@@ -749,7 +770,12 @@ func TestANewLeaderContinuesAWake(t *testing.T) {
 
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "handover", 2) }()
-	eventually(t, 10*time.Second, "the engine waking", func() bool { return p.seatState().State == checkpoint.SeatWaking })
+	eventually(t, 10*time.Second, func() error {
+		if st := p.seatState().State; st != checkpoint.SeatWaking {
+			return fmt.Errorf("seat %s, want the engine waking", st)
+		}
+		return nil
+	})
 	stopA() // releases the Lease mid-wake
 	select {
 	case err := <-errc:

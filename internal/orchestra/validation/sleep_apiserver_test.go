@@ -78,6 +78,26 @@ spec:
 		},
 		{name: "dllama-scales-to-zero", spec: apps(app("chat", dllama, "{zeroAfter: 5m}"))},
 		{
+			name: "min-above-max", spec: apps(app("chat", sim("L4"), "{minReplicas: 3, maxReplicas: 2}")),
+			wantField: "spec.applications[chat].lifecycle.minReplicas", wantMsg: "lifecycle.minReplicas must not exceed lifecycle.maxReplicas",
+		},
+		{name: "min-equals-max", spec: apps(app("chat", sim("L4"), "{minReplicas: 2, maxReplicas: 2}"))},
+		{
+			name: "max-wait-over-ten-minutes", spec: apps(app("chat", sim("L4"), "{maxWait: 11m}")),
+			wantField: "spec.applications[chat].lifecycle.maxWait", wantMsg: "lifecycle.maxWait must be between 1s and 10m",
+		},
+		{name: "max-wait-ten-minutes", spec: apps(app("chat", sim("L4"), "{maxWait: 10m}"))},
+		{
+			name: "zero-after-under-a-second", spec: apps(app("chat", sim("L4"), "{zeroAfter: 500ms}")),
+			wantField: "spec.applications[chat].lifecycle.zeroAfter", wantMsg: "lifecycle.zeroAfter must be at least 1s",
+		},
+		{name: "zero-after-one-second", spec: apps(app("chat", sim("L4"), "{zeroAfter: 1s}"))},
+		{
+			name: "keda-one-replica", spec: apps(app("chat", sim("L4"), "{scaler: KEDA, maxReplicas: 1}")),
+			wantField: "spec.applications[chat].lifecycle.scaler", wantMsg: "lifecycle.scaler KEDA scales from 1 to maxReplicas: set maxReplicas above 1",
+		},
+		{name: "keda-two-replicas", spec: apps(app("chat", sim("L4"), "{scaler: KEDA, maxReplicas: 2}"))},
+		{
 			name:      "rwop-many-replicas",
 			spec:      apps("    chat:\n      model: {source: \"hf://org/repo\", file: m.gguf, cache: {accessMode: ReadWriteOncePod}}\n      lifecycle: {maxReplicas: 2}\n"),
 			wantField: "spec.applications[chat].lifecycle.maxReplicas", wantMsg: "ReadWriteOncePod claim admits one pod",
