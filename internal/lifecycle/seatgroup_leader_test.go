@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -394,5 +396,63 @@ func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	}
 	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {
 		t.Errorf("the dispatcher counted %v failed deliveries", got)
+	}
+}
+
+// TestSeatGroupConfig parses lifecycle.seatGroups as the chart renders it,
+// fills in the defaults, and names what is wrong in an invalid group.
+func TestSeatGroupConfig(t *testing.T) {
+	const rendered = `
+lease: demo-dispatcher-lifecycle
+apps: []
+seatGroups:
+  - name: "accel"
+    statefulSet: "demo-seat-accel"
+    activeSeats: 1
+    members:
+      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, seatPort: 9300}
+      - {name: "beta", seatPort: 9301}
+`
+	var cfg lifecycle.Config
+	if err := yaml.UnmarshalStrict([]byte(rendered), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Defaulted()
+	if err := cfg.Validate([]string{"alpha", "beta"}); err != nil {
+		t.Fatalf("the chart's shape is invalid: %v", err)
+	}
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", ActiveSeats: 1, Members: []lifecycle.SeatMember{
+		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300},
+		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301},
+	}}}
+	if d := cmp.Diff(want, cfg.SeatGroups); d != "" {
+		t.Errorf("parsed and defaulted seat groups (-want +got):\n%s", d)
+	}
+
+	for _, tc := range []struct {
+		name string
+		mut  func(*lifecycle.Config)
+		want string
+	}{
+		{"no StatefulSet", func(c *lifecycle.Config) { c.SeatGroups[0].StatefulSet = "" }, "statefulSet must be set"},
+		{"one application", func(c *lifecycle.Config) { c.SeatGroups[0].Members = c.SeatGroups[0].Members[:1] }, "at least 2 applications"},
+		{"as many seats as applications", func(c *lifecycle.Config) { c.SeatGroups[0].ActiveSeats = 2 }, "leaves nothing to multiplex"},
+		{"an application not served", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].Name = "gamma" }, `application "gamma" is not in apps`},
+		{"an application scaled too", func(c *lifecycle.Config) {
+			c.Apps = []lifecycle.App{{Name: "alpha", RootStatefulSet: "x", MinReplicas: 1, MaxReplicas: 1, TargetQueuePerReplica: 1, Scaler: v1alpha1.ScalerBuiltin}}
+		}, `application "alpha" is listed twice`},
+		{"no seat port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SeatPort = 0 }, "seatPort must be a port"},
+		{"a bad sleep level", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SleepLevel = 3 }, "sleepLevel must be 1 or 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.SeatGroups = []lifecycle.SeatGroup{cfg.SeatGroups[0]}
+			c.SeatGroups[0].Members = append([]lifecycle.SeatMember(nil), cfg.SeatGroups[0].Members...)
+			tc.mut(&c)
+			err := c.Validate([]string{"alpha", "beta"})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
 	}
 }
