@@ -62,7 +62,7 @@ type seatGroupPlane struct {
 	engines map[string]*seatEngine
 }
 
-func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32) *seatGroupPlane {
+func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32) *seatGroupPlane {
 	t.Helper()
 	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
 	if err != nil {
@@ -82,11 +82,10 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32) *
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	one := int32(1)
 	labels := map[string]string{"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "seat-group", "modelorchestra.io/seat-group": "g"}
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Name: seatGroupSet, Namespace: ns, Generation: 1, Labels: labels},
-		Spec:       appsv1.StatefulSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels}},
+		Spec:       appsv1.StatefulSetSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels}},
 		Status:     appsv1.StatefulSetStatus{ObservedGeneration: 1, Replicas: 1, ReadyReplicas: 1, UpdatedReplicas: 1},
 	}
 	pod := &corev1.Pod{
@@ -290,7 +289,7 @@ func (p *seatGroupPlane) send(app string, round, n, tokens int) error {
 // group settled.
 func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 	apps := []string{"alpha", "beta", "gamma"}
-	p := newSeatGroupPlane(t, apps, nil)
+	p := newSeatGroupPlane(t, apps, nil, 1)
 	eventually(t, 30*time.Second, "the group to come within its budget of one awake engine", func() bool {
 		return len(p.awake()) == 1
 	})
@@ -365,7 +364,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 // served once it has the seat back. Every request is answered whole, and
 // no sleep reaches an engine with requests in flight.
 func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
-	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10})
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10}, 1)
 	eventually(t, 30*time.Second, "the group to come within its budget, beta (the higher priority) awake", func() bool {
 		a := p.awake()
 		return len(a) == 1 && a[0] == "beta"
@@ -454,5 +453,33 @@ seatGroups:
 				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSeatGroupLeaderRefusesAGroupOfTwoReplicas: the gate is per
+// application, so the leader cannot multiplex a group whose StatefulSet runs
+// two pods; it says so in an event on the StatefulSet and leaves the
+// engines as they are.
+func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 2)
+	var msg string
+	eventually(t, 30*time.Second, "a SeatGroupRefused event", func() bool {
+		evs, err := p.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == lifecycle.EventSeatGroupRefused && e.InvolvedObject.Name == seatGroupSet {
+				msg = e.Message
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "maxReplicas to 1") {
+		t.Errorf("event message %q does not say why and what to do", msg)
+	}
+	if got := len(p.awake()); got != 2 {
+		t.Errorf("%d engines awake after the refusal, want both (nothing multiplexes them)", got)
 	}
 }
