@@ -35,11 +35,9 @@ import (
 	"github.com/model-orchestra/operator/internal/seatgroup"
 )
 
-// Event reasons of seat groups.
-const (
-	EventSeatSwapped      = "SeatSwapped"
-	EventSeatGroupRefused = "SeatGroupRefused"
-)
+// EventSeatGroupRefused is recorded on a seat group's StatefulSet that the
+// leader cannot multiplex.
+const EventSeatGroupRefused = "SeatGroupRefused"
 
 // seatGroupRun is one group on the leader.
 type seatGroupRun struct {
