@@ -19,7 +19,7 @@ import (
 // runLifecycle starts the lifecycle controller until ctx ends; it is a
 // no-op without a lifecycle section.
 func (d *Dispatcher) runLifecycle(ctx context.Context) error {
-	if d.cfg.Lifecycle == nil || len(d.cfg.Lifecycle.Apps) == 0 {
+	if d.cfg.Lifecycle == nil || (len(d.cfg.Lifecycle.Apps) == 0 && len(d.cfg.Lifecycle.SeatGroups) == 0) {
 		return nil
 	}
 	if d.kube == nil {

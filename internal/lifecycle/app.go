@@ -64,10 +64,14 @@ type appState struct {
 	wrote   int32
 	wroteAt time.Time
 	sl      sleepState // sleeping engines (sleep.go)
+	// annotation is where persist writes the status on RootStatefulSet:
+	// AnnotationStatus, or SeatAnnotationStatus for a seat group's member,
+	// whose StatefulSet is the group's, shared.
+	annotation string
 }
 
 func newAppState(a App) *appState {
-	return &appState{App: a, kick: make(chan struct{}, 1)}
+	return &appState{App: a, kick: make(chan struct{}, 1), annotation: AnnotationStatus}
 }
 
 // kickNow makes the application's goroutine look again, at once.
@@ -707,7 +711,7 @@ func (c *Controller) persist(ctx context.Context, a *appState, force bool) error
 			errs = append(errs, fmt.Errorf("publishing state to bucket: %w", err))
 		}
 	}
-	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{AnnotationStatus: string(b)}}})
+	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{a.annotation: string(b)}}})
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/seatgroup"
 )
 
 // Config is the lifecycle section of the dispatcher's configuration file.
@@ -51,6 +52,42 @@ type Config struct {
 	// Tick paces the backlog scaler and the idle check (default 1s). Wakes
 	// do not wait for it: they are driven by the requests themselves.
 	Tick metav1.Duration `json:"tick,omitempty"`
+	// SeatGroups are the seat groups whose applications the leader swaps
+	// in and out of their shared accelerator (seatgroup_leader.go). Their
+	// applications are not in Apps: the lifecycle does not scale a group's
+	// pods.
+	SeatGroups []SeatGroup `json:"seatGroups,omitempty"`
+}
+
+// SeatGroup is one seat group: the applications that share one
+// accelerator in the pod of StatefulSet, activeSeats of them awake at once.
+type SeatGroup struct {
+	// Name is the group (spec.seatGroups.<name>).
+	Name string `json:"name"`
+	// StatefulSet runs the group's pod. The leader drives the seats of
+	// its pod 0 and refuses a group with more than one replica: every
+	// replica shares each application's gate (its JetStream consumer),
+	// so one decision cannot differ between pods.
+	StatefulSet string `json:"statefulSet"`
+	// ActiveSeats is how many applications may be awake at once. Default 1.
+	ActiveSeats int32 `json:"activeSeats,omitempty"`
+	// Members are the group's applications.
+	Members []SeatMember `json:"members"`
+}
+
+// SeatMember is one application of a seat group.
+type SeatMember struct {
+	// Name is the application (the queue's routing key).
+	Name string `json:"name"`
+	// Priority: higher keeps a seat and gets one first.
+	Priority int32 `json:"priority,omitempty"`
+	// MinResidency is how long it keeps a seat once woken unless the
+	// group is over budget. Default 30s.
+	MinResidency metav1.Duration `json:"minResidency,omitempty"`
+	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
+	SleepLevel int32 `json:"sleepLevel,omitempty"`
+	// SeatPort is its seat agent's port in the group's pod.
+	SeatPort int32 `json:"seatPort"`
 }
 
 // Owner identifies the resource events are recorded on.
@@ -113,6 +150,21 @@ func (c Config) Defaulted() Config {
 		}
 		a.Sleep = a.Sleep.defaulted()
 	}
+	for i := range c.SeatGroups {
+		g := &c.SeatGroups[i]
+		if g.ActiveSeats == 0 {
+			g.ActiveSeats = seatgroup.DefaultActiveSeats
+		}
+		for j := range g.Members {
+			m := &g.Members[j]
+			if m.MinResidency.Duration == 0 {
+				m.MinResidency.Duration = seatgroup.DefaultMinResidency
+			}
+			if m.SleepLevel == 0 {
+				m.SleepLevel = 1
+			}
+		}
+	}
 	return c
 }
 
@@ -167,6 +219,48 @@ func (c Config) Validate(appNames []string) error {
 	}
 	if c.Tick.Duration < 0 {
 		add("lifecycle.tick must not be negative")
+	}
+	groups := map[string]bool{}
+	for i, g := range c.SeatGroups {
+		if g.Name == "" {
+			add("lifecycle.seatGroups[%d]: name must be set", i)
+		}
+		if groups[g.Name] {
+			add("lifecycle.seatGroups[%d]: group %q is listed twice", i, g.Name)
+		}
+		groups[g.Name] = true
+		if g.StatefulSet == "" {
+			add("lifecycle.seatGroups[%d] (%s): statefulSet must be set", i, g.Name)
+		}
+		if g.ActiveSeats < 0 {
+			add("lifecycle.seatGroups[%d] (%s): activeSeats must not be negative, got %d", i, g.Name, g.ActiveSeats)
+		}
+		if len(g.Members) < 2 {
+			add("lifecycle.seatGroups[%d] (%s): a seat group needs at least 2 applications, got %d", i, g.Name, len(g.Members))
+		} else if int(max(g.ActiveSeats, 1)) >= len(g.Members) {
+			add("lifecycle.seatGroups[%d] (%s): activeSeats %d leaves nothing to multiplex among %d applications", i, g.Name, g.ActiveSeats, len(g.Members))
+		}
+		for j, m := range g.Members {
+			if err := natsqueue.ValidToken(m.Name); err != nil {
+				add("lifecycle.seatGroups[%d].members[%d].name: %w", i, j, err)
+			}
+			if !served[m.Name] {
+				add("lifecycle.seatGroups[%d] (%s): application %q is not in apps", i, g.Name, m.Name)
+			}
+			if seen[m.Name] {
+				add("lifecycle.seatGroups[%d] (%s): application %q is listed twice (in lifecycle.apps or another group)", i, g.Name, m.Name)
+			}
+			seen[m.Name] = true
+			if m.SleepLevel != 0 && m.SleepLevel != 1 && m.SleepLevel != 2 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: sleepLevel must be 1 or 2, got %d", i, g.Name, m.Name, m.SleepLevel)
+			}
+			if m.MinResidency.Duration < 0 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: minResidency must not be negative", i, g.Name, m.Name)
+			}
+			if m.SeatPort < 1 || m.SeatPort > 65535 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: seatPort must be a port (1-65535), got %d", i, g.Name, m.Name, m.SeatPort)
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

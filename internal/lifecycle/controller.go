@@ -255,6 +255,9 @@ func (c *Controller) lead(ctx context.Context) {
 	for _, a := range c.apps {
 		wg.Go(func() { c.runApp(ctx, a) })
 	}
+	if len(c.cfg.SeatGroups) > 0 {
+		wg.Go(func() { c.runSeatGroups(ctx) })
+	}
 	wg.Wait()
 }
 

@@ -28,6 +28,11 @@ func Bucket(orchestra string) string {
 // status.applications.<app>.lifecycle.
 const AnnotationStatus = "modelorchestra.io/lifecycle"
 
+// SeatAnnotationStatus is the annotation on a seat group's StatefulSet
+// holding the v1alpha1.LifecycleStatus of app, one of the group's
+// applications (they share the StatefulSet).
+func SeatAnnotationStatus(app string) string { return AnnotationStatus + "." + app }
+
 // States follows the lifecycle state of every application of an orchestra
 // from its bucket. Gateways use it to tell a request that waits for a wake
 // from one that waits behind others. It is safe for concurrent use.

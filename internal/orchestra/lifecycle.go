@@ -77,7 +77,9 @@ func ownerValues(mo *v1alpha1.ModelOrchestra) map[string]any {
 }
 
 // annotationLifecycle is where the dispatcher's lifecycle leader publishes
-// an application's state on its root StatefulSet (see internal/lifecycle).
+// an application's state on its root StatefulSet (see internal/lifecycle);
+// an application of a seat group has its own, annotationLifecycle + "." +
+// its name, on the group's StatefulSet (lifecycle.SeatAnnotationStatus).
 const annotationLifecycle = "modelorchestra.io/lifecycle"
 
 // lifecycleStatus fills the status of an application with a lifecycle:
@@ -86,7 +88,7 @@ const annotationLifecycle = "modelorchestra.io/lifecycle"
 // engines sleep Asleep (its roots are not ready then: a sleeping root
 // leaves the Service's endpoints). It sets st.Phase only for those three
 // phases; the caller derives the others.
-func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, root *appsv1.StatefulSet) {
+func lifecycleStatus(st *v1alpha1.ApplicationStatus, name string, app v1alpha1.Application, root *appsv1.StatefulSet) {
 	if root == nil {
 		return
 	}
@@ -95,8 +97,12 @@ func lifecycleStatus(st *v1alpha1.ApplicationStatus, app v1alpha1.Application, r
 		st.Replicas = *root.Spec.Replicas
 	}
 	st.Workers = st.Replicas * app.Runtime.Workers
+	key := annotationLifecycle
+	if hasSeat(app) {
+		key += "." + name // root is the seat group's StatefulSet, shared
+	}
 	var ls v1alpha1.LifecycleStatus
-	if raw, ok := root.Annotations[annotationLifecycle]; ok && json.Unmarshal([]byte(raw), &ls) == nil {
+	if raw, ok := root.Annotations[key]; ok && json.Unmarshal([]byte(raw), &ls) == nil {
 		st.Lifecycle = &ls
 	}
 	switch {

@@ -286,7 +286,7 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 		st.ReadyReplicas = min(st.ReadyReplicas, int32(workerGroupsReady))
 	}
 	if app.Lifecycle != nil {
-		lifecycleStatus(&st, app, root)
+		lifecycleStatus(&st, name, app, root)
 		if st.Phase != "" {
 			if st.Model.Phase == "Complete" {
 				return st

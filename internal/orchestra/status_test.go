@@ -249,3 +249,40 @@ func TestStatusOfASeatGroup(t *testing.T) {
 		}
 	}
 }
+
+// Each application of a seat group reports its own lifecycle, which the
+// leader publishes on the group's StatefulSet under its own annotation:
+// the holder is Ready and says it holds the seat; the other is Asleep with
+// its swaps.
+func TestStatusOfASeatGroupReportsEachApplicationsSeat(t *testing.T) {
+	complete := `{"phase":"Complete","bytesDone":1000,"bytesTotal":1000,"files":2,"filesDone":2,"verified":true}`
+	spec := `{seatGroups: {g: {}}, applications: {
+  a: {model: {source: "hf://org/a", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {seat: {group: g}}},
+  b: {model: {source: "hf://org/b", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {seat: {group: g}}}}}`
+	group := fromYAML(t, "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: demo-seat-g, namespace: ns, generation: 1, labels: {app.kubernetes.io/component: seat-group, modelorchestra.io/seat-group: g},\n"+
+		"  annotations: {modelorchestra.io/lifecycle.a: '{\"state\":\"Awake\",\"replicas\":1,\"residentTier\":\"Accelerator\",\"seat\":{\"holding\":true,\"swapsIn\":3,\"lastSwapSeconds\":\"0.412\"}}',\n"+
+		"    modelorchestra.io/lifecycle.b: '{\"state\":\"Asleep\",\"replicas\":1,\"residentTier\":\"Hot\",\"seat\":{\"swapsIn\":2,\"lastSwapSeconds\":\"0.398\",\"waitingSeconds\":\"1.5\"}}'}}\n"+
+		"spec: {replicas: 1}\nstatus: {observedGeneration: 1, replicas: 1, readyReplicas: 1, updatedReplicas: 1}\n")
+	objs := append(stack(t, 1), progress(t, "a", complete), progress(t, "b", complete), group)
+	res, err := Status{}.Status(context.Background(), plugin.StatusInput{Owner: owner(t, spec), Objects: objs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		app       string
+		wantPhase v1alpha1.Phase
+		wantSeat  map[string]any
+	}{
+		{"a", v1alpha1.PhaseReady, map[string]any{"holding": true, "swapsIn": float64(3), "lastSwapSeconds": "0.412"}},
+		{"b", v1alpha1.PhaseAsleep, map[string]any{"swapsIn": float64(2), "lastSwapSeconds": "0.398", "waitingSeconds": "1.5"}},
+	} {
+		phase, _, _ := unstructured.NestedString(res.Fields, "applications", tc.app, "phase")
+		seat, _, _ := unstructured.NestedMap(res.Fields, "applications", tc.app, "lifecycle", "seat")
+		if phase != string(tc.wantPhase) {
+			t.Errorf("%s: phase %s, want %s", tc.app, phase, tc.wantPhase)
+		}
+		if diff := cmp.Diff(tc.wantSeat, seat); diff != "" {
+			t.Errorf("%s: lifecycle.seat (-want +got):\n%s", tc.app, diff)
+		}
+	}
+}

@@ -69,6 +69,8 @@ type Member struct {
 	Name       string
 	Priority   int32
 	SleepLevel int
+	// MinResidency overrides the group's for this member (0: the group's).
+	MinResidency time.Duration
 	// WeightsBytes is the size of the weights, against which the memory
 	// check is made.
 	WeightsBytes int64
@@ -291,7 +293,7 @@ func (e *Executor) observe(ctx context.Context) Group {
 			Name: m.Name, State: s, Priority: m.Priority, LastUse: d.LastUse,
 			InFlight: d.InFlight, Queued: d.Queued, OldestWait: d.OldestWait,
 			ResidentSince: st.Since, SwapCost: m.SwapCost, ServiceTime: d.ServiceTime,
-			Memory: ms.memory, SleepLevel: m.SleepLevel,
+			Memory: ms.memory, SleepLevel: m.SleepLevel, MinResidency: m.MinResidency,
 		})
 	}
 	// A seat that does not answer counts as Unknown (holding its seat),

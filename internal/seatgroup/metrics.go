@@ -1,6 +1,10 @@
 package seatgroup
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Results of an action, the values of the result label of actions_total.
 const (
@@ -50,6 +54,29 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "restarts_total",
 			Help: "Engines restarted, by reason (memory_not_freed: asleep but still holding its memory; failed: its seat reported Failed)."}, []string{"group", "app", "reason"}),
 	}
-	reg.MustRegister(m.holder, m.swaps, m.swapSeconds, m.seatWait, m.drain, m.actions, m.restarts)
+	// Several groups, and the executors of successive leaderships in one
+	// process, share a registry: they share its collectors too.
+	register(reg, &m.holder)
+	register(reg, &m.swaps)
+	register(reg, &m.swapSeconds)
+	register(reg, &m.seatWait)
+	register(reg, &m.drain)
+	register(reg, &m.actions)
+	register(reg, &m.restarts)
 	return m
+}
+
+// register registers *c with reg, or points *c at the collector reg
+// already holds under the same description.
+func register[C prometheus.Collector](reg prometheus.Registerer, c *C) {
+	if err := reg.Register(*c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				*c = existing
+				return
+			}
+		}
+		panic(err)
+	}
 }

@@ -87,6 +87,17 @@ type App struct {
 	// SleepLevel is the level it sleeps at (1: weights to the hot tier, 2:
 	// dropped); 0 means 1.
 	SleepLevel int
+	// MinResidency is its own anti-thrash time (lifecycle.seat.minResidency);
+	// 0 means the group's.
+	MinResidency time.Duration
+}
+
+// minResidency is how long a keeps its seat at least.
+func (a App) minResidency(g Group) time.Duration {
+	if a.MinResidency > 0 {
+		return a.MinResidency
+	}
+	return g.MinResidency
 }
 
 // Group is one observation of a seat group.
@@ -350,7 +361,7 @@ func Decide(g Group, now time.Time) []Action {
 				continue
 			}
 			switch {
-			case now.Sub(a.ResidentSince) < g.MinResidency:
+			case now.Sub(a.ResidentSince) < a.minResidency(g):
 				young = append(young, a)
 			case busy(a) == 1:
 				busyHolders = append(busyHolders, a)
@@ -383,7 +394,7 @@ func Decide(g Group, now time.Time) []Action {
 		}
 		if len(young) > 0 {
 			v := slices.MinFunc(young, func(a, b App) int { return a.ResidentSince.Compare(b.ResidentSince) })
-			wait(w, fmt.Sprintf("anti-thrash: %s holds its seat for %s of the minimum %s", v.Name, now.Sub(v.ResidentSince).Round(time.Millisecond), g.MinResidency))
+			wait(w, fmt.Sprintf("anti-thrash: %s holds its seat for %s of the minimum %s", v.Name, now.Sub(v.ResidentSince).Round(time.Millisecond), v.minResidency(g)))
 			continue
 		}
 		wait(w, fmt.Sprintf("all %d seats are taken by applications waking or ahead of it", g.ActiveSeats))

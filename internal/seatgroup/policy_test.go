@@ -18,13 +18,14 @@ func prio(p int32) opt { return func(a *App) { a.Priority = p } }
 func queued(n int, wait time.Duration) opt {
 	return func(a *App) { a.Queued, a.OldestWait = n, wait }
 }
-func inFlight(n int) opt           { return func(a *App) { a.InFlight = n } }
-func resident(d time.Duration) opt { return func(a *App) { a.ResidentSince = now.Add(-d) } }
-func usedAgo(d time.Duration) opt  { return func(a *App) { a.LastUse = now.Add(-d) } }
-func service(d time.Duration) opt  { return func(a *App) { a.ServiceTime = d } }
-func swapCost(d time.Duration) opt { return func(a *App) { a.SwapCost = d } }
-func memory(m MemoryCheck) opt     { return func(a *App) { a.Memory = m } }
-func level(n int) opt              { return func(a *App) { a.SleepLevel = n } }
+func inFlight(n int) opt               { return func(a *App) { a.InFlight = n } }
+func resident(d time.Duration) opt     { return func(a *App) { a.ResidentSince = now.Add(-d) } }
+func usedAgo(d time.Duration) opt      { return func(a *App) { a.LastUse = now.Add(-d) } }
+func service(d time.Duration) opt      { return func(a *App) { a.ServiceTime = d } }
+func swapCost(d time.Duration) opt     { return func(a *App) { a.SwapCost = d } }
+func memory(m MemoryCheck) opt         { return func(a *App) { a.Memory = m } }
+func level(n int) opt                  { return func(a *App) { a.SleepLevel = n } }
+func ownResidency(d time.Duration) opt { return func(a *App) { a.MinResidency = d } }
 func state(s State) func(string, ...opt) App {
 	return func(name string, opts ...opt) App {
 		// Defaults: resident and last used long ago, a 1 s swap, memory
@@ -154,6 +155,16 @@ func TestDecide(t *testing.T) {
 		{
 			name: "anti-thrash: once resident for minResidency, the idle holder gives up its seat",
 			apps: []App{awake("a", resident(minRes)), asleep("b", queued(1, 0))},
+			want: []Action{sleepA("a", "b", 1), wakeA("b")},
+		},
+		{
+			name: "anti-thrash: a holder's own minResidency replaces the group's",
+			apps: []App{awake("a", resident(time.Minute), ownResidency(2*time.Minute)), asleep("b", queued(1, 0))},
+			want: []Action{waitA("b", "anti-thrash: a holds its seat for 1m0s of the minimum 2m0s")},
+		},
+		{
+			name: "anti-thrash: a shorter own minResidency lets the holder go sooner than the group's",
+			apps: []App{awake("a", resident(10*time.Second), ownResidency(5*time.Second)), asleep("b", queued(1, 0))},
 			want: []Action{sleepA("a", "b", 1), wakeA("b")},
 		},
 		{

@@ -2,10 +2,12 @@ package preview
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v3/pkg/chart/loader"
@@ -14,9 +16,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
 // A seat group (docs/checkpoint.md, "Multiplexing") renders one pod per
@@ -237,4 +244,61 @@ func decodeDocs(t *testing.T, name, content string) rendered {
 		out[o.GetKind()+"/"+o.GetName()] = o
 	}
 	return out
+}
+
+// TestSeatGroupSampleConfiguresTheLeader: the dispatcher's lifecycle
+// configuration lists the group with its StatefulSet, its seats and each
+// application's priority, minimum residency, sleep level and seat port
+// (9300 + its index in name order), and leaves the group's applications out
+// of lifecycle.apps (nothing scales the group's pod). The dispatcher's Role
+// lets the leader annotate the group's StatefulSet, by name, and scale
+// nothing.
+func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
+	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
+	objs := rendered{}
+	for _, o := range res.Objects {
+		objs[o.GetKind()+"/"+o.GetName()] = o
+	}
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "shared-dispatcher", &cm)
+	path := filepath.Join(t.TempDir(), "dispatcher.yaml")
+	if err := os.WriteFile(path, []byte(cm.Data["dispatcher.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := dispatch.Load(path)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatalf("dispatcher.yaml is refused: %v", err)
+	}
+	if cfg.Lifecycle == nil {
+		t.Fatal("no lifecycle section: nothing multiplexes the group")
+	}
+	if len(cfg.Lifecycle.Apps) != 0 {
+		t.Errorf("lifecycle.apps = %v, want none (the group's applications are not scaled)", cfg.Lifecycle.Apps)
+	}
+	member := func(name string, priority, port int32) lifecycle.SeatMember {
+		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: port}
+	}
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", ActiveSeats: 1,
+		Members: []lifecycle.SeatMember{member("alpha", 10, 9300), member("beta", 0, 9301), member("gamma", 0, 9302)}}}
+	if diff := cmp.Diff(want, cfg.Lifecycle.SeatGroups); diff != "" {
+		t.Errorf("lifecycle.seatGroups (-want +got):\n%s", diff)
+	}
+
+	var role rbacv1.Role
+	objs.get(t, "Role", "shared-dispatcher", &role)
+	var patch []string
+	for _, r := range role.Rules {
+		if slices.Contains(r.Resources, "statefulsets/scale") {
+			t.Errorf("the dispatcher may scale StatefulSets %v; nothing in a seat group is scaled", r.ResourceNames)
+		}
+		if slices.Contains(r.Resources, "statefulsets") && slices.Contains(r.Verbs, "patch") {
+			patch = append(patch, r.ResourceNames...)
+		}
+	}
+	if diff := cmp.Diff([]string{"shared-seat-accel"}, patch); diff != "" {
+		t.Errorf("StatefulSets the dispatcher may patch (-want +got):\n%s", diff)
+	}
 }

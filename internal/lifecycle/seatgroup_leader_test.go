@@ -1,0 +1,485 @@
+package lifecycle_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/dataplanetest"
+	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/queue"
+	"github.com/model-orchestra/operator/internal/sim"
+)
+
+const seatGroupSet = "demo-seat-g"
+
+// seatEngine is one application of the group pod: a simulator with real
+// weights and sleep mode, and its real seat agent over HTTP.
+type seatEngine struct {
+	name   string
+	sim    *sim.Simulator
+	engine *httptest.Server
+	seat   *httptest.Server
+	// sleepsInFlight counts sleeps that reached the engine while it ran
+	// requests.
+	sleepsInFlight atomic.Int64
+}
+
+// seatGroupPlane is a seat group's pod (one engine and seat agent per
+// application, all on 127.0.0.1, told apart by their ports) on a fake
+// cluster, with a real dispatcher whose lifecycle leader multiplexes them.
+type seatGroupPlane struct {
+	t       *testing.T
+	js      jetstream.JetStream
+	cs      *fake.Clientset
+	client  *natsqueue.Client
+	reg     *prometheus.Registry
+	engines map[string]*seatEngine
+}
+
+func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32) *seatGroupPlane {
+	t.Helper()
+	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &seatGroupPlane{t: t, js: js, engines: map[string]*seatEngine{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	labels := map[string]string{"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "seat-group", "modelorchestra.io/seat-group": "g"}
+	sts := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: seatGroupSet, Namespace: ns, Generation: 1, Labels: labels},
+		Spec:       appsv1.StatefulSetSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels}},
+		Status:     appsv1.StatefulSetStatus{ObservedGeneration: 1, Replicas: 1, ReadyReplicas: 1, UpdatedReplicas: 1},
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: seatGroupSet + "-0", Namespace: ns, Labels: labels},
+		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	p.cs = fake.NewClientset(sts, pod)
+
+	hot := t.TempDir()
+	group := lifecycle.SeatGroup{Name: "g", StatefulSet: seatGroupSet, ActiveSeats: 1}
+	dcfg := dispatch.Default()
+	dcfg.Orchestra, dcfg.Namespace, dcfg.NATS.URL = orch, ns, srv.ClientURL()
+	var specs []natsqueue.ConsumerSpec
+	for i, name := range apps {
+		e := &seatEngine{name: name}
+		sc := dataplanetest.FastSim()
+		sc.Model = name
+		sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
+		sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
+		sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
+		if err := sc.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		e.sim = sim.New(sc)
+		if err := e.sim.LoadWeights(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.sim.Close)
+		h := e.sim.Handler()
+		e.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/sleep" {
+				if st := e.sim.WeightsStatus(); !st.Sleeping && st.InFlight > 0 {
+					e.sleepsInFlight.Add(1)
+				}
+			}
+			h.ServeHTTP(w, r)
+		}))
+		t.Cleanup(e.engine.Close)
+		ac := checkpoint.Default()
+		ac.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
+		ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 10*time.Second
+		sh, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.seat = httptest.NewServer(sh)
+		t.Cleanup(e.seat.Close)
+		p.engines[name] = e
+
+		// The application's Service leads to its engine in the group pod,
+		// ready whether the engine is awake or asleep (the pod's
+		// readiness is one for all its engines).
+		u, _ := url.Parse(e.engine.URL)
+		_, portStr, _ := strings.Cut(u.Host, ":")
+		enginePort, _ := strconv.Atoi(portStr)
+		service := orch + "-" + name
+		ready := true
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: service + "-x", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(enginePort))}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+		}
+		if err := p.cs.Tracker().Add(es); err != nil {
+			t.Fatal(err)
+		}
+		dcfg.Apps = append(dcfg.Apps, dispatch.App{Name: name, Service: service, PortName: "http", Port: 1, MaxConcurrency: 4})
+		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
+		group.Members = append(group.Members, lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
+			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}})
+		eventually(t, 5*time.Second, name+"'s seat to see its engine awake", func() bool {
+			st, err := e.seatState()
+			return err == nil && st.State == checkpoint.SeatAwake
+		})
+	}
+	err = natsqueue.Provision(context.Background(), js, natsqueue.StreamSpec{Names: names, Replicas: 1, MaxAge: time.Hour, Duplicates: time.Minute, DeadLetterMaxAge: time.Hour}, specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dcfg.Lifecycle = &lifecycle.Config{Lease: "demo-lifecycle", Tick: metav1.Duration{Duration: 50 * time.Millisecond},
+		SeatGroups: []lifecycle.SeatGroup{group}}
+	dcfg.AckWait = metav1.Duration{Duration: 5 * time.Second}
+	dcfg.HeartbeatInterval = metav1.Duration{Duration: 200 * time.Millisecond}
+	if err := dcfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	dnc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.reg = prometheus.NewRegistry()
+	d, err := dispatch.New(dcfg, dnc, slog.New(slog.NewTextHandler(testWriter{t}, nil)), dispatch.WithKubernetes(p.cs), dispatch.WithRegistry(p.reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, dcancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(dctx) }()
+	t.Cleanup(func() { dcancel(); <-done; dnc.Close() })
+
+	qc := natsqueue.DefaultClientConfig()
+	qc.Orchestra = orch
+	cnc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cnc.Close)
+	p.client, err = natsqueue.NewClient(cnc, qc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.client.Close)
+	return p
+}
+
+func (e *seatEngine) seatState() (checkpoint.SeatStatus, error) {
+	var st checkpoint.SeatStatus
+	resp, err := http.Get(e.seat.URL + "/state")
+	if err != nil {
+		return st, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// awake names the applications whose engines are awake.
+func (p *seatGroupPlane) awake() []string {
+	var out []string
+	for name, e := range p.engines {
+		if !e.sim.WeightsStatus().Sleeping {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// status is app's lifecycle status as the operator reads it: the group
+// StatefulSet's annotation for the application.
+func (p *seatGroupPlane) status(app string) v1alpha1.LifecycleStatus {
+	sts, err := p.cs.AppsV1().StatefulSets(ns).Get(context.Background(), seatGroupSet, metav1.GetOptions{})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	var st v1alpha1.LifecycleStatus
+	if raw, ok := sts.Annotations[lifecycle.SeatAnnotationStatus(app)]; ok {
+		_ = json.Unmarshal([]byte(raw), &st)
+	}
+	return st
+}
+
+// send sends n concurrent streamed chats to app and reads every answer to
+// its end; it names each request that failed and how.
+func (p *seatGroupPlane) send(app string, round, n, tokens int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("%s-%s-%d-%d", p.t.Name(), app, round, i)
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"request %d"}],"stream":true,"max_tokens":%d}`, app, i, tokens)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			r, err := p.client.Submit(ctx, queue.Job{ID: id, App: app, Path: "/v1/chat/completions", Body: []byte(body), Stream: true})
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: submit: %w", id, err)
+				return
+			}
+			defer func() { _ = r.Close() }()
+			status, got, err := readAll(ctx, r)
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("%s: %w", id, err)
+			case status != 200:
+				errs[i] = fmt.Errorf("%s: status %d: %s", id, status, got)
+			case !strings.Contains(string(got), "data: [DONE]"):
+				errs[i] = fmt.Errorf("%s: stream cut: %q", id, got)
+			}
+		})
+	}
+	wg.Wait()
+	var msgs []string
+	for _, err := range errs {
+		if err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) > 0 {
+		return fmt.Errorf("%d of %d requests to %s failed:\n%s", len(msgs), n, app, strings.Join(msgs, "\n"))
+	}
+	return nil
+}
+
+// TestSeatGroupLeaderSwapsApplications runs a seat group of three
+// simulator applications with one seat through a real dispatcher whose
+// lifecycle leader multiplexes them: the group comes within its budget (one
+// engine awake), requests to each application in turn are all answered
+// whole, each turn moves the seat to the application asked (the status
+// says who holds it and counts the swaps), no sleep ever reaches an engine
+// with requests in flight, and at no time are two engines awake once the
+// group settled.
+func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
+	apps := []string{"alpha", "beta", "gamma"}
+	p := newSeatGroupPlane(t, apps, nil, 1)
+	eventually(t, 30*time.Second, "the group to come within its budget of one awake engine", func() bool {
+		return len(p.awake()) == 1
+	})
+
+	// Two engines awake at once, from here on, would break the budget.
+	stop := make(chan struct{})
+	var overBudget atomic.Int64
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if len(p.awake()) > 1 {
+				overBudget.Add(1)
+			}
+		}
+	})
+
+	for round := range 2 {
+		for _, app := range apps {
+			if err := p.send(app, round, 6, 16); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 20*time.Second, app+" to hold the seat in its status", func() bool {
+				st := p.status(app)
+				return st.Seat != nil && st.Seat.Holding && st.State == v1alpha1.LifecycleAwake
+			})
+		}
+	}
+	close(stop)
+	watch.Wait()
+
+	if n := overBudget.Load(); n > 0 {
+		t.Errorf("two engines were awake at once %d times", n)
+	}
+	for _, app := range apps {
+		if n := p.engines[app].sleepsInFlight.Load(); n > 0 {
+			t.Errorf("%s: %d sleeps reached the engine with requests in flight", app, n)
+		}
+		st := p.status(app)
+		if st.Seat == nil || st.Seat.SwapsIn < 2 {
+			t.Errorf("%s: status %+v, want at least 2 swaps in (one per round)", app, st.Seat)
+		} else if secs, err := strconv.ParseFloat(st.Seat.LastSwapSeconds, 64); err != nil || secs <= 0 {
+			t.Errorf("%s: lastSwapSeconds %q, want a positive number", app, st.Seat.LastSwapSeconds)
+		}
+	}
+	// The last turn was gamma's: it holds the seat, the others sleep.
+	eventually(t, 10*time.Second, "alpha and beta to report Asleep and not holding", func() bool {
+		for _, app := range []string{"alpha", "beta"} {
+			st := p.status(app)
+			if st.Seat == nil || st.Seat.Holding || st.State != v1alpha1.LifecycleAsleep || st.ResidentTier != v1alpha1.TierHot {
+				return false
+			}
+		}
+		return true
+	})
+	if got := sum(t, p.reg, "orchestra_seatgroup_swaps_total"); got < float64(2*len(apps)-1) {
+		t.Errorf("orchestra_seatgroup_swaps_total = %v, want at least %d", got, 2*len(apps)-1)
+	}
+	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {
+		t.Errorf("the dispatcher counted %v failed deliveries", got)
+	}
+}
+
+// TestSeatGroupLeaderDrainsABusyHolder makes a higher-priority application
+// ask for the seat while the holder runs requests: the holder's gate
+// closes, the requests it runs finish, and only then does its engine
+// sleep; the newcomer is served, the holder's queued requests wait and are
+// served once it has the seat back. Every request is answered whole, and
+// no sleep reaches an engine with requests in flight.
+func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10}, 1)
+	eventually(t, 30*time.Second, "the group to come within its budget, beta (the higher priority) awake", func() bool {
+		a := p.awake()
+		return len(a) == 1 && a[0] == "beta"
+	})
+	var wg sync.WaitGroup
+	var alphaErr error
+	wg.Go(func() { alphaErr = p.send("alpha", 0, 16, 64) })
+	eventually(t, 20*time.Second, "alpha to hold the seat and run requests", func() bool {
+		return p.engines["alpha"].sim.WeightsStatus().InFlight > 0
+	})
+	if err := p.send("beta", 0, 4, 16); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if alphaErr != nil {
+		t.Fatal(alphaErr)
+	}
+	for name, e := range p.engines {
+		if n := e.sleepsInFlight.Load(); n > 0 {
+			t.Errorf("%s: %d sleeps reached the engine with requests in flight", name, n)
+		}
+	}
+	if got := sum(t, p.reg, "orchestra_seatgroup_drain_seconds"); got < 1 {
+		t.Errorf("no holder was drained (orchestra_seatgroup_drain_seconds has %v samples); the test did not make beta take a busy seat", got)
+	}
+	if st := p.status("beta"); st.Seat == nil || st.Seat.SwapsIn < 1 {
+		t.Errorf("beta's seat status %+v, want a swap in", st.Seat)
+	}
+	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {
+		t.Errorf("the dispatcher counted %v failed deliveries", got)
+	}
+}
+
+// TestSeatGroupConfig parses lifecycle.seatGroups as the chart renders it,
+// fills in the defaults, and names what is wrong in an invalid group.
+func TestSeatGroupConfig(t *testing.T) {
+	const rendered = `
+lease: demo-dispatcher-lifecycle
+apps: []
+seatGroups:
+  - name: "accel"
+    statefulSet: "demo-seat-accel"
+    activeSeats: 1
+    members:
+      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, seatPort: 9300}
+      - {name: "beta", seatPort: 9301}
+`
+	var cfg lifecycle.Config
+	if err := yaml.UnmarshalStrict([]byte(rendered), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Defaulted()
+	if err := cfg.Validate([]string{"alpha", "beta"}); err != nil {
+		t.Fatalf("the chart's shape is invalid: %v", err)
+	}
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", ActiveSeats: 1, Members: []lifecycle.SeatMember{
+		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300},
+		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301},
+	}}}
+	if d := cmp.Diff(want, cfg.SeatGroups); d != "" {
+		t.Errorf("parsed and defaulted seat groups (-want +got):\n%s", d)
+	}
+
+	for _, tc := range []struct {
+		name string
+		mut  func(*lifecycle.Config)
+		want string
+	}{
+		{"no StatefulSet", func(c *lifecycle.Config) { c.SeatGroups[0].StatefulSet = "" }, "statefulSet must be set"},
+		{"one application", func(c *lifecycle.Config) { c.SeatGroups[0].Members = c.SeatGroups[0].Members[:1] }, "at least 2 applications"},
+		{"as many seats as applications", func(c *lifecycle.Config) { c.SeatGroups[0].ActiveSeats = 2 }, "leaves nothing to multiplex"},
+		{"an application not served", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].Name = "gamma" }, `application "gamma" is not in apps`},
+		{"an application scaled too", func(c *lifecycle.Config) {
+			c.Apps = []lifecycle.App{{Name: "alpha", RootStatefulSet: "x", MinReplicas: 1, MaxReplicas: 1, TargetQueuePerReplica: 1, Scaler: v1alpha1.ScalerBuiltin}}
+		}, `application "alpha" is listed twice`},
+		{"no seat port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SeatPort = 0 }, "seatPort must be a port"},
+		{"a bad sleep level", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SleepLevel = 3 }, "sleepLevel must be 1 or 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			c.SeatGroups = []lifecycle.SeatGroup{cfg.SeatGroups[0]}
+			c.SeatGroups[0].Members = append([]lifecycle.SeatMember(nil), cfg.SeatGroups[0].Members...)
+			tc.mut(&c)
+			err := c.Validate([]string{"alpha", "beta"})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestSeatGroupLeaderRefusesAGroupOfTwoReplicas: the gate is per
+// application, so the leader cannot multiplex a group whose StatefulSet runs
+// two pods; it says so in an event on the StatefulSet and leaves the
+// engines as they are.
+func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 2)
+	var msg string
+	eventually(t, 30*time.Second, "a SeatGroupRefused event", func() bool {
+		evs, err := p.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == lifecycle.EventSeatGroupRefused && e.InvolvedObject.Name == seatGroupSet {
+				msg = e.Message
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "maxReplicas to 1") {
+		t.Errorf("event message %q does not say why and what to do", msg)
+	}
+	if got := len(p.awake()); got != 2 {
+		t.Errorf("%d engines awake after the refusal, want both (nothing multiplexes them)", got)
+	}
+}
