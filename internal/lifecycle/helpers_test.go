@@ -1,6 +1,7 @@
 package lifecycle_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -39,5 +40,16 @@ func consistently(t testing.TB, within time.Duration, cond func() error) {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// holds turns a condition into the error eventually wants: what was
+// awaited, while cond is false.
+func holds(what string, cond func() bool) func() error {
+	return func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("waiting for " + what)
 	}
 }

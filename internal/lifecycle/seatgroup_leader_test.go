@@ -157,10 +157,10 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
 		group.Members = append(group.Members, lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
 			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}})
-		eventually(t, 5*time.Second, name+"'s seat to see its engine awake", func() bool {
+		eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
 			st, err := e.seatState()
 			return err == nil && st.State == checkpoint.SeatAwake
-		})
+		}))
 	}
 	err = natsqueue.Provision(context.Background(), js, natsqueue.StreamSpec{Names: names, Replicas: 1, MaxAge: time.Hour, Duplicates: time.Minute, DeadLetterMaxAge: time.Hour}, specs)
 	if err != nil {
@@ -290,9 +290,9 @@ func (p *seatGroupPlane) send(app string, round, n, tokens int) error {
 func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 	apps := []string{"alpha", "beta", "gamma"}
 	p := newSeatGroupPlane(t, apps, nil, 1)
-	eventually(t, 30*time.Second, "the group to come within its budget of one awake engine", func() bool {
+	eventually(t, 30*time.Second, holds("the group to come within its budget of one awake engine", func() bool {
 		return len(p.awake()) == 1
-	})
+	}))
 
 	// Two engines awake at once, from here on, would break the budget.
 	stop := make(chan struct{})
@@ -316,10 +316,10 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 			if err := p.send(app, round, 6, 16); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 20*time.Second, app+" to hold the seat in its status", func() bool {
+			eventually(t, 20*time.Second, holds(app+" to hold the seat in its status", func() bool {
 				st := p.status(app)
 				return st.Seat != nil && st.Seat.Holding && st.State == v1alpha1.LifecycleAwake
-			})
+			}))
 		}
 	}
 	close(stop)
@@ -340,7 +340,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 		}
 	}
 	// The last turn was gamma's: it holds the seat, the others sleep.
-	eventually(t, 10*time.Second, "alpha and beta to report Asleep and not holding", func() bool {
+	eventually(t, 10*time.Second, holds("alpha and beta to report Asleep and not holding", func() bool {
 		for _, app := range []string{"alpha", "beta"} {
 			st := p.status(app)
 			if st.Seat == nil || st.Seat.Holding || st.State != v1alpha1.LifecycleAsleep || st.ResidentTier != v1alpha1.TierHot {
@@ -348,7 +348,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 			}
 		}
 		return true
-	})
+	}))
 	if got := sum(t, p.reg, "orchestra_seatgroup_swaps_total"); got < float64(2*len(apps)-1) {
 		t.Errorf("orchestra_seatgroup_swaps_total = %v, want at least %d", got, 2*len(apps)-1)
 	}
@@ -365,16 +365,16 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 // no sleep reaches an engine with requests in flight.
 func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10}, 1)
-	eventually(t, 30*time.Second, "the group to come within its budget, beta (the higher priority) awake", func() bool {
+	eventually(t, 30*time.Second, holds("the group to come within its budget, beta (the higher priority) awake", func() bool {
 		a := p.awake()
 		return len(a) == 1 && a[0] == "beta"
-	})
+	}))
 	var wg sync.WaitGroup
 	var alphaErr error
 	wg.Go(func() { alphaErr = p.send("alpha", 0, 16, 64) })
-	eventually(t, 20*time.Second, "alpha to hold the seat and run requests", func() bool {
+	eventually(t, 20*time.Second, holds("alpha to hold the seat and run requests", func() bool {
 		return p.engines["alpha"].sim.WeightsStatus().InFlight > 0
-	})
+	}))
 	if err := p.send("beta", 0, 4, 16); err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ seatGroups:
 func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 2)
 	var msg string
-	eventually(t, 30*time.Second, "a SeatGroupRefused event", func() bool {
+	eventually(t, 30*time.Second, holds("a SeatGroupRefused event", func() bool {
 		evs, err := p.cs.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
 		if err != nil {
 			return false
@@ -475,7 +475,7 @@ func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
 			}
 		}
 		return false
-	})
+	}))
 	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "maxReplicas to 1") {
 		t.Errorf("event message %q does not say why and what to do", msg)
 	}
