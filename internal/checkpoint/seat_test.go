@@ -3,6 +3,7 @@ package checkpoint_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -83,13 +84,12 @@ func (e *seatEnv) state() checkpoint.SeatStatus {
 
 func (e *seatEnv) waitState(want checkpoint.SeatState) {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.state().State != want {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("state %s, want %s", e.state().State, want)
+	eventually(e.t, 10*time.Second, func() error {
+		if got := e.state().State; got != want {
+			return fmt.Errorf("state %s, want %s", got, want)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestSeatSleepWakeAndReadiness(t *testing.T) {

@@ -1,6 +1,8 @@
 package seatgroup_test
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -99,13 +101,12 @@ func TestBurstyTrafficWithTwoActiveSeats(t *testing.T) {
 func busy(t *testing.T, h *seatgrouptest.Harness, app string, tokens int) <-chan seatgrouptest.Result {
 	t.Helper()
 	c := h.Dispatcher.Submit(app, tokens)
-	deadline := time.Now().Add(10 * time.Second)
-	for h.Dispatcher.Demand(app).InFlight == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's request never got in flight", app)
+	eventually(t, 10*time.Second, func() error {
+		if h.Dispatcher.Demand(app).InFlight == 0 {
+			return fmt.Errorf("%s's request is not in flight", app)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
 	return c
 }
 
@@ -137,13 +138,12 @@ func TestInFlightRequestsFinishBeforeTheirHolderSleeps(t *testing.T) {
 	// a outranks d: d is drained, not cut.
 	urgent := h.Dispatcher.Submit("a", 4)
 	// d's next request arrives while it drains: it waits in the queue.
-	deadline := time.Now().Add(10 * time.Second)
-	for !drained(h, "d") {
-		if time.Now().After(deadline) {
-			t.Fatal("d was never drained for a")
+	eventually(t, 10*time.Second, func() error {
+		if !drained(h, "d") {
+			return errors.New("d is not drained for a")
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
 	later := h.Dispatcher.Submit("d", 4)
 	rs := seatgrouptest.Collect([]<-chan seatgrouptest.Result{long, urgent, later})
 	check(t, h, rs)

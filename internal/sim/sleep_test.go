@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -267,13 +268,12 @@ func TestSleepIsRefusedWithRequestsInFlight(t *testing.T) {
 			_ = resp.Body.Close()
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.sim.WeightsStatus().InFlight != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never started")
+	eventually(t, 10*time.Second, func() error {
+		if n := s.sim.WeightsStatus().InFlight; n != 1 {
+			return fmt.Errorf("%d requests in flight, want the one started", n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	code, body := s.do("POST", "/sleep?level=1", "")
 	if code != http.StatusConflict || !strings.Contains(body, "1 requests are running") {
 		t.Fatalf("sleep with a request in flight: %d %s, want 409", code, body)
@@ -283,13 +283,12 @@ func TestSleepIsRefusedWithRequestsInFlight(t *testing.T) {
 	}
 	cancel()
 	<-done
-	deadline = time.Now().Add(10 * time.Second)
-	for s.sim.WeightsStatus().InFlight != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never ended")
+	eventually(t, 10*time.Second, func() error {
+		if n := s.sim.WeightsStatus().InFlight; n != 0 {
+			return fmt.Errorf("%d requests in flight after the client went away, want 0", n)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	s.must("POST", "/sleep?level=1", "")
 }
 
