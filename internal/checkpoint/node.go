@@ -120,14 +120,23 @@ func (n *Node) Report() NodeReport {
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	count := map[Tier]int{}
+	var offloads int64
 	for _, e := range entries {
 		count[e.Tier]++
+		if e.Offload {
+			offloads += e.Bytes
+		}
 	}
 	hot, warm := r.Hot.Read, r.Warm.Read
 	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, n.store.Used(TierHot), count[TierHot])
 	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, n.store.Used(TierWarm), count[TierWarm])
 	r.Hot.Read, r.Warm.Read = hot, warm
 	r.Hot.Mount = n.hotMount
+	r.Hot.EngineOffloadBytes = offloads
+	if over := r.Hot.UsedBytes - r.Hot.BudgetBytes; over > 0 && offloads > 0 {
+		r.Hot.Warning = fmt.Sprintf("the hot tier holds %d bytes, %d over its budget: %d of them are engines' level-1 offloads, which the engines release (a wake, or a sleep at level 2) and the agent never evicts; the agent admits no hot copy until they shrink", r.Hot.UsedBytes, over, offloads)
+	}
+	n.updateGauges()
 	return r
 }
 
@@ -192,6 +201,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 			Used:    map[Tier]int64{TierHot: n.store.Used(TierHot), TierWarm: n.store.Used(TierWarm)},
 			Entries: n.store.Entries(),
 		})
+		n.updateGauges()
 	})
 	mux.HandleFunc("POST /promote", n.handlePromote)
 	mux.HandleFunc("POST /demote", n.handleDemote)

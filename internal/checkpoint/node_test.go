@@ -141,6 +141,10 @@ func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cfg.Store.HotDir, "team-a", checkpoint.EngineOffloadName("orch-chat")), w, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The report counts the engine's offload in the hot tier's use.
+	if rep := n.Report(); rep.Hot.EngineOffloadBytes != int64(len(w)) || rep.Hot.UsedBytes != int64(len(w)) || rep.Hot.Entries != 1 {
+		t.Errorf("hot tier report %+v; want the %d bytes of the engine's offload used, as one entry", rep.Hot, len(w))
+	}
 	demote := func(body string) (int, string) {
 		resp, err := http.Post(srv.URL+"/demote", "application/json", strings.NewReader(body))
 		if err != nil {

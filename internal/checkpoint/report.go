@@ -44,13 +44,19 @@ type NodeReport struct {
 type TierReport struct {
 	Dir string `json:"dir"`
 	// Filesystem is "tmpfs" or the statfs magic number in hex.
-	Filesystem  string     `json:"filesystem"`
-	SizeBytes   int64      `json:"sizeBytes"`
-	FreeBytes   int64      `json:"freeBytes"`
-	BudgetBytes int64      `json:"budgetBytes"`
-	UsedBytes   int64      `json:"usedBytes"`
-	Entries     int        `json:"entries"`
-	Read        *Bandwidth `json:"read,omitempty"`
+	Filesystem  string `json:"filesystem"`
+	SizeBytes   int64  `json:"sizeBytes"`
+	FreeBytes   int64  `json:"freeBytes"`
+	BudgetBytes int64  `json:"budgetBytes"`
+	// UsedBytes counts the agent's copies and, in the hot tier, the
+	// engines' level-1 offloads (EngineOffloadBytes of them).
+	UsedBytes int64 `json:"usedBytes"`
+	// EngineOffloadBytes is what the engines' level-1 offloads hold in the
+	// hot tier: counted in UsedBytes and the budget, never evicted by the
+	// agent.
+	EngineOffloadBytes int64      `json:"engineOffloadBytes,omitempty"`
+	Entries            int        `json:"entries"`
+	Read               *Bandwidth `json:"read,omitempty"`
 	// HugePages is the tmpfs huge= option ("within_size", "always", …;
 	// "never" for 4 KiB pages), empty off a tmpfs.
 	HugePages string `json:"hugePages,omitempty"`

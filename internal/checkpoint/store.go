@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
@@ -146,14 +147,16 @@ func (s *Store) scan(t Tier) error {
 	return nil
 }
 
-// Entries lists every copy, hot first, then by key.
+// Entries lists every copy, hot first, then by key: the store's own
+// copies and the engines' level-1 offloads in the hot directory (Offload),
+// which count against the hot budget and which the store never evicts.
 func (s *Store) Entries() []Entry {
+	out := s.engineOffloads()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Entry, 0, len(s.entries))
 	for _, e := range s.entries {
 		out = append(out, *e)
 	}
+	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b Entry) int {
 		if a.Tier != b.Tier {
 			if a.Tier == TierHot {
@@ -161,16 +164,79 @@ func (s *Store) Entries() []Entry {
 			}
 			return 1
 		}
-		return strings.Compare(a.String(), b.String())
+		if n := strings.Compare(a.String(), b.String()); n != 0 {
+			return n
+		}
+		if a.Offload != b.Offload {
+			if a.Offload {
+				return 1
+			}
+			return -1
+		}
+		return 0
 	})
 	return out
 }
 
-// Used is the bytes held in tier t.
+// engineOffloads lists the engines' level-1 offloads (EngineOffloadName)
+// in the hot directory. Engines write and release them without telling
+// the agent, so they are read from the directory each time. Bytes are the
+// blocks the tmpfs holds for the file (a wake punches them out as it
+// reads), at most its size.
+func (s *Store) engineOffloads() []Entry {
+	root := s.dir(TierHot)
+	nss, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	var out []Entry
+	for _, ns := range nss {
+		if !ns.IsDir() || !dnsLabel.MatchString(ns.Name()) {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range files {
+			name, ok := offloadOf(f.Name())
+			if !ok || !f.Type().IsRegular() {
+				continue
+			}
+			fi, err := f.Info()
+			if err != nil {
+				continue // released meanwhile
+			}
+			bytes := fi.Size()
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				bytes = min(bytes, st.Blocks*512)
+			}
+			out = append(out, Entry{Key: Key{ns.Name(), name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
+		}
+	}
+	return out
+}
+
+// offloadOf is the weights name of an engine's level-1 offload file name.
+func offloadOf(file string) (string, bool) {
+	name, ok := strings.CutSuffix(strings.TrimPrefix(file, "."), ".level1")
+	if !ok || !strings.HasPrefix(file, ".") || (Key{"ns", name}).Validate() != nil {
+		return "", false
+	}
+	return name, true
+}
+
+// Used is the bytes held in tier t, the engines' level-1 offloads included
+// for the hot tier.
 func (s *Store) Used(t Tier) int64 {
+	var n int64
+	if t == TierHot {
+		for _, e := range s.engineOffloads() {
+			n += e.Bytes
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n int64
 	for id, e := range s.entries {
 		if id.Tier == t {
 			n += e.Bytes
@@ -421,7 +487,8 @@ func (s *Store) Restore(k Key, a *arena.Arena) (Entry, arena.FillStats, error) {
 // EngineOffloadName is the file name under which an engine offloads the
 // weights named name at sleep level 1, in its namespace's hot directory:
 // a dot file ("."+name+".level1", internal/sim), so it never collides with
-// a copy the store keeps under name and the store's index skips it.
+// a copy the store keeps under name. The store counts it against the hot
+// budget and lists it (Entry.Offload) but never evicts it.
 func EngineOffloadName(name string) string { return "." + name + ".level1" }
 
 // DemoteSource says what a demotion copied into the warm tier.

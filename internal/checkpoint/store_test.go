@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
@@ -272,10 +273,58 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]placed{{"m", TierWarm}}, placement(s)); diff != "" {
+	// The engine's offload stays in the hot tier until the engine releases it.
+	if diff := cmp.Diff([]placed{{"m", TierHot}, {"m", TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement (-want +got):\n%s", diff)
 	}
 	if used := s.Used(TierWarm); used > cfg.Budgets.Warm {
 		t.Errorf("warm tier holds %d bytes, budget %d", used, cfg.Budgets.Warm)
+	}
+}
+
+// The engines' level-1 offloads are written into the hot directory without
+// the agent: they still count against the hot budget (the tmpfs holds
+// them), are listed as offloads, and are never evicted for the agent's
+// copies; once the engine releases one, its room is the agent's again.
+func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 3 << 10, Warm: 8 << 10})
+	src := offload(t, cfg, "sleeper", blob(2<<10, 9))
+	if got := s.Used(TierHot); got != 2<<10 {
+		t.Fatalf("hot use with a 2 KiB engine offload = %d, want %d", got, 2<<10)
+	}
+	want := []Entry{{Key: Key{"team-a", "sleeper"}, Tier: TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
+	if diff := cmp.Diff(want, s.Entries(), cmpopts.IgnoreFields(Entry{}, "LastUsed")); diff != "" {
+		t.Fatalf("entries (-want +got):\n%s", diff)
+	}
+
+	// 2 KiB more would exceed the 3 KiB budget, and the offload is not
+	// the agent's to evict.
+	_, err := s.Put(PutRequest{Key: Key{"team-a", "b"}, Tier: TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("admitting 2 KiB next to a 2 KiB offload under a 3 KiB budget: %v, want ErrNoRoom", err)
+	}
+	put(t, s, "a", TierHot, blob(1<<10, 1), 0)
+	if got := s.Used(TierHot); got > cfg.Budgets.Hot {
+		t.Fatalf("hot tier holds %d bytes over its %d budget", got, cfg.Budgets.Hot)
+	}
+	// A copy of higher priority evicts the agent's copy, not the offload.
+	_, err = s.Put(PutRequest{Key: Key{"team-a", "c"}, Tier: TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]placed{{"c", TierHot}, {"sleeper", TierHot}, {"a", TierWarm}}, placement(s)); diff != "" {
+		t.Fatalf("placement (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Fatalf("the engine's offload was touched: %v", err)
+	}
+
+	// The engine wakes and releases it: the room is the agent's again.
+	if err := os.Remove(src); err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "b", TierHot, blob(2<<10, 2), 5)
+	if got := s.Used(TierHot); got != 3<<10 {
+		t.Fatalf("hot use after the offload was released = %d, want %d", got, 3<<10)
 	}
 }

@@ -263,7 +263,9 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 				callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
 				callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
-				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint {
+				// The engine's own level-1 offload is placed from the
+				// seats (writeCheckpointFrom), not from the agent's list.
+				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint && !e.Offload {
 					v.entries = append(v.entries, e)
 				}
 			}
