@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,8 @@ type Node struct {
 	report NodeReport
 	// hotMount says whether NewNode mounted the hot tier, or why not.
 	hotMount string
+	// verification is the state of the periodic re-hashing (guarded by mu).
+	verification VerificationReport
 }
 
 // NewNode opens the store. Call Measure to fill in bandwidths and
@@ -52,7 +55,8 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount}
+	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
+		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)}}
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
 	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
 	n.m.budget.WithLabelValues(string(TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
@@ -106,6 +110,7 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 		r.ProcessSnapshots = true
 	}
 	n.mu.Lock()
+	r.Verification = n.report.Verification
 	n.report = r
 	n.mu.Unlock()
 	n.log.Info("node measured", "memcpy", r.Memcpy, "hot", r.Hot.Read, "warm", r.Warm.Read,
@@ -117,6 +122,8 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 func (n *Node) Report() NodeReport {
 	n.mu.Lock()
 	r := n.report
+	r.Verification = n.verification
+	r.Verification.Dropped = slices.Clone(n.verification.Dropped)
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	count := map[Tier]int{}
@@ -138,6 +145,57 @@ func (n *Node) Report() NodeReport {
 	}
 	n.updateGauges()
 	return r
+}
+
+// maxDropped bounds the dropped copies the report remembers.
+const maxDropped = 32
+
+// VerifyNow re-hashes every copy the store keeps (Store.Verify), drops
+// those that no longer match their digest, and records the pass in the
+// report and the metrics.
+func (n *Node) VerifyNow() []Verification {
+	res := n.store.Verify()
+	now := time.Now()
+	n.mu.Lock()
+	n.verification.LastTime, n.verification.Copies = &now, len(res)
+	for _, v := range res {
+		if v.Dropped {
+			n.verification.Dropped = append(n.verification.Dropped, v)
+		}
+	}
+	if k := len(n.verification.Dropped) - maxDropped; k > 0 {
+		n.verification.Dropped = n.verification.Dropped[k:]
+	}
+	n.mu.Unlock()
+	for _, v := range res {
+		switch {
+		case v.Dropped:
+			n.m.verified.WithLabelValues(string(v.Tier), "dropped").Inc()
+		case v.Error == "":
+			n.m.verified.WithLabelValues(string(v.Tier), "ok").Inc()
+		}
+	}
+	n.updateGauges()
+	return res
+}
+
+// Verify runs VerifyNow every cfg.VerifyInterval until ctx ends (never when
+// the interval is 0).
+func (n *Node) Verify(ctx context.Context) {
+	if n.cfg.VerifyInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.VerifyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			res := n.VerifyNow()
+			n.log.Info("kept copies verified", "copies", len(res))
+		}
+	}
 }
 
 // PromoteRequest is the body of POST /promote.

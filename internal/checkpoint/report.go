@@ -38,6 +38,21 @@ type NodeReport struct {
 	// checkpoint a container; Reason says why not.
 	ProcessSnapshots       bool   `json:"processSnapshots"`
 	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
+	// Verification is the periodic re-hashing of the kept copies.
+	Verification VerificationReport `json:"verification"`
+}
+
+// VerificationReport is the state of the periodic re-hashing of the copies
+// the agent keeps (--verify-interval).
+type VerificationReport struct {
+	// IntervalSeconds between passes; 0: the agent does not re-verify.
+	IntervalSeconds int64 `json:"intervalSeconds"`
+	// LastTime is when the last pass ended; Copies how many it hashed.
+	LastTime *time.Time `json:"lastTime,omitempty"`
+	Copies   int        `json:"copies"`
+	// Dropped are the copies removed because they no longer verified,
+	// newest last (at most 32 since the agent started).
+	Dropped []Verification `json:"dropped,omitempty"`
 }
 
 // TierReport describes one tier directory.

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
 
@@ -597,4 +599,101 @@ func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource,
 	}
 	s.log.Info("demoted to the warm tier", "key", k.String(), "from", source, "bytes", e.Bytes, "digest", e.Digest)
 	return e, source, nil
+}
+
+// Verification is the outcome of re-hashing one copy (Store.Verify).
+type Verification struct {
+	Key
+	Tier Tier `json:"tier"`
+	// Digest is the digest recorded for the copy; Got what its bytes hash
+	// to now (empty when they could not be read).
+	Digest string `json:"digest"`
+	Got    string `json:"got,omitempty"`
+	// Dropped is true when the copy no longer verified and was removed:
+	// the next wake reads the tier below.
+	Dropped bool      `json:"dropped"`
+	Error   string    `json:"error,omitempty"`
+	Time    time.Time `json:"time"`
+}
+
+// Verify re-hashes every copy the store keeps (not the engines' offloads,
+// which their engines verify on wake) and compares it with its recorded
+// digest. A copy that verifies gets a new VerifiedAt; one that does not, or
+// cannot be read, is removed, so that no wake reads it, and is returned
+// with Dropped set. Warm copies are read past the page cache (a cached
+// page would hide a bad block). Admissions wait for the copy being hashed.
+func (s *Store) Verify() []Verification {
+	var out []Verification
+	for _, e := range s.Entries() {
+		if e.Offload {
+			continue
+		}
+		out = append(out, s.verifyOne(e))
+	}
+	return out
+}
+
+func (s *Store) verifyOne(e Entry) Verification {
+	s.admit.Lock()
+	defer s.admit.Unlock()
+	v := Verification{Key: e.Key, Tier: e.Tier, Digest: e.Digest, Time: s.now()}
+	cur, ok := s.Lookup(e.Key, e.Tier)
+	if !ok || cur.Digest != e.Digest {
+		v.Digest, v.Error = cur.Digest, "replaced or removed while verifying"
+		return v
+	}
+	got, err := hashFile(s.Path(e.Key, e.Tier), e.Bytes, e.Tier == TierWarm)
+	want, perr := arena.ParseDigest(e.Digest)
+	switch {
+	case err != nil:
+		v.Error = err.Error()
+	case perr != nil:
+		v.Error = perr.Error()
+	case got != want:
+		v.Got = got.String()
+		v.Error = (&arena.MismatchError{Source: "the " + string(e.Tier) + " copy", Want: want, Got: got, Bytes: e.Bytes}).Error()
+	default:
+		s.mu.Lock()
+		if p, ok := s.entries[entryID{e.Key, e.Tier}]; ok {
+			p.VerifiedAt = v.Time
+			e = *p
+		}
+		s.mu.Unlock()
+		_ = s.writeMeta(e)
+		return v
+	}
+	v.Dropped = true
+	if err := s.Remove(e.Key, e.Tier); err != nil {
+		v.Error += "; removing it: " + err.Error()
+	}
+	s.log.Error("a kept copy no longer verifies: dropped", "key", e.Key.String(), "tier", e.Tier, "digest", e.Digest, "err", v.Error)
+	return v
+}
+
+// hashFile hashes path through one block-sized buffer (a copy of any size
+// costs 8 MiB of memory), past the page cache when direct and the
+// filesystem allows O_DIRECT (else after dropping the file's cached pages).
+func hashFile(path string, size int64, direct bool) (arena.Digest, error) {
+	var f *os.File
+	var err error
+	if direct {
+		f, err = os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+	}
+	if f == nil {
+		if f, err = os.Open(path); err != nil {
+			return 0, fmt.Errorf("verifying %s: %w", path, err)
+		}
+		if direct {
+			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		}
+	}
+	defer func() { _ = f.Close() }()
+	d, n, err := arena.CopyHash(io.Discard, f)
+	if err != nil {
+		return 0, fmt.Errorf("verifying %s: %w", path, err)
+	}
+	if n != size {
+		return 0, fmt.Errorf("verifying %s: %d bytes, want %d", path, n, size)
+	}
+	return d, nil
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -326,5 +327,49 @@ func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 	put(t, s, "b", TierHot, blob(2<<10, 2), 5)
 	if got := s.Used(TierHot); got != 3<<10 {
 		t.Fatalf("hot use after the offload was released = %d, want %d", got, 3<<10)
+	}
+}
+
+// Verify re-hashes every kept copy: one that still matches gets a new
+// verification time; one whose bytes changed on the node (a bad block, a
+// stray write) is dropped, so that no wake reads it, and reported.
+func TestStoreVerifyDropsCopiesThatNoLongerMatch(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 8 << 10, Warm: 8 << 10})
+	good := put(t, s, "good", TierWarm, blob(2<<10, 1), 0)
+	bad := put(t, s, "bad", TierHot, blob(2<<10, 2), 0)
+	offload(t, cfg, "sleeper", blob(1<<10, 3)) // the engine's: its wake verifies it
+	// One byte of the hot copy flips on the node.
+	f, err := os.OpenFile(s.Path(bad.Key, TierHot), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff ^ blob(2<<10, 2)[100]}, 100); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+
+	got := s.Verify()
+	ignore := cmpopts.IgnoreFields(Verification{}, "Time", "Got", "Error")
+	want := []Verification{
+		{Key: bad.Key, Tier: TierHot, Digest: bad.Digest, Dropped: true},
+		{Key: good.Key, Tier: TierWarm, Digest: good.Digest},
+	}
+	if diff := cmp.Diff(want, got, ignore); diff != "" {
+		t.Fatalf("verifications (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(got[0].Error, "hash mismatch") || got[0].Got == "" || got[1].Error != "" {
+		t.Errorf("the dropped copy should name the mismatch and its new digest, the good one no error: %+v", got)
+	}
+	if _, ok := s.Lookup(bad.Key, TierHot); ok {
+		t.Error("the copy that no longer verifies is still indexed")
+	}
+	if _, err := os.Stat(s.Path(bad.Key, TierHot)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the copy that no longer verifies is still on disk: %v", err)
+	}
+	if e, _ := s.Lookup(good.Key, TierWarm); !e.VerifiedAt.After(good.VerifiedAt) {
+		t.Errorf("the good copy's verification time %v did not move past %v", e.VerifiedAt, good.VerifiedAt)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.HotDir, "team-a", EngineOffloadName("sleeper"))); err != nil {
+		t.Errorf("the engine's offload was touched: %v", err)
 	}
 }
