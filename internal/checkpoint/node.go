@@ -246,6 +246,7 @@ type TiersStatus struct {
 //	POST   /promote                         PromoteRequest → the new Entry
 //	POST   /demote                          DemoteRequest → DemoteResult
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
+//	POST   /verify                          re-hash every kept copy now → []Verification
 //	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
 //	       (both 501 with the reason where the node cannot snapshot)
@@ -261,6 +262,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		})
 		n.updateGauges()
 	})
+	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.VerifyNow()) })
 	mux.HandleFunc("POST /promote", n.handlePromote)
 	mux.HandleFunc("POST /demote", n.handleDemote)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)
