@@ -106,7 +106,7 @@ var versionRE = regexp.MustCompile(`v?(\d+)\.(\d+)(?:\.(\d+))?`)
 func CRICheckpointSupport(runtime string) (bool, string) {
 	r := strings.TrimSpace(runtime)
 	if r == "" {
-		return false, "container runtime version unknown: set --runtime-version to the node's status.nodeInfo.containerRuntimeVersion"
+		return false, "container runtime version unknown: set --runtime-version (the agent chart's runtimeVersion) to the node's status.nodeInfo.containerRuntimeVersion; the kubelet checkpoint API needs containerd 2.0 or CRI-O 1.25"
 	}
 	m := versionRE.FindStringSubmatch(r)
 	if m == nil {
