@@ -82,9 +82,11 @@ type CheckpointTriggers struct {
 	ParkSeconds *int32 `json:"parkSeconds,omitempty"`
 
 	// intervalSeconds between verifications of the tier copies: the node
-	// agent re-hashes each copy at this period and drops a copy that does
-	// not match (the next wake then comes from the tier below). Default
-	// 900.
+	// agent re-hashes each copy it keeps at this period (the shortest of
+	// the release's sleeping applications) and drops a copy that does not
+	// match (the next wake then comes from the tier below); the
+	// application's ModelCheckpoint then has Verified False, reason
+	// CopyDropped. Default 900.
 	// +optional
 	// +kubebuilder:validation:Minimum=60
 	// +kubebuilder:validation:Maximum=604800
@@ -93,7 +95,10 @@ type CheckpointTriggers struct {
 	// preemption lets the lifecycle put this application's engine to sleep
 	// before idleSeconds, to free an accelerator seat for another
 	// application of its seat group (see lifecycle.seat). Never while it
-	// has requests in flight. Default true.
+	// has requests in flight. Default true. Not acted on yet: seat groups
+	// are not run by the lifecycle leader, so nothing preempts; a policy
+	// that sets it to true sets the CheckpointFieldsSupported condition
+	// False naming it.
 	// +optional
 	Preemption *bool `json:"preemption,omitempty"`
 }
@@ -101,7 +106,10 @@ type CheckpointTriggers struct {
 // CheckpointTiers say where the weights of a sleeping engine may rest.
 type CheckpointTiers struct {
 	// hot is node RAM (a tmpfs owned by the node agent): RAM, or None to
-	// skip it. Default RAM.
+	// skip it. Default RAM. None is honored with sleepLevel 2 (the weights
+	// are dropped, never offloaded to RAM); with sleepLevel 1, whose sleep
+	// offloads them to RAM, it is not, and the CheckpointFieldsSupported
+	// condition is False naming it.
 	// +optional
 	// +kubebuilder:validation:Enum=RAM;None
 	Hot HotTier `json:"hot,omitempty"`
@@ -115,7 +123,9 @@ type CheckpointTiers struct {
 	// cold is where the weights come from when no node copy exists:
 	// ModelCache (the application's model-cache claim, filled by the fetch
 	// Job) or S3 (the model's s3:// source, with its credentials). Default
-	// ModelCache.
+	// ModelCache. S3 is not acted on yet: a cold wake reads the model cache
+	// (which the fetch Job fills from an s3:// source), and the
+	// CheckpointFieldsSupported condition is False naming it.
 	// +optional
 	// +kubebuilder:validation:Enum=ModelCache;S3
 	Cold ColdTier `json:"cold,omitempty"`
@@ -303,10 +313,17 @@ const (
 	// references a CheckpointPolicy that does not exist; the message names
 	// it.
 	ConditionCheckpointPolicyResolved = "CheckpointPolicyResolved"
+	// ConditionCheckpointFieldsSupported is False while a sleeping
+	// application sets a checkpoint field the operator accepts but does
+	// not act on (tiers.hot None with sleepLevel 1, tiers.warm None with
+	// parkAfter, tiers.cold S3, triggers.preemption true); the message
+	// names each application and field. True once none does.
+	ConditionCheckpointFieldsSupported = "CheckpointFieldsSupported"
 
 	ReasonResumeWithinSLO       = "ResumeWithinSLO"
 	ReasonResumeSlowerThanSLO   = "ResumeSlowerThanSLO"
 	ReasonPoliciesResolved      = "PoliciesResolved"
 	ReasonPolicyNotFound        = "CheckpointPolicyNotFound"
 	ReasonCheckpointUnsupported = "CheckpointUnsupported"
+	ReasonCheckpointSupported   = "CheckpointSupported"
 )

@@ -14,7 +14,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -59,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
 	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")
 
+	verify := fs.DurationSlice("verify-interval", []time.Duration{n.VerifyInterval}, "node: re-hash every kept copy at this period and drop one that no longer matches its digest; given several times (one per application), the shortest wins; 0 never")
+
 	checkConfig := fs.Bool("check-config", false, "validate the configuration, print it as JSON and exit")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -73,6 +77,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	n.Store.Budgets.Hot, n.Store.Budgets.Warm, n.MeasureBytes = int64(hot), int64(warm), int64(probe)
+	if fs.Changed("verify-interval") && len(*verify) > 0 {
+		n.VerifyInterval = slices.Min(*verify)
+	}
 
 	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
 	if *logFormat == "text" {

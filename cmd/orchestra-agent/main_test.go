@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 )
@@ -21,6 +22,26 @@ func TestCheckConfigPrintsTheFlagsAsConfig(t *testing.T) {
 	}
 	if cfg.Role != "node" || cfg.Node.Store.Budgets.Hot != 1<<30 || cfg.Node.Store.Budgets.Warm != 1<<29 || cfg.Node.Store.HotDir != "/dev/shm/x" {
 		t.Fatalf("config %+v", cfg.Node)
+	}
+	if cfg.Node.VerifyInterval != 15*time.Minute {
+		t.Errorf("default verify interval %v, want 15m", cfg.Node.VerifyInterval)
+	}
+}
+
+// The chart passes one --verify-interval per sleeping application: the
+// shortest wins.
+func TestVerifyIntervalTheShortestWins(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := run([]string{"--role", "node", "--verify-interval=15m0s", "--verify-interval=1m30s", "--verify-interval=1h0m0s", "--check-config"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var cfg checkpoint.Config
+	if err := json.Unmarshal(out.Bytes(), &cfg); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if cfg.Node.VerifyInterval != 90*time.Second {
+		t.Errorf("verify interval %v, want the shortest given, 1m30s", cfg.Node.VerifyInterval)
 	}
 }
 

@@ -62,6 +62,11 @@ type NodeConfig struct {
 	// as its size at the hot directory when it is not a mount point yet
 	// (needs CAP_SYS_ADMIN). Off, the directory is used as it is.
 	MountHotTier bool `json:"mountHotTier,omitempty"`
+	// VerifyInterval is the period at which the agent re-hashes every copy
+	// it keeps and drops one that no longer matches its digest (0: never).
+	// The chart passes the shortest triggers.intervalSeconds of the
+	// release's sleeping applications.
+	VerifyInterval time.Duration `json:"verifyInterval,omitempty"`
 	// SnapshotDir holds process snapshots (criu images); empty disables
 	// them. They are taken only when the node's report says criu works.
 	SnapshotDir string `json:"snapshotDir,omitempty"`
@@ -86,8 +91,9 @@ func Default() Config {
 				WarmDir: "/var/lib/model-orchestra/warm",
 				Budgets: Budgets{Hot: 8 << 30, Warm: 100 << 30},
 			},
-			MeasureBytes: 256 << 20,
-			CRIU:         "criu",
+			MeasureBytes:   256 << 20,
+			CRIU:           "criu",
+			VerifyInterval: 15 * time.Minute,
 		},
 	}
 }
@@ -129,6 +135,9 @@ func (c Config) Validate() error {
 		}
 		if n.MeasureBytes < 0 {
 			bad("measure bytes must not be negative")
+		}
+		if n.VerifyInterval < 0 {
+			bad("verify interval must not be negative, got %v", n.VerifyInterval)
 		}
 	default:
 		bad("role must be %s or %s, got %q", RoleSeat, RoleNode, c.Role)

@@ -50,6 +50,7 @@ type nodeMetrics struct {
 	bandwidth  *prometheus.GaugeVec
 	promotions *prometheus.CounterVec
 	demotions  *prometheus.CounterVec
+	verified   *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -72,8 +73,11 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orchestra_agent_demotions_total", Help: "Requested demotions from the hot to the warm tier (POST /demote) by result (ok; mismatch: the hot bytes did not hash to the recorded digest, nothing placed; failed).",
 		}, []string{"result"}),
+		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orchestra_agent_verifications_total", Help: "Periodic re-hashes of the kept copies (--verify-interval) by tier and result (ok; dropped: the copy no longer matched its digest or could not be read, and was removed).",
+		}, []string{"tier", "result"}),
 	}
-	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions, m.demotions)
+	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions, m.demotions, m.verified)
 	return m
 }
 

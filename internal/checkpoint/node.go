@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,8 @@ type Node struct {
 	report NodeReport
 	// hotMount says whether NewNode mounted the hot tier, or why not.
 	hotMount string
+	// verification is the state of the periodic re-hashing (guarded by mu).
+	verification VerificationReport
 }
 
 // NewNode opens the store. Call Measure to fill in bandwidths and
@@ -52,7 +55,8 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount}
+	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
+		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)}}
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
 	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
 	n.m.budget.WithLabelValues(string(TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
@@ -106,6 +110,7 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 		r.ProcessSnapshots = true
 	}
 	n.mu.Lock()
+	r.Verification = n.report.Verification
 	n.report = r
 	n.mu.Unlock()
 	n.log.Info("node measured", "memcpy", r.Memcpy, "hot", r.Hot.Read, "warm", r.Warm.Read,
@@ -117,18 +122,80 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 func (n *Node) Report() NodeReport {
 	n.mu.Lock()
 	r := n.report
+	r.Verification = n.verification
+	r.Verification.Dropped = slices.Clone(n.verification.Dropped)
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	count := map[Tier]int{}
+	var offloads int64
 	for _, e := range entries {
 		count[e.Tier]++
+		if e.Offload {
+			offloads += e.Bytes
+		}
 	}
 	hot, warm := r.Hot.Read, r.Warm.Read
 	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, n.store.Used(TierHot), count[TierHot])
 	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, n.store.Used(TierWarm), count[TierWarm])
 	r.Hot.Read, r.Warm.Read = hot, warm
 	r.Hot.Mount = n.hotMount
+	r.Hot.EngineOffloadBytes = offloads
+	if over := r.Hot.UsedBytes - r.Hot.BudgetBytes; over > 0 && offloads > 0 {
+		r.Hot.Warning = fmt.Sprintf("the hot tier holds %d bytes, %d over its budget: %d of them are engines' level-1 offloads, which the engines release (a wake, or a sleep at level 2) and the agent never evicts; the agent admits no hot copy until they shrink", r.Hot.UsedBytes, over, offloads)
+	}
+	n.updateGauges()
 	return r
+}
+
+// maxDropped bounds the dropped copies the report remembers.
+const maxDropped = 32
+
+// VerifyNow re-hashes every copy the store keeps (Store.Verify), drops
+// those that no longer match their digest, and records the pass in the
+// report and the metrics.
+func (n *Node) VerifyNow() []Verification {
+	res := n.store.Verify()
+	now := time.Now()
+	n.mu.Lock()
+	n.verification.LastTime, n.verification.Copies = &now, len(res)
+	for _, v := range res {
+		if v.Dropped {
+			n.verification.Dropped = append(n.verification.Dropped, v)
+		}
+	}
+	if k := len(n.verification.Dropped) - maxDropped; k > 0 {
+		n.verification.Dropped = n.verification.Dropped[k:]
+	}
+	n.mu.Unlock()
+	for _, v := range res {
+		switch {
+		case v.Dropped:
+			n.m.verified.WithLabelValues(string(v.Tier), "dropped").Inc()
+		case v.Error == "":
+			n.m.verified.WithLabelValues(string(v.Tier), "ok").Inc()
+		}
+	}
+	n.updateGauges()
+	return res
+}
+
+// Verify runs VerifyNow every cfg.VerifyInterval until ctx ends (never when
+// the interval is 0).
+func (n *Node) Verify(ctx context.Context) {
+	if n.cfg.VerifyInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.VerifyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			res := n.VerifyNow()
+			n.log.Info("kept copies verified", "copies", len(res))
+		}
+	}
 }
 
 // PromoteRequest is the body of POST /promote.
@@ -179,6 +246,7 @@ type TiersStatus struct {
 //	POST   /promote                         PromoteRequest → the new Entry
 //	POST   /demote                          DemoteRequest → DemoteResult
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
+//	POST   /verify                          re-hash every kept copy now → []Verification
 //	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
 //	       (both 501 with the reason where the node cannot snapshot)
@@ -192,7 +260,9 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 			Used:    map[Tier]int64{TierHot: n.store.Used(TierHot), TierWarm: n.store.Used(TierWarm)},
 			Entries: n.store.Entries(),
 		})
+		n.updateGauges()
 	})
+	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.VerifyNow()) })
 	mux.HandleFunc("POST /promote", n.handlePromote)
 	mux.HandleFunc("POST /demote", n.handleDemote)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)

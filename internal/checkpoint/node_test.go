@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -141,6 +142,10 @@ func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cfg.Store.HotDir, "team-a", checkpoint.EngineOffloadName("orch-chat")), w, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The report counts the engine's offload in the hot tier's use.
+	if rep := n.Report(); rep.Hot.EngineOffloadBytes != int64(len(w)) || rep.Hot.UsedBytes != int64(len(w)) || rep.Hot.Entries != 1 {
+		t.Errorf("hot tier report %+v; want the %d bytes of the engine's offload used, as one entry", rep.Hot, len(w))
+	}
 	demote := func(body string) (int, string) {
 		resp, err := http.Post(srv.URL+"/demote", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -189,5 +194,57 @@ func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
 	}
 	if counts["ok"] != 1 || counts["mismatch"] != 1 {
 		t.Errorf("orchestra_agent_demotions_total %v, want ok 1 and mismatch 1", counts)
+	}
+}
+
+// A pass of the periodic verification shows in the report (the copy
+// dropped, with the digests) and in the metrics.
+func TestNodeVerifyReportsDroppedCopies(t *testing.T) {
+	cold := t.TempDir()
+	w := make([]byte, 1<<20)
+	arena.Synthesize(w, 4)
+	if err := os.WriteFile(filepath.Join(cold, "model.gguf"), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := checkpoint.NodeConfig{
+		Store: checkpoint.StoreConfig{
+			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+			Budgets: checkpoint.Budgets{Hot: 4 << 20, Warm: 4 << 20},
+		},
+		ColdDir: cold, RuntimeVersion: "containerd://1.6.20", VerifyInterval: time.Hour,
+	}
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := checkpoint.Key{Namespace: "team-a", Name: "m"}
+	if _, err := n.Store().Promote(key, checkpoint.TierWarm, filepath.Join(cold, "model.gguf"), arena.Sum(w).String(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.Store().Path(key, checkpoint.TierWarm), make([]byte, len(w)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.VerifyNow()
+	rep := n.Report()
+	v := rep.Verification
+	if v.IntervalSeconds != 3600 || v.LastTime == nil || v.Copies != 1 || len(v.Dropped) != 1 ||
+		v.Dropped[0].Key != key || v.Dropped[0].Digest != arena.Sum(w).String() || !v.Dropped[0].Dropped {
+		t.Fatalf("verification report %+v; want one pass over one copy, the warm copy of %s dropped", v, key)
+	}
+	if rep.Warm.Entries != 0 {
+		t.Errorf("the warm tier still lists %d entries", rep.Warm.Entries)
+	}
+	mfs, _ := reg.Gather()
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "orchestra_agent_verifications_total" {
+			for _, m := range mf.GetMetric() {
+				found = found || (m.GetCounter().GetValue() == 1 && strings.Contains(m.String(), "dropped"))
+			}
+		}
+	}
+	if !found {
+		t.Error("orchestra_agent_verifications_total{result=\"dropped\"} is not 1")
 	}
 }

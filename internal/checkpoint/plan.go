@@ -41,6 +41,12 @@ type Entry struct {
 	VerifiedAt time.Time `json:"verifiedAt"`
 	// Pinned copies are being read or written and are never evicted.
 	Pinned bool `json:"pinned,omitempty"`
+	// Offload marks an engine's level-1 offload (EngineOffloadName) in
+	// the hot directory: the engine wrote it and releases it (its wake, or
+	// a sleep at level 2), so it counts against the hot budget but the
+	// agent never evicts it (it is also Pinned). Its Bytes are the bytes
+	// the tmpfs holds for it, which a wake lowers block by block.
+	Offload bool `json:"offload,omitempty"`
 }
 
 // Budgets bound the bytes the agent keeps per tier.
@@ -81,7 +87,8 @@ var ErrNoRoom = errors.New("no room in the tier")
 // PlanAdmit plans the evictions that make room for in (in.Tier, in.Bytes)
 // within the budgets. Victims are taken lowest priority first and, within
 // a priority, least recently used first; a copy with a higher priority than
-// in, or a pinned copy, is never evicted. An evicted hot copy is demoted to
+// in, a pinned copy, or an engine's level-1 offload (Offload: the engine's to
+// release, counted in the hot tier's use) is never evicted. An evicted hot copy is demoted to
 // warm when warm has no copy of it and room can be made there under the
 // same rule; otherwise it is dropped (the cold tier still holds it). A copy
 // of in.Key already in the tier is replaced. The plan is pure: it reads
@@ -92,8 +99,8 @@ func PlanAdmit(entries []Entry, b Budgets, in Entry) ([]Action, error) {
 	}
 	p := planner{budgets: b}
 	for _, e := range entries {
-		if e.Key == in.Key && e.Tier == in.Tier {
-			continue // replaced
+		if e.Key == in.Key && e.Tier == in.Tier && !e.Offload {
+			continue // replaced (an engine's offload of the same name stays)
 		}
 		p.entries = append(p.entries, e)
 	}
@@ -120,18 +127,18 @@ func (p *planner) used(t Tier) int64 {
 }
 
 func (p *planner) has(k Key, t Tier) bool {
-	return slices.ContainsFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t })
+	return slices.ContainsFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t && !e.Offload })
 }
 
 func (p *planner) remove(k Key, t Tier) {
-	p.entries = slices.DeleteFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t })
+	p.entries = slices.DeleteFunc(p.entries, func(e Entry) bool { return e.Key == k && e.Tier == t && !e.Offload })
 }
 
 // evictionOrder sorts the candidates for eviction from t.
 func evictionOrder(entries []Entry, t Tier, in Entry) []Entry {
 	var c []Entry
 	for _, e := range entries {
-		if e.Tier == t && !e.Pinned && e.Priority <= in.Priority {
+		if e.Tier == t && !e.Pinned && !e.Offload && e.Priority <= in.Priority {
 			c = append(c, e)
 		}
 	}

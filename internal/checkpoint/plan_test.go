@@ -21,6 +21,13 @@ func act(kind ActionKind, name string, from Tier, bytes int64) Action {
 	return Action{Kind: kind, Key: Key{"ns", name}, From: from, Bytes: bytes}
 }
 
+// offloadEntry is an engine's level-1 offload as Store.Entries lists it.
+func offloadEntry(name string, bytes int64) Entry {
+	e := entry(name, TierHot, bytes, 0, 0)
+	e.Pinned, e.Offload = true, true
+	return e
+}
+
 func TestPlanAdmit(t *testing.T) {
 	budgets := Budgets{Hot: 100, Warm: 200}
 	pinned := entry("p", TierHot, 60, 0, 0)
@@ -101,6 +108,30 @@ func TestPlanAdmit(t *testing.T) {
 			name:    "a copy of the same key is replaced, not counted",
 			entries: []Entry{entry("new", TierHot, 90, 0, 1)},
 			in:      entry("new", TierHot, 90, 0, 9),
+		},
+		{
+			name:    "an engine's offload counts against the hot budget and is never evicted",
+			entries: []Entry{offloadEntry("sleeper", 60), entry("a", TierHot, 30, 9, 1)},
+			in:      entry("new", TierHot, 50, 9, 9),
+			wantErr: "needs 40 more bytes in the hot tier, and only 30 bytes",
+		},
+		{
+			name:    "with an engine's offload present, the agent's own copies make the room",
+			entries: []Entry{offloadEntry("sleeper", 40), entry("a", TierHot, 40, 0, 1)},
+			in:      entry("new", TierHot, 50, 0, 9),
+			want:    []Action{act(Demote, "a", TierHot, 40)},
+		},
+		{
+			name:    "an offload of the admitted name is not the copy it replaces",
+			entries: []Entry{offloadEntry("new", 60)},
+			in:      entry("new", TierHot, 50, 0, 9),
+			wantErr: "needs 10 more bytes",
+		},
+		{
+			name:    "the agent's copy is evicted, the engine's offload of the same name is not",
+			entries: []Entry{offloadEntry("a", 50), entry("a", TierHot, 30, 0, 1)},
+			in:      entry("new", TierHot, 40, 0, 9),
+			want:    []Action{act(Demote, "a", TierHot, 30)},
 		},
 		{
 			name:    "cold is not the agent's",

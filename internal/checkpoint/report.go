@@ -38,19 +38,40 @@ type NodeReport struct {
 	// checkpoint a container; Reason says why not.
 	ProcessSnapshots       bool   `json:"processSnapshots"`
 	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
+	// Verification is the periodic re-hashing of the kept copies.
+	Verification VerificationReport `json:"verification"`
+}
+
+// VerificationReport is the state of the periodic re-hashing of the copies
+// the agent keeps (--verify-interval).
+type VerificationReport struct {
+	// IntervalSeconds between passes; 0: the agent does not re-verify.
+	IntervalSeconds int64 `json:"intervalSeconds"`
+	// LastTime is when the last pass ended; Copies how many it hashed.
+	LastTime *time.Time `json:"lastTime,omitempty"`
+	Copies   int        `json:"copies"`
+	// Dropped are the copies removed because they no longer verified,
+	// newest last (at most 32 since the agent started).
+	Dropped []Verification `json:"dropped,omitempty"`
 }
 
 // TierReport describes one tier directory.
 type TierReport struct {
 	Dir string `json:"dir"`
 	// Filesystem is "tmpfs" or the statfs magic number in hex.
-	Filesystem  string     `json:"filesystem"`
-	SizeBytes   int64      `json:"sizeBytes"`
-	FreeBytes   int64      `json:"freeBytes"`
-	BudgetBytes int64      `json:"budgetBytes"`
-	UsedBytes   int64      `json:"usedBytes"`
-	Entries     int        `json:"entries"`
-	Read        *Bandwidth `json:"read,omitempty"`
+	Filesystem  string `json:"filesystem"`
+	SizeBytes   int64  `json:"sizeBytes"`
+	FreeBytes   int64  `json:"freeBytes"`
+	BudgetBytes int64  `json:"budgetBytes"`
+	// UsedBytes counts the agent's copies and, in the hot tier, the
+	// engines' level-1 offloads (EngineOffloadBytes of them).
+	UsedBytes int64 `json:"usedBytes"`
+	// EngineOffloadBytes is what the engines' level-1 offloads hold in the
+	// hot tier: counted in UsedBytes and the budget, never evicted by the
+	// agent.
+	EngineOffloadBytes int64      `json:"engineOffloadBytes,omitempty"`
+	Entries            int        `json:"entries"`
+	Read               *Bandwidth `json:"read,omitempty"`
 	// HugePages is the tmpfs huge= option ("within_size", "always", …;
 	// "never" for 4 KiB pages), empty off a tmpfs.
 	HugePages string `json:"hugePages,omitempty"`
@@ -85,7 +106,7 @@ var versionRE = regexp.MustCompile(`v?(\d+)\.(\d+)(?:\.(\d+))?`)
 func CRICheckpointSupport(runtime string) (bool, string) {
 	r := strings.TrimSpace(runtime)
 	if r == "" {
-		return false, "container runtime version unknown: set --runtime-version to the node's status.nodeInfo.containerRuntimeVersion"
+		return false, "container runtime version unknown: set --runtime-version (the agent chart's runtimeVersion) to the node's status.nodeInfo.containerRuntimeVersion; the kubelet checkpoint API needs containerd 2.0 or CRI-O 1.25"
 	}
 	m := versionRE.FindStringSubmatch(r)
 	if m == nil {

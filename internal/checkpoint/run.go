@@ -46,6 +46,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 			return nil, err
 		}
 		go node.Measure(ctx)
+		go node.Verify(ctx)
 		return node.Handler(reg), nil
 	}
 	return nil, fmt.Errorf("unknown role %q", cfg.Role)

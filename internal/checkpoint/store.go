@@ -12,7 +12,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
@@ -146,14 +149,16 @@ func (s *Store) scan(t Tier) error {
 	return nil
 }
 
-// Entries lists every copy, hot first, then by key.
+// Entries lists every copy, hot first, then by key: the store's own
+// copies and the engines' level-1 offloads in the hot directory (Offload),
+// which count against the hot budget and which the store never evicts.
 func (s *Store) Entries() []Entry {
+	out := s.engineOffloads()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Entry, 0, len(s.entries))
 	for _, e := range s.entries {
 		out = append(out, *e)
 	}
+	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b Entry) int {
 		if a.Tier != b.Tier {
 			if a.Tier == TierHot {
@@ -161,16 +166,79 @@ func (s *Store) Entries() []Entry {
 			}
 			return 1
 		}
-		return strings.Compare(a.String(), b.String())
+		if n := strings.Compare(a.String(), b.String()); n != 0 {
+			return n
+		}
+		if a.Offload != b.Offload {
+			if a.Offload {
+				return 1
+			}
+			return -1
+		}
+		return 0
 	})
 	return out
 }
 
-// Used is the bytes held in tier t.
+// engineOffloads lists the engines' level-1 offloads (EngineOffloadName)
+// in the hot directory. Engines write and release them without telling
+// the agent, so they are read from the directory each time. Bytes are the
+// blocks the tmpfs holds for the file (a wake punches them out as it
+// reads), at most its size.
+func (s *Store) engineOffloads() []Entry {
+	root := s.dir(TierHot)
+	nss, err := os.ReadDir(root)
+	if err != nil {
+		return nil
+	}
+	var out []Entry
+	for _, ns := range nss {
+		if !ns.IsDir() || !dnsLabel.MatchString(ns.Name()) {
+			continue
+		}
+		files, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		if err != nil {
+			continue
+		}
+		for _, f := range files {
+			name, ok := offloadOf(f.Name())
+			if !ok || !f.Type().IsRegular() {
+				continue
+			}
+			fi, err := f.Info()
+			if err != nil {
+				continue // released meanwhile
+			}
+			bytes := fi.Size()
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				bytes = min(bytes, st.Blocks*512)
+			}
+			out = append(out, Entry{Key: Key{ns.Name(), name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
+		}
+	}
+	return out
+}
+
+// offloadOf is the weights name of an engine's level-1 offload file name.
+func offloadOf(file string) (string, bool) {
+	name, ok := strings.CutSuffix(strings.TrimPrefix(file, "."), ".level1")
+	if !ok || !strings.HasPrefix(file, ".") || (Key{"ns", name}).Validate() != nil {
+		return "", false
+	}
+	return name, true
+}
+
+// Used is the bytes held in tier t, the engines' level-1 offloads included
+// for the hot tier.
 func (s *Store) Used(t Tier) int64 {
+	var n int64
+	if t == TierHot {
+		for _, e := range s.engineOffloads() {
+			n += e.Bytes
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n int64
 	for id, e := range s.entries {
 		if id.Tier == t {
 			n += e.Bytes
@@ -421,7 +489,8 @@ func (s *Store) Restore(k Key, a *arena.Arena) (Entry, arena.FillStats, error) {
 // EngineOffloadName is the file name under which an engine offloads the
 // weights named name at sleep level 1, in its namespace's hot directory:
 // a dot file ("."+name+".level1", internal/sim), so it never collides with
-// a copy the store keeps under name and the store's index skips it.
+// a copy the store keeps under name. The store counts it against the hot
+// budget and lists it (Entry.Offload) but never evicts it.
 func EngineOffloadName(name string) string { return "." + name + ".level1" }
 
 // DemoteSource says what a demotion copied into the warm tier.
@@ -530,4 +599,101 @@ func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource,
 	}
 	s.log.Info("demoted to the warm tier", "key", k.String(), "from", source, "bytes", e.Bytes, "digest", e.Digest)
 	return e, source, nil
+}
+
+// Verification is the outcome of re-hashing one copy (Store.Verify).
+type Verification struct {
+	Key
+	Tier Tier `json:"tier"`
+	// Digest is the digest recorded for the copy; Got what its bytes hash
+	// to now (empty when they could not be read).
+	Digest string `json:"digest"`
+	Got    string `json:"got,omitempty"`
+	// Dropped is true when the copy no longer verified and was removed:
+	// the next wake reads the tier below.
+	Dropped bool      `json:"dropped"`
+	Error   string    `json:"error,omitempty"`
+	Time    time.Time `json:"time"`
+}
+
+// Verify re-hashes every copy the store keeps (not the engines' offloads,
+// which their engines verify on wake) and compares it with its recorded
+// digest. A copy that verifies gets a new VerifiedAt; one that does not, or
+// cannot be read, is removed, so that no wake reads it, and is returned
+// with Dropped set. Warm copies are read past the page cache (a cached
+// page would hide a bad block). Admissions wait for the copy being hashed.
+func (s *Store) Verify() []Verification {
+	var out []Verification
+	for _, e := range s.Entries() {
+		if e.Offload {
+			continue
+		}
+		out = append(out, s.verifyOne(e))
+	}
+	return out
+}
+
+func (s *Store) verifyOne(e Entry) Verification {
+	s.admit.Lock()
+	defer s.admit.Unlock()
+	v := Verification{Key: e.Key, Tier: e.Tier, Digest: e.Digest, Time: s.now()}
+	cur, ok := s.Lookup(e.Key, e.Tier)
+	if !ok || cur.Digest != e.Digest {
+		v.Digest, v.Error = cur.Digest, "replaced or removed while verifying"
+		return v
+	}
+	got, err := hashFile(s.Path(e.Key, e.Tier), e.Bytes, e.Tier == TierWarm)
+	want, perr := arena.ParseDigest(e.Digest)
+	switch {
+	case err != nil:
+		v.Error = err.Error()
+	case perr != nil:
+		v.Error = perr.Error()
+	case got != want:
+		v.Got = got.String()
+		v.Error = (&arena.MismatchError{Source: "the " + string(e.Tier) + " copy", Want: want, Got: got, Bytes: e.Bytes}).Error()
+	default:
+		s.mu.Lock()
+		if p, ok := s.entries[entryID{e.Key, e.Tier}]; ok {
+			p.VerifiedAt = v.Time
+			e = *p
+		}
+		s.mu.Unlock()
+		_ = s.writeMeta(e)
+		return v
+	}
+	v.Dropped = true
+	if err := s.Remove(e.Key, e.Tier); err != nil {
+		v.Error += "; removing it: " + err.Error()
+	}
+	s.log.Error("a kept copy no longer verifies: dropped", "key", e.Key.String(), "tier", e.Tier, "digest", e.Digest, "err", v.Error)
+	return v
+}
+
+// hashFile hashes path through one block-sized buffer (a copy of any size
+// costs 8 MiB of memory), past the page cache when direct and the
+// filesystem allows O_DIRECT (else after dropping the file's cached pages).
+func hashFile(path string, size int64, direct bool) (arena.Digest, error) {
+	var f *os.File
+	var err error
+	if direct {
+		f, err = os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+	}
+	if f == nil {
+		if f, err = os.Open(path); err != nil {
+			return 0, fmt.Errorf("verifying %s: %w", path, err)
+		}
+		if direct {
+			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		}
+	}
+	defer func() { _ = f.Close() }()
+	d, n, err := arena.CopyHash(io.Discard, f)
+	if err != nil {
+		return 0, fmt.Errorf("verifying %s: %w", path, err)
+	}
+	if n != size {
+		return 0, fmt.Errorf("verifying %s: %d bytes, want %d", path, n, size)
+	}
+	return d, nil
 }

@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
@@ -272,10 +274,102 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]placed{{"m", TierWarm}}, placement(s)); diff != "" {
+	// The engine's offload stays in the hot tier until the engine releases it.
+	if diff := cmp.Diff([]placed{{"m", TierHot}, {"m", TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement (-want +got):\n%s", diff)
 	}
 	if used := s.Used(TierWarm); used > cfg.Budgets.Warm {
 		t.Errorf("warm tier holds %d bytes, budget %d", used, cfg.Budgets.Warm)
+	}
+}
+
+// The engines' level-1 offloads are written into the hot directory without
+// the agent: they still count against the hot budget (the tmpfs holds
+// them), are listed as offloads, and are never evicted for the agent's
+// copies; once the engine releases one, its room is the agent's again.
+func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 3 << 10, Warm: 8 << 10})
+	src := offload(t, cfg, "sleeper", blob(2<<10, 9))
+	if got := s.Used(TierHot); got != 2<<10 {
+		t.Fatalf("hot use with a 2 KiB engine offload = %d, want %d", got, 2<<10)
+	}
+	want := []Entry{{Key: Key{"team-a", "sleeper"}, Tier: TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
+	if diff := cmp.Diff(want, s.Entries(), cmpopts.IgnoreFields(Entry{}, "LastUsed")); diff != "" {
+		t.Fatalf("entries (-want +got):\n%s", diff)
+	}
+
+	// 2 KiB more would exceed the 3 KiB budget, and the offload is not
+	// the agent's to evict.
+	_, err := s.Put(PutRequest{Key: Key{"team-a", "b"}, Tier: TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("admitting 2 KiB next to a 2 KiB offload under a 3 KiB budget: %v, want ErrNoRoom", err)
+	}
+	put(t, s, "a", TierHot, blob(1<<10, 1), 0)
+	if got := s.Used(TierHot); got > cfg.Budgets.Hot {
+		t.Fatalf("hot tier holds %d bytes over its %d budget", got, cfg.Budgets.Hot)
+	}
+	// A copy of higher priority evicts the agent's copy, not the offload.
+	_, err = s.Put(PutRequest{Key: Key{"team-a", "c"}, Tier: TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]placed{{"c", TierHot}, {"sleeper", TierHot}, {"a", TierWarm}}, placement(s)); diff != "" {
+		t.Fatalf("placement (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Fatalf("the engine's offload was touched: %v", err)
+	}
+
+	// The engine wakes and releases it: the room is the agent's again.
+	if err := os.Remove(src); err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "b", TierHot, blob(2<<10, 2), 5)
+	if got := s.Used(TierHot); got != 3<<10 {
+		t.Fatalf("hot use after the offload was released = %d, want %d", got, 3<<10)
+	}
+}
+
+// Verify re-hashes every kept copy: one that still matches gets a new
+// verification time; one whose bytes changed on the node (a bad block, a
+// stray write) is dropped, so that no wake reads it, and reported.
+func TestStoreVerifyDropsCopiesThatNoLongerMatch(t *testing.T) {
+	s, cfg := testStore(t, Budgets{Hot: 8 << 10, Warm: 8 << 10})
+	good := put(t, s, "good", TierWarm, blob(2<<10, 1), 0)
+	bad := put(t, s, "bad", TierHot, blob(2<<10, 2), 0)
+	offload(t, cfg, "sleeper", blob(1<<10, 3)) // the engine's: its wake verifies it
+	// One byte of the hot copy flips on the node.
+	f, err := os.OpenFile(s.Path(bad.Key, TierHot), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff ^ blob(2<<10, 2)[100]}, 100); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+
+	got := s.Verify()
+	ignore := cmpopts.IgnoreFields(Verification{}, "Time", "Got", "Error")
+	want := []Verification{
+		{Key: bad.Key, Tier: TierHot, Digest: bad.Digest, Dropped: true},
+		{Key: good.Key, Tier: TierWarm, Digest: good.Digest},
+	}
+	if diff := cmp.Diff(want, got, ignore); diff != "" {
+		t.Fatalf("verifications (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(got[0].Error, "hash mismatch") || got[0].Got == "" || got[1].Error != "" {
+		t.Errorf("the dropped copy should name the mismatch and its new digest, the good one no error: %+v", got)
+	}
+	if _, ok := s.Lookup(bad.Key, TierHot); ok {
+		t.Error("the copy that no longer verifies is still indexed")
+	}
+	if _, err := os.Stat(s.Path(bad.Key, TierHot)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the copy that no longer verifies is still on disk: %v", err)
+	}
+	if e, _ := s.Lookup(good.Key, TierWarm); !e.VerifiedAt.After(good.VerifiedAt) {
+		t.Errorf("the good copy's verification time %v did not move past %v", e.VerifiedAt, good.VerifiedAt)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.HotDir, "team-a", EngineOffloadName("sleeper"))); err != nil {
+		t.Errorf("the engine's offload was touched: %v", err)
 	}
 }

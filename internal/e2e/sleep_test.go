@@ -389,3 +389,181 @@ func jsonOf(v any) string {
 	}
 	return string(b)
 }
+
+// TestColdWakeSurvivesKills wakes a sleeping engine from the cold tier on
+// real pods while the components around the wake are killed. The
+// simulator (256 MiB of weights, every wake slowed by 15 s) sleeps and is
+// demoted to the warm tier; the node agent's warm copy is then removed
+// (DELETE /tiers/warm/…), so the resident tier is Cold. A streamed chat
+// wakes it, and while the wake runs the node agent's and the dispatcher's
+// (the lifecycle leader's) containers are SIGKILLed. The chat must still
+// be answered completely, the wake must come from the cold tier with every
+// byte verified, the sleeping engine must have refused nothing, and both
+// killed containers must have restarted. Bounded by 7 minutes.
+func TestColdWakeSurvivesKills(t *testing.T) {
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 7*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-coldwake")
+	const (
+		name    = "coldwake"
+		weights = 256 << 20
+	)
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=256Mi", "--fault-wake-delay=15s", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"requests": map[string]any{"cpu": "50m", "memory": "384Mi"},
+		"limits":   map[string]any{"memory": "1Gi"},
+	}, "spec", "applications", app, "runtime", "resources"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "parkAfter": "4s", "maxWait": "4m",
+	}, "spec", "applications", app, "lifecycle"))
+	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat through %s: %v", base, err)
+	}
+	logf("Ready, first chat answered")
+	root := stackPod(ctx, t, ns, name, "root", 0)
+	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierWarm })
+	logf("asleep, demoted to the warm tier")
+
+	// The warm copy goes away (as an eviction or a failed re-verification
+	// would take it): the next wake can only read the cold tier.
+	agent := stackPod(ctx, t, ns, name, "checkpoint-agent", 0)
+	artifact := name + "-" + app
+	if err := env.cs.CoreV1().RESTClient().Delete().Namespace(ns).Resource("pods").Name(agent.Name+":9301").
+		SubResource("proxy").Suffix("tiers", "warm", ns, artifact).Do(ctx).Error(); err != nil {
+		t.Fatalf("removing the warm copy %s/%s from node agent %s: %v", ns, artifact, agent.Name, err)
+	}
+	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierCold })
+	logf("resident tier Cold")
+
+	dispatcher := stackPod(ctx, t, ns, name, "dispatcher", 0)
+	mo, err := stack.Get(ctx, env.dyn, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakes := mo.Status.Applications[app].Lifecycle.Wakes
+	type answer struct {
+		res *stack.ChatResult
+		err error
+	}
+	done := make(chan answer, 1)
+	sent := time.Now()
+	go func() {
+		res, err := stack.StreamChat(ctx, base, token, served, "wake up from the cold tier", 8, nil)
+		done <- answer{res, err}
+	}()
+	// Kill both while the (15 s) wake runs.
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		if lc := mo.Status.Applications[app].Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleWaking {
+			return fmt.Errorf("lifecycle %s; want state Waking", lifecycleJSON(lc))
+		}
+		return nil
+	})
+	logf("waking; killing the node agent %s and the dispatcher %s", agent.Name, dispatcher.Name)
+	killContainer(ctx, t, ns, agent, "agent")
+	killContainer(ctx, t, ns, dispatcher, "dispatcher")
+
+	var a answer
+	select {
+	case a = <-done:
+	case <-ctx.Done():
+		t.Fatal("the chat sent to the sleeping engine was not answered before the test's deadline")
+	}
+	if a.err == nil && (!a.res.Done || a.res.FinishReason == "") {
+		a.err = fmt.Errorf("stream cut: done %v, finish_reason %q after %d chunks", a.res.Done, a.res.FinishReason, a.res.Chunks)
+	}
+	if a.err != nil {
+		t.Fatalf("the chat that woke the engine through the kills was not answered completely: %v", a.err)
+	}
+	logf("the chat was answered completely after %.1fs", time.Since(sent).Seconds())
+
+	var lw *v1alpha1.WakeStatus
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		lc := mo.Status.Applications[app].Lifecycle
+		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes <= wakes || lc.LastWake == nil || lc.LastWake.Seconds == "" {
+			return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(lc), wakes+1)
+		}
+		lw = lc.LastWake
+		return nil
+	})
+	if lw.FromTier != v1alpha1.TierCold || lw.Bytes != weights {
+		t.Errorf("lastWake = %+v; want fromTier Cold and bytes %d", lw, weights)
+	}
+	logf("lastWake: from %s, %d bytes in %ss", lw.FromTier, lw.Bytes, lw.Seconds)
+	seat, err := seatState(ctx, ns, root.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil || !seat.LastWake.Transfer.Verified ||
+		seat.LastWake.Transfer.Bytes != weights || !strings.EqualFold(seat.LastWake.Transfer.Tier, string(v1alpha1.TierCold)) {
+		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the cold tier", root.Name, seat.State, jsonOf(seat.LastWake), weights)
+	}
+	m, err := scrape(ctx, ns, root.Name, strconv.Itoa(enginePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metricValue(m, "orchestra_sim_requests_refused_asleep_total"); n != 0 {
+		t.Errorf("the sleeping engine refused %g requests: one was sent to it while it slept", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
+		t.Errorf("%g wakes failed the hash verification", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="cold"`, `result="ok"`); n < 1 {
+		t.Errorf("the simulator counted no verified wake from the cold tier")
+	}
+	// The kills happened and the killed components came back.
+	for _, k := range []struct{ pod, container string }{{agent.Name, "agent"}, {dispatcher.Name, "dispatcher"}} {
+		eventually(t, 90*time.Second, func() error {
+			p, err := env.cs.CoreV1().Pods(ns).Get(ctx, k.pod, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			for _, s := range p.Status.ContainerStatuses {
+				if s.Name == k.container && s.RestartCount >= 1 && s.Ready {
+					return nil
+				}
+			}
+			return fmt.Errorf("container %s of %s has not restarted and become ready: %+v", k.container, k.pod, p.Status.ContainerStatuses)
+		})
+	}
+	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.UID != root.UID {
+		t.Errorf("root pod %s was replaced: a wake must keep the pod", root.Name)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			t.Errorf("container %s of root %s restarted %d times: the kills around the wake must not reach the engine", s.Name, root.Name, s.RestartCount)
+		}
+	}
+	logf("done")
+}

@@ -41,6 +41,7 @@ const (
 	EventSleepCancelled  = "SleepCancelled"
 	EventSleepFailed     = "SleepFailed"
 	EventDemoted         = "Demoted"
+	EventCopyDropped     = "CheckpointCopyDropped"
 	EventSeatRestarted   = "SeatRestarted"
 	EventEnginesAwake    = "EnginesAwake"
 	EventEngineWakeRetry = "EngineWakeFailing"

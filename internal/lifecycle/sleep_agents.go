@@ -263,7 +263,9 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 				callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
 				callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
-				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint {
+				// The engine's own level-1 offload is placed from the
+				// seats (writeCheckpointFrom), not from the agent's list.
+				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint && !e.Offload {
 					v.entries = append(v.entries, e)
 				}
 			}
@@ -417,6 +419,18 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats
 	if len(st.Placements) > 64 {
 		st.Placements = st.Placements[:64]
 	}
+	if d, node, ok := latestDrop(views, c.deps.Namespace, a.Sleep.ModelCheckpoint); ok && verified == nil &&
+		(a.sl.verifiedCond == nil || d.Time.After(a.sl.verifiedCond.LastTransitionTime.Time)) {
+		// A node agent's periodic re-hash found a copy that no longer
+		// matched its digest and dropped it: the next wake reads the tier
+		// below. It stays False until a wake verifies again.
+		cond := metav1.Condition{Type: "Verified", Status: metav1.ConditionFalse, Reason: "CopyDropped",
+			Message: fmt.Sprintf("the node agent on %s dropped its %s copy at %s because it no longer verified (%s); the next wake reads the tier below",
+				node, d.Tier, d.Time.UTC().Format(time.RFC3339), d.Error),
+			LastTransitionTime: metav1.Time{Time: d.Time}}
+		a.sl.verifiedCond = &cond
+		c.event(a, corev1.EventTypeWarning, EventCopyDropped, "%s", cond.Message)
+	}
 	if verified != nil {
 		cond := metav1.Condition{Type: "Verified", Status: metav1.ConditionTrue, Reason: "WakeVerified",
 			Message: "the last wake's bytes hashed to the digest recorded when the engine loaded them", LastTransitionTime: metav1.Now()}
@@ -437,6 +451,21 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats
 		return
 	}
 	a.sl.written = string(b)
+}
+
+// latestDrop is the newest copy of the artifact name (in namespace ns) that
+// a node agent's periodic verification dropped, and the agent's node.
+func latestDrop(views []nodeView, ns, name string) (checkpoint.Verification, string, bool) {
+	var out checkpoint.Verification
+	node, found := "", false
+	for _, v := range views {
+		for _, d := range v.report.Verification.Dropped {
+			if d.Namespace == ns && d.Name == name && (!found || d.Time.After(out.Time)) {
+				out, node, found = d, v.node, true
+			}
+		}
+	}
+	return out, node, found
 }
 
 // CheckpointStatusWriter writes a ModelCheckpoint's status.

@@ -17,6 +17,9 @@ import (
 //   - CheckpointPolicyResolved, while an application references a
 //     CheckpointPolicy: False naming each one that cannot be read (its
 //     applications run with their inline fields), else True;
+//   - CheckpointFieldsSupported: False while a sleeping application sets a
+//     field that is accepted but not acted on (unsupportedSleepFields),
+//     naming each; True once none does;
 //   - ResumeSLOAtRisk, while an application sleeps: True when an
 //     application's expected resume time from its resident tier exceeds the
 //     resume SLO of that tier (the message names the application, the tier
@@ -46,6 +49,26 @@ func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.Appli
 		out = append(out, metav1.Condition{
 			Type: v1alpha1.ConditionCheckpointPolicyResolved, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonPoliciesResolved,
 			Message: "no application references a CheckpointPolicy",
+		})
+	}
+
+	var unsupported []string
+	for _, name := range sortedKeys(mo.Spec.Applications) {
+		app := mo.Spec.Applications[name]
+		if sleep := effectiveSleep(app, pols); sleep.Enabled() {
+			unsupported = append(unsupported, unsupportedSleepFields(name, app, sleep, pols)...)
+		}
+	}
+	switch {
+	case len(unsupported) > 0:
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionCheckpointFieldsSupported, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonCheckpointUnsupported,
+			Message: strings.Join(unsupported, "; "),
+		})
+	case had(v1alpha1.ConditionCheckpointFieldsSupported):
+		out = append(out, metav1.Condition{
+			Type: v1alpha1.ConditionCheckpointFieldsSupported, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonCheckpointSupported,
+			Message: "every checkpoint field the applications set is acted on",
 		})
 	}
 
@@ -99,6 +122,26 @@ func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.Appli
 			Type: v1alpha1.ConditionResumeSLOAtRisk, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonResumeWithinSLO,
 			Message: "no application sleeps",
 		})
+	}
+	return out
+}
+
+// unsupportedSleepFields names the checkpoint fields of a sleeping
+// application that are accepted but not acted on, each with what happens
+// instead.
+func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, pols policies) []string {
+	var out []string
+	if sleep.Tiers.Hot == v1alpha1.HotTierNone && sleep.Level == 1 {
+		out = append(out, fmt.Sprintf("%s: tiers.hot is None, but its engine sleeps at level 1, which offloads the weights to node RAM; set lifecycle.sleepLevel 2 to keep them out of RAM", name))
+	}
+	if sleep.Tiers.Warm == v1alpha1.WarmTierNone && sleep.ParkAfter > 0 {
+		out = append(out, fmt.Sprintf("%s: tiers.warm is None with parkAfter %v: the engine wakes from the cold tier after its demotion, but the lifecycle leader still asks the node agent for a warm copy and reports Warm as the resident tier", name, sleep.ParkAfter))
+	}
+	if sleep.Tiers.Cold == v1alpha1.ColdTierS3 {
+		out = append(out, fmt.Sprintf("%s: tiers.cold S3 is not supported; a cold wake reads the model cache, which the fetch Job fills from the model's source", name))
+	}
+	if p := pols.forApp(app); p != nil && p.Triggers.Preemption != nil && *p.Triggers.Preemption {
+		out = append(out, fmt.Sprintf("%s: triggers.preemption of CheckpointPolicy %s has no effect; seat groups are not run by the lifecycle leader, so no engine is put to sleep before its idle time", name, app.Lifecycle.CheckpointPolicy))
 	}
 	return out
 }

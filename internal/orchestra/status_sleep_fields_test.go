@@ -1,0 +1,95 @@
+package orchestra
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
+
+// Checkpoint fields that are accepted but not acted on are never silently
+// ignored: CheckpointFieldsSupported is False naming each application and
+// field, and turns True once none is set.
+func TestCheckpointFieldsSupportedCondition(t *testing.T) {
+	app := func(lifecycle string) string {
+		return `{applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: ` + lifecycle + `}}}`
+	}
+	policy := func(spec string) PolicyDocuments {
+		return PolicyDocuments{types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", spec)}
+	}
+	for _, tc := range []struct {
+		name     string
+		spec     string
+		policies PolicyDocuments
+		old      []metav1.Condition
+		status   string // "" means absent
+		msg      []string
+	}{
+		{name: "defaults: nothing to say", spec: app(`{sleepAfter: 2m, zeroAfter: 30m}`), policies: PolicyDocuments{}},
+		{
+			name: "hot None with level 1 is refused", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, tiers: {hot: None}}`), policies: PolicyDocuments{},
+			status: "False", msg: []string{"chat: tiers.hot is None", "sleepLevel 2"},
+		},
+		{
+			name: "hot None with level 2 is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, sleepLevel: 2, tiers: {hot: None}}`), policies: PolicyDocuments{},
+		},
+		{
+			name: "warm None with parkAfter is only partly acted on", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, parkAfter: 5m, tiers: {warm: None}}`), policies: PolicyDocuments{},
+			status: "False", msg: []string{"chat: tiers.warm is None with parkAfter 5m0s"},
+		},
+		{
+			name: "warm None without parkAfter is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, tiers: {warm: None}}`), policies: PolicyDocuments{},
+		},
+		{
+			name: "cold S3 from the policy", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{tiers: {cold: S3}}`),
+			status: "False", msg: []string{"chat: tiers.cold S3 is not supported"},
+		},
+		{
+			name: "preemption true in the policy", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: true}, tiers: {hot: None}}`),
+			status: "False", msg: []string{"triggers.preemption of CheckpointPolicy fast has no effect", "tiers.hot is None"},
+		},
+		{
+			name: "preemption false is what happens anyway", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: false, intervalSeconds: 60}}`),
+		},
+		{
+			name: "an application that does not sleep is not judged", spec: app(`{zeroAfter: 30m, tiers: {cold: S3}}`), policies: PolicyDocuments{},
+		},
+		{
+			name: "cleared once fixed", spec: app(`{sleepAfter: 2m, zeroAfter: 30m}`), policies: PolicyDocuments{},
+			old:    []metav1.Condition{{Type: v1alpha1.ConditionCheckpointFieldsSupported, Status: metav1.ConditionFalse}},
+			status: "True", msg: []string{"every checkpoint field"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mo, err := Decode(owner(t, tc.spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			conds := sleepConditions(mo, nil, resolvePolicies(context.Background(), tc.policies, mo), tc.old)
+			c := meta.FindStatusCondition(conds, v1alpha1.ConditionCheckpointFieldsSupported)
+			switch {
+			case tc.status == "" && c != nil:
+				t.Fatalf("condition set (%s %s: %s), want it absent", c.Status, c.Reason, c.Message)
+			case tc.status == "":
+				return
+			case c == nil:
+				t.Fatalf("condition absent, want %s", tc.status)
+			case string(c.Status) != tc.status:
+				t.Fatalf("condition %s (%s), want %s", c.Status, c.Message, tc.status)
+			}
+			if c.Status == metav1.ConditionFalse && c.Reason != v1alpha1.ReasonCheckpointUnsupported {
+				t.Errorf("reason %s, want %s", c.Reason, v1alpha1.ReasonCheckpointUnsupported)
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(c.Message, m) {
+					t.Errorf("message %q does not contain %q", c.Message, m)
+				}
+			}
+		})
+	}
+}
