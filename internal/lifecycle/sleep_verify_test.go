@@ -58,11 +58,11 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	}
 
 	p.asleep(2, v1alpha1.TierCold)
-	eventually(t, 5*time.Second, "the ModelCheckpoint's Verified condition False naming the dropped copy", func() bool {
+	eventually(t, 5*time.Second, holds("the ModelCheckpoint's Verified condition False naming the dropped copy", func() bool {
 		c := meta.FindStatusCondition(p.checkpointStatus().Conditions, "Verified")
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "CopyDropped" &&
 			strings.Contains(c.Message, "node-a") && strings.Contains(c.Message, "warm") && strings.Contains(c.Message, "hash mismatch")
-	})
+	}))
 	for _, pl := range p.checkpointStatus().Placements {
 		if pl.Tier == v1alpha1.TierWarm {
 			t.Errorf("the dropped warm copy is still a placement: %+v", pl)
@@ -78,9 +78,9 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != sim.TierCold || !w.LastWake.Verified {
 		t.Errorf("engine's last wake %+v, want a verified wake from the cold tier (the changed warm copy never read)", w.LastWake)
 	}
-	eventually(t, 5*time.Second, "the Verified condition True after the verified wake", func() bool {
+	eventually(t, 5*time.Second, holds("the Verified condition True after the verified wake", func() bool {
 		return hasCondition(p.checkpointStatus().Conditions, "Verified", metav1.ConditionTrue)
-	})
+	}))
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
 	}
