@@ -666,7 +666,7 @@ func (s *Store) verifyOne(e Entry) Verification {
 	if err := s.Remove(e.Key, e.Tier); err != nil {
 		v.Error += "; removing it: " + err.Error()
 	}
-	s.log.Error("a kept copy no longer verifies: dropped", "key", e.Key.String(), "tier", e.Tier, "digest", e.Digest, "err", v.Error)
+	s.log.Error("a kept copy no longer verifies: dropped", "key", e.String(), "tier", e.Tier, "digest", e.Digest, "err", v.Error)
 	return v
 }
 
@@ -675,11 +675,13 @@ func (s *Store) verifyOne(e Entry) Verification {
 // filesystem allows O_DIRECT (else after dropping the file's cached pages).
 func hashFile(path string, size int64, direct bool) (arena.Digest, error) {
 	var f *os.File
-	var err error
 	if direct {
-		f, err = os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+		// A filesystem without O_DIRECT (tmpfs) refuses it: read through
+		// the page cache after dropping the file's cached pages.
+		f, _ = os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
 	}
 	if f == nil {
+		var err error
 		if f, err = os.Open(path); err != nil {
 			return 0, fmt.Errorf("verifying %s: %w", path, err)
 		}

@@ -727,7 +727,7 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
 	eventually(t, 10*time.Second, func() error {
 		if _, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("the pod of the Failed seat is not deleted (%v)", err)
+			return fmt.Errorf("the pod of the Failed seat is not deleted: %w", err)
 		}
 		return nil
 	})
