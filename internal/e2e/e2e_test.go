@@ -330,6 +330,27 @@ func must(t *testing.T, err error) {
 	}
 }
 
+// deployAndChat applies obj, waits for it to be Ready and for a first
+// streamed chat through its gateway (whose NodePort kube-proxy may not
+// have programmed yet), and returns the gateway's base URL and the model
+// name the application serves.
+func deployAndChat(ctx context.Context, t *testing.T, ns, name, token string, obj *unstructured.Unstructured) (base, served string) {
+	t.Helper()
+	served, _, _ = unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat through %s: %v", base, err)
+	}
+	return base, served
+}
+
 func waitReady(ctx context.Context, t *testing.T, ns, name string) *v1alpha1.ModelOrchestra {
 	t.Helper()
 	start := time.Now()

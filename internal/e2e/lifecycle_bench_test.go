@@ -76,18 +76,7 @@ func TestWakeBenchmark(t *testing.T) {
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "3s", "maxWait": "5m",
 	}, "spec", "applications", app, "lifecycle"))
-	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	root := name + "-" + app
 	loadBefore := loadAverage()
 

@@ -52,18 +52,7 @@ func TestScaleToZeroAndWake(t *testing.T) {
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(0), "maxReplicas": int64(2), "zeroAfter": zeroAfter.String(), "maxWait": "5m",
 	}, "spec", "applications", app, "lifecycle"))
-	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
-		t.Fatalf("first chat through %s: %v", base, err)
-	}
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 
 	t.Run("256 requests, half streamed, at zero pods", func(t *testing.T) {
 		wakes := waitZeroPods(ctx, t, ns, name)
@@ -310,18 +299,7 @@ func TestScaleOutAndBackInOnBacklog(t *testing.T) {
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(maxReplicas), "targetQueuePerReplica": int64(4), "zeroAfter": "10s",
 	}, "spec", "applications", app, "lifecycle"))
-	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
-		t.Fatalf("first chat through %s: %v", base, err)
-	}
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	root := name + "-" + app
 	sts := func(ctx context.Context) (spec, ready int32, err error) {
 		s, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, root, metav1.GetOptions{})
@@ -553,18 +531,7 @@ func TestAWakeThatCannotStart(t *testing.T) {
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "2s", "maxWait": maxWait.String(),
 	}, "spec", "applications", app, "lifecycle"))
-	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
-		t.Fatalf("first chat through %s: %v", base, err)
-	}
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	waitZeroPods(ctx, t, ns, name)
 
 	// At zero, the engine's image becomes one that cannot be pulled.

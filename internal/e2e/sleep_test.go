@@ -427,18 +427,7 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "parkAfter": "4s", "maxWait": "4m",
 	}, "spec", "applications", app, "lifecycle"))
-	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
-		t.Fatalf("first chat through %s: %v", base, err)
-	}
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	logf("Ready, first chat answered")
 	root := stackPod(ctx, t, ns, name, "root", 0)
 	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierWarm })
