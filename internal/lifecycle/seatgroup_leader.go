@@ -289,44 +289,36 @@ func (d *seatDispatcher) oldestQueued(ctx context.Context, app string, delivered
 
 // Hold implements seatgroup.Dispatcher: it pauses the member's consumer
 // (closeGate), unless it knows it paused.
-func (d *seatDispatcher) Hold(app string) {
-	m := d.r.members[app]
-	m.mu.Lock()
-	closed := m.gate == "closed"
-	m.mu.Unlock()
-	if closed {
-		return
-	}
-	err := d.r.c.closeGate(d.ctx, m.st)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err != nil {
-		m.gate, m.holdFailed = "", true
-		d.r.c.log.Warn("seat group: closing the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "err", err)
-		return
-	}
-	m.gate, m.holdFailed = "closed", false
-}
+func (d *seatDispatcher) Hold(app string) { d.setGate(app, "closed", d.r.c.closeGate) }
 
 // Release implements seatgroup.Dispatcher: it resumes the member's
 // consumer (openGate), unless it knows it open.
-func (d *seatDispatcher) Release(app string) {
+func (d *seatDispatcher) Release(app string) { d.setGate(app, "open", d.r.c.openGate) }
+
+// setGate brings the member's gate to want ("closed" or "open") with
+// apply, unless it knows the gate is there. After a failure the gate is
+// unknown and the next step tries again; a failed hold is remembered
+// (holdFailed), so that the member counts as busy until one succeeds.
+func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *appState) error) {
 	m := d.r.members[app]
 	m.mu.Lock()
-	open := m.gate == "open"
+	there := m.gate == want
 	m.mu.Unlock()
-	if open {
+	if there {
 		return
 	}
-	err := d.r.c.openGate(d.ctx, m.st)
+	err := apply(d.ctx, m.st)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
 		m.gate = ""
-		d.r.c.log.Warn("seat group: opening the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "err", err)
+		if want == "closed" {
+			m.holdFailed = true
+		}
+		d.r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "gate", want, "err", err)
 		return
 	}
-	m.gate, m.holdFailed = "open", false
+	m.gate, m.holdFailed = want, false
 }
 
 // onEvent counts swaps for the status (from the executor's goroutine).
