@@ -15,6 +15,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="lifecycle.minReplicas must not exceed lifecycle.maxReplicas",fieldPath=".minReplicas"
 // +kubebuilder:validation:XValidation:rule="self.scaler != 'KEDA' || self.maxReplicas > 1",message="lifecycle.scaler KEDA scales from 1 to maxReplicas: set maxReplicas above 1, or use the Builtin scaler",fieldPath=".scaler"
+// +kubebuilder:validation:XValidation:rule="!has(self.seat) || self.maxReplicas <= 1",message="lifecycle.maxReplicas must be 1 for an application with lifecycle.seat: a seat group runs its applications in one pod",fieldPath=".maxReplicas"
 // +kubebuilder:validation:XValidation:rule="!has(self.sleepAfter) || self.minReplicas > 0 || duration(self.sleepAfter) < duration(has(self.zeroAfter) ? self.zeroAfter : '15m')",message="lifecycle.sleepAfter must be shorter than zeroAfter: engines sleep first and go to zero pods later",fieldPath=".sleepAfter"
 type LifecycleSpec struct {
 	// minReplicas is the fewest topology replicas kept running. 0 lets the
