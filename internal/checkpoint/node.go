@@ -67,9 +67,12 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 // Store is the node's tier store.
 func (n *Node) Store() *Store { return n.store }
 
-func (n *Node) updateGauges() {
+// updateGauges sets the tiers' byte gauges from one listing of the store.
+func (n *Node) updateGauges() { n.setGauges(usedBy(n.store.Entries())) }
+
+func (n *Node) setGauges(used map[Tier]int64) {
 	for _, t := range []Tier{TierHot, TierWarm} {
-		n.m.tierBytes.WithLabelValues(string(t)).Set(float64(n.store.Used(t)))
+		n.m.tierBytes.WithLabelValues(string(t)).Set(float64(used[t]))
 	}
 }
 
@@ -126,6 +129,7 @@ func (n *Node) Report() NodeReport {
 	r.Verification.Dropped = slices.Clone(n.verification.Dropped)
 	n.mu.Unlock()
 	entries := n.store.Entries()
+	used := usedBy(entries)
 	count := map[Tier]int{}
 	var offloads int64
 	for _, e := range entries {
@@ -135,15 +139,15 @@ func (n *Node) Report() NodeReport {
 		}
 	}
 	hot, warm := r.Hot.Read, r.Warm.Read
-	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, n.store.Used(TierHot), count[TierHot])
-	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, n.store.Used(TierWarm), count[TierWarm])
+	r.Hot = tierReport(n.cfg.Store.HotDir, TierHot, n.cfg.Store.Budgets.Hot, used[TierHot], count[TierHot])
+	r.Warm = tierReport(n.cfg.Store.WarmDir, TierWarm, n.cfg.Store.Budgets.Warm, used[TierWarm], count[TierWarm])
 	r.Hot.Read, r.Warm.Read = hot, warm
 	r.Hot.Mount = n.hotMount
 	r.Hot.EngineOffloadBytes = offloads
 	if over := r.Hot.UsedBytes - r.Hot.BudgetBytes; over > 0 && offloads > 0 {
 		r.Hot.Warning = fmt.Sprintf("the hot tier holds %d bytes, %d over its budget: %d of them are engines' level-1 offloads, which the engines release (a wake, or a sleep at level 2) and the agent never evicts; the agent admits no hot copy until they shrink", r.Hot.UsedBytes, over, offloads)
 	}
-	n.updateGauges()
+	n.setGauges(used)
 	return r
 }
 
@@ -255,12 +259,14 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.Report()) })
 	mux.HandleFunc("GET /tiers", func(w http.ResponseWriter, _ *http.Request) {
+		entries := n.store.Entries()
+		used := usedBy(entries)
 		writeJSON(w, http.StatusOK, TiersStatus{
 			Budgets: n.cfg.Store.Budgets,
-			Used:    map[Tier]int64{TierHot: n.store.Used(TierHot), TierWarm: n.store.Used(TierWarm)},
-			Entries: n.store.Entries(),
+			Used:    map[Tier]int64{TierHot: used[TierHot], TierWarm: used[TierWarm]},
+			Entries: entries,
 		})
-		n.updateGauges()
+		n.setGauges(used)
 	})
 	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.VerifyNow()) })
 	mux.HandleFunc("POST /promote", n.handlePromote)

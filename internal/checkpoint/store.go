@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
 
@@ -230,21 +228,15 @@ func offloadOf(file string) (string, bool) {
 
 // Used is the bytes held in tier t, the engines' level-1 offloads included
 // for the hot tier.
-func (s *Store) Used(t Tier) int64 {
-	var n int64
-	if t == TierHot {
-		for _, e := range s.engineOffloads() {
-			n += e.Bytes
-		}
+func (s *Store) Used(t Tier) int64 { return usedBy(s.Entries())[t] }
+
+// usedBy sums the bytes of entries per tier.
+func usedBy(entries []Entry) map[Tier]int64 {
+	used := map[Tier]int64{}
+	for _, e := range entries {
+		used[e.Tier] += e.Bytes
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for id, e := range s.entries {
-		if id.Tier == t {
-			n += e.Bytes
-		}
-	}
-	return n
+	return used
 }
 
 // Lookup returns the copy of k in t.
@@ -670,27 +662,14 @@ func (s *Store) verifyOne(e Entry) Verification {
 	return v
 }
 
-// hashFile hashes path through one block-sized buffer (a copy of any size
-// costs 8 MiB of memory), past the page cache when direct and the
-// filesystem allows O_DIRECT (else after dropping the file's cached pages).
+// hashFile hashes path, past the page cache when direct: with O_DIRECT
+// where the filesystem allows it, else after dropping the file's cached
+// pages.
 func hashFile(path string, size int64, direct bool) (arena.Digest, error) {
-	var f *os.File
 	if direct {
-		// A filesystem without O_DIRECT (tmpfs) refuses it: read through
-		// the page cache after dropping the file's cached pages.
-		f, _ = os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+		_ = DropCache(path)
 	}
-	if f == nil {
-		var err error
-		if f, err = os.Open(path); err != nil {
-			return 0, fmt.Errorf("verifying %s: %w", path, err)
-		}
-		if direct {
-			_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-		}
-	}
-	defer func() { _ = f.Close() }()
-	d, n, err := arena.CopyHash(io.Discard, f)
+	d, n, err := arena.HashFile(path, direct)
 	if err != nil {
 		return 0, fmt.Errorf("verifying %s: %w", path, err)
 	}

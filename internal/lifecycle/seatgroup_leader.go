@@ -221,6 +221,8 @@ func (s *podSeat) Wake(ctx context.Context) error {
 type seatDispatcher struct {
 	r   *seatGroupRun
 	ctx context.Context
+	// stream is the orchestra's stream, looked up once (oldestQueued).
+	stream jetstream.Stream
 }
 
 // Demand reads the member's consumer: queued (pending), in flight (taken
@@ -276,11 +278,14 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 // was stored.
 func (d *seatDispatcher) oldestQueued(ctx context.Context, app string, delivered uint64) (time.Time, bool) {
 	c := d.r.c
-	s, err := c.js.Stream(ctx, c.names.Stream())
-	if err != nil {
-		return time.Time{}, false
+	if d.stream == nil {
+		s, err := c.js.Stream(ctx, c.names.Stream())
+		if err != nil {
+			return time.Time{}, false
+		}
+		d.stream = s
 	}
-	msg, err := s.GetMsg(ctx, delivered+1, jetstream.WithGetMsgSubject(c.names.Request(app)))
+	msg, err := d.stream.GetMsg(ctx, delivered+1, jetstream.WithGetMsgSubject(c.names.Request(app)))
 	if err != nil {
 		return time.Time{}, false
 	}

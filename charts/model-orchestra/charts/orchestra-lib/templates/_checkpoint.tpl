@@ -41,6 +41,17 @@ path: {{ include "mo.tierNamespacePath" (dict "root" $ "tier" "hot") }} */}}
 {{- printf "%s/%s" (trimSuffix "/" $base) .root.Release.Namespace -}}
 {{- end -}}
 
+{{/* A pod volume named after the tier ("hot" or "warm"): the namespace's
+directory of the node agent's tier on the node.
+volumes:
+  {{- include "mo.tierVolume" (dict "root" $ "tier" "hot") | nindent 2 }} */}}
+{{- define "mo.tierVolume" -}}
+- name: {{ .tier }}
+  hostPath:
+    path: {{ include "mo.tierNamespacePath" . | quote }}
+    type: DirectoryOrCreate
+{{- end -}}
+
 {{/* The app.kubernetes.io/component of the node agent's pods, which the
 dispatcher selects them by.
 component: {{ include "mo.agentComponent" $ }} */}}
