@@ -95,10 +95,10 @@ type CheckpointTriggers struct {
 	// preemption lets the lifecycle put this application's engine to sleep
 	// before idleSeconds, to free an accelerator seat for another
 	// application of its seat group (see lifecycle.seat). Never while it
-	// has requests in flight. Default true. Not acted on yet: seat groups
-	// are not run by the lifecycle leader, so nothing preempts; a policy
-	// that sets it to true sets the CheckpointFieldsSupported condition
-	// False naming it.
+	// has requests in flight. Default true. A seat group's leader frees
+	// seats whatever it says; an application without a seat is never
+	// preempted. Either mismatch (true without lifecycle.seat, false with
+	// it) sets the CheckpointFieldsSupported condition False naming it.
 	// +optional
 	Preemption *bool `json:"preemption,omitempty"`
 }

@@ -55,7 +55,7 @@ func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.Appli
 	var unsupported []string
 	for _, name := range sortedKeys(mo.Spec.Applications) {
 		app := mo.Spec.Applications[name]
-		if sleep := effectiveSleep(app, pols); sleep.Enabled() {
+		if sleep := effectiveSleep(app, pols); sleep.Enabled() || hasSeat(app) {
 			unsupported = append(unsupported, unsupportedSleepFields(name, app, sleep, pols)...)
 		}
 	}
@@ -140,8 +140,13 @@ func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, 
 	if sleep.Tiers.Cold == v1alpha1.ColdTierS3 {
 		out = append(out, fmt.Sprintf("%s: tiers.cold S3 is not supported; a cold wake reads the model cache, which the fetch Job fills from the model's source", name))
 	}
-	if p := pols.forApp(app); p != nil && p.Triggers.Preemption != nil && *p.Triggers.Preemption {
-		out = append(out, fmt.Sprintf("%s: triggers.preemption of CheckpointPolicy %s has no effect; seat groups are not run by the lifecycle leader, so no engine is put to sleep before its idle time", name, app.Lifecycle.CheckpointPolicy))
+	if p := pols.forApp(app); p != nil && p.Triggers.Preemption != nil {
+		switch preempt := *p.Triggers.Preemption; {
+		case preempt && !hasSeat(app):
+			out = append(out, fmt.Sprintf("%s: triggers.preemption of CheckpointPolicy %s has no effect: only a seat group puts an engine to sleep before its idle time, and %s has no lifecycle.seat", name, app.Lifecycle.CheckpointPolicy, name))
+		case !preempt && hasSeat(app):
+			out = append(out, fmt.Sprintf("%s: triggers.preemption false of CheckpointPolicy %s is not honored: its seat group puts the engine to sleep to free the seat for another application", name, app.Lifecycle.CheckpointPolicy))
+		}
 	}
 	return out
 }

@@ -19,6 +19,9 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 	app := func(lifecycle string) string {
 		return `{applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: ` + lifecycle + `}}}`
 	}
+	seat := func(lifecycle string) string {
+		return `{seatGroups: {g: {}}, applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: ` + lifecycle + `}}}`
+	}
 	policy := func(spec string) PolicyDocuments {
 		return PolicyDocuments{types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", spec)}
 	}
@@ -55,6 +58,13 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 		},
 		{
 			name: "preemption false is what happens anyway", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: false, intervalSeconds: 60}}`),
+		},
+		{
+			name: "preemption false in a seat group is not honored", spec: seat(`{seat: {group: g}, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: false}}`),
+			status: "False", msg: []string{"chat: triggers.preemption false of CheckpointPolicy fast is not honored"},
+		},
+		{
+			name: "preemption true in a seat group is what happens", spec: seat(`{seat: {group: g}, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: true}}`),
 		},
 		{
 			name: "an application that does not sleep is not judged", spec: app(`{zeroAfter: 30m, tiers: {cold: S3}}`), policies: PolicyDocuments{},
