@@ -108,7 +108,15 @@ func TestActionTrackerIsToldOfEachAction(t *testing.T) {
 		"start upgrade " + rel + " (records: 1)", "finish upgrade " + rel,
 		"start uninstall " + rel + " (records: 2)", "finish uninstall " + rel,
 	}
-	if diff := cmp.Diff(want, tracker.entries()); diff != "" {
+	// A reconcile of the deleted resource that runs before the cache sees
+	// its finalizer gone uninstalls again and finds nothing: told too,
+	// as a pair, and left out here.
+	got := tracker.entries()
+	again := "start uninstall " + rel + " (records: 0)"
+	for i := len(want); i+1 < len(got) && got[i] == again && got[i+1] == "finish uninstall "+rel; {
+		got = slices.Delete(got, i, i+2)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("actions told (-want +got):\n%s", diff)
 	}
 }
