@@ -98,13 +98,16 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		st.annotation = SeatAnnotationStatus(m.Name)
 		sm := &seatMember{cfg: m, st: st}
 		r.members[m.Name] = sm
+		seat := &podSeat{c: c, sts: g.StatefulSet, port: m.SeatPort, client: client, m: sm}
 		members = append(members, seatgroup.Member{
 			Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
-			Seat: &podSeat{c: c, sts: g.StatefulSet, port: m.SeatPort, client: client, m: sm},
-			// No memory reader: a GPU engine's memory is read by its seat
-			// (the executor trusts the seat's word that it sleeps). No
-			// restarter: the engines share the pod; restarting one engine
-			// container is not built.
+			SleepAfter: m.SleepAfter.Duration,
+			// The memory reading and the restart go through the seat agent:
+			// the residentBytes its GET /state reports (the simulator; an
+			// engine that reports none is trusted to have slept), and
+			// POST /restart, which restarts the engine in place (the
+			// simulator run with --restartable; other engines refuse).
+			Seat: seat, Memory: seat, Restarter: seat,
 		})
 	}
 	exec, err := seatgroup.NewExecutor(cfg, members, &seatDispatcher{r: r, ctx: ctx}, c.deps.Registry, c.log, seatgroup.WithEvents(r.onEvent))
@@ -205,6 +208,24 @@ func (s *podSeat) Sleep(ctx context.Context, level int) error {
 		return err
 	}
 	return h.Sleep(ctx, level)
+}
+
+// ReadMemory implements seatgroup.MemoryReader.
+func (s *podSeat) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, error) {
+	st, err := s.State(ctx)
+	if err != nil {
+		return seatgroup.MemoryReading{}, err
+	}
+	return seatgroup.ReadingOf(st)
+}
+
+// Restart implements seatgroup.Restarter.
+func (s *podSeat) Restart(ctx context.Context) error {
+	h, err := s.http()
+	if err != nil {
+		return err
+	}
+	return h.Restart(ctx)
 }
 
 // Wake implements seatgroup.Seat.
