@@ -369,7 +369,8 @@ func (r *seatGroupRun) onEvent(ev seatgroup.Event) {
 
 // statusLoop publishes each member's lifecycle status (the bucket and the
 // group StatefulSet's SeatAnnotationStatus annotation), at once when its
-// seat changes, and its waiting time at most once a minute.
+// seat changes or it starts or stops waiting for one, and its waiting
+// time otherwise at most once a minute.
 func (r *seatGroupRun) statusLoop(ctx context.Context) {
 	t := time.NewTicker(r.c.cfg.Tick.Duration)
 	defer t.Stop()
@@ -442,6 +443,9 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 		s.WaitingSeconds = strconv.FormatFloat(dm.OldestWait.Seconds(), 'f', 1, 64)
 	}
 	st.Seat = &s
-	prevSeat.WaitingSeconds, s.WaitingSeconds = "", ""
-	return before.State != st.State || before.ResidentTier != st.ResidentTier || prevSeat != s
+	// The wait's seconds alone do not force a write; its start and end do.
+	cmpPrev, cmpNow := prevSeat, s
+	cmpPrev.WaitingSeconds, cmpNow.WaitingSeconds = "", ""
+	waitChanged := (prevSeat.WaitingSeconds == "") != (s.WaitingSeconds == "")
+	return before.State != st.State || before.ResidentTier != st.ResidentTier || cmpPrev != cmpNow || waitChanged
 }

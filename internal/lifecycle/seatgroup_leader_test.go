@@ -382,7 +382,8 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 // ask for the seat while the holder runs requests: the holder's gate
 // closes, the requests it runs finish, and only then does its engine
 // sleep; the newcomer is served, the holder's queued requests wait and are
-// served once it has the seat back. Every request is answered whole, and
+// served once it has the seat back. While the newcomer waits, its status
+// says how long (seat.waitingSeconds). Every request is answered whole, and
 // no sleep reaches an engine with requests in flight.
 func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10}, 1)
@@ -396,12 +397,33 @@ func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	eventually(t, 20*time.Second, holds("alpha to hold the seat and run requests", func() bool {
 		return p.engines["alpha"].weights().InFlight > 0
 	}))
+	// While beta waits for alpha to drain, its status says how long.
+	var waited atomic.Value
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st := p.status("beta"); st.Seat != nil && st.Seat.WaitingSeconds != "" && !st.Seat.Holding {
+				waited.Store(st.Seat.WaitingSeconds)
+			}
+		}
+	})
 	if err := p.send("beta", 0, 4, 16); err != nil {
 		t.Fatal(err)
 	}
+	close(stop)
+	watch.Wait()
 	wg.Wait()
 	if alphaErr != nil {
 		t.Fatal(alphaErr)
+	}
+	if waited.Load() == nil {
+		t.Error("beta's status never showed seat.waitingSeconds while it waited for alpha to drain")
 	}
 	for name, e := range p.engines {
 		if n := e.sleepsInFlight.Load(); n > 0 {
