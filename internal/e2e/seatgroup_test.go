@@ -212,54 +212,63 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		}
 		return w.ResidentBytes, w.Sleeping, nil
 	}
+
 	var overBudget []string
 	var samples int
 	monitorCtx, stopMonitor := context.WithCancel(ctx)
 	monitorDone := make(chan struct{})
-	go func() {
-		defer close(monitorDone)
-		tick := time.NewTicker(250 * time.Millisecond)
-		defer tick.Stop()
-		var last string
-		for {
-			select {
-			case <-monitorCtx.Done():
-				return
-			case <-tick.C:
-			}
-			var sum int64
-			var parts []string
-			ok := true
-			for _, app := range apps {
-				n, _, err := weights(app)
-				if err != nil {
-					ok = false
-					break
+	monitoring := false
+	startMonitor := func() {
+		monitoring = true
+		go func() {
+			defer close(monitorDone)
+			tick := time.NewTicker(250 * time.Millisecond)
+			defer tick.Stop()
+			var last string
+			for {
+				select {
+				case <-monitorCtx.Done():
+					return
+				case <-tick.C:
 				}
-				sum += n
-				parts = append(parts, fmt.Sprintf("%s %d MiB", app, n>>20))
-			}
-			if !ok {
-				continue
-			}
-			samples++
-			// One application's weights, and a margin for reads that
-			// straddle a swap (the engines are read one after another):
-			// over budget in two samples in a row is a wake next to an
-			// engine that still holds its memory.
-			if sum > seatWeights {
-				now := fmt.Sprintf("[%.1fs] %s", time.Since(start).Seconds(), strings.Join(parts, ", "))
-				if last != "" {
-					overBudget = append(overBudget, last+" then "+now)
+				var sum int64
+				var parts []string
+				ok := true
+				for _, app := range apps {
+					n, _, err := weights(app)
+					if err != nil {
+						ok = false
+						break
+					}
+					sum += n
+					parts = append(parts, fmt.Sprintf("%s %d MiB", app, n>>20))
 				}
-				last = now
-			} else {
-				last = ""
+				if !ok {
+					continue
+				}
+				samples++
+				// One application's weights, and a margin for reads that
+				// straddle a swap (the engines are read one after another):
+				// over budget in two samples in a row is a wake next to an
+				// engine that still holds its memory.
+				if sum > seatWeights {
+					now := fmt.Sprintf("[%.1fs] %s", time.Since(start).Seconds(), strings.Join(parts, ", "))
+					if last != "" {
+						overBudget = append(overBudget, last+" then "+now)
+					}
+					last = now
+				} else {
+					last = ""
+				}
 			}
+		}()
+	}
+	defer func() {
+		stopMonitor()
+		if monitoring {
+			<-monitorDone
 		}
 	}()
-	defer func() { stopMonitor(); <-monitorDone }()
-
 	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
 	if err != nil {
 		t.Fatal(err)
@@ -317,6 +326,9 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		wantHolders(time.Minute, "alpha")
 		logf("alpha holds the seat; the others are Asleep")
 	})
+	// From here on the group is within its seat (every engine of a new
+	// group pod starts awake).
+	startMonitor()
 
 	t.Run("round-robin", func(t *testing.T) {
 		began := time.Now()
@@ -379,6 +391,21 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		// 5 ms apart, about 3 s).
 		var wg sync.WaitGroup
 		var long *stack.ChatResult
+		// gamma, served last, waits seconds for a seat: its status says so.
+		var waited string
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		var watch sync.WaitGroup
+		watch.Go(func() {
+			for watchCtx.Err() == nil {
+				if st, err := status(); err == nil {
+					if seat := st["gamma"].Lifecycle.Seat; seat != nil && !seat.Holding && seat.WaitingSeconds != "" {
+						waited = seat.WaitingSeconds
+						return
+					}
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+		})
 		wg.Go(func() { long = ask("beta", 600) })
 		time.Sleep(500 * time.Millisecond)
 		var order []string
@@ -393,7 +420,14 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 			time.Sleep(150 * time.Millisecond)
 		}
 		wg.Wait()
+		stopWatch()
+		watch.Wait()
 		wantAllAnswered(t)
+		if waited == "" {
+			t.Error("gamma's status never showed lifecycle.seat.waitingSeconds while it waited for the seat")
+		} else {
+			logf("priority: gamma's status showed waitingSeconds %s", waited)
+		}
 		if long != nil && long.Chunks < 600 {
 			t.Errorf("beta's long request, drained for alpha, ended after %d chunks, want 600", long.Chunks)
 		}
@@ -420,7 +454,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		ask("beta", 16)
 		answered := time.Now()
 		wantAllAnswered(t)
-		wantHolders(seatSleepAfter+30*time.Second) // nobody
+		wantHolders(seatSleepAfter + 30*time.Second) // nobody
 		idle := time.Since(answered)
 		logf("sleepAfter: beta gave the seat up after %.1fs idle", idle.Seconds())
 		if idle < seatSleepAfter-time.Second {
@@ -430,6 +464,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 
 	stopMonitor()
 	<-monitorDone
+	monitoring = false
 	if len(overBudget) > 0 {
 		t.Errorf("the engines held more than one application's weights (%d MiB) in two samples in a row: %s", seatWeights>>20, strings.Join(overBudget, "; "))
 	}
