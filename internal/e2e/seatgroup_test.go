@@ -454,6 +454,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		ask("beta", 16)
 		answered := time.Now()
 		wantAllAnswered(t)
+		wantHolders(seatSleepAfter, "beta")
 		wantHolders(seatSleepAfter + 30*time.Second) // nobody
 		idle := time.Since(answered)
 		logf("sleepAfter: beta gave the seat up after %.1fs idle", idle.Seconds())

@@ -347,18 +347,30 @@ func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *
 	m.gate, m.holdFailed = want, false
 }
 
-// onEvent counts swaps for the status (from the executor's goroutine).
+// onEvent counts swaps for the status and records what a successful wake,
+// sleep or restart did to the seat, so that the status written at once
+// after it does not show the reading taken before it (from the executor's
+// goroutine).
 func (r *seatGroupRun) onEvent(ev seatgroup.Event) {
-	if ev.Kind != seatgroup.ActionWake || ev.Err != "" {
+	if ev.Err != "" {
 		return
 	}
 	m := r.members[ev.App]
 	m.mu.Lock()
-	m.swaps++
-	if ev.SwapSeconds > 0 {
-		m.lastSwap = ev.SwapSeconds
-	} else {
-		m.lastSwap = ev.End.Sub(ev.Start).Seconds()
+	switch ev.Kind {
+	case seatgroup.ActionWake:
+		m.swaps++
+		if ev.SwapSeconds > 0 {
+			m.lastSwap = ev.SwapSeconds
+		} else {
+			m.lastSwap = ev.End.Sub(ev.Start).Seconds()
+		}
+		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAwake, ev.End, true
+	case seatgroup.ActionSleep, seatgroup.ActionRestart:
+		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAsleep, ev.End, true
+	default:
+		m.mu.Unlock()
+		return
 	}
 	m.mu.Unlock()
 	select {
