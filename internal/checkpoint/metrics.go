@@ -22,7 +22,7 @@ func newSeatMetrics(reg prometheus.Registerer) *seatMetrics {
 			Name: "orchestra_agent_seat_state", Help: "1 for the seat's current state, 0 for the others.",
 		}, []string{"state"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "orchestra_agent_seat_transitions_total", Help: "Sleeps and wakes by result (ok, failed, abandoned: a wake overtook the drain).",
+			Name: "orchestra_agent_seat_transitions_total", Help: "Sleeps, wakes and engine restarts (op) by result (ok, failed, abandoned: a wake overtook the drain).",
 		}, []string{"op", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "orchestra_agent_seat_transition_seconds", Help: "Duration of successful sleeps (drain included) and wakes.",

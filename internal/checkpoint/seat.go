@@ -101,7 +101,28 @@ type SeatStatus struct {
 	// orchestra_sim_weights_resident_bytes): 0 after a sleep that freed
 	// its memory. Omitted when the engine does not report it.
 	ResidentBytes *int64 `json:"residentBytes,omitempty"`
+	// WeightsBytes is the size of the engine's weights, against which
+	// ResidentBytes is judged; omitted when the engine does not report it.
+	WeightsBytes *int64 `json:"weightsBytes,omitempty"`
+	// WeightsError says why the engine's weights (ResidentBytes,
+	// WeightsBytes) could not be read for this answer, from an engine that
+	// reports them.
+	WeightsError string `json:"weightsError,omitempty"`
+	// Restarts counts the engine restarts this seat made (POST /restart).
+	Restarts int `json:"restarts,omitempty"`
 }
+
+// Restarter is implemented by adapters whose engine can be restarted in
+// place: the engine returns all its memory and stays stopped, answering as
+// asleep at level 2, until its next wake starts it again (the simulator
+// with --restartable, internal/seatgroup/simengine).
+type Restarter interface {
+	Restart(ctx context.Context) error
+}
+
+// ErrRestartUnsupported refuses a restart of an engine that cannot be
+// restarted in place.
+var ErrRestartUnsupported = errors.New("this engine cannot be restarted in place")
 
 // EngineWeights is what an engine reports about its weights.
 type EngineWeights struct {
@@ -132,10 +153,11 @@ func (s *Seat) state(ctx context.Context) SeatStatus {
 	w, ok, err := wr.Weights(ctx)
 	if err != nil {
 		s.log.Debug("reading the engine's weights", "err", err)
+		st.WeightsError = err.Error()
 		return st
 	}
 	if ok {
-		st.Digest, st.ResidentBytes = w.Digest, &w.ResidentBytes
+		st.Digest, st.ResidentBytes, st.WeightsBytes = w.Digest, &w.ResidentBytes, &w.Bytes
 	}
 	return st
 }
@@ -363,6 +385,59 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 	return nil
 }
 
+// Restart restarts an asleep (or Failed) engine in place, which returns
+// all its memory, leaked or not (vllm-project/vllm#47654): the engine stays
+// stopped, asleep at level 2, until its next wake starts it. An awake
+// engine is refused: a restart would cut its requests.
+func (s *Seat) Restart(ctx context.Context) error {
+	r, ok := s.engine.(Restarter)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrRestartUnsupported, s.engine.Name())
+	}
+	s.op.Lock()
+	defer s.op.Unlock()
+	s.mu.Lock()
+	switch st := s.st.State; st {
+	case SeatAsleep, SeatFailed:
+	default:
+		s.mu.Unlock()
+		return fmt.Errorf("%w: cannot restart the engine of a seat in state %s (only Asleep or Failed)", ErrWrongState, st)
+	}
+	s.mu.Unlock()
+	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SleepTimeout)
+	defer cancel()
+	err := r.Restart(opCtx)
+	if errors.Is(err, ErrRestartUnsupported) {
+		return err
+	}
+	if err == nil {
+		var asleep bool
+		asleep, err = s.engine.Sleeping(opCtx)
+		if err == nil && !asleep {
+			err = errors.New("the engine says it is awake after the restart")
+		}
+	}
+	result := "ok"
+	s.mu.Lock()
+	if err != nil {
+		result = "failed"
+		s.st.LastError = "restart: " + err.Error()
+		s.setLocked(SeatFailed)
+	} else {
+		s.st.Restarts++
+		s.st.Level, s.st.LastError = 2, ""
+		s.setLocked(SeatAsleep)
+	}
+	s.mu.Unlock()
+	s.m.transitions.WithLabelValues("restart", result).Inc()
+	if err != nil {
+		s.log.Warn("engine restart failed", "err", err)
+		return fmt.Errorf("%s restart: %w", s.engine.Name(), err)
+	}
+	s.log.Info("engine restarted: stopped until its next wake")
+	return nil
+}
+
 func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 	tr := &Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
 	if r, ok := s.engine.(TransferReporter); ok && err == nil {
@@ -413,6 +488,9 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 //	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
 //	                     in time, or in the wrong state; 500 when the engine call failed
 //	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
+//	POST /restart        restart an Asleep or Failed engine in place (its memory returned, asleep at
+//	                     level 2 until the next wake); 200 with the status; 409 in another state;
+//	                     501 when the engine cannot be restarted in place; 500 when the restart failed
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the agent runs
 func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
@@ -443,6 +521,20 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 			status := http.StatusInternalServerError
 			if errors.Is(err, ErrWrongState) {
 				status = http.StatusConflict
+			}
+			writeError(w, status, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, s.Status())
+	})
+	mux.HandleFunc("POST /restart", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.Restart(r.Context()); err != nil {
+			status := http.StatusInternalServerError
+			switch {
+			case errors.Is(err, ErrWrongState):
+				status = http.StatusConflict
+			case errors.Is(err, ErrRestartUnsupported):
+				status = http.StatusNotImplemented
 			}
 			writeError(w, status, err.Error())
 			return

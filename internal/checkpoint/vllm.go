@@ -49,6 +49,22 @@ func transferOf(b []byte) *Transfer {
 // Name implements Engine.
 func (v *VLLM) Name() string { return v.kind }
 
+// Restart implements Restarter for the simulator run with --restartable
+// (POST /orchestra/restart); vLLM itself cannot be restarted in place. The
+// restarted engine starts on its next wake, with a plain /wake_up.
+func (v *VLLM) Restart(ctx context.Context) error {
+	if v.kind != EngineSimulator {
+		return fmt.Errorf("%w: %s has no in-place restart; only its container's restart would free its memory", ErrRestartUnsupported, v.kind)
+	}
+	if err := v.call(ctx, http.MethodPost, "/orchestra/restart", nil, nil); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	v.level, v.last = 1, nil
+	v.mu.Unlock()
+	return nil
+}
+
 // InFlight reads vllm:num_requests_running + vllm:num_requests_waiting.
 func (v *VLLM) InFlight(ctx context.Context) (int, error) {
 	n, found, err := v.promGauges(ctx, "vllm:num_requests_running", "vllm:num_requests_waiting")

@@ -86,6 +86,10 @@ type SeatMember struct {
 	MinResidency metav1.Duration `json:"minResidency,omitempty"`
 	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
+	// SleepAfter puts it to sleep, freeing its seat, once it held it idle
+	// this long (lifecycle.sleepAfter); 0: it keeps its seat until
+	// another application needs it.
+	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
 	// SeatPort is its seat agent's port in the group's pod.
 	SeatPort int32 `json:"seatPort"`
 }
@@ -256,6 +260,9 @@ func (c Config) Validate(appNames []string) error {
 			}
 			if m.MinResidency.Duration < 0 {
 				add("lifecycle.seatGroups[%d] (%s): application %q: minResidency must not be negative", i, g.Name, m.Name)
+			}
+			if m.SleepAfter.Duration < 0 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: sleepAfter must not be negative", i, g.Name, m.Name)
 			}
 			if m.SeatPort < 1 || m.SeatPort > 65535 {
 				add("lifecycle.seatGroups[%d] (%s): application %q: seatPort must be a port (1-65535), got %d", i, g.Name, m.Name, m.SeatPort)

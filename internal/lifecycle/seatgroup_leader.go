@@ -98,13 +98,16 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		st.annotation = SeatAnnotationStatus(m.Name)
 		sm := &seatMember{cfg: m, st: st}
 		r.members[m.Name] = sm
+		seat := &podSeat{c: c, sts: g.StatefulSet, port: m.SeatPort, client: client, m: sm}
 		members = append(members, seatgroup.Member{
 			Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
-			Seat: &podSeat{c: c, sts: g.StatefulSet, port: m.SeatPort, client: client, m: sm},
-			// No memory reader: a GPU engine's memory is read by its seat
-			// (the executor trusts the seat's word that it sleeps). No
-			// restarter: the engines share the pod; restarting one engine
-			// container is not built.
+			SleepAfter: m.SleepAfter.Duration,
+			// The memory reading and the restart go through the seat agent:
+			// the residentBytes its GET /state reports (the simulator; an
+			// engine that reports none is trusted to have slept), and
+			// POST /restart, which restarts the engine in place (the
+			// simulator run with --restartable; other engines refuse).
+			Seat: seat, Memory: seat, Restarter: seat,
 		})
 	}
 	exec, err := seatgroup.NewExecutor(cfg, members, &seatDispatcher{r: r, ctx: ctx}, c.deps.Registry, c.log, seatgroup.WithEvents(r.onEvent))
@@ -205,6 +208,24 @@ func (s *podSeat) Sleep(ctx context.Context, level int) error {
 		return err
 	}
 	return h.Sleep(ctx, level)
+}
+
+// ReadMemory implements seatgroup.MemoryReader.
+func (s *podSeat) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, error) {
+	st, err := s.State(ctx)
+	if err != nil {
+		return seatgroup.MemoryReading{}, err
+	}
+	return seatgroup.ReadingOf(st)
+}
+
+// Restart implements seatgroup.Restarter.
+func (s *podSeat) Restart(ctx context.Context) error {
+	h, err := s.http()
+	if err != nil {
+		return err
+	}
+	return h.Restart(ctx)
 }
 
 // Wake implements seatgroup.Seat.
@@ -326,18 +347,30 @@ func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *
 	m.gate, m.holdFailed = want, false
 }
 
-// onEvent counts swaps for the status (from the executor's goroutine).
+// onEvent counts swaps for the status and records what a successful wake,
+// sleep or restart did to the seat, so that the status written at once
+// after it does not show the reading taken before it (from the executor's
+// goroutine).
 func (r *seatGroupRun) onEvent(ev seatgroup.Event) {
-	if ev.Kind != seatgroup.ActionWake || ev.Err != "" {
+	if ev.Err != "" {
 		return
 	}
 	m := r.members[ev.App]
 	m.mu.Lock()
-	m.swaps++
-	if ev.SwapSeconds > 0 {
-		m.lastSwap = ev.SwapSeconds
-	} else {
-		m.lastSwap = ev.End.Sub(ev.Start).Seconds()
+	switch ev.Kind {
+	case seatgroup.ActionWake:
+		m.swaps++
+		if ev.SwapSeconds > 0 {
+			m.lastSwap = ev.SwapSeconds
+		} else {
+			m.lastSwap = ev.End.Sub(ev.Start).Seconds()
+		}
+		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAwake, ev.End, true
+	case seatgroup.ActionSleep, seatgroup.ActionRestart:
+		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAsleep, ev.End, true
+	default:
+		m.mu.Unlock()
+		return
 	}
 	m.mu.Unlock()
 	select {
@@ -348,7 +381,8 @@ func (r *seatGroupRun) onEvent(ev seatgroup.Event) {
 
 // statusLoop publishes each member's lifecycle status (the bucket and the
 // group StatefulSet's SeatAnnotationStatus annotation), at once when its
-// seat changes, and its waiting time at most once a minute.
+// seat changes or it starts or stops waiting for one, and its waiting
+// time otherwise at most once a minute.
 func (r *seatGroupRun) statusLoop(ctx context.Context) {
 	t := time.NewTicker(r.c.cfg.Tick.Duration)
 	defer t.Stop()
@@ -421,6 +455,9 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 		s.WaitingSeconds = strconv.FormatFloat(dm.OldestWait.Seconds(), 'f', 1, 64)
 	}
 	st.Seat = &s
-	prevSeat.WaitingSeconds, s.WaitingSeconds = "", ""
-	return before.State != st.State || before.ResidentTier != st.ResidentTier || prevSeat != s
+	// The wait's seconds alone do not force a write; its start and end do.
+	cmpPrev, cmpNow := prevSeat, s
+	cmpPrev.WaitingSeconds, cmpNow.WaitingSeconds = "", ""
+	waitChanged := (prevSeat.WaitingSeconds == "") != (s.WaitingSeconds == "")
+	return before.State != st.State || before.ResidentTier != st.ResidentTier || cmpPrev != cmpNow || waitChanged
 }

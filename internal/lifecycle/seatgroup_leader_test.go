@@ -33,16 +33,18 @@ import (
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/queue"
+	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
 const seatGroupSet = "demo-seat-g"
 
 // seatEngine is one application of the group pod: a simulator with real
-// weights and sleep mode, and its real seat agent over HTTP.
+// weights and sleep mode, restartable in place as in a group pod
+// (orchestra-sim --restartable), and its real seat agent over HTTP.
 type seatEngine struct {
 	name   string
-	sim    *sim.Simulator
+	eng    *simengine.Engine
 	engine *httptest.Server
 	seat   *httptest.Server
 	// sleepsInFlight counts sleeps that reached the engine while it ran
@@ -62,8 +64,30 @@ type seatGroupPlane struct {
 	engines map[string]*seatEngine
 }
 
-func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32) *seatGroupPlane {
+// weights reports the engine's weights; a stopped (restarted) engine
+// sleeps with nothing resident.
+func (e *seatEngine) weights() sim.WeightsStatus {
+	if s := e.eng.Simulator(); s != nil {
+		return s.WeightsStatus()
+	}
+	return sim.WeightsStatus{Sleeping: true}
+}
+
+// seatPlaneOptions change some applications of a seat group plane.
+type seatPlaneOptions struct {
+	// leak makes these applications' engines keep their memory at every
+	// sleep (vllm#47654).
+	leak map[string]bool
+	// sleepAfter is these applications' lifecycle.sleepAfter.
+	sleepAfter map[string]time.Duration
+}
+
+func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32, opts ...func(*seatPlaneOptions)) *seatGroupPlane {
 	t.Helper()
+	var o seatPlaneOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
 	if err != nil {
 		t.Fatal(err)
@@ -107,22 +131,19 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
 		sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
 		sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
-		if err := sc.Validate(); err != nil {
+		sc.Faults.SleepLeak = o.leak[name]
+		e.eng, err = simengine.New(sc, slog.New(slog.DiscardHandler))
+		if err != nil {
 			t.Fatal(err)
 		}
-		e.sim = sim.New(sc)
-		if err := e.sim.LoadWeights(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.sim.Close)
-		h := e.sim.Handler()
+		t.Cleanup(e.eng.Close)
 		e.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodPost && r.URL.Path == "/sleep" {
-				if st := e.sim.WeightsStatus(); !st.Sleeping && st.InFlight > 0 {
+				if st := e.weights(); !st.Sleeping && st.InFlight > 0 {
 					e.sleepsInFlight.Add(1)
 				}
 			}
-			h.ServeHTTP(w, r)
+			e.eng.ServeHTTP(w, r)
 		}))
 		t.Cleanup(e.engine.Close)
 		ac := checkpoint.Default()
@@ -156,7 +177,7 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		dcfg.Apps = append(dcfg.Apps, dispatch.App{Name: name, Service: service, PortName: "http", Port: 1, MaxConcurrency: 4})
 		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
 		group.Members = append(group.Members, lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
-			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}})
+			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}})
 		eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
 			st, err := e.seatState()
 			return err == nil && st.State == checkpoint.SeatAwake
@@ -217,7 +238,7 @@ func (e *seatEngine) seatState() (checkpoint.SeatStatus, error) {
 func (p *seatGroupPlane) awake() []string {
 	var out []string
 	for name, e := range p.engines {
-		if !e.sim.WeightsStatus().Sleeping {
+		if !e.weights().Sleeping {
 			out = append(out, name)
 		}
 	}
@@ -361,7 +382,8 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 // ask for the seat while the holder runs requests: the holder's gate
 // closes, the requests it runs finish, and only then does its engine
 // sleep; the newcomer is served, the holder's queued requests wait and are
-// served once it has the seat back. Every request is answered whole, and
+// served once it has the seat back. While the newcomer waits, its status
+// says how long (seat.waitingSeconds). Every request is answered whole, and
 // no sleep reaches an engine with requests in flight.
 func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"beta": 10}, 1)
@@ -373,14 +395,35 @@ func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	var alphaErr error
 	wg.Go(func() { alphaErr = p.send("alpha", 0, 16, 64) })
 	eventually(t, 20*time.Second, holds("alpha to hold the seat and run requests", func() bool {
-		return p.engines["alpha"].sim.WeightsStatus().InFlight > 0
+		return p.engines["alpha"].weights().InFlight > 0
 	}))
+	// While beta waits for alpha to drain, its status says how long.
+	var waited atomic.Value
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if st := p.status("beta"); st.Seat != nil && st.Seat.WaitingSeconds != "" && !st.Seat.Holding {
+				waited.Store(st.Seat.WaitingSeconds)
+			}
+		}
+	})
 	if err := p.send("beta", 0, 4, 16); err != nil {
 		t.Fatal(err)
 	}
+	close(stop)
+	watch.Wait()
 	wg.Wait()
 	if alphaErr != nil {
 		t.Fatal(alphaErr)
+	}
+	if waited.Load() == nil {
+		t.Error("beta's status never showed seat.waitingSeconds while it waited for alpha to drain")
 	}
 	for name, e := range p.engines {
 		if n := e.sleepsInFlight.Load(); n > 0 {
@@ -395,6 +438,107 @@ func TestSeatGroupLeaderDrainsABusyHolder(t *testing.T) {
 	}
 	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {
 		t.Errorf("the dispatcher counted %v failed deliveries", got)
+	}
+}
+
+// TestSeatGroupLeaderRestartsAnEngineThatKeptItsMemory runs a group whose
+// beta leaks its memory at every sleep (vllm#47654): the leader reads each
+// engine's memory through its seat agent after every sleep, restarts beta
+// in place through its seat (POST /restart) each time it slept, and only
+// then wakes the next application, so the engines never hold more than one
+// application's weights; every request is answered whole.
+func TestSeatGroupLeaderRestartsAnEngineThatKeptItsMemory(t *testing.T) {
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"alpha": 10}, 1,
+		func(o *seatPlaneOptions) { o.leak = map[string]bool{"beta": true} })
+	restarts := func() float64 {
+		return sumLabeled(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "beta", "reason": "memory_not_freed"})
+	}
+	// Every engine starts awake; beta, put to sleep to bring the group
+	// within its seat, kept its memory and is restarted.
+	eventually(t, 30*time.Second, holds("beta to be restarted after its first sleep", func() bool { return restarts() >= 1 }))
+
+	stop := make(chan struct{})
+	var overBudget atomic.Int64
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		over := false
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			var held int64
+			for _, e := range p.engines {
+				n, _ := e.eng.ResidentBytes(context.Background())
+				held += n
+			}
+			// Two readings in a row: the engines are read one after the
+			// other, and one reading may straddle a swap.
+			if held > 4<<20 && over {
+				overBudget.Add(1)
+			}
+			over = held > 4<<20
+		}
+	})
+	for round := range 2 {
+		for _, app := range []string{"beta", "alpha"} {
+			if err := p.send(app, round, 3, 16); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	eventually(t, 10*time.Second, holds("alpha to hold the seat", func() bool {
+		a := p.awake()
+		return len(a) == 1 && a[0] == "alpha"
+	}))
+	close(stop)
+	watch.Wait()
+	if n := overBudget.Load(); n > 0 {
+		t.Errorf("the engines held more than one application's weights in %d pairs of readings", n)
+	}
+	// beta slept three times (at the start and after each of its turns).
+	if got := restarts(); got != 3 {
+		t.Errorf("beta was restarted %v times for memory not freed, want 3 (once per sleep)", got)
+	}
+	if n, _ := p.engines["beta"].eng.ResidentBytes(context.Background()); n != 0 {
+		t.Errorf("beta holds %d bytes after its restart, want 0", n)
+	}
+	if st, err := p.engines["beta"].seatState(); err != nil || st.Restarts != 3 || st.State != checkpoint.SeatAsleep {
+		t.Errorf("beta's seat: %+v (%v), want Asleep after 3 restarts", st, err)
+	}
+	if got := sumLabeled(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "alpha"}); got != 0 {
+		t.Errorf("alpha, which frees its memory, was restarted %v times", got)
+	}
+	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {
+		t.Errorf("the dispatcher counted %v failed deliveries", got)
+	}
+}
+
+// TestSeatGroupLeaderPutsAnIdleHolderToSleep: alpha, with a sleepAfter,
+// gives its seat up once idle that long, and the next application swaps
+// in with a wake alone; beta, without one, keeps the seat while idle.
+func TestSeatGroupLeaderPutsAnIdleHolderToSleep(t *testing.T) {
+	const idle = 500 * time.Millisecond
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"alpha": 10}, 1,
+		func(o *seatPlaneOptions) { o.sleepAfter = map[string]time.Duration{"alpha": idle} })
+	if err := p.send("alpha", 0, 2, 16); err != nil {
+		t.Fatal(err)
+	}
+	answered := time.Now()
+	eventually(t, 10*time.Second, holds("alpha to sleep once idle for its sleepAfter", func() bool {
+		st := p.status("alpha")
+		return len(p.awake()) == 0 && st.Seat != nil && !st.Seat.Holding && st.State == v1alpha1.LifecycleAsleep
+	}))
+	if waited := time.Since(answered); waited < idle {
+		t.Errorf("alpha slept %v after its last answer, before its sleepAfter %v", waited, idle)
+	}
+	if err := p.send("beta", 0, 2, 16); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * idle)
+	if a := p.awake(); len(a) != 1 || a[0] != "beta" {
+		t.Errorf("awake %v, want beta (no sleepAfter) to keep the seat while idle", a)
 	}
 }
 
@@ -482,4 +626,34 @@ func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
 	if got := len(p.awake()); got != 2 {
 		t.Errorf("%d engines awake after the refusal, want both (nothing multiplexes them)", got)
 	}
+}
+
+// sumLabeled adds up the series of a metric family in reg whose labels
+// include every one of labels.
+func sumLabeled(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			total += value(m)
+		}
+	}
+	return total
 }

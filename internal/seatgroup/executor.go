@@ -25,12 +25,27 @@ type Seat interface {
 	Wake(ctx context.Context) error
 }
 
-// MemoryReader reads how many bytes an engine holds in accelerator memory
-// (the simulator: its resident weight bytes; a GPU engine: its device
-// memory).
-type MemoryReader interface {
-	ResidentBytes(ctx context.Context) (int64, error)
+// MemoryReading is one reading of an engine's memory.
+type MemoryReading struct {
+	// ResidentBytes is what the engine holds in accelerator memory (the
+	// simulator: the weight bytes it still holds; a GPU engine: its device
+	// memory).
+	ResidentBytes int64
+	// WeightsBytes is the size of its weights when the engine reports it;
+	// 0 means the member's WeightsBytes.
+	WeightsBytes int64
 }
+
+// MemoryReader reads an engine's memory.
+type MemoryReader interface {
+	ReadMemory(ctx context.Context) (MemoryReading, error)
+}
+
+// ErrMemoryNotReported is a MemoryReader's answer for an engine that does
+// not report its memory (vLLM, Ollama, llama.cpp: their seats report no
+// residentBytes); the executor then trusts the seat's word that the engine
+// sleeps.
+var ErrMemoryNotReported = errors.New("the engine does not report its memory")
 
 // Restarter stops an engine so that all its memory is returned; its seat
 // then reports it asleep, and its next wake starts it again and loads the
@@ -71,6 +86,9 @@ type Member struct {
 	SleepLevel int
 	// MinResidency overrides the group's for this member (0: the group's).
 	MinResidency time.Duration
+	// SleepAfter puts it to sleep once it held its seat idle this long
+	// (0: never for idleness alone).
+	SleepAfter time.Duration
 	// WeightsBytes is the size of the weights, against which the memory
 	// check is made.
 	WeightsBytes int64
@@ -103,8 +121,10 @@ type Event struct {
 	// OverBudget is true for a Sleep or Drain that brings the group back
 	// within activeSeats (no waiting application asked for it).
 	OverBudget bool
-	Reason     string
-	Err        string
+	// Idle is true for a Sleep of a holder idle for its sleepAfter.
+	Idle   bool
+	Reason string
+	Err    string
 }
 
 // memberState is what the executor remembers of a member between
@@ -293,7 +313,7 @@ func (e *Executor) observe(ctx context.Context) Group {
 			Name: m.Name, State: s, Priority: m.Priority, LastUse: d.LastUse,
 			InFlight: d.InFlight, Queued: d.Queued, OldestWait: d.OldestWait,
 			ResidentSince: st.Since, SwapCost: m.SwapCost, ServiceTime: d.ServiceTime,
-			Memory: ms.memory, SleepLevel: m.SleepLevel, MinResidency: m.MinResidency,
+			Memory: ms.memory, SleepLevel: m.SleepLevel, MinResidency: m.MinResidency, SleepAfter: m.SleepAfter,
 		})
 	}
 	// A seat that does not answer counts as Unknown (holding its seat),
@@ -397,7 +417,7 @@ func (e *Executor) resume(m Member, a Action) {
 func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 	ms := e.st[m.Name]
 	e.d.Hold(m.Name)
-	ev := Event{Kind: ActionSleep, App: m.Name, For: a.For, Start: e.now(), OverBudget: a.For == "", Reason: a.Reason}
+	ev := Event{Kind: ActionSleep, App: m.Name, For: a.For, Start: e.now(), OverBudget: a.For == "" && !a.Idle, Idle: a.Idle, Reason: a.Reason}
 	if n := e.d.Demand(m.Name).InFlight; n > 0 {
 		// A request was dispatched between the observation and the gate
 		// closing: drain it first.
@@ -434,7 +454,7 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 		return err
 	}
 	if check == MemoryNotFreed {
-		ev.Err = fmt.Sprintf("asleep but still holds %d bytes of %d", res, m.WeightsBytes)
+		ev.Err = fmt.Sprintf("asleep but still holds %d bytes", res)
 		e.record(ev, resultRetry)
 		return errReplan
 	}
@@ -453,7 +473,7 @@ func (e *Executor) checkMemory(ctx context.Context, m Member, a Action) error {
 		return err
 	}
 	if check == MemoryNotFreed {
-		ev.Err = fmt.Sprintf("asleep but still holds %d bytes of %d", res, m.WeightsBytes)
+		ev.Err = fmt.Sprintf("asleep but still holds %d bytes", res)
 		e.record(ev, resultRetry)
 		return errReplan
 	}
@@ -478,7 +498,7 @@ func (e *Executor) restart(ctx context.Context, m Member, a Action) error {
 		ev.ResidentBytes, check, err = e.readMemory(ctx, m)
 		e.st[m.Name].memory = check
 		if err == nil && check == MemoryNotFreed {
-			err = fmt.Errorf("restarted, but it still holds %d bytes of %d", ev.ResidentBytes, m.WeightsBytes)
+			err = fmt.Errorf("restarted, but it still holds %d bytes", ev.ResidentBytes)
 		}
 	}
 	ev.End = e.now()
@@ -499,12 +519,19 @@ func (e *Executor) readMemory(ctx context.Context, m Member) (int64, MemoryCheck
 	if m.Memory == nil {
 		return 0, MemoryFreed, nil
 	}
-	n, err := m.Memory.ResidentBytes(ctx)
+	r, err := m.Memory.ReadMemory(ctx)
+	if errors.Is(err, ErrMemoryNotReported) {
+		return 0, MemoryFreed, nil
+	}
 	if err != nil {
 		return 0, MemoryUnchecked, fmt.Errorf("reading %s's memory: %w", m.Name, err)
 	}
-	if float64(n) > e.cfg.MaxResidentFraction*float64(m.WeightsBytes) {
-		return n, MemoryNotFreed, nil
+	weights := r.WeightsBytes
+	if weights == 0 {
+		weights = m.WeightsBytes
 	}
-	return n, MemoryFreed, nil
+	if float64(r.ResidentBytes) > e.cfg.MaxResidentFraction*float64(weights) {
+		return r.ResidentBytes, MemoryNotFreed, nil
+	}
+	return r.ResidentBytes, MemoryFreed, nil
 }

@@ -51,7 +51,9 @@ func (s *fakeSeat) Wake(context.Context) error {
 	return nil
 }
 
-func (s *fakeSeat) ResidentBytes(context.Context) (int64, error) { return s.resident, nil }
+func (s *fakeSeat) ReadMemory(context.Context) (MemoryReading, error) {
+	return MemoryReading{ResidentBytes: s.resident}, nil
+}
 
 func (s *fakeSeat) Restart(context.Context) error {
 	*s.log = append(*s.log, "restart "+s.name)

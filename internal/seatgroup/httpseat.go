@@ -12,8 +12,9 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 )
 
-// HTTPSeat is a Seat over an orchestra-agent seat sidecar's HTTP API
-// (checkpoint.Seat.Handler): GET /state, POST /sleep?level=, POST /wake.
+// HTTPSeat is a Seat, a MemoryReader and a Restarter over an
+// orchestra-agent seat sidecar's HTTP API (checkpoint.Seat.Handler):
+// GET /state, POST /sleep?level=, POST /wake, POST /restart.
 type HTTPSeat struct {
 	// URL is the seat agent's base URL, e.g. http://10.0.0.7:8090.
 	URL string
@@ -53,6 +54,37 @@ func (s HTTPSeat) State(ctx context.Context) (checkpoint.SeatStatus, error) {
 // Sleep implements Seat.
 func (s HTTPSeat) Sleep(ctx context.Context, level int) error {
 	return s.call(ctx, http.MethodPost, fmt.Sprintf("/sleep?level=%d", level), "sleep", nil)
+}
+
+// Restart implements Restarter: POST /restart restarts the asleep engine
+// in place (checkpoint.Seat.Restart).
+func (s HTTPSeat) Restart(ctx context.Context) error {
+	return s.call(ctx, http.MethodPost, "/restart", "restart", nil)
+}
+
+// ReadMemory implements MemoryReader from GET /state: the residentBytes and
+// weightsBytes the engine reports (ErrMemoryNotReported when it does not).
+func (s HTTPSeat) ReadMemory(ctx context.Context) (MemoryReading, error) {
+	st, err := s.State(ctx)
+	if err != nil {
+		return MemoryReading{}, err
+	}
+	return ReadingOf(st)
+}
+
+// ReadingOf is the memory reading in a seat's status.
+func ReadingOf(st checkpoint.SeatStatus) (MemoryReading, error) {
+	if st.WeightsError != "" {
+		return MemoryReading{}, fmt.Errorf("the seat could not read the engine's memory: %s", st.WeightsError)
+	}
+	if st.ResidentBytes == nil {
+		return MemoryReading{}, ErrMemoryNotReported
+	}
+	r := MemoryReading{ResidentBytes: *st.ResidentBytes}
+	if st.WeightsBytes != nil {
+		r.WeightsBytes = *st.WeightsBytes
+	}
+	return r, nil
 }
 
 // Wake implements Seat.

@@ -90,6 +90,10 @@ type App struct {
 	// MinResidency is its own anti-thrash time (lifecycle.seat.minResidency);
 	// 0 means the group's.
 	MinResidency time.Duration
+	// SleepAfter is its idle time (lifecycle.sleepAfter): a holder with
+	// nothing in flight or queued since max(last use, resident since) for
+	// this long is put to sleep, freeing its seat. 0: never for idleness.
+	SleepAfter time.Duration
 }
 
 // minResidency is how long a keeps its seat at least.
@@ -148,8 +152,11 @@ type Action struct {
 	// Level is the sleep level of a Sleep.
 	Level int
 	// For is the waiting application a Drain, Sleep or Restart makes room
-	// for; empty when it brings the group back within its budget.
-	For    string
+	// for; empty when it brings the group back within its budget or
+	// (Idle) its holder was idle for its sleepAfter.
+	For string
+	// Idle marks a Sleep of a holder idle for its sleepAfter.
+	Idle   bool
 	Reason string
 }
 
@@ -216,6 +223,11 @@ func holdsSeat(a App) bool {
 //     it is in flight. A holder is never put to sleep with requests in
 //     flight.
 //  4. A Draining holder that nobody waits for any more is resumed.
+//  5. A holder with a sleepAfter, nothing in flight or queued, idle (since
+//     its last use or its wake, whichever is later) for at least its
+//     sleepAfter, and not claimed above, is put to sleep: its seat is free
+//     for the next application that asks, which then swaps in with a wake
+//     alone.
 func Decide(g Group, now time.Time) []Action {
 	apps := slices.Clone(g.Apps)
 	slices.SortFunc(apps, func(a, b App) int { return cmp.Compare(a.Name, b.Name) })
@@ -404,6 +416,21 @@ func Decide(g Group, now time.Time) []Action {
 	for _, v := range leaving {
 		if v.State == StateDraining && !claimed[v.Name] {
 			plan = append(plan, Action{Kind: ActionResume, App: v.Name, Reason: "no application waits for its seat any more"})
+		}
+	}
+
+	// 5. Idle holders past their sleepAfter give their seats up.
+	for _, a := range apps {
+		if a.State != StateAwake || claimed[a.Name] || a.SleepAfter <= 0 || busy(a) == 1 {
+			continue
+		}
+		idleSince := a.LastUse
+		if a.ResidentSince.After(idleSince) {
+			idleSince = a.ResidentSince
+		}
+		if idle := now.Sub(idleSince); idle >= a.SleepAfter {
+			plan = append(plan, Action{Kind: ActionSleep, App: a.Name, Level: max(a.SleepLevel, 1), Idle: true,
+				Reason: fmt.Sprintf("idle for %s, at least its sleepAfter %s", idle.Round(time.Millisecond), a.SleepAfter)})
 		}
 	}
 	return plan

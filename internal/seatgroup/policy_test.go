@@ -26,6 +26,7 @@ func swapCost(d time.Duration) opt     { return func(a *App) { a.SwapCost = d } 
 func memory(m MemoryCheck) opt         { return func(a *App) { a.Memory = m } }
 func level(n int) opt                  { return func(a *App) { a.SleepLevel = n } }
 func ownResidency(d time.Duration) opt { return func(a *App) { a.MinResidency = d } }
+func sleepAfter(d time.Duration) opt   { return func(a *App) { a.SleepAfter = d } }
 func state(s State) func(string, ...opt) App {
 	return func(name string, opts ...opt) App {
 		// Defaults: resident and last used long ago, a 1 s swap, memory
@@ -54,6 +55,9 @@ var (
 func wakeA(app string) Action { return Action{Kind: ActionWake, App: app} }
 func sleepA(app, forApp string, lvl int) Action {
 	return Action{Kind: ActionSleep, App: app, For: forApp, Level: lvl}
+}
+func idleSleepA(app string) Action {
+	return Action{Kind: ActionSleep, App: app, Level: 1, Idle: true}
 }
 func drainA(app, forApp string) Action { return Action{Kind: ActionDrain, App: app, For: forApp} }
 func waitA(app, reason string) Action  { return Action{Kind: ActionWait, App: app, Reason: reason} }
@@ -246,6 +250,33 @@ func TestDecide(t *testing.T) {
 				asleep("c", queued(1, 0)), asleep("d", queued(1, 0)),
 			},
 			want: []Action{sleepA("b", "c", 1), wakeA("c"), waitA("d", "d waits: a is busy")},
+		},
+		{
+			name: "sleepAfter: a holder idle for its sleepAfter since its last use gives its seat up",
+			apps: []App{awake("a", sleepAfter(20*time.Second), usedAgo(25*time.Second)), asleep("b")},
+			want: []Action{idleSleepA("a")},
+		},
+		{
+			name: "sleepAfter: idleness counts from the later of last use and wake",
+			apps: []App{awake("a", sleepAfter(20*time.Second), usedAgo(time.Hour), resident(10*time.Second)), asleep("b")},
+		},
+		{
+			name: "sleepAfter: a holder with requests in flight or queued is not idle",
+			apps: []App{
+				awake("a", sleepAfter(time.Second), usedAgo(time.Hour), inFlight(1)),
+				awake("b", sleepAfter(time.Second), usedAgo(time.Hour), queued(1, 0)),
+				asleep("c"),
+			},
+			seats: 2,
+		},
+		{
+			name: "sleepAfter unset: an idle holder keeps its seat",
+			apps: []App{awake("a", usedAgo(time.Hour)), asleep("b")},
+		},
+		{
+			name: "sleepAfter: a holder already giving its seat to a waiting application is not slept twice",
+			apps: []App{awake("a", sleepAfter(time.Second), usedAgo(time.Hour)), asleep("b", queued(1, 0))},
+			want: []Action{sleepA("a", "b", 1), wakeA("b")},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

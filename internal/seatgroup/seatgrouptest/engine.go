@@ -10,156 +10,80 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 
+	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
-// Engine is one simulated engine process. Restart stops the process (its
-// memory, leaked or not, is returned); while stopped it answers the sleep
-// API as an engine asleep at level 2 with nothing resident, and its next
-// wake starts a new process that loads and verifies its weights. This is
-// the restart the executor relies on: stop now, start on the next wake.
+// Engine is one simulated engine process, restartable in place as
+// orchestra-sim --restartable runs it in a seat group's pod
+// (simengine.Engine): a restart stops the simulated engine (its memory,
+// leaked or not, is returned); while stopped it answers the sleep API as an
+// engine asleep at level 2 with nothing resident, and its next wake starts
+// a new one that loads and verifies its weights. Engine adds the test's
+// checks: the accelerator budget at each wake, and sleeps that reach it
+// with requests in flight.
 type Engine struct {
 	name   string
-	cfg    sim.Config
-	log    *slog.Logger
 	budget *budget
+	e      *simengine.Engine
 
-	mu       sync.Mutex
-	s        *sim.Simulator
-	h        http.Handler
-	restarts int
-	starts   int
+	mu sync.Mutex
 	// sleepsInFlight counts sleeps that reached the engine while it ran
 	// requests, or while the dispatcher had requests for it on their way
 	// (the simulator refuses the first; a real vLLM dies of both).
 	sleepsInFlight int
 	// dispatched is the dispatcher's in-flight count for this engine.
 	dispatched func() int
+	bytes      int64
 }
 
 func newEngine(name string, cfg sim.Config, b *budget, log *slog.Logger) (*Engine, error) {
-	e := &Engine{name: name, cfg: cfg, log: log, budget: b}
-	if err := e.start(); err != nil {
+	e, err := simengine.New(cfg, log)
+	if err != nil {
 		return nil, err
 	}
-	return e, nil
-}
-
-// start runs a new process: it loads the weights (from the seed, hashed)
-// and serves awake.
-func (e *Engine) start() error {
-	s := sim.New(e.cfg, sim.WithLogger(e.log))
-	if err := s.LoadWeights(); err != nil {
-		return fmt.Errorf("engine %s: loading weights: %w", e.name, err)
-	}
-	e.s, e.h = s, s.Handler()
-	e.starts++
-	return nil
-}
-
-// Restart stops the engine's process.
-func (e *Engine) Restart(context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.s != nil {
-		e.s.Stop()
-		e.s.Close()
-		e.s, e.h = nil, nil
-	}
-	e.restarts++
-	return nil
+	return &Engine{name: name, budget: b, e: e, bytes: cfg.Weights.Bytes}, nil
 }
 
 // ResidentBytes reads the weight bytes the process holds in memory (the
 // simulator's accelerator memory).
-func (e *Engine) ResidentBytes(context.Context) (int64, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.s == nil {
-		return 0, nil
-	}
-	return e.s.WeightsStatus().ResidentBytes, nil
-}
+func (e *Engine) ResidentBytes(ctx context.Context) (int64, error) { return e.e.ResidentBytes(ctx) }
 
 // Status reports the engine's weights; ok is false while it is stopped.
 func (e *Engine) Status() (st sim.WeightsStatus, ok bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.s == nil {
+	s := e.e.Simulator()
+	if s == nil {
 		return st, false
 	}
-	return e.s.WeightsStatus(), true
+	return s.WeightsStatus(), true
 }
 
 // Counts returns how often the engine was restarted and started, and how
 // many sleeps reached it with requests in flight.
 func (e *Engine) Counts() (restarts, starts, sleepsInFlight int) {
+	restarts, starts = e.e.Counts()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.restarts, e.starts, e.sleepsInFlight
+	return restarts, starts, e.sleepsInFlight
 }
 
-func (e *Engine) close() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.s != nil {
-		e.s.Stop()
-		e.s.Close()
-		e.s, e.h = nil, nil
-	}
-}
+func (e *Engine) close() { e.e.Close() }
 
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	wake := r.Method == http.MethodPost && r.URL.Path == "/wake_up"
-	if wake {
+	s := e.e.Simulator()
+	if r.Method == http.MethodPost && r.URL.Path == "/wake_up" && (s == nil || s.IsSleeping()) {
 		// The accelerator must have room before the weights come back.
-		e.mu.Lock()
-		asleep := e.s == nil || e.s.IsSleeping()
-		e.mu.Unlock()
-		if asleep {
-			e.budget.admit(e.name, e.cfg.Weights.Bytes)
-		}
+		e.budget.admit(e.name, e.bytes)
 	}
-	e.mu.Lock()
-	if e.s == nil && wake {
-		// A stopped engine starts on its wake.
-		err := e.start()
-		e.mu.Unlock()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{}`))
-		return
-	}
-	s, h := e.s, e.h
 	if s != nil && r.Method == http.MethodPost && r.URL.Path == "/sleep" && !s.IsSleeping() &&
 		(s.WeightsStatus().InFlight > 0 || (e.dispatched != nil && e.dispatched() > 0)) {
+		e.mu.Lock()
 		e.sleepsInFlight++
+		e.mu.Unlock()
 	}
-	e.mu.Unlock()
-	if h != nil {
-		h.ServeHTTP(w, r)
-		return
-	}
-	// Stopped: asleep at level 2, nothing in flight, nothing resident.
-	w.Header().Set("Content-Type", "application/json")
-	switch {
-	case r.URL.Path == "/is_sleeping":
-		_, _ = w.Write([]byte(`{"is_sleeping":true}`))
-	case r.URL.Path == "/metrics":
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"))
-	case r.Method == http.MethodPost && (r.URL.Path == "/sleep" || strings.HasPrefix(r.URL.Path, "/collective_rpc") || r.URL.Path == "/reset_prefix_cache"):
-		_, _ = w.Write([]byte(`{}`))
-	default:
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = fmt.Fprintf(w, `{"error":{"message":"engine %s is stopped; wake it first","code":503}}`, e.name)
-	}
+	e.e.ServeHTTP(w, r)
 }
 
 // budget is the shared accelerator: it records every wake that starts

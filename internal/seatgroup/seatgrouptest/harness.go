@@ -127,8 +127,10 @@ func Start(opts Options) (*Harness, error) {
 		members = append(members, seatgroup.Member{
 			Name: a.Name, Priority: a.Priority, SleepLevel: 1, WeightsBytes: a.WeightsBytes,
 			SwapCost: seatgroup.EstimateSwapCost(a.WeightsBytes, opts.HotBandwidth, opts.TTFT),
-			Seat:     seatgroup.HTTPSeat{URL: seatSrv.URL, Client: client},
-			Memory:   eng, Restarter: eng,
+			// The memory reading and the restart go through the seat
+			// agent, as in a group pod.
+			Seat:   seatgroup.HTTPSeat{URL: seatSrv.URL, Client: client},
+			Memory: seatgroup.HTTPSeat{URL: seatSrv.URL, Client: client}, Restarter: seatgroup.HTTPSeat{URL: seatSrv.URL, Client: client},
 		})
 	}
 	exec, err := seatgroup.NewExecutor(opts.Group, members, h.Dispatcher, h.Registry, opts.Log, seatgroup.WithEvents(h.record))

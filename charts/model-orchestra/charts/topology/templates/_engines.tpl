@@ -304,6 +304,12 @@ args:
   {{- end }}
   - --weights-name={{ .name }}
   {{- end }}
+  {{- if .seatGroup }}
+  {{- /* In a seat group's pod the seat agent restarts an engine that did
+  not free its memory in place (POST /orchestra/restart), without
+  touching the pod's other engines. */}}
+  - --restartable
+  {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
   {{- end }}
