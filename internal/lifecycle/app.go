@@ -96,7 +96,7 @@ type observation struct {
 	now          time.Time
 	root         *appsv1.StatefulSet
 	specReplicas int32
-	serving      int32 // replicas whose root and workers are ready
+	serving      int32         // replicas whose root and workers are ready
 	roots        []*corev1.Pod // the serving root pods (servingRoots)
 	pending      uint64
 	ackPending   uint64

@@ -88,9 +88,9 @@ func TestUnconfirmedRoots(t *testing.T) {
 	}{
 		{"never at zero", time.Time{}, []*corev1.Pod{pod("old", zeroAt.Add(-time.Hour))}, nil},
 		{"the root from before the scale to zero", zeroAt, []*corev1.Pod{pod("old", zeroAt.Add(-time.Hour))}, []string{"old"}},
-		{"created in the second of the scale to zero: read too", zeroAt, []*corev1.Pod{pod("same", zeroAt.Add(300 * time.Millisecond))}, []string{"same"}},
-		{"created after the scale to zero", zeroAt, []*corev1.Pod{pod("new", zeroAt.Add(2 * time.Second))}, nil},
-		{"both", zeroAt, []*corev1.Pod{pod("new", zeroAt.Add(11 * time.Second)), pod("old", zeroAt.Add(-time.Minute))}, []string{"old"}},
+		{"created in the second of the scale to zero: read too", zeroAt, []*corev1.Pod{pod("same", zeroAt.Add(300*time.Millisecond))}, []string{"same"}},
+		{"created after the scale to zero", zeroAt, []*corev1.Pod{pod("new", zeroAt.Add(2*time.Second))}, nil},
+		{"both", zeroAt, []*corev1.Pod{pod("new", zeroAt.Add(11*time.Second)), pod("old", zeroAt.Add(-time.Minute))}, []string{"old"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
