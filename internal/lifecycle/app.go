@@ -795,7 +795,7 @@ func (c *Controller) rootsConfirmed(ctx context.Context, a *appState, roots []*c
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		live, err := c.deps.Kube.CoreV1().Pods(p.Namespace).Get(gctx, p.Name, metav1.GetOptions{})
 		cancel()
-		if err == nil && live.UID == p.UID && live.DeletionTimestamp == nil && podReady(live) {
+		if err == nil && live.UID == p.UID && RootServes(live) {
 			return true
 		}
 	}

@@ -37,7 +37,7 @@ func servingRoots(set *appsv1.StatefulSet, replicas int32, pods []*corev1.Pod) [
 	}
 	var out []*corev1.Pod
 	for _, p := range pods {
-		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && podReady(p) {
+		if p.Labels[labelComponent] == "root" && RootServes(p) {
 			out = append(out, p)
 		}
 	}
@@ -62,4 +62,12 @@ func unconfirmedRoots(roots []*corev1.Pod, zeroAt time.Time) []*corev1.Pod {
 		}
 	}
 	return out
+}
+
+// RootServes reports whether a root pod takes requests: Ready and not
+// terminating (what the EndpointSlice of its Service lists as ready, a
+// controller hop later). A terminating pod stays Ready while its engine
+// stops.
+func RootServes(p *corev1.Pod) bool {
+	return p.DeletionTimestamp == nil && podReady(p)
 }
