@@ -154,6 +154,9 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		}
 		d.pools[a.Name] = p
 		d.views[a.Name] = &rootView{app: a, pool: p, log: log}
+		if cfg.Health.Path != "" {
+			d.views[a.Name].warm = func(url string) { d.probe(url) }
+		}
 		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name)})
 	}
 	return d, nil

@@ -132,6 +132,10 @@ type rootView struct {
 	app  App
 	pool *pool
 	log  *slog.Logger
+	// warm, when set, opens a connection to a root that joined (a health
+	// check whose connection stays in the engines' idle pool), so that
+	// the first request to a woken root does not dial.
+	warm func(url string)
 
 	mu    sync.Mutex
 	slice []string
@@ -159,6 +163,13 @@ func (v *rootView) applyLocked(source string) {
 	urls := mergeRoots(v.slice, v.pods)
 	if slices.Equal(urls, v.last) {
 		return
+	}
+	if v.warm != nil {
+		for _, u := range urls {
+			if !slices.Contains(v.last, u) {
+				go v.warm(u)
+			}
+		}
 	}
 	v.last = urls
 	v.pool.set(urls)
