@@ -5,16 +5,21 @@ import (
 	"errors"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
 // The activator: when the configuration has a lifecycle section, the
 // dispatcher also runs the lifecycle controller (internal/lifecycle), which
 // wakes applications at zero when their requests arrive, takes idle ones to
-// zero and scales them with their backlog. The dispatcher itself needs no
-// change for it: it only takes a request when a ready root has a free slot,
-// so requests for an application without roots wait in the stream, and
-// they count no delivery.
+// zero and scales them with their backlog. The leader keeps an
+// application's consumer paused from the scale to zero until a new root
+// serves, so requests waiting for a wake stay in the stream and count no
+// delivery. Every replica's controller also watches the root pods of those
+// applications: the dispatcher takes a root when its pod turns Ready and
+// drops it when its pod terminates, a controller hop before the
+// EndpointSlice says so (rootView, endpoints.go).
 
 // runLifecycle starts the lifecycle controller until ctx ends; it is a
 // no-op without a lifecycle section.
@@ -33,6 +38,11 @@ func (d *Dispatcher) runLifecycle(ctx context.Context) error {
 		StreamReplicas: d.cfg.Stream.Replicas,
 		Log:            d.log,
 		Registry:       d.reg,
+		RootPods: func(app string, pods []*corev1.Pod) {
+			if v := d.views[app]; v != nil && len(v.app.Endpoints) == 0 {
+				v.setPods(pods)
+			}
+		},
 	})
 	if err != nil {
 		return err

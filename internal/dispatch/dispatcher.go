@@ -49,6 +49,7 @@ type Dispatcher struct {
 
 	apps  []*app
 	pools map[string]*pool
+	views map[string]*rootView // where each pool's roots come from (endpoints.go)
 
 	mu        sync.Mutex
 	inflight  map[uint64]inflightJob // by stream sequence
@@ -117,6 +118,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		js:        js,
 		log:       log,
 		pools:     map[string]*pool{},
+		views:     map[string]*rootView{},
 		inflight:  map[uint64]inflightJob{},
 		cancelled: map[uint64]time.Time{},
 	}
@@ -151,6 +153,10 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			return nil, fmt.Errorf("application %s names service %s but no Kubernetes client was given", a.Name, a.Service)
 		}
 		d.pools[a.Name] = p
+		d.views[a.Name] = &rootView{app: a, pool: p, log: log}
+		if cfg.Health.Path != "" {
+			d.views[a.Name].warm = func(url string) { d.probe(url) }
+		}
 		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name)})
 	}
 	return d, nil
@@ -225,7 +231,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return err
 	}
 	if d.kube != nil {
-		if err := watchEndpoints(ctx, d.kube, d.cfg.Namespace, d.cfg.Apps, d.pools, d.log); err != nil {
+		if err := watchEndpoints(ctx, d.kube, d.cfg.Namespace, d.cfg.Apps, d.views); err != nil {
 			return err
 		}
 	}

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -16,12 +19,14 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
 // watchEndpoints keeps the pools of Service-backed applications in sync with
 // their EndpointSlices (label kubernetes.io/service-name). It returns once
 // the informer has synced; updates continue until ctx ends.
-func watchEndpoints(ctx context.Context, cs kubernetes.Interface, namespace string, apps []App, pools map[string]*pool, log *slog.Logger) error {
+func watchEndpoints(ctx context.Context, cs kubernetes.Interface, namespace string, apps []App, views map[string]*rootView) error {
 	byService := map[string][]App{}
 	var services []string
 	for _, a := range apps {
@@ -58,13 +63,10 @@ func watchEndpoints(ctx context.Context, cs kubernetes.Interface, namespace stri
 		svc := es.Labels[discoveryv1.LabelServiceName]
 		slices, err := lister.EndpointSlices(namespace).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: svc}))
 		if err != nil {
-			log.Error("listing EndpointSlices", "service", svc, "err", err)
-			return
+			return // the lister reads the informer's cache: it does not fail
 		}
 		for _, a := range byService[svc] {
-			urls := rootURLs(slices, a)
-			pools[a.Name].set(urls)
-			log.Info("engine roots changed", "app", a.Name, "service", svc, "roots", urls)
+			views[a.Name].setSlice(rootURLs(slices, a))
 		}
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -116,4 +118,105 @@ func rootURLs(slices []*discoveryv1.EndpointSlice, a App) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// rootView is an application's roots from its two sources: the ready,
+// non-terminating endpoints of its Service's EndpointSlices, and, for an
+// application with a lifecycle, its root pods as the lifecycle's cache
+// shows them. A pod's Ready condition and its deletion reach the
+// dispatcher a controller hop (tens of milliseconds) before the
+// EndpointSlice follows them: the first request of a wake goes to the new
+// root that much sooner, and a terminating root gets no request after its
+// pod says so.
+type rootView struct {
+	app  App
+	pool *pool
+	log  *slog.Logger
+	// warm, when set, opens a connection to a root that joined (a health
+	// check whose connection stays in the engines' idle pool), so that
+	// the first request to a woken root does not dial.
+	warm func(url string)
+
+	mu    sync.Mutex
+	slice []string
+	pods  map[string]bool // nil: no pod view
+	last  []string
+}
+
+// setSlice takes the roots the EndpointSlices list.
+func (v *rootView) setSlice(urls []string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.slice = urls
+	v.applyLocked("endpointslice")
+}
+
+// setPods takes the application's root pods.
+func (v *rootView) setPods(pods []*corev1.Pod) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.pods = podRoots(pods, v.app)
+	v.applyLocked("pods")
+}
+
+func (v *rootView) applyLocked(source string) {
+	urls := mergeRoots(v.slice, v.pods)
+	if slices.Equal(urls, v.last) {
+		return
+	}
+	if v.warm != nil {
+		for _, u := range urls {
+			if !slices.Contains(v.last, u) {
+				go v.warm(u)
+			}
+		}
+	}
+	v.last = urls
+	v.pool.set(urls)
+	v.log.Info("engine roots changed", "app", v.app.Name, "roots", urls, "source", source)
+}
+
+// podRoots maps the URL of every root pod with an address (its IP and the
+// container port named app.PortName, else app.Port: what the Service
+// targets) to whether it serves (lifecycle.RootServes).
+func podRoots(pods []*corev1.Pod, app App) map[string]bool {
+	out := make(map[string]bool, len(pods))
+	for _, p := range pods {
+		if p.Status.PodIP == "" {
+			continue
+		}
+		port := app.Port
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				if app.PortName != "" && cp.Name == app.PortName {
+					port = cp.ContainerPort
+				}
+			}
+		}
+		out["http://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))] = lifecycle.RootServes(p)
+	}
+	return out
+}
+
+// mergeRoots is an application's roots: the serving pods, and the
+// EndpointSlices' roots that are no known pod's (without a pod view, nil
+// pods, the EndpointSlices' alone). A pod the view knows is judged by the
+// pod alone, which the EndpointSlice only follows.
+func mergeRoots(slice []string, pods map[string]bool) []string {
+	if pods == nil {
+		return slice
+	}
+	var out []string
+	for u, serves := range pods {
+		if serves {
+			out = append(out, u)
+		}
+	}
+	for _, u := range slice {
+		if _, known := pods[u]; !known {
+			out = append(out, u)
+		}
+	}
+	sort.Strings(out)
+	return slices.Compact(out)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -218,6 +219,57 @@ func TestRootURLs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if diff := cmp.Diff(tt.want, rootURLs(tt.slices, tt.app)); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A root's pod, when the lifecycle watches it, decides over the
+// EndpointSlice, which follows it a controller hop later: a Ready pod is a
+// root before the slice lists it, a terminating one is none while the
+// slice still lists it ready.
+func TestMergeRoots(t *testing.T) {
+	app := App{Port: 8000, PortName: "http"}
+	pod := func(ip string, ready, terminating bool) *corev1.Pod {
+		p := &corev1.Pod{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{
+				{Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: 9300}}},
+				{Name: "engine", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8001}}},
+			}},
+			Status: corev1.PodStatus{PodIP: ip, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}},
+		}
+		if ready {
+			p.Status.Conditions[0].Status = corev1.ConditionTrue
+		}
+		if terminating {
+			p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		}
+		return p
+	}
+	tests := []struct {
+		name  string
+		slice []string
+		pods  []*corev1.Pod // nil: no pod view (an application without a lifecycle)
+		want  []string
+	}{
+		{"no pod view: the slice alone", []string{"http://10.0.0.1:8001"}, nil, []string{"http://10.0.0.1:8001"}},
+		{"a Ready pod before the slice lists it", nil, []*corev1.Pod{pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
+		{"a terminating pod the slice still lists", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", true, true)}, nil},
+		{"a pod that turned unready", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", false, false)}, nil},
+		{"the old root going, the new one ready", []string{"http://10.0.0.1:8001"},
+			[]*corev1.Pod{pod("10.0.0.1", true, true), pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
+		{"a pod without an address yet", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("", false, false), pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
+		{"an endpoint no pod stands for stays", []string{"http://10.0.0.9:8001"}, []*corev1.Pod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001", "http://10.0.0.9:8001"}},
+		{"one root from both", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var pods map[string]bool
+			if tt.pods != nil {
+				pods = podRoots(tt.pods, app)
+			}
+			if diff := cmp.Diff(tt.want, mergeRoots(tt.slice, pods)); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})

@@ -85,9 +85,11 @@ func TestOpsEndpointsOverHTTP(t *testing.T) {
 
 	chat := `{app="chat"}`
 	var m map[string]float64
-	eventually(t, 5*time.Second, holds("completed_total to count the request", func() bool {
+	// The request counts as completed a moment before it leaves the
+	// in-flight gauge.
+	eventually(t, 5*time.Second, holds("completed_total to count the request and inflight to drop it", func() bool {
 		m = scrape(t, base+"/metrics")
-		return m[`orchestra_dispatcher_completed_total{app="chat",code="200"}`] == 1
+		return m[`orchestra_dispatcher_completed_total{app="chat",code="200"}`] == 1 && m[`orchestra_dispatcher_inflight{app="chat"}`] == 0
 	}))
 	for _, check := range []struct {
 		series string

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,6 +65,10 @@ type appState struct {
 	wrote   int32
 	wroteAt time.Time
 	sl      sleepState // sleeping engines (sleep.go)
+	// consumer is the consumer's configuration as last read, at
+	// consumerAt: openGate writes it back resumed.
+	consumer   *jetstream.ConsumerConfig
+	consumerAt time.Time
 	// annotation is where persist writes the status on RootStatefulSet:
 	// AnnotationStatus, or SeatAnnotationStatus for a seat group's member,
 	// whose StatefulSet is the group's, shared.
@@ -91,7 +96,8 @@ type observation struct {
 	now          time.Time
 	root         *appsv1.StatefulSet
 	specReplicas int32
-	serving      int32 // replicas whose root and workers are ready
+	serving      int32         // replicas whose root and workers are ready
+	roots        []*corev1.Pod // the serving root pods (servingRoots)
 	pending      uint64
 	ackPending   uint64
 	delivered    uint64
@@ -189,17 +195,13 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		if o.specReplicas != a.wrote && o.now.Sub(a.wroteAt) < cacheLag {
 			o.specReplicas = a.wrote // our write, not in the cache yet
 		}
-		o.serving = root.Status.ReadyReplicas
-		if root.Status.ObservedGeneration < root.Generation {
-			o.serving = min(o.serving, root.Status.UpdatedReplicas)
-		}
-		// A root pod's Ready condition reaches this cache a controller hop
-		// (and tens of milliseconds) before the StatefulSet counts it; a
-		// ready root pod that is not terminating serves (the dispatchers'
-		// EndpointSlices list exactly those).
-		if n := c.readyRoots(a); n > o.serving {
-			o.serving = min(n, o.specReplicas)
-		}
+		// Counted from the pods, not the StatefulSet's readyReplicas: a
+		// pod's Ready condition reaches this cache a controller hop (and
+		// tens of milliseconds) before the StatefulSet counts it, and the
+		// StatefulSet counts a terminating pod that is still Ready
+		// (fence.go).
+		o.roots = servingRoots(root, o.specReplicas, c.appPods(a))
+		o.serving = int32(len(o.roots))
 		if len(a.WorkerStatefulSets) > 0 {
 			groups := int32(0)
 			for i := int32(0); i < o.specReplicas && int(i) < len(a.WorkerStatefulSets); i++ {
@@ -218,6 +220,8 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		if err == nil {
 			ci := cons.CachedInfo()
 			o.pending, o.ackPending, o.delivered, o.paused, o.infoOK = ci.NumPending, uint64(ci.NumAckPending), ci.Delivered.Stream, ci.Paused, true
+			cfg := ci.Config
+			a.consumer, a.consumerAt = &cfg, o.now
 		}
 	}
 	return o
@@ -265,11 +269,11 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 			// paused: either way it needs a root.
 			return c.wake(ctx, a, obs, triggerRequest)
 		}
-		return nil
+		return c.syncWorkers(ctx, a, 0) // after a drain that did not write them all
 	case v1alpha1.LifecycleWaking:
 		obs := c.observe(ctx, a, root, true)
 		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-		if obs.serving > 0 {
+		if obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
 			return c.awake(ctx, a, obs)
 		}
 		if obs.infoOK && !obs.paused {
@@ -406,8 +410,15 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 	}
 	a.zeroAt = decided
 	if err := c.setReplicas(ctx, a, 0); err != nil {
-		_ = cancelDrain("scaling to zero failed: " + err.Error())
-		return err
+		if a.wrote != 0 || a.wroteAt.Before(decided) {
+			// The root still has its replicas: nothing is going away.
+			_ = cancelDrain("scaling to zero failed: " + err.Error())
+			return err
+		}
+		// The root is going to zero and a worker StatefulSet was not
+		// written: the gate stays closed (the next steps write the
+		// workers), so that no request reaches a root on its way out.
+		c.log.Warn("scaling the workers to zero; retrying", "app", a.Name, "err", err)
 	}
 	c.m.drains.WithLabelValues(a.Name, "zero").Inc()
 	c.m.scalings.WithLabelValues(a.Name, "zero").Inc()
@@ -603,9 +614,12 @@ func (c *Controller) closeGate(ctx context.Context, a *appState) error {
 
 // openGate resumes the application's consumer. nats-server does not hand
 // messages to the pull requests that wait on a consumer when it resumes
-// (only a new message, pull request or configuration change does), so the
-// dispatchers' waiting pull requests are served by a no-op change of the
-// consumer's configuration, made twice to leave it as it was.
+// (only a new message, pull request or change of MaxAckPending does; and
+// an update of the configuration leaves a pause as it is), so the gate
+// opens with the resume and an update of MaxAckPending by one, which serves
+// the dispatchers' waiting pull requests at once; a last update puts it
+// back. The configuration is the one the step just read when it is fresh,
+// so that no read delays the first request of a wake.
 func (c *Controller) openGate(ctx context.Context, a *appState) error {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -614,20 +628,29 @@ func (c *Controller) openGate(ctx context.Context, a *appState) error {
 		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
 	}
 	a.paused = false
-	cons, err := c.js.Consumer(rctx, stream, consumer)
-	if err != nil {
-		return fmt.Errorf("reading the consumer of %s: %w", a.Name, err)
+	cfg := a.consumer
+	if cfg == nil || c.now().Sub(a.consumerAt) > consumerFresh {
+		cons, err := c.js.Consumer(rctx, stream, consumer)
+		if err != nil {
+			return fmt.Errorf("reading the consumer of %s: %w", a.Name, err)
+		}
+		read := cons.CachedInfo().Config
+		cfg = &read
 	}
-	cfg := cons.CachedInfo().Config
-	want := cfg.MaxAckPending
+	nudge := *cfg
+	want := nudge.MaxAckPending
 	for _, n := range []int{want + 1, want} {
-		cfg.MaxAckPending = n
-		if _, err := c.js.UpdateConsumer(rctx, stream, cfg); err != nil {
+		nudge.MaxAckPending = n
+		if _, err := c.js.UpdateConsumer(rctx, stream, nudge); err != nil {
 			return fmt.Errorf("signalling the consumer of %s: %w", a.Name, err)
 		}
 	}
 	return nil
 }
+
+// consumerFresh is how long openGate trusts the consumer's configuration
+// as last read.
+const consumerFresh = time.Second
 
 // setReplicas writes the replica count of the root and worker
 // StatefulSets through their scale subresource.
@@ -759,16 +782,24 @@ func (c *Controller) event(a *appState, typ, reason, format string, args ...any)
 	c.rec.Eventf(ref, typ, reason, format, args...)
 }
 
-// readyRoots counts the application's ready root pods that are not
-// terminating, from the cache.
-func (c *Controller) readyRoots(a *appState) int32 {
-	n := int32(0)
-	for _, p := range c.appPods(a) {
-		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && podReady(p) {
-			n++
+// rootsConfirmed reports whether a root of roots (servingRoots) serves
+// when the ones that existed at the last scale to zero (unconfirmedRoots)
+// are read from the API server: a pod the scale to zero deleted is
+// terminating there, whatever the cache still shows.
+func (c *Controller) rootsConfirmed(ctx context.Context, a *appState, roots []*corev1.Pod) bool {
+	check := unconfirmedRoots(roots, a.zeroAt)
+	if len(check) < len(roots) {
+		return true // a root created after the scale to zero
+	}
+	for _, p := range check {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		live, err := c.deps.Kube.CoreV1().Pods(p.Namespace).Get(gctx, p.Name, metav1.GetOptions{})
+		cancel()
+		if err == nil && live.UID == p.UID && RootServes(live) {
+			return true
 		}
 	}
-	return n
+	return false
 }
 
 func podReady(p *corev1.Pod) bool {

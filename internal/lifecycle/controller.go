@@ -67,6 +67,12 @@ type Deps struct {
 	// Checkpoints writes ModelCheckpoint status for applications whose
 	// engines sleep; nil: through Kube's REST client.
 	Checkpoints CheckpointStatusWriter
+	// RootPods, when set, is told the root pods of an application with a
+	// lifecycle, from the cache, after every change of one of its pods (on
+	// every replica, leader or not): the dispatcher takes a root the
+	// moment its pod is Ready and drops it the moment it terminates,
+	// without waiting for the EndpointSlice. It must not block.
+	RootPods func(app string, pods []*corev1.Pod)
 }
 
 // Controller is one dispatcher's part of the lifecycle: every replica runs
@@ -216,7 +222,22 @@ func (c *Controller) startInformers(ctx context.Context) error {
 	if _, err := sts.Informer().AddEventHandler(h); err != nil {
 		return fmt.Errorf("watching StatefulSets: %w", err)
 	}
-	if _, err := pods.Informer().AddEventHandler(h); err != nil {
+	podChanged := func(obj any) {
+		kick(obj)
+		if c.deps.RootPods == nil {
+			return
+		}
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if m, ok := obj.(metav1.Object); ok && m.GetLabels()[labelComponent] == "root" {
+			if a := c.app(m.GetLabels()[labelApplication]); a != nil {
+				c.deps.RootPods(a.Name, c.rootPods(a))
+			}
+		}
+	}
+	ph := cache.ResourceEventHandlerFuncs{AddFunc: podChanged, UpdateFunc: func(_, o any) { podChanged(o) }, DeleteFunc: podChanged}
+	if _, err := pods.Informer().AddEventHandler(ph); err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
 	factory.Start(ctx.Done())
@@ -309,6 +330,17 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 		return nil
 	}
 	return pods
+}
+
+// rootPods lists the root pods of an application from the cache.
+func (c *Controller) rootPods(a *appState) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, p := range c.appPods(a) {
+		if p.Labels[labelComponent] == "root" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ObserveFirstToken records the first_token stage of a wake when the first

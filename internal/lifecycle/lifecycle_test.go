@@ -3,6 +3,7 @@ package lifecycle_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -70,6 +71,12 @@ type cluster struct {
 	scales    []scaleWrite // every replica count written, in order
 	onZero    func()       // runs inside the scale-to-zero write, before it returns
 	pods      int
+	// grace, when set, is the StatefulSet controller of a real cluster: a
+	// scale down marks the pods terminating, still Ready and counted in
+	// readyReplicas, and deletes them after grace; a pod the count asks
+	// for again is created once its old self is gone.
+	grace time.Duration
+	gone  []string // pods deleted at the end of their grace period
 }
 
 type scaleWrite struct {
@@ -143,10 +150,13 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 	n := sc.Spec.Replicas
 	c.mu.Lock()
 	c.scales = append(c.scales, scaleWrite{name: pa.GetName(), replicas: n, at: time.Now(), manager: pa.PatchOptions.FieldManager})
-	onZero := c.onZero
+	onZero, grace := c.onZero, c.grace
 	c.mu.Unlock()
 	if n == 0 && onZero != nil {
 		onZero()
+	}
+	if grace > 0 {
+		return c.scaleGracefully(pa.GetName(), n, grace)
 	}
 	c.stsMu.Lock()
 	obj, err := c.cs.Tracker().Get(appsv1.SchemeGroupVersion.WithResource("statefulsets"), ns, pa.GetName())
@@ -178,6 +188,78 @@ func (c *cluster) reactScale(a k8stesting.Action) (bool, runtime.Object, error) 
 		time.AfterFunc(c.startDelay, func() { c.ready(i) })
 	}
 	return true, &autoscalingv1.Scale{ObjectMeta: sts.ObjectMeta, Spec: autoscalingv1.ScaleSpec{Replicas: n}}, nil
+}
+
+// scaleGracefully is reactScale with terminating pods (cluster.grace).
+func (c *cluster) scaleGracefully(name string, n int32, grace time.Duration) (bool, runtime.Object, error) {
+	stsGVR, podGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets"), corev1.SchemeGroupVersion.WithResource("pods")
+	c.stsMu.Lock()
+	obj, err := c.cs.Tracker().Get(stsGVR, ns, name)
+	if err != nil {
+		c.stsMu.Unlock()
+		return true, nil, err
+	}
+	sts := obj.(*appsv1.StatefulSet).DeepCopy()
+	sts.Spec.Replicas = &n
+	sts.Generation++
+	sts.Status.ObservedGeneration = sts.Generation
+	err = c.cs.Tracker().Update(stsGVR, sts, ns)
+	c.stsMu.Unlock()
+	if err != nil {
+		return true, nil, err
+	}
+	for i := range int32(3) {
+		obj, err := c.cs.Tracker().Get(podGVR, ns, fmt.Sprintf("%s-%d", root, i))
+		switch {
+		case err != nil && i < n:
+			c.createPod(i, false)
+			time.AfterFunc(c.startDelay, func() { c.ready(i) })
+		case err == nil && i >= n && obj.(*corev1.Pod).DeletionTimestamp == nil:
+			p := obj.(*corev1.Pod).DeepCopy()
+			p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+			_ = c.cs.Tracker().Update(podGVR, p, ns)
+			time.AfterFunc(grace, func() { c.podGone(i) })
+		}
+	}
+	return true, &autoscalingv1.Scale{ObjectMeta: sts.ObjectMeta, Spec: autoscalingv1.ScaleSpec{Replicas: n}}, nil
+}
+
+// podGone deletes terminating pod i at the end of its grace period, and
+// creates it again when the replica count asks for it.
+func (c *cluster) podGone(i int32) {
+	stsGVR, podGVR := appsv1.SchemeGroupVersion.WithResource("statefulsets"), corev1.SchemeGroupVersion.WithResource("pods")
+	c.mu.Lock()
+	c.gone = append(c.gone, fmt.Sprintf("%s-%d", root, i))
+	c.mu.Unlock()
+	_ = c.cs.Tracker().Delete(podGVR, ns, fmt.Sprintf("%s-%d", root, i))
+	c.stsMu.Lock()
+	obj, err := c.cs.Tracker().Get(stsGVR, ns, root)
+	if err != nil {
+		c.stsMu.Unlock()
+		return
+	}
+	sts := obj.(*appsv1.StatefulSet).DeepCopy()
+	sts.Status.Replicas, sts.Status.ReadyReplicas, sts.Status.UpdatedReplicas = sts.Status.Replicas-1, max(sts.Status.ReadyReplicas-1, 0), sts.Status.Replicas-1
+	_ = c.cs.Tracker().Update(stsGVR, sts, ns)
+	c.stsMu.Unlock()
+	if i < *sts.Spec.Replicas {
+		c.createPod(i, false)
+		time.AfterFunc(c.startDelay, func() { c.ready(i) })
+	}
+}
+
+// terminating reports whether a root pod is on its way out.
+func (c *cluster) terminating() bool {
+	pods, err := c.cs.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), ns)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, p := range pods.(*corev1.PodList).Items {
+		if p.DeletionTimestamp != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *cluster) createPod(i int32, ready bool) {
@@ -525,6 +607,51 @@ func TestARequestDuringTheDrainWins(t *testing.T) {
 	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
 	if ci := e.consumer(); ci.NumPending != 1 {
 		t.Errorf("the racing request: %d pending in the consumer, want 1 (it was lost)", ci.NumPending)
+	}
+}
+
+// A request that arrives as the leader writes zero replicas wakes the
+// application while its root is still terminating (Ready, and counted in
+// the StatefulSet's readyReplicas, as in a real cluster): the consumer stays
+// paused until the new root is ready, so no dispatcher can hand the
+// request to the root on its way out.
+func TestAWakeThatOvertakesTheScaleToZeroWaitsForTheNewRoot(t *testing.T) {
+	e := newEnv(t, 1)
+	e.c.mu.Lock()
+	e.c.grace = time.Second
+	e.c.onZero = func() {
+		e.c.mu.Lock()
+		e.c.onZero = nil
+		e.c.mu.Unlock()
+		e.publish(1)
+	}
+	e.c.mu.Unlock()
+	e.start(appConfig(nil))
+	eventually(t, 10*time.Second, func() error {
+		if !e.c.terminating() {
+			return errors.New("the root is not terminating yet")
+		}
+		return nil
+	})
+	for e.c.terminating() {
+		if !e.consumer().Paused {
+			var counts []int32
+			for _, w := range e.c.writes() {
+				counts = append(counts, w.replicas)
+			}
+			t.Fatalf("the consumer was resumed while the root was terminating (replica counts written: %v): a dispatcher could send the waiting request to it", counts)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	eventually(t, 5*time.Second, e.inState(v1alpha1.LifecycleAwake))
+	if ci := e.consumer(); ci.Paused || ci.NumPending != 1 {
+		t.Errorf("awake: consumer paused %v with %d pending, want resumed with the racing request", ci.Paused, ci.NumPending)
+	}
+	e.c.mu.Lock()
+	gone := e.c.gone
+	e.c.mu.Unlock()
+	if len(gone) != 1 {
+		t.Errorf("pods deleted: %v, want the old root once (the wake overtook the scale to zero)", gone)
 	}
 }
 
