@@ -79,6 +79,12 @@ func combine(sums []uint64) Digest {
 // Sum hashes b, its chunks on DefaultWorkers cores.
 func Sum(b []byte) Digest {
 	sums := make([]uint64, chunks(len(b)))
+	if len(sums) <= 1 {
+		for i := range sums {
+			sums[i] = chunkSum(b)
+		}
+		return combine(sums)
+	}
 	workers := min(DefaultWorkers(), len(sums))
 	var wg sync.WaitGroup
 	for w := range workers {
