@@ -56,9 +56,9 @@ type row struct {
 	// hashedCopy is memcpy with XXH3 of each 1 MiB chunk right after its
 	// copy, 2 threads: the most a verified restore can do from a source
 	// as fast as memory.
-	hashedCopy checkpoint.Bandwidth
-	fresh, tmpfs, s3         checkpoint.Bandwidth
-	disk, disk1, disk2       checkpoint.Bandwidth
+	hashedCopy         checkpoint.Bandwidth
+	fresh, tmpfs, s3   checkpoint.Bandwidth
+	disk, disk1, disk2 checkpoint.Bandwidth
 	// warmRaw is an O_DIRECT read of the warm copy itself, right before
 	// the warm wake: the shared disk's bandwidth moves by 3× from one
 	// minute to the next, so the ratio compares neighbours.
@@ -67,11 +67,11 @@ type row struct {
 	// hotKernel is the hot wake of a simulator whose sleep returns the
 	// memory to the kernel (--device-memory=kernel), the model before the
 	// device pool.
-	hotKernel *sim.StageReport
-	ttftHot   time.Duration
-	wakes, verified             int
-	skipped                     string
-	runs                        int
+	hotKernel       *sim.StageReport
+	ttftHot         time.Duration
+	wakes, verified int
+	skipped         string
+	runs            int
 }
 
 func main() {

@@ -69,11 +69,11 @@ type StageReport struct {
 
 // WeightsStatus is the body of GET /orchestra/weights.
 type WeightsStatus struct {
-	Bytes         int64  `json:"bytes"`
-	Digest        string `json:"digest,omitempty"`
-	Name          string `json:"name"`
-	Sleeping      bool   `json:"sleeping"`
-	Level         int    `json:"level"`
+	Bytes    int64  `json:"bytes"`
+	Digest   string `json:"digest,omitempty"`
+	Name     string `json:"name"`
+	Sleeping bool   `json:"sleeping"`
+	Level    int    `json:"level"`
 	// ResidentBytes is the device memory the engine holds for its
 	// weights, as nvidia-smi shows per process: the weights while awake,
 	// 0 while asleep unless the memory was not freed (the SleepLeak
