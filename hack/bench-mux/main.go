@@ -29,6 +29,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/seatgrouptest"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 const (
@@ -47,8 +48,8 @@ const (
 type swap struct {
 	seconds     float64
 	engineSleep float64 // copy to tmpfs + free
-	engineWake  float64 // alloc + copy + verify + remove the offload
-	wakeAlloc   float64 // of which: map and pre-fault fresh memory
+	engineWake  float64 // alloc + copy + verify
+	wakeAlloc   float64 // of which: take a region of the device pool
 }
 
 type row struct {
@@ -113,9 +114,10 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 
 func measure(n int64, hotRoot string, rounds int) (row, error) {
 	r := row{size: n}
-	// At start every engine holds its weights; the first sleeps add their
-	// hot copies.
-	need := int64(apps+1)*n + 2<<30
+	// The seat's device pool keeps every engine's region (each loads its
+	// weights at start, as a real engine does), and the sleeping engines'
+	// hot copies sit beside it.
+	need := int64(2*apps)*n + 2<<30
 	if avail := memAvailable(); avail < need {
 		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(need))
 		return r, nil
@@ -176,6 +178,8 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	}
 	r.note(h, rs)
 	h.Close()
+	// The next size maps regions of its own size.
+	sim.ProcessDevice().Trim()
 	return r, nil
 }
 
@@ -312,9 +316,9 @@ func quantile(v []float64, q float64) float64 {
 func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
-	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor; sleep level 1 writes the weights to a tmpfs (the hot tier), every wake reads them back and verifies them. ", simTTFT, tokens, simITL)
+	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor; sleep level 1 writes the weights to a tmpfs (the hot tier) and gives their memory back to the seat's device pool, every wake reads them back into a region of the pool (already faulted in, as GPU memory stays on the device) and verifies them. The four engines share the process's one device pool, which keeps a region per engine from its start (each loads its weights at start). ", simTTFT, tokens, simITL)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs, unmap) and wake (map and pre-fault fresh memory, read, verify) and the rest (seat agents, drain check, memory reading); its bound is the bytes written out ÷ the tmpfs write bandwidth + the bytes read in ÷ the tmpfs read bandwidth (into memory already mapped), each the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs, release the region) and wake (take a region, read with 2 readers, each hashing the 1 MiB chunk it just read) and the rest (seat agents, drain check, memory reading); its bound is the bytes written out ÷ the tmpfs write bandwidth + the bytes read in ÷ the tmpfs read bandwidth (into memory already mapped), each the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
 	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap | round-robin swaps | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {

@@ -28,6 +28,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,17 +53,25 @@ type row struct {
 	// memcpy is the peak of memcpy1 (one thread) and memcpy2 (the
 	// restore's workers); disk likewise for O_DIRECT reads.
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
-	fresh, tmpfs, s3         checkpoint.Bandwidth
-	disk, disk1, disk2       checkpoint.Bandwidth
+	// hashedCopy is memcpy with XXH3 of each 1 MiB chunk right after its
+	// copy, 2 threads: the most a verified restore can do from a source
+	// as fast as memory.
+	hashedCopy         checkpoint.Bandwidth
+	fresh, tmpfs, s3   checkpoint.Bandwidth
+	disk, disk1, disk2 checkpoint.Bandwidth
 	// warmRaw is an O_DIRECT read of the warm copy itself, right before
 	// the warm wake: the shared disk's bandwidth moves by 3× from one
 	// minute to the next, so the ratio compares neighbours.
 	warmRaw, warmRaw1, warmRaw2 checkpoint.Bandwidth
 	hot, warm, cold             *sim.StageReport
-	ttftHot                     time.Duration
-	wakes, verified             int
-	skipped                     string
-	runs                        int
+	// hotKernel is the hot wake of a simulator whose sleep returns the
+	// memory to the kernel (--device-memory=kernel), the model before the
+	// device pool.
+	hotKernel       *sim.StageReport
+	ttftHot         time.Duration
+	wakes, verified int
+	skipped         string
+	runs            int
 }
 
 func main() {
@@ -181,6 +190,9 @@ func measure(n int64, hot, disk string) (row, error) {
 		return r, err
 	}
 	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
+	if r.hashedCopy, err = measureHashedCopy(n); err != nil {
+		return r, err
+	}
 	// Fresh memory as a wake finds it: freed, then left alone as long as
 	// the engine sleeps.
 	if err := freeAndWait(n); err != nil {
@@ -204,6 +216,45 @@ func measure(n int64, hot, disk string) (row, error) {
 	}
 	runtime.GC()
 	return r, measureSim(&r, n, hot, disk)
+}
+
+// measureHashedCopy copies n bytes between two pre-faulted arenas with
+// arena.DefaultWorkers goroutines taking interleaved 1 MiB chunks, each
+// hashing the chunk it just copied, as a restore's readers do.
+func measureHashedCopy(n int64) (checkpoint.Bandwidth, error) {
+	src, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer src.Free()
+	dst, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer dst.Free()
+	arena.Synthesize(src.Bytes(), 2)
+	s, d := src.Bytes(), dst.Bytes()
+	workers := arena.DefaultWorkers()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for off := w * arena.ChunkSize; off < len(s); off += workers * arena.ChunkSize {
+				end := min(off+arena.ChunkSize, len(s))
+				// Go's copy switches to non-temporal stores at 1 MiB,
+				// which would leave the chunk out of the cache.
+				mid := min(off+arena.ChunkSize/2, end)
+				copy(d[off:mid], s[off:mid])
+				copy(d[mid:end], s[mid:end])
+				_ = arena.Sum(d[off:end])
+			}
+		}()
+	}
+	wg.Wait()
+	t := time.Since(start)
+	return checkpoint.Bandwidth{What: "memcpy + XXH3", Bytes: n, Seconds: t.Seconds(), BytesPerSecond: float64(n) / t.Seconds(), Method: fmt.Sprintf("copy and hash 1 MiB chunks, %d threads", workers)}, nil
 }
 
 // freeAndWait touches n bytes, frees them and waits as long as an engine
@@ -281,7 +332,11 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	cfg.TimeToFirstToken, cfg.InterTokenLatency, cfg.OutputTokens = simTTFT, 0, 4
 	cfg.Weights = sim.Weights{File: model}
 	cfg.Sleep = sim.Sleep{Enabled: true, HotDir: hot, WarmDir: warmDir}
-	s := sim.New(cfg, sim.WithLogger(slog.New(slog.DiscardHandler)))
+	// The engine's own device: its memory is mapped and faulted in at
+	// load, kept while the engine sleeps, and unmapped when it is done.
+	dev := arena.NewDevice(0)
+	defer dev.Trim()
+	s := sim.New(cfg, sim.WithLogger(slog.New(slog.DiscardHandler)), sim.WithDevice(dev))
 	if err := s.LoadWeights(); err != nil {
 		return err
 	}
@@ -343,6 +398,41 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	}
 	st := s.WeightsStatus()
 	r.wakes, r.verified = st.Wakes, st.Verified
+	srv.Close()
+	s.Close()
+	dev.Trim()
+	return measureHotKernel(r, n, hot)
+}
+
+// measureHotKernel runs one level-1 cycle of a simulator whose sleep
+// returns its memory to the kernel, as every sleep did before the device
+// pool: its wake faults fresh memory in as it reads.
+func measureHotKernel(r *row, n int64, hot string) error {
+	cfg := sim.Default()
+	cfg.Model = "sim-kernel"
+	cfg.Weights = sim.Weights{Bytes: n, Seed: 11}
+	cfg.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
+	cfg.DeviceMemory = sim.DeviceMemoryKernel
+	s := sim.New(cfg, sim.WithLogger(slog.New(slog.DiscardHandler)))
+	if err := s.LoadWeights(); err != nil {
+		return err
+	}
+	defer s.Close()
+	if _, err := s.Sleep(1); err != nil {
+		return err
+	}
+	time.Sleep(asleep)
+	rep, err := s.WakeUp(context.Background())
+	if err != nil {
+		return err
+	}
+	if !rep.Verified {
+		return errors.New("the returned-to-the-kernel hot wake was not verified")
+	}
+	r.hotKernel = rep
+	st := s.WeightsStatus()
+	r.wakes += st.Wakes
+	r.verified += st.Verified
 	return nil
 }
 
@@ -427,12 +517,14 @@ func median(runs []row) row {
 	out := runs[0]
 	m := pick(func(r row) float64 { return r.memcpy.BytesPerSecond })
 	out.memcpy, out.memcpy1, out.memcpy2 = m.memcpy, m.memcpy1, m.memcpy2
+	out.hashedCopy = pick(func(r row) float64 { return r.hashedCopy.BytesPerSecond }).hashedCopy
 	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
 	out.tmpfs = pick(func(r row) float64 { return r.tmpfs.BytesPerSecond }).tmpfs
 	d := pick(func(r row) float64 { return r.disk.BytesPerSecond })
 	out.disk, out.disk1, out.disk2 = d.disk, d.disk1, d.disk2
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
 	out.hot = pick(func(r row) float64 { return restoreBW(r.hot) }).hot
+	out.hotKernel = pick(func(r row) float64 { return restoreBW(r.hotKernel) }).hotKernel
 	// The warm restore and the raw read just before it stay paired.
 	w := pick(func(r row) float64 { return restoreBW(r.warm) / r.warmRaw.BytesPerSecond })
 	out.warm, out.warmRaw, out.warmRaw1, out.warmRaw2 = w.warm, w.warmRaw, w.warmRaw1, w.warmRaw2
@@ -464,20 +556,22 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
 	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). memcpy and disk are the peak of 1 thread and of the restore's 2 readers (both in the notes below), between pre-faulted buffers. ")
-	b.WriteString("A restore is the whole wake of the weights: map the arena, fault each 8 MiB block in and pread into it (2 readers), verify (xxh64, in order, overlapped with the reads). Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
-	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), pread into it with 2 readers in 1 MiB chunks (8 MiB blocks with O_DIRECT), each reader hashing the chunk it just read (XXH3) while the chunk is in its cache, then combine the chunk digests and compare. ")
+	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each block in just before reading into it, read, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
+	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |  |  |  |  |  |  |  |  |  |  |  |\n", arena.Size(r.size), r.skipped)
+			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 13))
 			continue
 		}
-		hotBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.warm), restoreBW(r.cold)
+		hotBW, kernelBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.hotKernel), restoreBW(r.warm), restoreBW(r.cold)
 		bound := time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
 			arena.Size(r.size), gbps(r.memcpy.BytesPerSecond), gbps(r.fresh.BytesPerSecond), gbps(r.tmpfs.BytesPerSecond), gbps(r.disk.BytesPerSecond), gbps(r.s3.BytesPerSecond),
-			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds, gbps(warmBW), gbps(coldBW),
-			hotBW/r.memcpy.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
+			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds,
+			gbps(kernelBW), r.hotKernel.AllocSeconds, r.hotKernel.CopySeconds, r.hotKernel.VerifySeconds, gbps(warmBW), gbps(coldBW),
+			hotBW/r.memcpy.BytesPerSecond, kernelBW/r.memcpy.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
 			float64(r.ttftHot)/float64(bound), r.ttftHot.Round(time.Millisecond), bound.Round(time.Millisecond),
 			r.verified, r.wakes)
 	}
@@ -491,12 +585,22 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (tmpfs read) and sink (fresh memory), as a share of memcpy: ")
+	b.WriteString("Verified copy, memcpy + XXH3 of each 1 MiB chunk right after its copy (2 threads), the most a restore that hashes every byte can do from a source as fast as memory, and the hot restore as a share of it: ")
+	parts = parts[:0]
+	for _, r := range rows {
+		if r.skipped == "" {
+			parts = append(parts, fmt.Sprintf("%s %s GB/s (%.2f of memcpy), hot restore %.2f of it", arena.Size(r.size), gbps(r.hashedCopy.BytesPerSecond),
+				r.hashedCopy.BytesPerSecond/r.memcpy.BytesPerSecond, restoreBW(r.hot)/r.hashedCopy.BytesPerSecond))
+		}
+	}
+	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
+	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (tmpfs read, 1 MiB chunks, 2 readers, no hash) and sink, as a share of memcpy; the sink is the device pool's memory, already faulted in (memcpy), or, returned to the kernel, fresh memory (fault, then copy): ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
 			sink := 1 / (1/r.fresh.BytesPerSecond + 1/r.memcpy.BytesPerSecond) // fault, then copy
-			parts = append(parts, fmt.Sprintf("%s %.2f (fault then copy: %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
+			parts = append(parts, fmt.Sprintf("%s %.2f into the pool, %.2f returned to the kernel (fault then copy %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
+				min(r.memcpy.BytesPerSecond, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond,
 				min(sink, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond, gbps(sink), gbps(r.tmpfs.BytesPerSecond)))
 		}
 	}

@@ -210,7 +210,7 @@ type PromoteRequest struct {
 	// ColdPath is the artifact inside the cold tier (the model cache
 	// mount), used when no faster tier holds it.
 	ColdPath string `json:"coldPath,omitempty"`
-	// Digest, when set, must match the cold bytes (xxh64:…).
+	// Digest, when set, must match the cold bytes (xxh3c:…).
 	Digest   string `json:"digest,omitempty"`
 	Priority int32  `json:"priority,omitempty"`
 }
@@ -220,7 +220,7 @@ type PromoteRequest struct {
 type DemoteRequest struct {
 	Key
 	// Digest is the digest the engine recorded when it loaded the weights
-	// (xxh64:…); the warm copy must hash to it. Required when the source is
+	// (xxh3c:…); the warm copy must hash to it. Required when the source is
 	// the engine's level-1 offload rather than a copy the agent holds.
 	Digest   string `json:"digest,omitempty"`
 	Priority int32  `json:"priority,omitempty"`

@@ -68,7 +68,7 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 		`{"namespace":"Team","name":"x","to":"warm"}`:                                                              400,
 		`{"namespace":"team-a","name":"x","to":"cold"}`:                                                            400,
 		`{"namespace":"team-a","name":"absent","to":"hot"}`:                                                        404,
-		`{"namespace":"team-a","name":"big","to":"hot","coldPath":"model.gguf","digest":"xxh64:0000000000000000"}`: 500,
+		`{"namespace":"team-a","name":"big","to":"hot","coldPath":"model.gguf","digest":"xxh3c:0000000000000000"}`: 500,
 	} {
 		if code, out := promote(body); code != want {
 			t.Errorf("%s: %d %s, want %d", body, code, out, want)
@@ -157,7 +157,7 @@ func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
 	}
 	for body, want := range map[string]int{
 		`{"namespace":"team-a","name":"orch-chat"}`:                                       400, // no digest for the engine's offload
-		`{"namespace":"team-a","name":"orch-chat","digest":"xxh64:0000000000000000"}`:     409, // the bytes are not the engine's
+		`{"namespace":"team-a","name":"orch-chat","digest":"xxh3c:0000000000000000"}`:     409, // the bytes are not the engine's
 		`{"namespace":"team-a","name":"absent","digest":"` + arena.Sum(w).String() + `"}`: 404,
 		`{"namespace":"team-a","name":"../x","digest":"` + arena.Sum(w).String() + `"}`:   400,
 	} {

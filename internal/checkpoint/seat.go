@@ -93,7 +93,7 @@ type SeatStatus struct {
 	Sleeps    int         `json:"sleeps"`
 	Wakes     int         `json:"wakes"`
 	// Digest is the digest the engine recorded when it loaded its weights
-	// (xxh64:…), which every restore and every demotion of them must match;
+	// (xxh3c:…), which every restore and every demotion of them must match;
 	// empty when the engine does not report it (only the simulator does).
 	Digest string `json:"digest,omitempty"`
 	// ResidentBytes is the engine's memory holding weights right now, as

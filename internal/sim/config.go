@@ -44,6 +44,10 @@ type Config struct {
 	// Sleep is vLLM's sleep mode: POST /sleep, POST /wake_up, GET
 	// /is_sleeping and POST /collective_rpc exist only when it is enabled.
 	Sleep Sleep
+	// DeviceMemory is the memory that stands in for the accelerator's:
+	// DeviceMemoryPool (the default, also when empty) or
+	// DeviceMemoryKernel.
+	DeviceMemory string
 
 	// Faults injects failures.
 	Faults Faults
@@ -77,6 +81,20 @@ type Sleep struct {
 	// source (File, or the seed).
 	WarmDir string
 }
+
+// Device memory models.
+const (
+	// DeviceMemoryPool keeps the weights in a device pool, memory faulted
+	// in once and kept by the process, as a GPU keeps its memory: a sleep
+	// gives the weights' region back to the pool, a wake copies the bytes
+	// into memory that is already there (see arena.Device). All the
+	// simulators of one process share one pool.
+	DeviceMemoryPool = "pool"
+	// DeviceMemoryKernel unmaps the weights at sleep, returning the memory
+	// to the kernel (in a VM with free page reporting, to the host); a
+	// wake faults fresh memory in as it copies.
+	DeviceMemoryKernel = "kernel"
+)
 
 // WeightsName is the file name of the weights in the tier directories.
 func (c Config) WeightsName() string {
@@ -137,6 +155,7 @@ func Default() Config {
 		InterTokenLatency: 10 * time.Millisecond,
 		OutputTokens:      64,
 		EmbeddingDim:      384,
+		DeviceMemory:      DeviceMemoryPool,
 		Faults:            Faults{ErrorStatus: 500},
 	}
 }
@@ -185,6 +204,9 @@ func (c Config) Validate() error {
 	}
 	if !c.Sleep.Enabled && (c.Faults.WakeDelay != 0 || c.Faults.WakeFail || c.Faults.SleepLeak) {
 		errs = append(errs, errors.New("the wake and sleep faults need sleep mode (--enable-sleep-mode)"))
+	}
+	if c.DeviceMemory != "" && c.DeviceMemory != DeviceMemoryPool && c.DeviceMemory != DeviceMemoryKernel {
+		errs = append(errs, fmt.Errorf("device memory must be %q or %q, got %q", DeviceMemoryPool, DeviceMemoryKernel, c.DeviceMemory))
 	}
 	if c.Faults.WakeDelay < 0 {
 		errs = append(errs, fmt.Errorf("wake delay must not be negative, got %v", c.Faults.WakeDelay))

@@ -86,7 +86,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "orchestra_sim_weights_bytes", Help: "Size of the simulated model weights.",
 	})
 	m.residentBytes = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "orchestra_sim_weights_resident_bytes", Help: "Weight bytes held in process memory (0 while asleep, unless memory leaked on sleep).",
+		Name: "orchestra_sim_weights_resident_bytes", Help: "Device memory the engine holds for its weights, as nvidia-smi shows per process (0 while asleep, unless the memory was not freed on sleep).",
 	})
 	m.level = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "orchestra_sim_sleep_level", Help: "0 when awake, else the sleep level (1 or 2).",

@@ -19,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
 
 // maxBodyBytes bounds request bodies.
@@ -45,6 +47,9 @@ type Simulator struct {
 	rand func() float64
 
 	engine engineState
+	// device holds the weights with DeviceMemoryPool; nil with
+	// DeviceMemoryKernel.
+	device *arena.Device
 }
 
 // New returns a simulator for cfg, which should have passed Validate. Its
@@ -67,6 +72,11 @@ func New(cfg Config, opts ...Option) *Simulator {
 	for _, o := range opts {
 		o(s)
 	}
+	if cfg.DeviceMemory == DeviceMemoryKernel {
+		s.device = nil
+	} else if s.device == nil {
+		s.device = ProcessDevice()
+	}
 	s.m = newMetrics(s.reg, cfg.Model)
 	s.engine.weightsAwake, s.engine.kvAwake, s.engine.loaded = true, true, true
 	return s
@@ -74,6 +84,18 @@ func New(cfg Config, opts ...Option) *Simulator {
 
 // Option customises a Simulator.
 type Option func(*Simulator)
+
+// WithDevice sets the device pool the weights live in with
+// DeviceMemoryPool (default: ProcessDevice).
+func WithDevice(d *arena.Device) Option { return func(s *Simulator) { s.device = d } }
+
+// processDevice is the device of every simulator of the process that is
+// given no other: one accelerator per process, with no fixed capacity (its
+// regions are mapped as engines load and kept).
+var processDevice = sync.OnceValue(func() *arena.Device { return arena.NewDevice(0) })
+
+// ProcessDevice is the device pool the process's simulators share.
+func ProcessDevice() *arena.Device { return processDevice() }
 
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(s *Simulator) { s.log = l } }

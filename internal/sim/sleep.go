@@ -43,17 +43,21 @@ type StageReport struct {
 	// regenerated synthetic weights).
 	Source string `json:"source,omitempty"`
 	Bytes  int64  `json:"bytes"`
-	// AllocSeconds maps the memory, and pre-faults it unless
-	// FaultedInCopy.
+	// AllocSeconds takes a region of the device pool (already faulted
+	// in), or, with device memory returned to the kernel, maps the memory
+	// and pre-faults it unless FaultedInCopy.
 	AllocSeconds float64 `json:"allocSeconds"`
-	// CopySeconds moves the bytes.
+	// CopySeconds moves the bytes; a restore hashes each chunk right
+	// after it is copied, inside this time.
 	CopySeconds float64 `json:"copySeconds"`
 	// FaultedInCopy is true when the readers faulted the memory in block
 	// by block, inside CopySeconds.
 	FaultedInCopy bool `json:"faultedInCopy,omitempty"`
 	// VerifySeconds is hashing that did not overlap the copy.
 	VerifySeconds float64 `json:"verifySeconds"`
-	// FreeSeconds unmaps memory (sleep) or removes the level-1 offload copy.
+	// FreeSeconds gives the weights' memory back (sleep). A wake from the
+	// level-1 offload unlinks it once verified; the kernel frees its pages
+	// in the background.
 	FreeSeconds  float64 `json:"freeSeconds"`
 	TotalSeconds float64 `json:"totalSeconds"`
 	// Direct is true when the file was read with O_DIRECT.
@@ -65,12 +69,18 @@ type StageReport struct {
 
 // WeightsStatus is the body of GET /orchestra/weights.
 type WeightsStatus struct {
-	Bytes         int64  `json:"bytes"`
-	Digest        string `json:"digest,omitempty"`
-	Name          string `json:"name"`
-	Sleeping      bool   `json:"sleeping"`
-	Level         int    `json:"level"`
-	ResidentBytes int64  `json:"residentBytes"`
+	Bytes    int64  `json:"bytes"`
+	Digest   string `json:"digest,omitempty"`
+	Name     string `json:"name"`
+	Sleeping bool   `json:"sleeping"`
+	Level    int    `json:"level"`
+	// ResidentBytes is the device memory the engine holds for its
+	// weights, as nvidia-smi shows per process: the weights while awake,
+	// 0 while asleep unless the memory was not freed (the SleepLeak
+	// fault).
+	ResidentBytes int64 `json:"residentBytes"`
+	// DeviceMemory is "pool" or "kernel" (Config.DeviceMemory).
+	DeviceMemory string `json:"deviceMemory,omitempty"`
 	// Loaded is false between a level-2 wake_up?tags=weights and the
 	// collective_rpc reload_weights that fills them.
 	Loaded    bool         `json:"loaded"`
@@ -134,10 +144,7 @@ func (s *Simulator) LoadWeights() error {
 		size = fi.Size()
 	}
 	start := time.Now()
-	// A file's blocks are faulted in by the readers, overlapping the
-	// reads; synthetic weights are written by one goroutine, which faults
-	// them as it goes.
-	a, err := arena.New(size, arena.Options{NoPopulate: true})
+	a, err := s.alloc(size, true)
 	if err != nil {
 		return err
 	}
@@ -244,7 +251,7 @@ func (s *Simulator) WeightsStatus() WeightsStatus {
 	defer e.mu.Unlock()
 	st := WeightsStatus{
 		Bytes: e.size, Name: s.cfg.WeightsName(), Sleeping: !e.weightsAwake || !e.kvAwake, Level: e.level,
-		ResidentBytes: e.residentLocked(), Loaded: e.loaded, InFlight: e.inFlight,
+		ResidentBytes: e.residentLocked(), DeviceMemory: s.deviceMemory(), Loaded: e.loaded, InFlight: e.inFlight,
 		Load: e.load, LastSleep: e.lastSleep, LastWake: e.lastWake, Wakes: e.wakes, Verified: e.verified,
 	}
 	if e.load != nil {
@@ -281,8 +288,9 @@ func (s *Simulator) handleSleep(w http.ResponseWriter, r *http.Request) {
 var ErrRequestsInFlight = errors.New("requests in flight")
 
 // Sleep puts the engine to sleep. Level 1 writes the weights to the hot
-// directory and frees them; level 2 frees them. Sleeping while asleep does
-// nothing.
+// directory and frees them; level 2 frees them. Freeing gives the memory
+// back to the device pool (or, with DeviceMemoryKernel, to the kernel).
+// Sleeping while asleep does nothing.
 func (s *Simulator) Sleep(level int) (*StageReport, error) {
 	e := &s.engine
 	e.op.Lock()
@@ -465,10 +473,7 @@ func (s *Simulator) restore(ctx context.Context, fill bool) (*StageReport, error
 	size, digest, level, hasLoad := e.size, e.digest, e.level, e.load != nil
 	e.mu.Unlock()
 	start := time.Now()
-	// The memory was given back at sleep: the readers fault it in again
-	// block by block, each just before reading into it, so getting the
-	// memory overlaps the copy (and is counted in it).
-	a, err := arena.New(size, arena.Options{NoPopulate: fill && hasLoad && size > 0})
+	a, err := s.alloc(size, fill && hasLoad && size > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -511,6 +516,25 @@ func (s *Simulator) restore(ctx context.Context, fill bool) (*StageReport, error
 		s.m.stage(opWake, rep)
 	}
 	return rep, nil
+}
+
+// alloc gets n bytes of device memory for the weights: a region of the
+// device pool, already faulted in; or, with DeviceMemoryKernel, a new
+// mapping, which a fill faults in block by block, each reader just before
+// it reads into the block, so that getting the memory overlaps the copy
+// (and is counted in it).
+func (s *Simulator) alloc(n int64, fill bool) (*arena.Arena, error) {
+	if s.device != nil {
+		return s.device.Alloc(n)
+	}
+	return arena.New(n, arena.Options{NoPopulate: fill})
+}
+
+func (s *Simulator) deviceMemory() string {
+	if s.device != nil {
+		return DeviceMemoryPool
+	}
+	return DeviceMemoryKernel
 }
 
 func tierLabel(t string) string {
@@ -567,10 +591,14 @@ func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest,
 		} else {
 			// Hot is tmpfs (no O_DIRECT); warm and cold bypass the page
 			// cache, so the restore measures the device, and weights do
-			// not sit twice in RAM. The level-1 offload is consumed: its
-			// pages are released block by block as the arena takes them
-			// (and written back if the wake fails).
-			_, st, err := arena.FillFile(a, src.path, arena.FileOptions{Direct: src.tier != TierHot, Consume: level == 1, Expect: &digest})
+			// not sit twice in RAM. The level-1 offload is removed once
+			// verified. With memory returned to the kernel it is also
+			// consumed: its pages are released block by block as the
+			// arena faults new ones in (and written back if the wake
+			// fails), so the wake never holds the weights twice.
+			_, st, err := arena.FillFile(a, src.path, arena.FileOptions{
+				Direct: src.tier != TierHot, Consume: level == 1 && s.device == nil, Remove: level == 1, Expect: &digest,
+			})
 			rep.CopySeconds, rep.VerifySeconds, rep.Direct, rep.FaultedInCopy = st.Copy.Seconds(), st.Verify.Seconds(), st.Direct, st.Faulted
 			if err != nil {
 				return err
@@ -581,13 +609,6 @@ func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest,
 			return &arena.MismatchError{Source: rep.Source, Want: digest, Got: got, Bytes: a.Len()}
 		}
 		rep.Verified = true
-		if level == 1 {
-			t := time.Now()
-			if err := os.Remove(hot); err != nil {
-				s.log.Warn("removing the level-1 offload copy", "path", hot, "err", err)
-			}
-			rep.FreeSeconds = time.Since(t).Seconds()
-		}
 		return nil
 	}
 	return fmt.Errorf("no copy of the weights %q in the tiers: %v", name, sources)

@@ -32,7 +32,7 @@ type sleepy struct {
 	weights []byte // the expected bytes
 }
 
-func startSleepy(t *testing.T, mut func(*sim.Config)) *sleepy {
+func startSleepy(t *testing.T, mut func(*sim.Config), opts ...sim.Option) *sleepy {
 	t.Helper()
 	cfg := fastConfig()
 	cfg.Weights.Bytes, cfg.Weights.Seed = weightsSize, 42
@@ -43,7 +43,7 @@ func startSleepy(t *testing.T, mut func(*sim.Config)) *sleepy {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("config: %v", err)
 	}
-	s := sim.New(cfg)
+	s := sim.New(cfg, opts...)
 	if err := s.LoadWeights(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,13 @@ func (s *sleepy) metric(name string) string {
 }
 
 func TestSleepLevel1OffloadsToTheHotTierAndWakeVerifies(t *testing.T) {
-	s := startSleepy(t, nil)
+	for _, mode := range []string{sim.DeviceMemoryPool, sim.DeviceMemoryKernel} {
+		t.Run(mode, func(t *testing.T) { testSleepLevel1(t, mode) })
+	}
+}
+
+func testSleepLevel1(t *testing.T, mode string) {
+	s := startSleepy(t, func(c *sim.Config) { c.DeviceMemory = mode })
 	if st := s.sim.WeightsStatus(); st.ResidentBytes != weightsSize || st.Digest != arena.Sum(s.weights).String() {
 		t.Fatalf("after load: %+v, want %d resident bytes with the seed's digest", st, weightsSize)
 	}
@@ -142,8 +148,10 @@ func TestSleepLevel1OffloadsToTheHotTierAndWakeVerifies(t *testing.T) {
 	if err := json.Unmarshal([]byte(s.must("POST", "/wake_up", "")), &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Tier != sim.TierHot || !rep.Verified || rep.Bytes != weightsSize || !rep.FaultedInCopy {
-		t.Fatalf("wake report %+v, want a verified hot restore of %d bytes faulted in by the readers", rep, weightsSize)
+	// Memory returned to the kernel at sleep is faulted in again by the
+	// readers; the device pool's is already there.
+	if rep.Tier != sim.TierHot || !rep.Verified || rep.Bytes != weightsSize || rep.FaultedInCopy != (mode == sim.DeviceMemoryKernel) {
+		t.Fatalf("wake report %+v, want a verified hot restore of %d bytes, faulted in by the readers only with device memory %q", rep, weightsSize, sim.DeviceMemoryKernel)
 	}
 	if s.sleeping() {
 		t.Fatal("still sleeping after wake_up")
@@ -406,8 +414,14 @@ func TestLevel2WakePrefersTheAgentsHotCopyAndKeepsIt(t *testing.T) {
 // (reload_weights). The engine must end up holding them once: the arena
 // the first call allocated is not left behind by the second.
 func TestLevel2ReloadHoldsTheWeightsOnce(t *testing.T) {
+	for _, mode := range []string{sim.DeviceMemoryPool, sim.DeviceMemoryKernel} {
+		t.Run(mode, func(t *testing.T) { testLevel2ReloadOnce(t, mode) })
+	}
+}
+
+func testLevel2ReloadOnce(t *testing.T, mode string) {
 	const size = 64 << 20
-	s := startSleepy(t, func(c *sim.Config) { c.Weights.Bytes = size })
+	s := startSleepy(t, func(c *sim.Config) { c.Weights.Bytes, c.DeviceMemory = size, mode })
 	s.must("POST", "/sleep?level=2", "")
 	before := residentBytes(t)
 	s.must("POST", "/wake_up?tags=weights", "")
@@ -431,4 +445,63 @@ func residentBytes(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return pages * int64(os.Getpagesize())
+}
+
+// TestTheDevicePoolKeepsTheMemoryWhileAsleep: with the device pool a sleep
+// gives the weights' region back to the pool, not to the kernel (the
+// engine holds 0 bytes, the device still has them), and the wake restores
+// into that same region, mapping nothing new. The memory-not-freed fault
+// keeps the region held, and its wake takes a second one.
+func TestTheDevicePoolKeepsTheMemoryWhileAsleep(t *testing.T) {
+	region := int64((weightsSize + os.Getpagesize() - 1) &^ (os.Getpagesize() - 1))
+	usage := func(d *arena.Device, wantHeld, wantMapped int64) {
+		t.Helper()
+		if held, mapped := d.Usage(); held != wantHeld || mapped != wantMapped {
+			t.Fatalf("device holds %d of %d mapped bytes, want %d of %d", held, mapped, wantHeld, wantMapped)
+		}
+	}
+	t.Run("sleep and wake", func(t *testing.T) {
+		dev := arena.NewDevice(0)
+		s := startSleepy(t, nil, sim.WithDevice(dev))
+		usage(dev, region, region)
+		s.must("POST", "/sleep?level=1", "")
+		usage(dev, 0, region)
+		if st := s.sim.WeightsStatus(); st.ResidentBytes != 0 || st.DeviceMemory != sim.DeviceMemoryPool {
+			t.Fatalf("asleep: %+v, want 0 resident bytes in the device pool", st)
+		}
+		var rep sim.StageReport
+		if err := json.Unmarshal([]byte(s.must("POST", "/wake_up", "")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Verified || rep.FaultedInCopy {
+			t.Fatalf("wake report %+v, want verified, into memory already faulted in", rep)
+		}
+		usage(dev, region, region)
+		if code, body := s.chat(); code != http.StatusOK {
+			t.Fatalf("inference after wake: %d %s", code, body)
+		}
+	})
+	t.Run("memory not freed", func(t *testing.T) {
+		dev := arena.NewDevice(0)
+		s := startSleepy(t, func(c *sim.Config) { c.Faults.SleepLeak = true }, sim.WithDevice(dev))
+		s.must("POST", "/sleep?level=1", "")
+		usage(dev, region, region)
+		if st := s.sim.WeightsStatus(); st.ResidentBytes != weightsSize {
+			t.Fatalf("asleep with the fault: %+v, want the weights still resident", st)
+		}
+		s.must("POST", "/wake_up", "")
+		usage(dev, 2*region, 2*region)
+	})
+	t.Run("a full device fails the wake loudly", func(t *testing.T) {
+		dev := arena.NewDevice(region)
+		s := startSleepy(t, func(c *sim.Config) { c.Faults.SleepLeak = true }, sim.WithDevice(dev))
+		s.must("POST", "/sleep?level=1", "")
+		code, body := s.do("POST", "/wake_up", "")
+		if code != http.StatusInternalServerError || !strings.Contains(body, "device memory exhausted") {
+			t.Fatalf("wake on a full device: %d %s, want 500 naming the exhausted device memory", code, body)
+		}
+		if !s.sleeping() {
+			t.Fatal("awake after a failed wake")
+		}
+	})
 }

@@ -10,9 +10,11 @@
 // there 4 KiB pages, taken from blocks the host never saw, fault in several
 // times faster, and the arena does not ask for huge pages. An arena is either pre-faulted when it is
 // made, or faulted block by block by the fill that writes it, so getting the
-// memory overlaps reading into it. FillFile reads a file into an arena in
-// large blocks with pread(2) from several workers while another goroutine
-// hashes the blocks already read, in order, so verification overlaps the copy.
+// memory overlaps reading into it. A Device keeps regions of such memory
+// faulted in across sleeps, as an accelerator keeps its memory. FillFile
+// reads a file into an arena with pread(2) from several workers, each
+// hashing the 1 MiB chunk it just read while the chunk is in its cache, so
+// verification costs no second pass over memory.
 package arena
 
 import (
@@ -32,6 +34,9 @@ type Arena struct {
 	// faulted is true once every page has been faulted in (New without
 	// NoPopulate, or a fill that touched every block).
 	faulted bool
+	// dev, when set, is the Device whose region this arena is: Free gives
+	// the region back to it.
+	dev *Device
 }
 
 // pageRound rounds n up to a multiple of the page size.
@@ -112,13 +117,17 @@ func (a *Arena) Len() int64 {
 	return a.n
 }
 
-// Free unmaps the arena; its bytes must not be used afterwards. Freeing a
-// nil or freed arena does nothing.
+// Free unmaps the arena, or gives it back to its Device; its bytes must not
+// be used afterwards. Freeing a nil or freed arena does nothing.
 func (a *Arena) Free() {
 	if a == nil || a.full == nil {
 		return
 	}
-	_ = unix.Munmap(a.full) // unmapping a mapping we made cannot fail
+	if a.dev != nil {
+		a.dev.release(a)
+	} else {
+		_ = unix.Munmap(a.full) // unmapping a mapping we made cannot fail
+	}
 	a.full, a.n = nil, 0
 }
 

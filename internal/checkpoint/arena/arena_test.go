@@ -198,3 +198,105 @@ func TestFillFileConsume(t *testing.T) {
 		t.Error("consuming without a digest succeeded")
 	}
 }
+
+func TestHasherMatchesSum(t *testing.T) {
+	src := make([]byte, 3*ChunkSize+17)
+	Synthesize(src, 9)
+	for _, n := range []int{0, 1, ChunkSize - 1, ChunkSize, ChunkSize + 1, len(src)} {
+		b := src[:n]
+		// Written in uneven pieces that straddle chunk boundaries.
+		for _, piece := range []int{1 << 10, ChunkSize, ChunkSize + 333, 7 << 20} {
+			h := NewHasher()
+			for off := 0; off < n; off += piece {
+				_, _ = h.Write(b[off:min(off+piece, n)])
+			}
+			if got, want := h.Sum(), Sum(b); got != want {
+				t.Errorf("n=%d piece=%d: hasher %v, Sum %v", n, piece, got, want)
+			}
+		}
+	}
+	// One changed byte in any chunk changes the digest.
+	want := Sum(src)
+	for _, at := range []int{0, ChunkSize, len(src) - 1} {
+		src[at] ^= 1
+		if Sum(src) == want {
+			t.Errorf("flipping byte %d kept the digest", at)
+		}
+		src[at] ^= 1
+	}
+}
+
+func TestDeviceKeepsMemoryAcrossFree(t *testing.T) {
+	d := NewDevice(3 << 20)
+	a, err := d.Alloc(2 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Bytes()[12345] = 42
+	if held, mapped := d.Usage(); held != 2<<20 || mapped != 2<<20 {
+		t.Fatalf("usage held %d mapped %d", held, mapped)
+	}
+	a.Free()
+	if held, mapped := d.Usage(); held != 0 || mapped != 2<<20 {
+		t.Fatalf("after Free: usage held %d mapped %d; want the region kept", held, mapped)
+	}
+	// The next allocation that fits gets the same memory back, bytes and all.
+	b, err := d.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Len() != 1<<20 || b.Bytes()[12345] != 42 {
+		t.Fatal("the released region was not reused")
+	}
+	// No room for a second region while b holds the first.
+	if _, err := d.Alloc(2 << 20); !errors.Is(err, ErrDeviceFull) {
+		t.Fatalf("err = %v, want ErrDeviceFull", err)
+	}
+	c, err := d.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Free()
+	c.Free()
+	// A larger request unmaps free regions to make room.
+	e, err := d.Alloc(3 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, mapped := d.Usage(); mapped != 3<<20 {
+		t.Errorf("mapped %d after making room, want %d", mapped, 3<<20)
+	}
+	e.Free()
+	d.Trim()
+	if _, mapped := d.Usage(); mapped != 0 {
+		t.Errorf("mapped %d after Trim", mapped)
+	}
+}
+
+func TestFillFileRemove(t *testing.T) {
+	n := int64(2*ChunkSize + 99)
+	src := synth(t, n, 4)
+	want := Sum(src.Bytes())
+	path := filepath.Join(t.TempDir(), "w")
+	if err := WriteFile(path, src.Bytes(), false); err != nil {
+		t.Fatal(err)
+	}
+	dst, _ := New(n, Options{})
+	defer dst.Free()
+	wrong := want + 1
+	if _, _, err := FillFile(dst, path, FileOptions{Remove: true, Expect: &wrong}); !errors.Is(err, ErrMismatch) {
+		t.Fatalf("err = %v, want a mismatch", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("a fill that failed verification removed the file: %v", err)
+	}
+	if _, _, err := FillFile(dst, path, FileOptions{Remove: true, Expect: &want}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the verified fill left the file: %v", err)
+	}
+	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatal("bytes differ")
+	}
+}

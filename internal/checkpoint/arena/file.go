@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,10 +17,11 @@ type FileOptions struct {
 	// Direct opens the file with O_DIRECT, bypassing the page cache, when
 	// the filesystem supports it (tmpfs does not: it is read normally).
 	Direct bool
-	// Workers read disjoint blocks at once (0: DefaultWorkers). Each worker
-	// faults its block in before reading into it, so on a machine with two
-	// cores one gets the next block's memory from the kernel while the
-	// other copies.
+	// Workers read disjoint chunks (blocks, with O_DIRECT) at once and
+	// hash each right after reading it (0: DefaultWorkers). In an arena
+	// that is not pre-faulted each worker faults its block in before
+	// reading into it, so one gets memory from the kernel while the other
+	// copies.
 	Workers int
 	// Consume punches each block out of the file once it is in the arena:
 	// the file is a one-shot copy (the level-1 offload a wake removes
@@ -31,6 +31,12 @@ type FileOptions struct {
 	// back. If the fill fails or the bytes do not verify, the blocks are
 	// written back, so the file is whole again. Needs Expect.
 	Consume bool
+	// Remove unlinks the file once its bytes are in the arena and
+	// verified (the level-1 offload a wake no longer needs). The kernel
+	// frees its pages at the last close, which runs in the background
+	// after FillFile returns, so the caller does not wait for it. Needs
+	// Expect.
+	Remove bool
 	// Expect, when set, is the digest the bytes must have: FillFile
 	// returns a *MismatchError otherwise.
 	Expect *Digest
@@ -123,15 +129,24 @@ func (r *fileReader) readAt(b []byte, off int64) (int, error) {
 	return done, nil
 }
 
-func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillStats, error) {
-	if opts.Consume && opts.Expect == nil {
-		return 0, FillStats{}, errors.New("consuming a file needs the digest it must verify to")
+func fillFile(a *Arena, path string, opts FileOptions, hash bool) (d Digest, st FillStats, err error) {
+	if (opts.Consume || opts.Remove) && opts.Expect == nil {
+		return 0, FillStats{}, errors.New("consuming or removing a file needs the digest it must verify to")
 	}
 	r, err := openReader(path, opts.Direct, opts.Consume)
 	if err != nil {
 		return 0, FillStats{}, err
 	}
-	defer r.Close()
+	background := false
+	defer func() {
+		if background {
+			// The last close of an unlinked file frees its pages: let
+			// the kernel do that while the caller goes on.
+			go r.Close()
+			return
+		}
+		r.Close()
+	}()
 	fi, err := r.buffered.Stat()
 	if err != nil {
 		return 0, FillStats{}, fmt.Errorf("stat %s: %w", path, err)
@@ -140,63 +155,50 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillS
 		return 0, FillStats{}, fmt.Errorf("%s holds %d bytes, want %d", path, fi.Size(), a.Len())
 	}
 	n := int(a.Len())
-	blocks := (n + BlockSize - 1) / BlockSize
+	// A read from memory (tmpfs, the page cache) is one chunk, hashed
+	// right after, while the chunk is in the reading core's cache. A read
+	// from a disk (O_DIRECT) is a larger block: the device wants large
+	// requests, and its bytes arrive by DMA, not through the cache.
+	unit := ChunkSize
+	if r.direct != nil {
+		unit = BlockSize
+	}
+	units := (n + unit - 1) / unit
 	workers := opts.Workers
 	if workers <= 0 {
 		workers = DefaultWorkers()
 	}
-	workers = max(1, min(workers, blocks))
-	st := FillStats{Direct: r.direct != nil, Workers: workers, Faulted: !a.faulted}
+	workers = max(1, min(workers, units))
+	st = FillStats{Direct: r.direct != nil, Workers: workers, Faulted: !a.faulted}
 	if n == 0 {
 		return Sum(nil), st, nil
 	}
 
 	start := time.Now()
-	// ready[i] closes once block i is in the arena; abort stops everyone
-	// at the first error.
-	ready := make([]chan struct{}, blocks)
-	for i := range ready {
-		ready[i] = make(chan struct{})
-	}
 	abort := make(chan struct{})
 	var once sync.Once
 	var firstErr error
 	fail := func(err error) {
 		once.Do(func() { firstErr = err; close(abort) })
 	}
-	consumed := make([]bool, blocks) // written only by the block's worker
-	sum := make(chan uint64, 1)
-	go func() {
-		h := xxhash.New()
-		for i := range blocks {
-			select {
-			case <-ready[i]:
-			case <-abort:
-				sum <- 0
-				return
-			}
-			if hash {
-				_, _ = h.Write(a.full[i*BlockSize : min((i+1)*BlockSize, n)])
-			}
-		}
-		sum <- h.Sum64()
-	}()
+	sums := make([]uint64, chunks(n)) // each written by the chunk's worker
+	consumed := make([]bool, units)   // likewise
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < blocks; i += workers {
+			for i := w; i < units; i += workers {
 				select {
 				case <-abort:
 					return
 				default:
 				}
-				off := i * BlockSize
-				end := min(off+BlockSize, n)
+				off := i * unit
+				end := min(off+unit, n)
 				// The mapping is page-rounded: the O_DIRECT read of the
 				// tail may use the rest of the last page.
-				buf := a.full[off:min(off+BlockSize, len(a.full))]
+				buf := a.full[off:min(off+unit, len(a.full))]
 				if !a.faulted {
 					if err := populate(buf); err != nil {
 						fail(fmt.Errorf("faulting in block %d of the arena: %w", i, err))
@@ -211,6 +213,11 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillS
 					fail(fmt.Errorf("reading %s: %w", path, err))
 					return
 				}
+				if hash {
+					for c := off; c < end; c += ChunkSize {
+						sums[c/ChunkSize] = chunkSum(a.full[c:min(c+ChunkSize, end)])
+					}
+				}
 				if opts.Consume {
 					if err := unix.Fallocate(int(r.buffered.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(end-off)); err != nil {
 						fail(fmt.Errorf("releasing block %d of %s: %w", i, path, err))
@@ -218,14 +225,14 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillS
 					}
 					consumed[i] = true
 				}
-				close(ready[i])
 			}
 		}()
 	}
 	wg.Wait()
 	copied := time.Now()
-	d := Digest(<-sum)
-	st.Copy, st.Verify = copied.Sub(start), time.Since(copied)
+	if hash && firstErr == nil {
+		d = combine(sums)
+	}
 	if firstErr == nil {
 		st.Bytes = int64(n)
 		a.faulted = true
@@ -233,22 +240,29 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (Digest, FillS
 			firstErr = &MismatchError{Source: path, Want: *opts.Expect, Got: d, Bytes: int64(n)}
 		}
 	}
+	st.Copy, st.Verify = copied.Sub(start), time.Since(copied)
 	if firstErr != nil && opts.Consume {
-		if err := writeBack(r.buffered, a.full[:n], consumed); err != nil {
+		if err := writeBack(r.buffered, a.full[:n], consumed, unit); err != nil {
 			firstErr = fmt.Errorf("%w; writing the consumed blocks back to %s also failed, the copy is lost: %w", firstErr, path, err)
 		}
+	}
+	if firstErr == nil && opts.Remove {
+		if err := os.Remove(path); err != nil {
+			return d, st, fmt.Errorf("removing %s after restoring it: %w", path, err)
+		}
+		background = true
 	}
 	return d, st, firstErr
 }
 
 // writeBack restores the consumed blocks of a failed fill into the file.
-func writeBack(f *os.File, b []byte, consumed []bool) error {
+func writeBack(f *os.File, b []byte, consumed []bool, unit int) error {
 	for i, c := range consumed {
 		if !c {
 			continue
 		}
-		off := i * BlockSize
-		if _, err := f.WriteAt(b[off:min(off+BlockSize, len(b))], int64(off)); err != nil {
+		off := i * unit
+		if _, err := f.WriteAt(b[off:min(off+unit, len(b))], int64(off)); err != nil {
 			return err
 		}
 	}

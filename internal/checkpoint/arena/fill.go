@@ -6,76 +6,30 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 )
 
-// BlockSize is the size of one read: large enough that system calls are
-// noise, small enough that the block is still in the CPU cache when the
-// hasher reads it right after.
+// BlockSize is the size of one read from a disk (O_DIRECT) and of one
+// write: large enough that system calls and the device's per-request cost
+// are noise. Reads from memory (tmpfs) go a chunk at a time, so the chunk
+// is still in the CPU's cache when it is hashed.
 const BlockSize = 8 << 20
 
 // directAlign is the alignment O_DIRECT needs for offsets and lengths on
 // every common block device (the logical block size is 512 or 4096).
 const directAlign = 4096
 
-// Digest is the content hash of a weights artifact: xxHash64 over all its
-// bytes. xxHash runs at memory speed, so verifying every restore costs little;
-// it detects corruption, it is not a cryptographic signature (the fetcher
-// checks the model's sha256 when it downloads it).
-type Digest uint64
-
-const digestPrefix = "xxh64:"
-
-// String formats d as "xxh64:<16 hex digits>".
-func (d Digest) String() string { return fmt.Sprintf("%s%016x", digestPrefix, uint64(d)) }
-
-// ParseDigest parses the String form.
-func ParseDigest(s string) (Digest, error) {
-	hex, ok := strings.CutPrefix(s, digestPrefix)
-	if !ok || len(hex) != 16 {
-		return 0, fmt.Errorf("digest %q is not of the form xxh64:<16 hex digits>", s)
-	}
-	v, err := strconv.ParseUint(hex, 16, 64)
-	if err != nil {
-		return 0, fmt.Errorf("digest %q: %w", s, err)
-	}
-	return Digest(v), nil
-}
-
-// ErrMismatch is returned when restored bytes do not hash to the digest
-// recorded when they were stored.
-var ErrMismatch = errors.New("content hash mismatch")
-
-// MismatchError reports which bytes failed verification.
-type MismatchError struct {
-	Source    string
-	Want, Got Digest
-	Bytes     int64
-}
-
-func (e *MismatchError) Error() string {
-	return fmt.Sprintf("%v: %d bytes from %s hash to %s, want %s", ErrMismatch, e.Bytes, e.Source, e.Got, e.Want)
-}
-
-// Unwrap makes errors.Is(err, ErrMismatch) true.
-func (e *MismatchError) Unwrap() error { return ErrMismatch }
-
-// Sum hashes b.
-func Sum(b []byte) Digest { return Digest(xxhash.Sum64(b)) }
-
 // FillStats describes one Fill.
 type FillStats struct {
 	// Bytes read.
 	Bytes int64
-	// Copy is the time spent reading the bytes into memory.
+	// Copy is the time spent reading the bytes into memory, including
+	// hashing each chunk right after it landed.
 	Copy time.Duration
-	// Verify is the hashing that was still left when the copy ended; the
-	// rest of the hashing overlapped the copy.
+	// Verify is what was left after the copy: combining the chunk
+	// digests and comparing (or, for Fill, the hashing still running).
 	Verify time.Duration
 	// Direct is true when the file was read with O_DIRECT (page cache
 	// bypassed).
@@ -107,11 +61,11 @@ func fill(buf []byte, n int, read func([]byte) (int, error)) (Digest, FillStats,
 	spans := make(chan span, len(buf)/BlockSize+2)
 	sum := make(chan uint64, 1)
 	go func() {
-		h := xxhash.New()
+		h := NewHasher()
 		for s := range spans {
 			_, _ = h.Write(buf[s.off:s.end])
 		}
-		sum <- h.Sum64()
+		sum <- uint64(h.Sum())
 	}()
 	off := 0
 	var err error
@@ -179,9 +133,9 @@ func CopyHash(dst io.Writer, src io.Reader) (Digest, int64, error) {
 		return 0, 0, err
 	}
 	defer a.Free()
-	h := xxhash.New()
+	h := NewHasher()
 	n, err := io.CopyBuffer(io.MultiWriter(dst, h), onlyReader{src}, a.Bytes())
-	return Digest(h.Sum64()), n, err
+	return h.Sum(), n, err
 }
 
 // onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses the buffer.
