@@ -70,6 +70,13 @@ type NodeConfig struct {
 	// SnapshotDir holds process snapshots (criu images); empty disables
 	// them. They are taken only when the node's report says criu works.
 	SnapshotDir string `json:"snapshotDir,omitempty"`
+	// PromoteInterval is the period at which the agent predicts each
+	// artifact's next wake from the wakes the leader reports (POST /wakes)
+	// and promotes the artifacts whose wake is due, one tier up (0: never).
+	PromoteInterval time.Duration `json:"promoteInterval,omitempty"`
+	// PromoteMargin is added to a promotion's copy time: it starts that
+	// much before the copies strictly need to.
+	PromoteMargin time.Duration `json:"promoteMargin,omitempty"`
 }
 
 // Default returns the defaults of both roles.
@@ -91,9 +98,11 @@ func Default() Config {
 				WarmDir: "/var/lib/model-orchestra/warm",
 				Budgets: Budgets{Hot: 8 << 30, Warm: 100 << 30},
 			},
-			MeasureBytes:   256 << 20,
-			CRIU:           "criu",
-			VerifyInterval: 15 * time.Minute,
+			MeasureBytes:    256 << 20,
+			CRIU:            "criu",
+			VerifyInterval:  15 * time.Minute,
+			PromoteInterval: 10 * time.Second,
+			PromoteMargin:   30 * time.Second,
 		},
 	}
 }
@@ -138,6 +147,9 @@ func (c Config) Validate() error {
 		}
 		if n.VerifyInterval < 0 {
 			bad("verify interval must not be negative, got %v", n.VerifyInterval)
+		}
+		if n.PromoteInterval < 0 || n.PromoteMargin < 0 {
+			bad("promote interval and margin must not be negative, got %v and %v", n.PromoteInterval, n.PromoteMargin)
 		}
 	default:
 		bad("role must be %s or %s, got %q", RoleSeat, RoleNode, c.Role)

@@ -40,6 +40,8 @@ type NodeReport struct {
 	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
 	// Verification is the periodic re-hashing of the kept copies.
 	Verification VerificationReport `json:"verification"`
+	// Promotion is the promotion ahead of predicted wakes.
+	Promotion PromotionReport `json:"promotion"`
 }
 
 // VerificationReport is the state of the periodic re-hashing of the copies

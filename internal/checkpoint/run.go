@@ -47,6 +47,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 		}
 		go node.Measure(ctx)
 		go node.Verify(ctx)
+		go node.Promote(ctx)
 		return node.Handler(reg), nil
 	}
 	return nil, fmt.Errorf("unknown role %q", cfg.Role)
