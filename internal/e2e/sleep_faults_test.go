@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+)
+
+// TestWakeSurvivesNATSKill kills NATS, which holds the queued requests and
+// the application's paused consumer, while a sleeping engine wakes from the
+// hot tier with requests waiting for it, on real pods. The simulator (64 MiB
+// of weights, every wake slowed by 10 s) sleeps after 3 s idle; six chats,
+// half of them streamed, wake it, and while the wake runs the NATS server's
+// container is SIGKILLed. Every chat must be answered once and whole, with
+// no 5xx; the engine must end Awake after a verified restore of its weights
+// from the hot tier, having refused nothing while it slept; and NATS must
+// have restarted. Bounded by 4 minutes.
+func TestWakeSurvivesNATSKill(t *testing.T) {
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-natswake")
+	const (
+		name    = "natswake"
+		weights = 64 << 20
+		waiting = 6
+	)
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=64Mi", "--fault-wake-delay=10s", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"requests": map[string]any{"cpu": "50m", "memory": "192Mi"},
+		"limits":   map[string]any{"memory": "512Mi"},
+	}, "spec", "applications", app, "runtime", "resources"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "maxWait": "2m",
+	}, "spec", "applications", app, "lifecycle"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
+	logf("Ready, first chat answered")
+	root := stackPod(ctx, t, ns, name, "root", 0)
+	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierHot })
+	logf("asleep in the hot tier")
+
+	natsPod := stackPod(ctx, t, ns, name, "nats", 0)
+	mo, err := stack.Get(ctx, env.dyn, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wakes := mo.Status.Applications[app].Lifecycle.Wakes
+	deliveries := failedDeliveries(ctx, t, ns)
+
+	load := chaosLoad{token: token, model: served, targets: []string{base}}
+	outcomes := make([]chaosOutcome, waiting)
+	var wg sync.WaitGroup
+	for i := range waiting {
+		wg.Go(func() {
+			outcomes[i] = load.one(ctx, base, fmt.Sprintf("wake through a NATS kill %d", i), i%2 == 1, func() {})
+		})
+	}
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		if lc := mo.Status.Applications[app].Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleWaking {
+			return fmt.Errorf("lifecycle %s; want state Waking", lifecycleJSON(lc))
+		}
+		return nil
+	})
+	logf("waking with %d requests waiting; killing NATS (%s)", waiting, natsPod.Name)
+	killedAt := killContainer(ctx, t, ns, natsPod, "nats")
+	wg.Wait()
+	logf("every client has its outcome %.1fs after the kill", time.Since(killedAt).Seconds())
+
+	rep := &chaosReport{cutBy: map[string]int{}, cutAt: map[string]int{}, serverErrorsAt: map[string]int{}}
+	for _, o := range outcomes {
+		rep.add(base, o)
+	}
+	logf("clients: %v", rep)
+	if rep.completed != waiting || rep.lost != 0 || rep.duplicated != 0 || rep.incomplete != 0 || rep.serverErrors != 0 || rep.cut != 0 {
+		t.Errorf("of %d requests waiting for the wake: completed %d, cut %d %v, lost %d, duplicated %d, incomplete %d, 5xx %d; want every one completed once",
+			waiting, rep.completed, rep.cut, rep.cutBy, rep.lost, rep.duplicated, rep.incomplete, rep.serverErrors)
+		t.Logf("gateway, dispatcher and NATS logs:\n%s", podLogs(ctx, ns, "app.kubernetes.io/instance="+name+",app.kubernetes.io/component in (gateway,dispatcher,nats)", 40))
+	}
+
+	var lw *v1alpha1.WakeStatus
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		lc := mo.Status.Applications[app].Lifecycle
+		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes <= wakes || lc.LastWake == nil || lc.LastWake.Seconds == "" {
+			return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(lc), wakes+1)
+		}
+		lw = lc.LastWake
+		return nil
+	})
+	if lw.FromTier != v1alpha1.TierHot || lw.Bytes != weights {
+		t.Errorf("lastWake = %+v; want fromTier Hot and bytes %d", lw, weights)
+	}
+	logf("lastWake: from %s, %d bytes in %ss", lw.FromTier, lw.Bytes, lw.Seconds)
+	seat, err := seatState(ctx, ns, root.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil || !seat.LastWake.Transfer.Verified ||
+		seat.LastWake.Transfer.Bytes != weights || !strings.EqualFold(seat.LastWake.Transfer.Tier, string(v1alpha1.TierHot)) {
+		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the hot tier", root.Name, seat.State, jsonOf(seat.LastWake), weights)
+	}
+	m, err := scrape(ctx, ns, root.Name, strconv.Itoa(enginePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := metricValue(m, "orchestra_sim_requests_refused_asleep_total"); n != 0 {
+		t.Errorf("the sleeping engine refused %g requests: one was sent to it while it slept", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
+		t.Errorf("%g wakes failed the hash verification", n)
+	}
+	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="hot"`, `result="ok"`); n < 1 {
+		t.Errorf("the simulator counted no verified wake from the hot tier")
+	}
+	// A redelivery the dispatcher counts is a request handed to the engine
+	// a second time: the client saw it once, the engine ran it twice.
+	if grew := grown(deliveries, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
+		t.Errorf("the requests that waited for the wake were not delivered once; the dispatchers counted:\n%s", strings.Join(grew, "\n"))
+	}
+	eventually(t, 90*time.Second, func() error {
+		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, natsPod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			if s.Name == "nats" && s.RestartCount >= 1 && s.Ready {
+				return nil
+			}
+		}
+		return fmt.Errorf("container nats of %s has not restarted and become ready: %+v", natsPod.Name, p.Status.ContainerStatuses)
+	})
+	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.UID != root.UID {
+		t.Errorf("root pod %s was replaced: a wake must keep the pod", root.Name)
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			t.Errorf("container %s of root %s restarted %d times: a NATS kill during the wake must not reach the engine", s.Name, root.Name, s.RestartCount)
+		}
+	}
+	logf("done")
+}
