@@ -35,3 +35,25 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 		}
 	}
 }
+
+// checkpointNodes are the ModelCheckpoint's nodes: what each node agent
+// that answered reports it can do for process snapshots, and the node's
+// container runtime.
+func checkpointNodes(views []nodeView) []v1alpha1.CheckpointNode {
+	var out []v1alpha1.CheckpointNode
+	for _, v := range views {
+		if v.report.Time.IsZero() || len(out) == 64 {
+			continue // no report from this agent
+		}
+		reason := v.report.ProcessSnapshotsReason
+		if len(reason) > 1024 {
+			reason = strings.ToValidUTF8(reason[:1021], "") + "..."
+		}
+		runtime := v.report.Runtime.Version
+		if len(runtime) > 128 {
+			runtime = runtime[:128]
+		}
+		out = append(out, v1alpha1.CheckpointNode{Node: v.node, ContainerRuntimeVersion: runtime, ProcessSnapshots: v.report.ProcessSnapshots, ProcessSnapshotsReason: reason})
+	}
+	return out
+}
