@@ -53,9 +53,14 @@ type NodeConfig struct {
 	// not measure).
 	MeasureBytes int64 `json:"measureBytes"`
 	// RuntimeVersion is the node's container runtime as Kubernetes reports
-	// it (status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.6.20);
-	// empty: ask the containerd binary if there is one.
+	// it (status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.6.20),
+	// an override; empty: read it from the node NodeName through the API
+	// server, else ask the containerd binary if there is one.
 	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	// NodeName is the agent's node (the downward API's spec.nodeName, the
+	// NODE_NAME environment variable), whose runtime version the agent
+	// reads with its ServiceAccount (get on nodes).
+	NodeName string `json:"nodeName,omitempty"`
 	// CRIU is the criu binary probed with `criu check` ("" skips it).
 	CRIU string `json:"criu,omitempty"`
 	// MountHotTier mounts a tmpfs with huge=within_size and the hot budget

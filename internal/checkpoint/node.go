@@ -37,7 +37,15 @@ type Node struct {
 	// promotion ahead of predicted wakes (both guarded by mu).
 	wakes     map[Key]*WakeHistory
 	promotion PromotionReport
+	// nodes reads the node's container runtime version (nil, with
+	// nodesErr saying why, without API access).
+	nodes    NodeRuntimeReader
+	nodesErr error
 }
+
+// SetNodeRuntimeReader sets how Measure reads the container runtime
+// version of cfg.NodeName; err says why there is none.
+func (n *Node) SetNodeRuntimeReader(r NodeRuntimeReader, err error) { n.nodes, n.nodesErr = r, err }
 
 // NewNode opens the store. Call Measure to fill in bandwidths and
 // capabilities before serving the report.
@@ -109,7 +117,7 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 		}
 	}
 	r.CRIU = ProbeCRIU(ctx, n.cfg.CRIU)
-	r.Runtime = ProbeRuntime(ctx, n.cfg.RuntimeVersion)
+	r.Runtime = ProbeRuntime(ctx, n.cfg.RuntimeVersion, n.cfg.NodeName, n.nodes, n.nodesErr)
 	switch {
 	case !r.CRIU.CheckPassed:
 		r.ProcessSnapshotsReason = "criu: " + r.CRIU.Reason

@@ -12,10 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
@@ -390,5 +392,70 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	n2.PromoteAhead()
 	if p := n2.Report().Promotion.Predictions; len(p) != 1 || p[0].Wakes != 3 {
 		t.Errorf("after a restart the agent predicts %+v; want the wake predicted from the 3 recorded", p)
+	}
+}
+
+// TestNodeReadsItsRuntimeVersionFromItsNode: without --runtime-version the
+// node agent reads its node's status.nodeInfo.containerRuntimeVersion from
+// the API server (one get of its own Node), and the report names that
+// version in the checkpoint verdict; a refused read leaves the version
+// unknown and says why; --runtime-version overrides the node.
+func TestNodeReadsItsRuntimeVersionFromItsNode(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		gets []string
+	)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		gets = append(gets, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/api/v1/nodes/n1":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"nodeInfo":{"containerRuntimeVersion":"containerd://1.7.24"}}}`)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Forbidden","code":403,"message":"nodes \"n2\" is forbidden"}`)
+		}
+	}))
+	defer api.Close()
+	reader, err := checkpoint.NewNodeRuntimeReader(&rest.Config{Host: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	measure := func(node, override string) checkpoint.RuntimeReport {
+		t.Helper()
+		cfg := checkpoint.NodeConfig{
+			Store:    checkpoint.StoreConfig{HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"), Budgets: checkpoint.Budgets{Hot: 1 << 20, Warm: 1 << 20}},
+			NodeName: node, RuntimeVersion: override,
+		}
+		n, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.SetNodeRuntimeReader(reader, nil)
+		return n.Measure(context.Background()).Runtime
+	}
+
+	r := measure("n1", "")
+	if r.Version != "containerd://1.7.24" || r.Source != "node n1" || r.CheckpointSupported || !strings.Contains(r.Reason, "containerd 1.7.24 does not implement CRI CheckpointContainer") {
+		t.Errorf("runtime read from node n1: %+v; want containerd://1.7.24 from the node, unsupported, naming 1.7.24", r)
+	}
+	mu.Lock()
+	if len(gets) != 1 || gets[0] != "GET /api/v1/nodes/n1" {
+		t.Errorf("API calls %v; want one get of the agent's own node", gets)
+	}
+	mu.Unlock()
+
+	// Where containerd --version answers (not in the agent's image), it
+	// is the fallback; otherwise the version is unknown and the reason
+	// says why the node could not be read.
+	if r := measure("n2", ""); r.Source == "" && (r.Version != "" || !strings.Contains(r.Reason, "version unknown") || !strings.Contains(r.Reason, "forbidden")) {
+		t.Errorf("runtime with the node read refused: %+v; want unknown, naming the refusal", r)
+	}
+
+	if r := measure("n1", "containerd://2.0.1"); r.Version != "containerd://2.0.1" || r.Source != "--runtime-version" || !r.CheckpointSupported {
+		t.Errorf("runtime with an override: %+v; want the override, supported", r)
 	}
 }
