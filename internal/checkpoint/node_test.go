@@ -451,10 +451,13 @@ func TestNodeReadsItsRuntimeVersionFromItsNode(t *testing.T) {
 	// Where containerd --version answers (not in the agent's image), it
 	// is the fallback; otherwise the version is unknown and the reason
 	// says why the node could not be read.
-	if r := measure("n2", ""); r.Source == "" && (r.Version != "" || !strings.Contains(r.Reason, "version unknown") || !strings.Contains(r.Reason, "forbidden")) {
+	if r := measure("n2", ""); r.Source == "" && (r.Version != "" || !strings.Contains(r.Reason, "version unknown") || !strings.Contains(r.Reason, "forbidden") || !strings.Contains(r.Reason, "grant the agent's ServiceAccount get on nodes")) {
 		t.Errorf("runtime with the node read refused: %+v; want unknown, naming the refusal", r)
 	}
 
+	if _, err := reader.ContainerRuntimeVersion(context.Background(), "n2"); err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "grant the agent's ServiceAccount get on nodes") {
+		t.Errorf("a refused read: %v; want it to name the refusal and the grant", err)
+	}
 	if r := measure("n1", "containerd://2.0.1"); r.Version != "containerd://2.0.1" || r.Source != "--runtime-version" || !r.CheckpointSupported {
 		t.Errorf("runtime with an override: %+v; want the override, supported", r)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -30,6 +31,9 @@ func NewNodeRuntimeReader(cfg *rest.Config) (NodeRuntimeReader, error) {
 
 func (a apiNodes) ContainerRuntimeVersion(ctx context.Context, node string) (string, error) {
 	n, err := a.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsForbidden(err) {
+		return "", fmt.Errorf("reading node %s: %w: grant the agent's ServiceAccount get on nodes (docs/checkpoint.md), or set the agent chart's runtimeVersion", node, err)
+	}
 	if err != nil {
 		return "", fmt.Errorf("reading node %s: %w", node, err)
 	}
@@ -45,7 +49,7 @@ func (a apiNodes) ContainerRuntimeVersion(ctx context.Context, node string) (str
 func inClusterNodes() (NodeRuntimeReader, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
-		return nil, fmt.Errorf("no API access to read the node (%w): the agent chart gives the agent a ServiceAccount that may get nodes", err)
+		return nil, fmt.Errorf("no API access to read the node (%w): the agent chart mounts the token of the agent's ServiceAccount unless runtimeVersion is set", err)
 	}
 	return NewNodeRuntimeReader(cfg)
 }

@@ -371,8 +371,46 @@ func TestNodeAgent(t *testing.T) {
 	if pod.HostPID || pod.HostNetwork || pod.HostIPC {
 		t.Error("the agent shares a host namespace")
 	}
-	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Error("the agent mounts a service account token; it never talks to the API server")
+	// Its one API call: get its own Node, named by the downward API.
+	if pod.ServiceAccountName != "x-agent" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Errorf("agent pod: serviceAccountName %q, automount %v; want x-agent with its token, to read its node", pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+	}
+	if len(agent.Env) != 1 || agent.Env[0].Name != "NODE_NAME" || agent.Env[0].ValueFrom == nil || agent.Env[0].ValueFrom.FieldRef == nil || agent.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("agent env %+v; want NODE_NAME from spec.nodeName", agent.Env)
+	}
+	// The chart binds the ServiceAccount to nothing: the operator holds no
+	// cluster-wide permission, so the cluster administrator grants get on
+	// nodes.
+	for k, o := range objs {
+		if strings.HasPrefix(k, "ClusterRole") {
+			t.Errorf("%s rendered: the operator cannot create cluster-scoped RBAC", k)
+		}
+		if o.GetKind() == "RoleBinding" {
+			var rb rbacv1.RoleBinding
+			objs.get(t, "RoleBinding", o.GetName(), &rb)
+			for _, sub := range rb.Subjects {
+				if sub.Name == "x-agent" {
+					t.Errorf("RoleBinding %s binds the agent's ServiceAccount", o.GetName())
+				}
+			}
+		}
+	}
+	// With the runtime version given, the agent has no API access at all.
+	over := readValues(t, sleepValues)
+	over["agent"] = map[string]any{"runtimeVersion": "containerd://1.7.24"}
+	overObjs := renderObjects(t, over)
+	var ods appsv1.DaemonSet
+	overObjs.get(t, "DaemonSet", "x-agent", &ods)
+	if p := ods.Spec.Template.Spec; p.ServiceAccountName != "" || p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken || len(p.Containers[0].Env) != 0 {
+		t.Errorf("with runtimeVersion set the agent still has API access: serviceAccountName %q, automount %v, env %+v", p.ServiceAccountName, p.AutomountServiceAccountToken, p.Containers[0].Env)
+	}
+	if !slices.Contains(ods.Spec.Template.Spec.Containers[0].Args, "--runtime-version=containerd://1.7.24") {
+		t.Errorf("agent args %v lack the override", ods.Spec.Template.Spec.Containers[0].Args)
+	}
+	for _, k := range []string{"ServiceAccount/x-agent"} {
+		if _, ok := overObjs[k]; ok {
+			t.Errorf("%s rendered with runtimeVersion set", k)
+		}
 	}
 	hostPaths := map[string]string{}
 	for _, v := range pod.Volumes {
