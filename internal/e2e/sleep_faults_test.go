@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -25,7 +28,10 @@ import (
 // container is SIGKILLed. Every chat must be answered once and whole, with
 // no 5xx; the engine must end Awake after a verified restore of its weights
 // from the hot tier, having refused nothing while it slept; and NATS must
-// have restarted. Bounded by 4 minutes.
+// have restarted. Bounded by 4 minutes. On the side, the node agent's
+// ServiceAccount is granted get on nodes, as the cluster administrator does
+// (docs/checkpoint.md): its report and the ModelCheckpoint carry the node's
+// real container runtime version.
 func TestWakeSurvivesNATSKill(t *testing.T) {
 	requireCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -55,11 +61,46 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "maxWait": "2m",
 	}, "spec", "applications", app, "lifecycle"))
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
+	grantNodeRead(ctx, t, ns, name+"-agent")
 	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	logf("Ready, first chat answered")
 	root := stackPod(ctx, t, ns, name, "root", 0)
 	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierHot })
 	logf("asleep in the hot tier")
+	t.Run("the node agent reports its node's container runtime", func(t *testing.T) {
+		agent := stackPod(ctx, t, ns, name, "checkpoint-agent", 0)
+		node, err := env.cs.CoreV1().Nodes().Get(ctx, agent.Spec.NodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := node.Status.NodeInfo.ContainerRuntimeVersion
+		raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", agent.Name, "9301", "/report", nil).DoRaw(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep checkpoint.NodeReport
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			t.Fatalf("%v: %s", err, raw)
+		}
+		if rep.Runtime.Version != want || rep.Runtime.Source != "node "+node.Name {
+			t.Errorf("the agent's runtime report %+v; want %s read from node %s", rep.Runtime, want, node.Name)
+		}
+		logf("runtime %s (from %s): %s", rep.Runtime.Version, rep.Runtime.Source, rep.Runtime.Reason)
+		eventually(t, 30*time.Second, func() error {
+			mcp, err := env.dyn.Resource(modelCheckpointGVR).Namespace(ns).Get(ctx, name+"-"+app, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			nodes, _, _ := unstructured.NestedSlice(mcp.Object, "status", "nodes")
+			for _, n := range nodes {
+				m, _ := n.(map[string]any)
+				if m["node"] == node.Name && m["containerRuntimeVersion"] == want {
+					return nil
+				}
+			}
+			return fmt.Errorf("ModelCheckpoint status.nodes %v; want node %s with runtime %s", nodes, node.Name, want)
+		})
+	})
 
 	natsPod := stackPod(ctx, t, ns, name, "nats", 0)
 	mo, err := stack.Get(ctx, env.dyn, ns, name)
@@ -171,4 +212,30 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		}
 	}
 	logf("done")
+}
+
+var modelCheckpointGVR = schema.GroupVersionResource{Group: v1alpha1.GroupVersion.Group, Version: v1alpha1.GroupVersion.Version, Resource: "modelcheckpoints"}
+
+// grantNodeRead gives the ServiceAccount sa of namespace ns get on nodes, as
+// docs/checkpoint.md tells the cluster administrator to, until the test
+// ends.
+func grantNodeRead(ctx context.Context, t *testing.T, ns, sa string) {
+	t.Helper()
+	name := "e2e-agent-nodes-" + ns
+	rbac := env.cs.RbacV1()
+	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rbac.ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	if _, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rbac.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
 }
