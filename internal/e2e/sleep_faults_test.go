@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -238,4 +240,85 @@ func grantNodeRead(ctx context.Context, t *testing.T, ns, sa string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = rbac.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+}
+
+// TestProcessSnapshotsAreRefusedWhereTheNodeCannot turns
+// tiers.processSnapshots on for a sleeping simulator on real pods: only the
+// node agent gains criu's privileges, it runs (no crash), and since this
+// node cannot take process snapshots (criu is not in the agent's image, and
+// the node's containerd predates 2.0) the ModelOrchestra's
+// ProcessSnapshotsSupported condition is False, naming the node, its
+// container runtime and the reason, while the application still sleeps and
+// wakes through its weights. Bounded by 3 minutes.
+func TestProcessSnapshotsAreRefusedWhereTheNodeCannot(t *testing.T) {
+	requireCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-snapshots")
+	const name = "snap"
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=16Mi", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "maxWait": "2m",
+		"tiers": map[string]any{"processSnapshots": true},
+	}, "spec", "applications", app, "lifecycle"))
+	grantNodeRead(ctx, t, ns, name+"-agent")
+	base, served := deployAndChat(ctx, t, ns, name, token, obj)
+	root := stackPod(ctx, t, ns, name, "root", 0)
+	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierHot })
+
+	agent := stackPod(ctx, t, ns, name, "checkpoint-agent", 0)
+	if !agent.Spec.HostPID || !slices.Contains(agent.Spec.Containers[0].Args, "--snapshot-dir=/var/lib/orchestra-agent/snapshots") {
+		t.Errorf("node agent %s: hostPID %v, args %v; want criu's wiring with process snapshots on", agent.Name, agent.Spec.HostPID, agent.Spec.Containers[0].Args)
+	}
+	for _, p := range []string{root.Name, stackPod(ctx, t, ns, name, "dispatcher", 0).Name} {
+		pod, err := env.cs.CoreV1().Pods(ns).Get(ctx, p, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pod.Spec.HostPID {
+			t.Errorf("pod %s shares the host PID namespace: only the node agent may", p)
+		}
+	}
+	var cond *metav1.Condition
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		cond = meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionProcessSnapshotsSupported)
+		if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != v1alpha1.ReasonProcessSnapshotsUnsupported ||
+			!strings.Contains(cond.Message, "node "+agent.Spec.NodeName) || !strings.Contains(cond.Message, "container runtime containerd://") {
+			return fmt.Errorf("condition %s = %+v; want False naming node %s and its container runtime", v1alpha1.ConditionProcessSnapshotsSupported, cond, agent.Spec.NodeName)
+		}
+		return nil
+	})
+	t.Logf("%s: %s", cond.Reason, cond.Message)
+	for _, s := range agent.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			t.Errorf("node agent container %s restarted %d times", s.Name, s.RestartCount)
+		}
+	}
+	res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
+	if err == nil && (!res.Done || res.FinishReason == "") {
+		err = fmt.Errorf("stream cut: done %v, finish_reason %q after %d chunks", res.Done, res.FinishReason, res.Chunks)
+	}
+	if err != nil {
+		t.Fatalf("the chat sent to the sleeping application was not answered completely: %v", err)
+	}
+	eventually(t, 30*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		if lc := mo.Status.Applications[app].Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.LastWake == nil || lc.LastWake.FromTier != v1alpha1.TierHot {
+			return fmt.Errorf("lifecycle %s; want Awake after a wake from the hot tier", lifecycleJSON(lc))
+		}
+		return nil
+	})
 }
