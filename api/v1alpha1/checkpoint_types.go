@@ -129,6 +129,22 @@ type CheckpointTiers struct {
 	// +optional
 	// +kubebuilder:validation:Enum=ModelCache;S3
 	Cold ColdTier `json:"cold,omitempty"`
+
+	// processSnapshots turns on process snapshots on the nodes of the
+	// application's engines: the node agent may dump a whole engine process
+	// with its weights (criu) and restore it, a tier for engines whose
+	// state is more than their weights. Default false. Off, nothing
+	// privileged is rendered. On, the node agent is rendered with what criu
+	// needs: root with the CHECKPOINT_RESTORE, SYS_ADMIN and SYS_PTRACE
+	// capabilities, the host's process namespace and a snapshot directory
+	// on the node. The ModelOrchestra's ProcessSnapshotsSupported condition
+	// then says whether the nodes can: it is False, naming the node and
+	// the reason, while a node agent reports that `criu check` fails or that
+	// the container runtime lacks the kubelet checkpoint API (containerd
+	// before 2.0). A snapshot is never restored by re-creating a container
+	// (restore-via-create, deprecated in containerd).
+	// +optional
+	ProcessSnapshots *bool `json:"processSnapshots,omitempty"`
 }
 
 // HotTier is the RAM tier's setting.
@@ -264,12 +280,47 @@ type ModelCheckpointStatus struct {
 	// +kubebuilder:validation:MaxItems=64
 	Placements []Placement `json:"placements,omitempty"`
 
+	// nodes are the nodes of the application's engines, as their node
+	// agents report them: what each can do for process snapshots.
+	// +optional
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=64
+	Nodes []CheckpointNode `json:"nodes,omitempty"`
+
 	// conditions: Verified (every placement matched its digest at its last
 	// check).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// CheckpointNode is what one node can do for checkpoints, as its node agent
+// reports it.
+type CheckpointNode struct {
+	// node name.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+
+	// containerRuntimeVersion is the node's container runtime
+	// (status.nodeInfo.containerRuntimeVersion, for example
+	// containerd://1.7.24), empty when the agent could not learn it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	ContainerRuntimeVersion string `json:"containerRuntimeVersion,omitempty"`
+
+	// processSnapshots is true when both `criu check` and the container
+	// runtime's checkpoint support pass on the node.
+	// +optional
+	ProcessSnapshots bool `json:"processSnapshots,omitempty"`
+
+	// processSnapshotsReason says why the node cannot take process
+	// snapshots.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
 }
 
 // Placement is one copy of the weights.
@@ -320,10 +371,22 @@ const (
 	// names each application and field. True once none does.
 	ConditionCheckpointFieldsSupported = "CheckpointFieldsSupported"
 
+	// ConditionProcessSnapshotsSupported is set on a ModelOrchestra while an
+	// application has tiers.processSnapshots: True when every node agent of
+	// its engines reports that it can take process snapshots, False naming
+	// each node that cannot and why (criu check, the container runtime and
+	// its version), Unknown until the node agents have reported.
+	ConditionProcessSnapshotsSupported = "ProcessSnapshotsSupported"
+
 	ReasonResumeWithinSLO       = "ResumeWithinSLO"
 	ReasonResumeSlowerThanSLO   = "ResumeSlowerThanSLO"
 	ReasonPoliciesResolved      = "PoliciesResolved"
 	ReasonPolicyNotFound        = "CheckpointPolicyNotFound"
 	ReasonCheckpointUnsupported = "CheckpointUnsupported"
 	ReasonCheckpointSupported   = "CheckpointSupported"
+
+	ReasonProcessSnapshotsSupported   = "ProcessSnapshotsSupported"
+	ReasonProcessSnapshotsUnsupported = "ProcessSnapshotsUnsupported"
+	ReasonAwaitingNodeReport          = "AwaitingNodeReport"
+	ReasonProcessSnapshotsOff         = "ProcessSnapshotsOff"
 )

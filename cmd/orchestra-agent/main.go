@@ -56,10 +56,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&warm, "warm-max-bytes", "node: warm tier budget")
 	fs.Var(&probe, "measure-bytes", "node: size of the bandwidth probes at start (0 skips them)")
 	fs.StringVar(&n.ColdDir, "cold-dir", n.ColdDir, "node: mount of the cold tier (model cache); promotion sources are inside it")
-	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20); empty asks containerd --version")
+	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20), an override; empty reads it from the node --node-name, else asks containerd --version")
+	fs.StringVar(&n.NodeName, "node-name", os.Getenv("NODE_NAME"), "node: this agent's node (default $NODE_NAME, the downward API's spec.nodeName), whose containerRuntimeVersion it reads (get on nodes)")
 	fs.StringVar(&n.CRIU, "criu", n.CRIU, "node: criu binary probed with criu check (empty skips it)")
 	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
 	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")
+	fs.DurationVar(&n.PromoteInterval, "promote-interval", n.PromoteInterval, "node: predict the artifacts' next wakes from the reported ones (POST /wakes) and promote the due ones a tier up at this period; 0 never")
+	fs.DurationVar(&n.PromoteMargin, "promote-margin", n.PromoteMargin, "node: start a promotion this much before its copy time says it must")
 
 	verify := fs.DurationSlice("verify-interval", []time.Duration{n.VerifyInterval}, "node: re-hash every kept copy at this period and drop one that no longer matches its digest; given several times (one per application), the shortest wins; 0 never")
 

@@ -53,9 +53,14 @@ type NodeConfig struct {
 	// not measure).
 	MeasureBytes int64 `json:"measureBytes"`
 	// RuntimeVersion is the node's container runtime as Kubernetes reports
-	// it (status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.6.20);
-	// empty: ask the containerd binary if there is one.
+	// it (status.nodeInfo.containerRuntimeVersion, e.g. containerd://1.6.20),
+	// an override; empty: read it from the node NodeName through the API
+	// server, else ask the containerd binary if there is one.
 	RuntimeVersion string `json:"runtimeVersion,omitempty"`
+	// NodeName is the agent's node (the downward API's spec.nodeName, the
+	// NODE_NAME environment variable), whose runtime version the agent
+	// reads with its ServiceAccount (get on nodes).
+	NodeName string `json:"nodeName,omitempty"`
 	// CRIU is the criu binary probed with `criu check` ("" skips it).
 	CRIU string `json:"criu,omitempty"`
 	// MountHotTier mounts a tmpfs with huge=within_size and the hot budget
@@ -70,6 +75,13 @@ type NodeConfig struct {
 	// SnapshotDir holds process snapshots (criu images); empty disables
 	// them. They are taken only when the node's report says criu works.
 	SnapshotDir string `json:"snapshotDir,omitempty"`
+	// PromoteInterval is the period at which the agent predicts each
+	// artifact's next wake from the wakes the leader reports (POST /wakes)
+	// and promotes the artifacts whose wake is due, one tier up (0: never).
+	PromoteInterval time.Duration `json:"promoteInterval,omitempty"`
+	// PromoteMargin is added to a promotion's copy time: it starts that
+	// much before the copies strictly need to.
+	PromoteMargin time.Duration `json:"promoteMargin,omitempty"`
 }
 
 // Default returns the defaults of both roles.
@@ -91,9 +103,11 @@ func Default() Config {
 				WarmDir: "/var/lib/model-orchestra/warm",
 				Budgets: Budgets{Hot: 8 << 30, Warm: 100 << 30},
 			},
-			MeasureBytes:   256 << 20,
-			CRIU:           "criu",
-			VerifyInterval: 15 * time.Minute,
+			MeasureBytes:    256 << 20,
+			CRIU:            "criu",
+			VerifyInterval:  15 * time.Minute,
+			PromoteInterval: 10 * time.Second,
+			PromoteMargin:   30 * time.Second,
 		},
 	}
 }
@@ -138,6 +152,9 @@ func (c Config) Validate() error {
 		}
 		if n.VerifyInterval < 0 {
 			bad("verify interval must not be negative, got %v", n.VerifyInterval)
+		}
+		if n.PromoteInterval < 0 || n.PromoteMargin < 0 {
+			bad("promote interval and margin must not be negative, got %v and %v", n.PromoteInterval, n.PromoteMargin)
 		}
 	default:
 		bad("role must be %s or %s, got %q", RoleSeat, RoleNode, c.Role)

@@ -51,6 +51,8 @@ type nodeMetrics struct {
 	promotions *prometheus.CounterVec
 	demotions  *prometheus.CounterVec
 	verified   *prometheus.CounterVec
+	// aheadPromotions counts promotions ahead of predicted wakes.
+	aheadPromotions *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -76,8 +78,11 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		verified: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orchestra_agent_verifications_total", Help: "Periodic re-hashes of the kept copies (--verify-interval) by tier and result (ok; dropped: the copy no longer matched its digest or could not be read, and was removed).",
 		}, []string{"tier", "result"}),
+		aheadPromotions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orchestra_agent_ahead_promotions_total", Help: "Promotions ahead of a predicted wake (--promote-interval), by source and target tier and result (ok; mismatch: the copy did not hash to the digest, nothing placed; failed; deferred: due but refused by the budgets or without a source, source empty).",
+		}, []string{"from", "to", "result"}),
 	}
-	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions, m.demotions, m.verified)
+	reg.MustRegister(m.tierBytes, m.budget, m.evictions, m.bandwidth, m.promotions, m.demotions, m.verified, m.aheadPromotions)
 	return m
 }
 

@@ -33,7 +33,19 @@ type Node struct {
 	hotMount string
 	// verification is the state of the periodic re-hashing (guarded by mu).
 	verification VerificationReport
+	// wakes are the artifacts' wake histories, promotion the state of the
+	// promotion ahead of predicted wakes (both guarded by mu).
+	wakes     map[Key]*WakeHistory
+	promotion PromotionReport
+	// nodes reads the node's container runtime version (nil, with
+	// nodesErr saying why, without API access).
+	nodes    NodeRuntimeReader
+	nodesErr error
 }
+
+// SetNodeRuntimeReader sets how Measure reads the container runtime
+// version of cfg.NodeName; err says why there is none.
+func (n *Node) SetNodeRuntimeReader(r NodeRuntimeReader, err error) { n.nodes, n.nodesErr = r, err }
 
 // NewNode opens the store. Call Measure to fill in bandwidths and
 // capabilities before serving the report.
@@ -56,7 +68,9 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 		return nil, err
 	}
 	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
-		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)}}
+		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)},
+		promotion:    PromotionReport{IntervalSeconds: int64(cfg.PromoteInterval / time.Second), MarginSeconds: int64(cfg.PromoteMargin / time.Second)}}
+	n.loadWakes()
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
 	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
 	n.m.budget.WithLabelValues(string(TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
@@ -103,7 +117,7 @@ func (n *Node) Measure(ctx context.Context) NodeReport {
 		}
 	}
 	r.CRIU = ProbeCRIU(ctx, n.cfg.CRIU)
-	r.Runtime = ProbeRuntime(ctx, n.cfg.RuntimeVersion)
+	r.Runtime = ProbeRuntime(ctx, n.cfg.RuntimeVersion, n.cfg.NodeName, n.nodes, n.nodesErr)
 	switch {
 	case !r.CRIU.CheckPassed:
 		r.ProcessSnapshotsReason = "criu: " + r.CRIU.Reason
@@ -127,6 +141,8 @@ func (n *Node) Report() NodeReport {
 	r := n.report
 	r.Verification = n.verification
 	r.Verification.Dropped = slices.Clone(n.verification.Dropped)
+	r.Promotion = n.promotion
+	r.Promotion.Done = slices.Clone(n.promotion.Done)
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	used := usedBy(entries)
@@ -251,6 +267,8 @@ type TiersStatus struct {
 //	POST   /demote                          DemoteRequest → DemoteResult
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
 //	POST   /verify                          re-hash every kept copy now → []Verification
+//	POST   /wakes                           WakeRecord: a wake, for the prediction
+//	POST   /promote-ahead                   plan and make the due promotions now → []PromotionDone
 //	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
 //	       (both 501 with the reason where the node cannot snapshot)
@@ -270,6 +288,8 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.VerifyNow()) })
 	mux.HandleFunc("POST /promote", n.handlePromote)
+	mux.HandleFunc("POST /wakes", n.handleWake)
+	mux.HandleFunc("POST /promote-ahead", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.PromoteAhead()) })
 	mux.HandleFunc("POST /demote", n.handleDemote)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}/restore", n.handleSnapshot)

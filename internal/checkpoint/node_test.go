@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,13 +12,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 func TestNodePromoteReportAndEvict(t *testing.T) {
@@ -246,5 +250,215 @@ func TestNodeVerifyReportsDroppedCopies(t *testing.T) {
 	}
 	if !found {
 		t.Error("orchestra_agent_verifications_total{result=\"dropped\"} is not 1")
+	}
+}
+
+// TestNodePromotesAheadOfAPredictedWake: an engine whose weights were
+// demoted to the warm tier sleeps at level 2; the leader has reported
+// three wakes an hour apart (POST /wakes), so the next is predicted in a
+// moment, closer than the warm → hot copy and its margin take. The agent's
+// promotion loop copies the weights into the hot tier, verified, before
+// that wake, within the hot budget; the report and the metric say so; and
+// the engine's wake then reads the hot copy, not the warm one.
+func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
+	const ns, name = "team-a", "orch-chat"
+	cfg := checkpoint.NodeConfig{
+		Store: checkpoint.StoreConfig{
+			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+			Budgets: checkpoint.Budgets{Hot: 3 << 20, Warm: 8 << 20},
+		},
+		MeasureBytes: 1 << 20, RuntimeVersion: "containerd://1.6.20",
+		PromoteInterval: 20 * time.Millisecond, PromoteMargin: 2 * time.Second,
+	}
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Measure(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go n.Promote(ctx)
+	srv := httptest.NewServer(n.Handler(reg))
+	defer srv.Close()
+	post := func(path, body string) (int, string) {
+		t.Helper()
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	// A sleeping engine whose only copy is the agent's warm one: level 1,
+	// demoted by the agent, woken (from the offload) and put back to sleep
+	// at level 2, as the leader's demotion does.
+	sc := sim.Default()
+	sc.TimeToFirstToken, sc.InterTokenLatency, sc.OutputTokens = 0, 0, 4
+	sc.Weights.Bytes, sc.Weights.Name = 2<<20, name
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: filepath.Join(cfg.Store.HotDir, ns), WarmDir: filepath.Join(cfg.Store.WarmDir, ns)}
+	for _, d := range []string{sc.Sleep.HotDir, sc.Sleep.WarmDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	engine := sim.New(sc)
+	if err := engine.LoadWeights(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(engine.Close)
+	digest := engine.WeightsStatus().Digest
+	if _, err := engine.Sleep(1); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := post("/demote", `{"namespace":"`+ns+`","name":"`+name+`","digest":"`+digest+`"}`); code != 200 {
+		t.Fatalf("demotion: %d %s", code, out)
+	}
+	if _, err := engine.WakeUp(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Sleep(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := n.Store().Lookup(checkpoint.Key{Namespace: ns, Name: name}, checkpoint.TierHot); ok {
+		t.Fatal("a hot copy exists before any wake was predicted")
+	}
+
+	// A bad record is refused; three hourly wakes predict the next one
+	// second from now.
+	if code, out := post("/wakes", `{"namespace":"`+ns+`","name":"../x","time":"2026-01-01T00:00:00Z"}`); code != 400 {
+		t.Errorf("a wake record with a bad name: %d %s, want 400", code, out)
+	}
+	next := time.Now().Add(time.Second)
+	for i := 3; i >= 1; i-- {
+		rec := checkpoint.WakeRecord{Key: checkpoint.Key{Namespace: ns, Name: name}, Time: next.Add(-time.Duration(i) * time.Hour), Tier: checkpoint.TierWarm, Bytes: 2 << 20, Digest: digest}
+		b, _ := json.Marshal(rec)
+		if code, out := post("/wakes", string(b)); code != 204 {
+			t.Fatalf("recording a wake: %d %s", code, out)
+		}
+	}
+	var hot checkpoint.Entry
+	eventually(t, 5*time.Second, func() error {
+		e, ok := n.Store().Lookup(checkpoint.Key{Namespace: ns, Name: name}, checkpoint.TierHot)
+		if !ok {
+			return fmt.Errorf("no hot copy yet; report %+v", n.Report().Promotion)
+		}
+		hot = e
+		return nil
+	})
+	if time.Now().After(next) {
+		t.Errorf("the hot copy was placed %v after the predicted wake", time.Since(next))
+	}
+	if hot.Digest != digest || hot.VerifiedAt.IsZero() || hot.Bytes != 2<<20 {
+		t.Errorf("hot copy %+v; want the weights' %d bytes, verified against %s", hot, 2<<20, digest)
+	}
+	rep := n.Report()
+	if len(rep.Promotion.Done) != 1 || rep.Promotion.Done[0].From != checkpoint.TierWarm || rep.Promotion.Done[0].To != checkpoint.TierHot ||
+		rep.Promotion.Done[0].Error != "" || rep.Promotion.Done[0].Wake.Pattern != checkpoint.PatternPeriodic {
+		t.Errorf("report's promotions %+v; want one periodic warm → hot", rep.Promotion.Done)
+	}
+	if len(rep.Promotion.Predictions) != 1 || rep.Promotion.Predictions[0].Next.Sub(next).Abs() > time.Millisecond {
+		t.Errorf("report's predictions %+v; want the wake at %v", rep.Promotion.Predictions, next)
+	}
+	if rep.Hot.UsedBytes > rep.Hot.BudgetBytes {
+		t.Errorf("the hot tier holds %d bytes, over its budget of %d", rep.Hot.UsedBytes, rep.Hot.BudgetBytes)
+	}
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if want := `orchestra_agent_ahead_promotions_total{from="warm",result="ok",to="hot"} 1`; !strings.Contains(string(b), want) {
+		t.Errorf("metrics lack %s", want)
+	}
+
+	// The wake reads the promoted hot copy.
+	st, err := engine.WakeUp(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Tier != "hot" || st.Bytes != 2<<20 {
+		t.Errorf("the wake read %d bytes from the %s tier (%s); want the promoted hot copy", st.Bytes, st.Tier, st.Source)
+	}
+
+	// The histories survive a restart of the agent.
+	n2, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2.PromoteAhead()
+	if p := n2.Report().Promotion.Predictions; len(p) != 1 || p[0].Wakes != 3 {
+		t.Errorf("after a restart the agent predicts %+v; want the wake predicted from the 3 recorded", p)
+	}
+}
+
+// TestNodeReadsItsRuntimeVersionFromItsNode: without --runtime-version the
+// node agent reads its node's status.nodeInfo.containerRuntimeVersion from
+// the API server (one get of its own Node), and the report names that
+// version in the checkpoint verdict; a refused read leaves the version
+// unknown and says why; --runtime-version overrides the node.
+func TestNodeReadsItsRuntimeVersionFromItsNode(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		gets []string
+	)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		gets = append(gets, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/api/v1/nodes/n1":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1"},"status":{"nodeInfo":{"containerRuntimeVersion":"containerd://1.7.24"}}}`)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = io.WriteString(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Forbidden","code":403,"message":"nodes \"n2\" is forbidden"}`)
+		}
+	}))
+	defer api.Close()
+	reader, err := checkpoint.NewNodeRuntimeReader(&rest.Config{Host: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	measure := func(node, override string) checkpoint.RuntimeReport {
+		t.Helper()
+		cfg := checkpoint.NodeConfig{
+			Store:    checkpoint.StoreConfig{HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"), Budgets: checkpoint.Budgets{Hot: 1 << 20, Warm: 1 << 20}},
+			NodeName: node, RuntimeVersion: override,
+		}
+		n, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.SetNodeRuntimeReader(reader, nil)
+		return n.Measure(context.Background()).Runtime
+	}
+
+	r := measure("n1", "")
+	if r.Version != "containerd://1.7.24" || r.Source != "node n1" || r.CheckpointSupported || !strings.Contains(r.Reason, "containerd 1.7.24 does not implement CRI CheckpointContainer") {
+		t.Errorf("runtime read from node n1: %+v; want containerd://1.7.24 from the node, unsupported, naming 1.7.24", r)
+	}
+	mu.Lock()
+	if len(gets) != 1 || gets[0] != "GET /api/v1/nodes/n1" {
+		t.Errorf("API calls %v; want one get of the agent's own node", gets)
+	}
+	mu.Unlock()
+
+	// Where containerd --version answers (not in the agent's image), it
+	// is the fallback; otherwise the version is unknown and the reason
+	// says why the node could not be read.
+	if r := measure("n2", ""); r.Source == "" && (r.Version != "" || !strings.Contains(r.Reason, "version unknown") || !strings.Contains(r.Reason, "forbidden") || !strings.Contains(r.Reason, "grant the agent's ServiceAccount get on nodes")) {
+		t.Errorf("runtime with the node read refused: %+v; want unknown, naming the refusal", r)
+	}
+
+	if _, err := reader.ContainerRuntimeVersion(context.Background(), "n2"); err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "grant the agent's ServiceAccount get on nodes") {
+		t.Errorf("a refused read: %v; want it to name the refusal and the grant", err)
+	}
+	if r := measure("n1", "containerd://2.0.1"); r.Version != "containerd://2.0.1" || r.Source != "--runtime-version" || !r.CheckpointSupported {
+		t.Errorf("runtime with an override: %+v; want the override, supported", r)
 	}
 }

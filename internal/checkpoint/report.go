@@ -40,6 +40,8 @@ type NodeReport struct {
 	ProcessSnapshotsReason string `json:"processSnapshotsReason,omitempty"`
 	// Verification is the periodic re-hashing of the kept copies.
 	Verification VerificationReport `json:"verification"`
+	// Promotion is the promotion ahead of predicted wakes.
+	Promotion PromotionReport `json:"promotion"`
 }
 
 // VerificationReport is the state of the periodic re-hashing of the copies
@@ -92,7 +94,11 @@ type CRIUReport struct {
 
 // RuntimeReport is the container runtime's checkpoint support.
 type RuntimeReport struct {
-	Version             string `json:"version,omitempty"`
+	Version string `json:"version,omitempty"`
+	// Source is where Version came from: "--runtime-version" (the agent
+	// chart's runtimeVersion), "node <name>" (its
+	// status.nodeInfo.containerRuntimeVersion) or "containerd --version".
+	Source              string `json:"source,omitempty"`
 	CheckpointSupported bool   `json:"checkpointSupported"`
 	Reason              string `json:"reason"`
 }
@@ -106,7 +112,7 @@ var versionRE = regexp.MustCompile(`v?(\d+)\.(\d+)(?:\.(\d+))?`)
 func CRICheckpointSupport(runtime string) (bool, string) {
 	r := strings.TrimSpace(runtime)
 	if r == "" {
-		return false, "container runtime version unknown: set --runtime-version (the agent chart's runtimeVersion) to the node's status.nodeInfo.containerRuntimeVersion; the kubelet checkpoint API needs containerd 2.0 or CRI-O 1.25"
+		return false, "container runtime version unknown: the agent reads it from its node (NODE_NAME and a ServiceAccount that may get nodes, as the agent chart renders them), or set --runtime-version (the agent chart's runtimeVersion) to the node's status.nodeInfo.containerRuntimeVersion; the kubelet checkpoint API needs containerd 2.0 or CRI-O 1.25"
 	}
 	m := versionRE.FindStringSubmatch(r)
 	if m == nil {
@@ -131,17 +137,32 @@ func CRICheckpointSupport(runtime string) (bool, string) {
 	}
 }
 
-// ProbeRuntime finds the runtime version: the configured one, else
-// `containerd --version`.
-func ProbeRuntime(ctx context.Context, configured string) RuntimeReport {
-	v := configured
-	if v == "" {
-		if out, err := run(ctx, "containerd", "--version"); err == nil {
-			v = strings.TrimSpace(out)
+// ProbeRuntime finds the runtime version: the configured one (an
+// override), else the node's status.nodeInfo.containerRuntimeVersion read
+// through nodes (when node names the agent's node and nodes is not nil),
+// else `containerd --version`. When none answers, the reason says why the
+// node could not be read.
+func ProbeRuntime(ctx context.Context, configured, node string, nodes NodeRuntimeReader, nodesErr error) RuntimeReport {
+	r := RuntimeReport{Version: configured, Source: "--runtime-version"}
+	var readErr error
+	if r.Version == "" && node != "" {
+		readErr = nodesErr
+		if nodes != nil {
+			r.Version, readErr = nodes.ContainerRuntimeVersion(ctx, node)
+			r.Source = "node " + node
 		}
 	}
-	ok, reason := CRICheckpointSupport(v)
-	return RuntimeReport{Version: v, CheckpointSupported: ok, Reason: reason}
+	if r.Version == "" {
+		r.Source = ""
+		if out, err := run(ctx, "containerd", "--version"); err == nil {
+			r.Version, r.Source = strings.TrimSpace(out), "containerd --version"
+		}
+	}
+	r.CheckpointSupported, r.Reason = CRICheckpointSupport(r.Version)
+	if r.Version == "" && readErr != nil {
+		r.Reason += " (" + readErr.Error() + ")"
+	}
+	return r
 }
 
 // ProbeCRIU runs `criu --version` and `criu check`. criu check needs root

@@ -45,8 +45,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 		if err != nil {
 			return nil, err
 		}
+		if cfg.Node.NodeName != "" && cfg.Node.RuntimeVersion == "" {
+			node.SetNodeRuntimeReader(inClusterNodes())
+		}
 		go node.Measure(ctx)
 		go node.Verify(ctx)
+		go node.Promote(ctx)
 		return node.Handler(reg), nil
 	}
 	return nil, fmt.Errorf("unknown role %q", cfg.Role)

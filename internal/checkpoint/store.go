@@ -263,14 +263,17 @@ type PutRequest struct {
 
 // Put writes size bytes from src into a tier, making room by the budget
 // rules of PlanAdmit first, and verifies them while writing.
-func (s *Store) Put(req PutRequest, src io.Reader) (Entry, error) {
+func (s *Store) Put(req PutRequest, src io.Reader) (Entry, error) { return s.put(req, src, nil) }
+
+// put is Put, never evicting a copy of a key in keep.
+func (s *Store) put(req PutRequest, src io.Reader, keep map[Key]bool) (Entry, error) {
 	if err := req.Key.Validate(); err != nil {
 		return Entry{}, err
 	}
 	s.admit.Lock()
 	defer s.admit.Unlock()
 	in := Entry{Key: req.Key, Tier: req.Tier, Bytes: req.Bytes, Priority: req.Priority, LastUsed: s.now()}
-	plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, in)
+	plan, err := PlanAdmit(s.entriesKeeping(keep), s.cfg.Budgets, in)
 	if err != nil {
 		return Entry{}, err
 	}
@@ -397,6 +400,23 @@ func (s *Store) Remove(k Key, t Tier) error {
 // at coldPath, if given. The copy is verified against the digest recorded
 // for the source (or want, for a cold source).
 func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (Entry, error) {
+	return s.promote(k, to, coldPath, want, priority, nil)
+}
+
+// entriesKeeping is Entries with the copies of the keys in keep pinned, so
+// that an admission planned from it never evicts them.
+func (s *Store) entriesKeeping(keep map[Key]bool) []Entry {
+	entries := s.Entries()
+	for i := range entries {
+		if keep[entries[i].Key] {
+			entries[i].Pinned = true
+		}
+	}
+	return entries
+}
+
+// promote is Promote, never evicting a copy of a key in keep.
+func (s *Store) promote(k Key, to Tier, coldPath, want string, priority int32, keep map[Key]bool) (Entry, error) {
 	if err := k.Validate(); err != nil {
 		return Entry{}, err
 	}
@@ -408,7 +428,7 @@ func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (
 		if e, ok := s.Lookup(k, TierWarm); ok {
 			s.admit.Lock()
 			defer s.admit.Unlock()
-			plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, Entry{Key: k, Tier: to, Bytes: e.Bytes, Priority: max(priority, e.Priority), LastUsed: s.now()})
+			plan, err := PlanAdmit(s.entriesKeeping(keep), s.cfg.Budgets, Entry{Key: k, Tier: to, Bytes: e.Bytes, Priority: max(priority, e.Priority), LastUsed: s.now()})
 			if err != nil {
 				return Entry{}, err
 			}
@@ -431,7 +451,7 @@ func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (
 	if err != nil {
 		return Entry{}, err
 	}
-	return s.Put(PutRequest{Key: k, Tier: to, Bytes: fi.Size(), Priority: priority, Digest: want}, f)
+	return s.put(PutRequest{Key: k, Tier: to, Bytes: fi.Size(), Priority: priority, Digest: want}, f, keep)
 }
 
 // Touch marks every copy of k as used now (LRU).

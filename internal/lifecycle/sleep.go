@@ -618,6 +618,7 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 		return err
 	}
 	c.writeCheckpoint(ctx, a, refsOf(res), &verified)
+	c.reportWake(ctx, a, res, lw)
 	return nil
 }
 

@@ -380,7 +380,7 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats
 	if a.Sleep.ModelCheckpoint == "" || c.checkpoints == nil {
 		return
 	}
-	st := v1alpha1.ModelCheckpointStatus{ResidentTier: a.status.ResidentTier, ExpectedResumeSeconds: a.status.ExpectedResumeSeconds, Bytes: a.sl.bytes}
+	st := v1alpha1.ModelCheckpointStatus{ResidentTier: a.status.ResidentTier, ExpectedResumeSeconds: a.status.ExpectedResumeSeconds, Bytes: a.sl.bytes, Nodes: checkpointNodes(views)}
 	for _, v := range views {
 		for _, e := range v.entries {
 			t := tierOf(string(e.Tier))

@@ -16,6 +16,7 @@ const (
 	DefaultHotTier                 = v1alpha1.HotTierRAM
 	DefaultWarmTier                = v1alpha1.WarmTierDisk
 	DefaultColdTier                = v1alpha1.ColdTierModelCache
+	DefaultProcessSnapshots        = false
 	DefaultResumeRAMSeconds  int32 = 1
 	DefaultResumeNVMeSeconds int32 = 5
 	DefaultSeatMinResidency        = 30 * time.Second
@@ -42,6 +43,14 @@ type Sleep struct {
 	// ResumeRAMSeconds and ResumeNVMeSeconds are the resume SLO per tier.
 	ResumeRAMSeconds  int32
 	ResumeNVMeSeconds int32
+}
+
+// ProcessSnapshots reports whether tiers.processSnapshots is on.
+func (s Sleep) ProcessSnapshots() bool {
+	if s.Tiers.ProcessSnapshots == nil {
+		return DefaultProcessSnapshots
+	}
+	return *s.Tiers.ProcessSnapshots
 }
 
 // Enabled reports whether the application sleeps at all.
@@ -118,6 +127,9 @@ func EffectiveSleep(lc *v1alpha1.LifecycleSpec, policy *v1alpha1.CheckpointPolic
 		if t.Cold != "" {
 			s.Tiers.Cold = t.Cold
 		}
+		if t.ProcessSnapshots != nil {
+			s.Tiers.ProcessSnapshots = t.ProcessSnapshots
+		}
 	}
 	slos := []v1alpha1.ResumeSLO{p.SLO}
 	if lc.ResumeSLO != nil {
@@ -153,6 +165,9 @@ func sleepValues(s Sleep) map[string]any {
 			"hot":  string(s.Tiers.Hot),
 			"warm": string(s.Tiers.Warm),
 			"cold": string(s.Tiers.Cold),
+			// The node agent is rendered with criu's privileges only
+			// when an application of the release turns this on.
+			"processSnapshots": s.ProcessSnapshots(),
 		},
 		"slo": map[string]any{
 			"resumeRamSeconds":  int64(s.ResumeRAMSeconds),

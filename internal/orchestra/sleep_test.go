@@ -120,7 +120,7 @@ func TestTranslatorSleepValues(t *testing.T) {
     plain: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {checkpointPolicy: missing}},
     fixed: {model: {source: "hf://org/repo", file: m.gguf}}}}`
 	reader := PolicyDocuments{
-		types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", "{triggers: {idleSeconds: 600, parkSeconds: 3600}, tiers: {warm: None}}"),
+		types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", "{triggers: {idleSeconds: 600, parkSeconds: 3600}, tiers: {warm: None, processSnapshots: true}}"),
 	}
 	ctx := plugin.WithReader(context.Background(), reader)
 	vals, err := Translator{Getenv: func(string) string { return "" }}.Translate(ctx, owner(t, spec))
@@ -136,7 +136,7 @@ func TestTranslatorSleepValues(t *testing.T) {
 	}
 	wantChat := map[string]any{
 		"after": "2m0s", "level": int64(1), "parkAfter": "1h0m0s", "verifyInterval": "15m0s", "preemption": true,
-		"tiers": map[string]any{"hot": "RAM", "warm": "None", "cold": "ModelCache"},
+		"tiers": map[string]any{"hot": "RAM", "warm": "None", "cold": "ModelCache", "processSnapshots": true},
 		"slo":   map[string]any{"resumeRamSeconds": int64(3), "resumeNvmeSeconds": int64(5)},
 	}
 	if diff := cmp.Diff(wantChat, get("global.applications.chat.lifecycle.sleep")); diff != "" {

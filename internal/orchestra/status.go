@@ -182,7 +182,12 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 		return plugin.StatusResult{}, err
 	}
 	conds := []metav1.Condition{modelCond, topoCond, gwCond, readyCond}
-	for _, c := range sleepConditions(mo, apps, resolvePolicies(ctx, in.Reader, mo), mo.Status.Conditions) {
+	pols := resolvePolicies(ctx, in.Reader, mo)
+	sleepConds := sleepConditions(mo, apps, pols, mo.Status.Conditions)
+	if c := processSnapshotsCondition(mo, pols, idx.checkpoints, mo.Status.Conditions); c != nil {
+		sleepConds = append(sleepConds, *c)
+	}
+	for _, c := range sleepConds {
 		c.ObservedGeneration = gen
 		conds = append(conds, c)
 	}
@@ -208,14 +213,23 @@ type objectIndex struct {
 	services     []*corev1.Service
 	ingresses    []*unstructured.Unstructured
 	routes       []*unstructured.Unstructured
+	// checkpoints by application (spec.application), with the status the
+	// lifecycle leader wrote.
+	checkpoints map[string]*v1alpha1.ModelCheckpoint
 }
 
 func indexObjects(objs []*unstructured.Unstructured) (*objectIndex, error) {
-	idx := &objectIndex{}
+	idx := &objectIndex{checkpoints: map[string]*v1alpha1.ModelCheckpoint{}}
 	for _, o := range objs {
 		gvk := o.GroupVersionKind()
 		var into runtime.Object
 		switch gvk.Group + "/" + gvk.Kind {
+		case v1alpha1.GroupVersion.Group + "/ModelCheckpoint":
+			c := &v1alpha1.ModelCheckpoint{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, c); err != nil {
+				return nil, fmt.Errorf("decoding ModelCheckpoint %s: %w", o.GetName(), err)
+			}
+			idx.checkpoints[c.Spec.Application] = c
 		case "batch/Job":
 			j := &batchv1.Job{}
 			idx.jobs, into = append(idx.jobs, j), j

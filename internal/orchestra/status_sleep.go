@@ -151,6 +151,63 @@ func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, 
 	return out
 }
 
+// processSnapshotsCondition is ProcessSnapshotsSupported, while an
+// application asks for process snapshots (tiers.processSnapshots): False
+// naming each node of its engines whose node agent reports it cannot take
+// them and why (criu check; the container runtime, its version and the
+// kubelet checkpoint API), Unknown while no node agent has reported, True
+// when every reporting node can. Once none asks, a condition set before is
+// turned True with reason ProcessSnapshotsOff; otherwise none is set. The
+// node reports come from the applications' ModelCheckpoints (status.nodes),
+// by application.
+func processSnapshotsCondition(mo *v1alpha1.ModelOrchestra, pols policies, checkpoints map[string]*v1alpha1.ModelCheckpoint, old []metav1.Condition) *metav1.Condition {
+	var asking, refused, unreported, able []string
+	for _, name := range sortedKeys(mo.Spec.Applications) {
+		sleep := effectiveSleep(mo.Spec.Applications[name], pols)
+		if !sleep.Enabled() || !sleep.ProcessSnapshots() {
+			continue
+		}
+		asking = append(asking, name)
+		var nodes []v1alpha1.CheckpointNode
+		if c := checkpoints[name]; c != nil {
+			nodes = c.Status.Nodes
+		}
+		if len(nodes) == 0 {
+			unreported = append(unreported, name)
+			continue
+		}
+		for _, n := range nodes {
+			if n.ProcessSnapshots {
+				able = append(able, fmt.Sprintf("%s on %s", name, n.Node))
+				continue
+			}
+			runtime := n.ContainerRuntimeVersion
+			if runtime == "" {
+				runtime = "unknown"
+			}
+			refused = append(refused, fmt.Sprintf("%s: node %s cannot take process snapshots (container runtime %s): %s", name, n.Node, runtime, n.ProcessSnapshotsReason))
+		}
+	}
+	c := metav1.Condition{Type: v1alpha1.ConditionProcessSnapshotsSupported}
+	switch {
+	case len(refused) > 0:
+		c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.ReasonProcessSnapshotsUnsupported
+		c.Message = strings.Join(refused, "; ") + "; no process snapshot is taken there, the engines sleep through their weights only"
+	case len(unreported) > 0:
+		c.Status, c.Reason = metav1.ConditionUnknown, v1alpha1.ReasonAwaitingNodeReport
+		c.Message = "no node agent has reported on the nodes of " + strings.Join(unreported, ", ") + " yet; process snapshots are not taken until one says it can"
+	case len(asking) > 0:
+		c.Status, c.Reason = metav1.ConditionTrue, v1alpha1.ReasonProcessSnapshotsSupported
+		c.Message = "the nodes can take process snapshots: " + strings.Join(able, ", ")
+	case meta.FindStatusCondition(old, v1alpha1.ConditionProcessSnapshotsSupported) != nil:
+		c.Status, c.Reason = metav1.ConditionTrue, v1alpha1.ReasonProcessSnapshotsOff
+		c.Message = "no application asks for process snapshots"
+	default:
+		return nil
+	}
+	return &c
+}
+
 func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {

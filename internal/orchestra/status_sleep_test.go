@@ -178,3 +178,90 @@ type policiesAndSlices struct {
 func (r policiesAndSlices) List(ctx context.Context, l client.ObjectList, opts ...client.ListOption) error {
 	return r.slices.List(ctx, l, opts...)
 }
+
+func TestProcessSnapshotsCondition(t *testing.T) {
+	const snapshotting = `{applications: {
+  chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {sleepAfter: 2m, tiers: {processSnapshots: true}}},
+  fixed: {model: {source: "hf://org/chat", file: m.gguf}}}}`
+	const fromPolicy = `{applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {sleepAfter: 2m, checkpointPolicy: snap}}}}`
+	const offInline = `{applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: {sleepAfter: 2m, checkpointPolicy: snap, tiers: {processSnapshots: false}}}}}`
+	snap := PolicyDocuments{types.NamespacedName{Namespace: "ns", Name: "snap"}: policyDoc(t, "snap", "{tiers: {processSnapshots: true}}")}
+	nodes := func(n ...v1alpha1.CheckpointNode) map[string]*v1alpha1.ModelCheckpoint {
+		return map[string]*v1alpha1.ModelCheckpoint{"chat": {Status: v1alpha1.ModelCheckpointStatus{Nodes: n}}}
+	}
+	criuFails := v1alpha1.CheckpointNode{Node: "n1", ContainerRuntimeVersion: "containerd://1.7.24",
+		ProcessSnapshotsReason: "criu: criu check failed (exit status 1): Error (criu/vdso.c:...): Unexpected rt vDSO area bounds"}
+	oldRuntime := v1alpha1.CheckpointNode{Node: "n2", ContainerRuntimeVersion: "containerd://1.7.24",
+		ProcessSnapshotsReason: "runtime: containerd 1.7.24 does not implement CRI CheckpointContainer (containerd 2.0 does)"}
+	able := v1alpha1.CheckpointNode{Node: "n3", ContainerRuntimeVersion: "containerd://2.0.1", ProcessSnapshots: true}
+	for _, tc := range []struct {
+		name, spec  string
+		policies    PolicyDocuments
+		checkpoints map[string]*v1alpha1.ModelCheckpoint
+		old         []metav1.Condition
+		status      string // "" means absent
+		reason      string
+		msg         []string
+	}{
+		{name: "off: nothing to say", spec: sleepingApp, policies: PolicyDocuments{}},
+		{
+			name: "on, no node report yet: unknown", spec: snapshotting,
+			status: "Unknown", reason: v1alpha1.ReasonAwaitingNodeReport, msg: []string{"chat"},
+		},
+		{
+			name: "criu check fails: refused naming the node and why", spec: snapshotting, checkpoints: nodes(criuFails, able),
+			status: "False", reason: v1alpha1.ReasonProcessSnapshotsUnsupported,
+			msg: []string{"chat: node n1 cannot take process snapshots (container runtime containerd://1.7.24)", "vDSO"},
+		},
+		{
+			name: "containerd before 2.0: refused naming its version", spec: snapshotting, checkpoints: nodes(oldRuntime),
+			status: "False", reason: v1alpha1.ReasonProcessSnapshotsUnsupported,
+			msg: []string{"node n2", "containerd 1.7.24 does not implement CRI CheckpointContainer"},
+		},
+		{
+			name: "a node without a known runtime says so", spec: snapshotting, checkpoints: nodes(v1alpha1.CheckpointNode{Node: "n4", ProcessSnapshotsReason: "runtime: container runtime version unknown"}),
+			status: "False", reason: v1alpha1.ReasonProcessSnapshotsUnsupported, msg: []string{"(container runtime unknown)"},
+		},
+		{
+			name: "every node can", spec: snapshotting, checkpoints: nodes(able),
+			status: "True", reason: v1alpha1.ReasonProcessSnapshotsSupported, msg: []string{"chat on n3"},
+		},
+		{
+			name: "on through the policy", spec: fromPolicy, policies: snap, checkpoints: nodes(oldRuntime),
+			status: "False", reason: v1alpha1.ReasonProcessSnapshotsUnsupported,
+		},
+		{name: "inline false overrides the policy", spec: offInline, policies: snap, checkpoints: nodes(oldRuntime)},
+		{
+			name: "turned off after it was on", spec: sleepingApp, policies: PolicyDocuments{},
+			old:    []metav1.Condition{{Type: v1alpha1.ConditionProcessSnapshotsSupported, Status: metav1.ConditionFalse}},
+			status: "True", reason: v1alpha1.ReasonProcessSnapshotsOff,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mo, err := Decode(owner(t, tc.spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pols := tc.policies
+			if pols == nil {
+				pols = PolicyDocuments{}
+			}
+			c := processSnapshotsCondition(mo, resolvePolicies(context.Background(), pols, mo), tc.checkpoints, tc.old)
+			switch {
+			case tc.status == "" && c != nil:
+				t.Fatalf("condition set (%s %s: %s), want it absent", c.Status, c.Reason, c.Message)
+			case tc.status == "":
+				return
+			case c == nil:
+				t.Fatalf("condition absent, want %s %s", tc.status, tc.reason)
+			case string(c.Status) != tc.status || c.Reason != tc.reason || c.Type != v1alpha1.ConditionProcessSnapshotsSupported:
+				t.Fatalf("%s = %s %s (%s), want %s %s", c.Type, c.Status, c.Reason, c.Message, tc.status, tc.reason)
+			}
+			for _, m := range tc.msg {
+				if !strings.Contains(c.Message, m) {
+					t.Errorf("message %q does not contain %q", c.Message, m)
+				}
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package preview
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -369,8 +371,46 @@ func TestNodeAgent(t *testing.T) {
 	if pod.HostPID || pod.HostNetwork || pod.HostIPC {
 		t.Error("the agent shares a host namespace")
 	}
-	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Error("the agent mounts a service account token; it never talks to the API server")
+	// Its one API call: get its own Node, named by the downward API.
+	if pod.ServiceAccountName != "x-agent" || pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+		t.Errorf("agent pod: serviceAccountName %q, automount %v; want x-agent with its token, to read its node", pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+	}
+	if len(agent.Env) != 1 || agent.Env[0].Name != "NODE_NAME" || agent.Env[0].ValueFrom == nil || agent.Env[0].ValueFrom.FieldRef == nil || agent.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("agent env %+v; want NODE_NAME from spec.nodeName", agent.Env)
+	}
+	// The chart binds the ServiceAccount to nothing: the operator holds no
+	// cluster-wide permission, so the cluster administrator grants get on
+	// nodes.
+	for k, o := range objs {
+		if strings.HasPrefix(k, "ClusterRole") {
+			t.Errorf("%s rendered: the operator cannot create cluster-scoped RBAC", k)
+		}
+		if o.GetKind() == "RoleBinding" {
+			var rb rbacv1.RoleBinding
+			objs.get(t, "RoleBinding", o.GetName(), &rb)
+			for _, sub := range rb.Subjects {
+				if sub.Name == "x-agent" {
+					t.Errorf("RoleBinding %s binds the agent's ServiceAccount", o.GetName())
+				}
+			}
+		}
+	}
+	// With the runtime version given, the agent has no API access at all.
+	over := readValues(t, sleepValues)
+	over["agent"] = map[string]any{"runtimeVersion": "containerd://1.7.24"}
+	overObjs := renderObjects(t, over)
+	var ods appsv1.DaemonSet
+	overObjs.get(t, "DaemonSet", "x-agent", &ods)
+	if p := ods.Spec.Template.Spec; p.ServiceAccountName != "" || p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken || len(p.Containers[0].Env) != 0 {
+		t.Errorf("with runtimeVersion set the agent still has API access: serviceAccountName %q, automount %v, env %+v", p.ServiceAccountName, p.AutomountServiceAccountToken, p.Containers[0].Env)
+	}
+	if !slices.Contains(ods.Spec.Template.Spec.Containers[0].Args, "--runtime-version=containerd://1.7.24") {
+		t.Errorf("agent args %v lack the override", ods.Spec.Template.Spec.Containers[0].Args)
+	}
+	for _, k := range []string{"ServiceAccount/x-agent"} {
+		if _, ok := overObjs[k]; ok {
+			t.Errorf("%s rendered with runtimeVersion set", k)
+		}
 	}
 	hostPaths := map[string]string{}
 	for _, v := range pod.Volumes {
@@ -624,4 +664,130 @@ func TestRenderedAgentAndEngineFlagsParse(t *testing.T) {
 	var ds appsv1.DaemonSet
 	objs.get(t, "DaemonSet", "x-agent", &ds)
 	check("node agent", agent, container(t, ds.Spec.Template.Spec, "agent").Args)
+}
+
+// podTemplates are the pod specs of every workload of a render, by kind
+// and name.
+func podTemplates(t *testing.T, objs rendered) map[string]corev1.PodSpec {
+	t.Helper()
+	out := map[string]corev1.PodSpec{}
+	for key, o := range objs {
+		var into any
+		switch o.GetKind() {
+		case "Deployment":
+			into = &appsv1.Deployment{}
+		case "StatefulSet":
+			into = &appsv1.StatefulSet{}
+		case "DaemonSet":
+			into = &appsv1.DaemonSet{}
+		case "Job":
+			into = &batchv1.Job{}
+		default:
+			continue
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, into); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		switch w := into.(type) {
+		case *appsv1.Deployment:
+			out[key] = w.Spec.Template.Spec
+		case *appsv1.StatefulSet:
+			out[key] = w.Spec.Template.Spec
+		case *appsv1.DaemonSet:
+			out[key] = w.Spec.Template.Spec
+		case *batchv1.Job:
+			out[key] = w.Spec.Template.Spec
+		}
+	}
+	return out
+}
+
+// privileges lists what a pod may do beyond an unprivileged container:
+// privilege escalation, a privileged container, added capabilities, a host
+// namespace, seccomp off.
+func privileges(pod corev1.PodSpec) []string {
+	var out []string
+	if pod.HostPID {
+		out = append(out, "hostPID")
+	}
+	if pod.HostNetwork {
+		out = append(out, "hostNetwork")
+	}
+	if pod.HostIPC {
+		out = append(out, "hostIPC")
+	}
+	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+		sc := c.SecurityContext
+		if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			out = append(out, c.Name+": privilege escalation")
+		}
+		if sc != nil && sc.Privileged != nil && *sc.Privileged {
+			out = append(out, c.Name+": privileged")
+		}
+		if sc != nil && sc.Capabilities != nil {
+			for _, a := range sc.Capabilities.Add {
+				out = append(out, c.Name+": adds "+string(a))
+			}
+		}
+		if sc != nil && sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeUnconfined {
+			out = append(out, c.Name+": seccomp unconfined")
+		}
+	}
+	return out
+}
+
+// TestNoPrivilegeUnlessProcessSnapshots: with tiers.processSnapshots off
+// (the default the translator writes), no rendered pod escalates
+// privileges, is privileged, adds a capability or shares a host namespace.
+// Turned on for one application, only the node agent gains what criu
+// needs (and the snapshot directory and flag), nothing else changes, and
+// it is still not a privileged container.
+func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
+	vals := readValues(t, sleepValues)
+	off := podTemplates(t, renderObjects(t, vals))
+	if len(off) < 5 {
+		t.Fatalf("only %d workloads rendered: %v", len(off), slices.Sorted(maps.Keys(off)))
+	}
+	for key, pod := range off {
+		if p := privileges(pod); len(p) > 0 {
+			t.Errorf("%s, process snapshots off: %v", key, p)
+		}
+	}
+
+	apps := vals["global"].(map[string]any)["applications"].(map[string]any)
+	tiers := apps["sim"].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)["tiers"].(map[string]any)
+	tiers["processSnapshots"] = true
+	on := podTemplates(t, renderObjects(t, vals))
+	for key, pod := range on {
+		p := privileges(pod)
+		if key != "DaemonSet/x-agent" {
+			if len(p) > 0 {
+				t.Errorf("%s, process snapshots on: %v; only the node agent may gain privileges", key, p)
+			}
+			continue
+		}
+		want := []string{"hostPID", "agent: privilege escalation", "agent: adds CHECKPOINT_RESTORE", "agent: adds SYS_ADMIN", "agent: adds SYS_PTRACE", "agent: seccomp unconfined"}
+		if diff := cmp.Diff(want, p); diff != "" {
+			t.Errorf("node agent privileges with process snapshots (-want +got):\n%s", diff)
+		}
+		agent := container(t, pod, "agent")
+		if !slices.Contains(agent.Args, "--snapshot-dir=/var/lib/orchestra-agent/snapshots") {
+			t.Errorf("agent args %v lack the snapshot directory", agent.Args)
+		}
+		if sc := agent.SecurityContext; sc.Privileged == nil || *sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+			t.Errorf("agent securityContext %+v: want not privileged, every other capability dropped", sc)
+		}
+		found := false
+		for _, v := range pod.Volumes {
+			if v.Name == "snapshots" && v.HostPath != nil && v.HostPath.Path == "/var/lib/model-orchestra/snapshots" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("agent volumes %+v lack the snapshots hostPath", pod.Volumes)
+		}
+	}
+	if _, ok := on["DaemonSet/x-agent"]; !ok {
+		t.Error("no node agent rendered with process snapshots on")
+	}
 }

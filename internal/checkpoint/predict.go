@@ -1,0 +1,365 @@
+package checkpoint
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Wake prediction and promotion ahead of it (docs/checkpoint.md,
+// "Promotion ahead of a predicted wake"). Both steps are pure: they read a
+// wake history, the store's entries and the measured bandwidths, and
+// return what to copy, so that the IO stays in Node.PromoteAhead.
+
+// Patterns a wake prediction is based on.
+const (
+	// PatternPeriodic: the last intervals between wakes agree; the next
+	// wake is the last one plus their median.
+	PatternPeriodic = "periodic"
+	// PatternDaily: wakes on at least two different days came at the same
+	// time of day; the next wake is that time's next occurrence.
+	PatternDaily = "daily"
+)
+
+// Prediction tuning. One owner for each number: these constants.
+const (
+	// maxWakeHistory bounds the wakes kept per artifact (a week of four
+	// wakes a day fits).
+	maxWakeHistory = 32
+	// periodicIntervals is how many of the last intervals the periodic
+	// pattern looks at; periodicMinIntervals the fewest it needs.
+	periodicIntervals    = 6
+	periodicMinIntervals = 2
+	// periodicTolerance is how far (a fraction of the median) each of
+	// those intervals may be from their median.
+	periodicTolerance = 0.2
+	// dailyTolerance is how far apart in the time of day two wakes may be
+	// and still count as the same daily wake.
+	dailyTolerance = 20 * time.Minute
+	// dailyWindow is how far back the daily pattern looks.
+	dailyWindow = 8 * 24 * time.Hour
+	// DefaultColdBytesPerSecond is used for the cold tier's read bandwidth
+	// until a wake from the cold tier has measured it.
+	DefaultColdBytesPerSecond = 100e6
+)
+
+// WakeHistory is what the node agent knows about one artifact's wakes: when
+// they happened (oldest first), the bytes they restored, and where a cold
+// copy is.
+type WakeHistory struct {
+	Key
+	Wakes []time.Time `json:"wakes"`
+	// Bytes of the weights (the last wake's).
+	Bytes int64 `json:"bytes"`
+	// Digest the copies must hash to, when known.
+	Digest   string `json:"digest,omitempty"`
+	Priority int32  `json:"priority,omitempty"`
+	// ColdPath is the artifact inside the agent's cold tier (--cold-dir),
+	// when the leader knows one.
+	ColdPath string `json:"coldPath,omitempty"`
+	// ColdBytesPerSecond is the rate of the last wake from the cold tier
+	// (0: none measured yet).
+	ColdBytesPerSecond float64 `json:"coldBytesPerSecond,omitempty"`
+}
+
+// Add records a wake at, keeping the last maxWakeHistory in time order.
+func (h *WakeHistory) Add(at time.Time) {
+	i, _ := slices.BinarySearchFunc(h.Wakes, at, time.Time.Compare)
+	h.Wakes = slices.Insert(h.Wakes, i, at)
+	if k := len(h.Wakes) - maxWakeHistory; k > 0 {
+		h.Wakes = h.Wakes[k:]
+	}
+}
+
+// Prediction is the next expected wake of an artifact.
+type Prediction struct {
+	Next    time.Time `json:"next"`
+	Pattern string    `json:"pattern"`
+	// Period is the periodic pattern's interval (0 for daily).
+	Period time.Duration `json:"period,omitempty"`
+}
+
+// PredictWake predicts the next wake after now from wakes (oldest first):
+// the periodic pattern when the last intervals agree, else the daily one;
+// false when neither holds. A periodic wake whose time passed without a
+// wake less than a period ago is moved on by one period; past that the
+// pattern is broken and no wake is predicted from it.
+func PredictWake(wakes []time.Time, now time.Time) (Prediction, bool) {
+	if p, ok := predictPeriodic(wakes, now); ok {
+		return p, true
+	}
+	return predictDaily(wakes, now)
+}
+
+func predictPeriodic(wakes []time.Time, now time.Time) (Prediction, bool) {
+	if len(wakes) < periodicMinIntervals+1 {
+		return Prediction{}, false
+	}
+	w := wakes[max(0, len(wakes)-periodicIntervals-1):]
+	iv := make([]time.Duration, 0, len(w)-1)
+	for i := 1; i < len(w); i++ {
+		iv = append(iv, w[i].Sub(w[i-1]))
+	}
+	sorted := slices.Clone(iv)
+	slices.Sort(sorted)
+	median := sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
+	if median <= 0 {
+		return Prediction{}, false
+	}
+	tol := time.Duration(float64(median) * periodicTolerance)
+	for _, d := range iv {
+		if d < median-tol || d > median+tol {
+			return Prediction{}, false
+		}
+	}
+	next := w[len(w)-1].Add(median)
+	if next.Before(now.Add(-tol)) {
+		next = next.Add(median) // one wake missed
+		if next.Before(now.Add(-tol)) {
+			return Prediction{}, false
+		}
+	}
+	return Prediction{Next: next, Pattern: PatternPeriodic, Period: median}, true
+}
+
+// predictDaily finds times of day at which wakes came on at least two
+// different days of the last dailyWindow (within dailyTolerance of each
+// other), and returns the earliest next occurrence of one of those wakes'
+// times of day (not before now minus dailyTolerance): of a daily wake that
+// came at 17:00 one day and 16:57 the next, 16:57.
+func predictDaily(wakes []time.Time, now time.Time) (Prediction, bool) {
+	var recent []time.Time
+	for _, w := range wakes {
+		if !w.Before(now.Add(-dailyWindow)) && !w.After(now) {
+			recent = append(recent, w.UTC())
+		}
+	}
+	var best time.Time
+	for i, a := range recent {
+		days := map[int]bool{a.YearDay() + 1000*a.Year(): true}
+		for j, b := range recent {
+			if i != j && timeOfDayApart(a, b) <= dailyTolerance {
+				days[b.YearDay()+1000*b.Year()] = true
+			}
+		}
+		if len(days) < 2 {
+			continue
+		}
+		// a's time of day, on the first day it is not already past.
+		next := time.Date(now.Year(), now.Month(), now.Day(), a.Hour(), a.Minute(), a.Second(), 0, time.UTC)
+		for next.Before(now.Add(-dailyTolerance)) {
+			next = next.AddDate(0, 0, 1)
+		}
+		if best.IsZero() || next.Before(best) {
+			best = next
+		}
+	}
+	if best.IsZero() {
+		return Prediction{}, false
+	}
+	return Prediction{Next: best, Pattern: PatternDaily}, true
+}
+
+// timeOfDayApart is the distance between the times of day of a and b,
+// around midnight.
+func timeOfDayApart(a, b time.Time) time.Duration {
+	day := 24 * time.Hour
+	d := (sinceMidnight(a) - sinceMidnight(b)) % day
+	if d < 0 {
+		d = -d
+	}
+	return min(d, day-d)
+}
+
+func sinceMidnight(t time.Time) time.Duration {
+	return time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute + time.Duration(t.Second())*time.Second
+}
+
+// PromotionInput is what PlanPromotions decides from.
+type PromotionInput struct {
+	Now     time.Time
+	Entries []Entry // Store.Entries: copies and engines' offloads
+	Budgets Budgets
+	// Histories are the wake histories of the node's artifacts.
+	Histories []WakeHistory
+	// ReadBytesPerSecond is the measured read bandwidth of the warm tier
+	// (and hot, unused as a source); 0: not measured, no promotion from it.
+	ReadBytesPerSecond map[Tier]float64
+	// ColdTier says whether the agent can read the cold tier (--cold-dir).
+	ColdTier bool
+	// Margin is added to the copy time: a promotion starts that long
+	// before it strictly has to.
+	Margin time.Duration
+}
+
+// Promotion is one planned copy up a tier ahead of a predicted wake.
+type Promotion struct {
+	Key
+	From  Tier  `json:"from"`
+	To    Tier  `json:"to"`
+	Bytes int64 `json:"bytes"`
+	// Wake is the predicted wake it is for; Lead how long before it the
+	// copies up to the hot tier take (with the margin).
+	Wake Prediction    `json:"wake"`
+	Lead time.Duration `json:"lead"`
+	// Evictions are what admitting the copy takes (PlanAdmit).
+	Evictions []Action `json:"evictions,omitempty"`
+}
+
+// Deferred is a due promotion that cannot happen now, and why.
+type Deferred struct {
+	Key
+	To     Tier   `json:"to"`
+	Reason string `json:"reason"`
+}
+
+// ErrNoBandwidth means a tier's read bandwidth is not measured, so the time
+// a promotion from it needs is unknown.
+var ErrNoBandwidth = errors.New("read bandwidth not measured")
+
+// PlanPromotions decides which artifacts to copy one tier up now: those
+// whose predicted wake is closer than the copies up to the hot tier take
+// (bytes ÷ the read bandwidth of each tier they move from, plus the
+// margin). Each due artifact moves one step per plan: cold → warm (when
+// the agent reads the cold tier and knows the artifact's cold path), warm →
+// hot. Admission follows PlanAdmit (the budgets are never exceeded;
+// victims lowest priority first, then least recently used) except that
+// the copies of other due artifacts are not evicted for it. Earlier
+// predicted wakes are planned first, each against the entries the earlier
+// ones leave.
+func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
+	type due struct {
+		h    WakeHistory
+		p    Prediction
+		from Tier
+		lead time.Duration
+	}
+	entries := slices.Clone(in.Entries)
+	has := func(k Key, t Tier) (Entry, bool) {
+		for _, e := range entries {
+			if e.Key == k && e.Tier == t {
+				return e, true
+			}
+		}
+		return Entry{}, false
+	}
+	var dues []due
+	var deferred []Deferred
+	for _, h := range in.Histories {
+		p, ok := PredictWake(h.Wakes, in.Now)
+		if !ok {
+			continue
+		}
+		if _, hot := has(h.Key, TierHot); hot {
+			continue // a copy or the engine's own offload is hot already
+		}
+		from, bytes := TierCold, h.Bytes
+		if e, ok := has(h.Key, TierWarm); ok {
+			from, bytes = TierWarm, e.Bytes
+		}
+		lead, err := promotionLead(from, bytes, h, in.ReadBytesPerSecond)
+		if err != nil {
+			if p.Next.Sub(in.Now) <= in.Margin {
+				deferred = append(deferred, Deferred{Key: h.Key, To: up(from), Reason: err.Error()})
+			}
+			continue
+		}
+		lead += in.Margin
+		if p.Next.Sub(in.Now) > lead {
+			continue // not yet
+		}
+		h.Bytes = bytes
+		dues = append(dues, due{h: h, p: p, from: from, lead: lead})
+	}
+	slices.SortStableFunc(dues, func(a, b due) int {
+		if c := a.p.Next.Compare(b.p.Next); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.h.Priority, a.h.Priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.h.String(), b.h.String())
+	})
+	protected := map[Key]bool{}
+	for _, d := range dues {
+		protected[d.h.Key] = true
+	}
+	var out []Promotion
+	for _, d := range dues {
+		to := up(d.from)
+		if d.from == TierCold && (!in.ColdTier || d.h.ColdPath == "") {
+			deferred = append(deferred, Deferred{Key: d.h.Key, To: to, Reason: "no copy on the node and no cold tier to read (--cold-dir and the wake's coldPath)"})
+			continue
+		}
+		view := make([]Entry, len(entries))
+		for i, e := range entries {
+			if protected[e.Key] && e.Key != d.h.Key {
+				e.Pinned = true
+			}
+			view[i] = e
+		}
+		prio := d.h.Priority
+		if e, ok := has(d.h.Key, d.from); ok {
+			prio = max(prio, e.Priority)
+		}
+		admit := Entry{Key: d.h.Key, Tier: to, Bytes: d.h.Bytes, Digest: d.h.Digest, Priority: prio, LastUsed: in.Now}
+		plan, err := PlanAdmit(view, in.Budgets, admit)
+		if err != nil {
+			deferred = append(deferred, Deferred{Key: d.h.Key, To: to, Reason: err.Error()})
+			continue
+		}
+		entries = applyPlan(entries, plan)
+		entries = append(entries, admit)
+		out = append(out, Promotion{Key: d.h.Key, From: d.from, To: to, Bytes: d.h.Bytes, Wake: d.p, Lead: d.lead, Evictions: plan})
+	}
+	return out, deferred
+}
+
+// promotionLead is how long the copies from tier from up to the hot tier
+// take: bytes over the read bandwidth of each tier they leave.
+func promotionLead(from Tier, bytes int64, h WakeHistory, bps map[Tier]float64) (time.Duration, error) {
+	var secs float64
+	for t := from; t != TierHot; t = up(t) {
+		b := bps[t]
+		if t == TierCold {
+			b = h.ColdBytesPerSecond
+			if b <= 0 {
+				b = DefaultColdBytesPerSecond
+			}
+		}
+		if b <= 0 {
+			return 0, fmt.Errorf("promoting %s from the %s tier: %w there", h.Key, t, ErrNoBandwidth)
+		}
+		secs += float64(bytes) / b
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// up is the next faster tier the agent owns.
+func up(t Tier) Tier {
+	if t == TierCold {
+		return TierWarm
+	}
+	return TierHot
+}
+
+// applyPlan returns entries after plan's evictions.
+func applyPlan(entries []Entry, plan []Action) []Entry {
+	for _, a := range plan {
+		i := slices.IndexFunc(entries, func(e Entry) bool { return e.Key == a.Key && e.Tier == a.From && !e.Offload })
+		if i < 0 {
+			continue
+		}
+		if a.Kind == Demote {
+			entries[i].Tier = TierWarm
+			continue
+		}
+		entries = slices.Delete(entries, i, i+1)
+	}
+	return entries
+}

@@ -1,0 +1,263 @@
+package checkpoint
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+)
+
+// WakeRecord is the body of POST /wakes: one wake of an artifact, as the
+// lifecycle leader reports it once the engines are awake. The node agent
+// keeps the last wakes of each artifact (WakeHistory) to predict the next
+// one.
+type WakeRecord struct {
+	Key
+	// Time the wake began.
+	Time time.Time `json:"time"`
+	// Tier it restored from (hot, warm or cold) and the bytes and rate of
+	// the restore; a cold rate becomes the cold tier's measured bandwidth.
+	Tier           Tier    `json:"tier,omitempty"`
+	Bytes          int64   `json:"bytes,omitempty"`
+	BytesPerSecond float64 `json:"bytesPerSecond,omitempty"`
+	Digest         string  `json:"digest,omitempty"`
+	Priority       int32   `json:"priority,omitempty"`
+	// ColdPath is the artifact inside the cold tier, when the agent mounts
+	// it (--cold-dir).
+	ColdPath string `json:"coldPath,omitempty"`
+}
+
+// PromotionReport is the promotion ahead of predicted wakes in the node
+// report.
+type PromotionReport struct {
+	// IntervalSeconds between plans; 0: the agent does not promote ahead.
+	IntervalSeconds int64 `json:"intervalSeconds"`
+	MarginSeconds   int64 `json:"marginSeconds"`
+	// Predictions are the next wakes the agent expects, earliest first.
+	Predictions []PredictedWake `json:"predictions,omitempty"`
+	// LastTime is when the last plan ran.
+	LastTime *time.Time `json:"lastTime,omitempty"`
+	// Done are the promotions made ahead of a wake, newest last (at most
+	// 32 since the agent started); Deferred those the last plan wanted
+	// and could not make, with the reason.
+	Done     []PromotionDone `json:"done,omitempty"`
+	Deferred []Deferred      `json:"deferred,omitempty"`
+}
+
+// PredictedWake is one artifact's next expected wake.
+type PredictedWake struct {
+	Key
+	Prediction
+	// Wakes is how many wakes the prediction is made from.
+	Wakes int `json:"wakes"`
+}
+
+// PromotionDone is one promotion made ahead of a predicted wake.
+type PromotionDone struct {
+	Promotion
+	Time    time.Time `json:"time"`
+	Seconds float64   `json:"seconds"`
+	// Error is set when the copy failed (nothing was placed).
+	Error string `json:"error,omitempty"`
+}
+
+// wakesFile is where the wake histories persist, beside the warm tier's
+// namespace directories (the store's scan skips files).
+const wakesFile = ".wakes.json"
+
+func (n *Node) wakesPath() string { return filepath.Join(n.cfg.Store.WarmDir, wakesFile) }
+
+// loadWakes reads the persisted wake histories; a missing or unreadable
+// file starts empty.
+func (n *Node) loadWakes() {
+	n.wakes = map[Key]*WakeHistory{}
+	b, err := os.ReadFile(n.wakesPath())
+	if err != nil {
+		return
+	}
+	var hs []WakeHistory
+	if err := json.Unmarshal(b, &hs); err != nil {
+		n.log.Warn("ignoring the unreadable wake histories", "file", n.wakesPath(), "err", err)
+		return
+	}
+	for i := range hs {
+		if hs[i].Validate() == nil {
+			n.wakes[hs[i].Key] = &hs[i]
+		}
+	}
+}
+
+// histories returns a copy of the wake histories, by key (guarded by mu).
+func (n *Node) histories() []WakeHistory {
+	out := make([]WakeHistory, 0, len(n.wakes))
+	for _, h := range n.wakes {
+		c := *h
+		c.Wakes = slices.Clone(h.Wakes)
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b WakeHistory) int { return cmp.Compare(a.String(), b.String()) })
+	return out
+}
+
+// RecordWake adds a wake to its artifact's history and persists the
+// histories.
+func (n *Node) RecordWake(r WakeRecord) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if r.Time.IsZero() {
+		return errors.New("time is required")
+	}
+	switch r.Tier {
+	case "", TierHot, TierWarm, TierCold:
+	default:
+		return fmt.Errorf("tier must be hot, warm or cold, got %q", r.Tier)
+	}
+	if r.ColdPath != "" && !filepath.IsLocal(r.ColdPath) {
+		return fmt.Errorf("coldPath %q must be a relative path inside the cold tier", r.ColdPath)
+	}
+	n.mu.Lock()
+	h := n.wakes[r.Key]
+	if h == nil {
+		h = &WakeHistory{Key: r.Key}
+		n.wakes[r.Key] = h
+	}
+	h.Add(r.Time)
+	if r.Bytes > 0 {
+		h.Bytes = r.Bytes
+	}
+	if r.Digest != "" {
+		h.Digest = r.Digest
+	}
+	if r.ColdPath != "" {
+		h.ColdPath = r.ColdPath
+	}
+	h.Priority = r.Priority
+	if r.Tier == TierCold && r.BytesPerSecond > 0 {
+		h.ColdBytesPerSecond = r.BytesPerSecond
+	}
+	hs := n.histories()
+	n.mu.Unlock()
+	b, _ := json.Marshal(hs)
+	if err := arena.WriteFile(n.wakesPath(), b, true); err != nil {
+		return fmt.Errorf("persisting the wake histories: %w", err)
+	}
+	return nil
+}
+
+// PromoteAhead plans the promotions due now (PlanPromotions) and makes
+// them, one at a time, each verified against its artifact's digest.
+func (n *Node) PromoteAhead() []PromotionDone {
+	now := time.Now()
+	n.mu.Lock()
+	hs := n.histories()
+	bps := map[Tier]float64{}
+	if r := n.report.Hot.Read; r != nil {
+		bps[TierHot] = r.BytesPerSecond
+	}
+	if r := n.report.Warm.Read; r != nil {
+		bps[TierWarm] = r.BytesPerSecond
+	}
+	n.mu.Unlock()
+	in := PromotionInput{Now: now, Entries: n.store.Entries(), Budgets: n.cfg.Store.Budgets, Histories: hs,
+		ReadBytesPerSecond: bps, ColdTier: n.cfg.ColdDir != "", Margin: n.cfg.PromoteMargin}
+	plan, deferred := PlanPromotions(in)
+	var preds []PredictedWake
+	for _, h := range hs {
+		if p, ok := PredictWake(h.Wakes, now); ok {
+			preds = append(preds, PredictedWake{Key: h.Key, Prediction: p, Wakes: len(h.Wakes)})
+		}
+	}
+	slices.SortStableFunc(preds, func(a, b PredictedWake) int { return a.Next.Compare(b.Next) })
+	// The copies of every artifact due now are kept while the others are
+	// admitted, as the plan assumed.
+	keep := map[Key]bool{}
+	for _, p := range plan {
+		keep[p.Key] = true
+	}
+	byKey := map[Key]WakeHistory{}
+	for _, h := range hs {
+		byKey[h.Key] = h
+	}
+	var done []PromotionDone
+	for _, p := range plan {
+		h := byKey[p.Key]
+		cold := ""
+		if p.From == TierCold {
+			cold = filepath.Join(n.cfg.ColdDir, h.ColdPath)
+		}
+		start := time.Now()
+		_, err := n.store.promote(p.Key, p.To, cold, h.Digest, h.Priority, keep)
+		d := PromotionDone{Promotion: p, Time: start, Seconds: time.Since(start).Seconds()}
+		result := "ok"
+		if err != nil {
+			d.Error = err.Error()
+			result = "failed"
+			if errors.Is(err, arena.ErrMismatch) {
+				result = "mismatch"
+			}
+			n.log.Warn("promotion ahead of a predicted wake failed", "key", p.String(), "from", p.From, "to", p.To, "err", err)
+		} else {
+			n.log.Info("promoted ahead of a predicted wake", "key", p.String(), "from", p.From, "to", p.To, "bytes", p.Bytes,
+				"seconds", d.Seconds, "predictedWake", p.Wake.Next, "pattern", p.Wake.Pattern, "lead", p.Lead)
+		}
+		n.m.aheadPromotions.WithLabelValues(string(p.From), string(p.To), result).Inc()
+		done = append(done, d)
+	}
+	for _, d := range deferred {
+		n.m.aheadPromotions.WithLabelValues("", string(d.To), "deferred").Inc()
+	}
+	n.updateGauges()
+	n.mu.Lock()
+	n.promotion.LastTime, n.promotion.Predictions, n.promotion.Deferred = &now, preds, deferred
+	n.promotion.Done = append(n.promotion.Done, done...)
+	if k := len(n.promotion.Done) - maxDropped; k > 0 {
+		n.promotion.Done = n.promotion.Done[k:]
+	}
+	n.mu.Unlock()
+	return done
+}
+
+// Promote runs PromoteAhead every cfg.PromoteInterval until ctx ends
+// (never when the interval is 0).
+func (n *Node) Promote(ctx context.Context) {
+	if n.cfg.PromoteInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.PromoteInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.PromoteAhead()
+		}
+	}
+}
+
+func (n *Node) handleWake(w http.ResponseWriter, r *http.Request) {
+	var rec WakeRecord
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(body, &rec)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return
+	}
+	if err := n.RecordWake(rec); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

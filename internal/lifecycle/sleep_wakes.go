@@ -1,0 +1,59 @@
+package lifecycle
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+)
+
+// reportWake tells the node agent on each woken root's node about the
+// wake (POST /wakes), from which the agent predicts the next one and
+// promotes the weights a tier up ahead of it (docs/checkpoint.md). Best
+// effort, after the gate opened: an agent that does not answer only
+// predicts from fewer wakes.
+func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResult, lw *v1alpha1.WakeStatus) {
+	if lw == nil || lw.StartTime == nil {
+		return
+	}
+	digest := ""
+	for _, r := range res {
+		if r.st.Digest != "" {
+			digest = r.st.Digest
+		}
+	}
+	rec := checkpoint.WakeRecord{
+		Key:  checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint},
+		Time: lw.StartTime.Time, Tier: checkpoint.Tier(strings.ToLower(string(lw.FromTier))),
+		Bytes: a.sl.bytes, BytesPerSecond: float64(lw.BytesPerSecond), Digest: digest, ColdPath: a.Sleep.ColdPath,
+	}
+	for _, ag := range c.agentsOf(a, refsOf(res)) {
+		if err := callAgent(ctx, "POST", ag.url+"/wakes", rec, nil, 2*time.Second); err != nil {
+			c.log.Info("reporting the wake to the node agent", "app", a.Name, "node", ag.node, "err", err)
+		}
+	}
+}
+
+// checkpointNodes are the ModelCheckpoint's nodes: what each node agent
+// that answered reports it can do for process snapshots, and the node's
+// container runtime.
+func checkpointNodes(views []nodeView) []v1alpha1.CheckpointNode {
+	var out []v1alpha1.CheckpointNode
+	for _, v := range views {
+		if v.report.Time.IsZero() || len(out) == 64 {
+			continue // no report from this agent
+		}
+		reason := v.report.ProcessSnapshotsReason
+		if len(reason) > 1024 {
+			reason = strings.ToValidUTF8(reason[:1021], "") + "..."
+		}
+		runtime := v.report.Runtime.Version
+		if len(runtime) > 128 {
+			runtime = runtime[:128]
+		}
+		out = append(out, v1alpha1.CheckpointNode{Node: v.node, ContainerRuntimeVersion: runtime, ProcessSnapshots: v.report.ProcessSnapshots, ProcessSnapshotsReason: reason})
+	}
+	return out
+}
