@@ -268,7 +268,8 @@ type ModelCheckpointStatus struct {
 	// +optional
 	Bytes int64 `json:"bytes,omitempty"`
 
-	// digest of the weights (xxh64:<16 hex>), recorded when the engine
+	// digest of the weights (xxh3c:<16 hex>: XXH3 over the XXH3 digests of
+	// its 1 MiB chunks), recorded when the engine
 	// first loaded them; every copy and every restore is checked against
 	// it.
 	// +optional

@@ -135,6 +135,12 @@ func (s *Store) scan(t Tier) error {
 				err = json.Unmarshal(b, &m)
 			}
 			fi, serr := f.Info()
+			if err == nil && serr == nil && fi.Size() == m.Bytes {
+				// A digest this agent cannot check (an earlier version's
+				// format) makes the copy unverifiable: it goes, and the
+				// next wake reads the model's cold copy.
+				_, err = arena.ParseDigest(m.Digest)
+			}
 			if err != nil || serr != nil || fi.Size() != m.Bytes {
 				s.log.Warn("removing a copy without valid metadata", "tier", t, "key", k.String(), "err", errors.Join(err, serr))
 				_ = os.Remove(s.Path(k, t))

@@ -120,6 +120,17 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	// on reopen; the valid copies are indexed again.
 	_ = os.WriteFile(filepath.Join(cfg.WarmDir, "team-a", ".x.tmp-1"), []byte("partial"), 0o600)
 	_ = os.WriteFile(filepath.Join(cfg.WarmDir, "team-a", "orphan"), []byte("?"), 0o600)
+	// A copy an earlier agent wrote with a digest format this one cannot
+	// check (xxh64) cannot be verified: it goes too.
+	old := put(t, s, "old", TierWarm, blob(4<<10, 9), 0)
+	mp := s.metaPath(old.Key, TierWarm)
+	m, err := os.ReadFile(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mp, bytes.Replace(m, []byte(old.Digest), []byte("xxh64:0123456789abcdef"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	s2, err := OpenStore(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +138,7 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	if diff := cmp.Diff([]placed{{"w", TierHot}, {"w", TierWarm}}, placement(s2)); diff != "" {
 		t.Fatalf("reopened placement (-want +got):\n%s", diff)
 	}
-	for _, f := range []string{".x.tmp-1", "orphan"} {
+	for _, f := range []string{".x.tmp-1", "orphan", "old", ".old.meta.json"} {
 		if _, err := os.Stat(filepath.Join(cfg.WarmDir, "team-a", f)); !os.IsNotExist(err) {
 			t.Errorf("%s survived the reopen", f)
 		}
