@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -146,44 +145,8 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		t.Logf("gateway, dispatcher and NATS logs:\n%s", podLogs(ctx, ns, "app.kubernetes.io/instance="+name+",app.kubernetes.io/component in (gateway,dispatcher,nats)", 40))
 	}
 
-	var lw *v1alpha1.WakeStatus
-	eventually(t, 60*time.Second, func() error {
-		mo, err := stack.Get(ctx, env.dyn, ns, name)
-		if err != nil {
-			return err
-		}
-		lc := mo.Status.Applications[app].Lifecycle
-		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes <= wakes || lc.LastWake == nil || lc.LastWake.Seconds == "" {
-			return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(lc), wakes+1)
-		}
-		lw = lc.LastWake
-		return nil
-	})
-	if lw.FromTier != v1alpha1.TierHot || lw.Bytes != weights {
-		t.Errorf("lastWake = %+v; want fromTier Hot and bytes %d", lw, weights)
-	}
+	lw := checkVerifiedWake(ctx, t, ns, name, root.Name, wakes, weights, v1alpha1.TierHot, nil).LastWake
 	logf("lastWake: from %s, %d bytes in %ss", lw.FromTier, lw.Bytes, lw.Seconds)
-	seat, err := seatState(ctx, ns, root.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil || !seat.LastWake.Transfer.Verified ||
-		seat.LastWake.Transfer.Bytes != weights || !strings.EqualFold(seat.LastWake.Transfer.Tier, string(v1alpha1.TierHot)) {
-		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the hot tier", root.Name, seat.State, jsonOf(seat.LastWake), weights)
-	}
-	m, err := scrape(ctx, ns, root.Name, strconv.Itoa(enginePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := metricValue(m, "orchestra_sim_requests_refused_asleep_total"); n != 0 {
-		t.Errorf("the sleeping engine refused %g requests: one was sent to it while it slept", n)
-	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
-		t.Errorf("%g wakes failed the hash verification", n)
-	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="hot"`, `result="ok"`); n < 1 {
-		t.Errorf("the simulator counted no verified wake from the hot tier")
-	}
 	// A redelivery the dispatcher counts is a request handed to the engine
 	// a second time: the client saw it once, the engine ran it twice.
 	if grew := grown(deliveries, failedDeliveries(ctx, t, ns)); len(grew) > 0 {

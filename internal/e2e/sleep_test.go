@@ -270,41 +270,58 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 	}
 	t.Logf("the chat that woke the engine was answered in %.2fs", time.Since(sent).Seconds())
 
-	var lw *v1alpha1.WakeStatus
-	eventually(t, 30*time.Second, func() error {
-		mo, err := stack.Get(ctx, env.dyn, ns, name)
-		if err != nil {
-			return err
+	lc := checkVerifiedWake(ctx, t, ns, name, root, wakes, sleepWeights, from, func(lc *v1alpha1.LifecycleStatus) error {
+		if lc.Wakes != wakes+1 || lc.LastWake.FirstTokenSeconds == "" {
+			return fmt.Errorf("wake %d of %d, first token after %q; want wake %d with its first-token seconds", lc.Wakes, wakes+1, lc.LastWake.FirstTokenSeconds, wakes+1)
 		}
-		st := mo.Status.Applications[app]
-		lc := st.Lifecycle
-		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes != wakes+1 || lc.LastWake == nil || lc.LastWake.Seconds == "" || lc.LastWake.FirstTokenSeconds == "" {
-			return fmt.Errorf("application %s: phase %q, lifecycle %s; want state Awake after wake %d, with its seconds and first-token seconds", app, st.Phase, lifecycleJSON(lc), wakes+1)
-		}
-		lw = lc.LastWake
 		return nil
 	})
-	if lw.FromTier != from || lw.Bytes != sleepWeights {
-		t.Errorf("lastWake = %+v; want fromTier %s and bytes %d (the weights)", lw, from, sleepWeights)
-	}
+	lw := lc.LastWake
 	t.Logf("lastWake: from %s, %d bytes in %ss (%d B/s), first token after %ss", lw.FromTier, lw.Bytes, lw.Seconds, lw.BytesPerSecond, lw.FirstTokenSeconds)
-
-	seat, err := seatState(ctx, ns, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
-		!seat.LastWake.Transfer.Verified || seat.LastWake.Transfer.Bytes != sleepWeights ||
-		!strings.EqualFold(seat.LastWake.Transfer.Tier, string(from)) {
-		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
-			root, seat.State, jsonOf(seat.LastWake), sleepWeights, from)
-	}
 	// Awake, the engine holds the weights once: a wake that leaves a
 	// second copy behind (an arena, the offload) would be OOM-killed by
 	// the next level-1 sleep.
 	if mem := engineMemory(ctx, t, ns, root); mem.RSS+mem.Shmem > sleepWeights*5/4 {
 		t.Errorf("awake after a wake from the %s tier, the engine holds %d MiB of anonymous memory and tmpfs for %d MiB of weights (%s): a copy was left behind",
 			from, (mem.RSS+mem.Shmem)>>20, sleepWeights>>20, mem)
+	}
+}
+
+// checkVerifiedWake waits for the application to be Awake after a wake
+// later than wake number after (and for also, when not nil), then checks
+// what every wake from a tier must leave: lastWake from that tier with all
+// the weights' bytes, the seat Awake after a verified restore of them, and
+// an engine that refused nothing while it slept and verified the wake.
+func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string, after, weights int64, from v1alpha1.Tier, also func(*v1alpha1.LifecycleStatus) error) *v1alpha1.LifecycleStatus {
+	t.Helper()
+	var lc *v1alpha1.LifecycleStatus
+	eventually(t, 60*time.Second, func() error {
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			return err
+		}
+		st := mo.Status.Applications[app]
+		lc = st.Lifecycle
+		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes <= after || lc.LastWake == nil || lc.LastWake.Seconds == "" {
+			return fmt.Errorf("application %s: phase %q, lifecycle %s; want Awake after wake %d", app, st.Phase, lifecycleJSON(lc), after+1)
+		}
+		if also != nil {
+			return also(lc)
+		}
+		return nil
+	})
+	if lw := lc.LastWake; lw.FromTier != from || lw.Bytes != weights {
+		t.Errorf("lastWake = %+v; want fromTier %s and bytes %d (the weights)", lw, from, weights)
+	}
+	seat, err := seatState(ctx, ns, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
+		!seat.LastWake.Transfer.Verified || seat.LastWake.Transfer.Bytes != weights ||
+		!strings.EqualFold(seat.LastWake.Transfer.Tier, string(from)) {
+		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
+			root, seat.State, jsonOf(seat.LastWake), weights, from)
 	}
 	m, err := scrape(ctx, ns, root, strconv.Itoa(enginePort))
 	if err != nil {
@@ -319,6 +336,7 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+strings.ToLower(string(from))+`"`, `result="ok"`); n < 1 {
 		t.Errorf("the simulator counted no verified wake from the %s tier", from)
 	}
+	return lc
 }
 
 // seatState reads GET /state of the seat sidecar of a root pod through
@@ -489,44 +507,8 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 	}
 	logf("the chat was answered completely after %.1fs", time.Since(sent).Seconds())
 
-	var lw *v1alpha1.WakeStatus
-	eventually(t, 60*time.Second, func() error {
-		mo, err := stack.Get(ctx, env.dyn, ns, name)
-		if err != nil {
-			return err
-		}
-		lc := mo.Status.Applications[app].Lifecycle
-		if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes <= wakes || lc.LastWake == nil || lc.LastWake.Seconds == "" {
-			return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(lc), wakes+1)
-		}
-		lw = lc.LastWake
-		return nil
-	})
-	if lw.FromTier != v1alpha1.TierCold || lw.Bytes != weights {
-		t.Errorf("lastWake = %+v; want fromTier Cold and bytes %d", lw, weights)
-	}
+	lw := checkVerifiedWake(ctx, t, ns, name, root.Name, wakes, weights, v1alpha1.TierCold, nil).LastWake
 	logf("lastWake: from %s, %d bytes in %ss", lw.FromTier, lw.Bytes, lw.Seconds)
-	seat, err := seatState(ctx, ns, root.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil || !seat.LastWake.Transfer.Verified ||
-		seat.LastWake.Transfer.Bytes != weights || !strings.EqualFold(seat.LastWake.Transfer.Tier, string(v1alpha1.TierCold)) {
-		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the cold tier", root.Name, seat.State, jsonOf(seat.LastWake), weights)
-	}
-	m, err := scrape(ctx, ns, root.Name, strconv.Itoa(enginePort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := metricValue(m, "orchestra_sim_requests_refused_asleep_total"); n != 0 {
-		t.Errorf("the sleeping engine refused %g requests: one was sent to it while it slept", n)
-	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
-		t.Errorf("%g wakes failed the hash verification", n)
-	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="cold"`, `result="ok"`); n < 1 {
-		t.Errorf("the simulator counted no verified wake from the cold tier")
-	}
 	// The kills happened and the killed components came back.
 	for _, k := range []struct{ pod, container string }{{agent.Name, "agent"}, {dispatcher.Name, "dispatcher"}} {
 		eventually(t, 90*time.Second, func() error {
