@@ -202,18 +202,25 @@ func (n *Node) VerifyNow() []Verification {
 // Verify runs VerifyNow every cfg.VerifyInterval until ctx ends (never when
 // the interval is 0).
 func (n *Node) Verify(ctx context.Context) {
-	if n.cfg.VerifyInterval <= 0 {
+	repeat(ctx, n.cfg.VerifyInterval, func() {
+		res := n.VerifyNow()
+		n.log.Info("kept copies verified", "copies", len(res))
+	})
+}
+
+// repeat runs f every d until ctx ends; never when d is 0.
+func repeat(ctx context.Context, d time.Duration, f func()) {
+	if d <= 0 {
 		return
 	}
-	t := time.NewTicker(n.cfg.VerifyInterval)
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			res := n.VerifyNow()
-			n.log.Info("kept copies verified", "copies", len(res))
+			f()
 		}
 	}
 }

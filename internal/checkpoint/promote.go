@@ -230,19 +230,7 @@ func (n *Node) PromoteAhead() []PromotionDone {
 // Promote runs PromoteAhead every cfg.PromoteInterval until ctx ends
 // (never when the interval is 0).
 func (n *Node) Promote(ctx context.Context) {
-	if n.cfg.PromoteInterval <= 0 {
-		return
-	}
-	t := time.NewTicker(n.cfg.PromoteInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			n.PromoteAhead()
-		}
-	}
+	repeat(ctx, n.cfg.PromoteInterval, func() { n.PromoteAhead() })
 }
 
 func (n *Node) handleWake(w http.ResponseWriter, r *http.Request) {
