@@ -99,7 +99,7 @@ gateway: {auth: {anonymous: true}}
 	ctx := context.Background()
 	c := newDryRunClient(cluster)
 	// The parts a sleeping root needs; no queue, gateway or dispatcher.
-	for _, key := range []string{"PersistentVolumeClaim/x-sim-model", "StatefulSet/x-sim", "DaemonSet/x-agent"} {
+	for _, key := range []string{"PersistentVolumeClaim/x-sim-model", "StatefulSet/x-sim", "ServiceAccount/x-agent", "DaemonSet/x-agent"} {
 		o, ok := objs[key]
 		if !ok {
 			t.Fatalf("no %s rendered", key)
