@@ -21,7 +21,9 @@ import (
 // sends the consumer one pull request that can take no message: the
 // server serves the waiting pull requests in order, and drops this one.
 // An update of MaxAckPending by one and back follows, off the path of the
-// first request, for a server that would not serve on a pull request.
+// first request: the safety net for a server that would not serve on a
+// pull request, or a pull request that reaches the consumer before the
+// resume does.
 
 // gateHold is how long one pause of a consumer lasts. The leader renews
 // nothing: it reopens the gate when a root serves, and a new leader closes
