@@ -271,11 +271,13 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 		}
 		return c.syncWorkers(ctx, a, 0) // after a drain that did not write them all
 	case v1alpha1.LifecycleWaking:
+		// The cache first: a root that serves opens the gate before
+		// anything is read from JetStream.
+		if obs := c.observe(ctx, a, root, false); obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
+			return c.awake(ctx, a, root)
+		}
 		obs := c.observe(ctx, a, root, true)
 		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-		if obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
-			return c.awake(ctx, a, obs)
-		}
 		if obs.infoOK && !obs.paused {
 			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
 				return err
@@ -459,20 +461,23 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 	return c.persist(ctx, a, true)
 }
 
-// awake marks a waking application awake: a root is ready, the
-// dispatchers send it the queued requests.
-func (c *Controller) awake(ctx context.Context, a *appState, obs observation) error {
+// awake marks a waking application awake: a root is ready, the gate
+// opens and the dispatchers send it the queued requests. The wake's
+// numbers are worked out after that, off the requests' path.
+func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	if err := c.openGate(ctx, a); err != nil {
+		return err // retried on the next step, still Waking
+	}
+	obs := c.observe(ctx, a, root, true)
 	now := obs.now
 	if !a.wakeStart.IsZero() && a.status.LastWake != nil {
 		secs := now.Sub(a.wakeStart)
+		waiting := obs.pending + obs.ackPending // read just after the gate opened
 		a.status.LastWake.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
-		a.status.LastWake.RequestsWaiting = int64(obs.pending)
+		a.status.LastWake.RequestsWaiting = int64(waiting)
 		c.observeStages(a, now)
-		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", obs.pending)
-		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), obs.pending)
-	}
-	if err := c.openGate(ctx, a); err != nil {
-		return err // retried on the next step, still Waking
+		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", waiting)
+		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), waiting)
 	}
 	a.wakeStart = time.Time{}
 	a.status.Message = ""
@@ -592,65 +597,6 @@ func (c *Controller) unsubscribe(a *appState) {
 		a.sub = nil
 	}
 }
-
-// gateHold is how long one pause of a consumer lasts. The leader renews
-// nothing: it reopens the gate when a root serves, and a new leader closes
-// or opens it at once; the bound only matters when no dispatcher with a
-// lifecycle runs any more.
-const gateHold = 24 * time.Hour
-
-// closeGate pauses the application's consumer on the server: from its
-// answer on, no dispatcher receives a request of the application (requests
-// stay in the stream, counting no delivery, however long the wake takes).
-func (c *Controller) closeGate(ctx context.Context, a *appState) error {
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
-		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
-	}
-	a.paused = true
-	return nil
-}
-
-// openGate resumes the application's consumer. nats-server does not hand
-// messages to the pull requests that wait on a consumer when it resumes
-// (only a new message, pull request or change of MaxAckPending does; and
-// an update of the configuration leaves a pause as it is), so the gate
-// opens with the resume and an update of MaxAckPending by one, which serves
-// the dispatchers' waiting pull requests at once; a last update puts it
-// back. The configuration is the one the step just read when it is fresh,
-// so that no read delays the first request of a wake.
-func (c *Controller) openGate(ctx context.Context, a *appState) error {
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
-	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
-		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
-	}
-	a.paused = false
-	cfg := a.consumer
-	if cfg == nil || c.now().Sub(a.consumerAt) > consumerFresh {
-		cons, err := c.js.Consumer(rctx, stream, consumer)
-		if err != nil {
-			return fmt.Errorf("reading the consumer of %s: %w", a.Name, err)
-		}
-		read := cons.CachedInfo().Config
-		cfg = &read
-	}
-	nudge := *cfg
-	want := nudge.MaxAckPending
-	for _, n := range []int{want + 1, want} {
-		nudge.MaxAckPending = n
-		if _, err := c.js.UpdateConsumer(rctx, stream, nudge); err != nil {
-			return fmt.Errorf("signalling the consumer of %s: %w", a.Name, err)
-		}
-	}
-	return nil
-}
-
-// consumerFresh is how long openGate trusts the consumer's configuration
-// as last read.
-const consumerFresh = time.Second
 
 // setReplicas writes the replica count of the root and worker
 // StatefulSets through their scale subresource.

@@ -1,0 +1,135 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The gate is an application's JetStream consumer, paused on the server
+// while no root serves: requests wait in the stream, counting no delivery,
+// and the dispatchers' pull requests wait on the consumer. nats-server
+// does not serve the pull requests that wait on a consumer when it
+// resumes: only a new message, a new pull request or a change of
+// MaxAckPending makes it look at them (and an update of the configuration
+// leaves a pause as it is, so the resume cannot ride on one). openGate
+// therefore resumes the consumer and, without waiting for an answer,
+// sends the consumer one pull request that can take no message: the
+// server serves the waiting pull requests in order, and drops this one.
+// An update of MaxAckPending by one and back follows, off the path of the
+// first request: the safety net for a server that would not serve on a
+// pull request, or a pull request that reaches the consumer before the
+// resume does.
+
+// gateHold is how long one pause of a consumer lasts. The leader renews
+// nothing: it reopens the gate when a root serves, and a new leader closes
+// or opens it at once; the bound only matters when no dispatcher with a
+// lifecycle runs any more.
+const gateHold = 24 * time.Hour
+
+// closeGate pauses the application's consumer on the server: from its
+// answer on, no dispatcher receives a request of the application (requests
+// stay in the stream, counting no delivery, however long the wake takes).
+func (c *Controller) closeGate(ctx context.Context, a *appState) error {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
+		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
+	}
+	a.paused = true
+	return nil
+}
+
+// openGate resumes the application's consumer and has the server serve
+// the pull requests that waited while it was paused (serveWaitingPulls);
+// the update of MaxAckPending (nudge) runs after it returns.
+func (c *Controller) openGate(ctx context.Context, a *appState) error {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
+	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
+		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
+	}
+	a.paused = false
+	if err := serveWaitingPulls(c.deps.NC, stream, consumer); err != nil {
+		c.log.Warn("asking the consumer to serve its waiting pull requests", "app", a.Name, "err", err)
+	}
+	var cfg *jetstream.ConsumerConfig
+	if a.consumer != nil && c.now().Sub(a.consumerAt) <= consumerFresh {
+		read := *a.consumer
+		cfg = &read
+	}
+	go c.nudge(ctx, a.Name, cfg)
+	return nil
+}
+
+// consumerFresh is how long the nudge trusts the consumer's configuration
+// as last read.
+const consumerFresh = time.Second
+
+// nudge updates the consumer's MaxAckPending by one and back, which makes
+// the server serve the pull requests waiting on it; cfg is its
+// configuration, nil to read it first.
+func (c *Controller) nudge(ctx context.Context, app string, cfg *jetstream.ConsumerConfig) {
+	nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, consumer := c.names.Stream(), c.names.Consumer(app)
+	err := func() error {
+		if cfg == nil {
+			cons, err := c.js.Consumer(nctx, stream, consumer)
+			if err != nil {
+				return fmt.Errorf("reading the consumer: %w", err)
+			}
+			read := cons.CachedInfo().Config
+			cfg = &read
+		}
+		want := cfg.MaxAckPending
+		for _, n := range []int{want + 1, want} {
+			cfg.MaxAckPending = n
+			if _, err := c.js.UpdateConsumer(nctx, stream, *cfg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}()
+	if err != nil && ctx.Err() == nil {
+		c.log.Warn("signalling the consumer after opening the gate", "app", app, "err", err)
+	}
+}
+
+// pullRequest is the body of a JetStream pull request
+// ($JS.API.CONSUMER.MSG.NEXT).
+type pullRequest struct {
+	Batch    int           `json:"batch"`
+	MaxBytes int           `json:"max_bytes"`
+	Expires  time.Duration `json:"expires"`
+}
+
+// serveWaitingPulls sends the consumer a pull request for at most one
+// byte, which no message fits: the server looks at its waiting pull
+// requests, serves them in order and ends this one (a message larger than
+// a request's max_bytes ends the request, and is left for the next one),
+// so that no message is ever delivered to it. Its reply subject is an
+// inbox nobody listens on. It returns once the request is written to the
+// connection.
+func serveWaitingPulls(nc *nats.Conn, stream, consumer string) error {
+	return pullNothing(nc, stream, consumer, nc.NewInbox())
+}
+
+// pullNothing sends the pull request of serveWaitingPulls with reply
+// subject reply.
+func pullNothing(nc *nats.Conn, stream, consumer, reply string) error {
+	body, err := json.Marshal(pullRequest{Batch: 1, MaxBytes: 1, Expires: time.Second})
+	if err != nil {
+		return err
+	}
+	subject := fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", stream, consumer)
+	if err := nc.PublishRequest(subject, reply, body); err != nil {
+		return fmt.Errorf("publishing a pull request to %s: %w", consumer, err)
+	}
+	return nil
+}
