@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,7 +112,25 @@ func TestActionTrackerIsToldOfEachAction(t *testing.T) {
 	// A reconcile of the deleted resource that runs before the cache sees
 	// its finalizer gone uninstalls again and finds nothing: told too,
 	// as a pair, and left out here.
-	got := tracker.entries()
+	// That second uninstall may still run when the resource is gone: wait
+	// until every action told to start was told to finish.
+	var got []string
+	eventually(t, 10*time.Second, func() error {
+		got = tracker.entries()
+		open := 0
+		for _, e := range got {
+			switch {
+			case strings.HasPrefix(e, "start "):
+				open++
+			case strings.HasPrefix(e, "finish "):
+				open--
+			}
+		}
+		if open != 0 {
+			return fmt.Errorf("%d actions told to start and not to finish: %q", open, got)
+		}
+		return nil
+	})
 	again := "start uninstall " + rel + " (records: 0)"
 	for i := len(want); i+1 < len(got) && got[i] == again && got[i+1] == "finish uninstall "+rel; {
 		got = slices.Delete(got, i, i+2)
