@@ -41,6 +41,7 @@ func main() {
 	flag.StringVar(&cfg.Weights.Name, "weights-name", cfg.Weights.Name, "file name of the weights in the tier directories (default <model>.weights)")
 	flag.BoolVar(&cfg.Sleep.Enabled, "enable-sleep-mode", cfg.Sleep.Enabled, "serve vLLM's POST /sleep, POST /wake_up, GET /is_sleeping and POST /collective_rpc")
 	flag.StringVar(&cfg.Sleep.HotDir, "hot-dir", cfg.Sleep.HotDir, "hot tier (tmpfs): where sleep level 1 offloads the weights")
+	flag.BoolVar(&cfg.Sleep.KeepOffload, "keep-offload", cfg.Sleep.KeepOffload, "keep the level-1 offload in the hot tier after a wake, so the next level-1 sleep reuses it instead of writing the weights again (costs their size in RAM while awake)")
 	flag.StringVar(&cfg.Sleep.WarmDir, "warm-dir", cfg.Sleep.WarmDir, "warm tier (node disk): where a level-2 wake looks after the hot tier")
 	flag.StringVar(&cfg.DeviceMemory, "device-memory", cfg.DeviceMemory, "memory standing in for the accelerator's: pool (faulted in once and kept across sleeps, as GPU memory stays on the device) or kernel (a sleep returns it to the kernel, a wake faults it in again)")
 	flag.DurationVar(&cfg.Faults.WakeDelay, "fault-wake-delay", cfg.Faults.WakeDelay, "fault: every wake takes this much longer")

@@ -4,7 +4,8 @@
 // seatgroup executor. For each weight size it measures the hot tier
 // (tmpfs) write and read bandwidth, then drives round-robin traffic (one
 // swap per turn) and bursty traffic, and reports each swap's time against
-// the bound bytes out ÷ write bandwidth + bytes in ÷ read bandwidth, the
+// the bound bytes out ÷ write bandwidth + bytes in ÷ read bandwidth (no
+// bytes out when the sleep reused the offload kept since the last wake), the
 // swaps made while the swapped-out application had requests in flight, and
 // the requests lost or cut. With -docs it writes the table between the
 // <!-- bench-mux:start --> and <!-- bench-mux:end --> markers.
@@ -50,6 +51,19 @@ type swap struct {
 	engineSleep float64 // copy to tmpfs + free
 	engineWake  float64 // alloc + copy + verify
 	wakeAlloc   float64 // of which: take a region of the device pool
+	// wrote is true when the sleep wrote the offload; false when it reused
+	// the one kept since the engine's last wake (sim.Sleep.KeepOffload).
+	wrote bool
+}
+
+// bound is the swap's physical bound: the bytes the sleep wrote ÷ the
+// write bandwidth + the bytes the wake read ÷ the read bandwidth.
+func (r row) bound(s swap) float64 {
+	b := float64(r.size) / r.read.BytesPerSecond
+	if s.wrote {
+		b += float64(r.size) / r.write.BytesPerSecond
+	}
+	return b
 }
 
 type row struct {
@@ -220,7 +234,7 @@ func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptes
 	var swaps []swap
 	var cur swap
 	var h *seatgrouptest.Harness
-	o := seatgrouptest.Options{Group: g, HotDir: hot, TTFT: simTTFT, ITL: simITL, MaxConcurrency: 4}
+	o := seatgrouptest.Options{Group: g, HotDir: hot, KeepOffload: true, TTFT: simTTFT, ITL: simITL, MaxConcurrency: 4}
 	for _, name := range names() {
 		o.Apps = append(o.Apps, seatgrouptest.AppOptions{Name: name, WeightsBytes: n})
 	}
@@ -234,6 +248,7 @@ func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptes
 		switch {
 		case ev.Kind == seatgroup.ActionSleep && ev.Err == "" && st.LastSleep != nil:
 			cur.engineSleep = st.LastSleep.TotalSeconds
+			cur.wrote = !st.LastSleep.ReusedOffload
 		case ev.Kind == seatgroup.ActionWake && ev.SwapSeconds > 0 && st.LastWake != nil:
 			cur.seconds = ev.SwapSeconds
 			cur.engineWake = st.LastWake.TotalSeconds
@@ -316,29 +331,32 @@ func quantile(v []float64, q float64) float64 {
 func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
-	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor; sleep level 1 writes the weights to a tmpfs (the hot tier) and gives their memory back to the seat's device pool, every wake reads them back into a region of the pool (already faulted in, as GPU memory stays on the device) and verifies them. The four engines share the process's one device pool, which keeps a region per engine from its start (each loads its weights at start). ", simTTFT, tokens, simITL)
+	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: sleep level 1 gives the weights' memory back to the seat's device pool after writing them to a tmpfs (the hot tier), or, when the offload its last wake kept is still that same file, without writing anything (`--keep-offload`); every wake reads them back into a region of the pool (already faulted in, as GPU memory stays on the device) and verifies every byte. The four engines share the process's one device pool, which keeps a region per engine from its start (each loads its weights at start). ", simTTFT, tokens, simITL)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs, release the region) and wake (take a region, read with 2 readers, each hashing the 1 MiB chunk it just read) and the rest (seat agents, drain check, memory reading); its bound is the bytes written out ÷ the tmpfs write bandwidth + the bytes read in ÷ the tmpfs read bandwidth (into memory already mapped), each the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
-	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap | round-robin swaps | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (take a region, read, hash) and the rest (seat agents, drain check, memory reading); its bound is the bytes the wake read ÷ the tmpfs read bandwidth, plus, for a sleep that wrote, the bytes written ÷ the tmpfs write bandwidth, each bandwidth the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap (sleep reused; wrote) | round-robin swaps (sleeps reused) | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 14))
+			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 15))
 			continue
 		}
-		bound := float64(r.size)/r.write.BytesPerSecond + float64(r.size)/r.read.BytesPerSecond
-		var secs, ratios, sl, wk, alloc, rest []float64
+		var secs, ratios, reusedRatios, sl, wk, alloc, rest []float64
 		for _, s := range r.swaps {
 			secs = append(secs, s.seconds)
-			ratios = append(ratios, s.seconds/bound)
+			ratio := s.seconds / r.bound(s)
+			ratios = append(ratios, ratio)
+			if !s.wrote {
+				reusedRatios = append(reusedRatios, ratio)
+			}
 			sl = append(sl, s.engineSleep)
 			wk = append(wk, s.engineWake)
 			alloc = append(alloc, s.wakeAlloc)
 			rest = append(rest, s.seconds-s.engineSleep-s.engineWake)
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.3f s | %d | %.3f s | %.3f s | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
-			arena.Size(r.size), r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9, bound, len(r.swaps),
-			quantile(secs, 0.5), quantile(secs, 1), quantile(ratios, 0.5), quantile(ratios, 1),
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.3f s; %.3f s | %d (%d) | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
+			arena.Size(r.size), r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9, r.bound(swap{}), r.bound(swap{wrote: true}), len(r.swaps), len(reusedRatios),
+			quantile(secs, 0.5), quantile(secs, 1), quantile(ratios, 0.5), quantile(ratios, 1), quantile(reusedRatios, 0.5),
 			quantile(sl, 0.5), quantile(wk, 0.5), quantile(alloc, 0.5), quantile(rest, 0.5),
 			r.burstySwaps, r.burstyDrains, r.inFlightSwaps, r.lost, r.requests, r.verified, r.wakes)
 	}

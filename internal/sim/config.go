@@ -80,6 +80,14 @@ type Sleep struct {
 	// directory if a copy is there, else from here, else from the cold
 	// source (File, or the seed).
 	WarmDir string
+	// KeepOffload keeps the level-1 offload in HotDir after a wake from
+	// it, and a later level-1 sleep reuses that file instead of writing
+	// the weights again when it is the same file, unchanged since the wake
+	// verified it (same inode, size and change time). A sleep then only
+	// frees the weights, at the cost of their size in RAM while awake; a
+	// wake still verifies every byte it reads. A level-2 sleep removes the
+	// kept file.
+	KeepOffload bool
 }
 
 // Device memory models.
@@ -201,6 +209,9 @@ func (c Config) Validate() error {
 	hasWeights := c.Weights.Bytes > 0 || c.Weights.File != ""
 	if c.Sleep.Enabled && hasWeights && c.Sleep.HotDir == "" {
 		errs = append(errs, errors.New("sleep mode with weights needs a hot directory (--hot-dir) to offload them to"))
+	}
+	if !c.Sleep.Enabled && c.Sleep.KeepOffload {
+		errs = append(errs, errors.New("keeping the level-1 offload (--keep-offload) needs sleep mode (--enable-sleep-mode)"))
 	}
 	if !c.Sleep.Enabled && (c.Faults.WakeDelay != 0 || c.Faults.WakeFail || c.Faults.SleepLeak) {
 		errs = append(errs, errors.New("the wake and sleep faults need sleep mode (--enable-sleep-mode)"))

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
 
@@ -62,6 +64,10 @@ type StageReport struct {
 	TotalSeconds float64 `json:"totalSeconds"`
 	// Direct is true when the file was read with O_DIRECT.
 	Direct bool `json:"direct,omitempty"`
+	// ReusedOffload is true when a level-1 sleep wrote nothing: the
+	// offload kept since the last wake (Sleep.KeepOffload) was still the
+	// file that wake verified.
+	ReusedOffload bool `json:"reusedOffload,omitempty"`
 	// Verified is true when the bytes hashed to the digest recorded at load.
 	Verified bool   `json:"verified,omitempty"`
 	Error    string `json:"error,omitempty"`
@@ -113,6 +119,10 @@ type engineState struct {
 
 	load, lastSleep, lastWake *StageReport
 	wakes, verified           int
+
+	// kept identifies the level-1 offload a wake verified and kept
+	// (Sleep.KeepOffload); zero when there is none.
+	kept fileID
 }
 
 func (e *engineState) awakeLocked() bool {
@@ -313,11 +323,25 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 	start := time.Now()
 	rep := &StageReport{Bytes: a.Len()}
 	var err error
-	if level == 1 && loaded && a.Len() > 0 {
+	e.mu.Lock()
+	kept := e.kept
+	e.kept = fileID{}
+	e.mu.Unlock()
+	switch {
+	case level == 1 && loaded && a.Len() > 0:
 		rep.Tier = TierHot
 		rep.Source = s.offloadPath()
+		if kept.valid() && kept == statFileID(rep.Source) {
+			rep.ReusedOffload = true
+			break
+		}
 		err = arena.WriteFile(rep.Source, a.Bytes(), false)
 		rep.CopySeconds = time.Since(start).Seconds()
+	case s.cfg.Sleep.KeepOffload:
+		// Level 2 holds nothing in RAM: drop the kept offload.
+		if rerr := os.Remove(s.offloadPath()); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			s.log.Error("removing the kept level-1 offload", "path", s.offloadPath(), "err", rerr)
+		}
 	}
 	if err != nil {
 		rep.Error = err.Error()
@@ -596,14 +620,23 @@ func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest,
 			// consumed: its pages are released block by block as the
 			// arena faults new ones in (and written back if the wake
 			// fails), so the wake never holds the weights twice.
+			// A kept offload (Sleep.KeepOffload) stays whole for the
+			// next sleep to reuse.
+			offload, keep := level == 1, level == 1 && s.cfg.Sleep.KeepOffload
 			_, st, err := arena.FillFile(a, src.path, arena.FileOptions{
-				Direct: src.tier != TierHot, Consume: level == 1 && s.device == nil, Remove: level == 1, Expect: &digest,
+				Direct: src.tier != TierHot, Consume: offload && !keep && s.device == nil, Remove: offload && !keep, Expect: &digest,
 			})
 			rep.CopySeconds, rep.VerifySeconds, rep.Direct, rep.FaultedInCopy = st.Copy.Seconds(), st.Verify.Seconds(), st.Direct, st.Faulted
 			if err != nil {
 				return err
 			}
 			got = digest
+			if keep {
+				id := statFileID(src.path)
+				s.engine.mu.Lock()
+				s.engine.kept = id
+				s.engine.mu.Unlock()
+			}
 		}
 		if got != digest {
 			return &arena.MismatchError{Source: rep.Source, Want: digest, Got: got, Bytes: a.Len()}
@@ -639,4 +672,23 @@ func (s *Simulator) handleCollectiveRPC(w http.ResponseWriter, r *http.Request) 
 	default:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("collective_rpc method %q is not simulated (reload_weights, reset_prefix_cache)", req.Method))
 	}
+}
+
+// fileID tells whether a file is still the one seen earlier: a write,
+// truncation or replacement changes its inode, size or change time.
+type fileID struct {
+	dev, ino uint64
+	size     int64
+	ctime    int64 // nanoseconds
+}
+
+func (f fileID) valid() bool { return f.ino != 0 }
+
+// statFileID identifies the file at path; the zero fileID if it is gone.
+func statFileID(path string) fileID {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fileID{}
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, ctime: st.Ctim.Nano()}
 }

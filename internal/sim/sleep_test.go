@@ -505,3 +505,64 @@ func TestTheDevicePoolKeepsTheMemoryWhileAsleep(t *testing.T) {
 		}
 	})
 }
+
+func TestKeptOffloadIsReusedOnlyWhileUnchanged(t *testing.T) {
+	s := startSleepy(t, func(c *sim.Config) { c.Sleep.KeepOffload = true })
+	path := filepath.Join(s.hot, ".sim-model.weights.level1")
+	sleep := func(level int) sim.StageReport {
+		t.Helper()
+		var rep sim.StageReport
+		if err := json.Unmarshal([]byte(s.must("POST", fmt.Sprintf("/sleep?level=%d", level), "")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	wake := func() sim.StageReport {
+		t.Helper()
+		var rep sim.StageReport
+		if err := json.Unmarshal([]byte(s.must("POST", "/wake_up", "")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if !rep.Verified || rep.Tier != sim.TierHot {
+			t.Fatalf("wake report %+v, want a verified hot restore", rep)
+		}
+		return rep
+	}
+
+	if rep := sleep(1); rep.ReusedOffload {
+		t.Fatalf("first sleep %+v reused an offload no wake had verified", rep)
+	}
+	wake()
+	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, s.weights) {
+		t.Fatalf("the kept offload is not the weights after the wake (err %v)", err)
+	}
+	if rep := sleep(1); !rep.ReusedOffload || rep.CopySeconds != 0 {
+		t.Fatalf("second sleep %+v, want the kept offload reused with nothing written", rep)
+	}
+	wake()
+
+	// Anything that rewrites the file, even with the same bytes, makes the
+	// next sleep write the weights again.
+	if err := os.WriteFile(path, bytes.Repeat([]byte{0}, weightsSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rep := sleep(1); rep.ReusedOffload {
+		t.Fatalf("sleep %+v reused an offload changed since the wake", rep)
+	}
+	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, s.weights) {
+		t.Fatalf("the sleep did not rewrite the changed offload (err %v)", err)
+	}
+	wake()
+
+	// A level-2 sleep keeps nothing in RAM.
+	sleep(2)
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("the kept offload outlived a level-2 sleep: %v", err)
+	}
+	if code, body := s.chat(); code != http.StatusServiceUnavailable {
+		t.Fatalf("inference while asleep: %d %s", code, body)
+	}
+	if st := s.sim.WeightsStatus(); st.Wakes != 3 || st.Verified != 3 {
+		t.Fatalf("status %+v, want 3 verified wakes", st)
+	}
+}

@@ -36,6 +36,9 @@ type Options struct {
 	// HotDir is the hot tier (a tmpfs in production); one subdirectory per
 	// engine.
 	HotDir string
+	// KeepOffload keeps each engine's level-1 offload across wakes, as the
+	// chart renders for a seat group's simulators (sim.Sleep.KeepOffload).
+	KeepOffload bool
 	// TTFT and ITL pace the simulators.
 	TTFT, ITL time.Duration
 	// MaxConcurrency per application (default 4).
@@ -91,7 +94,7 @@ func Start(opts Options) (*Harness, error) {
 		sc.Model = a.Name
 		sc.TimeToFirstToken, sc.InterTokenLatency = opts.TTFT, opts.ITL
 		sc.Weights = sim.Weights{Bytes: a.WeightsBytes, Seed: uint64(len(members) + 1)}
-		sc.Sleep = sim.Sleep{Enabled: true, HotDir: opts.HotDir}
+		sc.Sleep = sim.Sleep{Enabled: true, HotDir: opts.HotDir, KeepOffload: opts.KeepOffload}
 		sc.Faults.SleepLeak = a.SleepLeak
 		if err := sc.Validate(); err != nil {
 			h.Close()

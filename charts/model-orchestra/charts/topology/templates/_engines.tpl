@@ -309,6 +309,11 @@ args:
   not free its memory in place (POST /orchestra/restart), without
   touching the pod's other engines. */}}
   - --restartable
+  {{- if .sleep }}
+  {{- /* Swaps sleep the same engines again and again: a sleep reuses the
+  level-1 offload the last wake kept instead of writing it again. */}}
+  - --keep-offload
+  {{- end }}
   {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
