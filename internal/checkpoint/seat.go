@@ -511,7 +511,7 @@ func (s *Seat) Restart(ctx context.Context) error {
 		s.mu.Lock()
 		s.setLocked(prev)
 		s.mu.Unlock()
-		return err
+		return fmt.Errorf("%w (start the seat with --restart-process in a pod that shares its process namespace)", err)
 	}
 	rep.Seconds = s.now().Sub(start).Seconds()
 	result := "ok"
