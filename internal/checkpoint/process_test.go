@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -430,18 +429,7 @@ func startProcessSeat(t *testing.T, k *kubelet, mut func(*checkpoint.Config)) *s
 	if mut != nil {
 		mut(&ac)
 	}
-	if err := ac.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	h, err := checkpoint.Start(ctx, ac, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := httptest.NewServer(h)
-	t.Cleanup(agent.Close)
-	return &seatEnv{t: t, agent: agent}
+	return &seatEnv{t: t, agent: serveAgent(t, ac)}
 }
 
 func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {

@@ -1,8 +1,6 @@
 package preview
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -26,45 +24,34 @@ const (
 	seatEnginesGolden = "testdata/chart/seatgroup-engines.golden.yaml"
 )
 
-// renderSeatEngines renders the vLLM, Ollama and llama.cpp seat group on
-// a cluster serving resource.k8s.io/v1.
+// renderSeatEngines renders the vLLM, Ollama and llama.cpp seat group's
+// objects on a cluster serving resource.k8s.io/v1.
 func renderSeatEngines(t *testing.T) string {
 	t.Helper()
 	files, err := renderWithCapabilities(t, readValues(t, seatEnginesValues), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		if strings.HasSuffix(n, "seatgroup.yaml") && strings.TrimSpace(files[n]) != "" {
-			names = append(names, n)
-		}
-	}
-	sort.Strings(names)
-	var b strings.Builder
-	for _, n := range names {
-		fmt.Fprintf(&b, "# Source: %s\n%s\n", n, strings.TrimSpace(files[n]))
-	}
-	return b.String()
+	return manifestOf(files, "seatgroup.yaml")
 }
 
 // TestSeatGroupEnginesGolden pins the group pod of a vLLM, an Ollama and a
 // llama.cpp application sharing one GPU (go test -update refreshes it).
 func TestSeatGroupEnginesGolden(t *testing.T) {
-	got := renderSeatEngines(t)
-	if *update {
-		if err := os.WriteFile(seatEnginesGolden, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
+	checkGolden(t, seatEnginesValues, seatEnginesGolden, renderSeatEngines(t))
+}
+
+// simSeatGroupPod renders the simulator seat-group sample's pod.
+func simSeatGroupPod(t *testing.T) corev1.PodSpec {
+	t.Helper()
+	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
+	objs := rendered{}
+	for _, o := range res.Objects {
+		objs[o.GetKind()+"/"+o.GetName()] = o
 	}
-	want, err := os.ReadFile(seatEnginesGolden)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("rendered %s differs from %s (-want +got; go test -update refreshes):\n%s", seatEnginesValues, seatEnginesGolden, diff)
-	}
+	var sts appsv1.StatefulSet
+	objs.get(t, "StatefulSet", "shared-seat-accel", &sts)
+	return sts.Spec.Template.Spec
 }
 
 // TestSeatGroupSeatsCanRestartTheirEngines: the group pod shares its
@@ -108,17 +95,11 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 	}
 
 	// The simulator sample: the in-place restart, the restricted user.
-	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
-	sim := rendered{}
-	for _, o := range res.Objects {
-		sim[o.GetKind()+"/"+o.GetName()] = o
-	}
-	var simSts appsv1.StatefulSet
-	sim.get(t, "StatefulSet", "shared-seat-accel", &simSts)
-	if p := simSts.Spec.Template.Spec.ShareProcessNamespace; p == nil || !*p {
+	simPod := simSeatGroupPod(t)
+	if p := simPod.ShareProcessNamespace; p == nil || !*p {
 		t.Error("the simulator group pod does not share its process namespace")
 	}
-	for _, c := range simSts.Spec.Template.Spec.Containers {
+	for _, c := range simPod.Containers {
 		if !strings.HasPrefix(c.Name, "seat-") {
 			continue
 		}
@@ -157,14 +138,6 @@ func podSecurity(t *testing.T, level psapi.Level, spec *corev1.PodSpec) []string
 func TestSeatGroupPodSecurity(t *testing.T) {
 	var gpu appsv1.StatefulSet
 	decodeDocs(t, "seatgroup.yaml", renderSeatEngines(t)).get(t, "StatefulSet", "x-seat-gpu", &gpu)
-	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
-	sim := rendered{}
-	for _, o := range res.Objects {
-		sim[o.GetKind()+"/"+o.GetName()] = o
-	}
-	var simSts appsv1.StatefulSet
-	sim.get(t, "StatefulSet", "shared-seat-accel", &simSts)
-
 	rootUsers := []string{"runAsNonRoot != true", "runAsUser=0"}
 	tierVolumes := []string{"hostPath volumes", "restricted volume types"}
 	for _, tc := range []struct {
@@ -173,7 +146,7 @@ func TestSeatGroupPodSecurity(t *testing.T) {
 		volumes []string // forbidden for the pod's volumes, whatever its users
 	}{
 		{"vllm, ollama, llamacpp", gpu.Spec.Template.Spec, nil},
-		{"simulators", simSts.Spec.Template.Spec, tierVolumes},
+		{"simulators", simSeatGroupPod(t), tierVolumes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := tc.spec
