@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/enginetest"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // The tests below run fake engines as real processes, re-executing the
@@ -41,6 +43,8 @@ const (
 	fakePortEnv   = "ORCHESTRA_FAKE_PORT"
 	fakeLoadedEnv = "ORCHESTRA_FAKE_LOADED" // "1": the model is loaded at start
 	fakeNoTermEnv = "ORCHESTRA_FAKE_IGNORE_SIGTERM"
+	fakeHotDirEnv = "ORCHESTRA_FAKE_HOT_DIR" // the simulator's hot tier
+	fakeFirstEnv  = "ORCHESTRA_FAKE_FIRST"   // "1": the container's first start
 	fakeModel     = "m"
 )
 
@@ -75,6 +79,19 @@ func runFakeEngine(kind string) int {
 		h = enginetest.NewOllama(models...).Handler()
 	case checkpoint.EngineLlamaCPP:
 		h = enginetest.NewLlamaCPP(fakeModel).Handler() // load-on-startup
+	case checkpoint.EngineSimulator:
+		// The simulator itself, without --restartable, leaking its memory
+		// on every sleep of its first start (vllm#47654).
+		sc := sim.Default()
+		sc.Weights.Bytes = 1 << 20
+		sc.Sleep = sim.Sleep{Enabled: true, HotDir: os.Getenv(fakeHotDirEnv)}
+		sc.Faults.SleepLeak = os.Getenv(fakeFirstEnv) == "1"
+		s := sim.New(sc, sim.WithLogger(slog.New(slog.DiscardHandler)))
+		if err := s.LoadWeights(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		h = s.Handler()
 	default:
 		fmt.Fprintln(os.Stderr, "unknown fake engine", kind)
 		return 2
@@ -123,6 +140,8 @@ func fakeArgs(kind string, port int) []string {
 		return []string{"/usr/bin/python3", "/usr/local/bin/vllm", "serve", "/models/m", "--port", p, "--enable-sleep-mode"}
 	case checkpoint.EngineOllama:
 		return []string{"ollama", "serve"}
+	case checkpoint.EngineSimulator:
+		return []string{"/orchestra-sim", "--addr=:" + p, "--enable-sleep-mode", "--fault-sleep-leak"}
 	default:
 		return []string{"/app/llama-server", "--host", "0.0.0.0", "--port", p, "--models-preset", "/etc/llama/models.ini"}
 	}
@@ -184,6 +203,9 @@ func (k *kubelet) start(first bool) {
 	if first || k.kind != checkpoint.EngineOllama {
 		cmd.Env = append(cmd.Env, fakeLoadedEnv+"=1")
 	}
+	if first {
+		cmd.Env = append(cmd.Env, fakeFirstEnv+"=1")
+	}
 	cmd.Env = append(cmd.Env, k.env...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -235,7 +257,7 @@ func (k *kubelet) url() string { return "http://127.0.0.1:" + strconv.Itoa(k.por
 
 func (k *kubelet) waitAnswers() {
 	k.t.Helper()
-	path := map[string]string{checkpoint.EngineVLLM: "/is_sleeping", checkpoint.EngineOllama: "/api/ps", checkpoint.EngineLlamaCPP: "/models"}[k.kind]
+	path := map[string]string{checkpoint.EngineVLLM: "/is_sleeping", checkpoint.EngineSimulator: "/is_sleeping", checkpoint.EngineOllama: "/api/ps", checkpoint.EngineLlamaCPP: "/models"}[k.kind]
 	eventually(k.t, 10*time.Second, func() error {
 		resp, err := http.Get(k.url() + path)
 		if err != nil {
@@ -532,5 +554,43 @@ func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 	}
 	if st := e.state(); st.State != checkpoint.SeatFailed {
 		t.Errorf("state %s, want Failed", st.State)
+	}
+}
+
+// TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess: a
+// simulator run without --restartable, whose sleep kept its memory, answers
+// its in-place restart with a 404; a seat with --restart-process then
+// restarts it by its process. The restarted simulator loads its weights
+// awake, the seat puts it to sleep at level 2, and its memory reads freed.
+func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
+	k := runEngine(t, checkpoint.EngineSimulator, fakeHotDirEnv+"="+t.TempDir())
+	e := startProcessSeat(t, k, nil)
+	e.waitState(checkpoint.SeatAwake)
+	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
+		t.Fatalf("sleep: %d %s", code, body)
+	}
+	st := e.state()
+	if st.MemorySource != checkpoint.MemorySourceEngine || st.ResidentBytes == nil || *st.ResidentBytes != 1<<20 {
+		t.Fatalf("after a leaking sleep: source %q resident %v, want the engine's report of 1 MiB held", st.MemorySource, st.ResidentBytes)
+	}
+	oldPID := k.pid()
+	if code, body := e.do("POST", "/restart"); code != http.StatusOK {
+		t.Fatalf("restart: %d %s", code, body)
+	}
+	st = e.state()
+	if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.LastRestart == nil || st.LastRestart.Via != checkpoint.RestartViaProcess {
+		t.Errorf("after the restart: state %s level %d lastRestart %+v; want Asleep at level 2, via process", st.State, st.Level, st.LastRestart)
+	}
+	if st.ResidentBytes == nil || *st.ResidentBytes != 0 {
+		t.Errorf("after the restart: resident %v, want 0 (the memory freed)", st.ResidentBytes)
+	}
+	if k.restarts() != 1 || k.pid() == oldPID || alive(oldPID) {
+		t.Errorf("the simulator container: %d restarts, pid %d (was %d); want one restart and a new process", k.restarts(), k.pid(), oldPID)
+	}
+	if code, body := e.do("POST", "/wake"); code != http.StatusOK {
+		t.Fatalf("wake after the restart: %d %s", code, body)
+	}
+	if st := e.state(); st.State != checkpoint.SeatAwake || st.ResidentBytes == nil || *st.ResidentBytes != 1<<20 {
+		t.Errorf("after the wake: state %s resident %d, want Awake holding its 1 MiB", st.State, *st.ResidentBytes)
 	}
 }
