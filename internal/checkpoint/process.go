@@ -206,6 +206,10 @@ var engineMatchers = map[string]EngineMatcher{
 // engine kind listens on the engine's port.
 var ErrEngineProcessNotFound = errors.New("the engine's process was not found")
 
+// ErrEngineNotRunning is returned when nothing listens on the engine's
+// port: its container is not running (it ended, or is starting again).
+var ErrEngineNotRunning = fmt.Errorf("%w: nothing listens on the engine's port", ErrEngineProcessNotFound)
+
 // EngineProcess finds one engine's processes in a shared process namespace
 // and stops them.
 type EngineProcess struct {
@@ -243,6 +247,11 @@ func (e *EngineProcess) Tree() ([]Proc, error) {
 	pids, denied, err := e.Proc.Listeners(e.Port)
 	if err != nil {
 		return nil, err
+	}
+	if len(pids) == 0 && denied == 0 {
+		if inodes, err := e.Proc.listenerInodes(e.Port); err == nil && len(inodes) == 0 {
+			return nil, fmt.Errorf("%w (%d)", ErrEngineNotRunning, e.Port)
+		}
 	}
 	procs, err := e.Proc.All()
 	if err != nil {
@@ -332,10 +341,16 @@ type StopReport struct {
 // Stop sends SIGTERM to every process of the engine's container, waits
 // until they end, and sends SIGKILL to those still running after the grace
 // period. It returns once every one has ended (or is a zombie, which holds
-// no memory), or fails when ctx ends first.
+// no memory), or fails when ctx ends first. When nothing listens on the
+// engine's port, the engine is not running and there is nothing to stop
+// (an empty report); a port held by another kind of process, or by
+// processes the agent cannot read, is an error.
 func (e *EngineProcess) Stop(ctx context.Context) (StopReport, error) {
 	start := time.Now()
 	tree, err := e.Tree()
+	if errors.Is(err, ErrEngineNotRunning) {
+		return StopReport{}, nil
+	}
 	if err != nil {
 		return StopReport{}, err
 	}

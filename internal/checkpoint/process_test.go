@@ -365,10 +365,19 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 	if !errors.Is(err, checkpoint.ErrEngineProcessNotFound) || !strings.Contains(err.Error(), "vllm serve") {
 		t.Errorf("an ollama matcher on vLLM's port: want ErrEngineProcessNotFound naming vllm serve, got %v", err)
 	}
-	// A port where nothing listens.
+	// A port where nothing listens: the engine is not running, and there
+	// is nothing to stop.
 	p, _ = checkpoint.NewEngineProcess(checkpoint.EngineVLLM, freePort(t), time.Second)
-	if _, err := p.PIDs(); !errors.Is(err, checkpoint.ErrEngineProcessNotFound) {
-		t.Errorf("a free port: want ErrEngineProcessNotFound, got %v", err)
+	if _, err := p.PIDs(); !errors.Is(err, checkpoint.ErrEngineNotRunning) {
+		t.Errorf("a free port: want ErrEngineNotRunning, got %v", err)
+	}
+	if rep, err := p.Stop(context.Background()); err != nil || len(rep.PIDs) != 0 {
+		t.Errorf("stopping on a free port: %+v, %v; want nothing stopped and no error", rep, err)
+	}
+	// Another kind listening on the port is not stopped.
+	p, _ = checkpoint.NewEngineProcess(checkpoint.EngineLlamaCPP, a.port, time.Second)
+	if _, err := p.Stop(context.Background()); !errors.Is(err, checkpoint.ErrEngineProcessNotFound) || errors.Is(err, checkpoint.ErrEngineNotRunning) || !alive(a.pid()) {
+		t.Errorf("stopping llama.cpp on vLLM's port: %v (vLLM alive: %v); want ErrEngineProcessNotFound and vLLM untouched", err, alive(a.pid()))
 	}
 	// The agent never takes itself for the engine: the test process
 	// listens on this port, and its command line is made to match.

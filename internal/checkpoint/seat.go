@@ -556,7 +556,11 @@ func (s *Seat) restartProcess(ctx context.Context) (*StopReport, error) {
 	if err != nil {
 		return &rep, fmt.Errorf("stopping the engine's processes: %w", err)
 	}
-	s.log.Info("engine processes stopped; waiting for the container to start again", "pids", rep.PIDs, "cmdline", rep.Cmdline, "killed", rep.Killed)
+	if len(rep.PIDs) == 0 {
+		s.log.Info("the engine is not running (nothing listens on its port); waiting for its container to start again")
+	} else {
+		s.log.Info("engine processes stopped; waiting for the container to start again", "pids", rep.PIDs, "cmdline", rep.Cmdline, "killed", rep.Killed)
+	}
 	var asleep bool
 	if err := s.waitEngine(ctx, func() error {
 		var err error
