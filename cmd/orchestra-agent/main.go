@@ -47,6 +47,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&s.SleepTimeout, "sleep-timeout", s.SleepTimeout, "seat: bound of the engine's sleep call")
 	fs.DurationVar(&s.WakeTimeout, "wake-timeout", s.WakeTimeout, "seat: bound of the engine's wake call")
 	fs.DurationVar(&s.PollInterval, "poll-interval", s.PollInterval, "seat: pace of drain checks")
+	fs.BoolVar(&s.RestartProcess, "restart-process", s.RestartProcess, "seat: POST /restart stops the engine container's processes (found by the port of --engine-url) for the kubelet to start it again; needs shareProcessNamespace and the engine's user")
+	fs.DurationVar(&s.RestartGrace, "restart-grace", s.RestartGrace, "seat: wait between SIGTERM and SIGKILL of a process restart")
+	fs.StringVar(&s.NvidiaSMI, "nvidia-smi", s.NvidiaSMI, "seat: nvidia-smi binary to read the engine's device memory with (by its processes' PIDs; needs shareProcessNamespace); empty: the engine's own report")
 
 	n := &cfg.Node
 	fs.StringVar(&n.Store.HotDir, "hot-dir", n.Store.HotDir, "node: hot tier directory (a tmpfs)")

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -41,6 +42,41 @@ type SeatConfig struct {
 	WakeTimeout  time.Duration `json:"wakeTimeout"`
 	// PollInterval paces drain checks and the engine state watch.
 	PollInterval time.Duration `json:"pollInterval"`
+	// RestartProcess lets POST /restart stop the engine container's
+	// processes (SIGTERM, then SIGKILL after RestartGrace) so that the
+	// kubelet starts the container again, for an engine that cannot
+	// restart itself. It needs a pod with shareProcessNamespace and the
+	// seat running as the engine's user; no capability.
+	RestartProcess bool `json:"restartProcess,omitempty"`
+	// RestartGrace is the wait between SIGTERM and SIGKILL.
+	RestartGrace time.Duration `json:"restartGrace"`
+	// NvidiaSMI is the nvidia-smi binary the seat reads the engine's
+	// device memory with, attributed by the PIDs of the engine container's
+	// processes (needs shareProcessNamespace); empty: not read.
+	NvidiaSMI string `json:"nvidiaSMI,omitempty"`
+	// Proc is the procfs the seat reads processes from (default /proc).
+	Proc ProcFS `json:"-"`
+}
+
+// enginePort is the TCP port of an engine URL (the scheme's default when
+// the URL names none), or 0 when it has none.
+func enginePort(raw string) int {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return 0
+	}
+	p := u.Port()
+	if p == "" {
+		switch u.Scheme {
+		case "http":
+			return 80
+		case "https":
+			return 443
+		}
+		return 0
+	}
+	n, _ := strconv.Atoi(p)
+	return n
 }
 
 // NodeConfig configures the node role.
@@ -96,6 +132,7 @@ func Default() Config {
 			SleepTimeout: 2 * time.Minute,
 			WakeTimeout:  10 * time.Minute,
 			PollInterval: 100 * time.Millisecond,
+			RestartGrace: 30 * time.Second,
 		},
 		Node: NodeConfig{
 			Store: StoreConfig{
@@ -130,6 +167,14 @@ func (c Config) Validate() error {
 		}
 		if s.SleepLevel != 1 && s.SleepLevel != 2 {
 			bad("sleep level must be 1 or 2, got %d", s.SleepLevel)
+		}
+		if s.RestartProcess || s.NvidiaSMI != "" {
+			if _, err := NewEngineProcess(s.Engine.Kind, enginePort(s.Engine.URL), s.RestartGrace); err != nil {
+				bad("finding the engine's processes (restart-process, nvidia-smi): %v", err)
+			}
+			if s.RestartProcess && s.RestartGrace <= 0 {
+				bad("restart grace must be positive, got %v", s.RestartGrace)
+			}
 		}
 		for name, d := range map[string]time.Duration{"drain timeout": s.DrainTimeout, "sleep timeout": s.SleepTimeout, "wake timeout": s.WakeTimeout, "poll interval": s.PollInterval} {
 			if d <= 0 {

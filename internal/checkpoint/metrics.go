@@ -25,7 +25,7 @@ func newSeatMetrics(reg prometheus.Registerer) *seatMetrics {
 			Name: "orchestra_agent_seat_transitions_total", Help: "Sleeps, wakes and engine restarts (op) by result (ok, failed, abandoned: a wake overtook the drain).",
 		}, []string{"op", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "orchestra_agent_seat_transition_seconds", Help: "Duration of successful sleeps (drain included) and wakes.",
+			Name: "orchestra_agent_seat_transition_seconds", Help: "Duration of successful sleeps (drain included), wakes and engine restarts.",
 			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"op"}),
 	}

@@ -35,9 +35,13 @@ const (
 	// SeatFailed: a sleep or wake left the engine in a state the seat
 	// cannot tell; the lifecycle loop should restart the pod.
 	SeatFailed SeatState = "Failed"
+	// SeatRestarting: POST /restart runs: the engine's processes are
+	// stopping, or its container is starting again and has not answered,
+	// or the restarted engine is being put to sleep.
+	SeatRestarting SeatState = "Restarting"
 )
 
-var seatStates = []SeatState{SeatUnknown, SeatAwake, SeatDraining, SeatFallingAsleep, SeatAsleep, SeatWaking, SeatFailed}
+var seatStates = []SeatState{SeatUnknown, SeatAwake, SeatDraining, SeatFallingAsleep, SeatAsleep, SeatWaking, SeatFailed, SeatRestarting}
 
 // ErrSleepAbandoned is returned by a sleep that a wake overtook while it
 // drained: the engine stays awake.
@@ -108,8 +112,39 @@ type SeatStatus struct {
 	// WeightsBytes) could not be read for this answer, from an engine that
 	// reports them.
 	WeightsError string `json:"weightsError,omitempty"`
+	// MemorySource says where ResidentBytes comes from: "nvidia-smi" (the
+	// device memory of the engine container's processes) or "engine" (the
+	// engine's own report); empty when neither reported it.
+	MemorySource string `json:"memorySource,omitempty"`
+	// DeviceMemoryError says why the device memory could not be read for
+	// this answer, when the seat reads it (--nvidia-smi); ResidentBytes
+	// then falls back to the engine's report.
+	DeviceMemoryError string `json:"deviceMemoryError,omitempty"`
 	// Restarts counts the engine restarts this seat made (POST /restart).
 	Restarts int `json:"restarts,omitempty"`
+	// LastRestart is how the last restart went.
+	LastRestart *RestartReport `json:"lastRestart,omitempty"`
+}
+
+// Restart routes (RestartReport.Via).
+const (
+	// RestartViaEngine: the engine restarted itself in place (the
+	// simulator with --restartable).
+	RestartViaEngine = "engine"
+	// RestartViaProcess: the seat stopped the engine container's processes
+	// and the kubelet started the container again.
+	RestartViaProcess = "process"
+)
+
+// RestartReport is how one engine restart went.
+type RestartReport struct {
+	Via string    `json:"via"`
+	At  time.Time `json:"at"`
+	// Seconds is the whole restart, until the engine answered asleep.
+	Seconds float64 `json:"seconds"`
+	// Stopped is the engine's processes the seat stopped (RestartViaProcess).
+	Stopped *StopReport `json:"stopped,omitempty"`
+	Error   string      `json:"error,omitempty"`
 }
 
 // Restarter is implemented by adapters whose engine can be restarted in
@@ -137,29 +172,55 @@ type WeightsReporter interface {
 	Weights(ctx context.Context) (w EngineWeights, ok bool, err error)
 }
 
-// weightsTimeout bounds the engine call GET /state makes for the weights.
+// weightsTimeout bounds the engine call GET /state makes for the weights,
+// and the device memory reading.
 const weightsTimeout = time.Second
 
 // state is the seat's status with what the engine reports about its
-// weights now, when it reports them.
+// weights now, when it reports them, and its device memory, when the seat
+// reads it: then residentBytes is the device memory, else the engine's
+// report, and memorySource says which.
 func (s *Seat) state(ctx context.Context) SeatStatus {
 	st := s.Status()
+	ctx, cancel := context.WithTimeout(ctx, weightsTimeout)
+	defer cancel()
+	if s.device != nil {
+		b, err := s.deviceBytes(ctx)
+		if err != nil {
+			s.log.Debug("reading the engine's device memory", "err", err)
+			st.DeviceMemoryError = err.Error()
+		} else {
+			st.ResidentBytes, st.MemorySource = &b, MemorySourceNvidiaSMI
+		}
+	}
 	wr, ok := s.engine.(WeightsReporter)
 	if !ok {
 		return st
 	}
-	ctx, cancel := context.WithTimeout(ctx, weightsTimeout)
-	defer cancel()
 	w, ok, err := wr.Weights(ctx)
 	if err != nil {
 		s.log.Debug("reading the engine's weights", "err", err)
-		st.WeightsError = err.Error()
+		if st.MemorySource == "" {
+			st.WeightsError = err.Error()
+		}
 		return st
 	}
 	if ok {
-		st.Digest, st.ResidentBytes, st.WeightsBytes = w.Digest, &w.ResidentBytes, &w.Bytes
+		st.Digest, st.WeightsBytes = w.Digest, &w.Bytes
+		if st.MemorySource == "" {
+			st.ResidentBytes, st.MemorySource = &w.ResidentBytes, MemorySourceEngine
+		}
 	}
 	return st
+}
+
+// deviceBytes is the device memory of the engine container's processes.
+func (s *Seat) deviceBytes(ctx context.Context) (int64, error) {
+	pids, err := s.proc.PIDs()
+	if err != nil {
+		return 0, fmt.Errorf("finding the engine's processes: %w", err)
+	}
+	return s.device.Bytes(ctx, pids)
 }
 
 // Seat drives one engine's sleep and wake for the lifecycle decision-maker.
@@ -169,6 +230,11 @@ type Seat struct {
 	log    *slog.Logger
 	m      *seatMetrics
 	now    func() time.Time
+	// proc finds and stops the engine's processes in the pod's shared
+	// process namespace (nil: the seat cannot see them).
+	proc *EngineProcess
+	// device reads the engine's device memory (nil: not read).
+	device *NvidiaSMI
 
 	op sync.Mutex // one engine operation at a time
 
@@ -181,6 +247,18 @@ type Seat struct {
 // state.
 func NewSeat(cfg SeatConfig, engine Engine, reg prometheus.Registerer, log *slog.Logger) *Seat {
 	s := &Seat{cfg: cfg, engine: engine, log: log, m: newSeatMetrics(reg), now: time.Now}
+	if cfg.RestartProcess || cfg.NvidiaSMI != "" {
+		p, err := NewEngineProcess(cfg.Engine.Kind, enginePort(cfg.Engine.URL), cfg.RestartGrace)
+		if err != nil {
+			log.Warn("the engine's processes cannot be found", "err", err)
+		} else {
+			p.Proc = cfg.Proc
+			s.proc = p
+			if cfg.NvidiaSMI != "" {
+				s.device = &NvidiaSMI{Path: cfg.NvidiaSMI, Proc: cfg.Proc}
+			}
+		}
+	}
 	s.st = SeatStatus{State: SeatUnknown, Engine: engine.Name(), Since: s.now()}
 	s.m.setState(SeatUnknown)
 	return s
@@ -386,41 +464,62 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 }
 
 // Restart restarts an asleep (or Failed) engine in place, which returns
-// all its memory, leaked or not (vllm-project/vllm#47654): the engine stays
-// stopped, asleep at level 2, until its next wake starts it. An awake
-// engine is refused: a restart would cut its requests.
+// all its memory, leaked or not (vllm-project/vllm#47654), and leaves it
+// asleep at level 2. An awake engine is refused: a restart would cut its
+// requests. The engine restarts itself when it can (the simulator with
+// --restartable: it stays stopped until its next wake); otherwise, with
+// --restart-process, the seat stops the engine container's processes, waits
+// for the kubelet to start the container again and for the engine to
+// answer, and puts it to sleep at level 2 if it started awake. The seat is
+// Restarting meanwhile.
 func (s *Seat) Restart(ctx context.Context) error {
-	r, ok := s.engine.(Restarter)
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrRestartUnsupported, s.engine.Name())
+	r, inPlace := s.engine.(Restarter)
+	if !inPlace && (s.proc == nil || !s.cfg.RestartProcess) {
+		return fmt.Errorf("%w: %s (start the seat with --restart-process in a pod that shares its process namespace)", ErrRestartUnsupported, s.engine.Name())
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
 	s.mu.Lock()
-	switch st := s.st.State; st {
+	prev := s.st.State
+	switch prev {
 	case SeatAsleep, SeatFailed:
 	default:
 		s.mu.Unlock()
-		return fmt.Errorf("%w: cannot restart the engine of a seat in state %s (only Asleep or Failed)", ErrWrongState, st)
+		return fmt.Errorf("%w: cannot restart the engine of a seat in state %s (only Asleep or Failed)", ErrWrongState, prev)
 	}
+	s.setLocked(SeatRestarting)
 	s.mu.Unlock()
-	opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SleepTimeout)
-	defer cancel()
-	err := r.Restart(opCtx)
-	if errors.Is(err, ErrRestartUnsupported) {
-		return err
-	}
-	if err == nil {
-		var asleep bool
-		asleep, err = s.engine.Sleeping(opCtx)
-		if err == nil && !asleep {
-			err = errors.New("the engine says it is awake after the restart")
+
+	start := s.now()
+	rep := &RestartReport{Via: RestartViaEngine, At: start}
+	var err error
+	if inPlace {
+		opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SleepTimeout)
+		err = r.Restart(opCtx)
+		if err == nil {
+			err = s.checkAsleep(opCtx)
 		}
+		cancel()
 	}
+	if (!inPlace || errors.Is(err, ErrRestartUnsupported)) && s.proc != nil && s.cfg.RestartProcess {
+		rep.Via = RestartViaProcess
+		opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WakeTimeout)
+		rep.Stopped, err = s.restartProcess(opCtx)
+		cancel()
+	}
+	if errors.Is(err, ErrRestartUnsupported) {
+		s.mu.Lock()
+		s.setLocked(prev)
+		s.mu.Unlock()
+		return fmt.Errorf("%w (start the seat with --restart-process in a pod that shares its process namespace)", err)
+	}
+	rep.Seconds = s.now().Sub(start).Seconds()
 	result := "ok"
 	s.mu.Lock()
+	s.st.LastRestart = rep
 	if err != nil {
 		result = "failed"
+		rep.Error = err.Error()
 		s.st.LastError = "restart: " + err.Error()
 		s.setLocked(SeatFailed)
 	} else {
@@ -431,11 +530,68 @@ func (s *Seat) Restart(ctx context.Context) error {
 	s.mu.Unlock()
 	s.m.transitions.WithLabelValues("restart", result).Inc()
 	if err != nil {
-		s.log.Warn("engine restart failed", "err", err)
+		s.log.Warn("engine restart failed", "via", rep.Via, "err", err)
 		return fmt.Errorf("%s restart: %w", s.engine.Name(), err)
 	}
-	s.log.Info("engine restarted: stopped until its next wake")
+	s.m.seconds.WithLabelValues("restart").Observe(rep.Seconds)
+	s.log.Info("engine restarted", "via", rep.Via, "seconds", rep.Seconds)
 	return nil
+}
+
+// checkAsleep fails unless the engine says it sleeps.
+func (s *Seat) checkAsleep(ctx context.Context) error {
+	asleep, err := s.engine.Sleeping(ctx)
+	if err == nil && !asleep {
+		err = errors.New("the engine says it is awake after the restart")
+	}
+	return err
+}
+
+// restartProcess stops the engine container's processes, waits until the
+// restarted engine answers and puts it to sleep at level 2 if it started
+// awake (vLLM loads its weights at start, as does llama.cpp's router with
+// load-on-startup; Ollama starts with no model loaded).
+func (s *Seat) restartProcess(ctx context.Context) (*StopReport, error) {
+	rep, err := s.proc.Stop(ctx)
+	if err != nil {
+		return &rep, fmt.Errorf("stopping the engine's processes: %w", err)
+	}
+	if len(rep.PIDs) == 0 {
+		s.log.Info("the engine is not running (nothing listens on its port); waiting for its container to start again")
+	} else {
+		s.log.Info("engine processes stopped; waiting for the container to start again", "pids", rep.PIDs, "cmdline", rep.Cmdline, "killed", rep.Killed)
+	}
+	var asleep bool
+	if err := s.waitEngine(ctx, func() error {
+		var err error
+		asleep, err = s.engine.Sleeping(ctx)
+		return err
+	}); err != nil {
+		return &rep, fmt.Errorf("waiting for the restarted engine to answer: %w", err)
+	}
+	if !asleep {
+		if err := s.engine.Sleep(ctx, 2); err != nil {
+			return &rep, fmt.Errorf("putting the restarted engine to sleep at level 2: %w", err)
+		}
+	}
+	return &rep, nil
+}
+
+// waitEngine polls try every poll interval until it succeeds or ctx ends.
+func (s *Seat) waitEngine(ctx context.Context, try func() error) error {
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		err := try()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
 }
 
 func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
@@ -489,8 +645,10 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 //	                     in time, or in the wrong state; 500 when the engine call failed
 //	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
 //	POST /restart        restart an Asleep or Failed engine in place (its memory returned, asleep at
-//	                     level 2 until the next wake); 200 with the status; 409 in another state;
-//	                     501 when the engine cannot be restarted in place; 500 when the restart failed
+//	                     level 2 until the next wake): by the engine itself, or by stopping its
+//	                     container's processes (--restart-process); 200 with the status once the
+//	                     engine answers asleep; 409 in another state; 501 when the engine cannot be
+//	                     restarted in place; 500 when the restart failed
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the agent runs
 func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {

@@ -44,6 +44,14 @@ func startSeat(t *testing.T, mut func(*sim.Config, *checkpoint.Config)) *seatEnv
 	eng := httptest.NewServer(s.Handler())
 	t.Cleanup(eng.Close)
 	ac.Seat.Engine = checkpoint.EngineConfig{Kind: "simulator", URL: eng.URL}
+	e := &seatEnv{t: t, sim: s, eng: eng, agent: serveAgent(t, ac)}
+	e.waitState(checkpoint.SeatAwake)
+	return e
+}
+
+// serveAgent serves an agent with ac until the test ends.
+func serveAgent(t *testing.T, ac checkpoint.Config) *httptest.Server {
+	t.Helper()
 	if err := ac.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,9 +63,7 @@ func startSeat(t *testing.T, mut func(*sim.Config, *checkpoint.Config)) *seatEnv
 	}
 	agent := httptest.NewServer(h)
 	t.Cleanup(agent.Close)
-	e := &seatEnv{t: t, sim: s, eng: eng, agent: agent}
-	e.waitState(checkpoint.SeatAwake)
-	return e
+	return agent
 }
 
 func (e *seatEnv) do(method, path string) (int, string) {

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -50,13 +51,19 @@ func transferOf(b []byte) *Transfer {
 func (v *VLLM) Name() string { return v.kind }
 
 // Restart implements Restarter for the simulator run with --restartable
-// (POST /orchestra/restart); vLLM itself cannot be restarted in place. The
-// restarted engine starts on its next wake, with a plain /wake_up.
+// (POST /orchestra/restart); vLLM itself, and a simulator without
+// --restartable, cannot restart in place (ErrRestartUnsupported: the seat
+// then stops its processes when it may). The restarted engine starts on
+// its next wake, with a plain /wake_up.
 func (v *VLLM) Restart(ctx context.Context) error {
 	if v.kind != EngineSimulator {
 		return fmt.Errorf("%w: %s has no in-place restart; only its container's restart would free its memory", ErrRestartUnsupported, v.kind)
 	}
 	if err := v.call(ctx, http.MethodPost, "/orchestra/restart", nil, nil); err != nil {
+		var ee *EngineError
+		if errors.As(err, &ee) && (ee.Status == http.StatusNotFound || ee.Status == http.StatusMethodNotAllowed) {
+			return fmt.Errorf("%w: the simulator runs without --restartable (%w)", ErrRestartUnsupported, err)
+		}
 		return err
 	}
 	v.mu.Lock()

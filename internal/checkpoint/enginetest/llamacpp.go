@@ -39,6 +39,10 @@ func NewLlamaCPP(models ...string) *LlamaCPP {
 // URL is the base URL.
 func (l *LlamaCPP) URL() string { return l.srv.URL }
 
+// Handler serves the fake's API, for a fake engine process that listens on
+// a port of its own.
+func (l *LlamaCPP) Handler() http.Handler { return http.HandlerFunc(l.serve) }
+
 // Close stops the server.
 func (l *LlamaCPP) Close() { l.srv.Close() }
 

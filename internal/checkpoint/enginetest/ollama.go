@@ -36,6 +36,10 @@ func NewOllama(loaded ...string) *Ollama {
 // URL is the base URL.
 func (o *Ollama) URL() string { return o.srv.URL }
 
+// Handler serves the fake's API, for a fake engine process that listens on
+// a port of its own.
+func (o *Ollama) Handler() http.Handler { return http.HandlerFunc(o.serve) }
+
 // Close stops the server.
 func (o *Ollama) Close() { o.srv.Close() }
 

@@ -45,6 +45,10 @@ func NewVLLM() *VLLM {
 // URL is the base URL.
 func (v *VLLM) URL() string { return v.srv.URL }
 
+// Handler serves the fake's API, for a fake engine process that listens on
+// a port of its own.
+func (v *VLLM) Handler() http.Handler { return http.HandlerFunc(v.serve) }
+
 // Close stops the server.
 func (v *VLLM) Close() { v.srv.Close() }
 

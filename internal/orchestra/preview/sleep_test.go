@@ -56,10 +56,15 @@ func readValues(t *testing.T, path string) map[string]any {
 // renderManifest is renderFiles joined in path order, as one manifest.
 func renderManifest(t *testing.T, vals map[string]any) string {
 	t.Helper()
-	files := renderFiles(t, vals)
+	return manifestOf(renderFiles(t, vals), ".yaml")
+}
+
+// manifestOf joins the rendered files whose path ends with suffix, in path
+// order, as one manifest.
+func manifestOf(files map[string]string, suffix string) string {
 	names := make([]string, 0, len(files))
 	for n := range files {
-		if strings.HasSuffix(n, ".yaml") && strings.TrimSpace(files[n]) != "" {
+		if strings.HasSuffix(n, suffix) && strings.TrimSpace(files[n]) != "" {
 			names = append(names, n)
 		}
 	}
@@ -76,19 +81,25 @@ func renderManifest(t *testing.T, vals map[string]any) string {
 // agent, the ModelCheckpoints, the dispatcher's Role, configuration and
 // NetworkPolicies (go test -update refreshes it).
 func TestSleepGolden(t *testing.T) {
-	got := renderManifest(t, readValues(t, sleepValues))
+	checkGolden(t, sleepValues, sleepGolden, renderManifest(t, readValues(t, sleepValues)))
+}
+
+// checkGolden compares got, rendered from values, with the golden file
+// (written instead with -update).
+func checkGolden(t *testing.T, values, golden, got string) {
+	t.Helper()
 	if *update {
-		if err := os.WriteFile(sleepGolden, []byte(got), 0o644); err != nil {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	want, err := os.ReadFile(sleepGolden)
+	want, err := os.ReadFile(golden)
 	if err != nil {
 		t.Fatalf("%v (run go test -update to create it)", err)
 	}
 	if diff := cmp.Diff(string(want), got); diff != "" {
-		t.Errorf("rendered %s differs from %s (-want +got; go test -update refreshes):\n%s", sleepValues, sleepGolden, diff)
+		t.Errorf("rendered %s differs from %s (-want +got; go test -update refreshes):\n%s", values, golden, diff)
 	}
 }
 

@@ -460,6 +460,12 @@ args:
   {{- if and (eq $rt.engine "ollama") .sleep.after }}
   - --keep-alive={{ .sleep.after }}
   {{- end }}
+  {{- if and .seatGroup (ne $rt.engine "simulator") }}
+  {{- /* In a seat group's pod (shareProcessNamespace) the seat restarts an
+  engine that did not free its memory by stopping its container's processes;
+  the simulator restarts itself in place (--restartable). */}}
+  - --restart-process
+  {{- end }}
 ports:
   - name: {{ default "seat" .seatPortName }}
     containerPort: {{ $seatPort }}
@@ -485,10 +491,23 @@ livenessProbe:
 resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
+{{- if and .seatGroup (ne $rt.engine "simulator") }}
+{{- /* The seat signals its engine's processes and reads their open files,
+which the kernel allows a process of the same user without any capability:
+the seat runs as the engine images' user, root, with every capability
+dropped, like the engine. */}}
+securityContext:
+  runAsUser: 0
+  runAsGroup: 0
+  runAsNonRoot: false
+  readOnlyRootFilesystem: true
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+{{- else }}
 securityContext:
   runAsUser: 65532
   runAsGroup: 65532
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* llama-server's model preset in router mode: the application's model,

@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+)
+
+// TestSeatRestartsAnEngineByItsProcessInAPod runs, on the real-node
+// cluster, a pod shaped as a seat group's: a shared process namespace, a
+// simulator engine without --restartable whose sleep keeps its memory
+// (vllm#47654), and its seat agent with --restart-process, both as root
+// with every capability dropped. The seat's POST /restart stops the
+// engine's process, the kubelet starts its container again, and the seat
+// answers once the new engine sleeps at level 2: only the engine container
+// restarted, and the next wake serves.
+func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
+	if env.skip != "" {
+		t.Skip(env.skip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-seat-restart")
+	sc := func() *corev1.SecurityContext {
+		return &corev1.SecurityContext{
+			RunAsUser: ptr.To[int64](0), RunAsGroup: ptr.To[int64](0), RunAsNonRoot: ptr.To(false),
+			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
+			Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		}
+	}
+	image := func(name string) string { return "ghcr.io/model-orchestra/" + name + ":v1.0.0" }
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "group", Namespace: ns},
+		Spec: corev1.PodSpec{
+			ShareProcessNamespace:        ptr.To(true),
+			AutomountServiceAccountToken: ptr.To(false),
+			RestartPolicy:                corev1.RestartPolicyAlways,
+			Containers: []corev1.Container{
+				{
+					Name: "engine", Image: image("orchestra-sim"), ImagePullPolicy: corev1.PullNever,
+					Args:            []string{"--addr=:8080", "--weights-bytes=4MiB", "--enable-sleep-mode", "--hot-dir=/hot", "--fault-sleep-leak"},
+					VolumeMounts:    []corev1.VolumeMount{{Name: "hot", MountPath: "/hot"}},
+					SecurityContext: sc(),
+				},
+				{
+					Name: "seat", Image: image("orchestra-agent"), ImagePullPolicy: corev1.PullNever,
+					Args:            []string{"--role=seat", "--engine=simulator", "--engine-url=http://127.0.0.1:8080", "--addr=:9300", "--restart-process", "--restart-grace=5s"},
+					SecurityContext: sc(),
+				},
+			},
+			Volumes: []corev1.Volume{{Name: "hot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}}},
+		},
+	}
+	if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Minute, func() error {
+		st, err := seatState(ctx, ns, "group")
+		if err == nil && st.State != checkpoint.SeatAwake {
+			err = fmt.Errorf("seat %s", st.State)
+		}
+		return err
+	})
+
+	must(t, seatPost(ctx, ns, "group", "sleep"))
+	st, err := seatState(ctx, ns, "group")
+	must(t, err)
+	if st.ResidentBytes == nil || *st.ResidentBytes != 4<<20 {
+		t.Fatalf("after the leaking sleep: resident %v, want the 4 MiB kept", st.ResidentBytes)
+	}
+	start := time.Now()
+	must(t, seatPost(ctx, ns, "group", "restart"))
+	t.Logf("restart by the process took %s", time.Since(start).Round(time.Millisecond))
+	st, err = seatState(ctx, ns, "group")
+	must(t, err)
+	if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.Restarts != 1 || st.LastRestart == nil || st.LastRestart.Via != checkpoint.RestartViaProcess {
+		t.Errorf("after the restart: state %s level %d restarts %d lastRestart %+v; want Asleep at level 2, one restart via process", st.State, st.Level, st.Restarts, st.LastRestart)
+	}
+	// The fault is deterministic: the new process's level-2 sleep after
+	// its start keeps its weights too, which the leader would see and
+	// restart again (docs/checkpoint.md); what the restart freed is the old
+	// process's memory, which ended with it.
+	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, "group", metav1.GetOptions{})
+	must(t, err)
+	for _, cs := range p.Status.ContainerStatuses {
+		want := int32(0)
+		if cs.Name == "engine" {
+			want = 1
+		}
+		if cs.RestartCount != want {
+			t.Errorf("container %s restarted %d times, want %d", cs.Name, cs.RestartCount, want)
+		}
+	}
+	must(t, seatPost(ctx, ns, "group", "wake"))
+}
+
+// seatPost calls POST path on the pod's seat through the API server's pod
+// proxy and returns the error's body, nil on a 2xx.
+func seatPost(ctx context.Context, ns, pod, path string) error {
+	req := env.cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(pod + ":" + strconv.Itoa(seatPort)).
+		SubResource("proxy").Suffix(path)
+	if err := req.Do(ctx).Error(); err != nil {
+		return fmt.Errorf("POST %s on the seat of %s: %w", path, pod, err)
+	}
+	return nil
+}
