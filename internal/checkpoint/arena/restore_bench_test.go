@@ -89,6 +89,14 @@ func BenchmarkRestore(b *testing.B) {
 			copy(dst, src)
 			return chunkSum(dst)
 		}},
+		{"map-copy2x512K+hashdst", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			// Copies under 1 MiB use cached stores: the hash reads
+			// the chunk from the cache.
+			mid := len(src) / 2
+			copy(dst[:mid], src[:mid])
+			copy(dst[mid:], src[mid:])
+			return chunkSum(dst)
+		}},
 		{"map-hashsrc+copy", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			s := chunkSum(src)
 			copy(dst, src)
@@ -212,4 +220,67 @@ func BenchmarkHashInCache(b *testing.B) {
 			_ = hashSub(buf, 64<<10, func([]byte) {})
 		}
 	})
+}
+
+// BenchmarkDirectRead reads a file on a disk with O_DIRECT into a
+// pre-faulted arena: raw (ReadFile) and verified (FillFile), by reader
+// count. MO_ARENA_BENCH_DISK_DIR names a directory on the disk (default
+// /var/tmp).
+func BenchmarkDirectRead(b *testing.B) {
+	dir := os.Getenv("MO_ARENA_BENCH_DISK_DIR")
+	if dir == "" {
+		dir = "/var/tmp"
+	}
+	b.Setenv("MO_ARENA_BENCH_DIR", dir)
+	path, n := benchFile(b)
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	for _, workers := range []int{1, 2, 4, 8} {
+		for _, verified := range []bool{false, true} {
+			b.Run(fmt.Sprintf("workers=%d/verified=%v", workers, verified), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					opts := FileOptions{Direct: true, Workers: workers}
+					var st FillStats
+					if verified {
+						_, st, err = FillFile(dst, path, opts)
+					} else {
+						st, err = ReadFile(dst, path, opts)
+					}
+					if err != nil || !st.Direct {
+						b.Fatalf("direct %v: %v", st.Direct, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkFillFile is the restore itself: FillFile from the tier file into
+// a pre-faulted arena, each way.
+func BenchmarkFillFile(b *testing.B) {
+	path, n := benchFile(b)
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	for _, m := range []struct {
+		name   string
+		method ReadMethod
+	}{{"auto", ReadAuto}, {"pread", ReadPread}, {"mapped", ReadMapped}} {
+		b.Run(m.name, func(b *testing.B) {
+			b.SetBytes(int64(n))
+			var st FillStats
+			for b.Loop() {
+				if _, st, err = FillFile(dst, path, FileOptions{Method: m.method}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(map[bool]float64{false: 0, true: 1}[st.Mapped], "mapped")
+		})
+	}
 }
