@@ -56,12 +56,12 @@ type row struct {
 	// hashedCopy is memcpy with XXH3 of each 1 MiB chunk right after its
 	// copy, 2 threads: the most a verified restore can do from a source
 	// as fast as memory.
-	hashedCopy       checkpoint.Bandwidth
-	fresh, s3        checkpoint.Bandwidth
+	hashedCopy checkpoint.Bandwidth
+	fresh, s3  checkpoint.Bandwidth
 	// tmpfs is the peak of the tier's two raw reads: pread, and a copy
 	// out of a populated mapping.
 	tmpfs, tmpfsPread, tmpfsMapped checkpoint.Bandwidth
-	disk, disk1, disk2 checkpoint.Bandwidth
+	disk, disk1, disk2             checkpoint.Bandwidth
 	// warmRaw is an O_DIRECT read of the warm copy itself, right before
 	// the warm wake: the shared disk's bandwidth moves by 3× from one
 	// minute to the next, so the ratio compares neighbours.
