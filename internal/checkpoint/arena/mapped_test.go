@@ -141,3 +141,28 @@ func TestMappedReadOfFileTruncatedUnderIt(t *testing.T) {
 		t.Fatalf("read of the part still there: %d %v", m, err)
 	}
 }
+
+func TestFillFileConsumesMappedHugePagedFile(t *testing.T) {
+	n := int64(8*ChunkSize + 4321)
+	path, src := writeSynth(t, hugeTmpfs(t), n, 12)
+	want := Sum(src)
+	dst, err := New(n, Options{NoPopulate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Free()
+	d, st, err := FillFile(dst, path, FileOptions{Consume: true, Expect: &want})
+	if err != nil || d != want || !bytes.Equal(dst.Bytes(), src) {
+		t.Fatalf("consuming mapped fill: %v %v", d, err)
+	}
+	if !st.Mapped {
+		t.Error("the huge-paged file was not mapped")
+	}
+	var fst unix.Stat_t
+	if err := unix.Stat(path, &fst); err != nil {
+		t.Fatal(err)
+	}
+	if fst.Blocks*512 >= n/2 {
+		t.Errorf("the consumed file still holds %d of %d bytes", fst.Blocks*512, n)
+	}
+}
