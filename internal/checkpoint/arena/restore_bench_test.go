@@ -63,33 +63,38 @@ func hashSub(src []byte, sub int, each func(s []byte)) uint64 {
 	return h.Sum64()
 }
 
-// lazy holds a mapping without MAP_POPULATE for the maplazy way.
-var lazy = map[*os.File][]byte{}
+// How a way reads the file: pread, or out of a mapping populated when it
+// is made, or populated chunk by chunk by the workers.
+const (
+	noMap = iota
+	populatedMap
+	lazyMap
+)
 
 func BenchmarkRestore(b *testing.B) {
 	path, n := benchFile(b)
 	ways := []struct {
-		name   string
-		mapped bool
-		f      restoreFunc
+		name    string
+		mapping int
+		f       restoreFunc
 	}{
-		{"pread", false, func(dst, _ []byte, f *os.File, off int) uint64 {
+		{"pread", noMap, func(dst, _ []byte, f *os.File, off int) uint64 {
 			_, _ = f.ReadAt(dst, int64(off))
 			return 0
 		}},
-		{"pread+hashdst", false, func(dst, _ []byte, f *os.File, off int) uint64 {
+		{"pread+hashdst", noMap, func(dst, _ []byte, f *os.File, off int) uint64 {
 			_, _ = f.ReadAt(dst, int64(off))
 			return chunkSum(dst)
 		}},
-		{"map-copy", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-copy", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			copy(dst, src)
 			return 0
 		}},
-		{"map-copy+hashdst", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-copy+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			copy(dst, src)
 			return chunkSum(dst)
 		}},
-		{"map-copy2x512K+hashdst", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-copy2x512K+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			// Copies under 1 MiB use cached stores: the hash reads
 			// the chunk from the cache.
 			mid := len(src) / 2
@@ -97,29 +102,28 @@ func BenchmarkRestore(b *testing.B) {
 			copy(dst[mid:], src[mid:])
 			return chunkSum(dst)
 		}},
-		{"map-hashsrc+copy", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-hashsrc+copy", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			s := chunkSum(src)
 			copy(dst, src)
 			return s
 		}},
-		{"maplazy-populate+copy+hashdst", false, func(dst, _ []byte, f *os.File, off int) uint64 {
-			src := lazy[f][off : off+len(dst)]
+		{"maplazy-populate+copy+hashdst", lazyMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			_ = unix.Madvise(src, unix.MADV_POPULATE_READ)
 			copy(dst, src)
 			return chunkSum(dst)
 		}},
-		{"map-hashsrc", true, func(_, src []byte, _ *os.File, _ int) uint64 {
+		{"map-hashsrc", populatedMap, func(_, src []byte, _ *os.File, _ int) uint64 {
 			return chunkSum(src)
 		}},
-		{"map-fused64K", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-fused64K", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			o := 0
 			return hashSub(src, 64<<10, func(s []byte) { copy(dst[o:], s); o += len(s) })
 		}},
-		{"map-fused256K", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-fused256K", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			o := 0
 			return hashSub(src, 256<<10, func(s []byte) { copy(dst[o:], s); o += len(s) })
 		}},
-		{"map-copy256K+hashdst", true, func(dst, src []byte, _ *os.File, _ int) uint64 {
+		{"map-copy256K+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
 			h := xxh3.New()
 			for o := 0; o < len(src); o += 256 << 10 {
 				e := min(o+256<<10, len(src))
@@ -147,13 +151,13 @@ func BenchmarkRestore(b *testing.B) {
 					}
 					defer func() { _ = f.Close() }()
 					for b.Loop() {
-						if lz, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED); err == nil {
-							lazy[f] = lz
-							defer func() { _ = unix.Munmap(lz) }()
-						}
 						var src []byte
-						if w.mapped {
-							src, err = unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+						if w.mapping != noMap {
+							flags := unix.MAP_SHARED
+							if w.mapping == populatedMap {
+								flags |= unix.MAP_POPULATE
+							}
+							src, err = unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, flags)
 							if err != nil {
 								b.Fatal(err)
 							}
