@@ -56,9 +56,12 @@ type row struct {
 	// hashedCopy is memcpy with XXH3 of each 1 MiB chunk right after its
 	// copy, 2 threads: the most a verified restore can do from a source
 	// as fast as memory.
-	hashedCopy         checkpoint.Bandwidth
-	fresh, tmpfs, s3   checkpoint.Bandwidth
-	disk, disk1, disk2 checkpoint.Bandwidth
+	hashedCopy checkpoint.Bandwidth
+	fresh, s3  checkpoint.Bandwidth
+	// tmpfs is the peak of the tier's two raw reads: pread, and a copy
+	// out of a populated mapping.
+	tmpfs, tmpfsPread, tmpfsMapped checkpoint.Bandwidth
+	disk, disk1, disk2             checkpoint.Bandwidth
 	// warmRaw is an O_DIRECT read of the warm copy itself, right before
 	// the warm wake: the shared disk's bandwidth moves by 3× from one
 	// minute to the next, so the ratio compares neighbours.
@@ -201,9 +204,10 @@ func measure(n int64, hot, disk string) (row, error) {
 	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
 		return r, err
 	}
-	if r.tmpfs, err = checkpoint.MeasureRead("tmpfs", hot, n, arena.FileOptions{}); err != nil {
+	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, n); err != nil {
 		return r, err
 	}
+	r.tmpfs = checkpoint.Peak(r.tmpfsPread, r.tmpfsMapped)
 	if r.disk1, err = checkpoint.MeasureRead("disk", disk, n, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
 		return r, err
 	}
@@ -218,9 +222,44 @@ func measure(n int64, hot, disk string) (row, error) {
 	return r, measureSim(&r, n, hot, disk)
 }
 
+// measureTierRead reads an n-byte probe file on the hot tier into a
+// pre-faulted arena both ways a restore can (2 workers, 1 MiB chunks, no
+// hash): pread, and a copy out of a populated read-only mapping of the
+// file. The faster is the tier's raw read, the source side of the
+// physical bound.
+func measureTierRead(dir string, n int64) (pread, mapped checkpoint.Bandwidth, err error) {
+	path, err := checkpoint.WriteProbe(dir, n)
+	if err != nil {
+		return pread, mapped, fmt.Errorf("writing a %d-byte probe in %s: %w", n, dir, err)
+	}
+	defer func() { _ = os.Remove(path) }()
+	a, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return pread, mapped, err
+	}
+	defer a.Free()
+	for _, m := range []struct {
+		method arena.ReadMethod
+		name   string
+		out    *checkpoint.Bandwidth
+	}{{arena.ReadPread, "pread", &pread}, {arena.ReadMapped, "mapped copy", &mapped}} {
+		st, err := arena.ReadFile(a, path, arena.FileOptions{Method: m.method})
+		if err != nil {
+			return pread, mapped, err
+		}
+		if m.method == arena.ReadMapped && !st.Mapped {
+			return pread, mapped, fmt.Errorf("the tier file %s could not be mapped", path)
+		}
+		*m.out = checkpoint.Bandwidth{What: "tmpfs", Bytes: n, Seconds: st.Copy.Seconds(), BytesPerSecond: float64(n) / st.Copy.Seconds(),
+			Method: fmt.Sprintf("%s, 1 MiB chunks, %d threads", m.name, st.Workers)}
+	}
+	return pread, mapped, nil
+}
+
 // measureHashedCopy copies n bytes between two pre-faulted arenas with
 // arena.DefaultWorkers goroutines taking interleaved 1 MiB chunks, each
-// hashing the chunk it just copied, as a restore's readers do.
+// hashing the chunk it just copied in the destination, as a restore's
+// readers do.
 func measureHashedCopy(n int64) (checkpoint.Bandwidth, error) {
 	src, err := arena.New(n, arena.Options{})
 	if err != nil {
@@ -243,11 +282,7 @@ func measureHashedCopy(n int64) (checkpoint.Bandwidth, error) {
 			defer wg.Done()
 			for off := w * arena.ChunkSize; off < len(s); off += workers * arena.ChunkSize {
 				end := min(off+arena.ChunkSize, len(s))
-				// Go's copy switches to non-temporal stores at 1 MiB,
-				// which would leave the chunk out of the cache.
-				mid := min(off+arena.ChunkSize/2, end)
-				copy(d[off:mid], s[off:mid])
-				copy(d[mid:end], s[mid:end])
+				copy(d[off:end], s[off:end])
 				_ = arena.Sum(d[off:end])
 			}
 		}()
@@ -519,7 +554,8 @@ func median(runs []row) row {
 	out.memcpy, out.memcpy1, out.memcpy2 = m.memcpy, m.memcpy1, m.memcpy2
 	out.hashedCopy = pick(func(r row) float64 { return r.hashedCopy.BytesPerSecond }).hashedCopy
 	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
-	out.tmpfs = pick(func(r row) float64 { return r.tmpfs.BytesPerSecond }).tmpfs
+	t := pick(func(r row) float64 { return r.tmpfs.BytesPerSecond })
+	out.tmpfs, out.tmpfsPread, out.tmpfsMapped = t.tmpfs, t.tmpfsPread, t.tmpfsMapped
 	d := pick(func(r row) float64 { return r.disk.BytesPerSecond })
 	out.disk, out.disk1, out.disk2 = d.disk, d.disk1, d.disk2
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
@@ -555,9 +591,9 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
-	b.WriteString("Bandwidths in GB/s (10^9 bytes/s). memcpy and disk are the peak of 1 thread and of the restore's 2 readers (both in the notes below), between pre-faulted buffers. ")
-	b.WriteString("A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), pread into it with 2 readers in 1 MiB chunks (8 MiB blocks with O_DIRECT), each reader hashing the chunk it just read (XXH3) while the chunk is in its cache, then combine the chunk digests and compare. ")
-	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each block in just before reading into it, read, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping, each hashing (XXH3) the chunk in the region right after copying it; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
+	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
@@ -575,17 +611,18 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 			float64(r.ttftHot)/float64(bound), r.ttftHot.Round(time.Millisecond), bound.Round(time.Millisecond),
 			r.verified, r.wakes)
 	}
-	b.WriteString("\nPeaks, 1 thread / 2 threads: ")
+	fmt.Fprintf(&b, "\nPeaks: memcpy 1 thread / 2 threads, tmpfs pread / mapped copy, disk and warm file 1 reader / %d readers: ", arena.DirectWorkers)
 	var parts []string
 	for _, r := range rows {
 		if r.skipped == "" {
-			parts = append(parts, fmt.Sprintf("%s memcpy %s / %s, disk %s / %s, warm file %s / %s", arena.Size(r.size),
-				gbps(r.memcpy1.BytesPerSecond), gbps(r.memcpy2.BytesPerSecond), gbps(r.disk1.BytesPerSecond), gbps(r.disk2.BytesPerSecond),
+			parts = append(parts, fmt.Sprintf("%s memcpy %s / %s, tmpfs %s / %s, disk %s / %s, warm file %s / %s", arena.Size(r.size),
+				gbps(r.memcpy1.BytesPerSecond), gbps(r.memcpy2.BytesPerSecond), gbps(r.tmpfsPread.BytesPerSecond), gbps(r.tmpfsMapped.BytesPerSecond),
+				gbps(r.disk1.BytesPerSecond), gbps(r.disk2.BytesPerSecond),
 				gbps(r.warmRaw1.BytesPerSecond), gbps(r.warmRaw2.BytesPerSecond)))
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Verified copy, memcpy + XXH3 of each 1 MiB chunk right after its copy (2 threads), the most a restore that hashes every byte can do from a source as fast as memory, and the hot restore as a share of it: ")
+	b.WriteString("Verified copy, memcpy + XXH3 of each 1 MiB chunk in the destination right after its copy (2 threads, between pre-faulted buffers), the most a restore that hashes every byte it lands can do from a source as fast as memory, and the hot restore as a share of it: ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
@@ -594,7 +631,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (tmpfs read, 1 MiB chunks, 2 readers, no hash) and sink, as a share of memcpy; the sink is the device pool's memory, already faulted in (memcpy), or, returned to the kernel, fresh memory (fault, then copy): ")
+	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (the tmpfs column) and sink, as a share of memcpy; the sink is the device pool's memory, already faulted in (memcpy), or, returned to the kernel, fresh memory (fault, then copy): ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {

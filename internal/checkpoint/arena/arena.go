@@ -12,9 +12,10 @@
 // made, or faulted block by block by the fill that writes it, so getting the
 // memory overlaps reading into it. A Device keeps regions of such memory
 // faulted in across sleeps, as an accelerator keeps its memory. FillFile
-// reads a file into an arena with pread(2) from several workers, each
-// hashing the 1 MiB chunk it just read while the chunk is in its cache, so
-// verification costs no second pass over memory.
+// copies a file into an arena from several workers, out of a populated
+// mapping where the file is in huge pages and with pread(2) or O_DIRECT
+// otherwise, each worker hashing the 1 MiB chunk it just put in the arena,
+// so every restored byte is verified where it landed.
 package arena
 
 import (

@@ -12,15 +12,15 @@ import (
 )
 
 // ChunkSize is the unit of the digest: every 1 MiB chunk of an artifact is
-// hashed on its own, small enough to be hashed right after it is copied,
-// while it is still in the CPU's cache, by whichever core copied it.
+// hashed on its own, right after it is copied, by whichever core copied it,
+// so the cores that copy also verify.
 const ChunkSize = 1 << 20
 
 // Digest is the content hash of a weights artifact: XXH3-64 over the
 // little-endian XXH3-64 digests of its 1 MiB chunks, in order (the last
 // chunk may be shorter; an empty artifact has no chunks). Chunks hash in
-// parallel and right after their copy, so verifying every restore costs
-// no second pass over memory. XXH3 runs at about twice xxHash64's speed;
+// parallel and right after their copy, so verification needs no separate
+// pass once the copy is done. XXH3 runs at about twice xxHash64's speed;
 // it detects corruption, it is not a signature (the fetcher checks the
 // model's sha256 when it downloads it).
 type Digest uint64

@@ -34,6 +34,9 @@ type FillStats struct {
 	// Direct is true when the file was read with O_DIRECT (page cache
 	// bypassed).
 	Direct bool
+	// Mapped is true when the file was mapped and copied out of the
+	// mapping rather than read with pread.
+	Mapped bool
 	// Workers is how many blocks were read at once.
 	Workers int
 	// Faulted is true when the arena's pages were faulted in by the fill

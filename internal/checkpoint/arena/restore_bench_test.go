@@ -1,0 +1,290 @@
+package arena
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+)
+
+// The restore micro-benchmarks read a file on a tmpfs into a pre-faulted
+// arena and verify it, each a different way, to choose FillFile's path.
+// MO_ARENA_BENCH_DIR names a directory on the hot tier's tmpfs (mount one
+// with huge=within_size to measure what the node agent mounts; default
+// /dev/shm) and MO_ARENA_BENCH_SIZE the file's size (default 1GiB):
+//
+//	MO_ARENA_BENCH_DIR=/mnt/hot go test ./internal/checkpoint/arena -run '^$' -bench Restore -benchtime 5x
+
+func benchFile(b *testing.B) (string, int) {
+	b.Helper()
+	dir := os.Getenv("MO_ARENA_BENCH_DIR")
+	if dir == "" {
+		dir = "/dev/shm"
+	}
+	n := Size(1 << 30)
+	if s := os.Getenv("MO_ARENA_BENCH_SIZE"); s != "" {
+		if err := n.Set(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	d, err := os.MkdirTemp(dir, "arena-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(d) })
+	src, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Free()
+	Synthesize(src.Bytes(), 3)
+	path := filepath.Join(d, "w")
+	if err := WriteFile(path, src.Bytes(), false); err != nil {
+		b.Fatal(err)
+	}
+	return path, int(n)
+}
+
+// restoreFunc restores chunk i of src (a mapping, or nil for pread from f)
+// into dst and returns its chunk digest.
+type restoreFunc func(dst, src []byte, f *os.File, off int) uint64
+
+func hashSub(src []byte, sub int, each func(s []byte)) uint64 {
+	h := xxh3.New()
+	for o := 0; o < len(src); o += sub {
+		s := src[o:min(o+sub, len(src))]
+		_, _ = h.Write(s)
+		each(s)
+	}
+	return h.Sum64()
+}
+
+// How a way reads the file: pread, or out of a mapping populated when it
+// is made, or populated chunk by chunk by the workers.
+const (
+	noMap = iota
+	populatedMap
+	lazyMap
+)
+
+func BenchmarkRestore(b *testing.B) {
+	path, n := benchFile(b)
+	ways := []struct {
+		name    string
+		mapping int
+		f       restoreFunc
+	}{
+		{"pread", noMap, func(dst, _ []byte, f *os.File, off int) uint64 {
+			_, _ = f.ReadAt(dst, int64(off))
+			return 0
+		}},
+		{"pread+hashdst", noMap, func(dst, _ []byte, f *os.File, off int) uint64 {
+			_, _ = f.ReadAt(dst, int64(off))
+			return chunkSum(dst)
+		}},
+		{"map-copy", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			copy(dst, src)
+			return 0
+		}},
+		{"map-copy+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			copy(dst, src)
+			return chunkSum(dst)
+		}},
+		{"map-copy2x512K+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			// Copies under 1 MiB use cached stores: the hash reads
+			// the chunk from the cache.
+			mid := len(src) / 2
+			copy(dst[:mid], src[:mid])
+			copy(dst[mid:], src[mid:])
+			return chunkSum(dst)
+		}},
+		{"map-hashsrc+copy", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			s := chunkSum(src)
+			copy(dst, src)
+			return s
+		}},
+		{"maplazy-populate+copy+hashdst", lazyMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			_ = unix.Madvise(src, unix.MADV_POPULATE_READ)
+			copy(dst, src)
+			return chunkSum(dst)
+		}},
+		{"map-hashsrc", populatedMap, func(_, src []byte, _ *os.File, _ int) uint64 {
+			return chunkSum(src)
+		}},
+		{"map-fused64K", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			o := 0
+			return hashSub(src, 64<<10, func(s []byte) { copy(dst[o:], s); o += len(s) })
+		}},
+		{"map-fused256K", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			o := 0
+			return hashSub(src, 256<<10, func(s []byte) { copy(dst[o:], s); o += len(s) })
+		}},
+		{"map-copy256K+hashdst", populatedMap, func(dst, src []byte, _ *os.File, _ int) uint64 {
+			h := xxh3.New()
+			for o := 0; o < len(src); o += 256 << 10 {
+				e := min(o+256<<10, len(src))
+				copy(dst[o:e], src[o:e])
+				_, _ = h.Write(dst[o:e])
+			}
+			return h.Sum64()
+		}},
+	}
+	for _, huge := range []bool{false, true} {
+		dst, err := New(int64(n), Options{NoHugePages: !huge})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if huge {
+			_ = unix.Madvise(dst.full, unix.MADV_HUGEPAGE)
+		}
+		for _, w := range ways {
+			for _, workers := range []int{1, 2, 3} {
+				b.Run(fmt.Sprintf("%s/huge=%v/workers=%d", w.name, huge, workers), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					f, err := os.Open(path)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() { _ = f.Close() }()
+					for b.Loop() {
+						var src []byte
+						if w.mapping != noMap {
+							flags := unix.MAP_SHARED
+							if w.mapping == populatedMap {
+								flags |= unix.MAP_POPULATE
+							}
+							src, err = unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, flags)
+							if err != nil {
+								b.Fatal(err)
+							}
+						}
+						var wg sync.WaitGroup
+						for k := range workers {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								for off := k * ChunkSize; off < n; off += workers * ChunkSize {
+									end := min(off+ChunkSize, n)
+									var s []byte
+									if src != nil {
+										s = src[off:end]
+									}
+									_ = w.f(dst.full[off:end], s, f, off)
+								}
+							}()
+						}
+						wg.Wait()
+						if src != nil {
+							_ = unix.Munmap(src)
+						}
+					}
+				})
+			}
+		}
+		dst.Free()
+	}
+}
+
+// BenchmarkMapPopulate is the cost of mapping the tier file, populated.
+func BenchmarkMapPopulate(b *testing.B) {
+	path, n := benchFile(b)
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	b.SetBytes(int64(n))
+	for b.Loop() {
+		m, err := unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_ = unix.Munmap(m)
+	}
+}
+
+// BenchmarkHashInCache compares XXH3 of a 1 MiB chunk in one call with the
+// streaming hasher fed 64 KiB pieces, on bytes in the cache.
+func BenchmarkHashInCache(b *testing.B) {
+	buf := make([]byte, ChunkSize)
+	Synthesize(buf, 1)
+	b.Run("Hash", func(b *testing.B) {
+		b.SetBytes(ChunkSize)
+		for b.Loop() {
+			_ = chunkSum(buf)
+		}
+	})
+	b.Run("Hasher64K", func(b *testing.B) {
+		b.SetBytes(ChunkSize)
+		for b.Loop() {
+			_ = hashSub(buf, 64<<10, func([]byte) {})
+		}
+	})
+}
+
+// BenchmarkDirectRead reads a file on a disk with O_DIRECT into a
+// pre-faulted arena: raw (ReadFile) and verified (FillFile), by reader
+// count. MO_ARENA_BENCH_DISK_DIR names a directory on the disk (default
+// /var/tmp).
+func BenchmarkDirectRead(b *testing.B) {
+	dir := os.Getenv("MO_ARENA_BENCH_DISK_DIR")
+	if dir == "" {
+		dir = "/var/tmp"
+	}
+	b.Setenv("MO_ARENA_BENCH_DIR", dir)
+	path, n := benchFile(b)
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	for _, workers := range []int{1, 2, 4, 8} {
+		for _, verified := range []bool{false, true} {
+			b.Run(fmt.Sprintf("workers=%d/verified=%v", workers, verified), func(b *testing.B) {
+				b.SetBytes(int64(n))
+				for b.Loop() {
+					opts := FileOptions{Direct: true, Workers: workers}
+					var st FillStats
+					if verified {
+						_, st, err = FillFile(dst, path, opts)
+					} else {
+						st, err = ReadFile(dst, path, opts)
+					}
+					if err != nil || !st.Direct {
+						b.Fatalf("direct %v: %v", st.Direct, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkFillFile is the restore itself: FillFile from the tier file into
+// a pre-faulted arena, each way.
+func BenchmarkFillFile(b *testing.B) {
+	path, n := benchFile(b)
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	for _, m := range []struct {
+		name   string
+		method ReadMethod
+	}{{"auto", ReadAuto}, {"pread", ReadPread}, {"mapped", ReadMapped}} {
+		b.Run(m.name, func(b *testing.B) {
+			b.SetBytes(int64(n))
+			var st FillStats
+			for b.Loop() {
+				if _, st, err = FillFile(dst, path, FileOptions{Method: m.method}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(map[bool]float64{false: 0, true: 1}[st.Mapped], "mapped")
+		})
+	}
+}
