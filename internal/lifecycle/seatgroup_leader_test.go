@@ -564,7 +564,7 @@ seatGroups:
 	if err := cfg.Validate([]string{"alpha", "beta"}); err != nil {
 		t.Fatalf("the chart's shape is invalid: %v", err)
 	}
-	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", ActiveSeats: 1, Members: []lifecycle.SeatMember{
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", Replicas: 1, ActiveSeats: 1, Members: []lifecycle.SeatMember{
 		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300},
 		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301},
 	}}}
@@ -580,6 +580,7 @@ seatGroups:
 		{"no StatefulSet", func(c *lifecycle.Config) { c.SeatGroups[0].StatefulSet = "" }, "statefulSet must be set"},
 		{"one application", func(c *lifecycle.Config) { c.SeatGroups[0].Members = c.SeatGroups[0].Members[:1] }, "at least 2 applications"},
 		{"as many seats as applications", func(c *lifecycle.Config) { c.SeatGroups[0].ActiveSeats = 2 }, "leaves nothing to multiplex"},
+		{"too many replicas", func(c *lifecycle.Config) { c.SeatGroups[0].Replicas = 9 }, "replicas must be between 1 and 8, got 9"},
 		{"an application not served", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].Name = "gamma" }, `application "gamma" is not in apps`},
 		{"an application scaled too", func(c *lifecycle.Config) {
 			c.Apps = []lifecycle.App{{Name: "alpha", RootStatefulSet: "x", MinReplicas: 1, MaxReplicas: 1, TargetQueuePerReplica: 1, Scaler: v1alpha1.ScalerBuiltin}}
@@ -600,11 +601,12 @@ seatGroups:
 	}
 }
 
-// TestSeatGroupLeaderRefusesAGroupOfTwoReplicas: the gate is per
-// application, so the leader cannot multiplex a group whose StatefulSet runs
-// two pods; it says so in an event on the StatefulSet and leaves the
-// engines as they are.
-func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
+// TestSeatGroupLeaderRefusesAStatefulSetOfAnotherCount: the chart writes a
+// group's replicas into the StatefulSet and the leader's configuration;
+// the leader does not multiplex a group whose StatefulSet runs another
+// count (someone scaled it), says so in an event on the StatefulSet and
+// leaves the engines as they are.
+func TestSeatGroupLeaderRefusesAStatefulSetOfAnotherCount(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 2)
 	var msg string
 	eventually(t, 30*time.Second, holds("a SeatGroupRefused event", func() bool {
@@ -620,7 +622,7 @@ func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
 		}
 		return false
 	}))
-	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "maxReplicas to 1") {
+	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "spec.seatGroups.g.replicas") {
 		t.Errorf("event message %q does not say why and what to do", msg)
 	}
 	if got := len(p.awake()); got != 2 {
