@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,30 +47,15 @@ func TestSeatGroupServesFromTwoPods(t *testing.T) {
 	logf := func(format string, args ...any) {
 		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
 	}
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator-seatgroup-replicas.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, env.hub))
-	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
 	apps := []string{"alpha", "beta", "gamma"} // in name order: engine i on 8080+i
 	port := map[string]string{}
-	for i, app := range apps {
-		port[app] = strconv.Itoa(8080 + i)
-		must(t, unstructured.SetNestedField(obj.Object, int64(0), "spec", "applications", app, "lifecycle", "seat", "priority"))
-		must(t, unstructured.SetNestedField(obj.Object, "1s", "spec", "applications", app, "lifecycle", "seat", "minResidency"))
-	}
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	name := obj.GetName()
-	waitReady(ctx, t, ns, name)
+	name, token := applySeatSample(ctx, t, ns, "simulator-seatgroup-replicas.yaml", func(obj *unstructured.Unstructured) {
+		for i, app := range apps {
+			port[app] = strconv.Itoa(8080 + i)
+			must(t, unstructured.SetNestedField(obj.Object, int64(0), "spec", "applications", app, "lifecycle", "seat", "priority"))
+			must(t, unstructured.SetNestedField(obj.Object, "1s", "spec", "applications", app, "lifecycle", "seat", "minResidency"))
+		}
+	})
 	logf("Ready")
 
 	groupSel := "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=seat-group,modelorchestra.io/seat-group=accel"
@@ -91,13 +75,7 @@ func TestSeatGroupServesFromTwoPods(t *testing.T) {
 		t.Fatalf("seat group accel runs pods %v, want 2", pods)
 	}
 
-	status := func() (map[string]v1alpha1.ApplicationStatus, error) {
-		mo, err := stack.Get(ctx, env.dyn, ns, name)
-		if err != nil {
-			return nil, err
-		}
-		return mo.Status.Applications, nil
-	}
+	status := func() (map[string]v1alpha1.ApplicationStatus, error) { return appStatuses(ctx, ns, name) }
 	// holders maps each pod to the applications holding a seat in it, as
 	// the status says.
 	holders := func(st map[string]v1alpha1.ApplicationStatus) map[string][]string {
@@ -135,34 +113,9 @@ func TestSeatGroupServesFromTwoPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sent := map[string]int{}
-	var failures []string
-	ask := func(app string) {
-		mu.Lock()
-		sent[app]++
-		mu.Unlock()
-		res, err := stack.StreamChat(ctx, base, token, app, chatPrompt, 16, nil)
-		switch {
-		case err != nil:
-			err = fmt.Errorf("%s: %w", app, err)
-		case !res.Done || res.FinishReason == "" || res.Chunks == 0:
-			err = fmt.Errorf("%s: answer cut: %+v", app, res)
-		}
-		if err != nil {
-			mu.Lock()
-			failures = append(failures, err.Error())
-			mu.Unlock()
-		}
-	}
-	wantAllAnswered := func(t *testing.T) {
-		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		if len(failures) > 0 {
-			t.Errorf("%d requests not answered whole: %s", len(failures), strings.Join(failures, "; "))
-			failures = nil
-		}
-	}
+	chats := newSeatChats(ctx, base, token)
+	ask := func(app string) { chats.ask(app, 16) }
+	wantAllAnswered, sent := chats.wantAllAnswered, chats.sent
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, "alpha", chatPrompt, 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat through %s: %v", base, err)
 	}

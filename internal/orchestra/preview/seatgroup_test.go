@@ -262,17 +262,7 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	}
 	var cm corev1.ConfigMap
 	objs.get(t, "ConfigMap", "shared-dispatcher", &cm)
-	path := filepath.Join(t.TempDir(), "dispatcher.yaml")
-	if err := os.WriteFile(path, []byte(cm.Data["dispatcher.yaml"]), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := dispatch.Load(path)
-	if err == nil {
-		err = cfg.Validate()
-	}
-	if err != nil {
-		t.Fatalf("dispatcher.yaml is refused: %v", err)
-	}
+	cfg := loadDispatcherConfig(t, cm)
 	if cfg.Lifecycle == nil {
 		t.Fatal("no lifecycle section: nothing multiplexes the group")
 	}
@@ -330,6 +320,23 @@ func TestSeatGroupOfTwoReplicasRendersTwoPods(t *testing.T) {
 
 	var cm corev1.ConfigMap
 	objs.get(t, "ConfigMap", "shared2-dispatcher", &cm)
+	cfg := loadDispatcherConfig(t, cm)
+	if cfg.Lifecycle == nil || len(cfg.Lifecycle.SeatGroups) != 1 || cfg.Lifecycle.SeatGroups[0].Replicas != 2 {
+		t.Errorf("the leader's seat groups %+v, want accel with 2 replicas", cfg.Lifecycle)
+	}
+
+	one := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
+	for _, o := range one.Objects {
+		if o.GetKind() == "PodDisruptionBudget" && o.GetName() == "shared-seat-accel" {
+			t.Error("a PodDisruptionBudget for a group of one pod: it would block every voluntary eviction")
+		}
+	}
+}
+
+// loadDispatcherConfig loads and validates the dispatcher.yaml of a
+// rendered ConfigMap as the dispatcher does.
+func loadDispatcherConfig(t *testing.T, cm corev1.ConfigMap) dispatch.Config {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "dispatcher.yaml")
 	if err := os.WriteFile(path, []byte(cm.Data["dispatcher.yaml"]), 0o600); err != nil {
 		t.Fatal(err)
@@ -341,14 +348,5 @@ func TestSeatGroupOfTwoReplicasRendersTwoPods(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dispatcher.yaml is refused: %v", err)
 	}
-	if cfg.Lifecycle == nil || len(cfg.Lifecycle.SeatGroups) != 1 || cfg.Lifecycle.SeatGroups[0].Replicas != 2 {
-		t.Errorf("the leader's seat groups %+v, want accel with 2 replicas", cfg.Lifecycle)
-	}
-
-	one := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
-	for _, o := range one.Objects {
-		if o.GetKind() == "PodDisruptionBudget" && o.GetName() == "shared-seat-accel" {
-			t.Error("a PodDisruptionBudget for a group of one pod: it would block every voluntary eviction")
-		}
-	}
+	return cfg
 }
