@@ -125,8 +125,8 @@ spec:
 			wantField: "spec.seatGroups.g.replicas", wantMsg: "less than or equal to 8",
 		},
 		{
-			name: "seat-group-replicas-rwop",
-			spec: "  seatGroups: {g: {replicas: 2}}\n" + apps("    a:\n      model: {source: \"hf://org/repo\", file: m.gguf, cache: {accessMode: ReadWriteOncePod}}\n      runtime: {engine: simulator}\n      lifecycle: {seat: {group: g}}\n"),
+			name:      "seat-group-replicas-rwop",
+			spec:      "  seatGroups: {g: {replicas: 2}}\n" + apps("    a:\n      model: {source: \"hf://org/repo\", file: m.gguf, cache: {accessMode: ReadWriteOncePod}}\n      runtime: {engine: simulator}\n      lifecycle: {seat: {group: g}}\n"),
 			wantField: "spec.seatGroups", wantMsg: "seatGroups.<group>.replicas above 1 runs every application of the group in several pods",
 		},
 		{
