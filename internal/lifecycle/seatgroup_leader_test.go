@@ -321,21 +321,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 	}))
 
 	// Two engines awake at once, from here on, would break the budget.
-	stop := make(chan struct{})
-	var overBudget atomic.Int64
-	var watch sync.WaitGroup
-	watch.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			if len(p.awake()) > 1 {
-				overBudget.Add(1)
-			}
-		}
-	})
+	overBudget := countWhile(func() bool { return len(p.awake()) > 1 })
 
 	for round := range 2 {
 		for _, app := range apps {
@@ -348,10 +334,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 			}))
 		}
 	}
-	close(stop)
-	watch.Wait()
-
-	if n := overBudget.Load(); n > 0 {
+	if n := overBudget(); n > 0 {
 		t.Errorf("two engines were awake at once %d times", n)
 	}
 	for _, app := range apps {
@@ -630,21 +613,7 @@ func TestSeatGroupLeaderServesFromTwoPods(t *testing.T) {
 		return awakeIn(0) == 1 && awakeIn(1) == 1
 	}))
 
-	stop := make(chan struct{})
-	var overBudget atomic.Int64
-	var watch sync.WaitGroup
-	watch.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			if awakeIn(0) > 1 || awakeIn(1) > 1 {
-				overBudget.Add(1)
-			}
-		}
-	})
+	overBudget := countWhile(func() bool { return awakeIn(0) > 1 || awakeIn(1) > 1 })
 	var spread atomic.Bool // two applications held in the two pods at once
 	for round := range 3 {
 		var wg sync.WaitGroup
@@ -670,10 +639,7 @@ func TestSeatGroupLeaderServesFromTwoPods(t *testing.T) {
 			spread.Store(true)
 		}
 	}
-	close(stop)
-	watch.Wait()
-
-	if n := overBudget.Load(); n > 0 {
+	if n := overBudget(); n > 0 {
 		t.Errorf("a pod had two engines awake at once %d times", n)
 	}
 	perPod := make([]int64, 2)
@@ -824,4 +790,29 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 	}
 	e.seat = httptest.NewUnstartedServer(sh)
 	listen(e.seat, likeSeat)
+}
+
+// countWhile samples bad every 2 ms from now on; the function it returns
+// stops the sampling and returns how many samples were bad.
+func countWhile(bad func() bool) func() int64 {
+	stop := make(chan struct{})
+	var n atomic.Int64
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if bad() {
+				n.Add(1)
+			}
+		}
+	})
+	return func() int64 {
+		close(stop)
+		watch.Wait()
+		return n.Load()
+	}
 }
