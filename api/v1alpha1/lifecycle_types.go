@@ -15,7 +15,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="lifecycle.minReplicas must not exceed lifecycle.maxReplicas",fieldPath=".minReplicas"
 // +kubebuilder:validation:XValidation:rule="self.scaler != 'KEDA' || self.maxReplicas > 1",message="lifecycle.scaler KEDA scales from 1 to maxReplicas: set maxReplicas above 1, or use the Builtin scaler",fieldPath=".scaler"
-// +kubebuilder:validation:XValidation:rule="!has(self.seat) || self.maxReplicas <= 1",message="lifecycle.maxReplicas must be 1 for an application with lifecycle.seat: a seat group runs its applications in one pod",fieldPath=".maxReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.seat) || self.maxReplicas <= 1",message="lifecycle.maxReplicas must be 1 for an application with lifecycle.seat: its seat group's pods are counted by spec.seatGroups.<group>.replicas",fieldPath=".maxReplicas"
 // +kubebuilder:validation:XValidation:rule="!has(self.sleepAfter) || self.minReplicas > 0 || duration(self.sleepAfter) < duration(has(self.zeroAfter) ? self.zeroAfter : '15m')",message="lifecycle.sleepAfter must be shorter than zeroAfter: engines sleep first and go to zero pods later",fieldPath=".sleepAfter"
 type LifecycleSpec struct {
 	// minReplicas is the fewest topology replicas kept running. 0 lets the
@@ -173,6 +173,17 @@ type SeatGroupSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=16
 	ActiveSeats int32 `json:"activeSeats,omitempty"`
+
+	// replicas is how many pods run the group, each with one engine per
+	// application and its own activeSeats seats. An application may be
+	// awake in several pods; requests for it go only to the pods where it
+	// is awake. The count is fixed: the lifecycle does not scale a seat
+	// group with its backlog. Default 1.
+	// +optional
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	Replicas int32 `json:"replicas,omitempty"`
 }
 
 // LifecycleScaler decides the replica count between 1 and maxReplicas.
@@ -290,6 +301,14 @@ type SeatStatus struct {
 	// active seats.
 	// +optional
 	Holding bool `json:"holding,omitempty"`
+
+	// pods are the group's pods where the application holds a seat (awake,
+	// waking or draining), in name order; a group of several replicas may
+	// hold it in several.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	Pods []string `json:"pods,omitempty"`
 
 	// swapsIn counts the times the application was swapped in.
 	// +optional

@@ -43,6 +43,11 @@ func (d *Dispatcher) runLifecycle(ctx context.Context) error {
 				v.setPods(pods)
 			}
 		},
+		SeatPods: func(app string, pods []lifecycle.SeatPod) {
+			if v := d.views[app]; v != nil && v.seat {
+				v.setSeatPods(pods)
+			}
+		},
 	})
 	if err != nil {
 		return err
@@ -73,4 +78,19 @@ func (d *Dispatcher) firstTokenHook(a *app, stored time.Time) func() {
 		return nil
 	}
 	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, a.pool.rootsSince()) }
+}
+
+// seatMembers names the applications of the lifecycle's seat groups: their
+// roots are the group pods that serve them (rootView.seat).
+func seatMembers(cfg *lifecycle.Config) map[string]bool {
+	out := map[string]bool{}
+	if cfg == nil {
+		return out
+	}
+	for _, g := range cfg.SeatGroups {
+		for _, m := range g.Members {
+			out[m.Name] = true
+		}
+	}
+	return out
 }

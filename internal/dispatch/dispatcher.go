@@ -135,6 +135,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,
 	}
+	seats := seatMembers(cfg.Lifecycle)
 	for _, a := range cfg.Apps {
 		name := a.Name
 		p := newPool(a.MaxConcurrency, cfg.Health, func(root string, healthy bool) {
@@ -153,7 +154,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 			return nil, fmt.Errorf("application %s names service %s but no Kubernetes client was given", a.Name, a.Service)
 		}
 		d.pools[a.Name] = p
-		d.views[a.Name] = &rootView{app: a, pool: p, log: log}
+		d.views[a.Name] = &rootView{app: a, pool: p, log: log, seat: seats[a.Name] && len(a.Endpoints) == 0}
 		if cfg.Health.Path != "" {
 			d.views[a.Name].warm = func(url string) { d.probe(url) }
 		}

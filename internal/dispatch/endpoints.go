@@ -137,10 +137,17 @@ type rootView struct {
 	// the first request to a woken root does not dial.
 	warm func(url string)
 
-	mu    sync.Mutex
-	slice []string
-	pods  map[string]bool // nil: no pod view
-	last  []string
+	// seat: the application is a member of a seat group, whose pods run
+	// its engine awake or asleep: its roots are the EndpointSlices' roots
+	// on the pods that serve it (seatIPs, from the lifecycle's SeatPods),
+	// and none until the lifecycle told which.
+	seat bool
+
+	mu      sync.Mutex
+	slice   []string
+	pods    map[string]bool // nil: no pod view
+	seatIPs map[string]bool // the addresses of the seat pods serving it
+	last    []string
 }
 
 // setSlice takes the roots the EndpointSlices list.
@@ -159,8 +166,24 @@ func (v *rootView) setPods(pods []*corev1.Pod) {
 	v.applyLocked("pods")
 }
 
+// setSeatPods takes the pods of the application's seat group.
+func (v *rootView) setSeatPods(pods []lifecycle.SeatPod) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.seatIPs = map[string]bool{}
+	for _, p := range pods {
+		if p.Serves && p.Pod.Status.PodIP != "" {
+			v.seatIPs[p.Pod.Status.PodIP] = true
+		}
+	}
+	v.applyLocked("seat pods")
+}
+
 func (v *rootView) applyLocked(source string) {
 	urls := mergeRoots(v.slice, v.pods)
+	if v.seat {
+		urls = seatRoots(v.slice, v.seatIPs)
+	}
 	if slices.Equal(urls, v.last) {
 		return
 	}
@@ -219,4 +242,19 @@ func mergeRoots(slice []string, pods map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return slices.Compact(out)
+}
+
+// seatRoots is a seat group member's roots: the EndpointSlices' roots
+// whose address is one of a pod that serves it (ips). The EndpointSlice
+// lists every group pod whatever its engines do; the lifecycle leader
+// says where the application is awake.
+func seatRoots(slice []string, ips map[string]bool) []string {
+	var out []string
+	for _, u := range slice {
+		host, _, err := net.SplitHostPort(strings.TrimPrefix(u, "http://"))
+		if err == nil && ips[host] {
+			out = append(out, u)
+		}
+	}
+	return out
 }

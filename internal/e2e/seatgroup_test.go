@@ -76,46 +76,31 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
 	}
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", "simulator-seatgroup.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj.SetNamespace(ns)
-	must(t, stack.MirrorModel(obj, env.hub))
-	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
-	gammaSpec, _, err := unstructured.NestedMap(obj.Object, "spec", "applications", "gamma")
-	if err != nil || gammaSpec == nil {
-		t.Fatalf("the sample has no application gamma: %v", err)
-	}
-	must(t, unstructured.SetNestedMap(obj.Object, gammaSpec, "spec", "applications", "delta"))
-	name := obj.GetName()
 	apps := []string{"alpha", "beta", "delta", "gamma"} // in name order: engine i on 8080+i
 	port := map[string]int{}
-	for i, app := range apps {
-		port[app] = 8080 + i
-		args := []any{fmt.Sprintf("--weights-bytes=%d", seatWeights), "--ttft=20ms", "--itl=5ms", "--output-tokens=600"}
-		residency := seatResidency
-		switch app {
-		case "beta":
-			must(t, unstructured.SetNestedField(obj.Object, int64(5), "spec", "applications", app, "lifecycle", "seat", "priority"))
-			must(t, unstructured.SetNestedField(obj.Object, seatSleepAfter.String(), "spec", "applications", app, "lifecycle", "sleepAfter"))
-		case "gamma":
-			residency = seatAntiThrash
-		case "delta":
-			args = append(args, "--fault-sleep-leak")
+	name, token := applySeatSample(ctx, t, ns, "simulator-seatgroup.yaml", func(obj *unstructured.Unstructured) {
+		gammaSpec, _, err := unstructured.NestedMap(obj.Object, "spec", "applications", "gamma")
+		if err != nil || gammaSpec == nil {
+			t.Fatalf("the sample has no application gamma: %v", err)
 		}
-		must(t, unstructured.SetNestedSlice(obj.Object, args, "spec", "applications", app, "runtime", "args"))
-		must(t, unstructured.SetNestedField(obj.Object, residency.String(), "spec", "applications", app, "lifecycle", "seat", "minResidency"))
-	}
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
+		must(t, unstructured.SetNestedMap(obj.Object, gammaSpec, "spec", "applications", "delta"))
+		for i, app := range apps {
+			port[app] = 8080 + i
+			args := []any{fmt.Sprintf("--weights-bytes=%d", seatWeights), "--ttft=20ms", "--itl=5ms", "--output-tokens=600"}
+			residency := seatResidency
+			switch app {
+			case "beta":
+				must(t, unstructured.SetNestedField(obj.Object, int64(5), "spec", "applications", app, "lifecycle", "seat", "priority"))
+				must(t, unstructured.SetNestedField(obj.Object, seatSleepAfter.String(), "spec", "applications", app, "lifecycle", "sleepAfter"))
+			case "gamma":
+				residency = seatAntiThrash
+			case "delta":
+				args = append(args, "--fault-sleep-leak")
+			}
+			must(t, unstructured.SetNestedSlice(obj.Object, args, "spec", "applications", app, "runtime", "args"))
+			must(t, unstructured.SetNestedField(obj.Object, residency.String(), "spec", "applications", app, "lifecycle", "seat", "minResidency"))
+		}
+	})
 	logf("Ready")
 
 	groupSel := "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=seat-group,modelorchestra.io/seat-group=accel"
@@ -160,13 +145,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		})
 	}
 
-	status := func() (map[string]v1alpha1.ApplicationStatus, error) {
-		mo, err := stack.Get(ctx, env.dyn, ns, name)
-		if err != nil {
-			return nil, err
-		}
-		return mo.Status.Applications, nil
-	}
+	status := func() (map[string]v1alpha1.ApplicationStatus, error) { return appStatuses(ctx, ns, name) }
 	holders := func(st map[string]v1alpha1.ApplicationStatus) []string {
 		var h []string
 		for _, app := range apps {
@@ -273,38 +252,9 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The counts: every request answered once and whole.
-	var mu sync.Mutex
-	sent := map[string]int{}
-	var failures []string
-	ask := func(app string, maxTokens int) *stack.ChatResult {
-		mu.Lock()
-		sent[app]++
-		mu.Unlock()
-		res, err := stack.StreamChat(ctx, base, token, app, chatPrompt, maxTokens, nil)
-		switch {
-		case err != nil:
-			err = fmt.Errorf("%s: %w", app, err)
-		case !res.Done || res.FinishReason == "" || res.Chunks == 0:
-			err = fmt.Errorf("%s: answer cut: %+v", app, res)
-		}
-		if err != nil {
-			mu.Lock()
-			failures = append(failures, err.Error())
-			mu.Unlock()
-			return nil
-		}
-		return res
-	}
-	wantAllAnswered := func(t *testing.T) {
-		t.Helper()
-		mu.Lock()
-		defer mu.Unlock()
-		if len(failures) > 0 {
-			t.Errorf("%d requests not answered whole: %s", len(failures), strings.Join(failures, "; "))
-			failures = nil
-		}
-	}
+	chats := newSeatChats(ctx, base, token)
+	ask, wantAllAnswered, sent := chats.ask, chats.wantAllAnswered, chats.sent
+	var mu sync.Mutex // order
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, "alpha", chatPrompt, 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat through %s: %v", base, err)
 	}
@@ -588,4 +538,87 @@ func seatDeliveryFailures(ctx context.Context, t *testing.T, ns string, apps []s
 		}
 	}
 	return out
+}
+
+// applySeatSample applies a seat group sample of config/samples in ns,
+// through a NodePort gateway without limits, after edit changed it; it
+// waits until the orchestra is Ready and returns its name and a token.
+func applySeatSample(ctx context.Context, t *testing.T, ns, sample string, edit func(obj *unstructured.Unstructured)) (name, token string) {
+	t.Helper()
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj.SetNamespace(ns)
+	must(t, stack.MirrorModel(obj, env.hub))
+	must(t, unstructured.SetNestedField(obj.Object, "NodePort", "spec", "gateway", "service", "type"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
+	edit(obj)
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, obj.GetName())
+	return obj.GetName(), token
+}
+
+// appStatuses returns the orchestra's application statuses.
+func appStatuses(ctx context.Context, ns, name string) (map[string]v1alpha1.ApplicationStatus, error) {
+	mo, err := stack.Get(ctx, env.dyn, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	return mo.Status.Applications, nil
+}
+
+// seatChats sends streamed chats through the gateway and counts them: each
+// must be answered once and whole (a finish reason and [DONE]).
+type seatChats struct {
+	ctx         context.Context
+	base, token string
+
+	mu       sync.Mutex
+	sent     map[string]int
+	failures []string
+}
+
+func newSeatChats(ctx context.Context, base, token string) *seatChats {
+	return &seatChats{ctx: ctx, base: base, token: token, sent: map[string]int{}}
+}
+
+// ask sends one chat to app and returns its answer, or nil after
+// recording why it was not answered whole.
+func (c *seatChats) ask(app string, maxTokens int) *stack.ChatResult {
+	c.mu.Lock()
+	c.sent[app]++
+	c.mu.Unlock()
+	res, err := stack.StreamChat(c.ctx, c.base, c.token, app, chatPrompt, maxTokens, nil)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%s: %w", app, err)
+	case !res.Done || res.FinishReason == "" || res.Chunks == 0:
+		err = fmt.Errorf("%s: answer cut: %+v", app, res)
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.failures = append(c.failures, err.Error())
+		c.mu.Unlock()
+		return nil
+	}
+	return res
+}
+
+// wantAllAnswered fails t for every chat not answered whole since the
+// last call.
+func (c *seatChats) wantAllAnswered(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.failures) > 0 {
+		t.Errorf("%d requests not answered whole: %s", len(c.failures), strings.Join(c.failures, "; "))
+		c.failures = nil
+	}
 }

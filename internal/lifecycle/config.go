@@ -64,16 +64,23 @@ type Config struct {
 type SeatGroup struct {
 	// Name is the group (spec.seatGroups.<name>).
 	Name string `json:"name"`
-	// StatefulSet runs the group's pod. The leader drives the seats of
-	// its pod 0 and refuses a group with more than one replica: every
-	// replica shares each application's gate (its JetStream consumer),
-	// so one decision cannot differ between pods.
+	// StatefulSet runs the group's pods.
 	StatefulSet string `json:"statefulSet"`
-	// ActiveSeats is how many applications may be awake at once. Default 1.
+	// Replicas is how many pods the StatefulSet runs (the chart writes
+	// the count; the lifecycle does not scale a group). The leader runs
+	// the policy per pod, <statefulSet>-0 to <statefulSet>-<replicas-1>.
+	// Default 1.
+	Replicas int32 `json:"replicas,omitempty"`
+	// ActiveSeats is how many applications may be awake at once in each
+	// pod. Default 1.
 	ActiveSeats int32 `json:"activeSeats,omitempty"`
 	// Members are the group's applications.
 	Members []SeatMember `json:"members"`
 }
+
+// MaxSeatGroupReplicas bounds a seat group's pods (the API's bound on
+// spec.seatGroups.<group>.replicas).
+const MaxSeatGroupReplicas = 8
 
 // SeatMember is one application of a seat group.
 type SeatMember struct {
@@ -159,6 +166,9 @@ func (c Config) Defaulted() Config {
 		if g.ActiveSeats == 0 {
 			g.ActiveSeats = seatgroup.DefaultActiveSeats
 		}
+		if g.Replicas == 0 {
+			g.Replicas = 1
+		}
 		for j := range g.Members {
 			m := &g.Members[j]
 			if m.MinResidency.Duration == 0 {
@@ -238,6 +248,9 @@ func (c Config) Validate(appNames []string) error {
 		}
 		if g.ActiveSeats < 0 {
 			add("lifecycle.seatGroups[%d] (%s): activeSeats must not be negative, got %d", i, g.Name, g.ActiveSeats)
+		}
+		if g.Replicas < 0 || g.Replicas > MaxSeatGroupReplicas {
+			add("lifecycle.seatGroups[%d] (%s): replicas must be between 1 and %d, got %d", i, g.Name, MaxSeatGroupReplicas, g.Replicas)
 		}
 		if len(g.Members) < 2 {
 			add("lifecycle.seatGroups[%d] (%s): a seat group needs at least 2 applications, got %d", i, g.Name, len(g.Members))

@@ -73,6 +73,13 @@ type Deps struct {
 	// moment its pod is Ready and drops it the moment it terminates,
 	// without waiting for the EndpointSlice. It must not block.
 	RootPods func(app string, pods []*corev1.Pod)
+	// SeatPods, when set, is told the pods of the seat group of an
+	// application and whether each serves it (SeatPodsFor), from the
+	// cache, after every change of the group's pods or StatefulSet and
+	// once the caches synced (on every replica, leader or not): the
+	// dispatcher sends the application's requests only to the pods that
+	// serve it. It must not block.
+	SeatPods func(app string, pods []SeatPod)
 }
 
 // Controller is one dispatcher's part of the lifecycle: every replica runs
@@ -92,6 +99,10 @@ type Controller struct {
 	checkpoints CheckpointStatusWriter
 	stsLister   appslisters.StatefulSetLister
 	podLister   corelisters.PodLister
+	// seatPodsMu makes each tellSeatPods read the caches and tell what
+	// it read before the next one reads (the StatefulSet and pod
+	// informers call it from two goroutines): the last told is the newest.
+	seatPodsMu sync.Mutex
 
 	mu     sync.Mutex
 	kv     jetstream.KeyValue
@@ -218,12 +229,17 @@ func (c *Controller) startInformers(ctx context.Context) error {
 			a.kickNow()
 		}
 	}
-	h := cache.ResourceEventHandlerFuncs{AddFunc: kick, UpdateFunc: func(_, o any) { kick(o) }, DeleteFunc: kick}
+	stsChanged := func(obj any) {
+		kick(obj)
+		c.seatGroupChanged(obj)
+	}
+	h := cache.ResourceEventHandlerFuncs{AddFunc: stsChanged, UpdateFunc: func(_, o any) { stsChanged(o) }, DeleteFunc: stsChanged}
 	if _, err := sts.Informer().AddEventHandler(h); err != nil {
 		return fmt.Errorf("watching StatefulSets: %w", err)
 	}
 	podChanged := func(obj any) {
 		kick(obj)
+		c.seatGroupChanged(obj)
 		if c.deps.RootPods == nil {
 			return
 		}
@@ -246,11 +262,57 @@ func (c *Controller) startInformers(ctx context.Context) error {
 			return fmt.Errorf("syncing %v informer: %w", typ, ctx.Err())
 		}
 	}
+	for _, g := range c.cfg.SeatGroups {
+		c.tellSeatPods(g)
+	}
 	go func() {
 		<-ctx.Done()
 		factory.Shutdown()
 	}()
 	return nil
+}
+
+// seatGroupChanged tells SeatPods about the group of a seat group's pod or
+// StatefulSet that changed.
+func (c *Controller) seatGroupChanged(obj any) {
+	if c.deps.SeatPods == nil {
+		return
+	}
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok || m.GetLabels()[labelComponent] != "seat-group" {
+		return
+	}
+	for _, g := range c.cfg.SeatGroups {
+		if g.Name == m.GetLabels()[labelSeatGroup] {
+			c.tellSeatPods(g)
+		}
+	}
+}
+
+// tellSeatPods tells SeatPods, for each member of g, the group's pods and
+// whether each serves it.
+func (c *Controller) tellSeatPods(g SeatGroup) {
+	if c.deps.SeatPods == nil {
+		return
+	}
+	c.seatPodsMu.Lock()
+	defer c.seatPodsMu.Unlock()
+	set, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(g.StatefulSet)
+	if err != nil {
+		set = nil
+	}
+	pods, err := c.podLister.Pods(c.deps.Namespace).List(labels.SelectorFromSet(labels.Set{
+		labelInstance: c.deps.Orchestra, labelComponent: "seat-group", labelSeatGroup: g.Name,
+	}))
+	if err != nil {
+		pods = nil
+	}
+	for _, m := range g.Members {
+		c.deps.SeatPods(m.Name, SeatPodsFor(set, pods, m.Name))
+	}
 }
 
 func (c *Controller) app(name string) *appState {

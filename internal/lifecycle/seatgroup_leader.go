@@ -1,24 +1,30 @@
 package lifecycle
 
 // Seat groups. The applications of a seat group share one accelerator in
-// the group's pod (StatefulSet "<release>-seat-<group>", one engine and one
-// seat agent per application); activeSeats of them are awake at once. The
-// leader runs one seatgroup.Executor per group: it reads each seat
-// (GET /state on the group pod's IP at the application's seat port), the
-// demand the queue shows for each application (its consumer's queued and
-// in-flight counts), decides with seatgroup.Decide, and applies the plan
-// through the seats (POST /sleep, POST /wake) and the gate: the
-// application's JetStream consumer, paused on the server (closeGate) while
-// its engine does not hold a seat and resumed (openGate) once it is awake.
-// The executor puts an engine to sleep only after the gate closed and the
-// consumer counts nothing in flight (a request a dispatcher took, or holds
-// for a free slot, counts until it is acknowledged).
+// each of the group's pods (StatefulSet "<release>-seat-<group>", replicas
+// pods, one engine and one seat agent per application in each); in each
+// pod, activeSeats of them are awake at once. The leader runs one
+// seatgroup.Executor per pod: it reads the pod's seats (GET /state on the
+// pod's IP at the application's seat port), the demand the queue shows for
+// each application (its consumer's queued and in-flight counts), decides
+// with seatgroup.Decide, and applies the plan through the pod's seats
+// (POST /sleep, POST /wake) and two gates (seatserving.go): the pods
+// serving each application (SeatServingAnnotation, which the dispatchers
+// follow), and the application's JetStream consumer, paused on the server
+// (closeGate) while no pod serves the application or one drains it, and
+// resumed (openGate) otherwise. An engine is put to sleep only after its
+// pod stopped serving it, the consumer paused, and the consumer counts
+// nothing in flight (a request a dispatcher took, or holds for a free
+// slot, counts until it is acknowledged).
 //
-// The leader drives pod 0 of the group's StatefulSet and refuses a group
-// with more replicas: the gate is per application, not per pod.
+// The executors of a group step one after the other, so that each pod
+// decides on what the others did: a pod sees an application's queue only
+// while no other pod serves it, or once its oldest request waited
+// maxSwapWait (seatPodDemand).
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -28,7 +34,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -39,14 +47,37 @@ import (
 // leader cannot multiplex.
 const EventSeatGroupRefused = "SeatGroupRefused"
 
+// servingFence bounds how long the leader waits, after it took a pod out
+// of an application's SeatServingAnnotation, for its own cache of the
+// StatefulSet to show it (the dispatchers' caches follow the same watch)
+// before it counts the application's requests in flight.
+const servingFence = 2 * time.Second
+
 // seatGroupRun is one group on the leader.
 type seatGroupRun struct {
 	c       *Controller
 	g       SeatGroup
 	members map[string]*seatMember
-	exec    *seatgroup.Executor
+	pods    []*seatPodRun
+	disp    *seatDispatcher
+	// kick makes the group step at once (a request arrived).
+	kick chan struct{}
 	// statusKick asks the status loop to write at once (a swap).
 	statusKick chan struct{}
+	// written is the SeatServingAnnotation last written (the executors'
+	// goroutine's).
+	written SeatServing
+}
+
+// seatPodRun is one pod of a group on the leader: its executor, its seats
+// and its gate for each application. Only the group's goroutine touches
+// gates.
+type seatPodRun struct {
+	r     *seatGroupRun
+	name  string
+	exec  *seatgroup.Executor
+	seats map[string]*podSeat
+	gates map[string]string
 }
 
 // seatMember is one application of a group on the leader.
@@ -54,17 +85,15 @@ type seatMember struct {
 	cfg SeatMember
 	// st carries the name and gate of the application for closeGate and
 	// openGate, and its status for persist. Its gate fields are the
-	// executor goroutine's; its status fields the status loop's.
+	// executors' goroutine's; its status fields the status loop's.
 	st *appState
 
 	mu sync.Mutex
-	// gate as last set: "" unknown, "open", "closed".
+	// gate (the consumer's) as last set: "" unknown, "open", "closed".
 	gate string
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
 	holdFailed   bool
-	seat         checkpoint.SeatStatus // the last reading
-	seatOK       bool
 	demand       seatgroup.Demand // the last reading
 	delivered    uint64
 	lastUse      time.Time
@@ -73,7 +102,7 @@ type seatMember struct {
 	lastSwap     float64
 }
 
-// runSeatGroups runs one executor per seat group until ctx ends.
+// runSeatGroups runs the executors of every seat group until ctx ends.
 func (c *Controller) runSeatGroups(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, g := range c.cfg.SeatGroups {
@@ -84,41 +113,55 @@ func (c *Controller) runSeatGroups(ctx context.Context) {
 
 func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 	log := c.log.With("seatGroup", g.Name)
-	if !c.seatGroupOnOnePod(ctx, g) {
+	if !c.seatGroupReplicasMatch(ctx, g) {
 		return
 	}
-	r := &seatGroupRun{c: c, g: g, members: map[string]*seatMember{}, statusKick: make(chan struct{}, 1)}
+	r := &seatGroupRun{c: c, g: g, members: map[string]*seatMember{}, kick: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
+	r.disp = &seatDispatcher{r: r, ctx: ctx}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
-	cfg := seatgroup.Default(g.Name)
-	cfg.ActiveSeats = int(g.ActiveSeats)
-	cfg.Tick = c.cfg.Tick.Duration
-	var members []seatgroup.Member
 	for _, m := range g.Members {
 		st := newAppState(App{Name: m.Name, RootStatefulSet: g.StatefulSet})
 		st.annotation = SeatAnnotationStatus(m.Name)
-		sm := &seatMember{cfg: m, st: st}
-		r.members[m.Name] = sm
-		seat := &podSeat{c: c, sts: g.StatefulSet, port: m.SeatPort, client: client, m: sm}
-		members = append(members, seatgroup.Member{
-			Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
-			SleepAfter: m.SleepAfter.Duration,
-			// The memory reading and the restart go through the seat agent:
-			// the residentBytes its GET /state reports (the simulator; an
-			// engine that reports none is trusted to have slept), and
-			// POST /restart, which restarts the engine in place (the
-			// simulator run with --restartable; other engines refuse).
-			Seat: seat, Memory: seat, Restarter: seat,
-		})
+		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
-	exec, err := seatgroup.NewExecutor(cfg, members, &seatDispatcher{r: r, ctx: ctx}, c.deps.Registry, c.log, seatgroup.WithEvents(r.onEvent))
-	if err != nil {
-		log.Error("seat group not multiplexed", "err", err)
-		return
+	for i := range max(g.Replicas, 1) {
+		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]string{}}
+		cfg := seatgroup.Default(g.Name)
+		if g.Replicas > 1 {
+			// The executors of a group's pods share the registry's
+			// collectors: each pod has its own series.
+			cfg.Name = fmt.Sprintf("%s/%d", g.Name, i)
+		}
+		cfg.ActiveSeats = int(g.ActiveSeats)
+		cfg.Tick = c.cfg.Tick.Duration
+		var members []seatgroup.Member
+		for _, m := range g.Members {
+			seat := &podSeat{p: p, app: m.Name, port: m.SeatPort, client: client}
+			p.seats[m.Name] = seat
+			members = append(members, seatgroup.Member{
+				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
+				SleepAfter: m.SleepAfter.Duration,
+				// The memory reading and the restart go through the seat
+				// agent: the residentBytes its GET /state reports (the
+				// simulator; an engine that reports none is trusted to
+				// have slept), and POST /restart, which restarts the
+				// engine in place (the simulator run with --restartable;
+				// other engines refuse).
+				Seat: seat, Memory: seat, Restarter: seat,
+			})
+		}
+		exec, err := seatgroup.NewExecutor(cfg, members, &podDispatcher{p: p}, c.deps.Registry, c.log.With("pod", p.name),
+			seatgroup.WithEvents(func(ev seatgroup.Event) { r.onEvent(p, ev) }))
+		if err != nil {
+			log.Error("seat group not multiplexed", "err", err)
+			return
+		}
+		p.exec = exec
+		r.pods = append(r.pods, p)
 	}
-	r.exec = exec
-	// A request published for a member kicks the executor at once.
+	// A request published for a member makes the group step at once.
 	for _, m := range g.Members {
-		sub, err := c.deps.NC.Subscribe(c.names.Request(m.Name), func(*nats.Msg) { exec.Kick() })
+		sub, err := c.deps.NC.Subscribe(c.names.Request(m.Name), func(*nats.Msg) { r.kickNow() })
 		if err != nil {
 			log.Error("seat group not multiplexed: subscribing to requests", "app", m.Name, "err", err)
 			return
@@ -131,24 +174,59 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 			m.lastSwap, _ = strconv.ParseFloat(prev.Seat.LastSwapSeconds, 64)
 		}
 	}
-	log.Info("seat group: multiplexing", "statefulSet", g.StatefulSet, "activeSeats", cfg.ActiveSeats, "apps", len(members))
+	if sts, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(g.StatefulSet); err == nil {
+		r.written = ParseSeatServing(sts.Annotations[SeatServingAnnotation])
+	}
+	log.Info("seat group: multiplexing", "statefulSet", g.StatefulSet, "replicas", len(r.pods), "activeSeats", g.ActiveSeats, "apps", len(g.Members))
 	var wg sync.WaitGroup
 	wg.Go(func() { r.statusLoop(ctx) })
-	exec.Run(ctx)
+	r.run(ctx)
 	wg.Wait()
 }
 
-// seatGroupOnOnePod waits for the group's StatefulSet and reports whether
-// it runs one replica; it refuses (an event and an error in the log) a
-// group with more.
-func (c *Controller) seatGroupOnOnePod(ctx context.Context, g SeatGroup) bool {
+func (r *seatGroupRun) kickNow() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run steps the pods' executors one after the other until ctx ends.
+func (r *seatGroupRun) run(ctx context.Context) {
+	t := time.NewTicker(r.c.cfg.Tick.Duration)
+	defer t.Stop()
+	for {
+		for _, p := range r.pods {
+			if err := p.exec.Step(ctx); err != nil && ctx.Err() == nil {
+				r.c.log.Warn("seat group step failed; deciding again", "seatGroup", r.g.Name, "pod", p.name, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// seatGroupReplicasMatch waits for the group's StatefulSet and reports
+// whether it runs the replicas the configuration names; it refuses (an
+// event and an error in the log) a group with another count, which the
+// chart did not write.
+func (c *Controller) seatGroupReplicasMatch(ctx context.Context, g SeatGroup) bool {
 	t := time.NewTicker(c.cfg.Tick.Duration)
 	defer t.Stop()
+	want := max(g.Replicas, 1)
 	for {
 		sts, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(g.StatefulSet)
 		if err == nil {
-			if sts.Spec.Replicas != nil && *sts.Spec.Replicas > 1 {
-				msg := fmt.Sprintf("seat group %s runs %d replicas; the lifecycle multiplexes a group on one pod only (every application's gate is shared by its replicas): set the applications' lifecycle.maxReplicas to 1", g.Name, *sts.Spec.Replicas)
+			got := int32(1)
+			if sts.Spec.Replicas != nil {
+				got = *sts.Spec.Replicas
+			}
+			if got != want {
+				msg := fmt.Sprintf("seat group %s runs %d replicas, and the lifecycle was configured for %d: set spec.seatGroups.%s.replicas, the one owner of the count (the lifecycle does not scale a seat group)", g.Name, got, want, g.Name)
 				c.log.Error("seat group not multiplexed", "seatGroup", g.Name, "err", msg)
 				if c.rec != nil {
 					c.rec.Eventf(&corev1.ObjectReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: g.StatefulSet, Namespace: c.deps.Namespace},
@@ -166,26 +244,51 @@ func (c *Controller) seatGroupOnOnePod(ctx context.Context, g SeatGroup) bool {
 	}
 }
 
-// podSeat is a member's seat agent in the group's pod 0, found by the
-// pod's current IP.
+// podSeat is a member's seat agent in one pod of the group, found by the
+// pod's current IP. It keeps its last reading for the status and the
+// pod's gate.
 type podSeat struct {
-	c      *Controller
-	sts    string
+	p      *seatPodRun
+	app    string
 	port   int32
 	client *http.Client
-	m      *seatMember
+
+	mu     sync.Mutex
+	seat   checkpoint.SeatStatus // the last reading
+	seatOK bool
+}
+
+// pod returns the seat's pod, or an error when it does not serve (gone,
+// no address, terminating).
+func (s *podSeat) pod() (*corev1.Pod, error) {
+	pod, err := s.p.r.c.podLister.Pods(s.p.r.c.deps.Namespace).Get(s.p.name)
+	if err != nil {
+		return nil, fmt.Errorf("the group's pod %s: %w", s.p.name, err)
+	}
+	if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil {
+		return nil, fmt.Errorf("the group's pod %s has no address", s.p.name)
+	}
+	return pod, nil
 }
 
 func (s *podSeat) http() (seatgroup.HTTPSeat, error) {
-	name := s.sts + "-0"
-	pod, err := s.c.podLister.Pods(s.c.deps.Namespace).Get(name)
+	pod, err := s.pod()
 	if err != nil {
-		return seatgroup.HTTPSeat{}, fmt.Errorf("the group's pod %s: %w", name, err)
-	}
-	if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil {
-		return seatgroup.HTTPSeat{}, fmt.Errorf("the group's pod %s has no address", name)
+		return seatgroup.HTTPSeat{}, err
 	}
 	return seatgroup.HTTPSeat{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), Client: s.client}, nil
+}
+
+func (s *podSeat) reading() (checkpoint.SeatStatus, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seat, s.seatOK
+}
+
+func (s *podSeat) setReading(st checkpoint.SeatStatus, ok bool) {
+	s.mu.Lock()
+	s.seat, s.seatOK = st, ok
+	s.mu.Unlock()
 }
 
 // State implements seatgroup.Seat; it keeps the reading for the status.
@@ -195,19 +298,30 @@ func (s *podSeat) State(ctx context.Context) (checkpoint.SeatStatus, error) {
 	if err == nil {
 		st, err = h.State(ctx)
 	}
-	s.m.mu.Lock()
-	s.m.seat, s.m.seatOK = st, err == nil
-	s.m.mu.Unlock()
+	s.setReading(st, err == nil)
 	return st, err
 }
 
-// Sleep implements seatgroup.Seat.
+// Sleep implements seatgroup.Seat; once the engine sleeps, its pod's gate
+// closes (the consumer may open again for the other pods).
 func (s *podSeat) Sleep(ctx context.Context, level int) error {
 	h, err := s.http()
 	if err != nil {
 		return err
 	}
-	return h.Sleep(ctx, level)
+	if err := h.Sleep(ctx, level); err != nil {
+		return err
+	}
+	s.asleep()
+	return nil
+}
+
+// asleep records that the engine sleeps and closes its pod's gate.
+func (s *podSeat) asleep() {
+	st, _ := s.reading()
+	st.State = checkpoint.SeatAsleep
+	s.setReading(st, true)
+	s.p.setGate(s.app, false)
 }
 
 // ReadMemory implements seatgroup.MemoryReader.
@@ -225,7 +339,11 @@ func (s *podSeat) Restart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return h.Restart(ctx)
+	if err := h.Restart(ctx); err != nil {
+		return err
+	}
+	s.asleep()
+	return nil
 }
 
 // Wake implements seatgroup.Seat.
@@ -237,8 +355,134 @@ func (s *podSeat) Wake(ctx context.Context) error {
 	return h.Wake(ctx)
 }
 
-// seatDispatcher implements seatgroup.Dispatcher over the members'
-// JetStream consumers. Only the executor's goroutine calls it.
+// podDispatcher implements seatgroup.Dispatcher for one pod's executor:
+// its gates are the pod's, its demand the application's (seatPodDemand).
+type podDispatcher struct{ p *seatPodRun }
+
+// Demand implements seatgroup.Dispatcher.
+func (d *podDispatcher) Demand(app string) seatgroup.Demand {
+	r := d.p.r
+	dm := r.disp.Demand(app)
+	return seatPodDemand(dm, r.servedElsewhere(d.p, app), seatgroup.DefaultMaxSwapWait)
+}
+
+// Hold implements seatgroup.Dispatcher: the pod stops serving app.
+func (d *podDispatcher) Hold(app string) { d.p.setGate(app, false) }
+
+// Release implements seatgroup.Dispatcher: the pod serves app.
+func (d *podDispatcher) Release(app string) { d.p.setGate(app, true) }
+
+// seatPodDemand is an application's demand as one pod's executor sees it:
+// its queue counts only while no other pod serves the application
+// (servedElsewhere false), or once its oldest request waited maxSwapWait
+// (the other pods do not keep up), so that pods do not all swap the same
+// application in. What is in flight always counts, wherever it runs: the
+// consumer does not tell pods apart, and no engine sleeps on a guess.
+func seatPodDemand(dm seatgroup.Demand, servedElsewhere bool, maxSwapWait time.Duration) seatgroup.Demand {
+	if servedElsewhere && dm.OldestWait < maxSwapWait {
+		dm.Queued, dm.OldestWait = 0, 0
+	}
+	return dm
+}
+
+// servedElsewhere reports whether a pod other than p serves app.
+func (r *seatGroupRun) servedElsewhere(p *seatPodRun, app string) bool {
+	for _, q := range r.pods {
+		if q != p && q.gates[app] == podGateOpen {
+			return true
+		}
+	}
+	return false
+}
+
+// setGate sets the pod's gate for app (nextPodGate), then the group's
+// SeatServingAnnotation and the application's consumer (seatConsumerOpen).
+func (p *seatPodRun) setGate(app string, open bool) {
+	st, ok := p.seats[app].reading()
+	pod, err := p.seats[app].pod()
+	gone := err != nil || !RootServes(pod)
+	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == checkpoint.SeatAsleep, gone)
+	p.r.applyGates(app)
+}
+
+// applyGates writes the SeatServingAnnotation the pods' gates make, when it
+// changed, then opens or closes app's consumer. A draining pod stays in the
+// annotation, so that the requests dispatchers already hold reach its
+// engine, which is still awake; the paused consumer hands out nothing new.
+// A pod leaves the annotation once its engine sleeps, and the leader waits
+// for its own cache to show that (servingFence) before the consumer
+// resumes for the other pods. While the annotation cannot be written, the
+// consumer stays closed for every application whose written pods no
+// longer all serve it.
+func (r *seatGroupRun) applyGates(app string) {
+	want := SeatServing{}
+	for _, p := range r.pods {
+		for a, g := range p.gates {
+			if g == podGateOpen || g == podGateDraining {
+				want[p.name] = append(want[p.name], a)
+			}
+		}
+	}
+	if want.String() != r.written.String() {
+		removed := false
+		for pod := range r.written {
+			for _, a := range r.written[pod] {
+				removed = removed || !want.Serves(pod, a)
+			}
+		}
+		if err := r.writeServing(want); err != nil {
+			r.c.log.Warn("seat group: writing where applications are served; retrying", "seatGroup", r.g.Name, "err", err)
+		} else {
+			r.written = want
+			if removed {
+				r.awaitServing(want)
+			}
+		}
+	}
+	gates := map[string]string{}
+	for _, p := range r.pods {
+		gates[p.name] = p.gates[app]
+	}
+	if seatConsumerOpen(r.written.Pods(app), gates) {
+		r.disp.Release(app)
+	} else {
+		r.disp.Hold(app)
+	}
+}
+
+// writeServing patches the group StatefulSet's SeatServingAnnotation.
+func (r *seatGroupRun) writeServing(s SeatServing) error {
+	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SeatServingAnnotation: s.String()}}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.disp.ctx, 10*time.Second)
+	defer cancel()
+	_, err = r.c.deps.Kube.AppsV1().StatefulSets(r.c.deps.Namespace).Patch(ctx, r.g.StatefulSet, types.MergePatchType, ann,
+		metav1.PatchOptions{FieldManager: FieldManager})
+	if err != nil {
+		return fmt.Errorf("annotating StatefulSet %s: %w", r.g.StatefulSet, err)
+	}
+	return nil
+}
+
+// awaitServing waits, at most servingFence, until the leader's cache of the
+// group's StatefulSet shows s.
+func (r *seatGroupRun) awaitServing(s SeatServing) {
+	want := s.String()
+	deadline := time.Now().Add(servingFence)
+	for time.Now().Before(deadline) && r.disp.ctx.Err() == nil {
+		sts, err := r.c.stsLister.StatefulSets(r.c.deps.Namespace).Get(r.g.StatefulSet)
+		if err == nil && ParseSeatServing(sts.Annotations[SeatServingAnnotation]).String() == want {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.c.log.Warn("seat group: the StatefulSet's cache did not show where applications are served in time", "seatGroup", r.g.Name, "within", servingFence)
+}
+
+// seatDispatcher is the members' JetStream consumers: their demand and
+// their gates. Only the group's goroutine calls it.
 type seatDispatcher struct {
 	r   *seatGroupRun
 	ctx context.Context
@@ -313,12 +557,12 @@ func (d *seatDispatcher) oldestQueued(ctx context.Context, app string, delivered
 	return msg.Time, true
 }
 
-// Hold implements seatgroup.Dispatcher: it pauses the member's consumer
-// (closeGate), unless it knows it paused.
+// Hold pauses the member's consumer (closeGate), unless it knows it
+// paused.
 func (d *seatDispatcher) Hold(app string) { d.setGate(app, "closed", d.r.c.closeGate) }
 
-// Release implements seatgroup.Dispatcher: it resumes the member's
-// consumer (openGate), unless it knows it open.
+// Release resumes the member's consumer (openGate), unless it knows it
+// open.
 func (d *seatDispatcher) Release(app string) { d.setGate(app, "open", d.r.c.openGate) }
 
 // setGate brings the member's gate to want ("closed" or "open") with
@@ -348,31 +592,33 @@ func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *
 }
 
 // onEvent counts swaps for the status and records what a successful wake,
-// sleep or restart did to the seat, so that the status written at once
-// after it does not show the reading taken before it (from the executor's
-// goroutine).
-func (r *seatGroupRun) onEvent(ev seatgroup.Event) {
+// sleep or restart did to the pod's seat, so that the status written at
+// once after it does not show the reading taken before it (from the
+// group's goroutine).
+func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 	if ev.Err != "" {
 		return
 	}
 	m := r.members[ev.App]
-	m.mu.Lock()
+	seat := p.seats[ev.App]
+	st, _ := seat.reading()
 	switch ev.Kind {
 	case seatgroup.ActionWake:
+		m.mu.Lock()
 		m.swaps++
 		if ev.SwapSeconds > 0 {
 			m.lastSwap = ev.SwapSeconds
 		} else {
 			m.lastSwap = ev.End.Sub(ev.Start).Seconds()
 		}
-		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAwake, ev.End, true
-	case seatgroup.ActionSleep, seatgroup.ActionRestart:
-		m.seat.State, m.seat.Since, m.seatOK = checkpoint.SeatAsleep, ev.End, true
-	default:
 		m.mu.Unlock()
+		st.State, st.Since = checkpoint.SeatAwake, ev.End
+	case seatgroup.ActionSleep, seatgroup.ActionRestart:
+		st.State, st.Since = checkpoint.SeatAsleep, ev.End
+	default:
 		return
 	}
-	m.mu.Unlock()
+	seat.setReading(st, true)
 	select {
 	case r.statusKick <- struct{}{}:
 	default:
@@ -402,12 +648,54 @@ func (r *seatGroupRun) statusLoop(ctx context.Context) {
 	}
 }
 
+// seatHolds reports whether a seat in state s holds its seat.
+func seatHolds(s checkpoint.SeatState) bool {
+	return s == checkpoint.SeatAwake || s == checkpoint.SeatWaking || s == checkpoint.SeatDraining || s == checkpoint.SeatFallingAsleep
+}
+
+// groupSeatState is an application's state across the pods of its group,
+// from the seats' readings (ok false: not read): Awake when one pod has it
+// awake, else Waking, else Draining, else Asleep once every pod was read
+// and has it asleep; "" when that cannot be told.
+func groupSeatState(readings []checkpoint.SeatStatus, ok []bool) v1alpha1.LifecycleState {
+	rank := map[checkpoint.SeatState]v1alpha1.LifecycleState{
+		checkpoint.SeatAwake: v1alpha1.LifecycleAwake, checkpoint.SeatWaking: v1alpha1.LifecycleWaking,
+		checkpoint.SeatDraining: v1alpha1.LifecycleDraining, checkpoint.SeatFallingAsleep: v1alpha1.LifecycleDraining,
+	}
+	for _, want := range []v1alpha1.LifecycleState{v1alpha1.LifecycleAwake, v1alpha1.LifecycleWaking, v1alpha1.LifecycleDraining} {
+		for i, st := range readings {
+			if ok[i] && rank[st.State] == want {
+				return want
+			}
+		}
+	}
+	if len(readings) == 0 {
+		return ""
+	}
+	for i, st := range readings {
+		if !ok[i] || st.State != checkpoint.SeatAsleep {
+			return ""
+		}
+	}
+	return v1alpha1.LifecycleAsleep
+}
+
 // memberStatus fills m's status from the last readings; it reports
 // whether anything but the waiting time changed.
 func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	m.mu.Lock()
-	seat, seatOK, dm, swaps, lastSwap := m.seat, m.seatOK, m.demand, m.swaps, m.lastSwap
+	dm, swaps, lastSwap := m.demand, m.swaps, m.lastSwap
 	m.mu.Unlock()
+	var readings []checkpoint.SeatStatus
+	var oks []bool
+	var holding []string
+	for _, p := range r.pods {
+		st, ok := p.seats[m.cfg.Name].reading()
+		readings, oks = append(readings, st), append(oks, ok)
+		if ok && seatHolds(st.State) {
+			holding = append(holding, p.name)
+		}
+	}
 	st := &m.st.status
 	before := *st
 	var prevSeat v1alpha1.SeatStatus
@@ -415,22 +703,10 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 		prevSeat = *st.Seat
 	}
 	now := r.c.now()
-	state := v1alpha1.LifecycleState("")
-	switch {
-	case !seatOK:
-	case seat.State == checkpoint.SeatAwake:
-		state = v1alpha1.LifecycleAwake
-	case seat.State == checkpoint.SeatAsleep:
-		state = v1alpha1.LifecycleAsleep
-	case seat.State == checkpoint.SeatWaking:
-		state = v1alpha1.LifecycleWaking
-	case seat.State == checkpoint.SeatDraining || seat.State == checkpoint.SeatFallingAsleep:
-		state = v1alpha1.LifecycleDraining
-	}
-	if state != "" && st.State != state {
+	if state := groupSeatState(readings, oks); state != "" && st.State != state {
 		st.State, st.Since = state, &metav1.Time{Time: now}
 	}
-	st.Replicas = 1
+	st.Replicas = int32(len(r.pods))
 	st.ResidentTier = ""
 	switch st.State {
 	case v1alpha1.LifecycleAwake, v1alpha1.LifecycleDraining:
@@ -443,11 +719,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	if !dm.LastUse.IsZero() {
 		st.LastActiveTime = &metav1.Time{Time: dm.LastUse}
 	}
-	s := v1alpha1.SeatStatus{
-		Holding: seatOK && (seat.State == checkpoint.SeatAwake || seat.State == checkpoint.SeatWaking ||
-			seat.State == checkpoint.SeatDraining || seat.State == checkpoint.SeatFallingAsleep),
-		SwapsIn: swaps,
-	}
+	s := v1alpha1.SeatStatus{Holding: len(holding) > 0, Pods: holding, SwapsIn: swaps}
 	if lastSwap > 0 {
 		s.LastSwapSeconds = strconv.FormatFloat(lastSwap, 'f', 3, 64)
 	}
@@ -459,5 +731,5 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	cmpPrev, cmpNow := prevSeat, s
 	cmpPrev.WaitingSeconds, cmpNow.WaitingSeconds = "", ""
 	waitChanged := (prevSeat.WaitingSeconds == "") != (s.WaitingSeconds == "")
-	return before.State != st.State || before.ResidentTier != st.ResidentTier || cmpPrev != cmpNow || waitChanged
+	return before.State != st.State || before.ResidentTier != st.ResidentTier || !equality.Semantic.DeepEqual(cmpPrev, cmpNow) || waitChanged
 }

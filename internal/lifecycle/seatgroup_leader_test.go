@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -23,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
@@ -50,6 +52,9 @@ type seatEngine struct {
 	// sleepsInFlight counts sleeps that reached the engine while it ran
 	// requests.
 	sleepsInFlight atomic.Int64
+	// chats counts the inference requests that reached the engine, and
+	// chatsAsleep those that reached it while it slept.
+	chats, chatsAsleep atomic.Int64
 }
 
 // seatGroupPlane is a seat group's pod (one engine and seat agent per
@@ -62,6 +67,10 @@ type seatGroupPlane struct {
 	client  *natsqueue.Client
 	reg     *prometheus.Registry
 	engines map[string]*seatEngine
+	// podEngines are the engines of each pod of the group (pod i at
+	// 127.0.0.<i+1>, its engines and seats at pod 0's ports);
+	// podEngines[0] is engines.
+	podEngines []map[string]*seatEngine
 }
 
 // weights reports the engine's weights; a stopped (restarted) engine
@@ -80,6 +89,8 @@ type seatPlaneOptions struct {
 	leak map[string]bool
 	// sleepAfter is these applications' lifecycle.sleepAfter.
 	sleepAfter map[string]time.Duration
+	// pods is the group's pods (its configured replicas); default 1.
+	pods int
 }
 
 func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32, opts ...func(*seatPlaneOptions)) *seatGroupPlane {
@@ -112,51 +123,42 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		Spec:       appsv1.StatefulSetSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels}},
 		Status:     appsv1.StatefulSetStatus{ObservedGeneration: 1, Replicas: 1, ReadyReplicas: 1, UpdatedReplicas: 1},
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: seatGroupSet + "-0", Namespace: ns, Labels: labels},
-		Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning,
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	pods := max(o.pods, 1)
+	objs := []runtime.Object{sts}
+	var addrs []string
+	for i := range pods {
+		ip := fmt.Sprintf("127.0.0.%d", i+1)
+		addrs = append(addrs, ip)
+		objs = append(objs, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", seatGroupSet, i), Namespace: ns, Labels: labels},
+			Status: corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning,
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+		})
+		p.podEngines = append(p.podEngines, map[string]*seatEngine{})
 	}
-	p.cs = fake.NewClientset(sts, pod)
+	p.engines = p.podEngines[0]
+	p.cs = fake.NewClientset(objs...)
 
-	hot := t.TempDir()
-	group := lifecycle.SeatGroup{Name: "g", StatefulSet: seatGroupSet, ActiveSeats: 1}
+	var hots []string
+	for range addrs {
+		hots = append(hots, t.TempDir())
+	}
+	group := lifecycle.SeatGroup{Name: "g", StatefulSet: seatGroupSet, ActiveSeats: 1, Replicas: int32(o.pods)}
 	dcfg := dispatch.Default()
 	dcfg.Orchestra, dcfg.Namespace, dcfg.NATS.URL = orch, ns, srv.ClientURL()
 	var specs []natsqueue.ConsumerSpec
 	for i, name := range apps {
-		e := &seatEngine{name: name}
-		sc := dataplanetest.FastSim()
-		sc.Model = name
-		sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
-		sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
-		sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
-		sc.Faults.SleepLeak = o.leak[name]
-		e.eng, err = simengine.New(sc, slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(e.eng.Close)
-		e.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method == http.MethodPost && r.URL.Path == "/sleep" {
-				if st := e.weights(); !st.Sleeping && st.InFlight > 0 {
-					e.sleepsInFlight.Add(1)
-				}
+		var e *seatEngine
+		for pi, addr := range addrs {
+			pe := &seatEngine{name: name}
+			// Pod pi serves at pod 0's ports on its own address, with
+			// its own hot tier.
+			startSeatEngine(ctx, t, pe, i, hots[pi], addr, p.podEngines[0][name], o.leak[name])
+			p.podEngines[pi][name] = pe
+			if pi == 0 {
+				e = pe
 			}
-			e.eng.ServeHTTP(w, r)
-		}))
-		t.Cleanup(e.engine.Close)
-		ac := checkpoint.Default()
-		ac.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
-		ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 10*time.Second
-		sh, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", name))
-		if err != nil {
-			t.Fatal(err)
 		}
-		e.seat = httptest.NewServer(sh)
-		t.Cleanup(e.seat.Close)
-		p.engines[name] = e
-
 		// The application's Service leads to its engine in the group pod,
 		// ready whether the engine is awake or asleep (the pod's
 		// readiness is one for all its engines).
@@ -169,7 +171,7 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 			ObjectMeta:  metav1.ObjectMeta{Name: service + "-x", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: service}},
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(enginePort))}},
-			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"127.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: addrs, Conditions: discoveryv1.EndpointConditions{Ready: &ready}}},
 		}
 		if err := p.cs.Tracker().Add(es); err != nil {
 			t.Fatal(err)
@@ -178,10 +180,13 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
 		group.Members = append(group.Members, lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
 			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}})
-		eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
-			st, err := e.seatState()
-			return err == nil && st.State == checkpoint.SeatAwake
-		}))
+		for pi := range addrs {
+			pe := p.podEngines[pi][name]
+			eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
+				st, err := pe.seatState()
+				return err == nil && st.State == checkpoint.SeatAwake
+			}))
+		}
 	}
 	err = natsqueue.Provision(context.Background(), js, natsqueue.StreamSpec{Names: names, Replicas: 1, MaxAge: time.Hour, Duplicates: time.Minute, DeadLetterMaxAge: time.Hour}, specs)
 	if err != nil {
@@ -316,21 +321,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 	}))
 
 	// Two engines awake at once, from here on, would break the budget.
-	stop := make(chan struct{})
-	var overBudget atomic.Int64
-	var watch sync.WaitGroup
-	watch.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-			if len(p.awake()) > 1 {
-				overBudget.Add(1)
-			}
-		}
-	})
+	overBudget := countWhile(func() bool { return len(p.awake()) > 1 })
 
 	for round := range 2 {
 		for _, app := range apps {
@@ -343,10 +334,7 @@ func TestSeatGroupLeaderSwapsApplications(t *testing.T) {
 			}))
 		}
 	}
-	close(stop)
-	watch.Wait()
-
-	if n := overBudget.Load(); n > 0 {
+	if n := overBudget(); n > 0 {
 		t.Errorf("two engines were awake at once %d times", n)
 	}
 	for _, app := range apps {
@@ -564,7 +552,7 @@ seatGroups:
 	if err := cfg.Validate([]string{"alpha", "beta"}); err != nil {
 		t.Fatalf("the chart's shape is invalid: %v", err)
 	}
-	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", ActiveSeats: 1, Members: []lifecycle.SeatMember{
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", Replicas: 1, ActiveSeats: 1, Members: []lifecycle.SeatMember{
 		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300},
 		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301},
 	}}}
@@ -580,6 +568,7 @@ seatGroups:
 		{"no StatefulSet", func(c *lifecycle.Config) { c.SeatGroups[0].StatefulSet = "" }, "statefulSet must be set"},
 		{"one application", func(c *lifecycle.Config) { c.SeatGroups[0].Members = c.SeatGroups[0].Members[:1] }, "at least 2 applications"},
 		{"as many seats as applications", func(c *lifecycle.Config) { c.SeatGroups[0].ActiveSeats = 2 }, "leaves nothing to multiplex"},
+		{"too many replicas", func(c *lifecycle.Config) { c.SeatGroups[0].Replicas = 9 }, "replicas must be between 1 and 8, got 9"},
 		{"an application not served", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].Name = "gamma" }, `application "gamma" is not in apps`},
 		{"an application scaled too", func(c *lifecycle.Config) {
 			c.Apps = []lifecycle.App{{Name: "alpha", RootStatefulSet: "x", MinReplicas: 1, MaxReplicas: 1, TargetQueuePerReplica: 1, Scaler: v1alpha1.ScalerBuiltin}}
@@ -600,11 +589,93 @@ seatGroups:
 	}
 }
 
-// TestSeatGroupLeaderRefusesAGroupOfTwoReplicas: the gate is per
-// application, so the leader cannot multiplex a group whose StatefulSet runs
-// two pods; it says so in an event on the StatefulSet and leaves the
-// engines as they are.
-func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
+// TestSeatGroupLeaderServesFromTwoPods runs a seat group of two pods with
+// one seat each and three applications: the leader runs the policy per pod
+// and the dispatcher sends an application's requests only to the pods where
+// it is awake. Requests to every application at once, in rounds, are all
+// answered whole; no request reaches a sleeping engine and no sleep an
+// engine with requests in flight; no pod ever has two engines awake once the
+// group settled; both pods serve; and the status names, per application,
+// the pods where it holds a seat.
+func TestSeatGroupLeaderServesFromTwoPods(t *testing.T) {
+	apps := []string{"alpha", "beta", "gamma"}
+	p := newSeatGroupPlane(t, apps, nil, 2, func(o *seatPlaneOptions) { o.pods = 2 })
+	awakeIn := func(pod int) int {
+		n := 0
+		for _, e := range p.podEngines[pod] {
+			if !e.weights().Sleeping {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, holds("each pod to come within its budget of one awake engine", func() bool {
+		return awakeIn(0) == 1 && awakeIn(1) == 1
+	}))
+
+	overBudget := countWhile(func() bool { return awakeIn(0) > 1 || awakeIn(1) > 1 })
+	var spread atomic.Bool // two applications held in the two pods at once
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make([]error, len(apps))
+		for i, app := range apps {
+			wg.Go(func() { errs[i] = p.send(app, round, 4, 16) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		holders := map[string]string{}
+		for _, app := range apps {
+			if st := p.status(app); st.Seat != nil {
+				for _, pod := range st.Seat.Pods {
+					holders[pod] = app
+				}
+			}
+		}
+		if len(holders) == 2 && holders[seatGroupSet+"-0"] != holders[seatGroupSet+"-1"] {
+			spread.Store(true)
+		}
+	}
+	if n := overBudget(); n > 0 {
+		t.Errorf("a pod had two engines awake at once %d times", n)
+	}
+	perPod := make([]int64, 2)
+	for _, app := range apps {
+		for pod := range 2 {
+			e := p.podEngines[pod][app]
+			perPod[pod] += e.chats.Load()
+			if n := e.chatsAsleep.Load(); n > 0 {
+				t.Errorf("%s in pod %d: %d requests reached the engine while it slept", app, pod, n)
+			}
+			if n := e.sleepsInFlight.Load(); n > 0 {
+				t.Errorf("%s in pod %d: %d sleeps reached the engine with requests in flight", app, pod, n)
+			}
+		}
+	}
+	if perPod[0] == 0 || perPod[1] == 0 {
+		t.Errorf("requests per pod %v: both pods must serve", perPod)
+	}
+	if !spread.Load() {
+		t.Error("the status never showed two different applications holding the two pods' seats")
+	}
+	for _, app := range apps {
+		st := p.status(app)
+		if st.Seat == nil || st.Seat.Holding != (len(st.Seat.Pods) > 0) {
+			t.Errorf("%s: lifecycle.seat %+v: holding must say whether it holds a seat in some pod", app, st.Seat)
+		}
+	}
+	t.Logf("requests per pod: %v", perPod)
+}
+
+// TestSeatGroupLeaderRefusesAStatefulSetOfAnotherCount: the chart writes a
+// group's replicas into the StatefulSet and the leader's configuration;
+// the leader does not multiplex a group whose StatefulSet runs another
+// count (someone scaled it), says so in an event on the StatefulSet and
+// leaves the engines as they are.
+func TestSeatGroupLeaderRefusesAStatefulSetOfAnotherCount(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 2)
 	var msg string
 	eventually(t, 30*time.Second, holds("a SeatGroupRefused event", func() bool {
@@ -620,7 +691,7 @@ func TestSeatGroupLeaderRefusesAGroupOfTwoReplicas(t *testing.T) {
 		}
 		return false
 	}))
-	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "maxReplicas to 1") {
+	if !strings.Contains(msg, "runs 2 replicas") || !strings.Contains(msg, "spec.seatGroups.g.replicas") {
 		t.Errorf("event message %q does not say why and what to do", msg)
 	}
 	if got := len(p.awake()); got != 2 {
@@ -656,4 +727,92 @@ func sumLabeled(t *testing.T, reg *prometheus.Registry, name string, labels map[
 		}
 	}
 	return total
+}
+
+// startSeatEngine starts app i's engine (a restartable simulator with
+// 4 MiB of weights, its hot tier in hot) and its real seat agent on addr,
+// at random ports, or at like's ports when like is set (another pod's).
+func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, hot, addr string, like *seatEngine, leak bool) {
+	t.Helper()
+	sc := dataplanetest.FastSim()
+	sc.Model = e.name
+	sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
+	sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
+	sc.Faults.SleepLeak = leak
+	var err error
+	e.eng, err = simengine.New(sc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.eng.Close)
+	listen := func(srv *httptest.Server, likeURL string) {
+		port := "0"
+		if likeURL != "" {
+			u, _ := url.Parse(likeURL)
+			port = u.Port()
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(addr, port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = srv.Listener.Close()
+		srv.Listener = l
+		srv.Start()
+		t.Cleanup(srv.Close)
+	}
+	e.engine = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := e.weights()
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/sleep":
+			if !st.Sleeping && st.InFlight > 0 {
+				e.sleepsInFlight.Add(1)
+			}
+		case r.URL.Path == "/v1/chat/completions":
+			e.chats.Add(1)
+			if st.Sleeping {
+				e.chatsAsleep.Add(1)
+			}
+		}
+		e.eng.ServeHTTP(w, r)
+	}))
+	var likeEngine, likeSeat string
+	if like != nil {
+		likeEngine, likeSeat = like.engine.URL, like.seat.URL
+	}
+	listen(e.engine, likeEngine)
+	ac := checkpoint.Default()
+	ac.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
+	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 10*time.Second
+	sh, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", e.name, "addr", addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.seat = httptest.NewUnstartedServer(sh)
+	listen(e.seat, likeSeat)
+}
+
+// countWhile samples bad every 2 ms from now on; the function it returns
+// stops the sampling and returns how many samples were bad.
+func countWhile(bad func() bool) func() int64 {
+	stop := make(chan struct{})
+	var n atomic.Int64
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+			if bad() {
+				n.Add(1)
+			}
+		}
+	})
+	return func() int64 {
+		close(stop)
+		watch.Wait()
+		return n.Load()
+	}
 }

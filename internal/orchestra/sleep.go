@@ -189,7 +189,7 @@ func hasSeat(app v1alpha1.Application) bool {
 func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
 	out := make(map[string]any, len(groups))
 	for name, g := range groups {
-		out[name] = map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1))}
+		out[name] = map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1)), "replicas": int64(max(g.Replicas, 1))}
 	}
 	return out
 }

@@ -157,7 +157,7 @@ func TestTranslatorSleepValues(t *testing.T) {
 		t.Errorf("global.agent.enabled = %v, want true: applications sleep", got)
 	}
 
-	if diff := cmp.Diff(map[string]any{"g": map[string]any{"activeSeats": int64(1)}}, get("global.seatGroups")); diff != "" {
+	if diff := cmp.Diff(map[string]any{"g": map[string]any{"activeSeats": int64(1), "replicas": int64(1)}}, get("global.seatGroups")); diff != "" {
 		t.Errorf("global.seatGroups (-want +got):\n%s", diff)
 	}
 

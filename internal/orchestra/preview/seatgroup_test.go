@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -261,17 +262,7 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	}
 	var cm corev1.ConfigMap
 	objs.get(t, "ConfigMap", "shared-dispatcher", &cm)
-	path := filepath.Join(t.TempDir(), "dispatcher.yaml")
-	if err := os.WriteFile(path, []byte(cm.Data["dispatcher.yaml"]), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := dispatch.Load(path)
-	if err == nil {
-		err = cfg.Validate()
-	}
-	if err != nil {
-		t.Fatalf("dispatcher.yaml is refused: %v", err)
-	}
+	cfg := loadDispatcherConfig(t, cm)
 	if cfg.Lifecycle == nil {
 		t.Fatal("no lifecycle section: nothing multiplexes the group")
 	}
@@ -281,7 +272,7 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	member := func(name string, priority, port int32) lifecycle.SeatMember {
 		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: port}
 	}
-	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", ActiveSeats: 1,
+	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", Replicas: 1, ActiveSeats: 1,
 		Members: []lifecycle.SeatMember{member("alpha", 10, 9300), member("beta", 0, 9301), member("gamma", 0, 9302)}}}
 	if diff := cmp.Diff(want, cfg.Lifecycle.SeatGroups); diff != "" {
 		t.Errorf("lifecycle.seatGroups (-want +got):\n%s", diff)
@@ -301,4 +292,61 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	if diff := cmp.Diff([]string{"shared-seat-accel"}, patch); diff != "" {
 		t.Errorf("StatefulSets the dispatcher may patch (-want +got):\n%s", diff)
 	}
+}
+
+// TestSeatGroupOfTwoReplicasRendersTwoPods: spec.seatGroups.<g>.replicas
+// is the group StatefulSet's count and the leader's, and a group of more
+// than one pod gets a PodDisruptionBudget that keeps all but one through
+// voluntary disruptions.
+func TestSeatGroupOfTwoReplicasRendersTwoPods(t *testing.T) {
+	res := renderSample(t, newRenderer(t), filepath.Join(samplesDir, "simulator-seatgroup-replicas.yaml"))
+	objs := rendered{}
+	for _, o := range res.Objects {
+		objs[o.GetKind()+"/"+o.GetName()] = o
+	}
+	var sts appsv1.StatefulSet
+	objs.get(t, "StatefulSet", "shared2-seat-accel", &sts)
+	if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 2 {
+		t.Errorf("group StatefulSet replicas = %v, want 2", sts.Spec.Replicas)
+	}
+	var pdb policyv1.PodDisruptionBudget
+	objs.get(t, "PodDisruptionBudget", "shared2-seat-accel", &pdb)
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget maxUnavailable = %v, want 1", pdb.Spec.MaxUnavailable)
+	}
+	if diff := cmp.Diff(sts.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels); diff != "" {
+		t.Errorf("PodDisruptionBudget selects other pods than the group's (-group +budget):\n%s", diff)
+	}
+
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "shared2-dispatcher", &cm)
+	cfg := loadDispatcherConfig(t, cm)
+	if cfg.Lifecycle == nil || len(cfg.Lifecycle.SeatGroups) != 1 || cfg.Lifecycle.SeatGroups[0].Replicas != 2 {
+		t.Errorf("the leader's seat groups %+v, want accel with 2 replicas", cfg.Lifecycle)
+	}
+
+	one := renderSample(t, newRenderer(t), filepath.Join(samplesDir, seatGroupSample))
+	for _, o := range one.Objects {
+		if o.GetKind() == "PodDisruptionBudget" && o.GetName() == "shared-seat-accel" {
+			t.Error("a PodDisruptionBudget for a group of one pod: it would block every voluntary eviction")
+		}
+	}
+}
+
+// loadDispatcherConfig loads and validates the dispatcher.yaml of a
+// rendered ConfigMap as the dispatcher does.
+func loadDispatcherConfig(t *testing.T, cm corev1.ConfigMap) dispatch.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dispatcher.yaml")
+	if err := os.WriteFile(path, []byte(cm.Data["dispatcher.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := dispatch.Load(path)
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		t.Fatalf("dispatcher.yaml is refused: %v", err)
+	}
+	return cfg
 }

@@ -119,6 +119,16 @@ spec:
 			name: "seat-many-replicas", spec: seats + apps(app("a", sim("L4"), "{seat: {group: g}, maxReplicas: 2}")),
 			wantField: "spec.applications[a].lifecycle.maxReplicas", wantMsg: "lifecycle.maxReplicas must be 1 for an application with lifecycle.seat",
 		},
+		{name: "seat-group-two-replicas", spec: "  seatGroups: {g: {replicas: 2}}\n" + apps(app("a", sim("L4"), "{seat: {group: g}}"), app("b", sim("L4"), "{seat: {group: g}}"))},
+		{
+			name: "seat-group-replicas-bound", spec: "  seatGroups: {g: {replicas: 9}}\n" + apps(app("a", sim("L4"), "{seat: {group: g}}")),
+			wantField: "spec.seatGroups.g.replicas", wantMsg: "less than or equal to 8",
+		},
+		{
+			name:      "seat-group-replicas-rwop",
+			spec:      "  seatGroups: {g: {replicas: 2}}\n" + apps("    a:\n      model: {source: \"hf://org/repo\", file: m.gguf, cache: {accessMode: ReadWriteOncePod}}\n      runtime: {engine: simulator}\n      lifecycle: {seat: {group: g}}\n"),
+			wantField: "spec.seatGroups", wantMsg: "seatGroups.<group>.replicas above 1 runs every application of the group in several pods",
+		},
 		{
 			name: "seat-priority-bound", spec: seats + apps(app("a", sim("L4"), "{seat: {group: g, priority: 5000}}")),
 			wantField: "spec.applications.a.lifecycle.seat.priority", wantMsg: "less than or equal to 1000",
