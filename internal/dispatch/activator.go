@@ -72,5 +72,6 @@ func (d *Dispatcher) firstTokenHook(a *app, stored time.Time) func() {
 	if d.lifecycle == nil {
 		return nil
 	}
-	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, a.pool.rootsSince()) }
+	delivered := time.Now()
+	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, delivered, a.pool.rootsSince()) }
 }

@@ -63,7 +63,9 @@ func TestWakeBenchmark(t *testing.T) {
 		t.Skip("the wake benchmark runs with -lifecycle-bench (make bench-lifecycle)")
 	}
 	requireCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// About 10 s a round (two pod starts, two scales to zero) on an idle
+	// machine; the bound leaves room for a busy one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(*benchRounds)*30*time.Second)
 	defer cancel()
 	ns := newNamespace(ctx, t, "bench-wake")
 	const name = "wake"
@@ -239,17 +241,38 @@ func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes)
 	return func() { sts.Stop(); pods.Stop(); slices.Stop(); cancel(); wg.Wait() }
 }
 
-// wakeTable summarises the rounds: p50, p90 and max, nearest rank (below
-// 100 rounds the nearest-rank p99 is the max, so the targets are checked
-// against the max), and whether the targets are met.
+// quantiles are the p50, p90, p99 and max of v, nearest rank (below 100
+// values the p99 is the max).
+type quantiles struct{ p50, p90, p99, max time.Duration }
+
+func quantilesOf(v []time.Duration) quantiles {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	rank := func(p int) time.Duration { return v[(len(v)*p+99)/100-1] }
+	return quantiles{p50: rank(50), p90: rank(90), p99: rank(99), max: v[len(v)-1]}
+}
+
+func (q quantiles) row(what string) string {
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", what, msd(q.p50), msd(q.p90), msd(q.p99), msd(q.max))
+}
+
+// p99Note says when the nearest-rank p99 of n values is the max.
+func p99Note(n int) string {
+	if n < 100 {
+		return fmt.Sprintf(": with %d rounds the p99 is the max", n)
+	}
+	return fmt.Sprintf(" (%d rounds)", n)
+}
+
+// wakeTable summarises the rounds: p50, p90, p99 and max, nearest rank,
+// and whether the targets (at p99) are met.
 func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAfter string) string {
-	col := func(f func(wakeTimes) time.Duration) (p50, p90, worst time.Duration) {
+	col := func(f func(wakeTimes) time.Duration) quantiles {
 		var v []time.Duration
 		for _, w := range wakes {
 			v = append(v, f(w))
 		}
-		slices.Sort(v)
-		return v[len(v)/2], v[(len(v)*9+9)/10-1], v[len(v)-1]
+		return quantilesOf(v)
 	}
 	decision := func(w wakeTimes) time.Duration { return w.scaled.Sub(w.request) }
 	afterReady := func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.podReady) }
@@ -286,29 +309,26 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 		"token). The control overhead is the decision plus what the first token took from the root pod\n"+
 		"turning Ready (the dispatchers take the roots of an application with a lifecycle from its pods;\n"+
 		"the EndpointSlice, listed for reference, follows a controller hop later), beyond that path.\n"+
-		"Percentiles are nearest rank: with %d rounds the p99 is the max.\n\n",
-		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, len(wakes))
-	b.WriteString("| Stage | p50 | p90 | max |\n| --- | --- | --- | --- |\n")
+		"Percentiles are nearest rank%s.\n\n",
+		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, p99Note(len(wakes)))
+	b.WriteString("| Stage | p50 | p90 | p99 | max |\n| --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
-		p50, p90, worst := col(r.f)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.what, msd(p50), msd(p90), msd(worst))
+		b.WriteString(col(r.f).row(r.what))
 	}
-	bl := slices.Clone(baselines)
-	slices.Sort(bl)
-	fmt.Fprintf(&b, "| baseline: plain scale 0 -> 1 -> root Ready | %s | %s | %s |\n", msd(bl[len(bl)/2]), msd(bl[(len(bl)*9+9)/10-1]), msd(bl[len(bl)-1]))
-	_, _, wakeMax := col(total)
-	_, _, overheadMax := col(overhead)
-	ratio := float64(wakeMax) / float64(bl[len(bl)-1])
+	bl := quantilesOf(baselines)
+	b.WriteString(bl.row("baseline: plain scale 0 -> 1 -> root Ready"))
+	wake, ctl := col(total), col(overhead)
+	ratio := float64(wake.p99) / float64(bl.p99)
 	verdict := "Both targets met."
 	switch {
-	case ratio > 1.1 && overheadMax > 50*time.Millisecond:
+	case ratio > 1.1 && ctl.p99 > 50*time.Millisecond:
 		verdict = "**Neither target met.**"
 	case ratio > 1.1:
 		verdict = "**The wake-to-first-token target is not met.**"
-	case overheadMax > 50*time.Millisecond:
+	case ctl.p99 > 50*time.Millisecond:
 		verdict = "**The control overhead target is not met.**"
 	}
-	fmt.Fprintf(&b, "\nwake-to-first-token (max) / baseline (max): %.2f (target <= 1.1); control overhead (max):\n%s (target <= 50 ms). %s\n", ratio, msd(overheadMax), verdict)
+	fmt.Fprintf(&b, "\nwake-to-first-token (p99) / baseline (p99): %.2f (target <= 1.1); control overhead (p99):\n%s (target <= 50 ms). %s\n", ratio, msd(ctl.p99), verdict)
 	return b.String()
 }
 

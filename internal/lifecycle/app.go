@@ -48,6 +48,10 @@ type appState struct {
 	firstTokenSent atomic.Int64
 	// firstTokens holds a first token reported to the leader (firsttoken.go).
 	firstTokens firstTokenBox
+	// rootServingSeen is when this dispatcher's cache first showed a root
+	// pod that serves (unix nanoseconds) since the last wake started; 0:
+	// not yet.
+	rootServingSeen atomic.Int64
 
 	status      v1alpha1.LifecycleStatus
 	sub         *nats.Subscription
@@ -443,6 +447,7 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 		start = r
 	}
 	want := max(a.MinReplicas, 1)
+	a.rootServingSeen.Store(0)
 	if err := c.setReplicas(ctx, a, want); err != nil {
 		return err
 	}
@@ -465,9 +470,11 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 // opens and the dispatchers send it the queued requests. The wake's
 // numbers are worked out after that, off the requests' path.
 func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	opening := c.now()
 	if err := c.openGate(ctx, a); err != nil {
 		return err // retried on the next step, still Waking
 	}
+	opened := c.now()
 	obs := c.observe(ctx, a, root, true)
 	now := obs.now
 	if !a.wakeStart.IsZero() && a.status.LastWake != nil {
@@ -475,8 +482,13 @@ func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.Statef
 		waiting := obs.pending + obs.ackPending // read just after the gate opened
 		a.status.LastWake.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
 		a.status.LastWake.RequestsWaiting = int64(waiting)
-		c.observeStages(a, now)
-		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", waiting)
+		seen := time.Unix(0, a.rootServingSeen.Load())
+		if a.rootServingSeen.Load() == 0 || seen.After(opening) {
+			seen = opening
+		}
+		c.observeStages(a, seen, opened)
+		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", waiting,
+			"rootSeenToGate", opening.Sub(seen), "gateOpen", opened.Sub(opening))
 		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), waiting)
 	}
 	a.wakeStart = time.Time{}
@@ -489,8 +501,10 @@ func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.Statef
 }
 
 // observeStages records the pod stages of the wake that just ended, from
-// the first root pod's conditions and container state.
-func (c *Controller) observeStages(a *appState, now time.Time) {
+// the first root pod's conditions and container state, and the dispatch
+// stage: from the root pod, ready, reaching this cache (seen) to the gate
+// open (opened).
+func (c *Controller) observeStages(a *appState, seen, opened time.Time) {
 	var pod *corev1.Pod
 	for _, p := range c.appPods(a) {
 		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && p.CreationTimestamp.After(a.wakeScaled.Add(-time.Second)) {
@@ -524,9 +538,9 @@ func (c *Controller) observeStages(a *appState, now time.Time) {
 		}
 		at = observe(stageScheduled, at, scheduled)
 		at = observe(stageStarted, at, started)
-		at = observe(stageReady, at, ready)
+		observe(stageReady, at, ready)
 	}
-	observe(stageDispatch, at, now)
+	observe(stageDispatch, seen, opened)
 }
 
 // wakeProblem explains why pods of a waking application do not start:
