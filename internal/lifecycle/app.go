@@ -277,11 +277,20 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 	case v1alpha1.LifecycleWaking:
 		// The cache first: a root that serves opens the gate before
 		// anything is read from JetStream.
-		if obs := c.observe(ctx, a, root, false); obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
+		obs := c.observe(ctx, a, root, false)
+		if obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
 			return c.awake(ctx, a, root)
 		}
-		obs := c.observe(ctx, a, root, true)
-		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		// The pod's and the StatefulSet's every change kicks this step
+		// while the pods start: the consumer is read once a tick, so that
+		// the step the root's Ready kicks does not wait behind a read of
+		// JetStream started for an earlier change.
+		if obs.now.Sub(a.consumerAt) >= c.cfg.Tick.Duration {
+			obs = c.observe(ctx, a, root, true)
+		}
+		if obs.infoOK {
+			c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		}
 		if obs.infoOK && !obs.paused {
 			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
 				return err
@@ -447,7 +456,6 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 		start = r
 	}
 	want := max(a.MinReplicas, 1)
-	a.rootServingSeen.Store(0)
 	if err := c.setReplicas(ctx, a, want); err != nil {
 		return err
 	}
@@ -577,6 +585,9 @@ func wakeProblem(pods []*corev1.Pod) string {
 
 // enter moves the application to state s.
 func (c *Controller) enter(a *appState, s v1alpha1.LifecycleState, now time.Time) {
+	if a.status.State != s && s == v1alpha1.LifecycleWaking {
+		a.rootServingSeen.Store(0) // a root seen serving from here on is the wake's
+	}
 	if a.status.State != s {
 		a.status.State = s
 		a.status.Since = &metav1.Time{Time: now}
