@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
@@ -134,8 +136,16 @@ func TestWakeBenchmark(t *testing.T) {
 			t.Fatalf("baseline %d: the pod did not become ready", round)
 		}
 		baselines = append(baselines, b.podReadyAt().Sub(b.request))
-		// Back to zero by a plain scale too (the lifecycle follows), not
-		// after zeroAfter: a round takes seconds less.
+		// Back to zero by a plain scale too, not after zeroAfter: a round
+		// takes seconds less. The lifecycle follows once it has taken the
+		// scale up as a wake and is awake (a scale to zero while it
+		// wakes would be woken again).
+		for state := ""; state != string(v1alpha1.LifecycleAwake); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("baseline %d: the lifecycle did not follow the scale up (state %q)", round, state)
+			}
+			state = lifecycleState(ctx, ns, root)
+		}
 		if err := lifecycle.Scale(ctx, env.cs, ns, root, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -163,6 +173,20 @@ func TestWakeBenchmark(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lifecycleState is the lifecycle state the leader last wrote on the root
+// StatefulSet; "" when it cannot be read.
+func lifecycleState(ctx context.Context, ns, root string) string {
+	sts, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, root, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	var st v1alpha1.LifecycleStatus
+	if json.Unmarshal([]byte(sts.Annotations[lifecycle.AnnotationStatus]), &st) != nil {
+		return ""
+	}
+	return string(st.State)
 }
 
 var wakeMu sync.Mutex
