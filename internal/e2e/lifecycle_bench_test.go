@@ -330,10 +330,12 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 	fmt.Fprintf(&b, "Measured by `make bench-lifecycle` (`go test ./internal/e2e -run TestWakeBenchmark\n"+
 		"-lifecycle-bench -lifecycle-bench-rounds %d`) on the real-node local cluster (%d CPUs; load average\n"+
 		"%s before, %s after): the simulator sample with a lifecycle (`zeroAfter: 3s`,\n"+
-		"`--ttft=20ms`). Each round sends one streamed chat to the application at zero pods and times,\n"+
+		"`--ttft=20ms`; its startup probe asks every second). Each round sends one streamed chat to the\n"+
+		"application at zero pods and times,\n"+
 		"from watch events seen by the benchmark, the replicas being written, the root pod turning Ready\n"+
 		"and the first token; then the same StatefulSet, at zero again, is scaled to 1 by a plain scale\n"+
-		"(as `kubectl scale` does) and timed to Ready. A second request right after the first answer\n"+
+		"(as `kubectl scale` does) and timed to Ready, and scaled back to zero. A second request right\n"+
+		"after the first answer\n"+
 		"times the path every request takes (gateway, queue, dispatcher, the engine's 20 ms to its first\n"+
 		"token). The control overhead is the decision plus what the first token took from the root pod\n"+
 		"turning Ready (the dispatchers take the roots of an application with a lifecycle from its pods;\n"+
