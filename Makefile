@@ -146,7 +146,7 @@ soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a f
 
 .PHONY: bench-lifecycle
 bench-lifecycle: tools images ## Wake from zero (real-node cluster, root; BENCH_ROUNDS wakes, default 15), then the checkpoint tiers (bench-tiers); BENCH_TIERS=0 runs the first alone.
-	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-rounds $(BENCH_ROUNDS) -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 30m
+	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-rounds $(BENCH_ROUNDS) -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 150m
 	$(if $(filter 0,$(BENCH_TIERS)),,$(MAKE) bench-tiers)
 
 .PHONY: bench-reconcile

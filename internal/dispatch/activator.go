@@ -77,7 +77,8 @@ func (d *Dispatcher) firstTokenHook(a *app, stored time.Time) func() {
 	if d.lifecycle == nil {
 		return nil
 	}
-	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, a.pool.rootsSince()) }
+	delivered := time.Now()
+	return func() { d.lifecycle.ObserveFirstToken(a.Name, stored, delivered, a.pool.rootsSince()) }
 }
 
 // seatMembers names the applications of the lifecycle's seat groups: their

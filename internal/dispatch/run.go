@@ -125,9 +125,21 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading Kubernetes client config: %w", err)
 	}
+	// One client, and so one client-side rate limit, carries the
+	// lifecycle leader's replica writes, its status annotations, events
+	// and Lease renewals: client-go's default (5 requests a second, bursts
+	// of 10) would hold a wake's replica write behind them whenever a few
+	// applications wake or drain at once.
+	rc.QPS, rc.Burst = kubeAPIQPS, kubeAPIBurst
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
 	return cs, nil
 }
+
+// The dispatcher's client-side rate limit on the API server.
+const (
+	kubeAPIQPS   = 50
+	kubeAPIBurst = 100
+)

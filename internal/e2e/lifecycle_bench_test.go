@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
@@ -63,7 +65,9 @@ func TestWakeBenchmark(t *testing.T) {
 		t.Skip("the wake benchmark runs with -lifecycle-bench (make bench-lifecycle)")
 	}
 	requireCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// About 10 s a round (two pod starts, two scales to zero) on an idle
+	// machine; the bound leaves room for a busy one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute+time.Duration(*benchRounds)*30*time.Second)
 	defer cancel()
 	ns := newNamespace(ctx, t, "bench-wake")
 	const name = "wake"
@@ -132,6 +136,19 @@ func TestWakeBenchmark(t *testing.T) {
 			t.Fatalf("baseline %d: the pod did not become ready", round)
 		}
 		baselines = append(baselines, b.podReadyAt().Sub(b.request))
+		// Back to zero by a plain scale too, not after zeroAfter: a round
+		// takes seconds less. The lifecycle follows once it has taken the
+		// scale up as a wake and is awake (a scale to zero while it
+		// wakes would be woken again).
+		for state := ""; state != string(v1alpha1.LifecycleAwake); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("baseline %d: the lifecycle did not follow the scale up (state %q)", round, state)
+			}
+			state = lifecycleState(ctx, ns, root)
+		}
+		if err := lifecycle.Scale(ctx, env.cs, ns, root, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	table := wakeTable(wakes, baselines, loadBefore, loadAverage())
 	t.Log("\n" + table)
@@ -156,6 +173,20 @@ func TestWakeBenchmark(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lifecycleState is the lifecycle state the leader last wrote on the root
+// StatefulSet; "" when it cannot be read.
+func lifecycleState(ctx context.Context, ns, root string) string {
+	sts, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, root, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	var st v1alpha1.LifecycleStatus
+	if json.Unmarshal([]byte(sts.Annotations[lifecycle.AnnotationStatus]), &st) != nil {
+		return ""
+	}
+	return string(st.State)
 }
 
 var wakeMu sync.Mutex
@@ -239,17 +270,38 @@ func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes)
 	return func() { sts.Stop(); pods.Stop(); slices.Stop(); cancel(); wg.Wait() }
 }
 
-// wakeTable summarises the rounds: p50, p90 and max, nearest rank (below
-// 100 rounds the nearest-rank p99 is the max, so the targets are checked
-// against the max), and whether the targets are met.
+// quantiles are the p50, p90, p99 and max of v, nearest rank (below 100
+// values the p99 is the max).
+type quantiles struct{ p50, p90, p99, max time.Duration }
+
+func quantilesOf(v []time.Duration) quantiles {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	rank := func(p int) time.Duration { return v[(len(v)*p+99)/100-1] }
+	return quantiles{p50: rank(50), p90: rank(90), p99: rank(99), max: v[len(v)-1]}
+}
+
+func (q quantiles) row(what string) string {
+	return fmt.Sprintf("| %s | %s | %s | %s | %s |\n", what, msd(q.p50), msd(q.p90), msd(q.p99), msd(q.max))
+}
+
+// p99Note says when the nearest-rank p99 of n values is the max.
+func p99Note(n int) string {
+	if n < 100 {
+		return fmt.Sprintf(": with %d rounds the p99 is the max", n)
+	}
+	return fmt.Sprintf(" (%d rounds)", n)
+}
+
+// wakeTable summarises the rounds: p50, p90, p99 and max, nearest rank,
+// and whether the targets (at p99) are met.
 func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAfter string) string {
-	col := func(f func(wakeTimes) time.Duration) (p50, p90, worst time.Duration) {
+	col := func(f func(wakeTimes) time.Duration) quantiles {
 		var v []time.Duration
 		for _, w := range wakes {
 			v = append(v, f(w))
 		}
-		slices.Sort(v)
-		return v[len(v)/2], v[(len(v)*9+9)/10-1], v[len(v)-1]
+		return quantilesOf(v)
 	}
 	decision := func(w wakeTimes) time.Duration { return w.scaled.Sub(w.request) }
 	afterReady := func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.podReady) }
@@ -278,37 +330,36 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 	fmt.Fprintf(&b, "Measured by `make bench-lifecycle` (`go test ./internal/e2e -run TestWakeBenchmark\n"+
 		"-lifecycle-bench -lifecycle-bench-rounds %d`) on the real-node local cluster (%d CPUs; load average\n"+
 		"%s before, %s after): the simulator sample with a lifecycle (`zeroAfter: 3s`,\n"+
-		"`--ttft=20ms`). Each round sends one streamed chat to the application at zero pods and times,\n"+
+		"`--ttft=20ms`; its startup probe asks every second). Each round sends one streamed chat to the\n"+
+		"application at zero pods and times,\n"+
 		"from watch events seen by the benchmark, the replicas being written, the root pod turning Ready\n"+
 		"and the first token; then the same StatefulSet, at zero again, is scaled to 1 by a plain scale\n"+
-		"(as `kubectl scale` does) and timed to Ready. A second request right after the first answer\n"+
+		"(as `kubectl scale` does) and timed to Ready, and scaled back to zero. A second request right\n"+
+		"after the first answer\n"+
 		"times the path every request takes (gateway, queue, dispatcher, the engine's 20 ms to its first\n"+
 		"token). The control overhead is the decision plus what the first token took from the root pod\n"+
 		"turning Ready (the dispatchers take the roots of an application with a lifecycle from its pods;\n"+
 		"the EndpointSlice, listed for reference, follows a controller hop later), beyond that path.\n"+
-		"Percentiles are nearest rank: with %d rounds the p99 is the max.\n\n",
-		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, len(wakes))
-	b.WriteString("| Stage | p50 | p90 | max |\n| --- | --- | --- | --- |\n")
+		"Percentiles are nearest rank%s.\n\n",
+		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, p99Note(len(wakes)))
+	b.WriteString("| Stage | p50 | p90 | p99 | max |\n| --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
-		p50, p90, worst := col(r.f)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.what, msd(p50), msd(p90), msd(worst))
+		b.WriteString(col(r.f).row(r.what))
 	}
-	bl := slices.Clone(baselines)
-	slices.Sort(bl)
-	fmt.Fprintf(&b, "| baseline: plain scale 0 -> 1 -> root Ready | %s | %s | %s |\n", msd(bl[len(bl)/2]), msd(bl[(len(bl)*9+9)/10-1]), msd(bl[len(bl)-1]))
-	_, _, wakeMax := col(total)
-	_, _, overheadMax := col(overhead)
-	ratio := float64(wakeMax) / float64(bl[len(bl)-1])
+	bl := quantilesOf(baselines)
+	b.WriteString(bl.row("baseline: plain scale 0 -> 1 -> root Ready"))
+	wake, ctl := col(total), col(overhead)
+	ratio := float64(wake.p99) / float64(bl.p99)
 	verdict := "Both targets met."
 	switch {
-	case ratio > 1.1 && overheadMax > 50*time.Millisecond:
+	case ratio > 1.1 && ctl.p99 > 50*time.Millisecond:
 		verdict = "**Neither target met.**"
 	case ratio > 1.1:
 		verdict = "**The wake-to-first-token target is not met.**"
-	case overheadMax > 50*time.Millisecond:
+	case ctl.p99 > 50*time.Millisecond:
 		verdict = "**The control overhead target is not met.**"
 	}
-	fmt.Fprintf(&b, "\nwake-to-first-token (max) / baseline (max): %.2f (target <= 1.1); control overhead (max):\n%s (target <= 50 ms). %s\n", ratio, msd(overheadMax), verdict)
+	fmt.Fprintf(&b, "\nwake-to-first-token (p99) / baseline (p99): %.2f (target <= 1.1); control overhead (p99):\n%s (target <= 50 ms). %s\n", ratio, msd(ctl.p99), verdict)
 	return b.String()
 }
 

@@ -48,6 +48,10 @@ type appState struct {
 	firstTokenSent atomic.Int64
 	// firstTokens holds a first token reported to the leader (firsttoken.go).
 	firstTokens firstTokenBox
+	// rootServingSeen is when this dispatcher's cache first showed a root
+	// pod that serves (unix nanoseconds) since the last wake started; 0:
+	// not yet.
+	rootServingSeen atomic.Int64
 
 	status      v1alpha1.LifecycleStatus
 	sub         *nats.Subscription
@@ -273,11 +277,20 @@ func (c *Controller) step(ctx context.Context, a *appState) error {
 	case v1alpha1.LifecycleWaking:
 		// The cache first: a root that serves opens the gate before
 		// anything is read from JetStream.
-		if obs := c.observe(ctx, a, root, false); obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
+		obs := c.observe(ctx, a, root, false)
+		if obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
 			return c.awake(ctx, a, root)
 		}
-		obs := c.observe(ctx, a, root, true)
-		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		// The pod's and the StatefulSet's every change kicks this step
+		// while the pods start: the consumer is read once a tick, so that
+		// the step the root's Ready kicks does not wait behind a read of
+		// JetStream started for an earlier change.
+		if obs.now.Sub(a.consumerAt) >= c.cfg.Tick.Duration {
+			obs = c.observe(ctx, a, root, true)
+		}
+		if obs.infoOK {
+			c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
+		}
 		if obs.infoOK && !obs.paused {
 			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
 				return err
@@ -465,9 +478,11 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 // opens and the dispatchers send it the queued requests. The wake's
 // numbers are worked out after that, off the requests' path.
 func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	opening := c.now()
 	if err := c.openGate(ctx, a); err != nil {
 		return err // retried on the next step, still Waking
 	}
+	opened := c.now()
 	obs := c.observe(ctx, a, root, true)
 	now := obs.now
 	if !a.wakeStart.IsZero() && a.status.LastWake != nil {
@@ -475,8 +490,13 @@ func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.Statef
 		waiting := obs.pending + obs.ackPending // read just after the gate opened
 		a.status.LastWake.Seconds = strconv.FormatFloat(secs.Seconds(), 'f', 3, 64)
 		a.status.LastWake.RequestsWaiting = int64(waiting)
-		c.observeStages(a, now)
-		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", waiting)
+		seen := time.Unix(0, a.rootServingSeen.Load())
+		if a.rootServingSeen.Load() == 0 || seen.After(opening) {
+			seen = opening
+		}
+		c.observeStages(a, seen, opened)
+		c.log.Info("awake", "app", a.Name, "wake", secs, "requestsWaiting", waiting,
+			"rootSeenToGate", opening.Sub(seen), "gateOpen", opened.Sub(opening))
 		c.event(a, corev1.EventTypeNormal, EventAwake, "%s is awake after %.1fs; %d requests were waiting", a.Name, secs.Seconds(), waiting)
 	}
 	a.wakeStart = time.Time{}
@@ -489,8 +509,10 @@ func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.Statef
 }
 
 // observeStages records the pod stages of the wake that just ended, from
-// the first root pod's conditions and container state.
-func (c *Controller) observeStages(a *appState, now time.Time) {
+// the first root pod's conditions and container state, and the dispatch
+// stage: from the root pod, ready, reaching this cache (seen) to the gate
+// open (opened).
+func (c *Controller) observeStages(a *appState, seen, opened time.Time) {
 	var pod *corev1.Pod
 	for _, p := range c.appPods(a) {
 		if p.Labels[labelComponent] == "root" && p.DeletionTimestamp == nil && p.CreationTimestamp.After(a.wakeScaled.Add(-time.Second)) {
@@ -524,9 +546,9 @@ func (c *Controller) observeStages(a *appState, now time.Time) {
 		}
 		at = observe(stageScheduled, at, scheduled)
 		at = observe(stageStarted, at, started)
-		at = observe(stageReady, at, ready)
+		observe(stageReady, at, ready)
 	}
-	observe(stageDispatch, at, now)
+	observe(stageDispatch, seen, opened)
 }
 
 // wakeProblem explains why pods of a waking application do not start:
@@ -563,6 +585,9 @@ func wakeProblem(pods []*corev1.Pod) string {
 
 // enter moves the application to state s.
 func (c *Controller) enter(a *appState, s v1alpha1.LifecycleState, now time.Time) {
+	if a.status.State != s && s == v1alpha1.LifecycleWaking {
+		a.rootServingSeen.Store(0) // a root seen serving from here on is the wake's
+	}
 	if a.status.State != s {
 		a.status.State = s
 		a.status.Since = &metav1.Time{Time: now}

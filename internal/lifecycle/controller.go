@@ -238,6 +238,11 @@ func (c *Controller) startInformers(ctx context.Context) error {
 		return fmt.Errorf("watching StatefulSets: %w", err)
 	}
 	podChanged := func(obj any) {
+		if p, ok := obj.(*corev1.Pod); ok && p.Labels[labelComponent] == "root" && RootServes(p) {
+			if a := c.app(p.Labels[labelApplication]); a != nil {
+				a.rootServingSeen.CompareAndSwap(0, c.now().UnixNano())
+			}
+		}
 		kick(obj)
 		c.seatGroupChanged(obj)
 		if c.deps.RootPods == nil {
@@ -406,18 +411,20 @@ func (c *Controller) rootPods(a *appState) []*corev1.Pod {
 }
 
 // ObserveFirstToken records the first_token stage of a wake when the first
-// answer data of a request stored at stored goes out now: once per wake,
-// for a request that waited for it (stored while the application was not
-// awake), timed from rootsSince, when this dispatcher's pool got the root
-// that the wake started; and hands the time to the leader for
+// answer data of a request stored at stored and delivered to this
+// dispatcher at delivered goes out now: once per wake, for a request that
+// waited for it (stored while the application was not awake), timed from
+// rootsSince, when this dispatcher's pool got the root that the wake
+// started; and hands the time to the leader for
 // lastWake.firstTokenSeconds (firsttoken.go).
-func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time) {
+func (c *Controller) ObserveFirstToken(app string, stored, delivered, rootsSince time.Time) {
 	a := c.app(app)
 	if a == nil {
 		return
 	}
 	now := c.now()
-	if c.observeFirstToken(a, stored, rootsSince, now) {
+	t := firstAnswer{stored: stored, delivered: delivered, rootsSince: rootsSince, now: now}
+	if c.observeFirstToken(a, t) {
 		return
 	}
 	// The answer went out before this dispatcher heard of the wake from
@@ -429,7 +436,7 @@ func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time)
 		deadline := time.Now().Add(firstTokenStateWait)
 		for time.Now().Before(deadline) {
 			time.Sleep(firstTokenStateWait / 40)
-			if c.observeFirstToken(a, stored, rootsSince, now) {
+			if c.observeFirstToken(a, t) {
 				return
 			}
 		}
@@ -440,10 +447,18 @@ func (c *Controller) ObserveFirstToken(app string, stored, rootsSince time.Time)
 // lifecycle state of its wake to reach this dispatcher.
 const firstTokenStateWait = 2 * time.Second
 
-// observeFirstToken is ObserveFirstToken for a first answer sent at now;
-// it reports false when this dispatcher does not know the wake yet (no
-// state, no last wake, or a state that is neither waking nor awake).
-func (c *Controller) observeFirstToken(a *appState, stored, rootsSince, now time.Time) bool {
+// firstAnswer is the moments of a first answer: its request stored,
+// delivered to this dispatcher, this dispatcher's pool got its roots
+// (rootsSince), and its first data sent (now).
+type firstAnswer struct {
+	stored, delivered, rootsSince, now time.Time
+}
+
+// observeFirstToken is ObserveFirstToken for a first answer t; it reports
+// false when this dispatcher does not know the wake yet (no state, no last
+// wake, or a state that is neither waking nor awake).
+func (c *Controller) observeFirstToken(a *appState, t firstAnswer) bool {
+	stored, rootsSince, now := t.stored, t.rootsSince, t.now
 	c.mu.Lock()
 	states := c.states
 	c.mu.Unlock()
@@ -469,6 +484,11 @@ func (c *Controller) observeFirstToken(a *appState, stored, rootsSince, now time
 	}
 	if rootsSince.After(wake) && once(&a.firstToken) {
 		c.m.wakeSeconds.WithLabelValues(a.Name, stageFirstToken).Observe(now.Sub(rootsSince).Seconds())
+		// Where the first token's time went on this dispatcher: the root
+		// joining its pool -> the request delivered (the gate, the pull)
+		// -> the first answer data sent (the engine).
+		c.log.Info("first answer of a wake", "app", a.Name, "rootToDelivery", t.delivered.Sub(rootsSince),
+			"deliveryToFirstData", now.Sub(t.delivered), "rootToFirstData", now.Sub(rootsSince))
 	}
 	// The wake is the current one: under way, or what made it awake (not
 	// the wake before a sleep that a request cancelled).

@@ -148,6 +148,11 @@ func TestRequestsAtZeroAreAnsweredOnce(t *testing.T) {
 	if c := stageCount(t, reg, "first_token"); c != 1 {
 		t.Errorf("%v first_token stages observed, want 1 (the first answer of the wake)", c)
 	}
+	// The leader's dispatch stage: its cache showing the root serving ->
+	// the gate open, once for the wake.
+	if c := stageCount(t, reg, "dispatch"); c != 1 {
+		t.Errorf("%v dispatch stages observed, want 1 (the wake's gate opening)", c)
+	}
 	firstToken(t, e, 0)
 }
 

@@ -9,8 +9,9 @@ import (
 // Wake stages, the values of the stage label of wake_seconds: decision
 // (first request seen -> replicas written), scheduled (-> the root pod is
 // bound to a node), started (-> its engine container runs), ready (-> it
-// passes its readiness probe) and dispatch (-> the leader saw it ready and
-// reopens the queue), observed by the leader; and first_token, observed by
+// passes its readiness probe) and dispatch (the leader's cache shows the
+// root serving -> the queue reopened), observed by the leader; and
+// first_token, observed by
 // the dispatcher that answers: from the root reaching its pool (the
 // EndpointSlice) to the first data of the answer to a request that waited
 // for the wake, once per wake and dispatcher.
@@ -53,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "wakes_total",
 			Help: "Wakes from zero, by what started them (request: a request arrived; backlog: requests were queued when the leader took over)."}, []string{"app", "trigger"}),
 		wakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "wake_seconds",
-			Help:    "Duration of each stage of a wake from zero: decision, scheduled, started, ready, dispatch (leader), first_token (dispatcher).",
+			Help:    "Duration of each stage of a wake from zero: decision, scheduled, started, ready, dispatch (the leader's cache shows the root serving -> queue reopened), first_token (dispatcher).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}}, []string{"app", "stage"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "requests_waiting",
 			Help: "Requests queued for an application that is not awake (waiting on a wake)."}, []string{"app"}),

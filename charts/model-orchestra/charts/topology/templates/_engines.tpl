@@ -44,17 +44,28 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* Probes of a root: the startup probe tolerates a model load of up to
-an hour before liveness takes over. */}}
+{{/* How often the kubelet probes a starting root engine, and for how long:
+every second, so that the root turns Ready within about a second of its
+engine answering (the kubelet runs the readiness probe as soon as the
+startup probe passes, not a readiness period later), for up to an hour of
+model loading. */}}
+{{- define "mo.engineStartupTiming" -}}
+{{- $period := 1 -}}
+{{- $loadLimitSeconds := 3600 -}}
+periodSeconds: {{ $period }}
+failureThreshold: {{ div $loadLimitSeconds $period }}
+{{- end -}}
+
+{{/* Probes of a root: the startup probe (timed by mo.engineStartupTiming)
+tolerates a model load of up to an hour before liveness takes over. */}}
 {{- define "mo.rootProbes" -}}
 {{- $engine := .spec.runtime.engine -}}
 {{- if eq $engine "ollama" }}
 startupProbe:
   exec:
     command: ["ollama", "show", {{ .served | quote }}]
-  periodSeconds: 10
+  {{- include "mo.engineStartupTiming" . | nindent 2 }}
   timeoutSeconds: 5
-  failureThreshold: 360
 readinessProbe:
   exec:
     command: ["ollama", "show", {{ .served | quote }}]
@@ -71,8 +82,7 @@ livenessProbe:
 startupProbe:
   tcpSocket:
     port: {{ default "http" .portName }}
-  periodSeconds: 10
-  failureThreshold: 360
+  {{- include "mo.engineStartupTiming" . | nindent 2 }}
 readinessProbe:
   tcpSocket:
     port: {{ default "http" .portName }}
@@ -87,9 +97,8 @@ startupProbe:
   httpGet:
     path: /health
     port: {{ default "http" .portName }}
-  periodSeconds: 10
+  {{- include "mo.engineStartupTiming" . | nindent 2 }}
   timeoutSeconds: 5
-  failureThreshold: 360
 readinessProbe:
   httpGet:
     path: /health
