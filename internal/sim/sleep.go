@@ -690,5 +690,5 @@ func statFileID(path string) fileID {
 	if err := unix.Stat(path, &st); err != nil {
 		return fileID{}
 	}
-	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, ctime: st.Ctim.Nano()}
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, ctime: st.Ctim.Nano()}
 }
