@@ -93,6 +93,8 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		t.Fatalf("the sample has no application gamma: %v", err)
 	}
 	must(t, unstructured.SetNestedMap(obj.Object, gammaSpec, "spec", "applications", "delta"))
+	// The device the engines share holds one application's weights.
+	must(t, unstructured.SetNestedField(obj.Object, strconv.Itoa(seatWeights), "spec", "seatGroups", "accel", "deviceMemory"))
 	name := obj.GetName()
 	apps := []string{"alpha", "beta", "delta", "gamma"} // in name order: engine i on 8080+i
 	port := map[string]int{}

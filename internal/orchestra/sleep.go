@@ -189,7 +189,11 @@ func hasSeat(app v1alpha1.Application) bool {
 func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
 	out := make(map[string]any, len(groups))
 	for name, g := range groups {
-		out[name] = map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1))}
+		v := map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1))}
+		if g.DeviceMemory != nil {
+			v["deviceMemory"] = g.DeviceMemory.Value()
+		}
+		out[name] = v
 	}
 	return out
 }

@@ -113,7 +113,7 @@ func policyDoc(t *testing.T, name, spec string) *unstructured.Unstructured {
 }
 
 func TestTranslatorSleepValues(t *testing.T) {
-	spec := `{seatGroups: {g: {}}, applications: {
+	spec := `{seatGroups: {g: {}, s: {activeSeats: 2, deviceMemory: 1Gi}}, applications: {
     chat: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: simulator},
       lifecycle: {sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast, resumeSLO: {resumeRamSeconds: 3}}},
     seated: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: vllm, args: [x]}, lifecycle: {minReplicas: 1, checkpointPolicy: fast, seat: {group: g, priority: 7}}},
@@ -157,7 +157,8 @@ func TestTranslatorSleepValues(t *testing.T) {
 		t.Errorf("global.agent.enabled = %v, want true: applications sleep", got)
 	}
 
-	if diff := cmp.Diff(map[string]any{"g": map[string]any{"activeSeats": int64(1)}}, get("global.seatGroups")); diff != "" {
+	wantGroups := map[string]any{"g": map[string]any{"activeSeats": int64(1)}, "s": map[string]any{"activeSeats": int64(2), "deviceMemory": int64(1 << 30)}}
+	if diff := cmp.Diff(wantGroups, get("global.seatGroups")); diff != "" {
 		t.Errorf("global.seatGroups (-want +got):\n%s", diff)
 	}
 

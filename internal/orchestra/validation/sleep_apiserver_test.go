@@ -119,6 +119,7 @@ spec:
 			name: "seat-many-replicas", spec: seats + apps(app("a", sim("L4"), "{seat: {group: g}, maxReplicas: 2}")),
 			wantField: "spec.applications[a].lifecycle.maxReplicas", wantMsg: "lifecycle.maxReplicas must be 1 for an application with lifecycle.seat",
 		},
+		{name: "seat-device-memory", spec: "  seatGroups: {g: {deviceMemory: 80Gi}}\n" + apps(app("a", sim("L4"), "{seat: {group: g}}"))},
 		{
 			name: "seat-priority-bound", spec: seats + apps(app("a", sim("L4"), "{seat: {group: g, priority: 5000}}")),
 			wantField: "spec.applications.a.lifecycle.seat.priority", wantMsg: "less than or equal to 1000",

@@ -309,6 +309,14 @@ args:
   not free its memory in place (POST /orchestra/restart), without
   touching the pod's other engines. */}}
   - --restartable
+  {{- /* The group's engines share one device pool, a file on the pod's
+  memory-backed emptyDir "device", sized by seatGroups.<group>.deviceMemory
+  (unset: no fixed size): an engine that leaks its memory at sleep keeps
+  the next one from waking until it is restarted, as on a GPU. */}}
+  - --device-file=/var/run/model-orchestra/device/pool
+  {{- with (index (default dict .root.Values.global.seatGroups) .seatGroup).deviceMemory }}
+  - --device-capacity={{ int64 . }}
+  {{- end }}
   {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
@@ -408,6 +416,10 @@ volumeMounts:
   {{- if eq $rt.engine "vllm" }}
   - name: shm
     mountPath: /dev/shm
+  {{- end }}
+  {{- if and .seatGroup (eq $rt.engine "simulator") }}
+  - name: device
+    mountPath: /var/run/model-orchestra/device
   {{- end }}
   {{- if and .sleep (eq $rt.engine "simulator") }}
   - name: hot
