@@ -472,13 +472,7 @@ func TestNodeLearnsFromSleeps(t *testing.T) {
 		HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
 		Budgets: checkpoint.Budgets{Hot: 3 << 20, Warm: 8 << 20},
 	}, RuntimeVersion: "containerd://1.6.20"}
-	reg := prometheus.NewRegistry()
-	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(n.Handler(reg))
-	defer srv.Close()
+	n, srv := serveNode(t, cfg)
 	post := func(path string, rec any) (int, string) {
 		t.Helper()
 		b, _ := json.Marshal(rec)
@@ -527,6 +521,20 @@ func TestNodeLearnsFromSleeps(t *testing.T) {
 			t.Errorf("asleep, the agent predicts %+v; want %+v", p, want)
 		}
 	}
+}
+
+// serveNode starts a node agent on cfg behind a test server, closed when
+// the test ends.
+func serveNode(t *testing.T, cfg checkpoint.NodeConfig) (*checkpoint.Node, *httptest.Server) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(n.Handler(reg))
+	t.Cleanup(srv.Close)
+	return n, srv
 }
 
 func restarted(t *testing.T, cfg checkpoint.NodeConfig) *checkpoint.Node {

@@ -124,12 +124,6 @@ func (n *Node) histories() []WakeHistory {
 // RecordWake adds a wake to its artifact's history and persists the
 // histories.
 func (n *Node) RecordWake(r WakeRecord) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if r.Time.IsZero() {
-		return errors.New("time is required")
-	}
 	switch r.Tier {
 	case "", TierHot, TierWarm, TierCold:
 	default:
@@ -138,50 +132,49 @@ func (n *Node) RecordWake(r WakeRecord) error {
 	if r.ColdPath != "" && !filepath.IsLocal(r.ColdPath) {
 		return fmt.Errorf("coldPath %q must be a relative path inside the cold tier", r.ColdPath)
 	}
-	n.mu.Lock()
-	h := n.wakes[r.Key]
-	if h == nil {
-		h = &WakeHistory{Key: r.Key}
-		n.wakes[r.Key] = h
-	}
-	h.Add(r.Time)
-	if r.Bytes > 0 {
-		h.Bytes = r.Bytes
-	}
-	if r.Digest != "" {
-		h.Digest = r.Digest
-	}
-	if r.ColdPath != "" {
-		h.ColdPath = r.ColdPath
-	}
-	h.Priority = r.Priority
-	if r.Tier == TierCold && r.BytesPerSecond > 0 {
-		h.ColdBytesPerSecond = r.BytesPerSecond
-	}
-	hs := n.histories()
-	n.mu.Unlock()
-	return n.persistHistories(hs)
+	return n.record(r.Key, r.Time, func(h *WakeHistory) {
+		h.Add(r.Time)
+		if r.Bytes > 0 {
+			h.Bytes = r.Bytes
+		}
+		if r.Digest != "" {
+			h.Digest = r.Digest
+		}
+		if r.ColdPath != "" {
+			h.ColdPath = r.ColdPath
+		}
+		h.Priority = r.Priority
+		if r.Tier == TierCold && r.BytesPerSecond > 0 {
+			h.ColdBytesPerSecond = r.BytesPerSecond
+		}
+	})
 }
 
 // RecordSleep adds a sleep to its artifact's history and persists the
 // histories. A sleep of an artifact never woken starts its history.
 func (n *Node) RecordSleep(r SleepRecord) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if r.Time.IsZero() {
-		return errors.New("time is required")
-	}
 	if r.Level < 0 || r.Level > 2 {
 		return fmt.Errorf("level must be 1 or 2, got %d", r.Level)
 	}
-	n.mu.Lock()
-	h := n.wakes[r.Key]
-	if h == nil {
-		h = &WakeHistory{Key: r.Key}
-		n.wakes[r.Key] = h
+	return n.record(r.Key, r.Time, func(h *WakeHistory) { h.AddSleep(r.Time) })
+}
+
+// record checks a wake's or sleep's key and time, applies change to the
+// key's history (a new one if none) and persists the histories.
+func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
+	if err := k.Validate(); err != nil {
+		return err
 	}
-	h.AddSleep(r.Time)
+	if at.IsZero() {
+		return errors.New("time is required")
+	}
+	n.mu.Lock()
+	h := n.wakes[k]
+	if h == nil {
+		h = &WakeHistory{Key: k}
+		n.wakes[k] = h
+	}
+	change(h)
 	hs := n.histories()
 	n.mu.Unlock()
 	return n.persistHistories(hs)
