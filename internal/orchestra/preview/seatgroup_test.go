@@ -311,3 +311,28 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 		t.Errorf("StatefulSets the dispatcher may patch (-want +got):\n%s", diff)
 	}
 }
+
+// TestSeatGroupDeviceMemoryMustBePositive: the chart's schema refuses a
+// group device of no bytes (the API server cannot afford a rule on a
+// quantity in the seatGroups map), so such a release fails and says why.
+func TestSeatGroupDeviceMemoryMustBePositive(t *testing.T) {
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		bytes   int64
+		wantErr bool
+	}{{1 << 30, false}, {0, true}, {-1, true}} {
+		vals := gpuSeatGroupValues(t)
+		vals["global"].(map[string]any)["seatGroups"] = map[string]any{"gpu": map[string]any{"activeSeats": 1, "deviceMemory": tc.bytes}}
+		coalesced, err := chartutil.CoalesceValues(c, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = chartutil.ValidateAgainstSchema(c, coalesced)
+		if got := err != nil && strings.Contains(err.Error(), "deviceMemory"); got != tc.wantErr {
+			t.Errorf("deviceMemory %d: schema error %v, want one naming deviceMemory: %v", tc.bytes, err, tc.wantErr)
+		}
+	}
+}
