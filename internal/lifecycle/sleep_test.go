@@ -52,7 +52,7 @@ type sleepPlane struct {
 	agent  *httptest.Server
 	// agentHot and agentWarm are the node agent's tier directories.
 	agentHot, agentWarm string
-	client   *natsqueue.Client
+	client              *natsqueue.Client
 	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
 	// when it runs one).
 	dispatcherReg *prometheus.Registry

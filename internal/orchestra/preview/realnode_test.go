@@ -117,18 +117,21 @@ gateway: {auth: {anonymous: true}}
 	// claim's volume, which the agent mounts read-only as its cold tier.
 	model := make([]byte, 1<<20)
 	arena.Synthesize(model, 11)
-	var volume string
-	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+	volumeOf := func() string { // the claim's directory on the node, once bound
 		pvc, err := c.cs.CoreV1().PersistentVolumeClaims(sleepNS).Get(ctx, "x-sim-model", metav1.GetOptions{})
 		if err != nil || pvc.Spec.VolumeName == "" {
-			return false, nil
+			return ""
 		}
 		pv, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 		if err != nil || pv.Spec.HostPath == nil {
-			return false, nil
+			return ""
 		}
-		volume = pv.Spec.HostPath.Path
-		return true, nil
+		return pv.Spec.HostPath.Path
+	}
+	var volume string
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		volume = volumeOf()
+		return volume != "", nil
 	}); err != nil {
 		t.Fatalf("waiting for the model cache's volume: %v", err)
 	}
