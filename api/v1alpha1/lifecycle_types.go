@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -184,6 +185,17 @@ type SeatGroupSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=8
 	Replicas int32 `json:"replicas,omitempty"`
+	// deviceMemory is the memory of the accelerator the group's engines
+	// share, for example 80Gi for an 80 GB GPU. Simulator engines get it
+	// as one device pool per group pod, shared by their containers: an
+	// engine whose weights do not fit while the others hold the memory
+	// fails to load or wake with "device memory exhausted", and one that
+	// finds the pool full at start starts asleep. Unset, the pool has no
+	// fixed size. It must be more than 0 (the chart refuses it otherwise;
+	// the API server cannot afford a rule on a quantity in this map). Not
+	// applied to GPU engines, which see the device's own memory.
+	// +optional
+	DeviceMemory *resource.Quantity `json:"deviceMemory,omitempty"`
 }
 
 // LifecycleScaler decides the replica count between 1 and maxReplicas.

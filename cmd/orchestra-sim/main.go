@@ -44,6 +44,9 @@ func main() {
 	flag.BoolVar(&cfg.Sleep.KeepOffload, "keep-offload", cfg.Sleep.KeepOffload, "keep the level-1 offload in the hot tier after a wake, so the next level-1 sleep reuses it instead of writing the weights again (costs their size in RAM while awake)")
 	flag.StringVar(&cfg.Sleep.WarmDir, "warm-dir", cfg.Sleep.WarmDir, "warm tier (node disk): where a level-2 wake looks after the hot tier")
 	flag.StringVar(&cfg.DeviceMemory, "device-memory", cfg.DeviceMemory, "memory standing in for the accelerator's: pool (faulted in once and kept across sleeps, as GPU memory stays on the device) or kernel (a sleep returns it to the kernel, a wake faults it in again)")
+	flag.StringVar(&cfg.DeviceFile, "device-file", cfg.DeviceFile, "device pool shared with the other engines that open this file (a seat-group pod's memory-backed emptyDir), instead of the process's own")
+	deviceCapacity := arena.Size(cfg.DeviceCapacity)
+	flag.Var(&deviceCapacity, "device-capacity", "size of the --device-file pool (e.g. 1GiB; 0: no limit): a load or wake that does not fit fails with \"device memory exhausted\"")
 	flag.DurationVar(&cfg.Faults.WakeDelay, "fault-wake-delay", cfg.Faults.WakeDelay, "fault: every wake takes this much longer")
 	flag.BoolVar(&cfg.Faults.WakeFail, "fault-wake-fail", cfg.Faults.WakeFail, "fault: every wake fails and the engine stays asleep")
 	flag.BoolVar(&cfg.Faults.SleepLeak, "fault-sleep-leak", cfg.Faults.SleepLeak, "fault: sleep keeps the weights in memory (vllm#47654)")
@@ -54,6 +57,7 @@ func main() {
 	flag.Parse()
 	cfg.Faults.CrashExits = !*crashConn
 	cfg.Weights.Bytes = int64(weightsBytes)
+	cfg.DeviceCapacity = int64(deviceCapacity)
 
 	var h slog.Handler = slog.NewJSONHandler(os.Stderr, nil)
 	if !*jsonLogs {
@@ -70,6 +74,10 @@ func main() {
 		return
 	}
 
+	if err := sim.OpenProcessDevice(cfg); err != nil {
+		log.Error("simulator not started", "err", err)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	run := sim.Run
 	if *restartable {

@@ -275,6 +275,7 @@ type TiersStatus struct {
 //	DELETE /tiers/{tier}/{namespace}/{name} remove one copy
 //	POST   /verify                          re-hash every kept copy now → []Verification
 //	POST   /wakes                           WakeRecord: a wake, for the prediction
+//	POST   /sleeps                          SleepRecord: a sleep, for the prediction
 //	POST   /promote-ahead                   plan and make the due promotions now → []PromotionDone
 //	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
@@ -296,6 +297,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("POST /verify", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.VerifyNow()) })
 	mux.HandleFunc("POST /promote", n.handlePromote)
 	mux.HandleFunc("POST /wakes", n.handleWake)
+	mux.HandleFunc("POST /sleeps", n.handleSleep)
 	mux.HandleFunc("POST /promote-ahead", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, n.PromoteAhead()) })
 	mux.HandleFunc("POST /demote", n.handleDemote)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)

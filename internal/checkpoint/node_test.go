@@ -462,3 +462,86 @@ func TestNodeReadsItsRuntimeVersionFromItsNode(t *testing.T) {
 		t.Errorf("runtime with an override: %+v; want the override, supported", r)
 	}
 }
+
+// TestNodeLearnsFromSleeps: the leader reports sleeps (POST /sleeps) beside
+// the wakes. While the engines are awake nothing is predicted; once they
+// fall asleep again, the steady time from a sleep to the next wake predicts
+// the next wake, and the sleeps survive a restart of the agent.
+func TestNodeLearnsFromSleeps(t *testing.T) {
+	cfg := checkpoint.NodeConfig{Store: checkpoint.StoreConfig{
+		HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+		Budgets: checkpoint.Budgets{Hot: 3 << 20, Warm: 8 << 20},
+	}, RuntimeVersion: "containerd://1.6.20"}
+	n, srv := serveNode(t, cfg)
+	post := func(path string, rec any) (int, string) {
+		t.Helper()
+		b, _ := json.Marshal(rec)
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out)
+	}
+	key := checkpoint.Key{Namespace: "team-a", Name: "orch-chat"}
+	now := time.Now()
+	m := time.Minute
+	if code, out := post("/sleeps", checkpoint.SleepRecord{Key: key, Time: now, Level: 3}); code != 400 || !strings.Contains(out, "level") {
+		t.Errorf("a sleep at level 3: %d %s, want 400 naming the level", code, out)
+	}
+	if code, out := post("/sleeps", checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: "team-a", Name: "../x"}, Time: now}); code != 400 {
+		t.Errorf("a sleep with a bad name: %d %s, want 400", code, out)
+	}
+	// Busy 5, 40 and 15 minutes, back 20 minutes after each sleep.
+	for _, w := range []time.Duration{-140 * m, -115 * m, -55 * m} {
+		if code, out := post("/wakes", checkpoint.WakeRecord{Key: key, Time: now.Add(w)}); code != 204 {
+			t.Fatalf("recording a wake: %d %s", code, out)
+		}
+	}
+	for _, s := range []time.Duration{-135 * m, -75 * m} {
+		if code, out := post("/sleeps", checkpoint.SleepRecord{Key: key, Time: now.Add(s), Level: 2}); code != 204 {
+			t.Fatalf("recording a sleep: %d %s", code, out)
+		}
+	}
+	n.PromoteAhead()
+	if p := n.Report().Promotion.Predictions; len(p) != 0 {
+		t.Errorf("awake since its last wake, the agent predicts %+v; want nothing", p)
+	}
+
+	asleep := now.Add(-20*m + time.Second)
+	if code, out := post("/sleeps", checkpoint.SleepRecord{Key: key, Time: asleep, Level: 2}); code != 204 {
+		t.Fatalf("recording a sleep: %d %s", code, out)
+	}
+	want := checkpoint.Prediction{Next: asleep.Add(20 * m), Pattern: checkpoint.PatternAfterSleep, Period: 20 * m}
+	for _, node := range []*checkpoint.Node{n, restarted(t, cfg)} {
+		node.PromoteAhead()
+		p := node.Report().Promotion.Predictions
+		if len(p) != 1 || !p[0].Next.Equal(want.Next) || p[0].Pattern != want.Pattern || p[0].Period != want.Period {
+			t.Errorf("asleep, the agent predicts %+v; want %+v", p, want)
+		}
+	}
+}
+
+// serveNode starts a node agent on cfg behind a test server, closed when
+// the test ends.
+func serveNode(t *testing.T, cfg checkpoint.NodeConfig) (*checkpoint.Node, *httptest.Server) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(n.Handler(reg))
+	t.Cleanup(srv.Close)
+	return n, srv
+}
+
+func restarted(t *testing.T, cfg checkpoint.NodeConfig) *checkpoint.Node {
+	t.Helper()
+	n, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -10,7 +10,7 @@ import (
 
 // Wake prediction and promotion ahead of it (docs/checkpoint.md,
 // "Promotion ahead of a predicted wake"). Both steps are pure: they read a
-// wake history, the store's entries and the measured bandwidths, and
+// wake and sleep history, the store's entries and the measured bandwidths, and
 // return what to copy, so that the IO stays in Node.PromoteAhead.
 
 // Patterns a wake prediction is based on.
@@ -21,6 +21,12 @@ const (
 	// PatternDaily: wakes on at least two different days came at the same
 	// time of day; the next wake is that time's next occurrence.
 	PatternDaily = "daily"
+	// PatternAfterSleep: the last times from falling asleep to the next
+	// wake agree; the next wake is when the engines last fell asleep plus
+	// their median. It sees
+	// an application that is asked for again a steady time after it
+	// falls idle, however long it was busy.
+	PatternAfterSleep = "after-sleep"
 )
 
 // Prediction tuning. One owner for each number: these constants.
@@ -45,12 +51,16 @@ const (
 	DefaultColdBytesPerSecond = 100e6
 )
 
-// WakeHistory is what the node agent knows about one artifact's wakes: when
-// they happened (oldest first), the bytes they restored, and where a cold
-// copy is.
+// WakeHistory is what the node agent knows about one artifact's wakes and
+// sleeps: when they happened (oldest first), the bytes they restored, and
+// where a cold copy is.
 type WakeHistory struct {
 	Key
 	Wakes []time.Time `json:"wakes"`
+	// Sleeps are when the engines went to sleep, as the lifecycle leader
+	// reports them (POST /sleeps). Without any, the engines' state is not
+	// known and only the wakes count.
+	Sleeps []time.Time `json:"sleeps,omitempty"`
 	// Bytes of the weights (the last wake's).
 	Bytes int64 `json:"bytes"`
 	// Digest the copies must hash to, when known.
@@ -65,12 +75,108 @@ type WakeHistory struct {
 }
 
 // Add records a wake at, keeping the last maxWakeHistory in time order.
-func (h *WakeHistory) Add(at time.Time) {
-	i, _ := slices.BinarySearchFunc(h.Wakes, at, time.Time.Compare)
-	h.Wakes = slices.Insert(h.Wakes, i, at)
-	if k := len(h.Wakes) - maxWakeHistory; k > 0 {
-		h.Wakes = h.Wakes[k:]
+func (h *WakeHistory) Add(at time.Time) { h.Wakes = addBounded(h.Wakes, at) }
+
+// AddSleep records a sleep at, keeping the last maxWakeHistory in time
+// order.
+func (h *WakeHistory) AddSleep(at time.Time) { h.Sleeps = addBounded(h.Sleeps, at) }
+
+func addBounded(ts []time.Time, at time.Time) []time.Time {
+	i, _ := slices.BinarySearchFunc(ts, at, time.Time.Compare)
+	ts = slices.Insert(ts, i, at)
+	if k := len(ts) - maxWakeHistory; k > 0 {
+		ts = ts[k:]
 	}
+	return ts
+}
+
+// Awake reports whether the engines are awake as far as the history
+// tells: a wake came after the last sleep. Without sleeps it cannot tell
+// (false).
+func (h WakeHistory) Awake() bool {
+	return len(h.Sleeps) > 0 && len(h.Wakes) > 0 && h.Wakes[len(h.Wakes)-1].After(h.Sleeps[len(h.Sleeps)-1])
+}
+
+// Predict predicts the artifact's next wake after now. Awake engines hold
+// their weights: nothing to predict. Asleep (or with no sleep reported),
+// the earliest of PredictWake's and the after-sleep pattern's
+// predictions, so that a promotion is ready for whichever comes first.
+func (h WakeHistory) Predict(now time.Time) (Prediction, bool) {
+	if h.Awake() {
+		return Prediction{}, false
+	}
+	p, ok := PredictWake(h.Wakes, now)
+	if q, qok := predictAfterSleep(h.Wakes, h.Sleeps, now); qok && (!ok || q.Next.Before(p.Next)) {
+		return q, true
+	}
+	return p, ok
+}
+
+// predictAfterSleep measures, for each wake, the time since the engines
+// fell asleep before it (the first sleep after the previous wake) and,
+// when the last periodicIntervals of those times agree (at least
+// periodicMinIntervals, each within periodicTolerance of their median),
+// predicts the time the engines fell asleep last plus the median: unless
+// that passed more than the tolerance ago (the pattern is then broken).
+// Engines not asleep since the last wake get no prediction.
+func predictAfterSleep(wakes, sleeps []time.Time, now time.Time) (Prediction, bool) {
+	// firstSleepAfter is the first sleep after t, if any.
+	firstSleepAfter := func(t time.Time) (time.Time, bool) {
+		i, _ := slices.BinarySearchFunc(sleeps, t, time.Time.Compare)
+		for i < len(sleeps) && !sleeps[i].After(t) {
+			i++
+		}
+		if i == len(sleeps) {
+			return time.Time{}, false
+		}
+		return sleeps[i], true
+	}
+	var gaps []time.Duration
+	for j := 1; j < len(wakes); j++ {
+		if s, ok := firstSleepAfter(wakes[j-1]); ok && s.Before(wakes[j]) {
+			gaps = append(gaps, wakes[j].Sub(s))
+		}
+	}
+	if len(wakes) == 0 {
+		return Prediction{}, false
+	}
+	asleep, ok := firstSleepAfter(wakes[len(wakes)-1])
+	if !ok {
+		return Prediction{}, false
+	}
+	median, ok := agreeingMedian(gaps[max(0, len(gaps)-periodicIntervals):])
+	if !ok {
+		return Prediction{}, false
+	}
+	next := asleep.Add(median)
+	if next.Before(now.Add(-time.Duration(float64(median) * periodicTolerance))) {
+		return Prediction{}, false
+	}
+	return Prediction{Next: next, Pattern: PatternAfterSleep, Period: median}, true
+}
+
+// agreeingMedian is the median of ds when there are at least
+// periodicMinIntervals of them, all within periodicTolerance of it.
+func agreeingMedian(ds []time.Duration) (time.Duration, bool) {
+	if len(ds) < periodicMinIntervals {
+		return 0, false
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	median := sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
+	if median <= 0 {
+		return 0, false
+	}
+	tol := time.Duration(float64(median) * periodicTolerance)
+	for _, d := range ds {
+		if d < median-tol || d > median+tol {
+			return 0, false
+		}
+	}
+	return median, true
 }
 
 // Prediction is the next expected wake of an artifact.
@@ -102,21 +208,11 @@ func predictPeriodic(wakes []time.Time, now time.Time) (Prediction, bool) {
 	for i := 1; i < len(w); i++ {
 		iv = append(iv, w[i].Sub(w[i-1]))
 	}
-	sorted := slices.Clone(iv)
-	slices.Sort(sorted)
-	median := sorted[len(sorted)/2]
-	if len(sorted)%2 == 0 {
-		median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
-	}
-	if median <= 0 {
+	median, ok := agreeingMedian(iv)
+	if !ok {
 		return Prediction{}, false
 	}
 	tol := time.Duration(float64(median) * periodicTolerance)
-	for _, d := range iv {
-		if d < median-tol || d > median+tol {
-			return Prediction{}, false
-		}
-	}
 	next := w[len(w)-1].Add(median)
 	if next.Before(now.Add(-tol)) {
 		next = next.Add(median) // one wake missed
@@ -251,7 +347,7 @@ func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
 	var dues []due
 	var deferred []Deferred
 	for _, h := range in.Histories {
-		p, ok := PredictWake(h.Wakes, in.Now)
+		p, ok := h.Predict(in.Now)
 		if !ok {
 			continue
 		}

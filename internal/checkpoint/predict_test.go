@@ -89,6 +89,84 @@ func TestPredictWake(t *testing.T) {
 	}
 }
 
+func TestWakeHistoryPredictSeesSleeps(t *testing.T) {
+	m := time.Minute
+	hourly := every(t0, time.Hour, 4) // periodic: next at 4 h
+	for _, c := range []struct {
+		name          string
+		wakes, sleeps []time.Time
+		now           time.Time
+		want          Prediction
+		wantOK        bool
+	}{
+		{
+			name: "no sleep reported: the wakes alone", wakes: hourly, now: at(3*time.Hour + 10*m),
+			want: Prediction{Next: at(4 * time.Hour), Pattern: PatternPeriodic, Period: time.Hour}, wantOK: true,
+		},
+		{
+			name: "asleep: the wakes' pattern still holds", wakes: hourly, sleeps: []time.Time{at(3*time.Hour + 5*m)}, now: at(3*time.Hour + 10*m),
+			want: Prediction{Next: at(4 * time.Hour), Pattern: PatternPeriodic, Period: time.Hour}, wantOK: true,
+		},
+		{
+			name: "awake: a wake after the last sleep, nothing to promote", wakes: hourly, sleeps: []time.Time{at(2*time.Hour + 5*m)}, now: at(3*time.Hour + 10*m),
+		},
+		{
+			// Busy 5, 40 and 15 minutes; back 20 minutes after each sleep.
+			name:   "irregular wakes, steady time after a sleep",
+			wakes:  []time.Time{t0, at(25 * m), at(85 * m)},
+			sleeps: []time.Time{at(5 * m), at(65 * m), at(100 * m)},
+			now:    at(101 * m),
+			want:   Prediction{Next: at(120 * m), Pattern: PatternAfterSleep, Period: 20 * m}, wantOK: true,
+		},
+		{
+			// Hourly wakes (next at 4 h), each sleep 10 minutes after its
+			// wake and followed 50 minutes later by the next wake: the
+			// last sleep at 3 h 5 m gives 3 h 55 m, the earlier.
+			name:   "both patterns: the earlier wake",
+			wakes:  hourly,
+			sleeps: []time.Time{at(10 * m), at(70 * m), at(130 * m), at(185 * m)},
+			now:    at(186 * m),
+			want:   Prediction{Next: at(235 * m), Pattern: PatternAfterSleep, Period: 50 * m}, wantOK: true,
+		},
+		{
+			name:   "times after a sleep that disagree predict nothing",
+			wakes:  []time.Time{t0, at(25 * m), at(125 * m)},
+			sleeps: []time.Time{at(5 * m), at(65 * m), at(130 * m)},
+			now:    at(131 * m),
+		},
+		{
+			name:   "one time after a sleep is not a pattern",
+			wakes:  []time.Time{t0, at(25 * m)},
+			sleeps: []time.Time{at(5 * m), at(30 * m)},
+			now:    at(31 * m),
+		},
+		{
+			name:   "the after-sleep wake passed long ago: broken",
+			wakes:  []time.Time{t0, at(25 * m), at(85 * m)},
+			sleeps: []time.Time{at(5 * m), at(65 * m), at(100 * m)},
+			now:    at(200 * m),
+		},
+		{
+			name:   "two sleeps without a wake between them make no gap",
+			wakes:  []time.Time{t0, at(25 * m), at(85 * m)},
+			sleeps: []time.Time{at(5 * m), at(10 * m), at(65 * m), at(100 * m)},
+			now:    at(101 * m),
+			want:   Prediction{Next: at(120 * m), Pattern: PatternAfterSleep, Period: 20 * m}, wantOK: true,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := WakeHistory{Wakes: c.wakes, Sleeps: c.sleeps}
+			got, ok := h.Predict(c.now)
+			if ok != c.wantOK {
+				t.Fatalf("Predict ok = %v (%+v), want %v", ok, got, c.wantOK)
+			}
+			if diff := cmp.Diff(c.want, got); diff != "" {
+				t.Errorf("Predict (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestWakeHistoryAddKeepsOrderAndBound(t *testing.T) {
 	var h WakeHistory
 	for i := range maxWakeHistory + 5 {
@@ -201,6 +279,26 @@ func TestPlanPromotions(t *testing.T) {
 			want: []Promotion{{Key: Key{"ns", "early"}, From: TierWarm, To: TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
 				Lead: time.Duration(2*g/1e9*float64(time.Second)) + margin}},
 			wantDeferred: []string{"ns/late: no room in the tier"},
+		},
+		{
+			// Busy for 5, 40 and 15 minutes, asked for again 20 minutes
+			// after each sleep: the wakes are irregular, the sleeps tell.
+			name:    "just went to sleep: the after-sleep pattern promotes ahead",
+			entries: []Entry{entry("a", TierWarm, gb, 0, 1)},
+			histories: []WakeHistory{{Key: Key{"ns", "a"}, Bytes: gb,
+				Wakes:  []time.Time{now.Add(-140 * time.Minute), now.Add(-115 * time.Minute), now.Add(-55 * time.Minute)},
+				Sleeps: []time.Time{now.Add(-135 * time.Minute), now.Add(-75 * time.Minute), now.Add(-20*time.Minute + 3*time.Second)}}},
+			want: []Promotion{{Key: Key{"ns", "a"}, From: TierWarm, To: TierHot, Bytes: gb,
+				Wake: Prediction{Next: now.Add(3 * time.Second), Pattern: PatternAfterSleep, Period: 20 * time.Minute}, Lead: warmLead}},
+		},
+		{
+			name:    "awake: its engines hold the weights, no promotion",
+			entries: []Entry{entry("a", TierWarm, gb, 0, 1)},
+			histories: []WakeHistory{func() WakeHistory {
+				h := hourly("a", gb, 0, 4*time.Second)
+				h.Sleeps = []time.Time{h.Wakes[1].Add(10 * time.Minute)} // the last wake came after it
+				return h
+			}()},
 		},
 		{
 			name:      "no prediction, no promotion",

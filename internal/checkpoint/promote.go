@@ -36,6 +36,19 @@ type WakeRecord struct {
 	ColdPath string `json:"coldPath,omitempty"`
 }
 
+// SleepRecord is the body of POST /sleeps: the engines of an artifact went
+// to sleep, as the lifecycle leader reports it once they are asleep. With
+// the wakes, it tells the agent whether the engines are asleep (a
+// promotion only helps then) and how long after a sleep the next wake
+// comes (the after-sleep pattern).
+type SleepRecord struct {
+	Key
+	// Time the sleep was decided.
+	Time time.Time `json:"time"`
+	// Level of the sleep (1 or 2; 0: not told).
+	Level int `json:"level,omitempty"`
+}
+
 // PromotionReport is the promotion ahead of predicted wakes in the node
 // report.
 type PromotionReport struct {
@@ -101,7 +114,7 @@ func (n *Node) histories() []WakeHistory {
 	out := make([]WakeHistory, 0, len(n.wakes))
 	for _, h := range n.wakes {
 		c := *h
-		c.Wakes = slices.Clone(h.Wakes)
+		c.Wakes, c.Sleeps = slices.Clone(h.Wakes), slices.Clone(h.Sleeps)
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b WakeHistory) int { return cmp.Compare(a.String(), b.String()) })
@@ -111,12 +124,6 @@ func (n *Node) histories() []WakeHistory {
 // RecordWake adds a wake to its artifact's history and persists the
 // histories.
 func (n *Node) RecordWake(r WakeRecord) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
-	if r.Time.IsZero() {
-		return errors.New("time is required")
-	}
 	switch r.Tier {
 	case "", TierHot, TierWarm, TierCold:
 	default:
@@ -125,28 +132,55 @@ func (n *Node) RecordWake(r WakeRecord) error {
 	if r.ColdPath != "" && !filepath.IsLocal(r.ColdPath) {
 		return fmt.Errorf("coldPath %q must be a relative path inside the cold tier", r.ColdPath)
 	}
+	return n.record(r.Key, r.Time, func(h *WakeHistory) {
+		h.Add(r.Time)
+		if r.Bytes > 0 {
+			h.Bytes = r.Bytes
+		}
+		if r.Digest != "" {
+			h.Digest = r.Digest
+		}
+		if r.ColdPath != "" {
+			h.ColdPath = r.ColdPath
+		}
+		h.Priority = r.Priority
+		if r.Tier == TierCold && r.BytesPerSecond > 0 {
+			h.ColdBytesPerSecond = r.BytesPerSecond
+		}
+	})
+}
+
+// RecordSleep adds a sleep to its artifact's history and persists the
+// histories. A sleep of an artifact never woken starts its history.
+func (n *Node) RecordSleep(r SleepRecord) error {
+	if r.Level < 0 || r.Level > 2 {
+		return fmt.Errorf("level must be 1 or 2, got %d", r.Level)
+	}
+	return n.record(r.Key, r.Time, func(h *WakeHistory) { h.AddSleep(r.Time) })
+}
+
+// record checks a wake's or sleep's key and time, applies change to the
+// key's history (a new one if none) and persists the histories.
+func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if at.IsZero() {
+		return errors.New("time is required")
+	}
 	n.mu.Lock()
-	h := n.wakes[r.Key]
+	h := n.wakes[k]
 	if h == nil {
-		h = &WakeHistory{Key: r.Key}
-		n.wakes[r.Key] = h
+		h = &WakeHistory{Key: k}
+		n.wakes[k] = h
 	}
-	h.Add(r.Time)
-	if r.Bytes > 0 {
-		h.Bytes = r.Bytes
-	}
-	if r.Digest != "" {
-		h.Digest = r.Digest
-	}
-	if r.ColdPath != "" {
-		h.ColdPath = r.ColdPath
-	}
-	h.Priority = r.Priority
-	if r.Tier == TierCold && r.BytesPerSecond > 0 {
-		h.ColdBytesPerSecond = r.BytesPerSecond
-	}
+	change(h)
 	hs := n.histories()
 	n.mu.Unlock()
+	return n.persistHistories(hs)
+}
+
+func (n *Node) persistHistories(hs []WakeHistory) error {
 	b, _ := json.Marshal(hs)
 	if err := arena.WriteFile(n.wakesPath(), b, true); err != nil {
 		return fmt.Errorf("persisting the wake histories: %w", err)
@@ -173,7 +207,7 @@ func (n *Node) PromoteAhead() []PromotionDone {
 	plan, deferred := PlanPromotions(in)
 	var preds []PredictedWake
 	for _, h := range hs {
-		if p, ok := PredictWake(h.Wakes, now); ok {
+		if p, ok := h.Predict(now); ok {
 			preds = append(preds, PredictedWake{Key: h.Key, Prediction: p, Wakes: len(h.Wakes)})
 		}
 	}
@@ -235,15 +269,34 @@ func (n *Node) Promote(ctx context.Context) {
 
 func (n *Node) handleWake(w http.ResponseWriter, r *http.Request) {
 	var rec WakeRecord
+	if readRecord(w, r, &rec) {
+		answerRecord(w, n.RecordWake(rec))
+	}
+}
+
+func (n *Node) handleSleep(w http.ResponseWriter, r *http.Request) {
+	var rec SleepRecord
+	if readRecord(w, r, &rec) {
+		answerRecord(w, n.RecordSleep(rec))
+	}
+}
+
+// readRecord decodes a POST /wakes or /sleeps body into rec, answering 400
+// when it cannot.
+func readRecord(w http.ResponseWriter, r *http.Request, rec any) bool {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
 	if err == nil {
-		err = json.Unmarshal(body, &rec)
+		err = json.Unmarshal(body, rec)
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
-		return
+		return false
 	}
-	if err := n.RecordWake(rec); err != nil {
+	return true
+}
+
+func answerRecord(w http.ResponseWriter, err error) {
+	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}

@@ -84,6 +84,8 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 			t.Fatalf("the sample has no application gamma: %v", err)
 		}
 		must(t, unstructured.SetNestedMap(obj.Object, gammaSpec, "spec", "applications", "delta"))
+		// The device the engines share holds one application's weights.
+		must(t, unstructured.SetNestedField(obj.Object, strconv.Itoa(seatWeights), "spec", "seatGroups", "accel", "deviceMemory"))
 		for i, app := range apps {
 			port[app] = 8080 + i
 			args := []any{fmt.Sprintf("--weights-bytes=%d", seatWeights), "--ttft=20ms", "--itl=5ms", "--output-tokens=600"}
@@ -275,6 +277,19 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		// highest priority, keeps it.
 		wantHolders(time.Minute, "alpha")
 		logf("alpha holds the seat; the others are Asleep")
+		// The engines share one device with room for one application's
+		// weights, alpha's now: a wake behind the leader's back fails and
+		// names who holds the memory.
+		for _, c := range group.Spec.Containers {
+			if strings.HasPrefix(c.Name, "engine-") && !slices.Contains(c.Args, fmt.Sprintf("--device-capacity=%d", seatWeights)) {
+				t.Errorf("%s args %q: want the group's shared device of %d bytes", c.Name, c.Args, seatWeights)
+			}
+		}
+		raw, err := env.cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(group.Name + ":" + strconv.Itoa(port["gamma"])).
+			SubResource("proxy").Suffix("wake_up").DoRaw(ctx)
+		if got := fmt.Sprint(string(raw), err); err == nil || !strings.Contains(got, "device memory exhausted") || !strings.Contains(got, "held by alpha") {
+			t.Errorf("waking gamma while alpha holds the device: %s; want device memory exhausted, held by alpha", got)
+		}
 	})
 	// From here on the group is within its seat (every engine of a new
 	// group pod starts awake).

@@ -345,6 +345,7 @@ wait:
 	c.event(a, corev1.EventTypeNormal, EventAsleep, "the engines of %s sleep at level %d after %v without requests; the next request wakes them", a.Name, level, idle)
 	c.enter(a, v1alpha1.LifecycleAsleep, decided)
 	c.refreshTier(ctx, a, seats)
+	c.reportSleep(ctx, a, seats, decided, level)
 	if err := c.persist(ctx, a, true); err != nil {
 		return err
 	}

@@ -50,9 +50,9 @@ type sleepPlane struct {
 	engine *httptest.Server
 	seat   *httptest.Server
 	agent  *httptest.Server
-	// agentHot is the node agent's hot tier directory.
-	agentHot string
-	client   *natsqueue.Client
+	// agentHot and agentWarm are the node agent's tier directories.
+	agentHot, agentWarm string
+	client              *natsqueue.Client
 	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
 	// when it runs one).
 	dispatcherReg *prometheus.Registry
@@ -127,7 +127,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.agent, p.agentHot = httptest.NewServer(ah), agentHot
+	p.agent, p.agentHot, p.agentWarm = httptest.NewServer(ah), agentHot, agentWarm
 	t.Cleanup(p.agent.Close)
 
 	// The engine: the simulator reads its weights from the model cache;
@@ -289,6 +289,28 @@ func (p *sleepPlane) placeRoot() {
 	if err := c.cs.Tracker().Update(podGVR, pod, ns); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// wantHistory waits until the node agent's persisted history of demo-chat
+// holds wakes wakes and sleeps sleeps, as the leader reports them.
+func (p *sleepPlane) wantHistory(wakes, sleeps int) {
+	p.e.t.Helper()
+	eventually(p.e.t, 5*time.Second, func() error {
+		b, err := os.ReadFile(filepath.Join(p.agentWarm, ".wakes.json"))
+		if err != nil {
+			return err
+		}
+		var hs []checkpoint.WakeHistory
+		if err := json.Unmarshal(b, &hs); err != nil {
+			return err
+		}
+		for _, h := range hs {
+			if h.Key == (checkpoint.Key{Namespace: ns, Name: "demo-chat"}) && len(h.Wakes) == wakes && len(h.Sleeps) == sleeps {
+				return nil
+			}
+		}
+		return fmt.Errorf("the agent's histories %s; want %d wakes and %d sleeps of %s/demo-chat", b, wakes, sleeps, ns)
+	})
 }
 
 // config is the lifecycle with sleeping engines: minReplicas 1, sleep after
@@ -488,6 +510,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, want map[strin
 func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	p := newSleepPlane(t, planeOptions{inDispatcher: true})
 	p.asleep(1, v1alpha1.TierHot)
+	p.wantHistory(0, 1) // the agent learns of the sleep
 	if st := p.e.state(); st.Sleeps != 1 || st.Replicas != 1 {
 		t.Errorf("asleep: %d sleeps and %d replicas, want 1 sleep and the pod kept", st.Sleeps, st.Replicas)
 	}
@@ -527,6 +550,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	}
 	// Idle again, it sleeps again.
 	p.asleep(1, v1alpha1.TierHot)
+	p.wantHistory(1, 2)
 }
 
 // TestARequestWhileFallingAsleepCancelsTheSleep: a request that arrives

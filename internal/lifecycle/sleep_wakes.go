@@ -36,6 +36,19 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 	}
 }
 
+// reportSleep tells the node agent on each root's node that the engines
+// fell asleep (POST /sleeps): with the wakes, the agent then knows the
+// engines are asleep and how long after a sleep the next wake comes, and
+// promotes the weights ahead of it. Best effort, like reportWake.
+func (c *Controller) reportSleep(ctx context.Context, a *appState, seats []seatRef, at time.Time, level int32) {
+	rec := checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
+	for _, ag := range c.agentsOf(a, seats) {
+		if err := callAgent(ctx, "POST", ag.url+"/sleeps", rec, nil, 2*time.Second); err != nil {
+			c.log.Info("reporting the sleep to the node agent", "app", a.Name, "node", ag.node, "err", err)
+		}
+	}
+}
+
 // checkpointNodes are the ModelCheckpoint's nodes: what each node agent
 // that answered reports it can do for process snapshots, and the node's
 // container runtime.

@@ -1,7 +1,11 @@
 package orchestra
 
 import (
+	"path"
+	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
@@ -189,7 +193,11 @@ func hasSeat(app v1alpha1.Application) bool {
 func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
 	out := make(map[string]any, len(groups))
 	for name, g := range groups {
-		out[name] = map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1)), "replicas": int64(max(g.Replicas, 1))}
+		v := map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1)), "replicas": int64(max(g.Replicas, 1))}
+		if g.DeviceMemory != nil {
+			v["deviceMemory"] = g.DeviceMemory.Value()
+		}
+		out[name] = v
 	}
 	return out
 }
@@ -206,4 +214,43 @@ func seatValues(seat *v1alpha1.SeatSpec) map[string]any {
 		"priority":     int64(seat.Priority),
 		"minResidency": minResidency.String(),
 	}
+}
+
+// ColdPath is where the node agent reads an application's cold copy, its
+// weights in the model cache, relative to the agent's cold tier (its
+// --cold-dir, where the chart mounts each such cache read-only under the
+// application's name): "<app>/<file>". Empty when the agent cannot read
+// it, and then a promotion ahead of a wake or a demotion never starts from
+// the cold tier:
+//   - the application does not sleep, or its cold tier is not the model
+//     cache;
+//   - the engine's weights are not a file of the cache: only a simulator
+//     with --weights-file=/models/<file> loads the weights the agent
+//     keeps (the tiers hold the simulator's weights, not a GPU engine's);
+//   - the cache is not a claim of the chart's that every node can mount
+//     (accessMode ReadWriteMany): the agent runs on every node, and a
+//     ReadWriteOnce claim attached to one node would keep the agent pods
+//     of the other nodes from starting. A pvc:// source or an existing
+//     claim is the user's: its access mode is not known.
+func ColdPath(name string, app v1alpha1.Application, s Sleep) string {
+	if app.Lifecycle == nil || (!s.Enabled() && app.Lifecycle.Seat == nil) {
+		return ""
+	}
+	if s.Tiers.Cold != v1alpha1.ColdTierModelCache || app.Runtime.Engine != v1alpha1.EngineSimulator {
+		return ""
+	}
+	c := app.Model.Cache
+	if strings.HasPrefix(app.Model.Source, "pvc://") || c == nil || c.ExistingClaim != "" || c.AccessMode != corev1.ReadWriteMany {
+		return ""
+	}
+	var file string
+	for _, a := range app.Runtime.Args {
+		if f, ok := strings.CutPrefix(a, "--weights-file=/models/"); ok {
+			file = path.Clean(f)
+		}
+	}
+	if file == "" || file == "." || file == ".." || strings.HasPrefix(file, "../") {
+		return ""
+	}
+	return path.Join(name, file)
 }

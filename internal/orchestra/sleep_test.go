@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -113,8 +114,8 @@ func policyDoc(t *testing.T, name, spec string) *unstructured.Unstructured {
 }
 
 func TestTranslatorSleepValues(t *testing.T) {
-	spec := `{seatGroups: {g: {}}, applications: {
-    chat: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: simulator},
+	spec := `{seatGroups: {g: {}, s: {activeSeats: 2, deviceMemory: 1Gi}}, applications: {
+    chat: {model: {source: "hf://org/repo", file: m.gguf, cache: {accessMode: ReadWriteMany}}, runtime: {engine: simulator, args: ["--weights-file=/models/m.gguf"]},
       lifecycle: {sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast, resumeSLO: {resumeRamSeconds: 3}}},
     seated: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: vllm, args: [x]}, lifecycle: {minReplicas: 1, checkpointPolicy: fast, seat: {group: g, priority: 7}}},
     plain: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {checkpointPolicy: missing}},
@@ -138,6 +139,8 @@ func TestTranslatorSleepValues(t *testing.T) {
 		"after": "2m0s", "level": int64(1), "parkAfter": "1h0m0s", "verifyInterval": "15m0s", "preemption": true,
 		"tiers": map[string]any{"hot": "RAM", "warm": "None", "cold": "ModelCache", "processSnapshots": true},
 		"slo":   map[string]any{"resumeRamSeconds": int64(3), "resumeNvmeSeconds": int64(5)},
+		// The node agent reads its weights in the shared model cache.
+		"coldPath": "chat/m.gguf",
 	}
 	if diff := cmp.Diff(wantChat, get("global.applications.chat.lifecycle.sleep")); diff != "" {
 		t.Errorf("chat's sleep (inline over the policy) (-want +got):\n%s", diff)
@@ -157,7 +160,8 @@ func TestTranslatorSleepValues(t *testing.T) {
 		t.Errorf("global.agent.enabled = %v, want true: applications sleep", got)
 	}
 
-	if diff := cmp.Diff(map[string]any{"g": map[string]any{"activeSeats": int64(1), "replicas": int64(1)}}, get("global.seatGroups")); diff != "" {
+	wantGroups := map[string]any{"g": map[string]any{"activeSeats": int64(1), "replicas": int64(1)}, "s": map[string]any{"activeSeats": int64(2), "replicas": int64(1), "deviceMemory": int64(1 << 30)}}
+	if diff := cmp.Diff(wantGroups, get("global.seatGroups")); diff != "" {
 		t.Errorf("global.seatGroups (-want +got):\n%s", diff)
 	}
 
@@ -195,5 +199,48 @@ func TestTranslatorNoAgentWithoutSleep(t *testing.T) {
 	}
 	if _, found, _ := unstructured.NestedFieldNoCopy(vals, "global", "agent"); found {
 		t.Error("global.agent is set although no application sleeps")
+	}
+}
+
+func TestColdPath(t *testing.T) {
+	app := func(mutate func(*v1alpha1.Application)) v1alpha1.Application {
+		a := v1alpha1.Application{
+			Model:     v1alpha1.ModelSpec{Source: "hf://org/repo", File: "m.gguf", Cache: &v1alpha1.CacheSpec{AccessMode: corev1.ReadWriteMany}},
+			Runtime:   v1alpha1.RuntimeSpec{Engine: v1alpha1.EngineSimulator, Args: []string{"--weights-file=/models/m.gguf"}},
+			Lifecycle: &v1alpha1.LifecycleSpec{SleepAfter: &metav1.Duration{Duration: time.Minute}},
+		}
+		if mutate != nil {
+			mutate(&a)
+		}
+		return a
+	}
+	for _, tc := range []struct {
+		name string
+		app  v1alpha1.Application
+		want string
+	}{
+		{"shared cache, weights from it", app(nil), "chat/m.gguf"},
+		{"a file in a directory", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/sub/w.bin"} }), "chat/sub/w.bin"},
+		{"outside the cache", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/../etc/passwd"} }), ""},
+		{"synthetic weights", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-bytes=1GiB"} }), ""},
+		{"ReadWriteOnce cache", app(func(a *v1alpha1.Application) { a.Model.Cache.AccessMode = corev1.ReadWriteOnce }), ""},
+		{"default access mode", app(func(a *v1alpha1.Application) { a.Model.Cache = nil }), ""},
+		{"existing claim", app(func(a *v1alpha1.Application) { a.Model.Cache = &v1alpha1.CacheSpec{ExistingClaim: "mine"} }), ""},
+		{"pvc source", app(func(a *v1alpha1.Application) { a.Model.Source, a.Model.Cache = "pvc://claim/dir", nil }), ""},
+		{"vllm", app(func(a *v1alpha1.Application) { a.Runtime.Engine = v1alpha1.EngineVLLM }), ""},
+		{"does not sleep", app(func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), ""},
+		{"no lifecycle", app(func(a *v1alpha1.Application) { a.Lifecycle = nil }), ""},
+		{"seat without sleepAfter", app(func(a *v1alpha1.Application) {
+			a.Lifecycle.SleepAfter, a.Lifecycle.Seat = nil, &v1alpha1.SeatSpec{Group: "g"}
+		}), "chat/m.gguf"},
+		{"cold tier S3", app(func(a *v1alpha1.Application) {
+			a.Lifecycle.Tiers = &v1alpha1.CheckpointTiers{Cold: v1alpha1.ColdTierS3}
+		}), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ColdPath("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil)); got != tc.want {
+				t.Errorf("ColdPath = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -220,6 +220,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 		if err != nil {
 			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
 		}
+		if p := ColdPath(name, app, sleep); p != "" {
+			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldPath"] = p
+		}
 		apps[name] = v
 	}
 

@@ -48,6 +48,15 @@ type Config struct {
 	// DeviceMemoryPool (the default, also when empty) or
 	// DeviceMemoryKernel.
 	DeviceMemory string
+	// DeviceFile, with DeviceMemoryPool, is a device pool shared with the
+	// other processes that open the same file: the engine containers of a
+	// seat-group pod, on a memory-backed emptyDir (arena.OpenSharedDevice).
+	// Empty: the process's own pool.
+	DeviceFile string
+	// DeviceCapacity is the shared device's size in bytes (0: no limit).
+	// A load or wake that does not fit fails with "device memory
+	// exhausted".
+	DeviceCapacity int64
 
 	// Faults injects failures.
 	Faults Faults
@@ -218,6 +227,12 @@ func (c Config) Validate() error {
 	}
 	if c.DeviceMemory != "" && c.DeviceMemory != DeviceMemoryPool && c.DeviceMemory != DeviceMemoryKernel {
 		errs = append(errs, fmt.Errorf("device memory must be %q or %q, got %q", DeviceMemoryPool, DeviceMemoryKernel, c.DeviceMemory))
+	}
+	if c.DeviceFile != "" && c.DeviceMemory == DeviceMemoryKernel {
+		errs = append(errs, errors.New("a device file is a device pool: it needs device memory \"pool\""))
+	}
+	if c.DeviceCapacity < 0 || (c.DeviceCapacity > 0 && c.DeviceFile == "") {
+		errs = append(errs, fmt.Errorf("device capacity %d needs a device file and must not be negative", c.DeviceCapacity))
 	}
 	if c.Faults.WakeDelay < 0 {
 		errs = append(errs, fmt.Errorf("wake delay must not be negative, got %v", c.Faults.WakeDelay))

@@ -90,12 +90,46 @@ type Option func(*Simulator)
 func WithDevice(d *arena.Device) Option { return func(s *Simulator) { s.device = d } }
 
 // processDevice is the device of every simulator of the process that is
-// given no other: one accelerator per process, with no fixed capacity (its
-// regions are mapped as engines load and kept).
-var processDevice = sync.OnceValue(func() *arena.Device { return arena.NewDevice(0) })
+// given no other: by default one accelerator per process, with no fixed
+// capacity (its regions are mapped as engines load and kept).
+var processDevice struct {
+	sync.Mutex
+	d *arena.Device
+}
 
 // ProcessDevice is the device pool the process's simulators share.
-func ProcessDevice() *arena.Device { return processDevice() }
+func ProcessDevice() *arena.Device {
+	processDevice.Lock()
+	defer processDevice.Unlock()
+	if processDevice.d == nil {
+		processDevice.d = arena.NewDevice(0)
+	}
+	return processDevice.d
+}
+
+// OpenProcessDevice makes the device file cfg.DeviceFile names, if any,
+// the process's device pool, its regions named after cfg.Model.
+func OpenProcessDevice(cfg Config) error {
+	if cfg.DeviceFile == "" {
+		return nil
+	}
+	d, err := arena.OpenSharedDevice(cfg.DeviceFile, cfg.DeviceCapacity, cfg.Model)
+	if err != nil {
+		return fmt.Errorf("opening the shared device: %w", err)
+	}
+	UseProcessDevice(d)
+	return nil
+}
+
+// UseProcessDevice makes d the process's device pool, for example a
+// device shared by the engine containers of a seat-group pod
+// (orchestra-sim --device-file, arena.OpenSharedDevice). Call it before
+// the first New.
+func UseProcessDevice(d *arena.Device) {
+	processDevice.Lock()
+	defer processDevice.Unlock()
+	processDevice.d = d
+}
 
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(s *Simulator) { s.log = l } }

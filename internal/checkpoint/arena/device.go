@@ -28,6 +28,11 @@ type Device struct {
 	mapped int64             // bytes of all regions, held or free
 	free   []*Arena          // regions released and not unmapped
 	held   map[*Arena]*Arena // handed-out arena → its region
+
+	// shared, when set, is the pool of several processes this device is
+	// (OpenSharedDevice); free, held and the capacity check are then the
+	// pool's.
+	shared *sharedPool
 }
 
 // NewDevice returns a device of capacity bytes (0: no limit; regions are
@@ -48,6 +53,9 @@ func (d *Device) Alloc(n int64) (*Arena, error) {
 	size := pageRound(n)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.shared != nil {
+		return d.shared.alloc(d, n)
+	}
 	best := -1
 	for i, r := range d.free {
 		if int64(len(r.full)) >= size && (best < 0 || len(r.full) < len(d.free[best].full)) {
@@ -80,6 +88,10 @@ func (d *Device) Alloc(n int64) (*Arena, error) {
 func (d *Device) release(a *Arena) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.shared != nil {
+		d.shared.release(d, a)
+		return
+	}
 	if r, ok := d.held[a]; ok {
 		delete(d.held, a)
 		d.free = append(d.free, r)
@@ -99,7 +111,8 @@ func (d *Device) trimLocked(want int64) {
 	}
 }
 
-// Trim unmaps every free region, returning its memory to the kernel.
+// Trim unmaps every free region, returning its memory to the kernel. A
+// shared device keeps its free regions in its file: Trim does nothing.
 func (d *Device) Trim() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -107,12 +120,16 @@ func (d *Device) Trim() {
 }
 
 // Usage reports the bytes of the device's regions: held by arenas, and
-// mapped in all (held and free).
+// mapped in all (held and free). For a shared device, both are this
+// process's regions (see Regions for the whole pool).
 func (d *Device) Usage() (held, mapped int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range d.held {
 		held += int64(len(r.full))
+	}
+	if d.shared != nil {
+		held = d.mapped // a shared device maps only the regions held
 	}
 	return held, d.mapped
 }

@@ -1,6 +1,7 @@
 package preview
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/localcluster"
 	"github.com/model-orchestra/operator/internal/ociimage"
 )
@@ -32,7 +35,9 @@ import (
 // the root is Ready only while the seat says Awake (so a sleeping root
 // leaves the EndpointSlice), a level-1 sleep offloads the weights into the
 // node's hot tier under the namespace's directory, and the node agent
-// reports that tier as a tmpfs.
+// reports that tier as a tmpfs. The agent mounts the application's
+// ReadWriteMany model cache read-only as its cold tier and copies the
+// model file from it into the warm tier, verified.
 func TestSleepingSimulatorOnARealNode(t *testing.T) {
 	localcluster.SkipUnderShort(t)
 	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
@@ -67,7 +72,7 @@ global:
   agent: {enabled: true, hotPath: %q, warmPath: %q}
   applications:
     sim:
-      model: {source: "https://example.com/models/tiny.gguf", format: gguf, file: tiny.gguf, cache: {size: 64Mi}}
+      model: {source: "https://example.com/models/tiny.gguf", format: gguf, file: tiny.gguf, cache: {size: 64Mi, accessMode: ReadWriteMany}}
       runtime: {engine: simulator, workers: 0, gpu: {count: 0}, args: ["--weights-bytes=16MiB"]}
       serving: {maxConcurrency: 4}
       scaling: {replicas: 1}
@@ -86,6 +91,7 @@ global:
           preemption: true
           tiers: {hot: RAM, warm: Disk, cold: ModelCache}
           slo: {resumeRamSeconds: 1, resumeNvmeSeconds: 5}
+          coldPath: sim/tiny.gguf
 agent: {hotMaxBytes: 64MiB, warmMaxBytes: 64MiB, measureBytes: 0}
 gateway: {auth: {anonymous: true}}
 `, agentRef, simRef, hotPath, warmPath)
@@ -105,6 +111,32 @@ gateway: {auth: {anonymous: true}}
 			t.Fatalf("no %s rendered", key)
 		}
 		create(ctx, t, c, o)
+	}
+
+	// The model cache as orchestra-fetch leaves it: the model file in the
+	// claim's volume, which the agent mounts read-only as its cold tier.
+	model := make([]byte, 1<<20)
+	arena.Synthesize(model, 11)
+	volumeOf := func() string { // the claim's directory on the node, once bound
+		pvc, err := c.cs.CoreV1().PersistentVolumeClaims(sleepNS).Get(ctx, "x-sim-model", metav1.GetOptions{})
+		if err != nil || pvc.Spec.VolumeName == "" {
+			return ""
+		}
+		pv, err := c.cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+		if err != nil || pv.Spec.HostPath == nil {
+			return ""
+		}
+		return pv.Spec.HostPath.Path
+	}
+	var volume string
+	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		volume = volumeOf()
+		return volume != "", nil
+	}); err != nil {
+		t.Fatalf("waiting for the model cache's volume: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(volume, "tiny.gguf"), model, 0o644); err != nil {
+		t.Fatal(err)
 	}
 
 	podReady := func(p *corev1.Pod) bool {
@@ -201,6 +233,21 @@ gateway: {auth: {anonymous: true}}
 	}
 	if report.Hot.Filesystem != "tmpfs" || report.Hot.BudgetBytes != 64<<20 || report.Warm.BudgetBytes != 64<<20 {
 		t.Errorf("node report %+v: want a tmpfs hot tier and 64MiB budgets", report)
+	}
+
+	// Cold → warm through the agent's mount of the model cache, verified.
+	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
+	resp, err := http.Post(fmt.Sprintf("http://%s:%d/promote", agentIP, agentPort), "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("promoting the cold copy to the warm tier: %d %s", resp.StatusCode, out)
+	}
+	if got, err := os.ReadFile(filepath.Join(warmPath, sleepNS, "x-sim")); err != nil || !bytes.Equal(got, model) {
+		t.Errorf("the warm copy on the node is not the model cache's file (%d bytes, %v)", len(got), err)
 	}
 }
 

@@ -87,6 +87,10 @@ func TestSeatGroupSampleRendersOnePodForTheGroup(t *testing.T) {
 		if mounts["/models"] != "model-"+app || mounts["/tmp"] != "tmp-"+app || mounts["/var/run/model-orchestra/hot"] != "hot" {
 			t.Errorf("%s mounts %v, want its own model and tmp volumes and the shared hot tier", engine.Name, mounts)
 		}
+		// One device for the group: the sample's deviceMemory, 32Mi.
+		if mounts["/var/run/model-orchestra/device"] != "device" || !slices.Contains(engine.Args, "--device-file=/var/run/model-orchestra/device/pool") || !slices.Contains(engine.Args, "--device-capacity=33554432") {
+			t.Errorf("%s args %q, mounts %v: want the pod's shared device of 32Mi", engine.Name, engine.Args, mounts)
+		}
 
 		seat := container(t, pod, "seat-"+app)
 		if !slices.Contains(seat.Args, fmt.Sprintf("--engine-url=http://127.0.0.1:%d", enginePort)) || !slices.Contains(seat.Args, fmt.Sprintf("--addr=:%d", seatPort)) {
@@ -109,6 +113,11 @@ func TestSeatGroupSampleRendersOnePodForTheGroup(t *testing.T) {
 		if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "http" || svc.Spec.Ports[0].TargetPort != intstr.FromString(fmt.Sprintf("http-%d", i)) {
 			t.Errorf("Service shared-%s ports = %+v, want http -> http-%d", app, svc.Spec.Ports, i)
 		}
+	}
+
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "device" })
+	if i < 0 || pod.Volumes[i].EmptyDir == nil || pod.Volumes[i].EmptyDir.Medium != corev1.StorageMediumMemory {
+		t.Errorf("group pod volumes %+v: want the device, a memory-backed emptyDir", pod.Volumes)
 	}
 
 	// Only the dispatcher reaches the seats; the engines still reach each other.
@@ -349,4 +358,29 @@ func loadDispatcherConfig(t *testing.T, cm corev1.ConfigMap) dispatch.Config {
 		t.Fatalf("dispatcher.yaml is refused: %v", err)
 	}
 	return cfg
+}
+
+// TestSeatGroupDeviceMemoryMustBePositive: the chart's schema refuses a
+// group device of no bytes (the API server cannot afford a rule on a
+// quantity in the seatGroups map), so such a release fails and says why.
+func TestSeatGroupDeviceMemoryMustBePositive(t *testing.T) {
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		bytes   int64
+		wantErr bool
+	}{{1 << 30, false}, {0, true}, {-1, true}} {
+		vals := gpuSeatGroupValues(t)
+		vals["global"].(map[string]any)["seatGroups"] = map[string]any{"gpu": map[string]any{"activeSeats": 1, "deviceMemory": tc.bytes}}
+		coalesced, err := chartutil.CoalesceValues(c, vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = chartutil.ValidateAgainstSchema(c, coalesced)
+		if got := err != nil && strings.Contains(err.Error(), "deviceMemory"); got != tc.wantErr {
+			t.Errorf("deviceMemory %d: schema error %v, want one naming deviceMemory: %v", tc.bytes, err, tc.wantErr)
+		}
+	}
 }

@@ -569,6 +569,7 @@ func TestDispatcherSleepWiring(t *testing.T) {
 		AgentSelector   string `json:"agentSelector"`
 		AgentPort       int    `json:"agentPort"`
 		ModelCheckpoint string `json:"modelCheckpoint"`
+		ColdPath        string `json:"coldPath,omitempty"`
 		SLO             slo    `json:"slo"`
 	}
 	var cfg struct {
@@ -800,5 +801,69 @@ func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
 	}
 	if _, ok := on["DaemonSet/x-agent"]; !ok {
 		t.Error("no node agent rendered with process snapshots on")
+	}
+}
+
+// TestAgentMountsTheColdTier: an application whose weights the node agent
+// can read in the model cache (lifecycle.sleep.coldPath, which the
+// operator sets for a simulator loading its weights from a ReadWriteMany
+// cache) has that cache mounted read-only into the agent, under the
+// application's name in the agent's cold tier, and its coldPath in the
+// dispatcher's lifecycle configuration; without one the agent mounts no
+// cache.
+func TestAgentMountsTheColdTier(t *testing.T) {
+	vals := readValues(t, sleepValues)
+	var ds appsv1.DaemonSet
+	renderObjects(t, vals).get(t, "DaemonSet", "x-agent", &ds)
+	for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--cold-dir") {
+			t.Errorf("agent flag %s without an application's coldPath", a)
+		}
+	}
+
+	sim := vals["global"].(map[string]any)["applications"].(map[string]any)["sim"].(map[string]any)
+	sim["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldPath"] = "sim/tiny.gguf"
+	objs := renderObjects(t, vals)
+	objs.get(t, "DaemonSet", "x-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	agent := container(t, pod, "agent")
+	if !slices.Contains(agent.Args, "--cold-dir=/var/lib/orchestra-agent/cold") {
+		t.Errorf("agent args %q, want --cold-dir=/var/lib/orchestra-agent/cold", agent.Args)
+	}
+	want := corev1.VolumeMount{Name: "cold-sim", MountPath: "/var/lib/orchestra-agent/cold/sim", ReadOnly: true}
+	if !slices.Contains(agent.VolumeMounts, want) {
+		t.Errorf("agent mounts %+v, want %+v", agent.VolumeMounts, want)
+	}
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "cold-sim" })
+	if i < 0 || pod.Volumes[i].PersistentVolumeClaim == nil || pod.Volumes[i].PersistentVolumeClaim.ClaimName != "x-sim-model" || !pod.Volumes[i].PersistentVolumeClaim.ReadOnly {
+		t.Errorf("agent volumes %+v, want cold-sim: claim x-sim-model, read-only", pod.Volumes)
+	}
+	if why := privileges(pod); len(why) > 0 {
+		t.Errorf("the agent with a cold tier gained privileges: %v", why)
+	}
+
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
+	var cfg struct {
+		Lifecycle struct {
+			Apps []struct {
+				Name  string `json:"name"`
+				Sleep struct {
+					ColdPath string `json:"coldPath"`
+				} `json:"sleep"`
+			} `json:"apps"`
+		} `json:"lifecycle"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["dispatcher.yaml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range cfg.Lifecycle.Apps {
+		want := ""
+		if a.Name == "sim" {
+			want = "sim/tiny.gguf"
+		}
+		if a.Sleep.ColdPath != want {
+			t.Errorf("dispatcher lifecycle app %s coldPath %q, want %q", a.Name, a.Sleep.ColdPath, want)
+		}
 	}
 }

@@ -129,6 +129,7 @@ spec:
 			spec:      "  seatGroups: {g: {replicas: 2}}\n" + apps("    a:\n      model: {source: \"hf://org/repo\", file: m.gguf, cache: {accessMode: ReadWriteOncePod}}\n      runtime: {engine: simulator}\n      lifecycle: {seat: {group: g}}\n"),
 			wantField: "spec.seatGroups", wantMsg: "seatGroups.<group>.replicas above 1 runs every application of the group in several pods",
 		},
+		{name: "seat-device-memory", spec: "  seatGroups: {g: {deviceMemory: 80Gi}}\n" + apps(app("a", sim("L4"), "{seat: {group: g}}"))},
 		{
 			name: "seat-priority-bound", spec: seats + apps(app("a", sim("L4"), "{seat: {group: g, priority: 5000}}")),
 			wantField: "spec.applications.a.lifecycle.seat.priority", wantMsg: "less than or equal to 1000",

@@ -22,10 +22,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -34,8 +36,9 @@ const RestartPath = "/orchestra/restart"
 
 // Engine is one restartable simulated engine.
 type Engine struct {
-	cfg sim.Config
-	log *slog.Logger
+	cfg  sim.Config
+	log  *slog.Logger
+	opts []sim.Option
 
 	mu       sync.Mutex
 	s        *sim.Simulator
@@ -46,22 +49,34 @@ type Engine struct {
 	bytes int64
 }
 
-// New starts an engine: it loads the weights and serves awake.
-func New(cfg sim.Config, log *slog.Logger) (*Engine, error) {
+// New starts an engine: it loads the weights and serves awake. opts are
+// given to every simulated engine it starts.
+func New(cfg sim.Config, log *slog.Logger, opts ...sim.Option) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid simulator config: %w", err)
 	}
-	e := &Engine{cfg: cfg, log: log}
+	e := &Engine{cfg: cfg, log: log, opts: opts}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.startLocked(); err != nil {
-		return nil, err
+		if !errors.Is(err, arena.ErrDeviceFull) {
+			return nil, err
+		}
+		// The pod's shared device (--device-file) is held by the group's
+		// other engines: start stopped, as asleep with nothing resident;
+		// the wake that gives this engine the seat loads its weights.
+		e.log.Info("device full at start: the engine starts asleep and loads its weights on its first wake", "err", err)
+		if e.bytes = cfg.Weights.Bytes; cfg.Weights.File != "" {
+			if fi, err := os.Stat(cfg.Weights.File); err == nil {
+				e.bytes = fi.Size()
+			}
+		}
 	}
 	return e, nil
 }
 
 func (e *Engine) startLocked() error {
-	s := sim.New(e.cfg, sim.WithLogger(e.log))
+	s := sim.New(e.cfg, append([]sim.Option{sim.WithLogger(e.log)}, e.opts...)...)
 	if err := s.LoadWeights(); err != nil {
 		s.Close()
 		return fmt.Errorf("engine %s: loading weights: %w", e.cfg.Model, err)

@@ -323,6 +323,14 @@ args:
   level-1 offload the last wake kept instead of writing it again. */}}
   - --keep-offload
   {{- end }}
+  {{- /* The group's engines share one device pool, a file on the pod's
+  memory-backed emptyDir "device", sized by seatGroups.<group>.deviceMemory
+  (unset: no fixed size): an engine that leaks its memory at sleep keeps
+  the next one from waking until it is restarted, as on a GPU. */}}
+  - --device-file=/var/run/model-orchestra/device/pool
+  {{- with (index (default dict .root.Values.global.seatGroups) .seatGroup).deviceMemory }}
+  - --device-capacity={{ int64 . }}
+  {{- end }}
   {{- end }}
   {{- range $rt.args }}
   - {{ . | quote }}
@@ -422,6 +430,10 @@ volumeMounts:
   {{- if eq $rt.engine "vllm" }}
   - name: shm
     mountPath: /dev/shm
+  {{- end }}
+  {{- if and .seatGroup (eq $rt.engine "simulator") }}
+  - name: device
+    mountPath: /var/run/model-orchestra/device
   {{- end }}
   {{- if and .sleep (eq $rt.engine "simulator") }}
   - name: hot
