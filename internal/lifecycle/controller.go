@@ -432,6 +432,7 @@ func (c *Controller) ObserveFirstToken(app string, stored, delivered, rootsSince
 	// asynchronous): wait for the state to catch up, briefly, off the
 	// request's path. Warm requests never get here: the state of an
 	// awake application is known.
+	t.late = true
 	go func() {
 		deadline := time.Now().Add(firstTokenStateWait)
 		for time.Now().Before(deadline) {
@@ -449,16 +450,31 @@ const firstTokenStateWait = 2 * time.Second
 
 // firstAnswer is the moments of a first answer: its request stored,
 // delivered to this dispatcher, this dispatcher's pool got its roots
-// (rootsSince), and its first data sent (now).
+// (rootsSince), and its first data sent (now). late is true when the data
+// went out before this dispatcher heard of the wake.
 type firstAnswer struct {
 	stored, delivered, rootsSince, now time.Time
+	late                               bool
+}
+
+// waitedForWake tells whether the request of a first answer waited for the
+// wake of st (a cold request) rather than finding the application awake.
+// A request stored before the wake's root joined this dispatcher's pool,
+// or before the application turned Awake, waited. The state's times are
+// whole seconds, too coarse to tell alone within the second of the wake,
+// so an answer that went out before this dispatcher heard of the wake
+// (late) counts as one that waited: a warm request never gets there, as
+// the state of an awake application is known.
+func waitedForWake(st v1alpha1.LifecycleStatus, t firstAnswer) bool {
+	return t.late || st.State != v1alpha1.LifecycleAwake ||
+		(st.Since != nil && t.stored.Before(st.Since.Time)) || t.stored.Before(t.rootsSince)
 }
 
 // observeFirstToken is ObserveFirstToken for a first answer t; it reports
 // false when this dispatcher does not know the wake yet (no state, no last
 // wake, or a state that is neither waking nor awake).
 func (c *Controller) observeFirstToken(a *appState, t firstAnswer) bool {
-	stored, rootsSince, now := t.stored, t.rootsSince, t.now
+	rootsSince, now := t.rootsSince, t.now
 	c.mu.Lock()
 	states := c.states
 	c.mu.Unlock()
@@ -471,11 +487,7 @@ func (c *Controller) observeFirstToken(a *appState, t firstAnswer) bool {
 		return false
 	}
 	wake := st.LastWake.StartTime.Time
-	// A request stored before this dispatcher's pool had the wake's root
-	// waited for it; the state's times are whole seconds, too coarse to
-	// tell alone within the second of the wake.
-	cold := st.State != v1alpha1.LifecycleAwake || (st.Since != nil && stored.Before(st.Since.Time)) || stored.Before(rootsSince)
-	if !cold {
+	if !waitedForWake(st, t) {
 		return true // a warm request
 	}
 	once := func(v *atomic.Int64) bool {
