@@ -13,9 +13,9 @@ import (
 // The gate is an application's JetStream consumer, paused on the server
 // while no root serves: requests wait in the stream, counting no delivery,
 // and the dispatchers' pull requests wait on the consumer. nats-server
-// does not serve the pull requests that wait on a consumer when it
-// resumes: only a new message, a new pull request or a change of
-// MaxAckPending makes it look at them (and an update of the configuration
+// cannot be relied on to serve the pull requests that wait on a consumer
+// when it resumes: mostly only a new message, a new pull request or a
+// change of MaxAckPending makes it look at them, sometimes the resume does (and an update of the configuration
 // leaves a pause as it is, so the resume cannot ride on one). openGate
 // therefore resumes the consumer and, without waiting for an answer,
 // sends the consumer one pull request that can take no message: the
