@@ -245,7 +245,7 @@ func Default() Config {
 		},
 		Log: LogConfig{Level: "info", AccessLog: true},
 		Queue: QueueConfig{
-			SubmitTimeout: metav1.Duration{Duration: 5 * time.Second},
+			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},
 			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
 			MaxQueueWait:  metav1.Duration{Duration: 10 * time.Minute},
 		},

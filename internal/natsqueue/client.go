@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,7 +47,7 @@ type ClientConfig struct {
 // DefaultClientConfig returns production defaults.
 func DefaultClientConfig() ClientConfig {
 	return ClientConfig{
-		SubmitTimeout:  5 * time.Second,
+		SubmitTimeout:  15 * time.Second,
 		StallTimeout:   30 * time.Second,
 		MaxQueueWait:   10 * time.Minute,
 		RedeliveryWait: time.Minute,
@@ -265,12 +266,7 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 			queue.ErrTooLarge, job.ID, len(job.Body), mp)
 	}
 
-	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
-	// Retried until pctx ends; safe, as the message ID makes JetStream
-	// store it once.
-	ack, err := c.js.PublishMsg(pctx, msg, jetstream.WithMsgID(job.ID), jetstream.WithExpectStream(c.names.Stream()),
-		jetstream.WithRetryAttempts(int(c.cfg.SubmitTimeout/submitRetryWait)+1), jetstream.WithRetryWait(submitRetryWait))
-	cancel()
+	ack, err := c.publish(ctx, msg, job.ID)
 	if err != nil {
 		c.forget(token)
 		if errors.Is(err, nats.ErrMaxPayload) {
@@ -285,9 +281,66 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	return r, nil
 }
 
-// submitRetryWait paces the publishes of a job while its stream has no
-// responder.
-const submitRetryWait = 100 * time.Millisecond
+// publish stores msg in the request stream, trying again until
+// SubmitTimeout ends while the stream cannot answer. When a NATS server of a
+// cluster dies, the streams it led elect a new leader (nats-server's Raft
+// waits 4–9 s for a missing leader), and a publish meets one of three
+// things: no responder (retried every submitRetryWait), a server that took
+// the message and died with it (no answer: each attempt is bounded, from
+// submitAttemptTimeout doubling up to what is left), or JetStream answering
+// that it is temporarily unavailable. Trying again is safe: the message ID
+// makes JetStream store the job once, and a repeat is acknowledged with the
+// first one's sequence.
+func (c *Client) publish(ctx context.Context, msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.SubmitTimeout)
+	defer cancel()
+	attempt := submitAttemptTimeout
+	for {
+		actx, acancel := context.WithTimeout(pctx, attempt)
+		ack, err := c.js.PublishMsg(actx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(c.names.Stream()),
+			jetstream.WithRetryAttempts(0))
+		acancel()
+		switch {
+		case err == nil, !retryablePublish(err):
+			return ack, err
+		case pctx.Err() != nil:
+			return nil, fmt.Errorf("the stream did not store it within %v: %w", c.cfg.SubmitTimeout, err)
+		}
+		c.log.Debug("publishing job again", "job", id, "err", err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			attempt = min(2*attempt, c.cfg.SubmitTimeout)
+			continue
+		}
+		select {
+		case <-pctx.Done():
+			return nil, fmt.Errorf("the stream did not store it within %v: %w", c.cfg.SubmitTimeout, err)
+		case <-time.After(submitRetryWait):
+		}
+	}
+}
+
+// retryablePublish reports whether a failed publish may succeed if tried
+// again: it went unanswered, or JetStream said it is briefly unavailable.
+func retryablePublish(err error) bool {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse):
+		return true
+	case errors.As(err, &apiErr):
+		return apiErr.Code == http.StatusServiceUnavailable
+	}
+	return false
+}
+
+const (
+	// submitRetryWait paces the publishes of a job while its stream has
+	// no responder.
+	submitRetryWait = 100 * time.Millisecond
+	// submitAttemptTimeout bounds the first wait for a publish's
+	// acknowledgement; each further attempt waits twice as long.
+	submitAttemptTimeout = time.Second
+)
 
 // headerSize is the size of h on the wire, with the two headers
 // JetStream's publish adds (Nats-Msg-Id: id, Nats-Expected-Stream: stream).

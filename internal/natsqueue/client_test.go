@@ -2,11 +2,16 @@ package natsqueue_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/natsqueue"
@@ -57,5 +62,100 @@ func TestSubmitWaitsForTheStreamToAnswer(t *testing.T) {
 	}
 	if d := time.Since(start); d < 1500*time.Millisecond || d > cfg.SubmitTimeout {
 		t.Errorf("Submit returned after %v, want between 1.5s and %v", d, cfg.SubmitTimeout)
+	}
+}
+
+// TestSubmitOutlivesAPublishLostWithItsServer checks that a publish which
+// reached the stream's leader just before that server died (no answer, ever)
+// is tried again within SubmitTimeout instead of waiting all of it for the
+// lost answer, and that the job is stored once.
+func TestSubmitOutlivesAPublishLostWithItsServer(t *testing.T) {
+	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	cfg := natsqueue.DefaultClientConfig()
+	cfg.Orchestra = "o"
+	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// A stand-in for the stream: the first publish vanishes with its
+	// server, the next ones are answered, a repeat with its first sequence.
+	names := natsqueue.Names{Orchestra: "o"}
+	leader, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leader.Close()
+	var (
+		mu  sync.Mutex
+		ids []string
+	)
+	if _, err := leader.Subscribe(names.Request("chat"), func(m *nats.Msg) {
+		mu.Lock()
+		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+		n := len(ids)
+		mu.Unlock()
+		if n > 1 {
+			_ = m.Respond([]byte(`{"stream":"` + names.Stream() + `","seq":7,"duplicate":` + strconv.FormatBool(n > 2) + `}`))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	r, err := c.Submit(context.Background(), queue.Job{ID: "job-1", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Submit after its first publish went unanswered: %v (after %v); want it stored by the next attempt", err, took.Round(time.Millisecond))
+	}
+	if r == nil {
+		t.Fatal("Submit returned no reply")
+	}
+	if took > 3*time.Second {
+		t.Errorf("Submit took %v; want the lost publish given up after about a second, not the whole %v", took.Round(time.Millisecond), cfg.SubmitTimeout)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ids) != 2 || ids[0] != "job-1" || ids[1] != "job-1" {
+		t.Errorf("the stream saw publishes with message IDs %q; want job-1 twice (the lost one and its repeat)", ids)
+	}
+}
+
+// TestSubmitGivesUpWithTheStreamsLastError checks that a stream that never
+// answers fails the submit after SubmitTimeout with ErrUnavailable and a
+// message saying so.
+func TestSubmitGivesUpWithTheStreamsLastError(t *testing.T) {
+	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	cfg := natsqueue.DefaultClientConfig()
+	cfg.Orchestra = "o"
+	cfg.SubmitTimeout = 1500 * time.Millisecond
+	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	_, err = c.Submit(context.Background(), queue.Job{ID: "job-1", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
+	took := time.Since(start)
+	if !errors.Is(err, queue.ErrUnavailable) {
+		t.Fatalf("Submit with no stream: %v; want queue.ErrUnavailable", err)
+	}
+	if !strings.Contains(err.Error(), "did not store it within 1.5s") {
+		t.Errorf("Submit error %q does not say how long it waited", err)
+	}
+	if took < cfg.SubmitTimeout || took > cfg.SubmitTimeout+time.Second {
+		t.Errorf("Submit gave up after %v; want about %v", took.Round(time.Millisecond), cfg.SubmitTimeout)
 	}
 }
