@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
@@ -17,8 +15,9 @@ import (
 // application's consumer paused from the scale to zero until a new root
 // serves, so requests waiting for a wake stay in the stream and count no
 // delivery. Every replica's controller also watches the root pods of those
-// applications: the dispatcher takes a root when its pod turns Ready and
-// drops it when its pod terminates, a controller hop before the
+// applications: the dispatcher takes a root when it serves (its pod turns
+// Ready, or, while it starts, it answers its own probes run by the
+// lifecycle) and drops it when its pod terminates, before the
 // EndpointSlice says so (rootView, endpoints.go).
 
 // runLifecycle starts the lifecycle controller until ctx ends; it is a
@@ -38,7 +37,7 @@ func (d *Dispatcher) runLifecycle(ctx context.Context) error {
 		StreamReplicas: d.cfg.Stream.Replicas,
 		Log:            d.log,
 		Registry:       d.reg,
-		RootPods: func(app string, pods []*corev1.Pod) {
+		RootPods: func(app string, pods []lifecycle.RootPod) {
 			if v := d.views[app]; v != nil && len(v.app.Endpoints) == 0 {
 				v.setPods(pods)
 			}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -159,7 +158,7 @@ func (v *rootView) setSlice(urls []string) {
 }
 
 // setPods takes the application's root pods.
-func (v *rootView) setPods(pods []*corev1.Pod) {
+func (v *rootView) setPods(pods []lifecycle.RootPod) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.pods = podRoots(pods, v.app)
@@ -201,10 +200,11 @@ func (v *rootView) applyLocked(source string) {
 
 // podRoots maps the URL of every root pod with an address (its IP and the
 // container port named app.PortName, else app.Port: what the Service
-// targets) to whether it serves (lifecycle.RootServes).
-func podRoots(pods []*corev1.Pod, app App) map[string]bool {
+// targets) to whether it serves (as the lifecycle judged it).
+func podRoots(pods []lifecycle.RootPod, app App) map[string]bool {
 	out := make(map[string]bool, len(pods))
-	for _, p := range pods {
+	for _, r := range pods {
+		p := r.Pod
 		if p.Status.PodIP == "" {
 			continue
 		}
@@ -216,7 +216,7 @@ func podRoots(pods []*corev1.Pod, app App) map[string]bool {
 				}
 			}
 		}
-		out["http://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))] = lifecycle.RootServes(p)
+		out["http://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))] = r.Serves
 	}
 	return out
 }

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
 func testHealth() Health {
@@ -226,12 +228,12 @@ func TestRootURLs(t *testing.T) {
 }
 
 // A root's pod, when the lifecycle watches it, decides over the
-// EndpointSlice, which follows it a controller hop later: a Ready pod is a
-// root before the slice lists it, a terminating one is none while the
-// slice still lists it ready.
+// EndpointSlice, which follows it a controller hop later: a pod that serves
+// (Ready, or answering its probes as it starts) is a root before the slice
+// lists it, a terminating one is none while the slice still lists it ready.
 func TestMergeRoots(t *testing.T) {
 	app := App{Port: 8000, PortName: "http"}
-	pod := func(ip string, ready, terminating bool) *corev1.Pod {
+	pod := func(ip string, ready, terminating bool) lifecycle.RootPod {
 		p := &corev1.Pod{
 			Spec: corev1.PodSpec{Containers: []corev1.Container{
 				{Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: 9300}}},
@@ -245,23 +247,29 @@ func TestMergeRoots(t *testing.T) {
 		if terminating {
 			p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
 		}
-		return p
+		return lifecycle.RootPod{Pod: p, Serves: lifecycle.RootServes(p)}
+	}
+	answering := func(ip string) lifecycle.RootPod { // not Ready yet, answering its probes
+		r := pod(ip, false, false)
+		r.Serves = true
+		return r
 	}
 	tests := []struct {
 		name  string
 		slice []string
-		pods  []*corev1.Pod // nil: no pod view (an application without a lifecycle)
+		pods  []lifecycle.RootPod // nil: no pod view (an application without a lifecycle)
 		want  []string
 	}{
 		{"no pod view: the slice alone", []string{"http://10.0.0.1:8001"}, nil, []string{"http://10.0.0.1:8001"}},
-		{"a Ready pod before the slice lists it", nil, []*corev1.Pod{pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
-		{"a terminating pod the slice still lists", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", true, true)}, nil},
-		{"a pod that turned unready", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", false, false)}, nil},
+		{"a Ready pod before the slice lists it", nil, []lifecycle.RootPod{pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
+		{"a terminating pod the slice still lists", []string{"http://10.0.0.1:8001"}, []lifecycle.RootPod{pod("10.0.0.1", true, true)}, nil},
+		{"a pod that turned unready", []string{"http://10.0.0.1:8001"}, []lifecycle.RootPod{pod("10.0.0.1", false, false)}, nil},
 		{"the old root going, the new one ready", []string{"http://10.0.0.1:8001"},
-			[]*corev1.Pod{pod("10.0.0.1", true, true), pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
-		{"a pod without an address yet", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("", false, false), pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
-		{"an endpoint no pod stands for stays", []string{"http://10.0.0.9:8001"}, []*corev1.Pod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001", "http://10.0.0.9:8001"}},
-		{"one root from both", []string{"http://10.0.0.1:8001"}, []*corev1.Pod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
+			[]lifecycle.RootPod{pod("10.0.0.1", true, true), pod("10.0.0.2", true, false)}, []string{"http://10.0.0.2:8001"}},
+		{"a pod without an address yet", []string{"http://10.0.0.1:8001"}, []lifecycle.RootPod{pod("", false, false), pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
+		{"an endpoint no pod stands for stays", []string{"http://10.0.0.9:8001"}, []lifecycle.RootPod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001", "http://10.0.0.9:8001"}},
+		{"a starting pod that answers its probes before the kubelet says Ready", nil, []lifecycle.RootPod{answering("10.0.0.2")}, []string{"http://10.0.0.2:8001"}},
+		{"one root from both", []string{"http://10.0.0.1:8001"}, []lifecycle.RootPod{pod("10.0.0.1", true, false)}, []string{"http://10.0.0.1:8001"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +47,10 @@ type wakeTimes struct {
 	request  time.Time // the streamed request was sent
 	scaled   time.Time // the root StatefulSet's replicas became 1
 	podReady time.Time // the root pod became Ready
+	// answers: the root's engine first answered GET /health, asked by
+	// this process every answerProbe from the moment the pod had an
+	// address (what the kubelet's probe would see, without its tick).
+	answers time.Time
 	// listed: the application's Service's EndpointSlice listed the root
 	// ready (the dispatcher takes its roots from there).
 	listed     time.Time
@@ -84,8 +91,7 @@ func TestWakeBenchmark(t *testing.T) {
 	root := name + "-" + app
 	loadBefore := loadAverage()
 
-	var wakes []wakeTimes
-	var baselines []time.Duration
+	var wakes, baselines []wakeTimes
 	for round := range *benchRounds {
 		// The wake: one streamed request at zero.
 		waitZeroPods(ctx, t, ns, name)
@@ -102,7 +108,7 @@ func TestWakeBenchmark(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		stop()
-		if err != nil || w.scaled.IsZero() || w.podReady.IsZero() || w.listed.IsZero() || w.firstToken.IsZero() {
+		if err != nil || w.scaled.IsZero() || w.podReady.IsZero() || w.listed.IsZero() || w.answersAt().IsZero() || w.firstToken.IsZero() {
 			t.Fatalf("round %d: %v (times %+v)", round, err, w)
 		}
 		var warmFirst time.Time
@@ -114,8 +120,8 @@ func TestWakeBenchmark(t *testing.T) {
 			t.Fatalf("round %d: the warm request: %v", round, err)
 		}
 		w.warm = warmFirst.Sub(sent)
-		t.Logf("round %d: request -> replicas %v, -> root Ready %v (at %s), -> listed %v, -> first token %v (at %s); warm first token %v", round,
-			w.scaled.Sub(w.request), w.podReady.Sub(w.request), w.podReady.UTC().Format(time.StampMicro), w.listed.Sub(w.request),
+		t.Logf("round %d: request -> replicas %v, -> engine answers %v, -> root Ready %v (at %s), -> listed %v, -> first token %v (at %s); warm first token %v", round,
+			w.scaled.Sub(w.request), w.answers.Sub(w.request), w.podReady.Sub(w.request), w.podReady.UTC().Format(time.StampMicro), w.listed.Sub(w.request),
 			w.firstToken.Sub(w.request), w.firstToken.UTC().Format(time.StampMicro), w.warm)
 		wakes = append(wakes, w)
 
@@ -128,14 +134,14 @@ func TestWakeBenchmark(t *testing.T) {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(3 * time.Minute)
-		for b.podReadyAt().IsZero() && time.Now().Before(deadline) {
+		for (b.podReadyAt().IsZero() || b.answersAt().IsZero()) && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		stop()
-		if b.podReadyAt().IsZero() {
-			t.Fatalf("baseline %d: the pod did not become ready", round)
+		if b.podReadyAt().IsZero() || b.answersAt().IsZero() {
+			t.Fatalf("baseline %d: the pod did not become ready, or its engine did not answer (times %+v)", round, b)
 		}
-		baselines = append(baselines, b.podReadyAt().Sub(b.request))
+		baselines = append(baselines, b)
 		// Back to zero by a plain scale too, not after zeroAfter: a round
 		// takes seconds less. The lifecycle follows once it has taken the
 		// scale up as a wake and is awake (a scale to zero while it
@@ -203,6 +209,49 @@ func (w *wakeTimes) podReadyAt() time.Time {
 	return w.podReady
 }
 
+func (w *wakeTimes) answersAt() time.Time {
+	wakeMu.Lock()
+	defer wakeMu.Unlock()
+	return w.answers
+}
+
+// answerProbe is how often the benchmark asks a starting root's engine
+// whether it answers.
+const answerProbe = 5 * time.Millisecond
+
+// probeEngine asks the engine of pod p GET /health every answerProbe
+// until it answers 200 (recorded in w.answers) or ctx ends.
+func probeEngine(ctx context.Context, p *corev1.Pod, w *wakeTimes) {
+	port := int32(0)
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == "http" {
+				port = cp.ContainerPort
+			}
+		}
+	}
+	if port == 0 {
+		return
+	}
+	url := "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))) + "/health"
+	client := &http.Client{Timeout: time.Second}
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := client.Do(req); err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				wakeMu.Lock()
+				if w.answers.IsZero() {
+					w.answers = time.Now()
+				}
+				wakeMu.Unlock()
+				return
+			}
+		}
+		time.Sleep(answerProbe)
+	}
+}
+
 // watchWake records when the root StatefulSet gets replicas and when its
 // first pod becomes ready.
 func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes) (stop func()) {
@@ -251,10 +300,15 @@ func watchWake(ctx context.Context, t *testing.T, ns, root string, w *wakeTimes)
 		}
 	})
 	wg.Go(func() {
+		probing := false
 		for e := range pods.ResultChan() {
 			p, ok := e.Object.(*corev1.Pod)
 			if !ok || e.Type == watch.Deleted || p.DeletionTimestamp != nil {
 				continue
+			}
+			if !probing && p.Status.PodIP != "" {
+				probing = true
+				wg.Go(func() { probeEngine(wctx, p, w) })
 			}
 			for _, c := range p.Status.Conditions {
 				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
@@ -295,60 +349,62 @@ func p99Note(n int) string {
 
 // wakeTable summarises the rounds: p50, p90, p99 and max, nearest rank,
 // and whether the targets (at p99) are met.
-func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAfter string) string {
-	col := func(f func(wakeTimes) time.Duration) quantiles {
+func wakeTable(wakes, baselines []wakeTimes, loadBefore, loadAfter string) string {
+	col := func(ws []wakeTimes, f func(wakeTimes) time.Duration) quantiles {
 		var v []time.Duration
-		for _, w := range wakes {
+		for _, w := range ws {
 			v = append(v, f(w))
 		}
 		return quantilesOf(v)
 	}
 	decision := func(w wakeTimes) time.Duration { return w.scaled.Sub(w.request) }
-	afterReady := func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.podReady) }
-	warm := func(w wakeTimes) time.Duration { return w.warm }
-	// Our control overhead: the decision, and what the first token took,
-	// once the root pod was Ready (the dispatchers take a root of an
-	// application with a lifecycle from its pod, not its EndpointSlice),
-	// beyond the path every request takes.
+	// Our control overhead: the decision, and what the first token took
+	// once the engine answered (the dispatchers run a starting root's
+	// probes themselves and do not wait for the kubelet's Ready), beyond
+	// the path every request takes.
 	overhead := func(w wakeTimes) time.Duration {
-		return decision(w) + w.firstToken.Sub(w.podReady) - w.warm
+		return decision(w) + w.firstToken.Sub(w.answers) - w.warm
 	}
 	total := func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.request) }
+	toReady := func(w wakeTimes) time.Duration { return w.podReady.Sub(w.request) }
 	rows := []struct {
 		what string
 		f    func(wakeTimes) time.Duration
 	}{
 		{"control: request -> replicas written", decision},
-		{"Kubernetes + engine: replicas written -> root Ready", func(w wakeTimes) time.Duration { return w.podReady.Sub(w.scaled) }},
+		{"Kubernetes + engine: replicas written -> engine answers", func(w wakeTimes) time.Duration { return w.answers.Sub(w.scaled) }},
+		{"Kubernetes: engine answers -> root Ready (the kubelet's probe)", func(w wakeTimes) time.Duration { return w.podReady.Sub(w.answers) }},
 		{"Kubernetes: root Ready -> listed ready in the EndpointSlice", func(w wakeTimes) time.Duration { return w.listed.Sub(w.podReady) }},
-		{"root Ready -> first token", afterReady},
-		{"warm request -> first token (awake, same pod)", warm},
-		{"control overhead: decision + (root Ready -> first token - warm)", overhead},
-		{"wake: request -> first token", total},
+		{"engine answers -> first token", func(w wakeTimes) time.Duration { return w.firstToken.Sub(w.answers) }},
+		{"warm request -> first token (awake, same pod)", func(w wakeTimes) time.Duration { return w.warm }},
+		{"control overhead: decision + (engine answers -> first token - warm)", overhead},
+		{"**wake: request -> first token**", total},
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured by `make bench-lifecycle` (`go test ./internal/e2e -run TestWakeBenchmark\n"+
 		"-lifecycle-bench -lifecycle-bench-rounds %d`) on the real-node local cluster (%d CPUs; load average\n"+
 		"%s before, %s after): the simulator sample with a lifecycle (`zeroAfter: 3s`,\n"+
 		"`--ttft=20ms`; its startup probe asks every second). Each round sends one streamed chat to the\n"+
-		"application at zero pods and times,\n"+
-		"from watch events seen by the benchmark, the replicas being written, the root pod turning Ready\n"+
-		"and the first token; then the same StatefulSet, at zero again, is scaled to 1 by a plain scale\n"+
-		"(as `kubectl scale` does) and timed to Ready, and scaled back to zero. A second request right\n"+
-		"after the first answer\n"+
-		"times the path every request takes (gateway, queue, dispatcher, the engine's 20 ms to its first\n"+
-		"token). The control overhead is the decision plus what the first token took from the root pod\n"+
-		"turning Ready (the dispatchers take the roots of an application with a lifecycle from its pods;\n"+
-		"the EndpointSlice, listed for reference, follows a controller hop later), beyond that path.\n"+
+		"application at zero pods and times, from watch events seen by the benchmark, the replicas being\n"+
+		"written, the root pod turning Ready and the first token; the benchmark also asks the root's\n"+
+		"engine `GET /health` every %v from the moment its pod has an address, to see when it answers.\n"+
+		"Then the same StatefulSet, at zero again, is scaled to 1 by a plain scale (as `kubectl scale`\n"+
+		"does) and timed to Ready, and scaled back to zero. A second request right after the first\n"+
+		"answer times the path every request takes (gateway, queue, dispatcher, the engine's 20 ms to its\n"+
+		"first token). The control overhead is the decision plus what the first token took from the\n"+
+		"engine answering, beyond that path: the dispatchers run a starting root's own probes and send it\n"+
+		"the waiting requests when they pass, before the kubelet's next probe marks the pod Ready.\n"+
 		"Percentiles are nearest rank%s.\n\n",
-		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, p99Note(len(wakes)))
+		len(wakes), runtime.NumCPU(), loadBefore, loadAfter, answerProbe, p99Note(len(wakes)))
 	b.WriteString("| Stage | p50 | p90 | p99 | max |\n| --- | --- | --- | --- | --- |\n")
 	for _, r := range rows {
-		b.WriteString(col(r.f).row(r.what))
+		b.WriteString(col(wakes, r.f).row(r.what))
 	}
-	bl := quantilesOf(baselines)
-	b.WriteString(bl.row("baseline: plain scale 0 -> 1 -> root Ready"))
-	wake, ctl := col(total), col(overhead)
+	bl := col(baselines, toReady)
+	b.WriteString(bl.row("**baseline: plain scale 0 -> 1 -> root Ready**"))
+	b.WriteString(col(baselines, func(w wakeTimes) time.Duration { return w.answers.Sub(w.request) }).row("baseline: plain scale 0 -> 1 -> engine answers"))
+	wake, ctl := col(wakes, total), col(wakes, overhead)
+	ratio50 := float64(wake.p50) / float64(bl.p50)
 	ratio := float64(wake.p99) / float64(bl.p99)
 	verdict := "Both targets met."
 	switch {
@@ -359,7 +415,8 @@ func wakeTable(wakes []wakeTimes, baselines []time.Duration, loadBefore, loadAft
 	case ctl.p99 > 50*time.Millisecond:
 		verdict = "**The control overhead target is not met.**"
 	}
-	fmt.Fprintf(&b, "\nwake-to-first-token (p99) / baseline (p99): %.2f (target <= 1.1); control overhead (p99):\n%s (target <= 50 ms). %s\n", ratio, msd(ctl.p99), verdict)
+	fmt.Fprintf(&b, "\nwake-to-first-token / baseline: %.2f at p50, %.2f at p99 (target <= 1.1); control overhead (p99):\n%s (target <= 50 ms). %s\n",
+		ratio50, ratio, msd(ctl.p99), verdict)
 	return b.String()
 }
 

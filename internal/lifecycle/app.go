@@ -204,13 +204,16 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		// tens of milliseconds) before the StatefulSet counts it, and the
 		// StatefulSet counts a terminating pod that is still Ready
 		// (fence.go).
-		o.roots = servingRoots(root, o.specReplicas, c.appPods(a))
+		o.roots = servingRoots(root, o.specReplicas, c.appPods(a), c.podServes)
 		o.serving = int32(len(o.roots))
 		if len(a.WorkerStatefulSets) > 0 {
+			// Counted from the pods too, and by the same rule as a root
+			// (Ready, or answering its probes before the kubelet says
+			// so): a worker's readiness probe asks every 10 s.
+			pods := c.appPods(a)
 			groups := int32(0)
 			for i := int32(0); i < o.specReplicas && int(i) < len(a.WorkerStatefulSets); i++ {
-				w, err := c.stsLister.StatefulSets(c.deps.Namespace).Get(a.WorkerStatefulSets[i])
-				if err == nil && w.Status.ReadyReplicas >= a.WorkersPerReplica {
+				if servingWorkers(a.WorkerStatefulSets[i], pods, c.podServes) >= a.WorkersPerReplica {
 					groups++
 				}
 			}
@@ -766,7 +769,7 @@ func (c *Controller) rootsConfirmed(ctx context.Context, a *appState, roots []*c
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		live, err := c.deps.Kube.CoreV1().Pods(p.Namespace).Get(gctx, p.Name, metav1.GetOptions{})
 		cancel()
-		if err == nil && live.UID == p.UID && RootServes(live) {
+		if err == nil && live.UID == p.UID && c.podServes(live) {
 			return true
 		}
 	}

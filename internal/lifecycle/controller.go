@@ -68,11 +68,13 @@ type Deps struct {
 	// engines sleep; nil: through Kube's REST client.
 	Checkpoints CheckpointStatusWriter
 	// RootPods, when set, is told the root pods of an application with a
-	// lifecycle, from the cache, after every change of one of its pods (on
-	// every replica, leader or not): the dispatcher takes a root the
-	// moment its pod is Ready and drops it the moment it terminates,
-	// without waiting for the EndpointSlice. It must not block.
-	RootPods func(app string, pods []*corev1.Pod)
+	// lifecycle and whether each serves, from the cache, after every
+	// change of one of its pods and when a starting one answers its
+	// probes (earlyready.go), on every replica, leader or not: the
+	// dispatcher takes a root the moment it serves and drops it the moment
+	// it terminates, without waiting for the EndpointSlice. It must not
+	// block.
+	RootPods func(app string, pods []RootPod)
 	// SeatPods, when set, is told the pods of the seat group of an
 	// application and whether each serves it (SeatPodsFor), from the
 	// cache, after every change of the group's pods or StatefulSet and
@@ -104,9 +106,19 @@ type Controller struct {
 	// informers call it from two goroutines): the last told is the newest.
 	seatPodsMu sync.Mutex
 
+	// early runs the probes of starting root pods (earlyready.go).
+	early *earlyReady
+
 	mu     sync.Mutex
 	kv     jetstream.KeyValue
 	states *States // every replica's view of the bucket
+}
+
+// RootPod is a root pod of an application with a lifecycle, and whether it
+// serves (Controller.podServes).
+type RootPod struct {
+	Pod    *corev1.Pod
+	Serves bool
 }
 
 // New builds a controller; cfg must be valid.
@@ -145,6 +157,7 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 		sm:    newSleepMetrics(deps.Registry),
 		now:   deps.Clock,
 	}
+	c.early = newEarlyReady(c.log, c.now, c.podAnswered)
 	c.checkpoints = deps.Checkpoints
 	if c.checkpoints == nil {
 		c.checkpoints = checkpointWriter(deps.Kube)
@@ -237,30 +250,32 @@ func (c *Controller) startInformers(ctx context.Context) error {
 	if _, err := sts.Informer().AddEventHandler(h); err != nil {
 		return fmt.Errorf("watching StatefulSets: %w", err)
 	}
-	podChanged := func(obj any) {
-		if p, ok := obj.(*corev1.Pod); ok && p.Labels[labelComponent] == "root" && RootServes(p) {
-			if a := c.app(p.Labels[labelApplication]); a != nil {
-				a.rootServingSeen.CompareAndSwap(0, c.now().UnixNano())
+	podChanged := func(obj any, gone bool) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if p, ok := obj.(*corev1.Pod); ok && c.app(p.Labels[labelApplication]) != nil {
+			switch p.Labels[labelComponent] {
+			case "root":
+				c.early.track(p, gone)
+				c.rootChanged(p)
+				return
+			case "worker":
+				c.early.track(p, gone)
 			}
 		}
 		kick(obj)
 		c.seatGroupChanged(obj)
-		if c.deps.RootPods == nil {
-			return
-		}
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = d.Obj
-		}
-		if m, ok := obj.(metav1.Object); ok && m.GetLabels()[labelComponent] == "root" {
-			if a := c.app(m.GetLabels()[labelApplication]); a != nil {
-				c.deps.RootPods(a.Name, c.rootPods(a))
-			}
-		}
 	}
-	ph := cache.ResourceEventHandlerFuncs{AddFunc: podChanged, UpdateFunc: func(_, o any) { podChanged(o) }, DeleteFunc: podChanged}
+	ph := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { podChanged(o, false) },
+		UpdateFunc: func(_, o any) { podChanged(o, false) },
+		DeleteFunc: func(o any) { podChanged(o, true) },
+	}
 	if _, err := pods.Informer().AddEventHandler(ph); err != nil {
 		return fmt.Errorf("watching pods: %w", err)
 	}
+	c.early.start(ctx)
 	factory.Start(ctx.Done())
 	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -399,12 +414,46 @@ func (c *Controller) appPods(a *appState) []*corev1.Pod {
 	return pods
 }
 
+// podAnswered follows the early answer of a root or worker pod p (or its
+// end).
+func (c *Controller) podAnswered(p *corev1.Pod) {
+	if p.Labels[labelComponent] == "root" {
+		c.rootChanged(p)
+	} else if a := c.app(p.Labels[labelApplication]); a != nil {
+		a.kickNow()
+	}
+}
+
+// rootChanged follows a change of root pod p of an application with a
+// lifecycle (its own, or its early answer): the wake's clock, the
+// application's step and the dispatcher's roots.
+func (c *Controller) rootChanged(p *corev1.Pod) {
+	a := c.app(p.Labels[labelApplication])
+	if a == nil {
+		return
+	}
+	if c.podServes(p) {
+		a.rootServingSeen.CompareAndSwap(0, c.now().UnixNano())
+	}
+	a.kickNow()
+	if c.deps.RootPods != nil {
+		c.deps.RootPods(a.Name, c.rootPods(a))
+	}
+}
+
+// podServes reports whether a root or worker pod takes requests: Ready and
+// not terminating (RootServes), or, until the kubelet says Ready,
+// answering its probes (earlyready.go).
+func (c *Controller) podServes(p *corev1.Pod) bool {
+	return RootServes(p) || c.early.serves(p)
+}
+
 // rootPods lists the root pods of an application from the cache.
-func (c *Controller) rootPods(a *appState) []*corev1.Pod {
-	var out []*corev1.Pod
+func (c *Controller) rootPods(a *appState) []RootPod {
+	var out []RootPod
 	for _, p := range c.appPods(a) {
 		if p.Labels[labelComponent] == "root" {
-			out = append(out, p)
+			out = append(out, RootPod{Pod: p, Serves: c.podServes(p)})
 		}
 	}
 	return out

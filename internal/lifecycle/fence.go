@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // The fence between a scale to zero and the wake that follows it. The
@@ -19,12 +20,12 @@ import (
 // rule; the Waking step opens the gate only on what they leave.
 
 // servingRoots returns the root pods among pods that serve the replica
-// count replicas of the root StatefulSet set: Ready and not terminating,
-// and only once the StatefulSet controller has acted on that count (the
+// count replicas of the root StatefulSet set: serving by serves (Ready, or
+// answering its probes, and not terminating), and only once the StatefulSet controller has acted on that count (the
 // cached StatefulSet holds it and its status has observed its generation).
 // Before that the controller may still delete a pod for an earlier, lower
 // count, so none serves. At most replicas pods, by name.
-func servingRoots(set *appsv1.StatefulSet, replicas int32, pods []*corev1.Pod) []*corev1.Pod {
+func servingRoots(set *appsv1.StatefulSet, replicas int32, pods []*corev1.Pod, serves func(*corev1.Pod) bool) []*corev1.Pod {
 	if set == nil || replicas <= 0 {
 		return nil
 	}
@@ -37,12 +38,27 @@ func servingRoots(set *appsv1.StatefulSet, replicas int32, pods []*corev1.Pod) [
 	}
 	var out []*corev1.Pod
 	for _, p := range pods {
-		if p.Labels[labelComponent] == "root" && RootServes(p) {
+		if p.Labels[labelComponent] == "root" && serves(p) {
 			out = append(out, p)
 		}
 	}
 	slices.SortFunc(out, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	return out[:min(len(out), int(replicas))]
+}
+
+// servingWorkers counts the pods of worker StatefulSet set among pods
+// that serve by serves.
+func servingWorkers(set string, pods []*corev1.Pod, serves func(*corev1.Pod) bool) int32 {
+	var n int32
+	for _, p := range pods {
+		if p.Labels[labelComponent] != "worker" {
+			continue
+		}
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "StatefulSet" && ref.Name == set && serves(p) {
+			n++
+		}
+	}
+	return n
 }
 
 // unconfirmedRoots returns the roots that existed when the application

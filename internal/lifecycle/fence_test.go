@@ -62,7 +62,7 @@ func TestServingRoots(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
-			for _, p := range servingRoots(tc.set, tc.replicas, tc.pods) {
+			for _, p := range servingRoots(tc.set, tc.replicas, tc.pods, RootServes) {
 				got = append(got, p.Name)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
@@ -104,3 +104,38 @@ func TestUnconfirmedRoots(t *testing.T) {
 		})
 	}
 }
+
+// A replica's workers count from their pods, by the rule a root's pod
+// follows: the pods of that worker StatefulSet that serve.
+func TestServingWorkers(t *testing.T) {
+	pod := func(name, component, owner string, ready bool) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{labelComponent: component}},
+			Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}},
+		}
+		if owner != "" {
+			p.OwnerReferences = []metav1.OwnerReference{{Kind: "StatefulSet", Name: owner, Controller: ptrTo(true)}}
+		}
+		if ready {
+			p.Status.Conditions[0].Status = corev1.ConditionTrue
+		}
+		return p
+	}
+	pods := []*corev1.Pod{
+		pod("w0-0", "worker", "w0", true),
+		pod("w0-1", "worker", "w0", false), // answering its probes early
+		pod("w0-2", "worker", "w0", false),
+		pod("w1-0", "worker", "w1", true),
+		pod("root-0", "root", "root", true),
+		pod("stray", "worker", "", true),
+	}
+	early := map[string]bool{"w0-1": true}
+	serves := func(p *corev1.Pod) bool { return RootServes(p) || early[p.Name] }
+	for set, want := range map[string]int32{"w0": 2, "w1": 1, "w2": 0, "root": 0} {
+		if got := servingWorkers(set, pods, serves); got != want {
+			t.Errorf("servingWorkers(%s) = %d, want %d", set, got, want)
+		}
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -1,0 +1,231 @@
+package lifecycle
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+// startingRoot is a root pod at ip whose containers run and that the
+// kubelet has not marked Ready: an engine with a startup and a readiness
+// probe on its named port, and a sidecar with a readiness probe of its own.
+func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
+	httpProbe := func(path, port string) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(port)}}}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "chat-root-0", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{
+				Name: "engine", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: enginePort}},
+				StartupProbe: httpProbe("/health", "http"), ReadinessProbe: httpProbe("/health", "http"),
+			},
+			{
+				Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: seatPort}},
+				ReadinessProbe: httpProbe("readyz", "seat"),
+			},
+		}},
+		Status: corev1.PodStatus{
+			PodIP:      ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}},
+			ContainerStatuses: []corev1.ContainerStatus{
+				{Name: "engine", Started: ptr.To(false), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
+				{Name: "seat", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
+			},
+		},
+	}
+}
+
+func TestEarlyChecksRunThePodsOwnProbes(t *testing.T) {
+	tests := []struct {
+		name    string
+		change  func(p *corev1.Pod)
+		want    []string // a check's URL or TCP address
+		wantErr string
+	}{
+		{"startup and readiness of a container that has not started, readiness of one that has", nil,
+			[]string{"http://10.0.0.7:8000/health", "http://10.0.0.7:8000/health", "http://10.0.0.7:9300/readyz"}, ""},
+		{"a started container's startup probe is done", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].Started = ptr.To(true) },
+			[]string{"http://10.0.0.7:8000/health", "http://10.0.0.7:9300/readyz"}, ""},
+		{"a TCP probe on a port number", func(p *corev1.Pod) {
+			p.Spec.Containers[1].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(9301)}}}
+		}, []string{"http://10.0.0.7:8000/health", "http://10.0.0.7:8000/health", "10.0.0.7:9301"}, ""},
+		{"an HTTPS probe", func(p *corev1.Pod) { p.Spec.Containers[1].ReadinessProbe.HTTPGet.Scheme = corev1.URISchemeHTTPS },
+			[]string{"http://10.0.0.7:8000/health", "http://10.0.0.7:8000/health", "https://10.0.0.7:9300/readyz"}, ""},
+		{"an exec probe is the kubelet's", func(p *corev1.Pod) {
+			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"ollama", "show", "m"}}}}
+		}, nil, "container engine: an exec probe runs only in the pod"},
+		{"a port name no container port has", func(p *corev1.Pod) { p.Spec.Containers[1].ReadinessProbe.HTTPGet.Port = intstr.FromString("nope") },
+			nil, `container seat: no port named "nope"`},
+		{"readiness gates", func(p *corev1.Pod) {
+			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/ready"}}
+		}, nil, "the pod has readiness gates"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startingRoot("10.0.0.7", 8000, 9300)
+			if tt.change != nil {
+				tt.change(p)
+			}
+			checks, err := earlyChecks(p)
+			if tt.wantErr != "" {
+				if err == nil || err.Error() != tt.wantErr {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, c := range checks {
+				got = append(got, c.url+c.addr)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("checks (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestEarlyProbePeriodIsAShareOfTheStart(t *testing.T) {
+	for _, tt := range []struct{ since, want time.Duration }{
+		{0, 25 * time.Millisecond},
+		{time.Second, 50 * time.Millisecond},
+		{4 * time.Second, 200 * time.Millisecond},
+		{5 * time.Minute, 500 * time.Millisecond},
+	} {
+		if got := earlyProbePeriod(tt.since); got != tt.want {
+			t.Errorf("earlyProbePeriod(%v) = %v, want %v", tt.since, got, tt.want)
+		}
+	}
+}
+
+func TestAnEarlyAnswerStandsUntilTheKubeletSpeaksOrThePodChanges(t *testing.T) {
+	at := time.Unix(1000, 0)
+	ans := earlyAnswer{restarts: 0, at: at}
+	tests := []struct {
+		name   string
+		change func(p *corev1.Pod)
+		now    time.Time
+		want   bool
+	}{
+		{"just answered", nil, at.Add(time.Second), true},
+		{"the kubelet has not agreed within the grace", nil, at.Add(earlyReadyGrace), false},
+		{"the engine restarted since", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount = 1 }, at, false},
+		{"a container stopped", func(p *corev1.Pod) {
+			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}
+		}, at, false},
+		{"terminating", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: at} }, at, false},
+		{"Ready: the kubelet's word counts", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionTrue }, at, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := startingRoot("10.0.0.7", 8000, 9300)
+			if tt.change != nil {
+				tt.change(p)
+			}
+			if got := ans.stands(p, tt.now); got != tt.want {
+				t.Errorf("stands = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestEarlyReadyServesAStartingRootTheMomentItAnswers runs the probes of a
+// starting root against real listeners: the pod serves once both of its
+// containers answer, not before, and no longer once it restarted.
+func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
+	var engineUp atomic.Bool
+	var engineProbes atomic.Int64
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		engineProbes.Add(1)
+		if r.URL.Path != "/health" || !engineUp.Load() {
+			http.Error(w, "loading", http.StatusServiceUnavailable)
+		}
+	}))
+	defer engine.Close()
+	seat := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+		}
+	}))
+	defer seat.Close()
+	port := func(s *httptest.Server) int32 {
+		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
+		n, _ := strconv.Atoi(p)
+		return int32(n)
+	}
+	p := startingRoot("127.0.0.1", port(engine), port(seat))
+
+	answered := make(chan *corev1.Pod, 4)
+	e := newEarlyReady(slog.New(slog.DiscardHandler), time.Now, func(p *corev1.Pod) { answered <- p })
+	ctx := t.Context()
+	e.start(ctx)
+	e.track(p, false)
+
+	time.Sleep(200 * time.Millisecond)
+	if e.serves(p) {
+		t.Fatal("the pod serves while its engine answers 503")
+	}
+	if n := engineProbes.Load(); n < 3 {
+		t.Errorf("the engine was probed %d times in 200 ms; want one every 25 ms or so", n)
+	}
+	up := time.Now()
+	engineUp.Store(true)
+	select {
+	case <-answered:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no answer 2 s after the engine came up")
+	}
+	if d := time.Since(up); d > 500*time.Millisecond {
+		t.Errorf("answered %v after the engine came up", d)
+	}
+	if !e.serves(p) {
+		t.Fatal("the pod does not serve after answering its probes")
+	}
+
+	// The engine restarts: the answer no longer stands, and it is probed
+	// again.
+	engineUp.Store(false)
+	restarted := p.DeepCopy()
+	restarted.Status.ContainerStatuses[0].RestartCount = 1
+	e.track(restarted, false)
+	if e.serves(restarted) {
+		t.Fatal("a restarted pod serves by the answer of its previous engine")
+	}
+	engineUp.Store(true)
+	select {
+	case <-answered:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the restarted pod was not probed again")
+	}
+	if !e.serves(restarted) {
+		t.Fatal("the restarted pod does not serve after answering again")
+	}
+
+	// The kubelet marks it Ready: the early answer is dropped.
+	ready := restarted.DeepCopy()
+	ready.Status.Conditions[0].Status = corev1.ConditionTrue
+	e.track(ready, false)
+	if e.serves(restarted) {
+		t.Error("the early answer outlived the kubelet's Ready")
+	}
+	e.track(ready, true)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.probing) != 0 || len(e.answers) != 0 {
+		t.Errorf("after the pod was deleted: %d probing, %d answers; want none", len(e.probing), len(e.answers))
+	}
+}
