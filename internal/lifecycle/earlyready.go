@@ -35,7 +35,8 @@ import (
 // count (httpGet and tcpSocket): a pod with an exec or gRPC probe, or with
 // readiness gates, waits for the kubelet. A container that restarts after
 // the answer, or a kubelet that has not agreed within earlyReadyGrace,
-// ends the early answer.
+// ends the early answer; a pod that was Ready once since its containers
+// started is never probed early again.
 
 const (
 	earlyProbeMin  = 25 * time.Millisecond
@@ -156,10 +157,20 @@ func containerPort(c *corev1.Container, port intstr.IntOrString) (int, error) {
 }
 
 // earlyProbeable reports whether the kubelet may not have said yet what
-// the pod's probes would say now: it is not terminating, not Ready, and
-// every container runs.
+// the pod's probes would say now: it is not terminating, every container
+// runs, and it has not been Ready since they started. A pod that was
+// Ready and is not any more (a failing readiness probe, a sleeping
+// engine's seat agent) is the kubelet's alone.
 func earlyProbeable(p *corev1.Pod) bool {
-	return p.DeletionTimestamp == nil && !podReady(p) && allRunning(p)
+	if p.DeletionTimestamp != nil || !allRunning(p) {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status != corev1.ConditionTrue && !c.LastTransitionTime.After(runningSince(p))
+		}
+	}
+	return true
 }
 
 func allRunning(p *corev1.Pod) bool {

@@ -129,6 +129,12 @@ func TestAnEarlyAnswerStandsUntilTheKubeletSpeaksOrThePodChanges(t *testing.T) {
 		}, at, false},
 		{"terminating", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: at} }, at, false},
 		{"Ready: the kubelet's word counts", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionTrue }, at, false},
+		{"Ready once since its containers started, not any more: the kubelet's word counts", func(p *corev1.Pod) {
+			p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(p.Status.ContainerStatuses[0].State.Running.StartedAt.Add(time.Second))
+		}, at, false},
+		{"a container restarted after the pod turned unready", func(p *corev1.Pod) {
+			p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(p.Status.ContainerStatuses[0].State.Running.StartedAt.Add(-time.Second))
+		}, at, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
