@@ -5,13 +5,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -219,34 +216,18 @@ func (w *wakeTimes) answersAt() time.Time {
 // whether it answers.
 const answerProbe = 5 * time.Millisecond
 
-// probeEngine asks the engine of pod p GET /health every answerProbe
-// until it answers 200 (recorded in w.answers) or ctx ends.
+// probeEngine asks the engine of pod p whether it answers
+// (engineAnswers) every answerProbe until it does (recorded in w.answers)
+// or ctx ends.
 func probeEngine(ctx context.Context, p *corev1.Pod, w *wakeTimes) {
-	port := int32(0)
-	for _, c := range p.Spec.Containers {
-		for _, cp := range c.Ports {
-			if cp.Name == "http" {
-				port = cp.ContainerPort
-			}
-		}
-	}
-	if port == 0 {
-		return
-	}
-	url := "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port))) + "/health"
-	client := &http.Client{Timeout: time.Second}
 	for ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if resp, err := client.Do(req); err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				wakeMu.Lock()
-				if w.answers.IsZero() {
-					w.answers = time.Now()
-				}
-				wakeMu.Unlock()
-				return
+		if engineAnswers(ctx, p) {
+			wakeMu.Lock()
+			if w.answers.IsZero() {
+				w.answers = time.Now()
 			}
+			wakeMu.Unlock()
+			return
 		}
 		time.Sleep(answerProbe)
 	}

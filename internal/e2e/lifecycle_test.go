@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -262,7 +263,9 @@ func servingRoot(ctx context.Context, ns string) string {
 	}
 	var seen []string
 	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil && podReady(&p) {
+		// Ready, or not yet but its engine answers (the dispatchers run a
+		// starting root's probes themselves: early readiness).
+		if p.DeletionTimestamp == nil && (podReady(&p) || engineAnswers(ctx, &p)) {
 			return ""
 		}
 		seen = append(seen, fmt.Sprintf("%s (terminating %v, ready %v)", p.Name, p.DeletionTimestamp != nil, podReady(&p)))
@@ -271,6 +274,34 @@ func servingRoot(ctx context.Context, ns string) string {
 		return "no root pod"
 	}
 	return "root pods " + strings.Join(seen, ", ")
+}
+
+// engineAnswers reports whether the engine of root pod p answers GET
+// /health on its port named http, as its probes ask.
+func engineAnswers(ctx context.Context, p *corev1.Pod) bool {
+	port := int32(0)
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == "http" {
+				port = cp.ContainerPort
+			}
+		}
+	}
+	if port == 0 || p.Status.PodIP == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(port)))+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // failedDeliveries reads the dispatchers' failed attempts and redeliveries
