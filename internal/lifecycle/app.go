@@ -539,8 +539,13 @@ func (c *Controller) observeStages(a *appState, seen, opened time.Time) {
 			case corev1.PodScheduled:
 				scheduled = cond.LastTransitionTime.Time
 			case corev1.PodReady:
-				ready = cond.LastTransitionTime.Time
+				if cond.Status == corev1.ConditionTrue {
+					ready = cond.LastTransitionTime.Time
+				}
 			}
+		}
+		if ready.IsZero() {
+			ready = c.early.answeredAt(pod) // served before the kubelet said Ready
 		}
 		for _, cs := range pod.Status.ContainerStatuses {
 			if cs.State.Running != nil && (started.IsZero() || cs.State.Running.StartedAt.After(started)) {

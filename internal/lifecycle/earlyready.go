@@ -282,6 +282,18 @@ func (e *earlyReady) serves(p *corev1.Pod) bool {
 	return ok && a.stands(p, e.now())
 }
 
+// answeredAt is when p's probes all passed, while that answer stands;
+// zero otherwise.
+func (e *earlyReady) answeredAt(p *corev1.Pod) time.Time {
+	e.mu.Lock()
+	a, ok := e.answers[p.UID]
+	e.mu.Unlock()
+	if !ok || !a.stands(p, e.now()) {
+		return time.Time{}
+	}
+	return a.at
+}
+
 // track looks at a root or worker pod's new state (gone: deleted): it starts
 // probing a pod that runs and is not Ready, and stops, and forgets its
 // answer, once the kubelet has spoken or the pod changed.
