@@ -27,8 +27,8 @@ import (
 // but is not Ready, every dispatcher
 // runs the pod's own probes itself, the way the kubelet would: the
 // startup probe of each container that has not started, then the
-// readiness probe of each container. It asks every 5% of the time since
-// the containers started (25 ms to 500 ms, so a long model load costs few
+// readiness probe of each container. It asks every 2% of the time since
+// the containers started (10 ms to 500 ms, so a long model load costs few
 // requests), and counts the pod as serving from the first time all of
 // them pass until the kubelet agrees; from then on the kubelet's word
 // alone counts. Only the probes a dispatcher can run from outside the pod
@@ -39,9 +39,9 @@ import (
 // started is never probed early again.
 
 const (
-	earlyProbeMin  = 25 * time.Millisecond
+	earlyProbeMin  = 10 * time.Millisecond
 	earlyProbeMax  = 500 * time.Millisecond
-	earlyProbeFrac = 20 // the period is the time since the start / earlyProbeFrac
+	earlyProbeFrac = 50 // the period is the time since the start / earlyProbeFrac
 	// earlyProbeTimeout bounds one probe (the probe's own timeout, when
 	// shorter).
 	earlyProbeTimeout = time.Second

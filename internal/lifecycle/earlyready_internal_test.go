@@ -101,9 +101,9 @@ func TestEarlyChecksRunThePodsOwnProbes(t *testing.T) {
 
 func TestEarlyProbePeriodIsAShareOfTheStart(t *testing.T) {
 	for _, tt := range []struct{ since, want time.Duration }{
-		{0, 25 * time.Millisecond},
-		{time.Second, 50 * time.Millisecond},
-		{4 * time.Second, 200 * time.Millisecond},
+		{0, 10 * time.Millisecond},
+		{time.Second, 20 * time.Millisecond},
+		{10 * time.Second, 200 * time.Millisecond},
 		{5 * time.Minute, 500 * time.Millisecond},
 	} {
 		if got := earlyProbePeriod(tt.since); got != tt.want {
@@ -186,7 +186,7 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 		t.Fatal("the pod serves while its engine answers 503")
 	}
 	if n := engineProbes.Load(); n < 3 {
-		t.Errorf("the engine was probed %d times in 200 ms; want one every 25 ms or so", n)
+		t.Errorf("the engine was probed %d times in 200 ms; want one every 10 ms or so", n)
 	}
 	up := time.Now()
 	engineUp.Store(true)
