@@ -23,27 +23,11 @@ import (
 // losing a server, which takes seconds) is queued once the stream answers
 // within SubmitTimeout, rather than refused with a 503 after half a second.
 func TestSubmitWaitsForTheStreamToAnswer(t *testing.T) {
-	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	cfg := natsqueue.DefaultClientConfig()
-	cfg.Orchestra = "o"
-	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, cfg, leader := submitEnv(t, natsqueue.DefaultClientConfig())
 
 	// No stream yet: publishes find no responder. A stand-in for the
 	// stream's new leader answers from 1.5 s on.
 	names := natsqueue.Names{Orchestra: "o"}
-	leader, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Close()
 	elected := time.AfterFunc(1500*time.Millisecond, func() {
 		_, _ = leader.Subscribe(names.Request("chat"), func(m *nats.Msg) {
 			_ = m.Respond([]byte(`{"stream":"` + names.Stream() + `","seq":7}`))
@@ -70,27 +54,11 @@ func TestSubmitWaitsForTheStreamToAnswer(t *testing.T) {
 // is tried again within SubmitTimeout instead of waiting all of it for the
 // lost answer, and that the job is stored once.
 func TestSubmitOutlivesAPublishLostWithItsServer(t *testing.T) {
-	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	cfg := natsqueue.DefaultClientConfig()
-	cfg.Orchestra = "o"
-	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, cfg, leader := submitEnv(t, natsqueue.DefaultClientConfig())
 
 	// A stand-in for the stream: the first publish vanishes with its
 	// server, the next ones are answered, a repeat with its first sequence.
 	names := natsqueue.Names{Orchestra: "o"}
-	leader, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer leader.Close()
 	var (
 		mu  sync.Mutex
 		ids []string
@@ -133,21 +101,11 @@ func TestSubmitOutlivesAPublishLostWithItsServer(t *testing.T) {
 // answers fails the submit after SubmitTimeout with ErrUnavailable and a
 // message saying so.
 func TestSubmitGivesUpWithTheStreamsLastError(t *testing.T) {
-	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
 	cfg := natsqueue.DefaultClientConfig()
-	cfg.Orchestra = "o"
 	cfg.SubmitTimeout = 1500 * time.Millisecond
-	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, cfg, _ := submitEnv(t, cfg)
 	start := time.Now()
-	_, err = c.Submit(context.Background(), queue.Job{ID: "job-1", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
+	_, err := c.Submit(context.Background(), queue.Job{ID: "job-1", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
 	took := time.Since(start)
 	if !errors.Is(err, queue.ErrUnavailable) {
 		t.Fatalf("Submit with no stream: %v; want queue.ErrUnavailable", err)
@@ -158,4 +116,28 @@ func TestSubmitGivesUpWithTheStreamsLastError(t *testing.T) {
 	if took < cfg.SubmitTimeout || took > cfg.SubmitTimeout+time.Second {
 		t.Errorf("Submit gave up after %v; want about %v", took.Round(time.Millisecond), cfg.SubmitTimeout)
 	}
+}
+
+// submitEnv starts a NATS server without the orchestra's stream and
+// connects a client of orchestra "o" with cfg, and a second connection
+// that tests use as a stand-in for the stream's leader.
+func submitEnv(t *testing.T, cfg natsqueue.ClientConfig) (*natsqueue.Client, natsqueue.ClientConfig, *nats.Conn) {
+	t.Helper()
+	srv, err := dataplanetest.StartNATS(t.TempDir(), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	cfg.Orchestra = "o"
+	c, err := natsqueue.Connect(srv.ClientURL(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	leader, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(leader.Close)
+	return c, cfg, leader
 }
