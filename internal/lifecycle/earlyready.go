@@ -327,7 +327,7 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 	}
 	checks, err := earlyChecks(p)
 	if err != nil {
-		e.log.Debug("root pod left to the kubelet's probes", "pod", p.Name, "reason", err)
+		e.log.Debug("pod left to the kubelet's probes", "pod", p.Name, "reason", err)
 		return
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
@@ -341,10 +341,7 @@ func (e *earlyReady) probe(ctx context.Context, p *corev1.Pod, checks []probeChe
 	if since.IsZero() {
 		since = e.now()
 	}
-	for {
-		if e.passes(ctx, checks) {
-			break
-		}
+	for !e.passes(ctx, checks) {
 		t := time.NewTimer(earlyProbePeriod(e.now().Sub(since)))
 		select {
 		case <-ctx.Done():
