@@ -25,12 +25,7 @@ func benchFile(b *testing.B) (string, int) {
 	if dir == "" {
 		dir = "/dev/shm"
 	}
-	n := Size(1 << 30)
-	if s := os.Getenv("MO_ARENA_BENCH_SIZE"); s != "" {
-		if err := n.Set(s); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := benchSize(b)
 	d, err := os.MkdirTemp(dir, "arena-bench-")
 	if err != nil {
 		b.Fatal(err)
@@ -47,6 +42,18 @@ func benchFile(b *testing.B) (string, int) {
 		b.Fatal(err)
 	}
 	return path, int(n)
+}
+
+// benchSize is MO_ARENA_BENCH_SIZE (default 1GiB).
+func benchSize(b *testing.B) Size {
+	b.Helper()
+	n := Size(1 << 30)
+	if s := os.Getenv("MO_ARENA_BENCH_SIZE"); s != "" {
+		if err := n.Set(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return n
 }
 
 // restoreFunc restores chunk i of src (a mapping, or nil for pread from f)
@@ -287,4 +294,161 @@ func BenchmarkFillFile(b *testing.B) {
 			b.ReportMetric(map[bool]float64{false: 0, true: 1}[st.Mapped], "mapped")
 		})
 	}
+}
+
+// chunkWay copies one chunk of src into dst and returns its chunk digest.
+type chunkWay struct {
+	name string
+	f    func(dst, src []byte) uint64
+}
+
+func fusedDst(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("copy%dK+hashdst", sub>>10), func(dst, src []byte) uint64 {
+		h := xxh3.New()
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			copy(dst[o:e], src[o:e])
+			_, _ = h.Write(dst[o:e])
+		}
+		return h.Sum64()
+	}}
+}
+
+// cachedCopy copies the chunk in sub-blocks under 1 MiB, which Go copies
+// with cached stores, then hashes the whole chunk in one call while it is
+// in the cache.
+func cachedCopy(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("copy%dK+hash1Mdst", sub>>10), func(dst, src []byte) uint64 {
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			copy(dst[o:e], src[o:e])
+		}
+		return chunkSum(dst)
+	}}
+}
+
+func fusedSrc(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("hashsrc%dK+copy", sub>>10), func(dst, src []byte) uint64 {
+		h := xxh3.New()
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			_, _ = h.Write(src[o:e])
+			copy(dst[o:e], src[o:e])
+		}
+		return h.Sum64()
+	}}
+}
+
+// BenchmarkVerifiedCopy copies between two pre-faulted arenas in 1 MiB
+// chunks on DefaultWorkers goroutines, each way of verifying the chunk,
+// next to the plain copy it is measured against: hash the destination
+// after a 1 MiB (non-temporal) copy, hash the source and then copy it
+// (copyChunk, what FillFile does), copy in sub-blocks (cached stores) and
+// hash the chunk in one call, and the streaming hash fed each sub-block
+// right after its copy (destination) or right before it (source). Build the
+// test binary and run it several times with -test.count 1, so the ways
+// interleave:
+//
+//	go test -c -o /tmp/arena.test ./internal/checkpoint/arena
+//	for i in 1 2 3 4 5; do /tmp/arena.test -test.run '^$' -test.bench VerifiedCopy -test.benchtime 4x; done
+func BenchmarkVerifiedCopy(b *testing.B) {
+	n := int(benchSize(b))
+	src, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Free()
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	Synthesize(src.Bytes(), 4)
+	ways := []chunkWay{
+		{"memcpy", func(dst, src []byte) uint64 { copy(dst, src); return 0 }},
+		{"copy1M+hashdst", func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }},
+		{"hashsrc1M+copy1M", copyChunk},
+		cachedCopy(64 << 10), cachedCopy(512 << 10),
+	}
+	for _, sub := range []int{16 << 10, 64 << 10, 128 << 10} {
+		ways = append(ways, fusedDst(sub), fusedSrc(sub))
+	}
+	workers := DefaultWorkers()
+	for _, w := range ways {
+		b.Run(w.name, func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				var wg sync.WaitGroup
+				for k := range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for off := k * ChunkSize; off < n; off += workers * ChunkSize {
+							end := min(off+ChunkSize, n)
+							_ = w.f(dst.full[off:end], src.full[off:end])
+						}
+					}()
+				}
+				wg.Wait()
+			}
+		})
+	}
+}
+
+// BenchmarkHotRestore is the hot tier's wake next to what bounds it, in one
+// run: memcpy between two pre-faulted arenas (1 MiB chunks, DefaultWorkers
+// goroutines), a copy hashing each chunk in the destination after it, the
+// verified copy FillFile's mapped path does (copyChunk), between the same
+// arenas, and FillFile itself from the tier file into the
+// destination arena. Point MO_ARENA_BENCH_DIR at a tmpfs mounted with
+// huge=within_size, as the node agent mounts the hot tier.
+func BenchmarkHotRestore(b *testing.B) {
+	path, n := benchFile(b)
+	src, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Free()
+	Synthesize(src.Bytes(), 3)
+	dst, err := New(int64(n), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Free()
+	want := Sum(src.Bytes())
+	workers := DefaultWorkers()
+	copyWay := func(f func(dst, src []byte) uint64) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				var wg sync.WaitGroup
+				for k := range workers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for off := k * ChunkSize; off < n; off += workers * ChunkSize {
+							end := min(off+ChunkSize, n)
+							_ = f(dst.full[off:end], src.full[off:end])
+						}
+					}()
+				}
+				wg.Wait()
+			}
+		}
+	}
+	b.Run("memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 }))
+	b.Run("copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }))
+	b.Run("verified-copy", copyWay(copyChunk))
+	b.Run("fill", func(b *testing.B) {
+		b.SetBytes(int64(n))
+		var st FillStats
+		for b.Loop() {
+			if _, st, err = FillFile(dst, path, FileOptions{Expect: &want}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if !st.Mapped {
+			b.Fatal("the tier file was not mapped: is MO_ARENA_BENCH_DIR on a huge-page tmpfs?")
+		}
+	})
 }
