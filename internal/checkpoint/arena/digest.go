@@ -77,19 +77,18 @@ func combine(sums []uint64) Digest {
 }
 
 // copyChunk copies src, at most one chunk, into dst (as long) and returns
-// the chunk's digest. It hashes src first: the hash streams the chunk from
-// memory into the core's cache, and the copy then reads it from there and
-// writes dst with non-temporal stores (Go's copy does from 1 MiB), so each
-// byte crosses the memory bus once in and once out, as in a plain copy.
-// Hashing dst after the copy reads every byte from memory a second time: a
-// non-temporal copy leaves nothing in the cache, and a cached one reads
-// each line of dst before it writes it. The digest is of the bytes the copy
-// reads, so dst holds exactly what was hashed unless the source changes in
-// the microseconds between the two.
+// the chunk's digest, hashing src right after the copy read it. Go's copy
+// of 1 MiB writes dst with non-temporal stores, which leave nothing in the
+// cache, but its reads leave src there: the hash reads it from the cache,
+// so each byte crosses the memory bus once in and once out, as in a plain
+// copy. Hashing dst instead reads every byte from memory a second time (and
+// a copy with cached stores, which would leave dst in the cache, reads each
+// line of dst before writing it). What the hash reads is what the copy
+// read a moment before: a byte of the file that changes during the copy
+// makes the digest differ, as a byte that lands wrong does.
 func copyChunk(dst, src []byte) uint64 {
-	s := chunkSum(src)
 	copy(dst, src)
-	return s
+	return chunkSum(src)
 }
 
 // eachChunk calls f with every chunk of n bytes, its index and its bounds,

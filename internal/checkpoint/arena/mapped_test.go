@@ -185,8 +185,7 @@ func TestMappedReadOfFileTruncatedUnderIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, ChunkSize)
-	// Plain (ReadFile) and hashed (FillFile): the hash reads the missing
-	// pages first.
+	// Both the plain copy (ReadFile) and the hashed one (FillFile).
 	for _, sums := range [][]uint64{nil, make([]uint64, 1)} {
 		if _, err := r.read(buf, 3*ChunkSize, sums); err == nil || !strings.Contains(err.Error(), "changed under the read") {
 			t.Fatalf("hashed %v: err = %v, want the fault reported", sums != nil, err)

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -342,10 +344,11 @@ func fusedSrc(sub int) chunkWay {
 // BenchmarkVerifiedCopy copies between two pre-faulted arenas in 1 MiB
 // chunks on DefaultWorkers goroutines, each way of verifying the chunk,
 // next to the plain copy it is measured against: hash the destination
-// after a 1 MiB (non-temporal) copy, hash the source and then copy it
-// (copyChunk, what FillFile does), copy in sub-blocks (cached stores) and
-// hash the chunk in one call, and the streaming hash fed each sub-block
-// right after its copy (destination) or right before it (source). Build the
+// after a 1 MiB (non-temporal) copy, hash the source before or after
+// (copyChunk, what FillFile does) the copy, copy in sub-blocks (cached
+// stores) and hash the chunk in one call, and the streaming hash fed each
+// sub-block right after its copy (destination) or right before it
+// (source). Build the
 // test binary and run it several times with -test.count 1, so the ways
 // interleave:
 //
@@ -367,31 +370,76 @@ func BenchmarkVerifiedCopy(b *testing.B) {
 	ways := []chunkWay{
 		{"memcpy", func(dst, src []byte) uint64 { copy(dst, src); return 0 }},
 		{"copy1M+hashdst", func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }},
-		{"hashsrc1M+copy1M", copyChunk},
-		cachedCopy(64 << 10), cachedCopy(512 << 10),
+		{"hashsrc1M+copy1M", func(dst, src []byte) uint64 { s := chunkSum(src); copy(dst, src); return s }},
+		{"copy1M+hashsrc", copyChunk},
+		cachedCopy(512 << 10),
+		fusedDst(16 << 10), fusedDst(64 << 10), fusedSrc(64 << 10),
 	}
-	for _, sub := range []int{16 << 10, 64 << 10, 128 << 10} {
-		ways = append(ways, fusedDst(sub), fusedSrc(sub))
+	runs := make([]way, len(ways))
+	for i, w := range ways {
+		runs[i] = way{w.name, func() { parallelChunks(dst.full[:n], src.full[:n], w.f) }}
 	}
+	interleave(b, n, runs)
+}
+
+// parallelChunks runs f on every chunk of dst and src, DefaultWorkers
+// goroutines taking interleaved chunks, as FillFile's workers do.
+func parallelChunks(dst, src []byte, f func(dst, src []byte) uint64) {
 	workers := DefaultWorkers()
-	for _, w := range ways {
-		b.Run(w.name, func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				var wg sync.WaitGroup
-				for k := range workers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for off := k * ChunkSize; off < n; off += workers * ChunkSize {
-							end := min(off+ChunkSize, n)
-							_ = w.f(dst.full[off:end], src.full[off:end])
-						}
-					}()
-				}
-				wg.Wait()
+	var wg sync.WaitGroup
+	for k := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for off := k * ChunkSize; off < len(src); off += workers * ChunkSize {
+				end := min(off+ChunkSize, len(src))
+				_ = f(dst[off:end], src[off:end])
 			}
-		})
+		}()
+	}
+	wg.Wait()
+}
+
+// way is one thing a benchmark round does.
+type way struct {
+	name string
+	run  func()
+}
+
+// interleave runs every way once per round, starting one way later each
+// round, so that the machine's load, which moves from second to second on
+// a shared machine, weighs on all of them alike. For each way it reports
+// the median over rounds of the first way's time ÷ its time in the same
+// round (its bandwidth as a share of the first way's) and its median
+// bandwidth in GB/s.
+func interleave(b *testing.B, n int, ways []way) {
+	b.Helper()
+	secs := make([][]float64, len(ways))
+	round := 0
+	for b.Loop() {
+		for k := range ways {
+			i := (round + k) % len(ways)
+			t := time.Now()
+			ways[i].run()
+			secs[i] = append(secs[i], time.Since(t).Seconds())
+		}
+		round++
+	}
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	for i, w := range ways {
+		share := make([]float64, len(secs[i]))
+		for r := range share {
+			share[r] = secs[0][r] / secs[i][r]
+		}
+		b.ReportMetric(median(share), w.name+"/"+ways[0].name)
+		b.ReportMetric(float64(n)/median(secs[i])/1e9, w.name+"-GB/s")
 	}
 }
 
@@ -416,39 +464,21 @@ func BenchmarkHotRestore(b *testing.B) {
 	}
 	defer dst.Free()
 	want := Sum(src.Bytes())
-	workers := DefaultWorkers()
-	copyWay := func(f func(dst, src []byte) uint64) func(b *testing.B) {
-		return func(b *testing.B) {
-			b.SetBytes(int64(n))
-			for b.Loop() {
-				var wg sync.WaitGroup
-				for k := range workers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for off := k * ChunkSize; off < n; off += workers * ChunkSize {
-							end := min(off+ChunkSize, n)
-							_ = f(dst.full[off:end], src.full[off:end])
-						}
-					}()
-				}
-				wg.Wait()
-			}
-		}
+	copyWay := func(f func(dst, src []byte) uint64) func() {
+		return func() { parallelChunks(dst.full[:n], src.full[:n], f) }
 	}
-	b.Run("memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 }))
-	b.Run("copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }))
-	b.Run("verified-copy", copyWay(copyChunk))
-	b.Run("fill", func(b *testing.B) {
-		b.SetBytes(int64(n))
-		var st FillStats
-		for b.Loop() {
+	var st FillStats
+	interleave(b, n, []way{
+		{"memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 })},
+		{"copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) })},
+		{"verified-copy", copyWay(copyChunk)},
+		{"fill", func() {
 			if _, st, err = FillFile(dst, path, FileOptions{Expect: &want}); err != nil {
 				b.Fatal(err)
 			}
-		}
-		if !st.Mapped {
-			b.Fatal("the tier file was not mapped: is MO_ARENA_BENCH_DIR on a huge-page tmpfs?")
-		}
+			if !st.Mapped {
+				b.Fatal("the tier file was not mapped: is MO_ARENA_BENCH_DIR on a huge-page tmpfs?")
+			}
+		}},
 	})
 }
