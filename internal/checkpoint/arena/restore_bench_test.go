@@ -341,6 +341,21 @@ func fusedSrc(sub int) chunkWay {
 	}}
 }
 
+// benchArenas maps two pre-faulted n-byte arenas for the length of the
+// benchmark, the first holding Synthesize(seed).
+func benchArenas(b *testing.B, n int, seed uint64) (src, dst *Arena) {
+	b.Helper()
+	for _, a := range []**Arena{&src, &dst} {
+		var err error
+		if *a, err = New(int64(n), Options{}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup((*a).Free)
+	}
+	Synthesize(src.Bytes(), seed)
+	return src, dst
+}
+
 // BenchmarkVerifiedCopy copies between two pre-faulted arenas in 1 MiB
 // chunks on DefaultWorkers goroutines, each way of verifying the chunk,
 // next to the plain copy it is measured against: hash the destination
@@ -356,17 +371,7 @@ func fusedSrc(sub int) chunkWay {
 //	for i in 1 2 3 4 5; do /tmp/arena.test -test.run '^$' -test.bench VerifiedCopy -test.benchtime 4x; done
 func BenchmarkVerifiedCopy(b *testing.B) {
 	n := int(benchSize(b))
-	src, err := New(int64(n), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Free()
-	dst, err := New(int64(n), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dst.Free()
-	Synthesize(src.Bytes(), 4)
+	src, dst := benchArenas(b, n, 4)
 	ways := []chunkWay{
 		{"memcpy", func(dst, src []byte) uint64 { copy(dst, src); return 0 }},
 		{"copy1M+hashdst", func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }},
@@ -452,28 +457,18 @@ func interleave(b *testing.B, n int, ways []way) {
 // huge=within_size, as the node agent mounts the hot tier.
 func BenchmarkHotRestore(b *testing.B) {
 	path, n := benchFile(b)
-	src, err := New(int64(n), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer src.Free()
-	Synthesize(src.Bytes(), 3)
-	dst, err := New(int64(n), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer dst.Free()
+	src, dst := benchArenas(b, n, 3)
 	want := Sum(src.Bytes())
 	copyWay := func(f func(dst, src []byte) uint64) func() {
 		return func() { parallelChunks(dst.full[:n], src.full[:n], f) }
 	}
-	var st FillStats
 	interleave(b, n, []way{
 		{"memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 })},
 		{"copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) })},
 		{"verified-copy", copyWay(copyChunk)},
 		{"fill", func() {
-			if _, st, err = FillFile(dst, path, FileOptions{Expect: &want}); err != nil {
+			_, st, err := FillFile(dst, path, FileOptions{Expect: &want})
+			if err != nil {
 				b.Fatal(err)
 			}
 			if !st.Mapped {
