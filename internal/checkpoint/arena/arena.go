@@ -14,8 +14,9 @@
 // faulted in across sleeps, as an accelerator keeps its memory. FillFile
 // copies a file into an arena from several workers, out of a populated
 // mapping where the file is in huge pages and with pread(2) or O_DIRECT
-// otherwise, each worker hashing the 1 MiB chunk it just put in the arena,
-// so every restored byte is verified where it landed.
+// otherwise, each worker hashing every 1 MiB chunk it moves while the chunk
+// is in its core's cache (in the arena after a read, in the mapping after
+// a copy out of it), so every restored byte is verified as it lands.
 package arena
 
 import (

@@ -12,15 +12,15 @@ import (
 )
 
 // ChunkSize is the unit of the digest: every 1 MiB chunk of an artifact is
-// hashed on its own, right after it is copied, by whichever core copied it,
-// so the cores that copy also verify.
+// hashed on its own, as it is copied, by whichever core copies it, so the
+// cores that copy also verify.
 const ChunkSize = 1 << 20
 
 // Digest is the content hash of a weights artifact: XXH3-64 over the
 // little-endian XXH3-64 digests of its 1 MiB chunks, in order (the last
 // chunk may be shorter; an empty artifact has no chunks). Chunks hash in
-// parallel and right after their copy, so verification needs no separate
-// pass once the copy is done. XXH3 runs at about twice xxHash64's speed;
+// parallel and as they are copied, so verification needs no separate pass
+// once the copy is done. XXH3 runs at about twice xxHash64's speed;
 // it detects corruption, it is not a signature (the fetcher checks the
 // model's sha256 when it downloads it).
 type Digest uint64
@@ -76,6 +76,38 @@ func combine(sums []uint64) Digest {
 	return Digest(xxh3.Hash(b))
 }
 
+// copyChunk copies src, at most one chunk, into dst (as long) and returns
+// the chunk's digest, hashing src right after the copy read it. Go's copy
+// of 1 MiB writes dst with non-temporal stores, which leave nothing in the
+// cache, but its reads leave src there: the hash reads it from the cache,
+// so each byte crosses the memory bus once in and once out, as in a plain
+// copy. Hashing dst instead reads every byte from memory a second time (and
+// a copy with cached stores, which would leave dst in the cache, reads each
+// line of dst before writing it). What the hash reads is what the copy
+// read a moment before: a byte of the file that changes during the copy
+// makes the digest differ, as a byte that lands wrong does.
+func copyChunk(dst, src []byte) uint64 {
+	copy(dst, src)
+	return chunkSum(src)
+}
+
+// eachChunk calls f with every chunk of n bytes, its index and its bounds,
+// on DefaultWorkers goroutines taking interleaved chunks.
+func eachChunk(n int, f func(i, off, end int)) {
+	workers := max(1, min(DefaultWorkers(), chunks(n)))
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i*ChunkSize < n; i += workers {
+				f(i, i*ChunkSize, min((i+1)*ChunkSize, n))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // Sum hashes b, its chunks on DefaultWorkers cores.
 func Sum(b []byte) Digest {
 	sums := make([]uint64, chunks(len(b)))
@@ -85,18 +117,17 @@ func Sum(b []byte) Digest {
 		}
 		return combine(sums)
 	}
-	workers := min(DefaultWorkers(), len(sums))
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(sums); i += workers {
-				sums[i] = chunkSum(b[i*ChunkSize : min((i+1)*ChunkSize, len(b))])
-			}
-		}()
-	}
-	wg.Wait()
+	eachChunk(len(b), func(i, off, end int) { sums[i] = chunkSum(b[off:end]) })
+	return combine(sums)
+}
+
+// VerifiedCopy copies src into dst, which must be as long, on
+// DefaultWorkers cores taking interleaved chunks, each hashed on its way
+// as FillFile hashes the chunks it copies out of a mapped file, and
+// returns the digest of the bytes copied.
+func VerifiedCopy(dst, src []byte) Digest {
+	sums := make([]uint64, chunks(len(src)))
+	eachChunk(len(src), func(i, off, end int) { sums[i] = copyChunk(dst[off:end], src[off:end]) })
 	return combine(sums)
 }
 

@@ -163,10 +163,12 @@ func (r *fileReader) Close() {
 }
 
 // copyAt fills b from the mapping at off and returns how many bytes it
-// copied: fewer than len(b) where the file ends. A file truncated after it
-// was mapped faults on access to its missing pages (SIGBUS): the fault
-// becomes an error rather than a crash.
-func (r *fileReader) copyAt(b []byte, off int64) (n int, err error) {
+// copied: fewer than len(b) where the file ends. With sums, off is a
+// multiple of ChunkSize and each chunk is hashed as copyChunk does, its
+// digest in sums. A file truncated after it was mapped faults on access to
+// its missing pages (SIGBUS): the fault becomes an error rather than a
+// crash.
+func (r *fileReader) copyAt(b []byte, off int64, sums []uint64) (n int, err error) {
 	if off >= int64(len(r.mapped)) {
 		return 0, nil
 	}
@@ -176,15 +178,33 @@ func (r *fileReader) copyAt(b []byte, off int64) (n int, err error) {
 			n, err = 0, fmt.Errorf("the mapped file changed under the read at offset %d: %v", off, p)
 		}
 	}()
-	return copy(b, r.mapped[off:]), nil
+	src := r.mapped[off:]
+	src = src[:min(len(b), len(src))]
+	if sums == nil {
+		return copy(b, src), nil
+	}
+	for c := 0; c < len(src); c += ChunkSize {
+		e := min(c+ChunkSize, len(src))
+		sums[c/ChunkSize] = copyChunk(b[c:e], src[c:e])
+	}
+	return len(src), nil
 }
 
-// read fills b from off, out of the mapping if there is one.
-func (r *fileReader) read(b []byte, off int64) (int, error) {
+// read fills b from off, out of the mapping if there is one. With sums,
+// off is a multiple of ChunkSize and sums gets the digest of each chunk of
+// b, hashed while it is in the core's cache: in the mapping right after
+// its copy into b (copyChunk), or in b right after a read put it there.
+func (r *fileReader) read(b []byte, off int64, sums []uint64) (int, error) {
 	if r.mapped != nil {
-		return r.copyAt(b, off)
+		return r.copyAt(b, off, sums)
 	}
-	return r.readAt(b, off)
+	m, err := r.readAt(b, off)
+	if err == nil && sums != nil {
+		for c := 0; c < m; c += ChunkSize {
+			sums[c/ChunkSize] = chunkSum(b[c:min(c+ChunkSize, m)])
+		}
+	}
+	return m, err
 }
 
 // readAt fills b from off until b is full or the file ends. O_DIRECT needs
@@ -299,20 +319,17 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (d Digest, st 
 						return
 					}
 				}
-				m, err := r.read(buf[:end-off], int64(off))
+				var unitSums []uint64
+				if hash {
+					unitSums = sums[off/ChunkSize:]
+				}
+				m, err := r.read(buf[:end-off], int64(off), unitSums)
 				if err == nil && m < end-off {
 					err = fmt.Errorf("source ended after %d of %d bytes", off+m, n)
 				}
 				if err != nil {
 					fail(fmt.Errorf("reading %s: %w", path, err))
 					return
-				}
-				// The digest is of the bytes in the arena, read back
-				// right after they landed: what the engine will use.
-				if hash {
-					for c := off; c < end; c += ChunkSize {
-						sums[c/ChunkSize] = chunkSum(a.full[c:min(c+ChunkSize, end)])
-					}
 				}
 				if opts.Consume {
 					if err := unix.Fallocate(int(r.buffered.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(end-off)); err != nil {

@@ -95,6 +95,57 @@ func TestFillFileMappedDetectsMismatch(t *testing.T) {
 	}
 }
 
+// A byte changed in the middle of a chunk, or of the last, shorter chunk,
+// of the hot tier's file fails the wake: the mapped copy hashes every byte
+// it lands, and the digest it returns is of the bytes now in the arena.
+func TestFillFileMappedCatchesACorruptByteMidChunk(t *testing.T) {
+	n := int64(3*ChunkSize + ChunkSize/2 + 17)
+	for _, at := range []int64{ChunkSize + ChunkSize/2 + 3, 3*ChunkSize + ChunkSize/4 + 1} {
+		path, src := writeSynth(t, hugeTmpfs(t), n, 21)
+		want := Sum(src)
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte{src[at] ^ 0x01}, at); err != nil {
+			t.Fatal(err)
+		}
+		_ = f.Close()
+		corrupt := bytes.Clone(src)
+		corrupt[at] ^= 0x01
+		dst := synth(t, n, 22)
+		for _, workers := range []int{1, 2} {
+			_, st, err := FillFile(dst, path, FileOptions{Workers: workers, Remove: true, Expect: &want})
+			var mm *MismatchError
+			if !errors.As(err, &mm) || mm.Got != Sum(corrupt) {
+				t.Fatalf("byte %d, %d workers: err = %v, want a mismatch reporting the digest of the corrupted bytes", at, workers, err)
+			}
+			if !st.Mapped {
+				t.Errorf("byte %d: the huge-paged file was not mapped", at)
+			}
+			if !bytes.Equal(dst.Bytes(), corrupt) {
+				t.Errorf("byte %d: the arena does not hold the bytes that were hashed", at)
+			}
+			if _, err := os.Stat(path); err != nil {
+				t.Errorf("byte %d: a wake that failed verification removed the file: %v", at, err)
+			}
+		}
+	}
+}
+
+func TestVerifiedCopy(t *testing.T) {
+	for _, n := range []int64{0, 1, ChunkSize - 1, ChunkSize, 3*ChunkSize + 5} {
+		src := synth(t, n, 31)
+		dst := synth(t, n, 32)
+		if d := VerifiedCopy(dst.Bytes(), src.Bytes()); d != Sum(src.Bytes()) {
+			t.Errorf("n=%d: digest %s, want %s", n, d, Sum(src.Bytes()))
+		}
+		if !bytes.Equal(dst.Bytes(), src.Bytes()) {
+			t.Errorf("n=%d: the copy differs from its source", n)
+		}
+	}
+}
+
 func TestFillFileFallsBackToPreadWhenMappingFails(t *testing.T) {
 	orig := mapFile
 	mapFile = func(int, int) ([]byte, error) { return nil, unix.ENODEV }
@@ -134,10 +185,13 @@ func TestMappedReadOfFileTruncatedUnderIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, ChunkSize)
-	if _, err := r.read(buf, 3*ChunkSize); err == nil || !strings.Contains(err.Error(), "changed under the read") {
-		t.Fatalf("err = %v, want the fault reported", err)
+	// Both the plain copy (ReadFile) and the hashed one (FillFile).
+	for _, sums := range [][]uint64{nil, make([]uint64, 1)} {
+		if _, err := r.read(buf, 3*ChunkSize, sums); err == nil || !strings.Contains(err.Error(), "changed under the read") {
+			t.Fatalf("hashed %v: err = %v, want the fault reported", sums != nil, err)
+		}
 	}
-	if m, err := r.read(buf, 0); err != nil || m != ChunkSize {
+	if m, err := r.read(buf, 0, nil); err != nil || m != ChunkSize {
 		t.Fatalf("read of the part still there: %d %v", m, err)
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -25,12 +27,7 @@ func benchFile(b *testing.B) (string, int) {
 	if dir == "" {
 		dir = "/dev/shm"
 	}
-	n := Size(1 << 30)
-	if s := os.Getenv("MO_ARENA_BENCH_SIZE"); s != "" {
-		if err := n.Set(s); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := benchSize(b)
 	d, err := os.MkdirTemp(dir, "arena-bench-")
 	if err != nil {
 		b.Fatal(err)
@@ -47,6 +44,18 @@ func benchFile(b *testing.B) (string, int) {
 		b.Fatal(err)
 	}
 	return path, int(n)
+}
+
+// benchSize is MO_ARENA_BENCH_SIZE (default 1GiB).
+func benchSize(b *testing.B) Size {
+	b.Helper()
+	n := Size(1 << 30)
+	if s := os.Getenv("MO_ARENA_BENCH_SIZE"); s != "" {
+		if err := n.Set(s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return n
 }
 
 // restoreFunc restores chunk i of src (a mapping, or nil for pread from f)
@@ -287,4 +296,187 @@ func BenchmarkFillFile(b *testing.B) {
 			b.ReportMetric(map[bool]float64{false: 0, true: 1}[st.Mapped], "mapped")
 		})
 	}
+}
+
+// chunkWay copies one chunk of src into dst and returns its chunk digest.
+type chunkWay struct {
+	name string
+	f    func(dst, src []byte) uint64
+}
+
+func fusedDst(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("copy%dK+hashdst", sub>>10), func(dst, src []byte) uint64 {
+		h := xxh3.New()
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			copy(dst[o:e], src[o:e])
+			_, _ = h.Write(dst[o:e])
+		}
+		return h.Sum64()
+	}}
+}
+
+// cachedCopy copies the chunk in sub-blocks under 1 MiB, which Go copies
+// with cached stores, then hashes the whole chunk in one call while it is
+// in the cache.
+func cachedCopy(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("copy%dK+hash1Mdst", sub>>10), func(dst, src []byte) uint64 {
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			copy(dst[o:e], src[o:e])
+		}
+		return chunkSum(dst)
+	}}
+}
+
+func fusedSrc(sub int) chunkWay {
+	return chunkWay{fmt.Sprintf("hashsrc%dK+copy", sub>>10), func(dst, src []byte) uint64 {
+		h := xxh3.New()
+		for o := 0; o < len(src); o += sub {
+			e := min(o+sub, len(src))
+			_, _ = h.Write(src[o:e])
+			copy(dst[o:e], src[o:e])
+		}
+		return h.Sum64()
+	}}
+}
+
+// benchArenas maps two pre-faulted n-byte arenas for the length of the
+// benchmark, the first holding Synthesize(seed).
+func benchArenas(b *testing.B, n int, seed uint64) (src, dst *Arena) {
+	b.Helper()
+	for _, a := range []**Arena{&src, &dst} {
+		var err error
+		if *a, err = New(int64(n), Options{}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup((*a).Free)
+	}
+	Synthesize(src.Bytes(), seed)
+	return src, dst
+}
+
+// BenchmarkVerifiedCopy copies between two pre-faulted arenas in 1 MiB
+// chunks on DefaultWorkers goroutines, each way of verifying the chunk,
+// next to the plain copy it is measured against: hash the destination
+// after a 1 MiB (non-temporal) copy, hash the source before or after
+// (copyChunk, what FillFile does) the copy, copy in sub-blocks (cached
+// stores) and hash the chunk in one call, and the streaming hash fed each
+// sub-block right after its copy (destination) or right before it
+// (source). Build the
+// test binary and run it several times with -test.count 1, so the ways
+// interleave:
+//
+//	go test -c -o /tmp/arena.test ./internal/checkpoint/arena
+//	for i in 1 2 3 4 5; do /tmp/arena.test -test.run '^$' -test.bench VerifiedCopy -test.benchtime 4x; done
+func BenchmarkVerifiedCopy(b *testing.B) {
+	n := int(benchSize(b))
+	src, dst := benchArenas(b, n, 4)
+	ways := []chunkWay{
+		{"memcpy", func(dst, src []byte) uint64 { copy(dst, src); return 0 }},
+		{"copy1M+hashdst", func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }},
+		{"hashsrc1M+copy1M", func(dst, src []byte) uint64 { s := chunkSum(src); copy(dst, src); return s }},
+		{"copy1M+hashsrc", copyChunk},
+		cachedCopy(512 << 10),
+		fusedDst(16 << 10), fusedDst(64 << 10), fusedSrc(64 << 10),
+	}
+	runs := make([]way, len(ways))
+	for i, w := range ways {
+		runs[i] = way{w.name, func() { parallelChunks(dst.full[:n], src.full[:n], w.f) }}
+	}
+	interleave(b, n, runs)
+}
+
+// parallelChunks runs f on every chunk of dst and src, DefaultWorkers
+// goroutines taking interleaved chunks, as FillFile's workers do.
+func parallelChunks(dst, src []byte, f func(dst, src []byte) uint64) {
+	workers := DefaultWorkers()
+	var wg sync.WaitGroup
+	for k := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for off := k * ChunkSize; off < len(src); off += workers * ChunkSize {
+				end := min(off+ChunkSize, len(src))
+				_ = f(dst[off:end], src[off:end])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// way is one thing a benchmark round does.
+type way struct {
+	name string
+	run  func()
+}
+
+// interleave runs every way once per round, starting one way later each
+// round, so that the machine's load, which moves from second to second on
+// a shared machine, weighs on all of them alike. For each way it reports
+// the median over rounds of the first way's time ÷ its time in the same
+// round (its bandwidth as a share of the first way's) and its median
+// bandwidth in GB/s.
+func interleave(b *testing.B, n int, ways []way) {
+	b.Helper()
+	secs := make([][]float64, len(ways))
+	round := 0
+	for b.Loop() {
+		for k := range ways {
+			i := (round + k) % len(ways)
+			t := time.Now()
+			ways[i].run()
+			secs[i] = append(secs[i], time.Since(t).Seconds())
+		}
+		round++
+	}
+	median := func(v []float64) float64 {
+		v = slices.Clone(v)
+		slices.Sort(v)
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	for i, w := range ways {
+		share := make([]float64, len(secs[i]))
+		for r := range share {
+			share[r] = secs[0][r] / secs[i][r]
+		}
+		b.ReportMetric(median(share), w.name+"/"+ways[0].name)
+		b.ReportMetric(float64(n)/median(secs[i])/1e9, w.name+"-GB/s")
+	}
+}
+
+// BenchmarkHotRestore is the hot tier's wake next to what bounds it, in one
+// run: memcpy between two pre-faulted arenas (1 MiB chunks, DefaultWorkers
+// goroutines), a copy hashing each chunk in the destination after it, the
+// verified copy FillFile's mapped path does (copyChunk), between the same
+// arenas, and FillFile itself from the tier file into the
+// destination arena, mapped. Point MO_ARENA_BENCH_DIR at a tmpfs mounted
+// with huge=within_size, as the node agent mounts the hot tier.
+func BenchmarkHotRestore(b *testing.B) {
+	path, n := benchFile(b)
+	src, dst := benchArenas(b, n, 3)
+	want := Sum(src.Bytes())
+	copyWay := func(f func(dst, src []byte) uint64) func() {
+		return func() { parallelChunks(dst.full[:n], src.full[:n], f) }
+	}
+	interleave(b, n, []way{
+		{"memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 })},
+		{"copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) })},
+		{"verified-copy", copyWay(copyChunk)},
+		{"fill", func() {
+			// ReadAuto maps a file in huge pages; ReadMapped maps any,
+			// so a tmpfs without huge= measures the mapping in 4 KiB
+			// pages.
+			_, st, err := FillFile(dst, path, FileOptions{Method: ReadMapped, Expect: &want})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !st.Mapped {
+				b.Fatal("the tier file could not be mapped")
+			}
+		}},
+	})
 }
