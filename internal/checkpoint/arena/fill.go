@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -144,6 +145,54 @@ func CopyHash(dst io.Writer, src io.Reader) (Digest, int64, error) {
 // onlyReader hides WriterTo/ReaderFrom so CopyBuffer uses the buffer.
 type onlyReader struct{ io.Reader }
 
+// writeHuge writes b into the empty file f through a shared mapping when f
+// is on a tmpfs and b holds at least one huge page, and reports whether it
+// did. A write() into a tmpfs allocates its pages without a mapping, so
+// with the kernel's usual defrag=madvise it never compacts memory, and in
+// fragmented memory most of a large file falls back to 4 KiB pages, which
+// a restore then copies out of at a fraction of the speed. Pages faulted
+// in through a mapping advised MADV_HUGEPAGE may compact. The mapping is
+// populated for writing (MADV_POPULATE_WRITE) before the copy, so a full
+// tmpfs is an error, not a SIGBUS. Without MADV_POPULATE_WRITE (kernels
+// before 5.14) it leaves the write to the caller.
+func writeHuge(f *os.File, b []byte) (bool, error) {
+	var st unix.Statfs_t
+	if len(b) < hugeBlock || unix.Fstatfs(int(f.Fd()), &st) != nil || st.Type != unix.TMPFS_MAGIC {
+		return false, nil
+	}
+	if err := f.Truncate(int64(len(b))); err != nil {
+		return true, err
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, len(b), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return false, nil // the caller writes over the sized file
+	}
+	defer func() { _ = unix.Munmap(m) }()
+	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
+	if err := unix.Madvise(m, unix.MADV_POPULATE_WRITE); err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return false, nil
+		}
+		return true, fmt.Errorf("reserving %d bytes in the tmpfs (full, or out of memory): %w", len(b), err)
+	}
+	return true, copyIntoMapping(m, b)
+}
+
+// copyIntoMapping copies b into the populated mapping m; a page taken away
+// meanwhile (the file truncated by someone else) is an error, not a crash.
+func copyIntoMapping(m, b []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the file changed under the write: %v", p)
+		}
+	}()
+	for off := 0; off < len(b); off += ChunkSize {
+		copy(m[off:min(off+ChunkSize, len(b))], b[off:])
+	}
+	return nil
+}
+
 // WriteFile writes b to path atomically (a temporary file in the same
 // directory, renamed into place) with mode 0600. With sync it fsyncs the file
 // and the directory, for tiers that must survive a crash of the node.
@@ -162,12 +211,18 @@ func WriteFile(path string, b []byte, sync bool) (err error) {
 	if err := f.Chmod(0o600); err != nil {
 		return fmt.Errorf("chmod %s: %w", f.Name(), err)
 	}
-	if len(b) > 0 {
-		_ = unix.Fallocate(int(f.Fd()), 0, 0, int64(len(b))) // best effort: fail early on a full disk
+	mapped, err := writeHuge(f, b)
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	for off := 0; off < len(b); off += BlockSize {
-		if _, err := f.Write(b[off:min(off+BlockSize, len(b))]); err != nil {
-			return fmt.Errorf("writing %s: %w", path, err)
+	if !mapped {
+		if len(b) > 0 {
+			_ = unix.Fallocate(int(f.Fd()), 0, 0, int64(len(b))) // best effort: fail early on a full disk
+		}
+		for off := 0; off < len(b); off += BlockSize {
+			if _, err := f.Write(b[off:min(off+BlockSize, len(b))]); err != nil {
+				return fmt.Errorf("writing %s: %w", path, err)
+			}
 		}
 	}
 	if sync {

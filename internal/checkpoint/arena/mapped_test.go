@@ -220,3 +220,40 @@ func TestFillFileConsumesMappedHugePagedFile(t *testing.T) {
 		t.Errorf("the consumed file still holds %d of %d bytes", fst.Blocks*512, n)
 	}
 }
+
+// TestWriteFileIntoATmpfs writes a tier file of several huge pages into a
+// huge-page tmpfs (through the mapping writeHuge advises) and reads the
+// same bytes back; a file larger than the tmpfs is an error naming the
+// full tmpfs, and leaves nothing behind.
+func TestWriteFileIntoATmpfs(t *testing.T) {
+	dir := hugeTmpfs(t) // 64 MiB
+	src := synth(t, 5*hugeBlock+123, 31)
+	path := filepath.Join(dir, "weights")
+	if err := WriteFile(path, src.Bytes(), false); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, src.Bytes()) {
+		t.Fatal("the file read back differs from the bytes written")
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", fi.Mode().Perm())
+	}
+
+	big := synth(t, 80<<20, 32)
+	err = WriteFile(filepath.Join(dir, "too-big"), big.Bytes(), false)
+	if err == nil || !strings.Contains(err.Error(), "full, or out of memory") {
+		t.Fatalf("writing 80 MiB into a 64 MiB tmpfs: %v; want an error saying the tmpfs is full", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Errorf("after the failed write the tmpfs holds %d entries, want only the first file", len(entries))
+	}
+}
