@@ -204,13 +204,13 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		// tens of milliseconds) before the StatefulSet counts it, and the
 		// StatefulSet counts a terminating pod that is still Ready
 		// (fence.go).
-		o.roots = servingRoots(root, o.specReplicas, c.appPods(a), c.podServes)
+		pods := c.appPods(a)
+		o.roots = servingRoots(root, o.specReplicas, pods, c.podServes)
 		o.serving = int32(len(o.roots))
 		if len(a.WorkerStatefulSets) > 0 {
 			// Counted from the pods too, and by the same rule as a root
 			// (Ready, or answering its probes before the kubelet says
 			// so): a worker's readiness probe asks every 10 s.
-			pods := c.appPods(a)
 			groups := int32(0)
 			for i := int32(0); i < o.specReplicas && int(i) < len(a.WorkerStatefulSets); i++ {
 				if servingWorkers(a.WorkerStatefulSets[i], pods, c.podServes) >= a.WorkersPerReplica {

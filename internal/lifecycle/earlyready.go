@@ -273,13 +273,7 @@ func (e *earlyReady) start(ctx context.Context) {
 
 // serves reports whether p serves by an early answer.
 func (e *earlyReady) serves(p *corev1.Pod) bool {
-	if e == nil {
-		return false
-	}
-	e.mu.Lock()
-	a, ok := e.answers[p.UID]
-	e.mu.Unlock()
-	return ok && a.stands(p, e.now())
+	return e != nil && !e.answeredAt(p).IsZero()
 }
 
 // answeredAt is when p's probes all passed, while that answer stands;
