@@ -706,8 +706,12 @@ func (c *Controller) persist(ctx context.Context, a *appState, force bool) error
 	}
 	var errs []error
 	if kv := c.bucket(); kv != nil {
+		v, err := encodeState(a.status)
+		if err != nil {
+			return err
+		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := kv.Put(pctx, a.Name, b)
+		_, err = kv.Put(pctx, a.Name, v)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("publishing state to bucket: %w", err))
@@ -742,8 +746,8 @@ func (c *Controller) readBucket(ctx context.Context, app string) (v1alpha1.Lifec
 	if err != nil {
 		return v1alpha1.LifecycleStatus{}, false
 	}
-	var st v1alpha1.LifecycleStatus
-	if json.Unmarshal(e.Value(), &st) != nil {
+	st, err := decodeState(e.Value())
+	if err != nil {
 		return v1alpha1.LifecycleStatus{}, false
 	}
 	return st, true

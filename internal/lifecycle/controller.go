@@ -509,10 +509,9 @@ type firstAnswer struct {
 // waitedForWake tells whether the request of a first answer waited for the
 // wake of st (a cold request) rather than finding the application awake.
 // A request stored before the wake's root joined this dispatcher's pool,
-// or before the application turned Awake, waited. The state's times are
-// whole seconds, too coarse to tell alone within the second of the wake,
-// so an answer that went out before this dispatcher heard of the wake
-// (late) counts as one that waited: a warm request never gets there, as
+// or before the application turned Awake (the bucket gives that moment to
+// the nanosecond), waited. So does one whose answer went out before this
+// dispatcher heard of the wake (late): a warm request never gets there, as
 // the state of an awake application is known.
 func waitedForWake(st v1alpha1.LifecycleStatus, t firstAnswer) bool {
 	return t.late || st.State != v1alpha1.LifecycleAwake ||

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -10,7 +11,7 @@ import (
 )
 
 func TestWaitedForWake(t *testing.T) {
-	awakeAt := time.Date(2026, 11, 26, 12, 0, 10, 0, time.UTC) // whole seconds, as in the bucket
+	awakeAt := time.Date(2026, 11, 26, 12, 0, 10, 450e6, time.UTC) // to the nanosecond, as in the bucket
 	awake := v1alpha1.LifecycleStatus{State: v1alpha1.LifecycleAwake, Since: &metav1.Time{Time: awakeAt}}
 	waking := v1alpha1.LifecycleStatus{State: v1alpha1.LifecycleWaking}
 	at := func(d time.Duration) time.Time { return awakeAt.Add(d) }
@@ -21,20 +22,60 @@ func TestWaitedForWake(t *testing.T) {
 		want bool
 	}{
 		{"still waking", waking, firstAnswer{stored: at(-time.Second)}, true},
-		{"stored before the second it turned awake", awake, firstAnswer{stored: at(-300 * time.Millisecond)}, true},
+		{"stored 300 ms before it turned awake", awake, firstAnswer{stored: at(-300 * time.Millisecond)}, true},
+		// The root never left the pool (an engine that slept in its pod):
+		// the moment it turned awake tells, within its second too.
+		{"stored 20 ms before it turned awake, root kept, state known in time", awake, firstAnswer{stored: at(-20 * time.Millisecond)}, true},
+		{"stored 20 ms after it turned awake, root kept: warm", awake, firstAnswer{stored: at(20 * time.Millisecond)}, false},
 		{"stored before the root joined the pool", awake, firstAnswer{stored: at(400 * time.Millisecond), rootsSince: at(500 * time.Millisecond)}, true},
 		{"stored after the root joined, awake: warm", awake, firstAnswer{stored: at(600 * time.Millisecond), rootsSince: at(500 * time.Millisecond)}, false},
-		// Within the wake's second, with a root that never left the pool,
-		// only the order of events tells: the answer went out before this
-		// dispatcher heard of the wake, which an awake application's
-		// warm request never does.
-		{"same second, root kept, heard of the wake late", awake, firstAnswer{stored: at(400 * time.Millisecond), late: true}, true},
-		{"same second, root kept, state known in time", awake, firstAnswer{stored: at(400 * time.Millisecond)}, false},
+		// The answer went out before this dispatcher heard of the wake,
+		// which an awake application's warm request never does.
+		{"heard of the wake late", awake, firstAnswer{stored: at(20 * time.Millisecond), late: true}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := waitedForWake(tc.st, tc.t); got != tc.want {
 				t.Errorf("waitedForWake = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTheBucketKeepsTheStatesMomentsToTheNanosecond: the status's JSON
+// times are whole seconds; a bucket value carries since and the wake's
+// start exactly, and a value without them (an older leader) reads as whole
+// seconds.
+func TestTheBucketKeepsTheStatesMomentsToTheNanosecond(t *testing.T) {
+	since := time.Date(2026, 11, 26, 12, 0, 10, 987654321, time.UTC)
+	start := since.Add(-40 * time.Millisecond)
+	st := v1alpha1.LifecycleStatus{
+		State: v1alpha1.LifecycleAwake, Since: &metav1.Time{Time: since},
+		LastWake: &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: start}, Trigger: "request"},
+	}
+	b, err := encodeState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Since.Time.Equal(since) || !got.LastWake.StartTime.Time.Equal(start) || got.State != st.State || got.LastWake.Trigger != "request" {
+		t.Errorf("decoded since %v, wake start %v, state %s; want %v, %v, Awake", got.Since, got.LastWake.StartTime, got.State, since, start)
+	}
+
+	old, err := json.Marshal(st) // what a leader without the exact moments wrote
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err = decodeState(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Since.Time.Equal(since.Truncate(time.Second)) || !got.LastWake.StartTime.Time.Equal(start.Truncate(time.Second)) {
+		t.Errorf("an older value decoded to since %v, wake start %v; want whole seconds", got.Since, got.LastWake.StartTime)
+	}
+	if _, err := decodeState([]byte("{")); err == nil {
+		t.Error("a malformed value decoded without an error")
 	}
 }

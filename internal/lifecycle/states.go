@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/natsqueue"
@@ -18,7 +19,7 @@ import (
 
 // Bucket is the JetStream key-value bucket holding the lifecycle state of
 // each application of an orchestra (key: the application name, value: a
-// v1alpha1.LifecycleStatus as JSON). Only the lifecycle leader writes it.
+// bucketValue as JSON). Only the lifecycle leader writes it.
 func Bucket(orchestra string) string {
 	return natsqueue.Names{Orchestra: orchestra}.Stream() + "_LIFECYCLE"
 }
@@ -32,6 +33,52 @@ const AnnotationStatus = "modelorchestra.io/lifecycle"
 // holding the v1alpha1.LifecycleStatus of app, one of the group's
 // applications (they share the StatefulSet).
 func SeatAnnotationStatus(app string) string { return AnnotationStatus + "." + app }
+
+// bucketValue is a value of the lifecycle bucket: the application's
+// v1alpha1.LifecycleStatus, and its since and lastWake.startTime to the
+// nanosecond. The status's JSON times are whole seconds, too coarse for a
+// dispatcher to tell a request stored just before the application turned
+// Awake (one that waited for the wake) from one stored just after.
+type bucketValue struct {
+	v1alpha1.LifecycleStatus
+	SinceNano     int64 `json:"sinceUnixNano,omitempty"`
+	WakeStartNano int64 `json:"wakeStartUnixNano,omitempty"`
+}
+
+// encodeState is st as a bucket value.
+func encodeState(st v1alpha1.LifecycleStatus) ([]byte, error) {
+	v := bucketValue{LifecycleStatus: st}
+	if st.Since != nil {
+		v.SinceNano = st.Since.UnixNano()
+	}
+	if st.LastWake != nil && st.LastWake.StartTime != nil {
+		v.WakeStartNano = st.LastWake.StartTime.UnixNano()
+	}
+	return json.Marshal(v)
+}
+
+// decodeState reads a bucket value, with its times to the nanosecond when
+// the writer gave them (a value of an older writer has whole seconds).
+func decodeState(b []byte) (v1alpha1.LifecycleStatus, error) {
+	var v bucketValue
+	if err := json.Unmarshal(b, &v); err != nil {
+		return v1alpha1.LifecycleStatus{}, err
+	}
+	st := v.LifecycleStatus
+	precise := func(t *metav1.Time, nano int64) *metav1.Time {
+		if t == nil || nano == 0 || time.Unix(0, nano).Unix() != t.Unix() {
+			return t // a value that does not name the same second is not this time
+		}
+		return &metav1.Time{Time: time.Unix(0, nano)}
+	}
+	st.Since = precise(st.Since, v.SinceNano)
+	if st.LastWake != nil {
+		lw := *st.LastWake
+		lw.StartTime = precise(lw.StartTime, v.WakeStartNano)
+		st.LastWake = &lw
+	}
+	return st, nil
+}
 
 // States follows the lifecycle state of every application of an orchestra
 // from its bucket. Gateways use it to tell a request that waits for a wake
@@ -137,8 +184,8 @@ func (s *States) watch(ctx context.Context, js jetstream.JetStream, orchestra st
 				s.remove(e.Key())
 				continue
 			}
-			var st v1alpha1.LifecycleStatus
-			if err := json.Unmarshal(e.Value(), &st); err != nil {
+			st, err := decodeState(e.Value())
+			if err != nil {
 				continue
 			}
 			s.set(e.Key(), st)
