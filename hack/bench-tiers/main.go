@@ -62,9 +62,11 @@ type row struct {
 	// out of a populated mapping.
 	tmpfs, tmpfsPread, tmpfsMapped checkpoint.Bandwidth
 	disk, disk1, disk2             checkpoint.Bandwidth
-	// warmRaw is an O_DIRECT read of the warm copy itself, right before
-	// the warm wake: the shared disk's bandwidth moves by 3× from one
-	// minute to the next, so the ratio compares neighbours.
+	// warmRaw is the O_DIRECT read of the warm copy itself, right before
+	// and right after the warm wake (both reads as one): the shared
+	// disk's bandwidth moves by 3× from one minute to the next, so the
+	// ratio compares the wake with reads that bracket it. warmRaw1 is
+	// one reader, warmRaw2 the restore's readers; warmRaw the faster.
 	warmRaw, warmRaw1, warmRaw2 checkpoint.Bandwidth
 	hot, warm, cold             *sim.StageReport
 	// hotKernel is the hot wake of a simulator whose sleep returns the
@@ -388,13 +390,10 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	if r.warmRaw1, err = checkpoint.MeasureReadFile("warm raw", warm, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
+	before1, before2, err := rawReads(warm)
+	if err != nil {
 		return err
 	}
-	if r.warmRaw2, err = checkpoint.MeasureReadFile("warm raw", warm, arena.FileOptions{Direct: true}); err != nil {
-		return err
-	}
-	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
 	_ = checkpoint.DropCache(warm)
 	time.Sleep(asleep)
 	if r.warm, err = wake(srv.URL); err != nil {
@@ -403,6 +402,12 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
+	after1, after2, err := rawReads(warm)
+	if err != nil {
+		return err
+	}
+	r.warmRaw1, r.warmRaw2 = together(before1, after1), together(before2, after2)
+	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
 
 	// Cold: level 2, no copy in hot or warm: the model file.
 	if err := os.Remove(warm); err != nil {
@@ -576,7 +581,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each hashing (XXH3) the chunk it just copied while the copy left it in the cache; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
@@ -647,4 +652,25 @@ func updateDocs(path, table string) error {
 	}
 	s = s[:i+len(startMarker)] + "\n" + table + s[j:]
 	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// rawReads reads the file at path with O_DIRECT, without hashing, with one
+// reader and with the restore's readers.
+func rawReads(path string) (one, restore checkpoint.Bandwidth, err error) {
+	if one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
+		return one, restore, err
+	}
+	restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
+	return one, restore, err
+}
+
+// together is two reads of the same method as one: their bytes over their
+// seconds.
+func together(a, b checkpoint.Bandwidth) checkpoint.Bandwidth {
+	out := a
+	out.Bytes, out.Seconds = a.Bytes+b.Bytes, a.Seconds+b.Seconds
+	if out.Seconds > 0 {
+		out.BytesPerSecond = float64(out.Bytes) / out.Seconds
+	}
+	return out
 }
