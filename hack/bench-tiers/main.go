@@ -53,9 +53,9 @@ type row struct {
 	// restore's workers); disk likewise for O_DIRECT reads.
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
 	// hashedCopy is the hot restore's verified copy between two
-	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied,
-	// then hashed with XXH3 while the copy left it in the cache): the most
-	// a verified restore can do from a source as fast as memory.
+	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied and
+	// hashed with XXH3 in one pass): the most a verified restore can do
+	// from a source as fast as memory.
 	hashedCopy checkpoint.Bandwidth
 	fresh, s3  checkpoint.Bandwidth
 	// tmpfs is the peak of the tier's two raw reads: pread, and a copy
@@ -582,7 +582,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
 	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
-	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each hashing (XXH3) the chunk it just copied while the copy left it in the cache; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -612,7 +612,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Verified copy, the hot restore's copy and hash between pre-faulted buffers (each 1 MiB chunk copied, then hashed with XXH3 while the copy left it in the cache, 2 threads), the most a restore that hashes every byte it lands can do from a source as fast as memory, and the hot restore as a share of it: ")
+	b.WriteString("Verified copy, the hot restore's copy and hash between pre-faulted buffers (each 1 MiB chunk copied and hashed with XXH3 in one pass, 2 threads), the most a restore that hashes every byte it lands can do from a source as fast as memory, and the hot restore as a share of it: ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {

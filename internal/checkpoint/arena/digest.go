@@ -76,17 +76,17 @@ func combine(sums []uint64) Digest {
 	return Digest(xxh3.Hash(b))
 }
 
-// copyChunk copies src, at most one chunk, into dst (as long) and returns
-// the chunk's digest, hashing src right after the copy read it. Go's copy
-// of 1 MiB writes dst with non-temporal stores, which leave nothing in the
-// cache, but its reads leave src there: the hash reads it from the cache,
-// so each byte crosses the memory bus once in and once out, as in a plain
-// copy. Hashing dst instead reads every byte from memory a second time (and
-// a copy with cached stores, which would leave dst in the cache, reads each
-// line of dst before writing it). What the hash reads is what the copy
-// read a moment before: a byte of the file that changes during the copy
-// makes the digest differ, as a byte that lands wrong does.
-func copyChunk(dst, src []byte) uint64 {
+// copyThenHash copies src into dst (as long) and returns xxh3.Hash(src),
+// hashing src right after the copy read it: the way copyChunk takes where
+// the fused pass is not available (no AVX2, not amd64, or the purego build
+// tag) and for inputs too short for it. Go's copy of 1 MiB writes dst with
+// non-temporal stores, which leave nothing in the cache, but its reads
+// leave src there: the hash reads it from the cache, so each byte crosses
+// the memory bus once in and once out, as in a plain copy. Hashing dst
+// instead reads every byte from memory a second time. What the hash reads
+// is what the copy read a moment before: a byte of the file that changes
+// during the copy makes the digest differ, as a byte that lands wrong does.
+func copyThenHash(dst, src []byte) uint64 {
 	copy(dst, src)
 	return chunkSum(src)
 }

@@ -193,8 +193,9 @@ func (r *fileReader) copyAt(b []byte, off int64, sums []uint64) (n int, err erro
 
 // read fills b from off, out of the mapping if there is one. With sums,
 // off is a multiple of ChunkSize and sums gets the digest of each chunk of
-// b, hashed while it is in the core's cache: in the mapping right after
-// its copy into b (copyChunk), or in b right after a read put it there.
+// b, hashed while it is in the core's registers or cache: as it is copied
+// out of the mapping into b (copyChunk), or in b right after a read put it
+// there.
 func (r *fileReader) read(b []byte, off int64, sums []uint64) (int, error) {
 	if r.mapped != nil {
 		return r.copyAt(b, off, sums)

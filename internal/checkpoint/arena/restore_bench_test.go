@@ -360,7 +360,8 @@ func benchArenas(b *testing.B, n int, seed uint64) (src, dst *Arena) {
 // chunks on DefaultWorkers goroutines, each way of verifying the chunk,
 // next to the plain copy it is measured against: hash the destination
 // after a 1 MiB (non-temporal) copy, hash the source before or after
-// (copyChunk, what FillFile does) the copy, copy in sub-blocks (cached
+// the copy (copyThenHash), the copy fused with the hash (copyChunk, what
+// FillFile does where it can), copy in sub-blocks (cached
 // stores) and hash the chunk in one call, and the streaming hash fed each
 // sub-block right after its copy (destination) or right before it
 // (source). Build the
@@ -376,7 +377,8 @@ func BenchmarkVerifiedCopy(b *testing.B) {
 		{"memcpy", func(dst, src []byte) uint64 { copy(dst, src); return 0 }},
 		{"copy1M+hashdst", func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) }},
 		{"hashsrc1M+copy1M", func(dst, src []byte) uint64 { s := chunkSum(src); copy(dst, src); return s }},
-		{"copy1M+hashsrc", copyChunk},
+		{"copy1M+hashsrc", copyThenHash},
+		{"fused", copyChunk},
 		cachedCopy(512 << 10),
 		fusedDst(16 << 10), fusedDst(64 << 10), fusedSrc(64 << 10),
 	}
@@ -385,6 +387,30 @@ func BenchmarkVerifiedCopy(b *testing.B) {
 		runs[i] = way{w.name, func() { parallelChunks(dst.full[:n], src.full[:n], w.f) }}
 	}
 	interleave(b, n, runs)
+}
+
+// BenchmarkFusedCopyHash copies 256 MiB between two pre-faulted arenas in
+// 1 MiB chunks on one goroutine: the plain copy, the copy then the hash of
+// the source (copyThenHash) and the copy fused with the hash (copyChunk),
+// interleaved; the shares are of the plain copy's bandwidth.
+//
+//	go test ./internal/checkpoint/arena -run '^$' -bench FusedCopyHash -benchtime 20x
+func BenchmarkFusedCopyHash(b *testing.B) {
+	const n = 256 << 20
+	src, dst := benchArenas(b, n, 5)
+	chunked := func(f func(dst, src []byte) uint64) func() {
+		return func() {
+			for off := 0; off < n; off += ChunkSize {
+				_ = f(dst.full[off:off+ChunkSize], src.full[off:off+ChunkSize])
+			}
+		}
+	}
+	b.Logf("fused copy and hash: %v", fusedAvailable())
+	interleave(b, n, []way{
+		{"memcpy", chunked(func(dst, src []byte) uint64 { copy(dst, src); return 0 })},
+		{"copy-then-hash", chunked(copyThenHash)},
+		{"fused", chunked(copyChunk)},
+	})
 }
 
 // parallelChunks runs f on every chunk of dst and src, DefaultWorkers
@@ -451,8 +477,9 @@ func interleave(b *testing.B, n int, ways []way) {
 // BenchmarkHotRestore is the hot tier's wake next to what bounds it, in one
 // run: memcpy between two pre-faulted arenas (1 MiB chunks, DefaultWorkers
 // goroutines), a copy hashing each chunk in the destination after it, the
-// verified copy FillFile's mapped path does (copyChunk), between the same
-// arenas, and FillFile itself from the tier file into the
+// copy then the hash of the source (copyThenHash), the verified copy
+// FillFile's mapped path does (copyChunk, fused where it can be), between
+// the same arenas, and FillFile itself from the tier file into the
 // destination arena, mapped. Point MO_ARENA_BENCH_DIR at a tmpfs mounted
 // with huge=within_size, as the node agent mounts the hot tier.
 func BenchmarkHotRestore(b *testing.B) {
@@ -465,6 +492,7 @@ func BenchmarkHotRestore(b *testing.B) {
 	interleave(b, n, []way{
 		{"memcpy", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return 0 })},
 		{"copy+hashdst", copyWay(func(dst, src []byte) uint64 { copy(dst, src); return chunkSum(dst) })},
+		{"copy+hashsrc", copyWay(copyThenHash)},
 		{"verified-copy", copyWay(copyChunk)},
 		{"fill", func() {
 			// ReadAuto maps a file in huge pages; ReadMapped maps any,
