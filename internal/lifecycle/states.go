@@ -73,9 +73,7 @@ func decodeState(b []byte) (v1alpha1.LifecycleStatus, error) {
 	}
 	st.Since = precise(st.Since, v.SinceNano)
 	if st.LastWake != nil {
-		lw := *st.LastWake
-		lw.StartTime = precise(lw.StartTime, v.WakeStartNano)
-		st.LastWake = &lw
+		st.LastWake.StartTime = precise(st.LastWake.StartTime, v.WakeStartNano)
 	}
 	return st, nil
 }

@@ -15,8 +15,9 @@
 // copies a file into an arena from several workers, out of a populated
 // mapping where the file is in huge pages and with pread(2) or O_DIRECT
 // otherwise, each worker hashing every 1 MiB chunk it moves while the chunk
-// is in its core's cache (in the arena after a read, in the mapping after
-// a copy out of it), so every restored byte is verified as it lands.
+// is in its core (in the arena's cache lines after a read, in registers as
+// it copies out of the mapping), so every restored byte is verified as it
+// lands.
 package arena
 
 import (

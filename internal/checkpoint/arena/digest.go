@@ -85,16 +85,24 @@ func combine(sums []uint64) Digest {
 // the memory bus once in and once out, as in a plain copy. Hashing dst
 // instead reads every byte from memory a second time. What the hash reads
 // is what the copy read a moment before: a byte of the file that changes
-// during the copy makes the digest differ, as a byte that lands wrong does.
+// during the copy makes the digest differ; a byte corrupted on its way into
+// dst does not.
 func copyThenHash(dst, src []byte) uint64 {
 	copy(dst, src)
 	return chunkSum(src)
 }
 
 // eachChunk calls f with every chunk of n bytes, its index and its bounds,
-// on DefaultWorkers goroutines taking interleaved chunks.
+// on DefaultWorkers goroutines taking interleaved chunks; on the caller's
+// goroutine when there is one chunk or one worker.
 func eachChunk(n int, f func(i, off, end int)) {
 	workers := max(1, min(DefaultWorkers(), chunks(n)))
+	if workers == 1 {
+		for i := 0; i*ChunkSize < n; i++ {
+			f(i, i*ChunkSize, min((i+1)*ChunkSize, n))
+		}
+		return
+	}
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
@@ -111,12 +119,6 @@ func eachChunk(n int, f func(i, off, end int)) {
 // Sum hashes b, its chunks on DefaultWorkers cores.
 func Sum(b []byte) Digest {
 	sums := make([]uint64, chunks(len(b)))
-	if len(sums) <= 1 {
-		for i := range sums {
-			sums[i] = chunkSum(b)
-		}
-		return combine(sums)
-	}
 	eachChunk(len(b), func(i, off, end int) { sums[i] = chunkSum(b[off:end]) })
 	return combine(sums)
 }

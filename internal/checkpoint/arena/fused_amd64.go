@@ -20,8 +20,8 @@ var fused = cpu.X86.HasAVX2
 // to dst and hashes the same registers, so the hash costs no second read
 // and the copy runs as close to a plain copy's bandwidth as the hash's
 // arithmetic lets it. What is hashed is exactly what was stored: a byte of
-// the file that changes during the copy makes the digest differ, as a byte
-// that lands wrong does. Inputs too short for XXH3's stripe loop (240
+// the file that changes during the copy makes the digest differ; a byte
+// corrupted between the registers and memory does not. Inputs too short for XXH3's stripe loop (240
 // bytes or less) are copied, then hashed.
 func copyChunk(dst, src []byte) uint64 {
 	if !fused || len(src) <= xxh3MidMax {

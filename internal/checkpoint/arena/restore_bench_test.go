@@ -413,22 +413,10 @@ func BenchmarkFusedCopyHash(b *testing.B) {
 	})
 }
 
-// parallelChunks runs f on every chunk of dst and src, DefaultWorkers
-// goroutines taking interleaved chunks, as FillFile's workers do.
+// parallelChunks runs f on every chunk of src and dst as the restore's
+// workers take them (eachChunk).
 func parallelChunks(dst, src []byte, f func(dst, src []byte) uint64) {
-	workers := DefaultWorkers()
-	var wg sync.WaitGroup
-	for k := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for off := k * ChunkSize; off < len(src); off += workers * ChunkSize {
-				end := min(off+ChunkSize, len(src))
-				_ = f(dst[off:end], src[off:end])
-			}
-		}()
-	}
-	wg.Wait()
+	eachChunk(len(src), func(_, off, end int) { _ = f(dst[off:end], src[off:end]) })
 }
 
 // way is one thing a benchmark round does.
