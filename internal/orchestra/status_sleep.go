@@ -137,8 +137,8 @@ func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, 
 	if sleep.Tiers.Warm == v1alpha1.WarmTierNone && sleep.ParkAfter > 0 {
 		out = append(out, fmt.Sprintf("%s: tiers.warm is None with parkAfter %v: the engine wakes from the cold tier after its demotion, but the lifecycle leader still asks the node agent for a warm copy and reports Warm as the resident tier", name, sleep.ParkAfter))
 	}
-	if sleep.Tiers.Cold == v1alpha1.ColdTierS3 {
-		out = append(out, fmt.Sprintf("%s: tiers.cold S3 is not supported; a cold wake reads the model cache, which the fetch Job fills from the model's source", name))
+	if _, why := ColdS3Location(name, app, sleep); why != "" {
+		out = append(out, why)
 	}
 	if p := pols.forApp(app); p != nil && p.Triggers.Preemption != nil {
 		switch preempt := *p.Triggers.Preemption; {

@@ -22,6 +22,10 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 	seat := func(lifecycle string) string {
 		return `{seatGroups: {g: {}}, applications: {chat: {model: {source: "hf://org/chat", file: m.gguf}, runtime: {engine: simulator}, lifecycle: ` + lifecycle + `}}}`
 	}
+	s3app := func(model, args string) string {
+		return `{applications: {chat: {model: ` + model + `, runtime: {engine: simulator, args: [` + args + `]}, lifecycle: {sleepAfter: 2m, zeroAfter: 30m, tiers: {cold: S3}}}}}`
+	}
+	const s3model = `{source: "s3://models/llama", credentialsSecretRef: {name: s3-keys}, s3: {endpoint: "http://minio:9000"}}`
 	policy := func(spec string) PolicyDocuments {
 		return PolicyDocuments{types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", spec)}
 	}
@@ -49,8 +53,19 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 			name: "warm None without parkAfter is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, tiers: {warm: None}}`), policies: PolicyDocuments{},
 		},
 		{
-			name: "cold S3 from the policy", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{tiers: {cold: S3}}`),
-			status: "False", msg: []string{"chat: tiers.cold S3 is not supported"},
+			name: "cold S3 from the policy, an hf:// model", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{tiers: {cold: S3}}`),
+			status: "False", msg: []string{`chat: tiers.cold is S3, but model.source "hf://org/chat" is not an s3:// source`, "use tiers.cold ModelCache"},
+		},
+		{
+			name: "cold S3 of an s3:// model the simulator loads is acted on", spec: s3app(s3model, `"--weights-file=/models/w.bin"`), policies: PolicyDocuments{},
+		},
+		{
+			name: "cold S3 with synthetic weights", spec: s3app(s3model, `"--weights-bytes=1GiB"`), policies: PolicyDocuments{},
+			status: "False", msg: []string{"chat: tiers.cold is S3, but runtime.args have no --weights-file=/models/<file>"},
+		},
+		{
+			name: "cold S3 without a credentials Secret", spec: s3app(`{source: "s3://models/llama"}`, `"--weights-file=/models/w.bin"`), policies: PolicyDocuments{},
+			status: "False", msg: []string{"chat: tiers.cold is S3, but model.credentialsSecretRef is not set"},
 		},
 		{
 			name: "preemption true in the policy", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast}`), policies: policy(`{triggers: {preemption: true}, tiers: {hot: None}}`),
