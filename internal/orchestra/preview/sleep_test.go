@@ -32,12 +32,14 @@ import (
 // that can sleep, and one application that does not sleep.
 
 const (
-	sleepValues  = "testdata/chart/sleep.values.yaml"
-	sleepGolden  = "testdata/chart/sleep.golden.yaml"
-	seatPort     = 9300
-	agentPort    = 9301
-	sleepRelease = "x"
-	sleepNS      = "ns"
+	sleepValues   = "testdata/chart/sleep.values.yaml"
+	sleepS3Values = "testdata/chart/sleep-s3.values.yaml"
+	sleepS3Golden = "testdata/chart/sleep-s3.golden.yaml"
+	sleepGolden   = "testdata/chart/sleep.golden.yaml"
+	seatPort      = 9300
+	agentPort     = 9301
+	sleepRelease  = "x"
+	sleepNS       = "ns"
 )
 
 func readValues(t *testing.T, path string) map[string]any {
@@ -865,5 +867,77 @@ func TestAgentMountsTheColdTier(t *testing.T) {
 		if a.Sleep.ColdPath != want {
 			t.Errorf("dispatcher lifecycle app %s coldPath %q, want %q", a.Name, a.Sleep.ColdPath, want)
 		}
+	}
+}
+
+// TestAgentReadsTheS3ColdTier pins what the chart renders for an
+// application whose cold tier is S3 (go test -update refreshes the golden
+// file): the node agent gets the application's S3 source (--cold-s3, named
+// for it, with the model's endpoint and region) and its credentials Secret
+// mounted read-only and optional, never the secret values and no
+// privilege; the model cache is not mounted into it; the leader's
+// configuration names the source (coldS3).
+func TestAgentReadsTheS3ColdTier(t *testing.T) {
+	vals := readValues(t, sleepS3Values)
+	checkGolden(t, sleepS3Values, sleepS3Golden, renderManifest(t, vals))
+	objs := renderObjects(t, vals)
+	var ds appsv1.DaemonSet
+	objs.get(t, "DaemonSet", "x-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	agent := container(t, pod, "agent")
+	wantArg := "--cold-s3=name=sim,url=s3://models/tiny/tiny.gguf,endpoint=http://minio.storage:9000,region=eu-1,credentials=/etc/orchestra-agent/s3/sim"
+	if !slices.Contains(agent.Args, wantArg) {
+		t.Errorf("agent args %q, want %s", agent.Args, wantArg)
+	}
+	for _, a := range agent.Args {
+		if strings.HasPrefix(a, "--cold-dir") {
+			t.Errorf("agent flag %s: an S3 cold tier mounts no model cache", a)
+		}
+	}
+	want := corev1.VolumeMount{Name: "s3-sim", MountPath: "/etc/orchestra-agent/s3/sim", ReadOnly: true}
+	if !slices.Contains(agent.VolumeMounts, want) {
+		t.Errorf("agent mounts %+v, want %+v", agent.VolumeMounts, want)
+	}
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "s3-sim" })
+	if i < 0 || pod.Volumes[i].Secret == nil || pod.Volumes[i].Secret.SecretName != "s3-keys" ||
+		pod.Volumes[i].Secret.Optional == nil || !*pod.Volumes[i].Secret.Optional {
+		t.Fatalf("agent volumes %+v, want s3-sim: Secret s3-keys, optional", pod.Volumes)
+	}
+	var keys []string
+	for _, it := range pod.Volumes[i].Secret.Items {
+		keys = append(keys, it.Key)
+	}
+	if !slices.Equal(keys, []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) {
+		t.Errorf("Secret keys mounted %v, want the two the fetch Job reads", keys)
+	}
+	if len(agent.Env) > 0 {
+		for _, e := range agent.Env {
+			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef != nil {
+				t.Errorf("agent env %s: the credentials come from the mounted Secret only", e.Name)
+			}
+		}
+	}
+	if why := privileges(pod); len(why) > 0 {
+		t.Errorf("the agent with an S3 cold tier gained privileges: %v", why)
+	}
+
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
+	var cfg struct {
+		Lifecycle struct {
+			Apps []struct {
+				Name  string `json:"name"`
+				Sleep struct {
+					ColdPath string `json:"coldPath"`
+					ColdS3   string `json:"coldS3"`
+				} `json:"sleep"`
+			} `json:"apps"`
+		} `json:"lifecycle"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["dispatcher.yaml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Lifecycle.Apps) != 1 || cfg.Lifecycle.Apps[0].Sleep.ColdS3 != "sim" || cfg.Lifecycle.Apps[0].Sleep.ColdPath != "" {
+		t.Errorf("dispatcher lifecycle apps %+v, want sim with coldS3 sim and no coldPath", cfg.Lifecycle.Apps)
 	}
 }
