@@ -280,8 +280,17 @@ type ColdS3 struct {
 	CredentialsSecret string
 }
 
+// values is c as the chart's lifecycle.sleep.coldS3 value; an empty
+// endpoint (AWS) or region (asked from the bucket) is left out.
 func (c ColdS3) values() map[string]any {
-	return map[string]any{"url": c.URL, "endpoint": c.Endpoint, "region": c.Region, "credentialsSecret": c.CredentialsSecret}
+	v := map[string]any{"url": c.URL, "credentialsSecret": c.CredentialsSecret}
+	if c.Endpoint != "" {
+		v["endpoint"] = c.Endpoint
+	}
+	if c.Region != "" {
+		v["region"] = c.Region
+	}
+	return v
 }
 
 // ColdS3Location is where the node agent reads an application's cold copy

@@ -119,7 +119,9 @@ func TestTranslatorSleepValues(t *testing.T) {
       lifecycle: {sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast, resumeSLO: {resumeRamSeconds: 3}}},
     seated: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: vllm, args: [x]}, lifecycle: {minReplicas: 1, checkpointPolicy: fast, seat: {group: g, priority: 7}}},
     plain: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {checkpointPolicy: missing}},
-    fixed: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+    fixed: {model: {source: "hf://org/repo", file: m.gguf}},
+    s3cold: {model: {source: "s3://models/llama", credentialsSecretRef: {name: s3-keys}, s3: {endpoint: "http://minio:9000"}},
+      runtime: {engine: simulator, args: ["--weights-file=/models/w.bin"]}, lifecycle: {sleepAfter: 2m, zeroAfter: 30m, tiers: {cold: S3}}}}}`
 	reader := PolicyDocuments{
 		types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", "{triggers: {idleSeconds: 600, parkSeconds: 3600}, tiers: {warm: None, processSnapshots: true}}"),
 	}
@@ -144,6 +146,14 @@ func TestTranslatorSleepValues(t *testing.T) {
 	}
 	if diff := cmp.Diff(wantChat, get("global.applications.chat.lifecycle.sleep")); diff != "" {
 		t.Errorf("chat's sleep (inline over the policy) (-want +got):\n%s", diff)
+	}
+	// The node agent reads s3cold's weights from its bucket.
+	wantS3 := map[string]any{"url": "s3://models/llama/w.bin", "endpoint": "http://minio:9000", "credentialsSecret": "s3-keys"}
+	if diff := cmp.Diff(wantS3, get("global.applications.s3cold.lifecycle.sleep.coldS3")); diff != "" {
+		t.Errorf("s3cold's coldS3 (-want +got):\n%s", diff)
+	}
+	if got := get("global.applications.s3cold.lifecycle.sleep.coldPath"); got != nil {
+		t.Errorf("s3cold's coldPath = %v, want none: its cold tier is S3", got)
 	}
 	if got := get("global.applications.seated.lifecycle.sleep.after"); got != "10m0s" {
 		t.Errorf("seated sleeps after %v, want the policy's 10m0s", got)
