@@ -870,16 +870,20 @@ func TestAgentMountsTheColdTier(t *testing.T) {
 	}
 }
 
-// TestAgentReadsTheS3ColdTier pins what the chart renders for an
-// application whose cold tier is S3 (go test -update refreshes the golden
-// file): the node agent gets the application's S3 source (--cold-s3, named
+// TestSleepS3Golden pins what the chart renders for an application whose
+// cold tier is S3 (go test -update refreshes it).
+func TestSleepS3Golden(t *testing.T) {
+	checkGolden(t, sleepS3Values, sleepS3Golden, renderManifest(t, readValues(t, sleepS3Values)))
+}
+
+// TestAgentReadsTheS3ColdTier checks what the chart renders for an
+// application whose cold tier is S3: the node agent gets the application's S3 source (--cold-s3, named
 // for it, with the model's endpoint and region) and its credentials Secret
 // mounted read-only and optional, never the secret values and no
 // privilege; the model cache is not mounted into it; the leader's
 // configuration names the source (coldS3).
 func TestAgentReadsTheS3ColdTier(t *testing.T) {
 	vals := readValues(t, sleepS3Values)
-	checkGolden(t, sleepS3Values, sleepS3Golden, renderManifest(t, vals))
 	objs := renderObjects(t, vals)
 	var ds appsv1.DaemonSet
 	objs.get(t, "DaemonSet", "x-agent", &ds)
