@@ -709,7 +709,9 @@ func TestDemotionFallsBackToTheColdTier(t *testing.T) {
 // verified, and reports the rate it read S3 at; the next wake reads the
 // warm copy.
 func TestDemotionFallsBackToTheS3ColdTier(t *testing.T) {
-	park := func(s *lifecycle.SleepConfig) { s.ParkAfter.Duration, s.ColdPath, s.ColdS3 = 300*time.Millisecond, "", app }
+	park := func(s *lifecycle.SleepConfig) {
+		s.ParkAfter.Duration, s.ColdPath, s.ColdS3 = 300*time.Millisecond, "", app
+	}
 	p := newSleepPlane(t, planeOptions{sleep: park, offloadElsewhere: true, coldS3: true})
 	p.startLeader("leader-a", p.config(park))
 
