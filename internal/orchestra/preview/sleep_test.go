@@ -844,28 +844,13 @@ func TestAgentMountsTheColdTier(t *testing.T) {
 		t.Errorf("the agent with a cold tier gained privileges: %v", why)
 	}
 
-	var cm corev1.ConfigMap
-	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
-	var cfg struct {
-		Lifecycle struct {
-			Apps []struct {
-				Name  string `json:"name"`
-				Sleep struct {
-					ColdPath string `json:"coldPath"`
-				} `json:"sleep"`
-			} `json:"apps"`
-		} `json:"lifecycle"`
-	}
-	if err := yaml.Unmarshal([]byte(cm.Data["dispatcher.yaml"]), &cfg); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range cfg.Lifecycle.Apps {
+	for name, c := range dispatcherColdTiers(t, objs) {
 		want := ""
-		if a.Name == "sim" {
+		if name == "sim" {
 			want = "sim/tiny.gguf"
 		}
-		if a.Sleep.ColdPath != want {
-			t.Errorf("dispatcher lifecycle app %s coldPath %q, want %q", a.Name, a.Sleep.ColdPath, want)
+		if c.ColdPath != want || c.ColdS3 != "" {
+			t.Errorf("dispatcher lifecycle app %s cold tier %+v, want coldPath %q", name, c, want)
 		}
 	}
 }
@@ -914,34 +899,50 @@ func TestAgentReadsTheS3ColdTier(t *testing.T) {
 	if !slices.Equal(keys, []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) {
 		t.Errorf("Secret keys mounted %v, want the two the fetch Job reads", keys)
 	}
-	if len(agent.Env) > 0 {
-		for _, e := range agent.Env {
-			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef != nil {
-				t.Errorf("agent env %s: the credentials come from the mounted Secret only", e.Name)
-			}
+	for _, e := range agent.Env {
+		if strings.HasPrefix(e.Name, "AWS_") || (e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil) {
+			t.Errorf("agent env %s: the credentials come from the mounted Secret only", e.Name)
 		}
+	}
+	if len(agent.EnvFrom) > 0 {
+		t.Errorf("agent envFrom %+v: the credentials come from the mounted Secret only", agent.EnvFrom)
 	}
 	if why := privileges(pod); len(why) > 0 {
 		t.Errorf("the agent with an S3 cold tier gained privileges: %v", why)
 	}
 
+	if c := dispatcherColdTiers(t, objs); len(c) != 1 || c["sim"] != (coldTier{ColdS3: "sim"}) {
+		t.Errorf("dispatcher lifecycle cold tiers %+v, want sim with coldS3 sim and no coldPath", c)
+	}
+}
+
+// coldTier is where the leader's configuration says an application's cold
+// copy is.
+type coldTier struct {
+	ColdPath string `json:"coldPath"`
+	ColdS3   string `json:"coldS3"`
+}
+
+// dispatcherColdTiers reads the cold tier of each lifecycle application
+// from the rendered dispatcher configuration.
+func dispatcherColdTiers(t *testing.T, objs rendered) map[string]coldTier {
+	t.Helper()
 	var cm corev1.ConfigMap
 	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
 	var cfg struct {
 		Lifecycle struct {
 			Apps []struct {
-				Name  string `json:"name"`
-				Sleep struct {
-					ColdPath string `json:"coldPath"`
-					ColdS3   string `json:"coldS3"`
-				} `json:"sleep"`
+				Name  string   `json:"name"`
+				Sleep coldTier `json:"sleep"`
 			} `json:"apps"`
 		} `json:"lifecycle"`
 	}
 	if err := yaml.Unmarshal([]byte(cm.Data["dispatcher.yaml"]), &cfg); err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Lifecycle.Apps) != 1 || cfg.Lifecycle.Apps[0].Sleep.ColdS3 != "sim" || cfg.Lifecycle.Apps[0].Sleep.ColdPath != "" {
-		t.Errorf("dispatcher lifecycle apps %+v, want sim with coldS3 sim and no coldPath", cfg.Lifecycle.Apps)
+	out := map[string]coldTier{}
+	for _, a := range cfg.Lifecycle.Apps {
+		out[a.Name] = a.Sleep
 	}
+	return out
 }
