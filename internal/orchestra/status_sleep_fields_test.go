@@ -5,9 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
@@ -34,8 +36,11 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 		spec     string
 		policies PolicyDocuments
 		old      []metav1.Condition
-		status   string // "" means absent
-		msg      []string
+		// secrets, when not nil, are the cluster's Secrets (data by name)
+		// that the credentials check reads.
+		secrets map[string]map[string][]byte
+		status  string // "" means absent
+		msg     []string
 	}{
 		{name: "defaults: nothing to say", spec: app(`{sleepAfter: 2m, zeroAfter: 30m}`), policies: PolicyDocuments{}},
 		{
@@ -58,6 +63,17 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 		},
 		{
 			name: "cold S3 of an s3:// model the simulator loads is acted on", spec: s3app(s3model, `"--weights-file=/models/w.bin"`), policies: PolicyDocuments{},
+			secrets: map[string]map[string][]byte{"s3-keys": {"AWS_ACCESS_KEY_ID": []byte("AK"), "AWS_SECRET_ACCESS_KEY": []byte("SK")}},
+		},
+		{
+			name: "cold S3 whose credentials Secret does not exist", spec: s3app(s3model, `"--weights-file=/models/w.bin"`), policies: PolicyDocuments{},
+			secrets: map[string]map[string][]byte{},
+			status:  "False", msg: []string{"chat: tiers.cold is S3, but Secret ns/s3-keys (model.credentialsSecretRef) does not exist"},
+		},
+		{
+			name: "cold S3 whose credentials Secret lacks a key", spec: s3app(s3model, `"--weights-file=/models/w.bin"`), policies: PolicyDocuments{},
+			secrets: map[string]map[string][]byte{"s3-keys": {"AWS_ACCESS_KEY_ID": []byte("AK")}},
+			status:  "False", msg: []string{"chat: tiers.cold is S3, but Secret ns/s3-keys (model.credentialsSecretRef) has no AWS_SECRET_ACCESS_KEY"},
 		},
 		{
 			name: "cold S3 with synthetic weights", spec: s3app(s3model, `"--weights-bytes=1GiB"`), policies: PolicyDocuments{},
@@ -95,7 +111,16 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			conds := sleepConditions(mo, nil, resolvePolicies(context.Background(), tc.policies, mo), tc.old)
+			pols := resolvePolicies(context.Background(), tc.policies, mo)
+			var secrets map[string]string
+			if tc.secrets != nil {
+				b := fake.NewClientBuilder()
+				for name, data := range tc.secrets {
+					b = b.WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: mo.Namespace, Name: name}, Data: data})
+				}
+				secrets = coldS3SecretProblems(context.Background(), b.Build(), mo, pols)
+			}
+			conds := sleepConditions(mo, nil, pols, secrets, tc.old)
 			c := meta.FindStatusCondition(conds, v1alpha1.ConditionCheckpointFieldsSupported)
 			switch {
 			case tc.status == "" && c != nil:
