@@ -234,20 +234,18 @@ func (n *Node) PromoteAhead() []PromotionDone {
 	for _, p := range plan {
 		h := byKey[p.Key]
 		var cold ColdSource
+		var err error
 		if p.From == TierCold {
-			var err error
 			if h.ColdS3 != "" {
 				cold, err = n.coldSource("", h.ColdS3, h.Digest)
 			} else {
 				cold, err = n.coldSource(h.ColdPath, "", h.Digest)
 			}
-			if err != nil {
-				n.log.Warn("no cold copy to promote from", "key", p.String(), "err", err)
-				continue
-			}
 		}
 		start := time.Now()
-		_, err := n.promote(context.Background(), p.Key, p.To, cold, h.Digest, h.Priority, keep)
+		if err == nil {
+			_, err = n.promote(context.Background(), p.Key, p.To, cold, h.Digest, h.Priority, keep)
+		}
 		d := PromotionDone{Promotion: p, Time: start, Seconds: time.Since(start).Seconds()}
 		result := "ok"
 		if err != nil {
