@@ -120,12 +120,17 @@ type CheckpointTiers struct {
 	// +kubebuilder:validation:Enum=Disk;None
 	Warm WarmTier `json:"warm,omitempty"`
 
-	// cold is where the weights come from when no node copy exists:
-	// ModelCache (the application's model-cache claim, filled by the fetch
-	// Job) or S3 (the model's s3:// source, with its credentials). Default
-	// ModelCache. S3 is not acted on yet: a cold wake reads the model cache
-	// (which the fetch Job fills from an s3:// source), and the
-	// CheckpointFieldsSupported condition is False naming it.
+	// cold is where the node agent reads the weights when no node copy
+	// exists, to place a warm copy ahead of a predicted wake or when a
+	// demotion cannot copy the hot one: ModelCache (the application's
+	// model-cache claim, filled by the fetch Job, when every node can
+	// mount it) or S3 (the object of the model's s3:// source that the
+	// engine loads, read with the model's credentialsSecretRef and s3
+	// endpoint). Default ModelCache. Either way the copy is verified
+	// against the weights' digest. S3 needs an s3:// source, the
+	// simulator with --weights-file and a credentialsSecretRef; otherwise
+	// the CheckpointFieldsSupported condition is False saying which is
+	// missing. An engine's own cold wake still reads its model cache.
 	// +optional
 	// +kubebuilder:validation:Enum=ModelCache;S3
 	Cold ColdTier `json:"cold,omitempty"`
@@ -368,7 +373,8 @@ const (
 	// ConditionCheckpointFieldsSupported is False while a sleeping
 	// application sets a checkpoint field the operator accepts but does
 	// not act on (tiers.hot None with sleepLevel 1, tiers.warm None with
-	// parkAfter, tiers.cold S3, triggers.preemption true); the message
+	// parkAfter, tiers.cold S3 where the node agent cannot read the
+	// model's object, triggers.preemption true); the message
 	// names each application and field. True once none does.
 	ConditionCheckpointFieldsSupported = "CheckpointFieldsSupported"
 

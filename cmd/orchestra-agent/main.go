@@ -59,6 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&warm, "warm-max-bytes", "node: warm tier budget")
 	fs.Var(&probe, "measure-bytes", "node: size of the bandwidth probes at start (0 skips them)")
 	fs.StringVar(&n.ColdDir, "cold-dir", n.ColdDir, "node: mount of the cold tier (model cache); promotion sources are inside it")
+	coldS3 := fs.StringArray("cold-s3", nil, "node: an S3 object the agent may copy as an application's cold copy: name=<app>,url=s3://<bucket>/<key>[,endpoint=<url>][,region=<r>][,credentials=<dir holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY>]; repeat for each application")
 	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20), an override; empty reads it from the node --node-name, else asks containerd --version")
 	fs.StringVar(&n.NodeName, "node-name", os.Getenv("NODE_NAME"), "node: this agent's node (default $NODE_NAME, the downward API's spec.nodeName), whose containerRuntimeVersion it reads (get on nodes)")
 	fs.StringVar(&n.CRIU, "criu", n.CRIU, "node: criu binary probed with criu check (empty skips it)")
@@ -87,13 +88,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		n.VerifyInterval = slices.Min(*verify)
 	}
 
+	var coldErrs []error
+	for _, v := range *coldS3 {
+		c, err := checkpoint.ParseColdS3Source(v)
+		coldErrs = append(coldErrs, err)
+		n.ColdS3 = append(n.ColdS3, c)
+	}
+
 	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
 	if *logFormat == "text" {
 		h = slog.NewTextHandler(stderr, nil)
 	}
 	log := slog.New(h).With("app", "orchestra-agent")
 
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(append(coldErrs, cfg.Validate())...); err != nil {
 		log.Error("invalid configuration", "err", err)
 		return 2
 	}

@@ -85,6 +85,10 @@ type NodeConfig struct {
 	// ColdDir is where the cold tier (the model cache) is mounted; promotion
 	// sources are paths inside it.
 	ColdDir string `json:"coldDir,omitempty"`
+	// ColdS3 are the S3 objects the agent may read as cold copies
+	// (--cold-s3), each named for its application; a promotion or a wake
+	// names one (coldS3).
+	ColdS3 []ColdS3Source `json:"coldS3,omitempty"`
 	// MeasureBytes is the size of the bandwidth probes run at start (0: do
 	// not measure).
 	MeasureBytes int64 `json:"measureBytes"`
@@ -197,6 +201,16 @@ func (c Config) Validate() error {
 		}
 		if n.VerifyInterval < 0 {
 			bad("verify interval must not be negative, got %v", n.VerifyInterval)
+		}
+		names := map[string]bool{}
+		for _, c := range n.ColdS3 {
+			if err := c.Validate(); err != nil {
+				errs = append(errs, err)
+			}
+			if names[c.Name] {
+				bad("cold S3 source %q is given twice", c.Name)
+			}
+			names[c.Name] = true
 		}
 		if n.PromoteInterval < 0 || n.PromoteMargin < 0 {
 			bad("promote interval and margin must not be negative, got %v and %v", n.PromoteInterval, n.PromoteMargin)

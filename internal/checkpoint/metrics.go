@@ -67,7 +67,7 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Name: "orchestra_agent_evictions_total", Help: "Copies evicted from a tier, by action (demote to warm, drop).",
 		}, []string{"tier", "action"}),
 		bandwidth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "orchestra_agent_read_bytes_per_second", Help: "Read bandwidth measured at start, per tier (and memcpy).",
+			Name: "orchestra_agent_read_bytes_per_second", Help: "Read bandwidth measured at start, per tier (and memcpy); cold/<source>: the last copy from a cold source (modelCache, or an S3 source by its name).",
 		}, []string{"tier"}),
 		promotions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orchestra_agent_promotions_total", Help: "Promotions into a tier by result (ok, failed, mismatch).",

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/fetch"
 )
 
 // Node is the node role: the hot and warm tiers and the capability report.
@@ -37,6 +38,9 @@ type Node struct {
 	// promotion ahead of predicted wakes (both guarded by mu).
 	wakes     map[Key]*WakeHistory
 	promotion PromotionReport
+	// cold are the cold sources the agent reads, with their last copy
+	// (guarded by mu).
+	cold []ColdReport
 	// nodes reads the node's container runtime version (nil, with
 	// nodesErr saying why, without API access).
 	nodes    NodeRuntimeReader
@@ -70,6 +74,12 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
 		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)},
 		promotion:    PromotionReport{IntervalSeconds: int64(cfg.PromoteInterval / time.Second), MarginSeconds: int64(cfg.PromoteMargin / time.Second)}}
+	if cfg.ColdDir != "" {
+		n.cold = append(n.cold, ColdReport{Source: ColdModelCache, Kind: ColdModelCache, Location: cfg.ColdDir})
+	}
+	for _, c := range cfg.ColdS3 {
+		n.cold = append(n.cold, ColdReport{Source: c.Name, Kind: ColdS3, Location: c.String()})
+	}
 	n.loadWakes()
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
 	n.m.budget.WithLabelValues(string(TierHot)).Set(float64(cfg.Store.Budgets.Hot))
@@ -143,6 +153,7 @@ func (n *Node) Report() NodeReport {
 	r.Verification.Dropped = slices.Clone(n.verification.Dropped)
 	r.Promotion = n.promotion
 	r.Promotion.Done = slices.Clone(n.promotion.Done)
+	r.Cold = slices.Clone(n.cold)
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	used := usedBy(entries)
@@ -233,7 +244,11 @@ type PromoteRequest struct {
 	// ColdPath is the artifact inside the cold tier (the model cache
 	// mount), used when no faster tier holds it.
 	ColdPath string `json:"coldPath,omitempty"`
-	// Digest, when set, must match the cold bytes (xxh3c:…).
+	// ColdS3 names the agent's S3 cold source (--cold-s3) to read instead,
+	// the application's; exclusive with ColdPath.
+	ColdS3 string `json:"coldS3,omitempty"`
+	// Digest, when set, must match the cold bytes (xxh3c:…); required
+	// with ColdS3.
 	Digest   string `json:"digest,omitempty"`
 	Priority int32  `json:"priority,omitempty"`
 }
@@ -343,19 +358,12 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("to must be hot or warm, got %q", req.To))
 		return
 	}
-	cold := ""
-	if req.ColdPath != "" {
-		if n.cfg.ColdDir == "" {
-			writeError(w, http.StatusBadRequest, "this agent has no cold tier mounted (--cold-dir)")
-			return
-		}
-		if !filepath.IsLocal(req.ColdPath) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("coldPath %q must be a relative path inside the cold tier", req.ColdPath))
-			return
-		}
-		cold = filepath.Join(n.cfg.ColdDir, req.ColdPath)
+	cold, err := n.coldSource(req.ColdPath, req.ColdS3, req.Digest)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
 	}
-	e, err := n.store.Promote(req.Key, req.To, cold, req.Digest, req.Priority)
+	e, err := n.promote(r.Context(), req.Key, req.To, cold, req.Digest, req.Priority, nil)
 	n.updateGauges()
 	if err != nil {
 		status, result := http.StatusInternalServerError, "failed"
@@ -364,8 +372,10 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 			result = "mismatch"
 		case errors.Is(err, ErrNoRoom):
 			status = http.StatusInsufficientStorage
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, ErrNotFound), errors.Is(err, fetch.ErrNotFound):
 			status = http.StatusNotFound
+		case errors.Is(err, ErrNoColdCredentials), errors.Is(err, fetch.ErrAccessDenied):
+			status = http.StatusForbidden
 		}
 		n.m.promotions.WithLabelValues(string(req.To), result).Inc()
 		n.log.Warn("promotion failed", "key", req.String(), "to", req.To, "err", err)
@@ -374,6 +384,72 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	}
 	n.m.promotions.WithLabelValues(string(req.To), "ok").Inc()
 	writeJSON(w, http.StatusOK, e)
+}
+
+// coldSource resolves the cold copy a promotion names: coldS3, one of the
+// agent's S3 sources (which needs the digest to verify against), or
+// coldPath, a file inside --cold-dir; nil when it names neither.
+func (n *Node) coldSource(coldPath, coldS3, digest string) (ColdSource, error) {
+	switch {
+	case coldPath != "" && coldS3 != "":
+		return nil, fmt.Errorf("coldPath %q and coldS3 %q are exclusive", coldPath, coldS3)
+	case coldS3 != "":
+		i := slices.IndexFunc(n.cfg.ColdS3, func(c ColdS3Source) bool { return c.Name == coldS3 })
+		if i < 0 {
+			return nil, fmt.Errorf("this agent has no S3 cold source %q (--cold-s3)", coldS3)
+		}
+		if digest == "" {
+			return nil, fmt.Errorf("a copy from the S3 cold source %q needs the digest to verify it against", coldS3)
+		}
+		return n.cfg.ColdS3[i], nil
+	case coldPath != "":
+		if n.cfg.ColdDir == "" {
+			return nil, errors.New("this agent has no cold tier mounted (--cold-dir)")
+		}
+		if !filepath.IsLocal(coldPath) {
+			return nil, fmt.Errorf("coldPath %q must be a relative path inside the cold tier", coldPath)
+		}
+		return ColdFile(filepath.Join(n.cfg.ColdDir, coldPath)), nil
+	}
+	return nil, nil
+}
+
+// promote is Store.promote; a copy it reads from the cold tier is measured
+// into the report (ColdReport) and, when it verified, its rate becomes
+// the artifact's cold read rate, which plans the next cold promotion.
+func (n *Node) promote(ctx context.Context, k Key, to Tier, cold ColdSource, want string, priority int32, keep map[Key]bool) (Entry, error) {
+	if cold == nil {
+		return n.store.promote(ctx, k, to, nil, want, priority, keep)
+	}
+	cr := &coldRead{ColdSource: cold}
+	e, err := n.store.promote(ctx, k, to, cr, want, priority, keep)
+	if cr.opened.IsZero() {
+		return e, err // a faster tier held it
+	}
+	source := ColdModelCache
+	if s3, ok := cold.(ColdS3Source); ok {
+		source = s3.Name
+	}
+	start := cr.opened
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	i := slices.IndexFunc(n.cold, func(c ColdReport) bool { return c.Source == source })
+	if i < 0 {
+		return e, err
+	}
+	c := &n.cold[i]
+	c.LastTime, c.LastError = &start, ""
+	if err != nil {
+		c.LastError = err.Error()
+		return e, err
+	}
+	b := bw(cold.String(), "copy, hashed", e.Bytes, time.Since(start))
+	c.Read = &b
+	n.m.bandwidth.WithLabelValues("cold/" + source).Set(b.BytesPerSecond)
+	if h := n.wakes[k]; h != nil && cold.Kind() == ColdS3 {
+		h.ColdBytesPerSecond = b.BytesPerSecond
+	}
+	return e, err
 }
 
 func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {

@@ -223,7 +223,7 @@ func TestNodeVerifyReportsDroppedCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := checkpoint.Key{Namespace: "team-a", Name: "m"}
-	if _, err := n.Store().Promote(key, checkpoint.TierWarm, filepath.Join(cold, "model.gguf"), arena.Sum(w).String(), 0); err != nil {
+	if _, err := n.Store().Promote(t.Context(), key, checkpoint.TierWarm, checkpoint.ColdFile(filepath.Join(cold, "model.gguf")), arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(n.Store().Path(key, checkpoint.TierWarm), make([]byte, len(w)), 0o600); err != nil {

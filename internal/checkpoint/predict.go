@@ -69,8 +69,12 @@ type WakeHistory struct {
 	// ColdPath is the artifact inside the agent's cold tier (--cold-dir),
 	// when the leader knows one.
 	ColdPath string `json:"coldPath,omitempty"`
-	// ColdBytesPerSecond is the rate of the last wake from the cold tier
-	// (0: none measured yet).
+	// ColdS3 names the agent's S3 cold source (--cold-s3) holding the
+	// artifact, when its cold tier is S3 (then ColdPath is empty).
+	ColdS3 string `json:"coldS3,omitempty"`
+	// ColdBytesPerSecond is the rate of the last read from the cold tier
+	// (0: none measured yet): an engine's wake from the model cache, or
+	// the agent's own copy from S3.
 	ColdBytesPerSecond float64 `json:"coldBytesPerSecond,omitempty"`
 }
 
@@ -288,6 +292,8 @@ type PromotionInput struct {
 	ReadBytesPerSecond map[Tier]float64
 	// ColdTier says whether the agent can read the cold tier (--cold-dir).
 	ColdTier bool
+	// ColdS3 are the names of the agent's S3 cold sources (--cold-s3).
+	ColdS3 []string
 	// Margin is added to the copy time: a promotion starts that long
 	// before it strictly has to.
 	Margin time.Duration
@@ -388,8 +394,8 @@ func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
 	var out []Promotion
 	for _, d := range dues {
 		to := up(d.from)
-		if d.from == TierCold && (!in.ColdTier || d.h.ColdPath == "") {
-			deferred = append(deferred, Deferred{Key: d.h.Key, To: to, Reason: "no copy on the node and no cold tier to read (--cold-dir and the wake's coldPath)"})
+		if d.from == TierCold && !in.readsCold(d.h) {
+			deferred = append(deferred, Deferred{Key: d.h.Key, To: to, Reason: "no copy on the node and no cold tier to read (--cold-dir and the wake's coldPath, or --cold-s3 and the wake's coldS3)"})
 			continue
 		}
 		view := make([]Entry, len(entries))
@@ -414,6 +420,15 @@ func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
 		out = append(out, Promotion{Key: d.h.Key, From: d.from, To: to, Bytes: d.h.Bytes, Wake: d.p, Lead: d.lead, Evictions: plan})
 	}
 	return out, deferred
+}
+
+// readsCold says whether the agent can read h's cold copy: a file of its
+// --cold-dir, or one of its S3 sources.
+func (in PromotionInput) readsCold(h WakeHistory) bool {
+	if h.ColdS3 != "" {
+		return slices.Contains(in.ColdS3, h.ColdS3)
+	}
+	return in.ColdTier && h.ColdPath != ""
 }
 
 // promotionLead is how long the copies from tier from up to the hot tier

@@ -245,6 +245,26 @@ func TestPlanPromotions(t *testing.T) {
 			wantDeferred: []string{"ns/a: no copy on the node"},
 		},
 		{
+			name: "only a cold copy in S3, a source of the agent's: cold to warm, at the rate the agent measured",
+			histories: []WakeHistory{func() WakeHistory {
+				h := hourly("a", gb, 0, 10*time.Second)
+				h.ColdPath, h.ColdS3, h.ColdBytesPerSecond = "", "a", 50e6
+				return h
+			}()},
+			noCold: true, // no --cold-dir: S3 alone
+			want: []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second),
+				Lead: time.Duration((g/50e6+g/1e9)*float64(time.Second)) + margin}},
+		},
+		{
+			name: "only a cold copy in S3, a source the agent lacks: deferred",
+			histories: []WakeHistory{func() WakeHistory {
+				h := hourly("a", gb, 0, 10*time.Second)
+				h.ColdPath, h.ColdS3 = "", "other"
+				return h
+			}()},
+			wantDeferred: []string{"ns/a: no copy on the node and no cold tier to read"},
+		},
+		{
 			name:         "warm bandwidth not measured: deferred when the wake is near",
 			entries:      []Entry{entry("a", TierWarm, gb, 0, 1)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 2*time.Second)},
@@ -307,7 +327,7 @@ func TestPlanPromotions(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			in := PromotionInput{Now: now, Entries: c.entries, Budgets: budgets, Histories: c.histories, ReadBytesPerSecond: bps, ColdTier: !c.noCold, Margin: margin}
+			in := PromotionInput{Now: now, Entries: c.entries, Budgets: budgets, Histories: c.histories, ReadBytesPerSecond: bps, ColdTier: !c.noCold, ColdS3: []string{"a"}, Margin: margin}
 			if c.bps != nil {
 				in.ReadBytesPerSecond = c.bps
 			}

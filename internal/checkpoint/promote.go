@@ -34,6 +34,9 @@ type WakeRecord struct {
 	// ColdPath is the artifact inside the cold tier, when the agent mounts
 	// it (--cold-dir).
 	ColdPath string `json:"coldPath,omitempty"`
+	// ColdS3 names the agent's S3 cold source (--cold-s3) holding the
+	// artifact, when its cold tier is S3.
+	ColdS3 string `json:"coldS3,omitempty"`
 }
 
 // SleepRecord is the body of POST /sleeps: the engines of an artifact went
@@ -143,8 +146,13 @@ func (n *Node) RecordWake(r WakeRecord) error {
 		if r.ColdPath != "" {
 			h.ColdPath = r.ColdPath
 		}
+		if r.ColdS3 != "" {
+			h.ColdS3 = r.ColdS3
+		}
 		h.Priority = r.Priority
-		if r.Tier == TierCold && r.BytesPerSecond > 0 {
+		// An engine's cold wake reads the model cache; with an S3 cold
+		// tier the agent measures its own copies from S3 instead.
+		if r.Tier == TierCold && r.BytesPerSecond > 0 && h.ColdS3 == "" {
 			h.ColdBytesPerSecond = r.BytesPerSecond
 		}
 	})
@@ -203,7 +211,7 @@ func (n *Node) PromoteAhead() []PromotionDone {
 	}
 	n.mu.Unlock()
 	in := PromotionInput{Now: now, Entries: n.store.Entries(), Budgets: n.cfg.Store.Budgets, Histories: hs,
-		ReadBytesPerSecond: bps, ColdTier: n.cfg.ColdDir != "", Margin: n.cfg.PromoteMargin}
+		ReadBytesPerSecond: bps, ColdTier: n.cfg.ColdDir != "", ColdS3: n.coldS3Names(), Margin: n.cfg.PromoteMargin}
 	plan, deferred := PlanPromotions(in)
 	var preds []PredictedWake
 	for _, h := range hs {
@@ -225,12 +233,19 @@ func (n *Node) PromoteAhead() []PromotionDone {
 	var done []PromotionDone
 	for _, p := range plan {
 		h := byKey[p.Key]
-		cold := ""
+		var cold ColdSource
+		var err error
 		if p.From == TierCold {
-			cold = filepath.Join(n.cfg.ColdDir, h.ColdPath)
+			if h.ColdS3 != "" {
+				cold, err = n.coldSource("", h.ColdS3, h.Digest)
+			} else {
+				cold, err = n.coldSource(h.ColdPath, "", h.Digest)
+			}
 		}
 		start := time.Now()
-		_, err := n.store.promote(p.Key, p.To, cold, h.Digest, h.Priority, keep)
+		if err == nil {
+			_, err = n.promote(context.Background(), p.Key, p.To, cold, h.Digest, h.Priority, keep)
+		}
 		d := PromotionDone{Promotion: p, Time: start, Seconds: time.Since(start).Seconds()}
 		result := "ok"
 		if err != nil {
@@ -259,6 +274,15 @@ func (n *Node) PromoteAhead() []PromotionDone {
 	}
 	n.mu.Unlock()
 	return done
+}
+
+// coldS3Names are the names of the agent's S3 cold sources.
+func (n *Node) coldS3Names() []string {
+	out := make([]string, 0, len(n.cfg.ColdS3))
+	for _, c := range n.cfg.ColdS3 {
+		out = append(out, c.Name)
+	}
+	return out
 }
 
 // Promote runs PromoteAhead every cfg.PromoteInterval until ctx ends

@@ -42,6 +42,9 @@ type NodeReport struct {
 	Verification VerificationReport `json:"verification"`
 	// Promotion is the promotion ahead of predicted wakes.
 	Promotion PromotionReport `json:"promotion"`
+	// Cold are the cold sources the agent reads (the model cache mount,
+	// S3 objects), each with its last copy and its measured rate.
+	Cold []ColdReport `json:"cold,omitempty"`
 }
 
 // VerificationReport is the state of the periodic re-hashing of the copies

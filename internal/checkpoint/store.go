@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -402,11 +403,11 @@ func (s *Store) Remove(k Key, t Tier) error {
 }
 
 // Promote copies k into tier to from the next slower tier that holds it:
-// warm for hot; for warm (or for hot when warm has no copy) the cold file
-// at coldPath, if given. The copy is verified against the digest recorded
+// warm for hot; for warm (or for hot when warm has no copy) the cold copy,
+// if given (nil: none). The copy is verified against the digest recorded
 // for the source (or want, for a cold source).
-func (s *Store) Promote(k Key, to Tier, coldPath, want string, priority int32) (Entry, error) {
-	return s.promote(k, to, coldPath, want, priority, nil)
+func (s *Store) Promote(ctx context.Context, k Key, to Tier, cold ColdSource, want string, priority int32) (Entry, error) {
+	return s.promote(ctx, k, to, cold, want, priority, nil)
 }
 
 // entriesKeeping is Entries with the copies of the keys in keep pinned, so
@@ -422,7 +423,7 @@ func (s *Store) entriesKeeping(keep map[Key]bool) []Entry {
 }
 
 // promote is Promote, never evicting a copy of a key in keep.
-func (s *Store) promote(k Key, to Tier, coldPath, want string, priority int32, keep map[Key]bool) (Entry, error) {
+func (s *Store) promote(ctx context.Context, k Key, to Tier, cold ColdSource, want string, priority int32, keep map[Key]bool) (Entry, error) {
 	if err := k.Validate(); err != nil {
 		return Entry{}, err
 	}
@@ -445,19 +446,15 @@ func (s *Store) promote(k Key, to Tier, coldPath, want string, priority int32, k
 			return s.copyTier(e, to)
 		}
 	}
-	if coldPath == "" {
-		return Entry{}, fmt.Errorf("promoting %s to %s: %w (and no cold path was given)", k, to, ErrNotFound)
+	if cold == nil {
+		return Entry{}, fmt.Errorf("promoting %s to %s: %w (and no cold copy was given)", k, to, ErrNotFound)
 	}
-	f, err := os.Open(coldPath)
-	if err != nil {
-		return Entry{}, fmt.Errorf("opening the cold copy: %w", err)
-	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
+	f, n, err := cold.Open(ctx)
 	if err != nil {
 		return Entry{}, err
 	}
-	return s.put(PutRequest{Key: k, Tier: to, Bytes: fi.Size(), Priority: priority, Digest: want}, f, keep)
+	defer func() { _ = f.Close() }() // read-only
+	return s.put(PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want}, f, keep)
 }
 
 // Touch marks every copy of k as used now (LRU).

@@ -94,7 +94,7 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	if e.Digest != arena.Sum(w).String() {
 		t.Fatalf("digest %s, want %s", e.Digest, arena.Sum(w))
 	}
-	hot, err := s.Promote(Key{"team-a", "w"}, TierHot, "", "", 0)
+	hot, err := s.Promote(t.Context(), Key{"team-a", "w"}, TierHot, nil, "", 0)
 	if err != nil || hot.Tier != TierHot {
 		t.Fatalf("promote warm→hot: %+v %v", hot, err)
 	}
@@ -153,22 +153,22 @@ func TestStorePromoteFromColdChecksTheDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := Key{"team-a", "m"}
-	if _, err := s.Promote(k, TierWarm, cold, arena.Sum([]byte("other")).String(), 0); !errors.Is(err, arena.ErrMismatch) {
+	if _, err := s.Promote(t.Context(), k, TierWarm, ColdFile(cold), arena.Sum([]byte("other")).String(), 0); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("promote with a wrong digest: %v, want ErrMismatch", err)
 	}
 	if _, ok := s.Lookup(k, TierWarm); ok {
 		t.Fatal("a mismatching copy was admitted")
 	}
-	if _, err := s.Promote(k, TierWarm, cold, arena.Sum(w).String(), 0); err != nil {
+	if _, err := s.Promote(t.Context(), k, TierWarm, ColdFile(cold), arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Promote(k, TierHot, "", "", 0); err != nil {
+	if _, err := s.Promote(t.Context(), k, TierHot, nil, "", 0); err != nil {
 		t.Fatalf("warm→hot: %v", err)
 	}
 	if diff := cmp.Diff([]placed{{"m", TierHot}, {"m", TierWarm}}, placement(s)); diff != "" {
 		t.Fatalf("placement (-want +got):\n%s", diff)
 	}
-	if _, err := s.Promote(Key{"team-a", "absent"}, TierHot, "", "", 0); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Promote(t.Context(), Key{"team-a", "absent"}, TierHot, nil, "", 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("promote of an unknown artifact: %v", err)
 	}
 }

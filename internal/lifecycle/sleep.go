@@ -86,6 +86,10 @@ type SleepConfig struct {
 	// warm copy from the cold tier instead. Without either, a demoted
 	// engine wakes from the cold tier.
 	ColdPath string `json:"coldPath,omitempty"`
+	// ColdS3 names the node agent's S3 cold source holding the weights
+	// (its --cold-s3, the application's name), when the application's
+	// cold tier is S3; it stands for ColdPath (exclusive with it).
+	ColdS3 string `json:"coldS3,omitempty"`
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
 	// SleepTimeout bounds one seat's sleep (its drain included). Default 3m.
@@ -170,6 +174,12 @@ func (s *SleepConfig) validate(i int, a App) []error {
 	}
 	if s.ColdPath != "" && s.AgentSelector == "" {
 		add("coldPath needs agentSelector: the node agent places the warm copy")
+	}
+	if s.ColdS3 != "" && s.AgentSelector == "" {
+		add("coldS3 needs agentSelector: the node agent places the warm copy")
+	}
+	if s.ColdS3 != "" && s.ColdPath != "" {
+		add("coldPath and coldS3 are exclusive: the cold tier is the model cache or S3")
 	}
 	if s.SLO.ResumeRAMSeconds < 0 || s.SLO.ResumeNVMeSeconds < 0 {
 		add("slo seconds must not be negative")
@@ -643,9 +653,9 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 		}
 		for _, ag := range agents {
 			err := c.demoteWarm(ctx, a, ag, digest)
-			if err != nil && a.Sleep.ColdPath != "" {
+			if err != nil && (a.Sleep.ColdPath != "" || a.Sleep.ColdS3 != "") {
 				c.log.Warn("demoting the hot copy failed; placing a warm copy from the cold tier", "app", a.Name, "agent", ag.pod, "err", err)
-				err = c.promoteWarm(ctx, a, ag)
+				err = c.promoteWarm(ctx, a, ag, digest)
 			}
 			if err != nil {
 				c.log.Warn("placing a warm copy failed; demoting anyway (the next wake reads the cold tier)", "app", a.Name, "agent", ag.pod, "err", err)

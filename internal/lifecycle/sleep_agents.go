@@ -229,10 +229,12 @@ func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, d
 	return nil
 }
 
-// promoteWarm asks a node agent for a verified warm copy of the weights
-// from its cold tier.
-func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef) error {
-	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm, ColdPath: a.Sleep.ColdPath}
+// promoteWarm asks a node agent for a warm copy of the weights from its
+// cold tier (the model cache, or S3), verified against digest (the
+// engine's; an S3 copy needs it).
+func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
+	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm,
+		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
 	var e checkpoint.Entry
 	if err := callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)

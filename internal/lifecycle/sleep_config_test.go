@@ -79,6 +79,9 @@ func TestSleepConfigValidation(t *testing.T) {
 			want: []string{"sleep.seatPort must be a port", "sleep.agentPort must be a port"}},
 		{name: "selector", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector = "a in (b" }, want: []string{`sleep.agentSelector "a in (b"`}},
 		{name: "coldPath without agents", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector = "" }, want: []string{"sleep.coldPath needs agentSelector"}},
+		{name: "coldS3 without agents", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector, a.Sleep.ColdPath, a.Sleep.ColdS3 = "", "", "chat" },
+			want: []string{"sleep.coldS3 needs agentSelector"}},
+		{name: "coldPath and coldS3", mut: func(a *lifecycle.App) { a.Sleep.ColdS3 = "chat" }, want: []string{"coldPath and coldS3 are exclusive"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := lifecycle.App{Name: "chat", RootStatefulSet: "demo-chat", MinReplicas: 0, MaxReplicas: 1,

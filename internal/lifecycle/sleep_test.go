@@ -30,6 +30,8 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/sim"
@@ -91,6 +93,9 @@ type planeOptions struct {
 	// offloadElsewhere gives the engine a hot directory of its own, outside
 	// the node agent's hot tier (so the agent cannot demote its offload).
 	offloadElsewhere bool
+	// coldS3 makes the agent's cold tier the model file in an S3 fake (its
+	// source named for the application), instead of the model cache.
+	coldS3 bool
 }
 
 func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
@@ -123,6 +128,19 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	ac.Role = checkpoint.RoleNode
 	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
+	if o.coldS3 {
+		s3 := s3test.New("AKTEST")
+		t.Cleanup(s3.Close)
+		s3.Put("models", "chat/weights.bin", fetchtest.Bytes(w))
+		creds := t.TempDir()
+		for f, v := range map[string]string{checkpoint.S3AccessKeyFile: "AKTEST", checkpoint.S3SecretKeyFile: "s3cr3t"} {
+			if err := os.WriteFile(filepath.Join(creds, f), []byte(v), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ac.Node.ColdDir = ""
+		ac.Node.ColdS3 = []checkpoint.ColdS3Source{{Name: app, URL: "s3://models/chat/weights.bin", Endpoint: s3.URL(), Credentials: creds}}
+	}
 	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
 	if err != nil {
 		t.Fatal(err)
@@ -676,6 +694,33 @@ func TestDemotionFallsBackToTheColdTier(t *testing.T) {
 	}
 	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from the cold tier", c)
+	}
+	if err := sendBatch(p.client, "warm", 2); err != nil {
+		t.Fatalf("requests sent to engines asleep in the warm tier were lost or failed:\n%v", err)
+	}
+	p.lastWake("a wake from the warm tier", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierWarm && lw.Bytes == weightsBytes
+	})
+}
+
+// TestDemotionFallsBackToTheS3ColdTier: as above with the application's
+// cold tier in S3: the leader names the agent's S3 source (coldS3) and the
+// engine's digest, the agent copies the object into its warm tier,
+// verified, and reports the rate it read S3 at; the next wake reads the
+// warm copy.
+func TestDemotionFallsBackToTheS3ColdTier(t *testing.T) {
+	park := func(s *lifecycle.SleepConfig) {
+		s.ParkAfter.Duration, s.ColdPath, s.ColdS3 = 300*time.Millisecond, "", app
+	}
+	p := newSleepPlane(t, planeOptions{sleep: park, offloadElsewhere: true, coldS3: true})
+	p.startLeader("leader-a", p.config(park))
+
+	p.asleep(2, v1alpha1.TierWarm)
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
+		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from S3", c)
+	}
+	if bps := p.agentMetric(`orchestra_agent_read_bytes_per_second{tier="cold/chat"}`); bps <= 0 {
+		t.Errorf("orchestra_agent_read_bytes_per_second{tier=cold/chat} = %v, want the rate of the copy from S3", bps)
 	}
 	if err := sendBatch(p.client, "warm", 2); err != nil {
 		t.Fatalf("requests sent to engines asleep in the warm tier were lost or failed:\n%v", err)

@@ -28,6 +28,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 		Key:  checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint},
 		Time: lw.StartTime.Time, Tier: checkpoint.Tier(strings.ToLower(string(lw.FromTier))),
 		Bytes: a.sl.bytes, BytesPerSecond: float64(lw.BytesPerSecond), Digest: digest, ColdPath: a.Sleep.ColdPath,
+		ColdS3: a.Sleep.ColdS3,
 	}
 	for _, ag := range c.agentsOf(a, refsOf(res)) {
 		if err := callAgent(ctx, "POST", ag.url+"/wakes", rec, nil, 2*time.Second); err != nil {

@@ -1,6 +1,7 @@
 package orchestra
 
 import (
+	"fmt"
 	"path"
 	"strings"
 	"time"
@@ -243,14 +244,98 @@ func ColdPath(name string, app v1alpha1.Application, s Sleep) string {
 	if strings.HasPrefix(app.Model.Source, "pvc://") || c == nil || c.ExistingClaim != "" || c.AccessMode != corev1.ReadWriteMany {
 		return ""
 	}
+	file := weightsFile(app)
+	if file == "" {
+		return ""
+	}
+	return path.Join(name, file)
+}
+
+// weightsFile is the simulator's --weights-file inside the model cache
+// (/models/<file>), cleaned; empty when it has none or it leaves the cache.
+func weightsFile(app v1alpha1.Application) string {
 	var file string
 	for _, a := range app.Runtime.Args {
 		if f, ok := strings.CutPrefix(a, "--weights-file=/models/"); ok {
 			file = path.Clean(f)
 		}
 	}
-	if file == "" || file == "." || file == ".." || strings.HasPrefix(file, "../") {
+	if file == "." || file == ".." || strings.HasPrefix(file, "../") {
 		return ""
 	}
-	return path.Join(name, file)
+	return file
+}
+
+// ColdS3 is the S3 object the node agent reads as an application's cold
+// copy, as the chart's lifecycle.sleep.coldS3 value: the agent gets it as
+// an S3 source named for the application (--cold-s3) with the Secret
+// mounted, and the leader names the source with each wake and a
+// demotion's fallback.
+type ColdS3 struct {
+	// URL is s3://<bucket>/<key> of the weights file.
+	URL string
+	// Endpoint and Region are the model's s3 settings.
+	Endpoint, Region string
+	// CredentialsSecret is the model's credentialsSecretRef.
+	CredentialsSecret string
+}
+
+// values is c as the chart's lifecycle.sleep.coldS3 value; an empty
+// endpoint (AWS) or region (asked from the bucket) is left out.
+func (c ColdS3) values() map[string]any {
+	v := map[string]any{"url": c.URL, "credentialsSecret": c.CredentialsSecret}
+	if c.Endpoint != "" {
+		v["endpoint"] = c.Endpoint
+	}
+	if c.Region != "" {
+		v["region"] = c.Region
+	}
+	return v
+}
+
+// ColdS3Location is where the node agent reads an application's cold copy
+// when its cold tier is S3, or why it cannot: a message naming the
+// application and the field, for the CheckpointFieldsSupported condition.
+// Both are empty when the application does not sleep (nor shares a seat)
+// or its cold tier is not S3. The agent can read it when all of these hold:
+//   - the model's source is s3://<bucket>[/<prefix>]: the cold copy is the
+//     object the fetch Job downloads into the cache;
+//   - the engine is the simulator with --weights-file=/models/<file>: the
+//     tiers hold the simulator's weights, and only then are they that
+//     object's bytes (<prefix>/<file>), so its digest verifies the copy;
+//   - the model has a credentialsSecretRef: the agent, shared by the
+//     node's applications, reads the bucket with the application's own
+//     Secret, never with a cloud identity of its own.
+func ColdS3Location(name string, app v1alpha1.Application, s Sleep) (ColdS3, string) {
+	if app.Lifecycle == nil || (!s.Enabled() && app.Lifecycle.Seat == nil) || s.Tiers.Cold != v1alpha1.ColdTierS3 {
+		return ColdS3{}, ""
+	}
+	m := app.Model
+	rest, ok := strings.CutPrefix(m.Source, "s3://")
+	if !ok {
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but model.source %q is not an s3:// source: the node agent reads the cold copy from the model's bucket; use tiers.cold ModelCache", name, m.Source)
+	}
+	if app.Runtime.Engine != v1alpha1.EngineSimulator {
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but runtime.engine is %s: the node tiers hold only the simulator's weights (--weights-file), so the agent has no copy of %s's to read from S3; a cold wake reads the model cache", name, app.Runtime.Engine, app.Runtime.Engine)
+	}
+	file := weightsFile(app)
+	if file == "" || strings.ContainsAny(file, ", ") {
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but runtime.args have no --weights-file=/models/<file> (a path inside the model cache, without commas or spaces): with synthetic weights there is no object to read", name)
+	}
+	if m.CredentialsSecretRef == nil || m.CredentialsSecretRef.Name == "" {
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but model.credentialsSecretRef is not set: the node agent reads the bucket with the application's Secret (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), never with a cloud identity", name)
+	}
+	bucket, prefix, _ := strings.Cut(rest, "/")
+	key := file
+	if prefix = strings.Trim(prefix, "/"); prefix != "" {
+		key = prefix + "/" + file
+	}
+	c := ColdS3{URL: "s3://" + bucket + "/" + key, CredentialsSecret: m.CredentialsSecretRef.Name}
+	if m.S3 != nil {
+		c.Endpoint, c.Region = m.S3.Endpoint, m.S3.Region
+	}
+	if strings.ContainsAny(key+c.Endpoint+c.Region, ", ") {
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but the object s3://%s/%s or model.s3 holds a comma or a space, which the node agent's --cold-s3 cannot carry", name, bucket, key)
+	}
+	return c, ""
 }

@@ -119,7 +119,9 @@ func TestTranslatorSleepValues(t *testing.T) {
       lifecycle: {sleepAfter: 2m, zeroAfter: 30m, checkpointPolicy: fast, resumeSLO: {resumeRamSeconds: 3}}},
     seated: {model: {source: "hf://org/repo", file: m.gguf}, runtime: {engine: vllm, args: [x]}, lifecycle: {minReplicas: 1, checkpointPolicy: fast, seat: {group: g, priority: 7}}},
     plain: {model: {source: "hf://org/repo", file: m.gguf}, lifecycle: {checkpointPolicy: missing}},
-    fixed: {model: {source: "hf://org/repo", file: m.gguf}}}}`
+    fixed: {model: {source: "hf://org/repo", file: m.gguf}},
+    s3cold: {model: {source: "s3://models/llama", credentialsSecretRef: {name: s3-keys}, s3: {endpoint: "http://minio:9000"}},
+      runtime: {engine: simulator, args: ["--weights-file=/models/w.bin"]}, lifecycle: {sleepAfter: 2m, zeroAfter: 30m, tiers: {cold: S3}}}}}`
 	reader := PolicyDocuments{
 		types.NamespacedName{Namespace: "ns", Name: "fast"}: policyDoc(t, "fast", "{triggers: {idleSeconds: 600, parkSeconds: 3600}, tiers: {warm: None, processSnapshots: true}}"),
 	}
@@ -144,6 +146,14 @@ func TestTranslatorSleepValues(t *testing.T) {
 	}
 	if diff := cmp.Diff(wantChat, get("global.applications.chat.lifecycle.sleep")); diff != "" {
 		t.Errorf("chat's sleep (inline over the policy) (-want +got):\n%s", diff)
+	}
+	// The node agent reads s3cold's weights from its bucket.
+	wantS3 := map[string]any{"url": "s3://models/llama/w.bin", "endpoint": "http://minio:9000", "credentialsSecret": "s3-keys"}
+	if diff := cmp.Diff(wantS3, get("global.applications.s3cold.lifecycle.sleep.coldS3")); diff != "" {
+		t.Errorf("s3cold's coldS3 (-want +got):\n%s", diff)
+	}
+	if got := get("global.applications.s3cold.lifecycle.sleep.coldPath"); got != nil {
+		t.Errorf("s3cold's coldPath = %v, want none: its cold tier is S3", got)
 	}
 	if got := get("global.applications.seated.lifecycle.sleep.after"); got != "10m0s" {
 		t.Errorf("seated sleeps after %v, want the policy's 10m0s", got)
@@ -240,6 +250,66 @@ func TestColdPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ColdPath("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil)); got != tc.want {
 				t.Errorf("ColdPath = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestColdS3Location(t *testing.T) {
+	app := func(mutate func(*v1alpha1.Application)) v1alpha1.Application {
+		a := v1alpha1.Application{
+			Model: v1alpha1.ModelSpec{
+				Source: "s3://models/llama/v1", CredentialsSecretRef: &corev1.LocalObjectReference{Name: "s3-keys"},
+				S3: &v1alpha1.S3Spec{Endpoint: "http://minio.storage:9000", Region: "eu-1"},
+			},
+			Runtime: v1alpha1.RuntimeSpec{Engine: v1alpha1.EngineSimulator, Args: []string{"--weights-file=/models/w.bin"}},
+			Lifecycle: &v1alpha1.LifecycleSpec{SleepAfter: &metav1.Duration{Duration: time.Minute},
+				Tiers: &v1alpha1.CheckpointTiers{Cold: v1alpha1.ColdTierS3}},
+		}
+		if mutate != nil {
+			mutate(&a)
+		}
+		return a
+	}
+	full := ColdS3{URL: "s3://models/llama/v1/w.bin", Endpoint: "http://minio.storage:9000", Region: "eu-1", CredentialsSecret: "s3-keys"}
+	for _, tc := range []struct {
+		name string
+		app  v1alpha1.Application
+		want ColdS3
+		why  string // substring of the reason; empty: none
+	}{
+		{"the model's object", app(nil), full, ""},
+		{"a bucket without a prefix, a file in a directory", app(func(a *v1alpha1.Application) {
+			a.Model.Source, a.Runtime.Args = "s3://models", []string{"--weights-file=/models/sub/w.bin"}
+		}), ColdS3{URL: "s3://models/sub/w.bin", Endpoint: full.Endpoint, Region: full.Region, CredentialsSecret: "s3-keys"}, ""},
+		{"a prefix with a trailing slash, AWS", app(func(a *v1alpha1.Application) { a.Model.Source, a.Model.S3 = "s3://models/llama/", nil }),
+			ColdS3{URL: "s3://models/llama/w.bin", CredentialsSecret: "s3-keys"}, ""},
+		{"a seat without sleepAfter", app(func(a *v1alpha1.Application) {
+			a.Lifecycle.SleepAfter, a.Lifecycle.Seat = nil, &v1alpha1.SeatSpec{Group: "g"}
+		}), full, ""},
+		{"cold tier ModelCache", app(func(a *v1alpha1.Application) { a.Lifecycle.Tiers = nil }), ColdS3{}, ""},
+		{"does not sleep", app(func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), ColdS3{}, ""},
+		{"an hf:// source", app(func(a *v1alpha1.Application) { a.Model.Source = "hf://org/repo" }), ColdS3{},
+			`chat: tiers.cold is S3, but model.source "hf://org/repo" is not an s3:// source`},
+		{"a pvc:// source", app(func(a *v1alpha1.Application) { a.Model.Source = "pvc://claim/dir" }), ColdS3{}, "is not an s3:// source"},
+		{"vLLM", app(func(a *v1alpha1.Application) { a.Runtime.Engine = v1alpha1.EngineVLLM }), ColdS3{}, "chat: tiers.cold is S3, but runtime.engine is vllm"},
+		{"synthetic weights", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-bytes=1GiB"} }), ColdS3{},
+			"chat: tiers.cold is S3, but runtime.args have no --weights-file=/models/<file>"},
+		{"weights outside the cache", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/../etc/passwd"} }), ColdS3{}, "no --weights-file"},
+		{"a comma in the file", app(func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/a,b.bin"} }), ColdS3{}, "no --weights-file"},
+		{"no credentials Secret", app(func(a *v1alpha1.Application) { a.Model.CredentialsSecretRef = nil }), ColdS3{},
+			"chat: tiers.cold is S3, but model.credentialsSecretRef is not set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := ColdS3Location("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("ColdS3Location (-want +got):\n%s", diff)
+			}
+			if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
+				t.Errorf("reason %q, want one containing %q", why, tc.why)
+			}
+			if ColdPath("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil)) != "" {
+				t.Error("an S3 cold tier also has a model-cache coldPath")
 			}
 		})
 	}

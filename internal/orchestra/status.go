@@ -183,7 +183,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	}
 	conds := []metav1.Condition{modelCond, topoCond, gwCond, readyCond}
 	pols := resolvePolicies(ctx, in.Reader, mo)
-	sleepConds := sleepConditions(mo, apps, pols, mo.Status.Conditions)
+	sleepConds := sleepConditions(mo, apps, pols, coldS3SecretProblems(ctx, in.Reader, mo, pols), mo.Status.Conditions)
 	if c := processSnapshotsCondition(mo, pols, idx.checkpoints, mo.Status.Conditions); c != nil {
 		sleepConds = append(sleepConds, *c)
 	}

@@ -1,13 +1,17 @@
 package orchestra
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
@@ -29,8 +33,8 @@ import (
 // that no longer applies is not dropped but set to its all-clear value with
 // a reason saying why; old holds the conditions of the last status.
 // apps are the application statuses, with their lifecycle as the leader
-// reported it.
-func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.ApplicationStatus, pols policies, old []metav1.Condition) []metav1.Condition {
+// reported it; secrets are coldS3SecretProblems.
+func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.ApplicationStatus, pols policies, secrets map[string]string, old []metav1.Condition) []metav1.Condition {
 	var out []metav1.Condition
 	had := func(t string) bool { return meta.FindStatusCondition(old, t) != nil }
 
@@ -57,6 +61,9 @@ func sleepConditions(mo *v1alpha1.ModelOrchestra, apps map[string]v1alpha1.Appli
 		app := mo.Spec.Applications[name]
 		if sleep := effectiveSleep(app, pols); sleep.Enabled() || hasSeat(app) {
 			unsupported = append(unsupported, unsupportedSleepFields(name, app, sleep, pols)...)
+			if why := secrets[name]; why != "" {
+				unsupported = append(unsupported, why)
+			}
 		}
 	}
 	switch {
@@ -137,8 +144,8 @@ func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, 
 	if sleep.Tiers.Warm == v1alpha1.WarmTierNone && sleep.ParkAfter > 0 {
 		out = append(out, fmt.Sprintf("%s: tiers.warm is None with parkAfter %v: the engine wakes from the cold tier after its demotion, but the lifecycle leader still asks the node agent for a warm copy and reports Warm as the resident tier", name, sleep.ParkAfter))
 	}
-	if sleep.Tiers.Cold == v1alpha1.ColdTierS3 {
-		out = append(out, fmt.Sprintf("%s: tiers.cold S3 is not supported; a cold wake reads the model cache, which the fetch Job fills from the model's source", name))
+	if _, why := ColdS3Location(name, app, sleep); why != "" {
+		out = append(out, why)
 	}
 	if p := pols.forApp(app); p != nil && p.Triggers.Preemption != nil {
 		switch preempt := *p.Triggers.Preemption; {
@@ -214,5 +221,46 @@ func sortedKeys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	sort.Strings(out)
+	return out
+}
+
+// coldS3SecretProblems reads the credentials Secret of each application
+// whose node agent reads its cold copy from S3 (ColdS3Location) and says,
+// by application, why the agent cannot use it: the Secret does not exist,
+// or lacks a key. The agent mounts it optional, so it still starts, and
+// that application's copies fail. A Secret that cannot be read (no
+// cluster, as in the offline preview, or another error) is not judged.
+func coldS3SecretProblems(ctx context.Context, r client.Reader, mo *v1alpha1.ModelOrchestra, pols policies) map[string]string {
+	out := map[string]string{}
+	if r == nil {
+		return out
+	}
+	for _, name := range sortedKeys(mo.Spec.Applications) {
+		app := mo.Spec.Applications[name]
+		c, why := ColdS3Location(name, app, effectiveSleep(app, pols))
+		if why != "" || c.CredentialsSecret == "" {
+			continue
+		}
+		getCtx, cancel := context.WithTimeout(ctx, policyReadTimeout)
+		var sec corev1.Secret
+		err := r.Get(getCtx, client.ObjectKey{Namespace: mo.Namespace, Name: c.CredentialsSecret}, &sec)
+		cancel()
+		switch {
+		case apierrors.IsNotFound(err):
+			out[name] = fmt.Sprintf("%s: tiers.cold is S3, but Secret %s/%s (model.credentialsSecretRef) does not exist: the node agent reads the bucket with it, and its copies from S3 fail until it does", name, mo.Namespace, c.CredentialsSecret)
+		case err != nil:
+			continue
+		default:
+			var missing []string
+			for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
+				if len(sec.Data[k]) == 0 && sec.StringData[k] == "" {
+					missing = append(missing, k)
+				}
+			}
+			if len(missing) > 0 {
+				out[name] = fmt.Sprintf("%s: tiers.cold is S3, but Secret %s/%s (model.credentialsSecretRef) has no %s: the node agent reads the bucket with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", name, mo.Namespace, c.CredentialsSecret, strings.Join(missing, " or "))
+			}
+		}
+	}
 	return out
 }

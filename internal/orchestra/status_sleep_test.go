@@ -95,7 +95,7 @@ func TestSleepConditions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			conds := sleepConditions(mo, tc.apps, resolvePolicies(context.Background(), tc.policies, mo), tc.old)
+			conds := sleepConditions(mo, tc.apps, resolvePolicies(context.Background(), tc.policies, mo), nil, tc.old)
 			check := func(typ string, w want) {
 				c := meta.FindStatusCondition(conds, typ)
 				switch {

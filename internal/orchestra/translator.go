@@ -223,6 +223,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 		if p := ColdPath(name, app, sleep); p != "" {
 			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldPath"] = p
 		}
+		if c, why := ColdS3Location(name, app, sleep); why == "" && c.URL != "" {
+			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldS3"] = c.values()
+		}
 		apps[name] = v
 	}
 

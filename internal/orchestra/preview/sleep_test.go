@@ -32,12 +32,14 @@ import (
 // that can sleep, and one application that does not sleep.
 
 const (
-	sleepValues  = "testdata/chart/sleep.values.yaml"
-	sleepGolden  = "testdata/chart/sleep.golden.yaml"
-	seatPort     = 9300
-	agentPort    = 9301
-	sleepRelease = "x"
-	sleepNS      = "ns"
+	sleepValues   = "testdata/chart/sleep.values.yaml"
+	sleepS3Values = "testdata/chart/sleep-s3.values.yaml"
+	sleepS3Golden = "testdata/chart/sleep-s3.golden.yaml"
+	sleepGolden   = "testdata/chart/sleep.golden.yaml"
+	seatPort      = 9300
+	agentPort     = 9301
+	sleepRelease  = "x"
+	sleepNS       = "ns"
 )
 
 func readValues(t *testing.T, path string) map[string]any {
@@ -842,28 +844,105 @@ func TestAgentMountsTheColdTier(t *testing.T) {
 		t.Errorf("the agent with a cold tier gained privileges: %v", why)
 	}
 
+	for name, c := range dispatcherColdTiers(t, objs) {
+		want := ""
+		if name == "sim" {
+			want = "sim/tiny.gguf"
+		}
+		if c.ColdPath != want || c.ColdS3 != "" {
+			t.Errorf("dispatcher lifecycle app %s cold tier %+v, want coldPath %q", name, c, want)
+		}
+	}
+}
+
+// TestSleepS3Golden pins what the chart renders for an application whose
+// cold tier is S3 (go test -update refreshes it).
+func TestSleepS3Golden(t *testing.T) {
+	checkGolden(t, sleepS3Values, sleepS3Golden, renderManifest(t, readValues(t, sleepS3Values)))
+}
+
+// TestAgentReadsTheS3ColdTier checks what the chart renders for an
+// application whose cold tier is S3: the node agent gets the application's S3 source (--cold-s3, named
+// for it, with the model's endpoint and region) and its credentials Secret
+// mounted read-only and optional, never the secret values and no
+// privilege; the model cache is not mounted into it; the leader's
+// configuration names the source (coldS3).
+func TestAgentReadsTheS3ColdTier(t *testing.T) {
+	vals := readValues(t, sleepS3Values)
+	objs := renderObjects(t, vals)
+	var ds appsv1.DaemonSet
+	objs.get(t, "DaemonSet", "x-agent", &ds)
+	pod := ds.Spec.Template.Spec
+	agent := container(t, pod, "agent")
+	wantArg := "--cold-s3=name=sim,url=s3://models/tiny/tiny.gguf,endpoint=http://minio.storage:9000,region=eu-1,credentials=/etc/orchestra-agent/s3/sim"
+	if !slices.Contains(agent.Args, wantArg) {
+		t.Errorf("agent args %q, want %s", agent.Args, wantArg)
+	}
+	for _, a := range agent.Args {
+		if strings.HasPrefix(a, "--cold-dir") {
+			t.Errorf("agent flag %s: an S3 cold tier mounts no model cache", a)
+		}
+	}
+	want := corev1.VolumeMount{Name: "s3-sim", MountPath: "/etc/orchestra-agent/s3/sim", ReadOnly: true}
+	if !slices.Contains(agent.VolumeMounts, want) {
+		t.Errorf("agent mounts %+v, want %+v", agent.VolumeMounts, want)
+	}
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == "s3-sim" })
+	if i < 0 || pod.Volumes[i].Secret == nil || pod.Volumes[i].Secret.SecretName != "s3-keys" ||
+		pod.Volumes[i].Secret.Optional == nil || !*pod.Volumes[i].Secret.Optional {
+		t.Fatalf("agent volumes %+v, want s3-sim: Secret s3-keys, optional", pod.Volumes)
+	}
+	var keys []string
+	for _, it := range pod.Volumes[i].Secret.Items {
+		keys = append(keys, it.Key)
+	}
+	if !slices.Equal(keys, []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) {
+		t.Errorf("Secret keys mounted %v, want the two the fetch Job reads", keys)
+	}
+	for _, e := range agent.Env {
+		if strings.HasPrefix(e.Name, "AWS_") || (e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil) {
+			t.Errorf("agent env %s: the credentials come from the mounted Secret only", e.Name)
+		}
+	}
+	if len(agent.EnvFrom) > 0 {
+		t.Errorf("agent envFrom %+v: the credentials come from the mounted Secret only", agent.EnvFrom)
+	}
+	if why := privileges(pod); len(why) > 0 {
+		t.Errorf("the agent with an S3 cold tier gained privileges: %v", why)
+	}
+
+	if c := dispatcherColdTiers(t, objs); len(c) != 1 || c["sim"] != (coldTier{ColdS3: "sim"}) {
+		t.Errorf("dispatcher lifecycle cold tiers %+v, want sim with coldS3 sim and no coldPath", c)
+	}
+}
+
+// coldTier is where the leader's configuration says an application's cold
+// copy is.
+type coldTier struct {
+	ColdPath string `json:"coldPath"`
+	ColdS3   string `json:"coldS3"`
+}
+
+// dispatcherColdTiers reads the cold tier of each lifecycle application
+// from the rendered dispatcher configuration.
+func dispatcherColdTiers(t *testing.T, objs rendered) map[string]coldTier {
+	t.Helper()
 	var cm corev1.ConfigMap
 	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
 	var cfg struct {
 		Lifecycle struct {
 			Apps []struct {
-				Name  string `json:"name"`
-				Sleep struct {
-					ColdPath string `json:"coldPath"`
-				} `json:"sleep"`
+				Name  string   `json:"name"`
+				Sleep coldTier `json:"sleep"`
 			} `json:"apps"`
 		} `json:"lifecycle"`
 	}
 	if err := yaml.Unmarshal([]byte(cm.Data["dispatcher.yaml"]), &cfg); err != nil {
 		t.Fatal(err)
 	}
+	out := map[string]coldTier{}
 	for _, a := range cfg.Lifecycle.Apps {
-		want := ""
-		if a.Name == "sim" {
-			want = "sim/tiny.gguf"
-		}
-		if a.Sleep.ColdPath != want {
-			t.Errorf("dispatcher lifecycle app %s coldPath %q, want %q", a.Name, a.Sleep.ColdPath, want)
-		}
+		out[a.Name] = a.Sleep
 	}
+	return out
 }
