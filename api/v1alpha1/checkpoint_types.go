@@ -367,8 +367,8 @@ const (
 	ConditionCheckpointPolicyResolved = "CheckpointPolicyResolved"
 	// ConditionCheckpointFieldsSupported is False while a sleeping
 	// application sets a checkpoint field the operator accepts but does
-	// not act on (tiers.hot None with sleepLevel 1, tiers.warm None with
-	// parkAfter, tiers.cold S3, triggers.preemption true); the message
+	// not act on (tiers.hot None with sleepLevel 1, tiers.cold S3,
+	// triggers.preemption true); the message
 	// names each application and field. True once none does.
 	ConditionCheckpointFieldsSupported = "CheckpointFieldsSupported"
 
