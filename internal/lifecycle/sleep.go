@@ -47,6 +47,10 @@ const (
 	EventEngineWakeRetry = "EngineWakeFailing"
 )
 
+// DefaultAgentPort is the node agent's port when the configuration names
+// none.
+const DefaultAgentPort = 9301
+
 // SleepConfig is the sleep section of an application's lifecycle: when its
 // engines sleep, how, and where the leader finds the seats and node agents
 // that do it. The chart renders it from the application's effective
@@ -124,7 +128,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.SeatPort = 9300
 	}
 	if d.AgentPort == 0 {
-		d.AgentPort = 9301
+		d.AgentPort = DefaultAgentPort
 	}
 	if d.SLO.ResumeRAMSeconds == 0 {
 		d.SLO.ResumeRAMSeconds = 1

@@ -523,6 +523,7 @@ type sleepMetrics struct {
 	restoredBytes *prometheus.CounterVec
 	demotions     *prometheus.CounterVec
 	restarts      *prometheus.CounterVec
+	agentReports  *prometheus.CounterVec
 }
 
 func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
@@ -541,7 +542,9 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
 			Help: "Root pods deleted because their seat was Failed (the engine in a state the seat cannot tell)."}, []string{"app"}),
+		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
+			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),
 	}
-	reg.MustRegister(m.sleeps, m.wakes, m.wakeSeconds, m.restoredBytes, m.demotions, m.restarts)
+	reg.MustRegister(m.sleeps, m.wakes, m.wakeSeconds, m.restoredBytes, m.demotions, m.restarts, m.agentReports)
 	return m
 }
