@@ -366,7 +366,10 @@ func (s *podSeat) Restart(ctx context.Context) error {
 }
 
 // Wake implements seatgroup.Seat; it keeps the seat's answer, whose
-// lastWake the swap's report to the node agent reads (reportSwap).
+// lastWake the swap's report to the node agent reads (reportSwap), with
+// the digest of the engine's weights from the last GET /state (the answer
+// to a wake does not read the engine's weights; their digest is the one
+// recorded at load).
 func (s *podSeat) Wake(ctx context.Context) error {
 	h, err := s.http()
 	if err != nil {
@@ -375,6 +378,9 @@ func (s *podSeat) Wake(ctx context.Context) error {
 	st, err := h.WakeStatus(ctx)
 	if err != nil {
 		return err
+	}
+	if prev, _ := s.reading(); st.Digest == "" {
+		st.Digest = prev.Digest
 	}
 	s.setReading(st, true)
 	return nil
