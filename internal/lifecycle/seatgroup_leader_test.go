@@ -58,6 +58,10 @@ type seatEngine struct {
 	// chats counts the inference requests that reached the engine, and
 	// chatsAsleep those that reached it while it slept.
 	chats, chatsAsleep atomic.Int64
+	// weightsFile, when set, is the model file the engine loads (in the
+	// node agent's cold tier), under the name weightsName in its tiers;
+	// warm is its warm tier directory.
+	weightsFile, weightsName, warm string
 }
 
 // seatGroupPlane is a seat group's pod (one engine and seat agent per
@@ -78,8 +82,8 @@ type seatGroupPlane struct {
 	// agent), agentWarm its warm tier; while agentHangs is set it answers
 	// no report of a wake or a sleep until the caller gives up.
 	agent      *httptest.Server
-	agentWarm  string
-	agentHangs atomic.Bool
+	agentHot, agentWarm, agentCold string
+	agentHangs                     atomic.Bool
 }
 
 // weights reports the engine's weights; a stopped (restarted) engine
@@ -103,6 +107,11 @@ type seatPlaneOptions struct {
 	// agent runs a node agent on the group pods' node, to which the
 	// leader reports the swaps.
 	agent bool
+	// fromCold are applications (with agent, of a group of one pod)
+	// whose engine sleeps at level 2 and loads a model file from the
+	// node agent's cold tier, its hot and warm tiers the agent's: the
+	// agent can promote their weights ahead of a predicted wake.
+	fromCold map[string]bool
 }
 
 func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32, opts ...func(*seatPlaneOptions)) *seatGroupPlane {
@@ -174,9 +183,14 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		var e *seatEngine
 		for pi, addr := range addrs {
 			pe := &seatEngine{name: name}
+			hot := hots[pi]
+			if o.fromCold[name] {
+				pe.weightsFile, pe.weightsName = writeModelFile(t, p.agentCold, name, i), "demo-"+name
+				hot, pe.warm = filepath.Join(p.agentHot, ns), filepath.Join(p.agentWarm, ns)
+			}
 			// Pod pi serves at pod 0's ports on its own address, with
 			// its own hot tier.
-			startSeatEngine(ctx, t, pe, i, hots[pi], addr, p.podEngines[0][name], o.leak[name])
+			startSeatEngine(ctx, t, pe, i, hot, addr, p.podEngines[0][name], o.leak[name])
 			p.podEngines[pi][name] = pe
 			if pi == 0 {
 				e = pe
@@ -205,6 +219,9 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}}
 		if o.agent {
 			member.AgentSelector, member.AgentPort, member.ModelCheckpoint = agentSelector, port(t, p.agent), "demo-"+name
+		}
+		if o.fromCold[name] {
+			member.SleepLevel, member.ColdPath = 2, name+".bin"
 		}
 		group.Members = append(group.Members, member)
 		for pi := range addrs {
@@ -263,9 +280,20 @@ func (p *seatGroupPlane) startAgent(ctx context.Context) {
 	dir := t.TempDir()
 	ac := checkpoint.Default()
 	ac.Role = checkpoint.RoleNode
-	p.agentWarm = filepath.Join(dir, "warm")
-	ac.Node.Store = checkpoint.StoreConfig{HotDir: filepath.Join(dir, "hot"), WarmDir: p.agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	p.agentHot, p.agentWarm, p.agentCold = filepath.Join(dir, "hot"), filepath.Join(dir, "warm"), filepath.Join(dir, "cold")
+	// The namespace's tier directories exist before the engines start
+	// (the chart mounts them as hostPath DirectoryOrCreate).
+	for _, d := range []string{filepath.Join(p.agentHot, ns), filepath.Join(p.agentWarm, ns), p.agentCold} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ac.Node.Store = checkpoint.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = 1<<20, "", "containerd://1.6.20"
+	ac.Node.ColdDir = p.agentCold
+	// Plan often, and promote whatever is predicted at all: the test's
+	// wakes come a second apart.
+	ac.Node.PromoteInterval, ac.Node.PromoteMargin = 100*time.Millisecond, time.Hour
 	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +314,36 @@ func (p *seatGroupPlane) startAgent(ctx context.Context) {
 	}))
 	t.Cleanup(p.agent.Close)
 	t.Cleanup(func() { close(released) }) // first: Close waits for the handlers
+}
+
+// agentReport is the node agent's report.
+func (p *seatGroupPlane) agentReport() checkpoint.NodeReport {
+	p.t.Helper()
+	var report checkpoint.NodeReport
+	resp, err := http.Get(p.agent.URL + "/report")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if err := json.NewDecoder(resp.Body).Decode(&report); err != nil {
+		p.t.Fatal(err)
+	}
+	return report
+}
+
+// writeModelFile writes app i's 4 MiB model file into dir and returns its
+// path.
+func writeModelFile(t *testing.T, dir, app string, i int) string {
+	t.Helper()
+	w := make([]byte, 4<<20)
+	for j := range w {
+		w[j] = byte(j*7 + j>>11 + i)
+	}
+	path := filepath.Join(dir, app+".bin")
+	if err := os.WriteFile(path, w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // history is the node agent's persisted history of app's weights (nil
@@ -829,7 +887,10 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 	sc.Model = e.name
 	sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
 	sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
-	sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
+	if e.weightsFile != "" {
+		sc.Weights = sim.Weights{File: e.weightsFile, Name: e.weightsName}
+	}
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot, WarmDir: e.warm}
 	sc.Faults.SleepLeak = leak
 	var err error
 	e.eng, err = simengine.New(sc, slog.New(slog.DiscardHandler))
@@ -915,10 +976,15 @@ func countWhile(bad func() bool) func() int64 {
 // wakes with the bytes and tier of the restore, knows which engine is
 // awake (the one swapped in last, however quickly it was swapped out and
 // back in before), and predicts the next wake of the one asleep from the
-// pattern. An agent that does not answer holds no swap up: its reports are
-// counted as failed, and the applications are still swapped and served.
+// pattern. Alpha sleeps at level 2 and loads a model file the agent can read
+// (its cold tier): the agent promotes it to the hot tier ahead of its
+// predicted turn, and alpha's next wake reads that copy. An agent that
+// does not answer holds no swap up: its reports are counted as failed,
+// and the applications are still swapped and served.
 func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
-	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 1, func(o *seatPlaneOptions) { o.agent = true })
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 1, func(o *seatPlaneOptions) {
+		o.agent, o.fromCold = true, map[string]bool{"alpha": true}
+	})
 	eventually(t, 30*time.Second, holds("the group to come within its budget of one awake engine", func() bool {
 		return len(p.awake()) == 1
 	}))
@@ -981,16 +1047,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = resp.Body.Close()
-	var report checkpoint.NodeReport
-	resp, err = http.Get(p.agent.URL + "/report")
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = json.NewDecoder(resp.Body).Decode(&report)
-	_ = resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	report := p.agentReport()
 	var predicted *checkpoint.PredictedWake
 	for i, pw := range report.Promotion.Predictions {
 		switch pw.Name {
@@ -1012,12 +1069,32 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 		t.Errorf("alpha's next wake predicted %v after its last one (%s pattern), want a coming turn: a multiple of the period %v", next, predicted.Pattern, period)
 	}
 
+	// With a margin of an hour, a prediction makes alpha's promotion due
+	// at once: the agent copies its model file from the cold tier up to the
+	// hot tier, verified, and alpha's next wake reads the hot copy.
+	eventually(t, 10*time.Second, func() error {
+		r := p.agentReport().Promotion
+		for _, d := range r.Done {
+			if d.Name == "demo-alpha" && d.To == checkpoint.TierHot && d.Error == "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the agent's promotions %+v, want alpha's weights promoted to the hot tier", r)
+	})
+	if err := p.send("alpha", rounds, 2, 8); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, holding("alpha"))
+	if w := p.engines["alpha"].weights(); w.LastWake == nil || w.LastWake.Tier != sim.TierHot || !w.LastWake.Verified {
+		t.Errorf("alpha's last wake %+v, want a verified wake from the hot copy the agent promoted", w.LastWake)
+	}
+
 	// An agent that answers no report holds no swap up.
 	if c := sumLabeled(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"app": "alpha", "result": "failed"}); c != 0 {
 		t.Errorf("%v reports of alpha's swaps failed while the agent answered", c)
 	}
 	p.agentHangs.Store(true)
-	for round := rounds; round < rounds+2; round++ {
+	for round := rounds + 1; round < rounds+3; round++ {
 		for _, app := range []string{"alpha", "beta"} {
 			sent := time.Now()
 			if err := p.send(app, round, 2, 8); err != nil {
