@@ -81,7 +81,7 @@ type seatGroupPlane struct {
 	// agent is the node agent of the group pods' node (seatPlaneOptions
 	// agent), agentWarm its warm tier; while agentHangs is set it answers
 	// no report of a wake or a sleep until the caller gives up.
-	agent      *httptest.Server
+	agent                          *httptest.Server
 	agentHot, agentWarm, agentCold string
 	agentHangs                     atomic.Bool
 }
