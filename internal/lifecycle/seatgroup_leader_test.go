@@ -349,20 +349,11 @@ func writeModelFile(t *testing.T, dir, app string, i int) string {
 // history is the node agent's persisted history of app's weights (nil
 // while it has none).
 func (p *seatGroupPlane) history(app string) *checkpoint.WakeHistory {
-	b, err := os.ReadFile(filepath.Join(p.agentWarm, ".wakes.json"))
+	h, err := agentHistory(p.agentWarm, "demo-"+app)
 	if err != nil {
 		return nil
 	}
-	var hs []checkpoint.WakeHistory
-	if err := json.Unmarshal(b, &hs); err != nil {
-		return nil
-	}
-	for i := range hs {
-		if hs[i].Key == (checkpoint.Key{Namespace: ns, Name: "demo-" + app}) {
-			return &hs[i]
-		}
-	}
-	return nil
+	return &h
 }
 
 func (e *seatEngine) seatState() (checkpoint.SeatStatus, error) {

@@ -296,21 +296,34 @@ func (p *sleepPlane) placeRoot() {
 func (p *sleepPlane) wantHistory(wakes, sleeps int) {
 	p.e.t.Helper()
 	eventually(p.e.t, 5*time.Second, func() error {
-		b, err := os.ReadFile(filepath.Join(p.agentWarm, ".wakes.json"))
+		h, err := agentHistory(p.agentWarm, "demo-chat")
 		if err != nil {
 			return err
 		}
-		var hs []checkpoint.WakeHistory
-		if err := json.Unmarshal(b, &hs); err != nil {
-			return err
+		if len(h.Wakes) != wakes || len(h.Sleeps) != sleeps {
+			return fmt.Errorf("the agent's history %+v; want %d wakes and %d sleeps of %s/demo-chat", h, wakes, sleeps, ns)
 		}
-		for _, h := range hs {
-			if h.Key == (checkpoint.Key{Namespace: ns, Name: "demo-chat"}) && len(h.Wakes) == wakes && len(h.Sleeps) == sleeps {
-				return nil
-			}
-		}
-		return fmt.Errorf("the agent's histories %s; want %d wakes and %d sleeps of %s/demo-chat", b, wakes, sleeps, ns)
+		return nil
 	})
+}
+
+// agentHistory is the node agent's persisted history (in its warm tier
+// warmDir) of the weights name of the namespace ns.
+func agentHistory(warmDir, name string) (checkpoint.WakeHistory, error) {
+	b, err := os.ReadFile(filepath.Join(warmDir, ".wakes.json"))
+	if err != nil {
+		return checkpoint.WakeHistory{}, err
+	}
+	var hs []checkpoint.WakeHistory
+	if err := json.Unmarshal(b, &hs); err != nil {
+		return checkpoint.WakeHistory{}, err
+	}
+	for _, h := range hs {
+		if h.Key == (checkpoint.Key{Namespace: ns, Name: name}) {
+			return h, nil
+		}
+	}
+	return checkpoint.WakeHistory{}, fmt.Errorf("the agent's histories %s have none of %s/%s", b, ns, name)
 }
 
 // config is the lifecycle with sleeping engines: minReplicas 1, sleep after
