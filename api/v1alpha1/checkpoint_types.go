@@ -372,9 +372,9 @@ const (
 	ConditionCheckpointPolicyResolved = "CheckpointPolicyResolved"
 	// ConditionCheckpointFieldsSupported is False while a sleeping
 	// application sets a checkpoint field the operator accepts but does
-	// not act on (tiers.hot None with sleepLevel 1, tiers.warm None with
-	// parkAfter, tiers.cold S3 where the node agent cannot read the
-	// model's object, triggers.preemption true); the message
+	// not act on (tiers.hot None with sleepLevel 1, tiers.cold S3 where
+	// the node agent cannot read the model's object, triggers.preemption
+	// true); the message
 	// names each application and field. True once none does.
 	ConditionCheckpointFieldsSupported = "CheckpointFieldsSupported"
 

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/natsqueue"
@@ -99,6 +100,34 @@ type SeatMember struct {
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
 	// SeatPort is its seat agent's port in the group's pod.
 	SeatPort int32 `json:"seatPort"`
+	// AgentSelector selects the node agents' pods (one per node): the
+	// leader reports each swap's sleep and wake of the application to the
+	// agent on the group pod's node (POST /sleeps, POST /wakes), from
+	// which it predicts the next wake and promotes the weights ahead of
+	// it. Empty: nothing is reported.
+	AgentSelector string `json:"agentSelector,omitempty"`
+	// AgentPort is the node agent's port. Default 9301.
+	AgentPort int32 `json:"agentPort,omitempty"`
+	// ModelCheckpoint is the name of the application's weights in the node
+	// agent's tiers (under the orchestra's namespace; its ModelCheckpoint).
+	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
+	// ColdPath is the weights file inside the node agent's cold tier, sent
+	// with each wake so that the agent can promote from it.
+	ColdPath string `json:"coldPath,omitempty"`
+	// ColdS3 names the node agent's S3 cold source of the weights (the
+	// application's name) when its cold tier is S3; exclusive with
+	// ColdPath.
+	ColdS3 string `json:"coldS3,omitempty"`
+}
+
+// sleep is the member's sleep as the leader's reports to the node agents
+// read it (reportSleep, reportWake); nil without a node agent.
+func (m SeatMember) sleep() *SleepConfig {
+	if m.AgentSelector == "" {
+		return nil
+	}
+	return &SleepConfig{Level: m.SleepLevel, AgentSelector: m.AgentSelector, AgentPort: m.AgentPort,
+		ModelCheckpoint: m.ModelCheckpoint, ColdPath: m.ColdPath, ColdS3: m.ColdS3}
 }
 
 // Owner identifies the resource events are recorded on.
@@ -176,6 +205,9 @@ func (c Config) Defaulted() Config {
 			}
 			if m.SleepLevel == 0 {
 				m.SleepLevel = 1
+			}
+			if m.AgentPort == 0 {
+				m.AgentPort = DefaultAgentPort
 			}
 		}
 	}
@@ -279,6 +311,26 @@ func (c Config) Validate(appNames []string) error {
 			}
 			if m.SeatPort < 1 || m.SeatPort > 65535 {
 				add("lifecycle.seatGroups[%d] (%s): application %q: seatPort must be a port (1-65535), got %d", i, g.Name, m.Name, m.SeatPort)
+			}
+			if m.AgentPort < 0 || m.AgentPort > 65535 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: agentPort must be a port (1-65535; 0 for the default), got %d", i, g.Name, m.Name, m.AgentPort)
+			}
+			if m.AgentSelector != "" {
+				if _, err := labels.Parse(m.AgentSelector); err != nil {
+					add("lifecycle.seatGroups[%d] (%s): application %q: agentSelector %q: %v", i, g.Name, m.Name, m.AgentSelector, err)
+				}
+				if m.ModelCheckpoint == "" {
+					add("lifecycle.seatGroups[%d] (%s): application %q: agentSelector needs modelCheckpoint, the weights' name in the node agent's tiers", i, g.Name, m.Name)
+				}
+			}
+			if m.ColdPath != "" && m.AgentSelector == "" {
+				add("lifecycle.seatGroups[%d] (%s): application %q: coldPath needs agentSelector", i, g.Name, m.Name)
+			}
+			if m.ColdS3 != "" && m.AgentSelector == "" {
+				add("lifecycle.seatGroups[%d] (%s): application %q: coldS3 needs agentSelector", i, g.Name, m.Name)
+			}
+			if m.ColdS3 != "" && m.ColdPath != "" {
+				add("lifecycle.seatGroups[%d] (%s): application %q: coldPath and coldS3 are exclusive: the cold tier is the model cache or S3", i, g.Name, m.Name)
 			}
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,7 +68,23 @@ type seatGroupRun struct {
 	// written is the SeatServingAnnotation last written (the executors'
 	// goroutine's).
 	written SeatServing
+	// reports are the swaps' sleeps and wakes on their way to the node
+	// agents (reportLoop).
+	reports chan swapReport
 }
+
+// swapReport is one sleep or wake of a swap for the node agent on the
+// pod's node.
+type swapReport struct {
+	m    *seatMember
+	pod  *corev1.Pod
+	kind string // reportWake or reportSleep
+	rec  any    // checkpoint.WakeRecord or checkpoint.SleepRecord
+}
+
+// maxQueuedReports bounds the swap reports waiting for the node agents; a
+// report that finds the queue full is dropped (logged and counted).
+const maxQueuedReports = 64
 
 // seatPodRun is one pod of a group on the leader: its executor, its seats
 // and its gate for each application. Only the group's goroutine touches
@@ -116,11 +133,12 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 	if !c.seatGroupReplicasMatch(ctx, g) {
 		return
 	}
-	r := &seatGroupRun{c: c, g: g, members: map[string]*seatMember{}, kick: make(chan struct{}, 1), statusKick: make(chan struct{}, 1)}
+	r := &seatGroupRun{c: c, g: g, members: map[string]*seatMember{}, kick: make(chan struct{}, 1), statusKick: make(chan struct{}, 1),
+		reports: make(chan swapReport, maxQueuedReports)}
 	r.disp = &seatDispatcher{r: r, ctx: ctx}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	for _, m := range g.Members {
-		st := newAppState(App{Name: m.Name, RootStatefulSet: g.StatefulSet})
+		st := newAppState(App{Name: m.Name, RootStatefulSet: g.StatefulSet, Sleep: m.sleep()})
 		st.annotation = SeatAnnotationStatus(m.Name)
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
@@ -180,6 +198,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 	log.Info("seat group: multiplexing", "statefulSet", g.StatefulSet, "replicas", len(r.pods), "activeSeats", g.ActiveSeats, "apps", len(g.Members))
 	var wg sync.WaitGroup
 	wg.Go(func() { r.statusLoop(ctx) })
+	wg.Go(func() { r.reportLoop(ctx) })
 	r.run(ctx)
 	wg.Wait()
 }
@@ -346,13 +365,25 @@ func (s *podSeat) Restart(ctx context.Context) error {
 	return nil
 }
 
-// Wake implements seatgroup.Seat.
+// Wake implements seatgroup.Seat; it keeps the seat's answer, whose
+// lastWake the swap's report to the node agent reads (reportSwap), with
+// the digest of the engine's weights from the last GET /state (the answer
+// to a wake does not read the engine's weights; their digest is the one
+// recorded at load).
 func (s *podSeat) Wake(ctx context.Context) error {
 	h, err := s.http()
 	if err != nil {
 		return err
 	}
-	return h.Wake(ctx)
+	st, err := h.WakeStatus(ctx)
+	if err != nil {
+		return err
+	}
+	if prev, _ := s.reading(); st.Digest == "" {
+		st.Digest = prev.Digest
+	}
+	s.setReading(st, true)
+	return nil
 }
 
 // podDispatcher implements seatgroup.Dispatcher for one pod's executor:
@@ -619,9 +650,94 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 		return
 	}
 	seat.setReading(st, true)
+	r.reportSwap(p, m, ev, st)
 	select {
 	case r.statusKick <- struct{}{}:
 	default:
+	}
+}
+
+// reportSwap queues a successful wake, sleep or restart of a member's
+// engine for the node agent on the pod's node (POST /wakes, POST /sleeps,
+// as the leader reports an application's), from which the agent predicts
+// the member's next wake and promotes its weights ahead of it. The
+// executor's goroutine only queues: reportLoop posts, so that an agent
+// that is slow or gone never holds up a swap. st is the seat's reading
+// after the action (a wake's: the seat's answer, with what it restored).
+//
+// The agent holds the engines of an artifact awake while its last wake
+// came after its last sleep. The times are the actions' starts, so a wake
+// that follows a sleep (a member swapped out and back in) is always the
+// later; and a sleep in one pod is not reported while another pod on the
+// same node still holds the member awake.
+func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Event, st checkpoint.SeatStatus) {
+	sleep := m.st.Sleep
+	if sleep == nil {
+		return
+	}
+	pod, err := p.seats[ev.App].pod()
+	if err != nil {
+		return
+	}
+	key := checkpoint.Key{Namespace: r.c.deps.Namespace, Name: sleep.ModelCheckpoint}
+	rep := swapReport{m: m, pod: pod}
+	if ev.Kind == seatgroup.ActionWake {
+		rec := checkpoint.WakeRecord{Key: key, Time: ev.Start, Digest: st.Digest, ColdPath: sleep.ColdPath, ColdS3: sleep.ColdS3}
+		if w := st.LastWake; w != nil && w.Transfer != nil && w.Error == "" {
+			rec.Tier, rec.Bytes = checkpoint.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
+			if w.Seconds > 0 {
+				rec.BytesPerSecond = float64(w.Transfer.Bytes) / w.Seconds
+			}
+		}
+		rep.kind, rep.rec = reportWake, rec
+	} else {
+		if r.awakeOnNode(p, ev.App, pod.Spec.NodeName) {
+			return
+		}
+		// A restarted engine holds nothing: its next wake loads the
+		// weights, as after a sleep at level 2.
+		level := int(m.cfg.SleepLevel)
+		if ev.Kind == seatgroup.ActionRestart {
+			level = 2
+		}
+		rep.kind, rep.rec = reportSleep, checkpoint.SleepRecord{Key: key, Time: ev.Start, Level: level}
+	}
+	select {
+	case r.reports <- rep:
+	default:
+		r.c.sm.agentReports.WithLabelValues(ev.App, rep.kind, "failed").Inc()
+		r.c.log.Info("reporting the "+rep.kind+" to the node agent: too many reports waiting; dropped", "seatGroup", r.g.Name, "app", ev.App, "pod", pod.Name)
+	}
+}
+
+// awakeOnNode reports whether a pod of the group other than p, on node,
+// holds app's engine awake (its last reading).
+func (r *seatGroupRun) awakeOnNode(p *seatPodRun, app, node string) bool {
+	for _, q := range r.pods {
+		if q == p {
+			continue
+		}
+		pod, err := q.seats[app].pod()
+		if err != nil || pod.Spec.NodeName != node {
+			continue
+		}
+		if st, ok := q.seats[app].reading(); ok && seatHolds(st.State) {
+			return true
+		}
+	}
+	return false
+}
+
+// reportLoop posts the queued swap reports to the node agents, in order,
+// until ctx ends (tellAgents: a failure is logged and counted).
+func (r *seatGroupRun) reportLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rep := <-r.reports:
+			r.c.tellAgents(ctx, rep.m.st, []seatRef{{pod: rep.pod}}, rep.kind, rep.rec)
+		}
 	}
 }
 

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +58,10 @@ type seatEngine struct {
 	// chats counts the inference requests that reached the engine, and
 	// chatsAsleep those that reached it while it slept.
 	chats, chatsAsleep atomic.Int64
+	// weightsFile, when set, is the model file the engine loads (in the
+	// node agent's cold tier), under the name weightsName in its tiers;
+	// warm is its warm tier directory.
+	weightsFile, weightsName, warm string
 }
 
 // seatGroupPlane is a seat group's pod (one engine and seat agent per
@@ -71,6 +78,12 @@ type seatGroupPlane struct {
 	// 127.0.0.<i+1>, its engines and seats at pod 0's ports);
 	// podEngines[0] is engines.
 	podEngines []map[string]*seatEngine
+	// agent is the node agent of the group pods' node (seatPlaneOptions
+	// agent), agentWarm its warm tier; while agentHangs is set it answers
+	// no report of a wake or a sleep until the caller gives up.
+	agent                          *httptest.Server
+	agentHot, agentWarm, agentCold string
+	agentHangs                     atomic.Bool
 }
 
 // weights reports the engine's weights; a stopped (restarted) engine
@@ -91,6 +104,14 @@ type seatPlaneOptions struct {
 	sleepAfter map[string]time.Duration
 	// pods is the group's pods (its configured replicas); default 1.
 	pods int
+	// agent runs a node agent on the group pods' node, to which the
+	// leader reports the swaps.
+	agent bool
+	// fromCold are applications (with agent, of a group of one pod)
+	// whose engine sleeps at level 2 and loads a model file from the
+	// node agent's cold tier, its hot and warm tiers the agent's: the
+	// agent can promote their weights ahead of a predicted wake.
+	fromCold map[string]bool
 }
 
 func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32, opts ...func(*seatPlaneOptions)) *seatGroupPlane {
@@ -125,12 +146,23 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 	}
 	pods := max(o.pods, 1)
 	objs := []runtime.Object{sts}
+	agentSelector := "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent"
+	if o.agent {
+		p.startAgent(ctx)
+		objs = append(objs, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: orch + "-agent-x1", Namespace: ns, Labels: map[string]string{
+				"app.kubernetes.io/instance": orch, "app.kubernetes.io/component": "checkpoint-agent"}},
+			Spec:   corev1.PodSpec{NodeName: "node-a"},
+			Status: corev1.PodStatus{PodIP: "127.0.0.1", Phase: corev1.PodRunning},
+		})
+	}
 	var addrs []string
 	for i := range pods {
 		ip := fmt.Sprintf("127.0.0.%d", i+1)
 		addrs = append(addrs, ip)
 		objs = append(objs, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", seatGroupSet, i), Namespace: ns, Labels: labels},
+			Spec:       corev1.PodSpec{NodeName: "node-a"},
 			Status: corev1.PodStatus{PodIP: ip, Phase: corev1.PodRunning,
 				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 		})
@@ -151,9 +183,14 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		var e *seatEngine
 		for pi, addr := range addrs {
 			pe := &seatEngine{name: name}
+			hot := hots[pi]
+			if o.fromCold[name] {
+				pe.weightsFile, pe.weightsName = writeModelFile(t, p.agentCold, name, i), "demo-"+name
+				hot, pe.warm = filepath.Join(p.agentHot, ns), filepath.Join(p.agentWarm, ns)
+			}
 			// Pod pi serves at pod 0's ports on its own address, with
 			// its own hot tier.
-			startSeatEngine(ctx, t, pe, i, hots[pi], addr, p.podEngines[0][name], o.leak[name])
+			startSeatEngine(ctx, t, pe, i, hot, addr, p.podEngines[0][name], o.leak[name])
 			p.podEngines[pi][name] = pe
 			if pi == 0 {
 				e = pe
@@ -178,8 +215,15 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		}
 		dcfg.Apps = append(dcfg.Apps, dispatch.App{Name: name, Service: service, PortName: "http", Port: 1, MaxConcurrency: 4})
 		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
-		group.Members = append(group.Members, lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
-			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}})
+		member := lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
+			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}}
+		if o.agent {
+			member.AgentSelector, member.AgentPort, member.ModelCheckpoint = agentSelector, port(t, p.agent), "demo-"+name
+		}
+		if o.fromCold[name] {
+			member.SleepLevel, member.ColdPath = 2, name+".bin"
+		}
+		group.Members = append(group.Members, member)
 		for pi := range addrs {
 			pe := p.podEngines[pi][name]
 			eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
@@ -227,6 +271,89 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 	}
 	t.Cleanup(p.client.Close)
 	return p
+}
+
+// startAgent starts the node agent of the group pods' node, with its hot
+// and warm tiers in temporary directories.
+func (p *seatGroupPlane) startAgent(ctx context.Context) {
+	t := p.t
+	dir := t.TempDir()
+	ac := checkpoint.Default()
+	ac.Role = checkpoint.RoleNode
+	p.agentHot, p.agentWarm, p.agentCold = filepath.Join(dir, "hot"), filepath.Join(dir, "warm"), filepath.Join(dir, "cold")
+	// The namespace's tier directories exist before the engines start
+	// (the chart mounts them as hostPath DirectoryOrCreate).
+	for _, d := range []string{filepath.Join(p.agentHot, ns), filepath.Join(p.agentWarm, ns), p.agentCold} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ac.Node.Store = checkpoint.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = 1<<20, "", "containerd://1.6.20"
+	ac.Node.ColdDir = p.agentCold
+	// Plan often, and promote whatever is predicted at all: the test's
+	// wakes come a second apart.
+	ac.Node.PromoteInterval, ac.Node.PromoteMargin = 100*time.Millisecond, time.Hour
+	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	p.agent = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.agentHangs.Load() && (r.URL.Path == "/wakes" || r.URL.Path == "/sleeps") {
+			// Read the body, so that the server notices the caller
+			// giving up.
+			_, _ = io.Copy(io.Discard, r.Body)
+			select {
+			case <-r.Context().Done():
+			case <-released:
+			}
+			return
+		}
+		ah.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.agent.Close)
+	t.Cleanup(func() { close(released) }) // first: Close waits for the handlers
+}
+
+// agentReport is the node agent's report.
+func (p *seatGroupPlane) agentReport() checkpoint.NodeReport {
+	p.t.Helper()
+	var report checkpoint.NodeReport
+	resp, err := http.Get(p.agent.URL + "/report")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if err := json.NewDecoder(resp.Body).Decode(&report); err != nil {
+		p.t.Fatal(err)
+	}
+	return report
+}
+
+// writeModelFile writes app i's 4 MiB model file into dir and returns its
+// path.
+func writeModelFile(t *testing.T, dir, app string, i int) string {
+	t.Helper()
+	w := make([]byte, 4<<20)
+	for j := range w {
+		w[j] = byte(j*7 + j>>11 + i)
+	}
+	path := filepath.Join(dir, app+".bin")
+	if err := os.WriteFile(path, w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// history is the node agent's persisted history of app's weights (nil
+// while it has none).
+func (p *seatGroupPlane) history(app string) *checkpoint.WakeHistory {
+	h, err := agentHistory(p.agentWarm, "demo-"+app)
+	if err != nil {
+		return nil
+	}
+	return &h
 }
 
 func (e *seatEngine) seatState() (checkpoint.SeatStatus, error) {
@@ -546,7 +673,9 @@ seatGroups:
     statefulSet: "demo-seat-accel"
     activeSeats: 1
     members:
-      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, seatPort: 9300}
+      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, seatPort: 9300,
+         agentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent",
+         agentPort: 9301, modelCheckpoint: "demo-alpha", coldPath: "alpha/m.gguf"}
       - {name: "beta", seatPort: 9301}
 `
 	var cfg lifecycle.Config
@@ -558,8 +687,10 @@ seatGroups:
 		t.Fatalf("the chart's shape is invalid: %v", err)
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", Replicas: 1, ActiveSeats: 1, Members: []lifecycle.SeatMember{
-		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300},
-		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301},
+		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300,
+			AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301,
+			ModelCheckpoint: "demo-alpha", ColdPath: "alpha/m.gguf"},
+		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301, AgentPort: 9301},
 	}}}
 	if d := cmp.Diff(want, cfg.SeatGroups); d != "" {
 		t.Errorf("parsed and defaulted seat groups (-want +got):\n%s", d)
@@ -580,6 +711,14 @@ seatGroups:
 		}, `application "alpha" is listed twice`},
 		{"no seat port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SeatPort = 0 }, "seatPort must be a port"},
 		{"a bad sleep level", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SleepLevel = 3 }, "sleepLevel must be 1 or 2"},
+		{"a bad agent selector", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].AgentSelector = "a b" }, `application "alpha": agentSelector "a b"`},
+		{"an agent without the weights' name", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].ModelCheckpoint = "" }, "agentSelector needs modelCheckpoint"},
+		{"a cold path without an agent", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].ColdPath = "beta/m" }, `application "beta": coldPath needs agentSelector`},
+		{"an S3 cold source without an agent", func(c *lifecycle.Config) { c.SeatGroups[0].Members[1].ColdS3 = "beta" }, `application "beta": coldS3 needs agentSelector`},
+		{"both cold tiers", func(c *lifecycle.Config) {
+			c.SeatGroups[0].Members[0].ColdPath, c.SeatGroups[0].Members[0].ColdS3 = "alpha/m", "alpha"
+		}, `application "alpha": coldPath and coldS3 are exclusive`},
+		{"a bad agent port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].AgentPort = 70000 }, "agentPort must be a port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := cfg
@@ -743,7 +882,10 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 	sc.Model = e.name
 	sc.InterTokenLatency = 2 * time.Millisecond // requests last long enough to be in flight
 	sc.Weights = sim.Weights{Bytes: 4 << 20, Seed: uint64(i + 1)}
-	sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot}
+	if e.weightsFile != "" {
+		sc.Weights = sim.Weights{File: e.weightsFile, Name: e.weightsName}
+	}
+	sc.Sleep = sim.Sleep{Enabled: true, HotDir: hot, WarmDir: e.warm}
 	sc.Faults.SleepLeak = leak
 	var err error
 	e.eng, err = simengine.New(sc, slog.New(slog.DiscardHandler))
@@ -820,4 +962,151 @@ func countWhile(bad func() bool) func() int64 {
 		watch.Wait()
 		return n.Load()
 	}
+}
+
+// TestSeatGroupSwapsReachTheNodeAgent: the leader reports each swap of a
+// seat group to the node agent of the group pod's node, as it reports an
+// application's sleeps and wakes. Two applications take the one seat in
+// turn, at a steady pace: the agent's history holds each swap's sleeps and
+// wakes with the bytes and tier of the restore, knows which engine is
+// awake (the one swapped in last, however quickly it was swapped out and
+// back in before), and predicts the next wake of the one asleep from the
+// pattern. Alpha sleeps at level 2 and loads a model file the agent can read
+// (its cold tier): the agent promotes it to the hot tier ahead of its
+// predicted turn, and alpha's next wake reads that copy. An agent that
+// does not answer holds no swap up: its reports are counted as failed,
+// and the applications are still swapped and served.
+func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
+	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, nil, 1, func(o *seatPlaneOptions) {
+		o.agent, o.fromCold = true, map[string]bool{"alpha": true}
+	})
+	eventually(t, 30*time.Second, holds("the group to come within its budget of one awake engine", func() bool {
+		return len(p.awake()) == 1
+	}))
+	holding := func(app string) func() error {
+		return holds(app+" to hold the seat", func() bool {
+			st := p.status(app)
+			return st.Seat != nil && st.Seat.Holding && st.State == v1alpha1.LifecycleAwake
+		})
+	}
+	// Alpha is asked for every period, beta half a period later.
+	const period, rounds = time.Second, 4
+	start := time.Now()
+	for round := range rounds {
+		for i, app := range []string{"alpha", "beta"} {
+			time.Sleep(time.Until(start.Add(time.Duration(round)*period + time.Duration(i)*period/2)))
+			if err := p.send(app, round, 2, 8); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, holding(app))
+		}
+	}
+
+	// Beta holds the seat; alpha was swapped out after its last turn.
+	var alpha, beta *checkpoint.WakeHistory
+	eventually(t, 5*time.Second, func() error {
+		alpha, beta = p.history("alpha"), p.history("beta")
+		switch {
+		case alpha == nil || beta == nil:
+			return fmt.Errorf("the agent's histories: alpha %+v, beta %+v", alpha, beta)
+		case len(alpha.Wakes) < rounds-1 || len(alpha.Sleeps) < rounds-1:
+			return fmt.Errorf("alpha: %d wakes and %d sleeps reported, want at least %d of each", len(alpha.Wakes), len(alpha.Sleeps), rounds-1)
+		case alpha.Awake() || !beta.Awake():
+			return fmt.Errorf("the agent holds alpha awake %v and beta awake %v; want alpha asleep, beta awake", alpha.Awake(), beta.Awake())
+		}
+		return nil
+	})
+	if alpha.Bytes != 4<<20 || alpha.Digest == "" {
+		t.Errorf("alpha's history: %d bytes, digest %q; want the 4 MiB the swaps restored and the engine's digest", alpha.Bytes, alpha.Digest)
+	}
+	// Swapped out and back in quickly: every wake after the first comes
+	// after a sleep, and every sleep after the wake before it.
+	for i := 1; i < len(alpha.Wakes); i++ {
+		if alpha.Sleeps[0].After(alpha.Wakes[i]) {
+			continue
+		}
+		n := 0
+		for _, s := range alpha.Sleeps {
+			if s.After(alpha.Wakes[i-1]) && s.Before(alpha.Wakes[i]) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("alpha's history has %d sleeps between its wakes %d and %d, want 1 (one swap out between two swaps in): %+v", n, i-1, i, alpha)
+		}
+	}
+
+	// The agent predicts alpha's next wake from the pattern; beta is awake.
+	resp, err := http.Post(p.agent.URL+"/promote-ahead", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	report := p.agentReport()
+	var predicted *checkpoint.PredictedWake
+	for i, pw := range report.Promotion.Predictions {
+		switch pw.Name {
+		case "demo-alpha":
+			predicted = &report.Promotion.Predictions[i]
+		case "demo-beta":
+			t.Errorf("the agent predicts a wake of beta, which is awake: %+v", pw)
+		}
+	}
+	lastWake := alpha.Wakes[len(alpha.Wakes)-1]
+	if predicted == nil {
+		t.Fatalf("the agent predicts no wake of alpha from %d wakes and %d sleeps at a steady pace: %+v", len(alpha.Wakes), len(alpha.Sleeps), report.Promotion)
+	}
+	// The next turn, or the one after when the next passed while the test
+	// read the history.
+	next := predicted.Next.Sub(lastWake)
+	turns := (next + period/2) / period
+	if off := next - turns*period; turns < 1 || off < -period*3/10 || off > period*3/10 || predicted.Next.Before(time.Now().Add(-period*3/10)) {
+		t.Errorf("alpha's next wake predicted %v after its last one (%s pattern), want a coming turn: a multiple of the period %v", next, predicted.Pattern, period)
+	}
+
+	// With a margin of an hour, a prediction makes alpha's promotion due
+	// at once: the agent copies its model file from the cold tier up to the
+	// hot tier, verified, and alpha's next wake reads the hot copy.
+	eventually(t, 10*time.Second, func() error {
+		r := p.agentReport().Promotion
+		for _, d := range r.Done {
+			if d.Name == "demo-alpha" && d.To == checkpoint.TierHot && d.Error == "" {
+				return nil
+			}
+		}
+		return fmt.Errorf("the agent's promotions %+v, want alpha's weights promoted to the hot tier", r)
+	})
+	if err := p.send("alpha", rounds, 2, 8); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, holding("alpha"))
+	if w := p.engines["alpha"].weights(); w.LastWake == nil || w.LastWake.Tier != sim.TierHot || !w.LastWake.Verified {
+		t.Errorf("alpha's last wake %+v, want a verified wake from the hot copy the agent promoted", w.LastWake)
+	}
+
+	// An agent that answers no report holds no swap up.
+	if c := sumLabeled(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"app": "alpha", "result": "failed"}); c != 0 {
+		t.Errorf("%v reports of alpha's swaps failed while the agent answered", c)
+	}
+	p.agentHangs.Store(true)
+	for round := rounds + 1; round < rounds+3; round++ {
+		for _, app := range []string{"alpha", "beta"} {
+			sent := time.Now()
+			if err := p.send(app, round, 2, 8); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 10*time.Second, holding(app))
+			// A report waits up to 2 s for the agent's answer: a swap
+			// that waited for one would take longer.
+			if took := time.Since(sent); took >= 2*time.Second {
+				t.Errorf("swapping %s in took %v while the agent did not answer; the swap waited for the report", app, took)
+			}
+		}
+	}
+	eventually(t, 10*time.Second, func() error {
+		if c := sumLabeled(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"result": "failed"}); c < 2 {
+			return fmt.Errorf("orchestra_lifecycle_agent_reports_total{result=failed} = %v, want the reports the agent did not answer counted", c)
+		}
+		return nil
+	})
 }

@@ -47,6 +47,10 @@ const (
 	EventEngineWakeRetry = "EngineWakeFailing"
 )
 
+// DefaultAgentPort is the node agent's port when the configuration names
+// none.
+const DefaultAgentPort = 9301
+
 // SleepConfig is the sleep section of an application's lifecycle: when its
 // engines sleep, how, and where the leader finds the seats and node agents
 // that do it. The chart renders it from the application's effective
@@ -90,6 +94,13 @@ type SleepConfig struct {
 	// (its --cold-s3, the application's name), when the application's
 	// cold tier is S3; it stands for ColdPath (exclusive with it).
 	ColdS3 string `json:"coldS3,omitempty"`
+	// WarmTier is the application's tiers.warm, resolved by the operator:
+	// Disk, or None when the engines mount no warm tier. With None a
+	// demotion places no warm copy (the engines could not read it) and the
+	// demoted weights rest in the hot tier when every node agent holds a
+	// copy there, else in the cold tier. Empty is Disk (a configuration
+	// rendered before the field existed).
+	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
 	// SleepTimeout bounds one seat's sleep (its drain included). Default 3m.
@@ -121,7 +132,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.SeatPort = 9300
 	}
 	if d.AgentPort == 0 {
-		d.AgentPort = 9301
+		d.AgentPort = DefaultAgentPort
 	}
 	if d.SLO.ResumeRAMSeconds == 0 {
 		d.SLO.ResumeRAMSeconds = 1
@@ -137,6 +148,10 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 	}
 	return &d
 }
+
+// usesWarm reports whether the engines read the warm tier (tiers.warm is
+// not None).
+func (s *SleepConfig) usesWarm() bool { return s.WarmTier != v1alpha1.WarmTierNone }
 
 // validate reports every invalid field of application i's sleep section.
 func (s *SleepConfig) validate(i int, a App) []error {
@@ -171,6 +186,9 @@ func (s *SleepConfig) validate(i int, a App) []error {
 		if _, err := labels.Parse(s.AgentSelector); err != nil {
 			add("agentSelector %q: %v", s.AgentSelector, err)
 		}
+	}
+	if s.WarmTier != "" && s.WarmTier != v1alpha1.WarmTierDisk && s.WarmTier != v1alpha1.WarmTierNone {
+		add("warmTier must be Disk or None, got %q", s.WarmTier)
 	}
 	if s.ColdPath != "" && s.AgentSelector == "" {
 		add("coldPath needs agentSelector: the node agent places the warm copy")
@@ -643,7 +661,9 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 // ends the demotion as a wake.
 func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef) error {
 	start := c.now()
-	if agents := c.agentsOf(a, seats); len(agents) > 0 {
+	// With tiers.warm None the engines mount no warm tier: a warm copy
+	// would only fill the node's disk, so none is asked for.
+	if agents := c.agentsOf(a, seats); len(agents) > 0 && a.Sleep.usesWarm() {
 		digest := ""
 		for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
 			if r.err == nil && r.st.Digest != "" {

@@ -318,10 +318,8 @@ func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatR
 	return bw
 }
 
-// refreshTier works out where sleeping engines' weights rest and how long
-// a wake should take: at level 1 the hot tier; at level 2 the fastest tier
-// in which every root's node agent holds a copy, else the cold tier. The
-// expected resume is bytes over the slowest node's measured read bandwidth
+// refreshTier works out where sleeping engines' weights rest (restingTier)
+// and how long a wake should take. The expected resume is bytes over the slowest node's measured read bandwidth
 // of that tier plus the engines' measured wake overhead. It then writes the
 // ModelCheckpoint's status.
 func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatRef) {
@@ -330,22 +328,14 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatR
 	if a.Sleep.AgentSelector != "" {
 		views = c.nodeViews(ctx, a, seats)
 	}
-	tier := v1alpha1.TierHot
-	if a.sl.level == 2 {
-		tier = v1alpha1.TierCold
-		for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
-			all := len(views) > 0
-			for _, v := range views {
-				if _, ok := v.has(t); !ok {
-					all = false
-				}
-			}
-			if all {
-				tier = t
-				break
+	tier := restingTier(a.sl.level, a.Sleep.usesWarm(), func(t v1alpha1.Tier) bool {
+		for _, v := range views {
+			if _, ok := v.has(t); !ok {
+				return false
 			}
 		}
-	}
+		return len(views) > 0
+	})
 	bytes := a.sl.bytes
 	bw := 0.0
 	for _, v := range views {
@@ -365,6 +355,23 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatR
 	}
 	a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
 	c.writeCheckpointFrom(ctx, a, seats, views, nil)
+}
+
+// restingTier is where sleeping engines' weights rest: at level 1 the hot
+// tier (the engines' own offload); at level 2 the fastest tier in which
+// every root's node agent holds a copy (everyNode), the warm tier only
+// when the engines read it (warm), else the cold tier.
+func restingTier(level int32, warm bool, everyNode func(v1alpha1.Tier) bool) v1alpha1.Tier {
+	if level != 2 {
+		return v1alpha1.TierHot
+	}
+	if everyNode(v1alpha1.TierHot) {
+		return v1alpha1.TierHot
+	}
+	if warm && everyNode(v1alpha1.TierWarm) {
+		return v1alpha1.TierWarm
+	}
+	return v1alpha1.TierCold
 }
 
 // writeCheckpoint writes the application's ModelCheckpoint status from the
@@ -518,6 +525,7 @@ type sleepMetrics struct {
 	restoredBytes *prometheus.CounterVec
 	demotions     *prometheus.CounterVec
 	restarts      *prometheus.CounterVec
+	agentReports  *prometheus.CounterVec
 }
 
 func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
@@ -536,7 +544,9 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
 			Help: "Root pods deleted because their seat was Failed (the engine in a state the seat cannot tell)."}, []string{"app"}),
+		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
+			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),
 	}
-	reg.MustRegister(m.sleeps, m.wakes, m.wakeSeconds, m.restoredBytes, m.demotions, m.restarts)
+	reg.MustRegister(m.sleeps, m.wakes, m.wakeSeconds, m.restoredBytes, m.demotions, m.restarts, m.agentReports)
 	return m
 }

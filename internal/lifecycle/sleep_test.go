@@ -314,21 +314,34 @@ func (p *sleepPlane) placeRoot() {
 func (p *sleepPlane) wantHistory(wakes, sleeps int) {
 	p.e.t.Helper()
 	eventually(p.e.t, 5*time.Second, func() error {
-		b, err := os.ReadFile(filepath.Join(p.agentWarm, ".wakes.json"))
+		h, err := agentHistory(p.agentWarm, "demo-chat")
 		if err != nil {
 			return err
 		}
-		var hs []checkpoint.WakeHistory
-		if err := json.Unmarshal(b, &hs); err != nil {
-			return err
+		if len(h.Wakes) != wakes || len(h.Sleeps) != sleeps {
+			return fmt.Errorf("the agent's history %+v; want %d wakes and %d sleeps of %s/demo-chat", h, wakes, sleeps, ns)
 		}
-		for _, h := range hs {
-			if h.Key == (checkpoint.Key{Namespace: ns, Name: "demo-chat"}) && len(h.Wakes) == wakes && len(h.Sleeps) == sleeps {
-				return nil
-			}
-		}
-		return fmt.Errorf("the agent's histories %s; want %d wakes and %d sleeps of %s/demo-chat", b, wakes, sleeps, ns)
+		return nil
 	})
+}
+
+// agentHistory is the node agent's persisted history (in its warm tier
+// warmDir) of the weights name of the namespace ns.
+func agentHistory(warmDir, name string) (checkpoint.WakeHistory, error) {
+	b, err := os.ReadFile(filepath.Join(warmDir, ".wakes.json"))
+	if err != nil {
+		return checkpoint.WakeHistory{}, err
+	}
+	var hs []checkpoint.WakeHistory
+	if err := json.Unmarshal(b, &hs); err != nil {
+		return checkpoint.WakeHistory{}, err
+	}
+	for _, h := range hs {
+		if h.Key == (checkpoint.Key{Namespace: ns, Name: name}) {
+			return h, nil
+		}
+	}
+	return checkpoint.WakeHistory{}, fmt.Errorf("the agent's histories %s have none of %s/%s", b, ns, name)
 }
 
 // config is the lifecycle with sleeping engines: minReplicas 1, sleep after
@@ -728,6 +741,77 @@ func TestDemotionFallsBackToTheS3ColdTier(t *testing.T) {
 	p.lastWake("a wake from the warm tier", func(lw *v1alpha1.WakeStatus) bool {
 		return lw.FromTier == v1alpha1.TierWarm && lw.Bytes == weightsBytes
 	})
+}
+
+// TestDemotionWithoutAWarmTier: with tiers.warm None the engine mounts no
+// warm tier, so after parkAfter the leader asks the node agent for no warm
+// copy (neither from the hot tier nor from the cold one), the engine sleeps
+// at level 2 and the status and the ModelCheckpoint say the weights rest
+// in the cold tier; the next request wakes the engine from the cold tier,
+// and once that wake measured the cold tier's speed, the next demotion
+// reports the expected resume time from it.
+func TestDemotionWithoutAWarmTier(t *testing.T) {
+	defer lifecycle.SetRefreshEvery(50 * time.Millisecond)()
+	park := func(s *lifecycle.SleepConfig) {
+		s.ParkAfter.Duration, s.WarmTier = 300*time.Millisecond, v1alpha1.WarmTierNone
+	}
+	p := newSleepPlane(t, planeOptions{sleep: park, sim: func(c *sim.Config) { c.Sleep.WarmDir = "" }})
+	p.startLeader("leader-a", p.config(park))
+
+	noWarmCopy := func() {
+		t.Helper()
+		for _, series := range []string{`orchestra_agent_demotions_total{result="ok"}`, `orchestra_agent_demotions_total{result="failed"}`,
+			`orchestra_agent_promotions_total{result="ok",tier="warm"}`} {
+			if c := p.agentMetric(series); c != 0 {
+				t.Errorf("%s = %v, want no warm copy asked of the node agent", series, c)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(p.agentWarm, ns, "demo-chat")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the node agent holds a warm copy the engine cannot read: %v", err)
+		}
+		mc := p.checkpointStatus()
+		for _, pl := range mc.Placements {
+			if pl.Tier != v1alpha1.TierCold {
+				t.Errorf("ModelCheckpoint placement %+v, want none in the node tiers after the demotion", pl)
+			}
+		}
+		if mc.ResidentTier != v1alpha1.TierCold {
+			t.Errorf("ModelCheckpoint resident tier %s, want Cold", mc.ResidentTier)
+		}
+	}
+	p.asleep(2, v1alpha1.TierCold)
+	noWarmCopy()
+	if st := p.e.state(); st.ExpectedResumeSeconds != "" {
+		t.Errorf("expected resume %q before any wake read the cold tier, want none (its speed is not known yet)", st.ExpectedResumeSeconds)
+	}
+
+	if err := sendBatch(p.client, "cold", 2); err != nil {
+		t.Fatalf("requests sent to engines asleep in the cold tier were lost or failed:\n%v", err)
+	}
+	p.lastWake("a wake from the cold tier", func(lw *v1alpha1.WakeStatus) bool {
+		return lw.FromTier == v1alpha1.TierCold && lw.Bytes == weightsBytes && lw.BytesPerSecond > 0
+	})
+	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != sim.TierCold || !w.LastWake.Verified {
+		t.Errorf("engine's last wake %+v, want a verified wake from the cold tier", w.LastWake)
+	}
+
+	// Idle again: asleep in the hot tier, then demoted to the cold tier,
+	// now with the cold tier's measured speed.
+	p.asleep(2, v1alpha1.TierCold)
+	noWarmCopy()
+	eventually(t, 5*time.Second, func() error {
+		st, mc := p.e.state(), p.checkpointStatus()
+		if st.ExpectedResumeSeconds == "" || mc.ExpectedResumeSeconds != st.ExpectedResumeSeconds {
+			return fmt.Errorf("expected resume %q in the lifecycle status and %q in the ModelCheckpoint, want the same estimate from the cold tier's measured speed", st.ExpectedResumeSeconds, mc.ExpectedResumeSeconds)
+		}
+		return nil
+	})
+	if c := counter(t, p.registry("leader-a"), "orchestra_lifecycle_demotions_total", map[string]string{"result": "ok"}); c != 2 {
+		t.Errorf("orchestra_lifecycle_demotions_total{result=ok} = %v, want 2", c)
+	}
+	if r := p.refused(); r != 0 {
+		t.Errorf("the engine refused %v requests while asleep", r)
+	}
 }
 
 func hasCondition(conds []metav1.Condition, typ string, status metav1.ConditionStatus) bool {

@@ -30,11 +30,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 		Bytes: a.sl.bytes, BytesPerSecond: float64(lw.BytesPerSecond), Digest: digest, ColdPath: a.Sleep.ColdPath,
 		ColdS3: a.Sleep.ColdS3,
 	}
-	for _, ag := range c.agentsOf(a, refsOf(res)) {
-		if err := callAgent(ctx, "POST", ag.url+"/wakes", rec, nil, 2*time.Second); err != nil {
-			c.log.Info("reporting the wake to the node agent", "app", a.Name, "node", ag.node, "err", err)
-		}
-	}
+	c.tellAgents(ctx, a, refsOf(res), reportWake, rec)
 }
 
 // reportSleep tells the node agent on each root's node that the engines
@@ -43,10 +39,31 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 // promotes the weights ahead of it. Best effort, like reportWake.
 func (c *Controller) reportSleep(ctx context.Context, a *appState, seats []seatRef, at time.Time, level int32) {
 	rec := checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
+	c.tellAgents(ctx, a, seats, reportSleep, rec)
+}
+
+// The kinds of report to the node agents, the label kind of
+// orchestra_lifecycle_agent_reports_total.
+const (
+	reportWake  = "wake"
+	reportSleep = "sleep"
+)
+
+// tellAgents posts rec (a WakeRecord or a SleepRecord, after kind) to the
+// node agent on each seat's node. A failure is logged and counted, never
+// returned: the agent only predicts from fewer wakes and sleeps.
+func (c *Controller) tellAgents(ctx context.Context, a *appState, seats []seatRef, kind string, rec any) {
+	path := "/wakes"
+	if kind == reportSleep {
+		path = "/sleeps"
+	}
 	for _, ag := range c.agentsOf(a, seats) {
-		if err := callAgent(ctx, "POST", ag.url+"/sleeps", rec, nil, 2*time.Second); err != nil {
-			c.log.Info("reporting the sleep to the node agent", "app", a.Name, "node", ag.node, "err", err)
+		result := "ok"
+		if err := callAgent(ctx, "POST", ag.url+path, rec, nil, 2*time.Second); err != nil {
+			result = "failed"
+			c.log.Info("reporting the "+kind+" to the node agent", "app", a.Name, "node", ag.node, "err", err)
 		}
+		c.sm.agentReports.WithLabelValues(a.Name, kind, result).Inc()
 	}
 }
 

@@ -141,9 +141,6 @@ func unsupportedSleepFields(name string, app v1alpha1.Application, sleep Sleep, 
 	if sleep.Tiers.Hot == v1alpha1.HotTierNone && sleep.Level == 1 {
 		out = append(out, fmt.Sprintf("%s: tiers.hot is None, but its engine sleeps at level 1, which offloads the weights to node RAM; set lifecycle.sleepLevel 2 to keep them out of RAM", name))
 	}
-	if sleep.Tiers.Warm == v1alpha1.WarmTierNone && sleep.ParkAfter > 0 {
-		out = append(out, fmt.Sprintf("%s: tiers.warm is None with parkAfter %v: the engine wakes from the cold tier after its demotion, but the lifecycle leader still asks the node agent for a warm copy and reports Warm as the resident tier", name, sleep.ParkAfter))
-	}
 	if _, why := ColdS3Location(name, app, sleep); why != "" {
 		out = append(out, why)
 	}

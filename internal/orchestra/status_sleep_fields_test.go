@@ -51,8 +51,7 @@ func TestCheckpointFieldsSupportedCondition(t *testing.T) {
 			name: "hot None with level 2 is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, sleepLevel: 2, tiers: {hot: None}}`), policies: PolicyDocuments{},
 		},
 		{
-			name: "warm None with parkAfter is only partly acted on", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, parkAfter: 5m, tiers: {warm: None}}`), policies: PolicyDocuments{},
-			status: "False", msg: []string{"chat: tiers.warm is None with parkAfter 5m0s"},
+			name: "warm None with parkAfter is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, parkAfter: 5m, tiers: {warm: None}}`), policies: PolicyDocuments{},
 		},
 		{
 			name: "warm None without parkAfter is honored", spec: app(`{sleepAfter: 2m, zeroAfter: 30m, tiers: {warm: None}}`), policies: PolicyDocuments{},

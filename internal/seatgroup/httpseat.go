@@ -89,7 +89,16 @@ func ReadingOf(st checkpoint.SeatStatus) (MemoryReading, error) {
 
 // Wake implements Seat.
 func (s HTTPSeat) Wake(ctx context.Context) error {
-	return s.call(ctx, http.MethodPost, "/wake", "wake", nil)
+	_, err := s.WakeStatus(ctx)
+	return err
+}
+
+// WakeStatus wakes the engine and returns the seat's status after the
+// wake: its lastWake says what the wake restored, from which tier.
+func (s HTTPSeat) WakeStatus(ctx context.Context) (checkpoint.SeatStatus, error) {
+	var st checkpoint.SeatStatus
+	err := s.call(ctx, http.MethodPost, "/wake", "wake", &st)
+	return st, err
 }
 
 func (s HTTPSeat) call(ctx context.Context, method, path, op string, out any) error {

@@ -278,8 +278,11 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	if len(cfg.Lifecycle.Apps) != 0 {
 		t.Errorf("lifecycle.apps = %v, want none (the group's applications are not scaled)", cfg.Lifecycle.Apps)
 	}
+	// Each member's swaps are reported to the node agent on the group
+	// pod's node, under the name its engine gives its weights.
 	member := func(name string, priority, port int32) lifecycle.SeatMember {
-		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: port}
+		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: port,
+			AgentSelector: "app.kubernetes.io/instance=shared,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301, ModelCheckpoint: "shared-" + name}
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", Replicas: 1, ActiveSeats: 1,
 		Members: []lifecycle.SeatMember{member("alpha", 10, 9300), member("beta", 0, 9301), member("gamma", 0, 9302)}}}

@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // The chart's side of the checkpoint wiring (docs/checkpoint.md), rendered
@@ -326,13 +328,27 @@ func TestSleepingRootsGetASeat(t *testing.T) {
 }
 
 // TestNoWarmTier: a policy without the warm tier (tiers.warm None) gives the
-// simulator neither the warm directory nor its flag.
+// simulator neither the warm directory nor its flag, and tells the
+// dispatcher's lifecycle leader, which then asks the node agent for no
+// warm copy when it demotes the weights.
 func TestNoWarmTier(t *testing.T) {
 	vals := readValues(t, sleepValues)
 	sim := vals["global"].(map[string]any)["applications"].(map[string]any)["sim"].(map[string]any)
 	sim["lifecycle"].(map[string]any)["sleep"].(map[string]any)["tiers"].(map[string]any)["warm"] = "None"
+	objs := renderObjects(t, vals)
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
+	warm := map[string]v1alpha1.WarmTier{}
+	for _, a := range loadDispatcherConfig(t, cm).Lifecycle.Apps {
+		if a.Sleep != nil {
+			warm[a.Name] = a.Sleep.WarmTier
+		}
+	}
+	if warm["sim"] != v1alpha1.WarmTierNone || warm["vllm"] != v1alpha1.WarmTierDisk {
+		t.Errorf("the leader's warm tiers %v, want sim None (the policy's) and vllm Disk (the default)", warm)
+	}
 	var sts appsv1.StatefulSet
-	renderObjects(t, vals).get(t, "StatefulSet", "x-sim", &sts)
+	objs.get(t, "StatefulSet", "x-sim", &sts)
 	pod := sts.Spec.Template.Spec
 	for _, v := range pod.Volumes {
 		if v.Name == "warm" {
@@ -572,6 +588,7 @@ func TestDispatcherSleepWiring(t *testing.T) {
 		AgentPort       int    `json:"agentPort"`
 		ModelCheckpoint string `json:"modelCheckpoint"`
 		ColdPath        string `json:"coldPath,omitempty"`
+		WarmTier        string `json:"warmTier"`
 		SLO             slo    `json:"slo"`
 	}
 	var cfg struct {
@@ -591,10 +608,10 @@ func TestDispatcherSleepWiring(t *testing.T) {
 	}
 	selector := "app.kubernetes.io/instance=x,app.kubernetes.io/component=checkpoint-agent"
 	want := map[string]*sleep{
-		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", SLO: slo{1, 5}},
-		"vllm":   {After: "10m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", SLO: slo{2, 10}},
-		"ollama": {After: "15m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", SLO: slo{1, 5}},
-		"llama":  {After: "5m0s", Level: 1, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", SLO: slo{1, 5}},
+		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", WarmTier: "Disk", SLO: slo{1, 5}},
+		"vllm":   {After: "10m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", WarmTier: "Disk", SLO: slo{2, 10}},
+		"ollama": {After: "15m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", WarmTier: "Disk", SLO: slo{1, 5}},
+		"llama":  {After: "5m0s", Level: 1, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", WarmTier: "Disk", SLO: slo{1, 5}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("dispatcher lifecycle sleep blocks (-want +got):\n%s", diff)
