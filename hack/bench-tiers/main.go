@@ -429,7 +429,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err = rawReads(warm)
+	before1, before2, err = rawReads(warm, false)
 	if err != nil {
 		return err
 	}
@@ -441,7 +441,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err = rawReads(warm)
+	after1, after2, err = rawReads(warm, true)
 	if err != nil {
 		return err
 	}
@@ -629,7 +629,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
@@ -702,13 +702,27 @@ func updateDocs(path, table string) error {
 }
 
 // rawReads reads the file at path with O_DIRECT, without hashing, with one
-// reader and with the restore's readers.
-func rawReads(path string) (one, restore checkpoint.Bandwidth, err error) {
-	if one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
-		return one, restore, err
+// reader and with the restore's readers, in that order or, after the
+// wake, in reverse: each way then sits on average as close to the wake.
+func rawReads(path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
+	readOne := func() error {
+		one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1})
+		return err
 	}
-	restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
-	return one, restore, err
+	readRestore := func() error {
+		restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
+		return err
+	}
+	order := []func() error{readOne, readRestore}
+	if reverse {
+		slices.Reverse(order)
+	}
+	for _, read := range order {
+		if err := read(); err != nil {
+			return one, restore, err
+		}
+	}
+	return one, restore, nil
 }
 
 // together is two reads of the same method as one: their bytes over their
