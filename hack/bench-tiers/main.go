@@ -50,7 +50,11 @@ const (
 type row struct {
 	size int64
 	// memcpy is the peak of memcpy1 (one thread) and memcpy2 (the
-	// restore's workers); disk likewise for O_DIRECT reads.
+	// restore's workers), each measured right before the hot sleep and
+	// right after the hot wake's first token (both copies as one): this
+	// VM's memory bandwidth moves by half from one minute to the next, so
+	// the hot ratios compare the wake with copies that bracket it. disk
+	// is the peak of its two O_DIRECT reads likewise.
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
 	// hashedCopy is the hot restore's verified copy between two
 	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied and
@@ -72,11 +76,33 @@ type row struct {
 	// hotKernel is the hot wake of a simulator whose sleep returns the
 	// memory to the kernel (--device-memory=kernel), the model before the
 	// device pool.
-	hotKernel       *sim.StageReport
-	ttftHot         time.Duration
+	hotKernel *sim.StageReport
+	// ttftHot is the time to first token after the hot wake, ttftBound
+	// what the bytes and the simulator's TTFT alone would take.
+	ttftHot, ttftBound time.Duration
+	// ratio holds this run's ratios, each of a restore and the
+	// bandwidth measured around it; the table gives their medians.
+	ratio           ratios
 	wakes, verified int
 	skipped         string
 	runs            int
+}
+
+// ratios are one run's figures against the targets.
+type ratios struct {
+	hot, kernel, warm, ttft float64
+}
+
+// withRatios sets the run's ratios from its measurements.
+func (r row) withRatios() row {
+	r.ttftBound = time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
+	r.ratio = ratios{
+		hot:    restoreBW(r.hot) / r.memcpy.BytesPerSecond,
+		kernel: restoreBW(r.hotKernel) / r.memcpy.BytesPerSecond,
+		warm:   restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
+		ttft:   float64(r.ttftHot) / float64(r.ttftBound),
+	}
+	return r
 }
 
 func main() {
@@ -147,6 +173,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 			if r.skipped != "" {
 				break
 			}
+			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s), TTFT ÷ bound %.2f\n",
+				gbps(r.memcpy.BytesPerSecond), r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.ratio.ttft)
 		}
 		rows = append(rows, median(runs))
 	}
@@ -185,16 +213,13 @@ func loadavg() string {
 
 func measure(n int64, hot, disk string) (row, error) {
 	r := row{size: n}
-	// Every stage holds at most two copies of the weights at once.
-	if avail := memAvailable(); avail < 2*n+(2<<30) {
-		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(2*n+(2<<30)))
+	// Every stage holds at most three copies of the weights at once (the
+	// engine's, and memcpy's source and destination).
+	if avail := memAvailable(); avail < 3*n+(2<<30) {
+		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(3*n+(2<<30)))
 		return r, nil
 	}
 	var err error
-	if r.memcpy1, r.memcpy2, err = checkpoint.MeasureMemcpy(n); err != nil {
-		return r, err
-	}
-	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
 	if r.hashedCopy, err = measureHashedCopy(n); err != nil {
 		return r, err
 	}
@@ -221,7 +246,10 @@ func measure(n int64, hot, disk string) (row, error) {
 		return r, err
 	}
 	runtime.GC()
-	return r, measureSim(&r, n, hot, disk)
+	if err := measureSim(&r, n, hot, disk); err != nil {
+		return r, err
+	}
+	return r.withRatios(), nil
 }
 
 // measureTierRead reads an n-byte probe file on the hot tier into a
@@ -367,7 +395,12 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	defer srv.Close()
 
 	// Hot: level 1 offloads to the tmpfs; the engine sleeps; time the
-	// wake and the first token.
+	// wake and the first token. memcpy is measured right before the sleep
+	// and right after the first token.
+	before1, before2, err := checkpoint.MeasureMemcpy(n)
+	if err != nil {
+		return err
+	}
 	if _, err := s.Sleep(1); err != nil {
 		return err
 	}
@@ -381,6 +414,12 @@ func measureSim(r *row, n int64, hot, disk string) error {
 		return err
 	}
 	r.ttftHot = first.Sub(t0)
+	after1, after2, err := checkpoint.MeasureMemcpy(n)
+	if err != nil {
+		return err
+	}
+	r.memcpy1, r.memcpy2 = together(before1, after1), together(before2, after2)
+	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
 
 	// Warm: level 2, a copy on disk, its page cache dropped.
 	if _, err := s.Sleep(2); err != nil {
@@ -390,7 +429,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err := rawReads(warm)
+	before1, before2, err = rawReads(warm, false)
 	if err != nil {
 		return err
 	}
@@ -402,7 +441,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err := rawReads(warm)
+	after1, after2, err = rawReads(warm, true)
 	if err != nil {
 		return err
 	}
@@ -551,11 +590,20 @@ func median(runs []row) row {
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
 	out.hot = pick(func(r row) float64 { return restoreBW(r.hot) }).hot
 	out.hotKernel = pick(func(r row) float64 { return restoreBW(r.hotKernel) }).hotKernel
-	// The warm restore and the raw read just before it stay paired.
-	w := pick(func(r row) float64 { return restoreBW(r.warm) / r.warmRaw.BytesPerSecond })
+	// The warm restore and the raw reads around it stay paired.
+	w := pick(func(r row) float64 { return r.ratio.warm })
 	out.warm, out.warmRaw, out.warmRaw1, out.warmRaw2 = w.warm, w.warmRaw, w.warmRaw1, w.warmRaw2
 	out.cold = pick(func(r row) float64 { return restoreBW(r.cold) }).cold
-	out.ttftHot = pick(func(r row) float64 { return float64(r.ttftHot) }).ttftHot
+	// So do the time to first token and its bound.
+	f := pick(func(r row) float64 { return r.ratio.ttft })
+	out.ttftHot, out.ttftBound = f.ttftHot, f.ttftBound
+	// Each ratio is the median of the runs' own ratios.
+	out.ratio = ratios{
+		hot:    pick(func(r row) float64 { return r.ratio.hot }).ratio.hot,
+		kernel: pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
+		warm:   w.ratio.warm,
+		ttft:   f.ratio.ttft,
+	}
 	out.wakes, out.verified = 0, 0
 	for _, r := range runs {
 		out.wakes += r.wakes
@@ -580,8 +628,8 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	}
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
-	fmt.Fprintf(&b, "Each column is the median of %d runs, interleaved (every run measures every column, in order); every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
@@ -592,13 +640,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 			continue
 		}
 		hotBW, kernelBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.hotKernel), restoreBW(r.warm), restoreBW(r.cold)
-		bound := time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
 			arena.Size(r.size), gbps(r.memcpy.BytesPerSecond), gbps(r.fresh.BytesPerSecond), gbps(r.tmpfs.BytesPerSecond), gbps(r.disk.BytesPerSecond), gbps(r.s3.BytesPerSecond),
 			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds,
 			gbps(kernelBW), r.hotKernel.AllocSeconds, r.hotKernel.CopySeconds, r.hotKernel.VerifySeconds, gbps(warmBW), gbps(coldBW),
-			hotBW/r.memcpy.BytesPerSecond, kernelBW/r.memcpy.BytesPerSecond, warmBW/r.warmRaw.BytesPerSecond, gbps(r.warmRaw.BytesPerSecond),
-			float64(r.ttftHot)/float64(bound), r.ttftHot.Round(time.Millisecond), bound.Round(time.Millisecond),
+			r.ratio.hot, r.ratio.kernel, r.ratio.warm, gbps(r.warmRaw.BytesPerSecond),
+			r.ratio.ttft, r.ttftHot.Round(time.Millisecond), r.ttftBound.Round(time.Millisecond),
 			r.verified, r.wakes)
 	}
 	fmt.Fprintf(&b, "\nPeaks: memcpy 1 thread / 2 threads, tmpfs pread / mapped copy, disk and warm file 1 reader / %d readers: ", arena.DirectWorkers)
@@ -655,13 +702,27 @@ func updateDocs(path, table string) error {
 }
 
 // rawReads reads the file at path with O_DIRECT, without hashing, with one
-// reader and with the restore's readers.
-func rawReads(path string) (one, restore checkpoint.Bandwidth, err error) {
-	if one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
-		return one, restore, err
+// reader and with the restore's readers, in that order or, after the
+// wake, in reverse: each way then sits on average as close to the wake.
+func rawReads(path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
+	readOne := func() error {
+		one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1})
+		return err
 	}
-	restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
-	return one, restore, err
+	readRestore := func() error {
+		restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
+		return err
+	}
+	order := []func() error{readOne, readRestore}
+	if reverse {
+		slices.Reverse(order)
+	}
+	for _, read := range order {
+		if err := read(); err != nil {
+			return one, restore, err
+		}
+	}
+	return one, restore, nil
 }
 
 // together is two reads of the same method as one: their bytes over their
