@@ -193,6 +193,13 @@ func (s *Seat) state(ctx context.Context) SeatStatus {
 			st.ResidentBytes, st.MemorySource = &b, MemorySourceNvidiaSMI
 		}
 	}
+	return s.withWeights(ctx, st)
+}
+
+// withWeights adds what the engine reports about its weights, when it
+// reports them, to st: their digest and bytes, and, unless the device
+// memory was read, the memory holding them.
+func (s *Seat) withWeights(ctx context.Context, st SeatStatus) SeatStatus {
 	wr, ok := s.engine.(WeightsReporter)
 	if !ok {
 		return st
@@ -643,7 +650,7 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 //	                     resident bytes when the engine reports them (the simulator)
 //	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
 //	                     in time, or in the wrong state; 500 when the engine call failed
-//	POST /wake           wake; 200 with the status; 409 before the engine answered; 500 on failure
+//	POST /wake           wake; 200 with the status and the engine's weights; 409 before the engine answered; 500 on failure
 //	POST /restart        restart an Asleep or Failed engine in place (its memory returned, asleep at
 //	                     level 2 until the next wake): by the engine itself, or by stopping its
 //	                     container's processes (--restart-process); 200 with the status once the
@@ -683,7 +690,11 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 			writeError(w, status, err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, s.Status())
+		// The answer carries the engine's digest, which the leader sends
+		// the node agent with the wake (its promotions verify against it).
+		ctx, cancel := context.WithTimeout(r.Context(), weightsTimeout)
+		defer cancel()
+		writeJSON(w, http.StatusOK, s.withWeights(ctx, s.Status()))
 	})
 	mux.HandleFunc("POST /restart", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.Restart(r.Context()); err != nil {

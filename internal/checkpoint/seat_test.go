@@ -117,8 +117,18 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "Asleep") {
 		t.Fatalf("readyz while asleep: %d %s, want 503 so the root leaves the EndpointSlice", code, body)
 	}
-	if code, body := e.do("POST", "/wake"); code != http.StatusOK {
+	code, body = e.do("POST", "/wake")
+	if code != http.StatusOK {
 		t.Fatalf("wake: %d %s", code, body)
+	}
+	// The answer carries the engine's digest: the leader sends it to the
+	// node agent with the wake, and the agent's promotions verify by it.
+	var woke checkpoint.SeatStatus
+	if err := json.Unmarshal([]byte(body), &woke); err != nil {
+		t.Fatalf("wake answer %s: %v", body, err)
+	}
+	if w := e.sim.WeightsStatus(); woke.Digest == "" || woke.Digest != w.Digest {
+		t.Fatalf("wake answer digest %q, want the engine's %q", woke.Digest, w.Digest)
 	}
 	st = e.state()
 	if st.State != checkpoint.SeatAwake || st.Wakes != 1 || st.LastWake == nil {

@@ -310,7 +310,8 @@ func (p *sleepPlane) placeRoot() {
 }
 
 // wantHistory waits until the node agent's persisted history of demo-chat
-// holds wakes wakes and sleeps sleeps, as the leader reports them.
+// holds wakes wakes and sleeps sleeps, as the leader reports them, each
+// wake with the engine's digest (the agent's promotions verify by it).
 func (p *sleepPlane) wantHistory(wakes, sleeps int) {
 	p.e.t.Helper()
 	eventually(p.e.t, 5*time.Second, func() error {
@@ -320,6 +321,9 @@ func (p *sleepPlane) wantHistory(wakes, sleeps int) {
 		}
 		if len(h.Wakes) != wakes || len(h.Sleeps) != sleeps {
 			return fmt.Errorf("the agent's history %+v; want %d wakes and %d sleeps of %s/demo-chat", h, wakes, sleeps, ns)
+		}
+		if d := p.sim.WeightsStatus().Digest; wakes > 0 && h.Digest != d {
+			return fmt.Errorf("the agent's history of %s/demo-chat has digest %q, want the engine's %q", ns, h.Digest, d)
 		}
 		return nil
 	})
