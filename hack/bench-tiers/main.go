@@ -80,6 +80,11 @@ type row struct {
 	// ttftHot is the time to first token after the hot wake, ttftBound
 	// what the bytes and the simulator's TTFT alone would take.
 	ttftHot, ttftBound time.Duration
+	// offloadHuge is the share of the hot wake's tier file (the level-1
+	// offload) in huge pages, from ShmemHugePages around the sleep.
+	offloadHuge float64
+	// hugeRuns is offloadHuge of each run, in order (median keeps them).
+	hugeRuns []float64
 	// ratio holds this run's ratios, each of a restore and the
 	// bandwidth measured around it; the table gives their medians.
 	ratio           ratios
@@ -173,8 +178,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 			if r.skipped != "" {
 				break
 			}
-			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s), TTFT ÷ bound %.2f\n",
-				gbps(r.memcpy.BytesPerSecond), r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.ratio.ttft)
+			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s), TTFT ÷ bound %.2f\n",
+				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.ratio.ttft)
 		}
 		rows = append(rows, median(runs))
 	}
@@ -186,7 +191,10 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 	return nil
 }
 
-func memAvailable() int64 {
+func memAvailable() int64 { return meminfo("MemAvailable") }
+
+// meminfo is the field key of /proc/meminfo in bytes; 0 if missing.
+func meminfo(key string) int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0
@@ -195,7 +203,7 @@ func memAvailable() int64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var kb int64
-		if n, _ := fmt.Sscanf(sc.Text(), "MemAvailable: %d kB", &kb); n == 1 {
+		if n, _ := fmt.Sscanf(sc.Text(), key+": %d kB", &kb); n == 1 {
 			return kb << 10
 		}
 	}
@@ -401,9 +409,11 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err != nil {
 		return err
 	}
+	huge := meminfo("ShmemHugePages")
 	if _, err := s.Sleep(1); err != nil {
 		return err
 	}
+	r.offloadHuge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
 	time.Sleep(asleep)
 	t0 := time.Now()
 	if r.hot, err = wake(srv.URL); err != nil {
@@ -569,6 +579,11 @@ func copyFile(from, to string) error {
 // median takes, for every column on its own, the median of the runs; the
 // verification counts are summed.
 func median(runs []row) row {
+	var huge []float64
+	for _, r := range runs {
+		huge = append(huge, r.offloadHuge)
+	}
+	runs[0].hugeRuns = huge
 	if len(runs) == 1 || runs[0].skipped != "" {
 		runs[0].runs = 1
 		return runs[0]
@@ -665,6 +680,18 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		if r.skipped == "" {
 			parts = append(parts, fmt.Sprintf("%s %s GB/s (%.2f of memcpy), hot restore %.2f of it", arena.Size(r.size), gbps(r.hashedCopy.BytesPerSecond),
 				r.hashedCopy.BytesPerSecond/r.memcpy.BytesPerSecond, restoreBW(r.hot)/r.hashedCopy.BytesPerSecond))
+		}
+	}
+	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
+	b.WriteString("The hot wake's tier file (the level-1 offload) in huge pages, each run in order, from ShmemHugePages around the sleep that wrote it: ")
+	parts = parts[:0]
+	for _, r := range rows {
+		if r.skipped == "" {
+			var each []string
+			for _, h := range r.hugeRuns {
+				each = append(each, fmt.Sprintf("%.0f %%", 100*h))
+			}
+			parts = append(parts, fmt.Sprintf("%s %s", arena.Size(r.size), strings.Join(each, ", ")))
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
