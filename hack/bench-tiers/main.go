@@ -178,8 +178,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 			if r.skipped != "" {
 				break
 			}
-			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s), TTFT ÷ bound %.2f\n",
-				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.ratio.ttft)
+			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s; alloc+copy+verify %.3f+%.3f+%.3f s), TTFT ÷ bound %.2f\n",
+				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.warm.AllocSeconds, r.warm.CopySeconds, r.warm.VerifySeconds, r.ratio.ttft)
 		}
 		rows = append(rows, median(runs))
 	}
