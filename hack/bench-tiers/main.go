@@ -27,6 +27,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,8 +84,12 @@ type row struct {
 	// offloadHuge is the share of the hot wake's tier file (the level-1
 	// offload) in huge pages, from ShmemHugePages around the sleep.
 	offloadHuge float64
-	// hugeRuns is offloadHuge of each run, in order (median keeps them).
-	hugeRuns []float64
+	// hotSteal is the share of the CPU time the hypervisor took (steal)
+	// while the hot wake ran.
+	hotSteal float64
+	// hugeRuns and stealRuns are offloadHuge and hotSteal of each run,
+	// in order (median keeps them).
+	hugeRuns, stealRuns, hotRuns []float64
 	// ratio holds this run's ratios, each of a restore and the
 	// bandwidth measured around it; the table gives their medians.
 	ratio           ratios
@@ -178,8 +183,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 			if r.skipped != "" {
 				break
 			}
-			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f, warm ÷ raw read %.2f (%s ÷ %s GB/s; alloc+copy+verify %.3f+%.3f+%.3f s), TTFT ÷ bound %.2f\n",
-				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.warm.AllocSeconds, r.warm.CopySeconds, r.warm.VerifySeconds, r.ratio.ttft)
+			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f (%.0f %% stolen), warm ÷ raw read %.2f (%s ÷ %s GB/s; alloc+copy+verify %.3f+%.3f+%.3f s), TTFT ÷ bound %.2f\n",
+				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, 100*r.hotSteal, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.warm.AllocSeconds, r.warm.CopySeconds, r.warm.VerifySeconds, r.ratio.ttft)
 		}
 		rows = append(rows, median(runs))
 	}
@@ -192,6 +197,35 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 }
 
 func memAvailable() int64 { return meminfo("MemAvailable") }
+
+// cpuTimes are the steal and total ticks of all CPUs (/proc/stat).
+type cpuTimes struct{ steal, total int64 }
+
+func cpuSteal() cpuTimes {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var t cpuTimes
+	for i, x := range f[1:] {
+		n, _ := strconv.ParseInt(x, 10, 64)
+		t.total += n
+		if i == 7 { // user nice system idle iowait irq softirq steal
+			t.steal = n
+		}
+	}
+	return t
+}
+
+// since is the share of the ticks since t0 that were stolen.
+func (t cpuTimes) since(t0 cpuTimes) float64 {
+	if t.total <= t0.total {
+		return 0
+	}
+	return float64(t.steal-t0.steal) / float64(t.total-t0.total)
+}
 
 // meminfo is the field key of /proc/meminfo in bytes; 0 if missing.
 func meminfo(key string) int64 {
@@ -415,10 +449,12 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	}
 	r.offloadHuge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
 	time.Sleep(asleep)
+	steal0 := cpuSteal()
 	t0 := time.Now()
 	if r.hot, err = wake(srv.URL); err != nil {
 		return err
 	}
+	r.hotSteal = cpuSteal().since(steal0)
 	first, err := firstToken(srv.URL)
 	if err != nil {
 		return err
@@ -579,11 +615,11 @@ func copyFile(from, to string) error {
 // median takes, for every column on its own, the median of the runs; the
 // verification counts are summed.
 func median(runs []row) row {
-	var huge []float64
+	var huge, steal, hot []float64
 	for _, r := range runs {
-		huge = append(huge, r.offloadHuge)
+		huge, steal, hot = append(huge, r.offloadHuge), append(steal, r.hotSteal), append(hot, r.ratio.hot)
 	}
-	runs[0].hugeRuns = huge
+	runs[0].hugeRuns, runs[0].stealRuns, runs[0].hotRuns = huge, steal, hot
 	if len(runs) == 1 || runs[0].skipped != "" {
 		runs[0].runs = 1
 		return runs[0]
@@ -683,13 +719,13 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("The hot wake's tier file (the level-1 offload) in huge pages, each run in order, from ShmemHugePages around the sleep that wrote it: ")
+	b.WriteString("Each run in order: the hot wake's ratio to memcpy, its tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the CPU time the hypervisor took (steal, /proc/stat) while the wake ran: ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
 			var each []string
-			for _, h := range r.hugeRuns {
-				each = append(each, fmt.Sprintf("%.0f %%", 100*h))
+			for i := range r.hugeRuns {
+				each = append(each, fmt.Sprintf("%.2f (%.0f %% huge, %.0f %% stolen)", r.hotRuns[i], 100*r.hugeRuns[i], 100*r.stealRuns[i]))
 			}
 			parts = append(parts, fmt.Sprintf("%s %s", arena.Size(r.size), strings.Join(each, ", ")))
 		}
