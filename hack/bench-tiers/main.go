@@ -87,9 +87,8 @@ type row struct {
 	// hotSteal is the share of the CPU time the hypervisor took (steal)
 	// while the hot wake ran.
 	hotSteal float64
-	// hugeRuns and stealRuns are offloadHuge and hotSteal of each run,
-	// in order (median keeps them).
-	hugeRuns, stealRuns, hotRuns []float64
+	// each is every run, in order, as measured (median keeps them).
+	each []row
 	// ratio holds this run's ratios, each of a restore and the
 	// bandwidth measured around it; the table gives their medians.
 	ratio           ratios
@@ -615,11 +614,7 @@ func copyFile(from, to string) error {
 // median takes, for every column on its own, the median of the runs; the
 // verification counts are summed.
 func median(runs []row) row {
-	var huge, steal, hot []float64
-	for _, r := range runs {
-		huge, steal, hot = append(huge, r.offloadHuge), append(steal, r.hotSteal), append(hot, r.ratio.hot)
-	}
-	runs[0].hugeRuns, runs[0].stealRuns, runs[0].hotRuns = huge, steal, hot
+	runs[0].each = slices.Clone(runs)
 	if len(runs) == 1 || runs[0].skipped != "" {
 		runs[0].runs = 1
 		return runs[0]
@@ -724,8 +719,8 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	for _, r := range rows {
 		if r.skipped == "" {
 			var each []string
-			for i := range r.hugeRuns {
-				each = append(each, fmt.Sprintf("%.2f (%.0f %% huge, %.0f %% stolen)", r.hotRuns[i], 100*r.hugeRuns[i], 100*r.stealRuns[i]))
+			for _, e := range r.each {
+				each = append(each, fmt.Sprintf("%.2f (%.0f %% huge, %.0f %% stolen)", e.ratio.hot, 100*e.offloadHuge, 100*e.hotSteal))
 			}
 			parts = append(parts, fmt.Sprintf("%s %s", arena.Size(r.size), strings.Join(each, ", ")))
 		}

@@ -366,10 +366,10 @@ func (s *podSeat) Restart(ctx context.Context) error {
 }
 
 // Wake implements seatgroup.Seat; it keeps the seat's answer, whose
-// lastWake the swap's report to the node agent reads (reportSwap), with
-// the digest of the engine's weights from the last GET /state (the answer
-// to a wake does not read the engine's weights; their digest is the one
-// recorded at load).
+// lastWake and digest the swap's report to the node agent reads
+// (reportSwap). An answer without the digest (the engine did not report
+// its weights in time) keeps the one of the last reading: the digest is
+// the one recorded at load.
 func (s *podSeat) Wake(ctx context.Context) error {
 	h, err := s.http()
 	if err != nil {

@@ -250,7 +250,7 @@ func coldS3SecretProblems(ctx context.Context, r client.Reader, mo *v1alpha1.Mod
 		default:
 			var missing []string
 			for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} {
-				if len(sec.Data[k]) == 0 && sec.StringData[k] == "" {
+				if len(sec.Data[k]) == 0 { // stringData is write-only: the API server folds it into data
 					missing = append(missing, k)
 				}
 			}
