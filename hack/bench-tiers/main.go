@@ -254,16 +254,28 @@ func loadavg() string {
 
 func measure(n int64, hot, disk string) (row, error) {
 	r := row{size: n}
-	// Every stage holds at most three copies of the weights at once (the
-	// engine's, and memcpy's source and destination).
-	if avail := memAvailable(); avail < 3*n+(2<<30) {
-		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(3*n+(2<<30)))
+	// Every stage holds at most four copies of the weights at once: the
+	// baselines' source and destination, the engine's region and its
+	// level-1 offload.
+	if need := 4*n + (2 << 30); memAvailable() < need {
+		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(memAvailable()), arena.Size(need))
 		return r, nil
 	}
-	var err error
-	if r.hashedCopy, err = measureHashedCopy(n); err != nil {
+	// The baselines copy and read into memory of the kind a restore lands
+	// in, a device region: faulted in once, in huge pages, and kept for the
+	// whole run, so every baseline lands in the same pages.
+	src, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	if err != nil {
 		return r, err
 	}
+	defer src.Free()
+	dst, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	if err != nil {
+		return r, err
+	}
+	defer dst.Free()
+	arena.Synthesize(src.Bytes(), 2)
+	r.hashedCopy = measureHashedCopy(dst, src)
 	// Fresh memory as a wake finds it: freed, then left alone as long as
 	// the engine sleeps.
 	if err := freeAndWait(n); err != nil {
@@ -272,43 +284,35 @@ func measure(n int64, hot, disk string) (row, error) {
 	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
 		return r, err
 	}
-	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, n); err != nil {
+	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, dst); err != nil {
 		return r, err
 	}
 	r.tmpfs = checkpoint.Peak(r.tmpfsPread, r.tmpfsMapped)
-	if r.disk1, err = checkpoint.MeasureRead("disk", disk, n, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
-		return r, err
-	}
-	if r.disk2, err = checkpoint.MeasureRead("disk", disk, n, arena.FileOptions{Direct: true}); err != nil {
+	if r.disk1, r.disk2, err = measureDisk(disk, dst); err != nil {
 		return r, err
 	}
 	r.disk = checkpoint.Peak(r.disk1, r.disk2)
-	if r.s3, err = measureS3(n); err != nil {
+	if r.s3, err = measureS3(src, dst); err != nil {
 		return r, err
 	}
 	runtime.GC()
-	if err := measureSim(&r, n, hot, disk); err != nil {
+	if err := measureSim(&r, n, hot, disk, src, dst); err != nil {
 		return r, err
 	}
 	return r.withRatios(), nil
 }
 
-// measureTierRead reads an n-byte probe file on the hot tier into a
-// pre-faulted arena both ways a restore can (2 workers, 1 MiB chunks, no
-// hash): pread, and a copy out of a populated read-only mapping of the
-// file. The faster is the tier's raw read, the source side of the
-// physical bound.
-func measureTierRead(dir string, n int64) (pread, mapped checkpoint.Bandwidth, err error) {
+// measureTierRead reads a probe file on the hot tier into a, as large as
+// the probe, both ways a restore can (2 workers, 1 MiB chunks, no hash):
+// pread, and a copy out of a populated read-only mapping of the file. The
+// faster is the tier's raw read, the source side of the physical bound.
+func measureTierRead(dir string, a *arena.Arena) (pread, mapped checkpoint.Bandwidth, err error) {
+	n := a.Len()
 	path, err := checkpoint.WriteProbe(dir, n)
 	if err != nil {
 		return pread, mapped, fmt.Errorf("writing a %d-byte probe in %s: %w", n, dir, err)
 	}
 	defer func() { _ = os.Remove(path) }()
-	a, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return pread, mapped, err
-	}
-	defer a.Free()
 	for _, m := range []struct {
 		method arena.ReadMethod
 		name   string
@@ -327,25 +331,30 @@ func measureTierRead(dir string, n int64) (pread, mapped checkpoint.Bandwidth, e
 	return pread, mapped, nil
 }
 
-// measureHashedCopy copies n bytes between two pre-faulted arenas with
-// arena.VerifiedCopy, the hot restore's copy and hash of each chunk.
-func measureHashedCopy(n int64) (checkpoint.Bandwidth, error) {
-	src, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	defer src.Free()
-	dst, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	defer dst.Free()
-	arena.Synthesize(src.Bytes(), 2)
+// measureHashedCopy copies src into dst with arena.VerifiedCopy, the hot
+// restore's copy and hash of each chunk.
+func measureHashedCopy(dst, src *arena.Arena) checkpoint.Bandwidth {
+	n := src.Len()
 	start := time.Now()
 	_ = arena.VerifiedCopy(dst.Bytes(), src.Bytes())
 	t := time.Since(start)
 	return checkpoint.Bandwidth{What: "memcpy + XXH3", Bytes: n, Seconds: t.Seconds(), BytesPerSecond: float64(n) / t.Seconds(),
-		Method: fmt.Sprintf("copy and hash each 1 MiB chunk (arena.VerifiedCopy), %d threads", arena.DefaultWorkers())}, nil
+		Method: fmt.Sprintf("copy and hash each 1 MiB chunk (arena.VerifiedCopy), %d threads", arena.DefaultWorkers())}
+}
+
+// measureDisk writes a probe as large as a on the disk and reads it into a
+// with O_DIRECT, with one reader and with the restore's readers.
+func measureDisk(dir string, a *arena.Arena) (one, restore checkpoint.Bandwidth, err error) {
+	path, err := checkpoint.WriteProbe(dir, a.Len())
+	if err != nil {
+		return one, restore, fmt.Errorf("writing a %d-byte probe in %s: %w", a.Len(), dir, err)
+	}
+	defer func() { _ = os.Remove(path) }()
+	if one, err = checkpoint.MeasureReadInto(a, "disk", path, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
+		return one, restore, err
+	}
+	restore, err = checkpoint.MeasureReadInto(a, "disk", path, arena.FileOptions{Direct: true})
+	return one, restore, err
 }
 
 // freeAndWait touches n bytes, frees them and waits as long as an engine
@@ -360,23 +369,14 @@ func freeAndWait(n int64) error {
 	return nil
 }
 
-// measureS3 GETs an n-byte object from the in-repo S3 fake over loopback
-// into memory.
-func measureS3(n int64) (checkpoint.Bandwidth, error) {
-	src, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	defer src.Free()
-	arena.Synthesize(src.Bytes(), 5)
+// measureS3 GETs src, as an object of the in-repo S3 fake, over loopback
+// into dst.
+func measureS3(src, dst *arena.Arena) (checkpoint.Bandwidth, error) {
+	n := src.Len()
 	s := s3test.New("")
 	defer s.Close()
 	s.Put("models", "w.bin", fetchtest.Bytes(src.Bytes()))
-	dst, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	defer dst.Free()
+	clear(dst.Bytes()[:4096]) // an earlier baseline left src's bytes there
 	t := time.Now()
 	resp, err := http.Get(s.URL() + "/models/w.bin")
 	if err != nil {
@@ -400,7 +400,7 @@ func measureS3(n int64) (checkpoint.Bandwidth, error) {
 // The cold tier is the weights file the simulator loaded at start (on disk,
 // as the model cache is); the warm tier is a copy in the disk directory; the
 // hot tier is the level-1 offload on the tmpfs.
-func measureSim(r *row, n int64, hot, disk string) error {
+func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error {
 	model := filepath.Join(disk, "model.bin")
 	w, err := arena.New(n, arena.Options{})
 	if err != nil {
@@ -438,10 +438,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	// Hot: level 1 offloads to the tmpfs; the engine sleeps; time the
 	// wake and the first token. memcpy is measured right before the sleep
 	// and right after the first token.
-	before1, before2, err := checkpoint.MeasureMemcpy(n)
-	if err != nil {
-		return err
-	}
+	before1, before2 := checkpoint.MeasureMemcpyBetween(dst, src)
 	huge := meminfo("ShmemHugePages")
 	if _, err := s.Sleep(1); err != nil {
 		return err
@@ -459,10 +456,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 		return err
 	}
 	r.ttftHot = first.Sub(t0)
-	after1, after2, err := checkpoint.MeasureMemcpy(n)
-	if err != nil {
-		return err
-	}
+	after1, after2 := checkpoint.MeasureMemcpyBetween(dst, src)
 	r.memcpy1, r.memcpy2 = together(before1, after1), together(before2, after2)
 	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
 
@@ -474,7 +468,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err = rawReads(warm, false)
+	before1, before2, err = rawReads(dst, warm, false)
 	if err != nil {
 		return err
 	}
@@ -486,7 +480,7 @@ func measureSim(r *row, n int64, hot, disk string) error {
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err = rawReads(warm, true)
+	after1, after2, err = rawReads(dst, warm, true)
 	if err != nil {
 		return err
 	}
@@ -670,12 +664,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	host, _ := os.Hostname()
 	fpr := "no free page reporting"
 	if arena.FreePageReporting() {
-		fpr = "free page reporting on (virtio balloon): freed memory returns to the host, so arenas use 4 KiB pages"
+		fpr = "free page reporting on (virtio balloon): freed memory returns to the host, so memory an engine returns at each sleep is faulted in again in 4 KiB pages; device regions and the baselines' memory, faulted in once and kept, are in huge pages"
 	}
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in, kept for the run (every baseline of a run copies and reads into the same pages). memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
@@ -762,13 +756,13 @@ func updateDocs(path, table string) error {
 // rawReads reads the file at path with O_DIRECT, without hashing, with one
 // reader and with the restore's readers, in that order or, after the
 // wake, in reverse: each way then sits on average as close to the wake.
-func rawReads(path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
+func rawReads(a *arena.Arena, path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
 	readOne := func() error {
-		one, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true, Workers: 1})
+		one, err = checkpoint.MeasureReadInto(a, "warm raw", path, arena.FileOptions{Direct: true, Workers: 1})
 		return err
 	}
 	readRestore := func() error {
-		restore, err = checkpoint.MeasureReadFile("warm raw", path, arena.FileOptions{Direct: true})
+		restore, err = checkpoint.MeasureReadInto(a, "warm raw", path, arena.FileOptions{Direct: true})
 		return err
 	}
 	order := []func() error{readOne, readRestore}

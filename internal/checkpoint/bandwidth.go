@@ -27,34 +27,44 @@ func bw(what, method string, n int64, d time.Duration) Bandwidth {
 	return Bandwidth{What: what, Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / max(d.Seconds(), 1e-9), Method: method}
 }
 
-// MeasureMemcpy copies n bytes between two pre-faulted arenas, with one
-// goroutine and then with arena.DefaultWorkers goroutines copying disjoint
-// blocks, and returns both (the same when there is one worker). The faster
-// is the bound for any restore into memory: a restore that uses two cores
-// is held to what two cores can copy.
+// MeasureMemcpy copies n bytes between two pre-faulted arenas in huge pages,
+// the memory a restore lands in (a Device's region), with one goroutine and
+// then with arena.DefaultWorkers goroutines copying disjoint blocks, and
+// returns both (the same when there is one worker). The faster is the bound
+// for any restore into memory: a restore that uses two cores is held to what
+// two cores can copy.
 func MeasureMemcpy(n int64) (single, parallel Bandwidth, err error) {
-	src, err := arena.New(n, arena.Options{})
+	src, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return single, parallel, err
 	}
 	defer src.Free()
-	dst, err := arena.New(n, arena.Options{})
+	dst, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return single, parallel, err
 	}
 	defer dst.Free()
 	arena.Synthesize(src.Bytes(), 1)
+	single, parallel = MeasureMemcpyBetween(dst, src)
+	return single, parallel, nil
+}
+
+// MeasureMemcpyBetween is MeasureMemcpy between two arenas the caller
+// keeps (of the same size), so that repeated measurements copy between the
+// same pages.
+func MeasureMemcpyBetween(dst, src *arena.Arena) (single, parallel Bandwidth) {
+	n := min(dst.Len(), src.Len())
 	start := time.Now()
 	copy(dst.Bytes(), src.Bytes())
 	single = bw("memcpy", "copy, 1 thread", n, time.Since(start))
 	workers := arena.DefaultWorkers()
 	if workers == 1 {
-		return single, single, nil
+		return single, single
 	}
 	start = time.Now()
-	parallelCopy(dst.Bytes(), src.Bytes(), workers)
+	parallelCopy(dst.Bytes()[:n], src.Bytes()[:n], workers)
 	parallel = bw("memcpy", fmt.Sprintf("copy, %d threads", workers), n, time.Since(start))
-	return single, parallel, nil
+	return single, parallel
 }
 
 // Peak is the faster of two measurements of the same transfer.
@@ -125,10 +135,7 @@ func DropCache(path string) error {
 }
 
 // MeasureRead reads a probe file of n bytes in dir into a pre-faulted
-// arena, with the blocks and workers of a restore (opts.Workers, 0 for
-// arena.DefaultWorkers). With opts.Direct, O_DIRECT bypasses the page cache
-// where the filesystem supports it; otherwise the file's pages are dropped
-// from the cache first (tmpfs pages are the file itself and stay).
+// arena in huge pages, as MeasureReadFile does.
 func MeasureRead(what, dir string, n int64, opts arena.FileOptions) (Bandwidth, error) {
 	path, err := WriteProbe(dir, n)
 	if err != nil {
@@ -138,17 +145,29 @@ func MeasureRead(what, dir string, n int64, opts arena.FileOptions) (Bandwidth, 
 	return MeasureReadFile(what, path, opts)
 }
 
-// MeasureReadFile reads an existing file as MeasureRead does.
+// MeasureReadFile reads an existing file into a pre-faulted arena in huge
+// pages, the memory a restore lands in (a Device's region), as
+// MeasureReadInto does.
 func MeasureReadFile(what, path string, opts arena.FileOptions) (Bandwidth, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return Bandwidth{}, err
 	}
-	a, err := arena.New(fi.Size(), arena.Options{})
+	a, err := arena.New(fi.Size(), arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return Bandwidth{}, err
 	}
 	defer a.Free()
+	return MeasureReadInto(a, what, path, opts)
+}
+
+// MeasureReadInto reads the file at path into a (pre-faulted, exactly the
+// file's size) with the blocks and workers of a restore (opts.Workers, 0
+// for the restore's), without hashing. With opts.Direct, O_DIRECT bypasses
+// the page cache where the filesystem supports it; otherwise the file's
+// pages are dropped from the cache first (tmpfs pages are the file itself
+// and stay).
+func MeasureReadInto(a *arena.Arena, what, path string, opts arena.FileOptions) (Bandwidth, error) {
 	_ = DropCache(path)
 	st, err := arena.ReadFile(a, path, opts)
 	if err != nil {

@@ -30,7 +30,8 @@ type NodeReport struct {
 	TransparentHugePagesDefrag string `json:"transparentHugePagesDefrag,omitempty"`
 	// FreePageReporting is true in a VM whose balloon hands freed memory
 	// back to the host: a wake then faults host pages in again, and
-	// arenas use 4 KiB pages, which fault in faster there.
+	// memory faulted in for one wake uses 4 KiB pages, which fault in
+	// faster there (device regions, faulted in once, stay in huge pages).
 	FreePageReporting bool          `json:"freePageReporting,omitempty"`
 	CRIU              CRIUReport    `json:"criu"`
 	Runtime           RuntimeReport `json:"runtime"`

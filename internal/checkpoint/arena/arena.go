@@ -1,23 +1,29 @@
 // Package arena moves model weights between memory and files at the speed of
 // the bytes, and verifies every byte it moves.
 //
-// An Arena is anonymous memory outside the Go heap (mmap), advised for
-// transparent huge pages, so a restore pays one 2 MiB fault per 2 MiB instead
-// of 512 faults of 4 KiB, and Free really returns the memory to the kernel
-// (the Go heap would keep it). In a virtual machine whose balloon reports
-// free pages to the host, the free 2 MiB blocks a huge page needs are the
-// ones the guest has handed back, and each costs the host's faults again:
-// there 4 KiB pages, taken from blocks the host never saw, fault in several
-// times faster, and the arena does not ask for huge pages. An arena is either pre-faulted when it is
-// made, or faulted block by block by the fill that writes it, so getting the
-// memory overlaps reading into it. A Device keeps regions of such memory
-// faulted in across sleeps, as an accelerator keeps its memory. FillFile
-// copies a file into an arena from several workers, out of a populated
-// mapping where the file is in huge pages and with pread(2) or O_DIRECT
-// otherwise, each worker hashing every 1 MiB chunk it moves while the chunk
-// is in its core (in the arena's cache lines after a read, in registers as
-// it copies out of the mapping), so every restored byte is verified as it
-// lands.
+// An Arena is anonymous memory outside the Go heap (mmap), so Free really
+// returns the memory to the kernel (the Go heap would keep it). Its page size
+// follows how it is used (Options.Pages). Memory faulted in once and kept (a
+// Device's regions, which stand in for an accelerator's memory, and the
+// destinations a benchmark measures against) is in transparent huge pages:
+// each 2 MiB is physically contiguous, so an O_DIRECT read lands in requests
+// as large as the disk takes (4 KiB pages scattered by earlier use cap a
+// request at the device's segment count, 254 pages, about 1 MiB on a virtio
+// disk) and a copy walks one page table entry per 2 MiB. Memory faulted in
+// for one wake and returned at the next sleep is in huge pages too, except in
+// a virtual machine whose balloon reports free pages to the host: there the
+// free 2 MiB blocks a huge page needs are the ones the guest has handed back,
+// and each costs the host's faults again, so 4 KiB pages, taken from blocks
+// the host never saw, fault in several times faster. An arena is either
+// pre-faulted when it is made, or faulted block by block by the fill that
+// writes it, so getting the memory overlaps reading into it. A Device keeps
+// regions of such memory faulted in across sleeps, as an accelerator keeps
+// its memory. FillFile copies a file into an arena from several workers, out
+// of a populated mapping where the file is in huge pages and with pread(2) or
+// O_DIRECT otherwise, each worker hashing every 1 MiB chunk it moves while
+// the chunk is in its core (in the arena's cache lines after a read, in
+// registers as it copies out of the mapping), so every restored byte is
+// verified as it lands.
 package arena
 
 import (
@@ -48,11 +54,26 @@ func pageRound(n int64) int64 {
 	return (n + p - 1) &^ (p - 1)
 }
 
+// Pages chooses an arena's page size.
+type Pages int
+
+const (
+	// PagesAuto asks for huge pages unless FreePageReporting: for memory
+	// faulted in for one use and returned after it.
+	PagesAuto Pages = iota
+	// PagesSmall never asks for huge pages: small buffers, reused.
+	PagesSmall
+	// PagesHuge always asks for huge pages (MADV_HUGEPAGE, best effort):
+	// memory faulted in once and kept while many reads and copies land in
+	// it. Where the balloon reports free pages the fault costs several
+	// times more, once.
+	PagesHuge
+)
+
 // Options tune how an arena is allocated.
 type Options struct {
-	// NoHugePages skips MADV_HUGEPAGE. Without it the arena asks for huge
-	// pages unless FreePageReporting.
-	NoHugePages bool
+	// Pages is the page size the arena asks for.
+	Pages Pages
 	// NoPopulate skips pre-faulting: FillFile then faults each block just
 	// before it reads into it, on the worker that reads it, and counts the
 	// faults in the copy time.
@@ -76,7 +97,7 @@ func New(n int64, opts Options) (*Arena, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping a %d-byte arena: %w", n, err)
 	}
-	if !opts.NoHugePages && !FreePageReporting() {
+	if opts.Pages == PagesHuge || (opts.Pages == PagesAuto && !FreePageReporting()) {
 		_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // advisory; THP may be off
 	}
 	a := &Arena{full: b, n: n}

@@ -132,7 +132,7 @@ func HashFile(path string, direct bool) (Digest, int64, error) {
 // CopyHash copies src to dst in BlockSize blocks and returns the digest of
 // the bytes copied.
 func CopyHash(dst io.Writer, src io.Reader) (Digest, int64, error) {
-	a, err := New(BlockSize, Options{NoHugePages: true})
+	a, err := New(BlockSize, Options{Pages: PagesSmall})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -143,12 +143,13 @@ func BenchmarkRestore(b *testing.B) {
 		}},
 	}
 	for _, huge := range []bool{false, true} {
-		dst, err := New(int64(n), Options{NoHugePages: !huge})
+		pages := PagesSmall
+		if huge {
+			pages = PagesHuge
+		}
+		dst, err := New(int64(n), Options{Pages: pages})
 		if err != nil {
 			b.Fatal(err)
-		}
-		if huge {
-			_ = unix.Madvise(dst.full, unix.MADV_HUGEPAGE)
 		}
 		for _, w := range ways {
 			for _, workers := range []int{1, 2, 3} {

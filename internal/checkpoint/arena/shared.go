@@ -66,7 +66,9 @@ type Region struct {
 // shared by every process that opens it, with capacity bytes (0: no limit).
 // owner names this process's regions in errors and in Regions (for
 // example the engine's model). The capacity is the file's: the first
-// opener sets it, and a later opener asking for another fails.
+// opener sets it, and a later opener asking for another fails. Its regions
+// are in the pages of the file's filesystem (huge where a tmpfs is mounted
+// with huge=), not the huge pages a process's own Device asks for.
 func OpenSharedDevice(path string, capacity int64, owner string) (*Device, error) {
 	if capacity < 0 {
 		return nil, fmt.Errorf("device capacity must not be negative, got %d", capacity)
