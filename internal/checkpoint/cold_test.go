@@ -130,8 +130,8 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	bad[len(bad)/2] ^= 0xff
 	s3.Put("models", "llama/weights.bin", fetchtest.Bytes(bad))
 	code, body := promote("chat2", "chat", digest)
-	if code != http.StatusInternalServerError || !strings.Contains(body, "mismatch") || !strings.Contains(body, digest) {
-		t.Errorf("promoting a corrupted object: %d %s, want a 500 naming the mismatch and the digest", code, body)
+	if code != http.StatusConflict || !strings.Contains(body, "mismatch") || !strings.Contains(body, digest) {
+		t.Errorf("promoting a corrupted object: %d %s, want a 409 naming the mismatch and the digest", code, body)
 	}
 	if _, err := os.Stat(warmFile("chat2")); !os.IsNotExist(err) {
 		t.Errorf("a corrupted object placed a warm copy (stat: %v)", err)
