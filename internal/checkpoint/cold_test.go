@@ -17,6 +17,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 )
@@ -26,7 +27,7 @@ import (
 func s3Credentials(t *testing.T, access string) string {
 	t.Helper()
 	dir := t.TempDir()
-	for name, v := range map[string]string{checkpoint.S3AccessKeyFile: access + "\n", checkpoint.S3SecretKeyFile: "s3cr3t\n"} {
+	for name, v := range map[string]string{fetch.S3AccessKeyName: access + "\n", fetch.S3SecretKeyName: "s3cr3t\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
 			t.Fatal(err)
 		}

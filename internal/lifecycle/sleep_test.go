@@ -30,6 +30,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
@@ -133,7 +134,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 		t.Cleanup(s3.Close)
 		s3.Put("models", "chat/weights.bin", fetchtest.Bytes(w))
 		creds := t.TempDir()
-		for f, v := range map[string]string{checkpoint.S3AccessKeyFile: "AKTEST", checkpoint.S3SecretKeyFile: "s3cr3t"} {
+		for f, v := range map[string]string{fetch.S3AccessKeyName: "AKTEST", fetch.S3SecretKeyName: "s3cr3t"} {
 			if err := os.WriteFile(filepath.Join(creds, f), []byte(v), 0o600); err != nil {
 				t.Fatal(err)
 			}
