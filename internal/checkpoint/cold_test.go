@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -191,5 +192,50 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	}
 	if r := n.Report(); r.Warm.UsedBytes > cfg.Store.Budgets.Warm {
 		t.Errorf("warm tier holds %d bytes, over its budget %d", r.Warm.UsedBytes, cfg.Store.Budgets.Warm)
+	}
+
+	// An application without a warm tier (tiers.warm: None; the leader's
+	// wakes say noWarm): the plan copies the object from S3 straight into
+	// the hot tier and writes no warm copy, now or later.
+	noWarm := checkpoint.Key{Namespace: "team-a", Name: "nowarm"}
+	for i := 3; i >= 1; i-- {
+		rec := checkpoint.WakeRecord{Key: noWarm, Time: now.Add(-time.Duration(i)*time.Hour + time.Second),
+			Tier: checkpoint.TierCold, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat", NoWarm: true}
+		b, _ := json.Marshal(rec)
+		resp, err := http.Post(srv.URL+"/wakes", "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("recording a wake: %d", resp.StatusCode)
+		}
+	}
+	for range 2 {
+		var mine []checkpoint.PromotionDone
+		for _, d := range n.PromoteAhead() {
+			if d.Key == noWarm {
+				mine = append(mine, d)
+			}
+		}
+		if _, hot := n.Store().Lookup(noWarm, checkpoint.TierHot); !hot && len(mine) == 0 {
+			t.Fatalf("no promotion ahead without a warm tier (deferred %+v)", n.Report().Promotion.Deferred)
+		}
+		for _, d := range mine {
+			if d.From != checkpoint.TierCold || d.To != checkpoint.TierHot || d.Error != "" {
+				t.Errorf("promotion ahead without a warm tier: %s from %s to %s (error %q), want cold to hot", d.Key, d.From, d.To, d.Error)
+			}
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(cfg.Store.HotDir, "team-a", "nowarm")); err != nil || !bytes.Equal(got, w) {
+		t.Errorf("the hot copy without a warm tier is not the object's bytes (err %v)", err)
+	}
+	if _, err := os.Stat(warmFile("nowarm")); !os.IsNotExist(err) {
+		t.Errorf("an application without a warm tier got a warm copy (stat: %v)", err)
+	}
+	for _, e := range n.Store().Entries() {
+		if e.Key == noWarm && e.Tier != checkpoint.TierHot {
+			t.Errorf("an application without a warm tier has a %s copy of %d bytes", e.Tier, e.Bytes)
+		}
 	}
 }
