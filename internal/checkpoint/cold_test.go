@@ -233,9 +233,25 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	if _, err := os.Stat(warmFile("nowarm")); !os.IsNotExist(err) {
 		t.Errorf("an application without a warm tier got a warm copy (stat: %v)", err)
 	}
-	for _, e := range n.Store().Entries() {
-		if e.Key == noWarm && e.Tier != checkpoint.TierHot {
-			t.Errorf("an application without a warm tier has a %s copy of %d bytes", e.Tier, e.Bytes)
+	// Its hot copy is marked, so that an eviction drops it rather than
+	// demote it to the warm tier; the mark survives a restart of the agent.
+	n2, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, node := range []*checkpoint.Node{n, n2} {
+		var copies int
+		for _, e := range node.Store().Entries() {
+			if e.Key != noWarm {
+				continue
+			}
+			copies++
+			if e.Tier != checkpoint.TierHot || !e.NoWarm {
+				t.Errorf("agent %d: a copy of an application without a warm tier: %s tier, noWarm %v; want hot, marked noWarm", i, e.Tier, e.NoWarm)
+			}
+		}
+		if copies != 1 {
+			t.Errorf("agent %d: %d copies of an application without a warm tier, want its hot copy", i, copies)
 		}
 	}
 }

@@ -112,6 +112,7 @@ func (n *Node) loadWakes() {
 	for i := range hs {
 		if hs[i].Validate() == nil {
 			n.wakes[hs[i].Key] = &hs[i]
+			n.store.SetNoWarm(hs[i].Key, hs[i].NoWarm)
 		}
 	}
 }
@@ -187,8 +188,10 @@ func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
 		n.wakes[k] = h
 	}
 	change(h)
+	noWarm := h.NoWarm
 	hs := n.histories()
 	n.mu.Unlock()
+	n.store.SetNoWarm(k, noWarm)
 	return n.persistHistories(hs)
 }
 
