@@ -219,7 +219,7 @@ func checkSpace(dir string, size int64) error {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return err
 	}
-	free := int64(st.Bavail) * st.Bsize
+	free := int64(st.Bavail) * int64(st.Bsize) //nolint:unconvert // Bsize is int32 on 386
 	if need := 2*size + 1<<30; free < need {
 		return fmt.Errorf("%s has %s free, the benchmark needs %s", dir, fetch.FormatBytes(free), fetch.FormatBytes(need))
 	}

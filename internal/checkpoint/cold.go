@@ -68,20 +68,13 @@ type ColdS3Source struct {
 	// AWS S3. Region empty asks the bucket.
 	Endpoint string `json:"endpoint,omitempty"`
 	Region   string `json:"region,omitempty"`
-	// Credentials is a directory holding the files AWS_ACCESS_KEY_ID and
-	// AWS_SECRET_ACCESS_KEY (the application's credentials Secret,
+	// Credentials is a directory holding the files fetch.S3AccessKeyName
+	// and fetch.S3SecretKeyName (the application's credentials Secret,
 	// mounted); empty uses the agent's environment or cloud identity.
 	Credentials string `json:"credentials,omitempty"`
 	// Transport overrides the HTTP transport (tests).
 	Transport http.RoundTripper `json:"-"`
 }
-
-// Credential files in ColdS3Source.Credentials: the keys of the Secret a
-// model's credentialsSecretRef names.
-const (
-	S3AccessKeyFile = "AWS_ACCESS_KEY_ID"
-	S3SecretKeyFile = "AWS_SECRET_ACCESS_KEY"
-)
 
 // ErrNoColdCredentials means an S3 cold source's credentials directory
 // lacks a key file: the Secret it mounts is missing or incomplete.
@@ -141,8 +134,8 @@ func (c ColdS3Source) object() (fetch.S3Object, error) {
 	}
 	o := fetch.S3Object{Endpoint: c.Endpoint, Region: c.Region, Bucket: ps.Bucket, Key: ps.Prefix}
 	if c.Credentials != "" {
-		o.AccessKeyFile = filepath.Join(c.Credentials, S3AccessKeyFile)
-		o.SecretKeyFile = filepath.Join(c.Credentials, S3SecretKeyFile)
+		o.AccessKeyFile = filepath.Join(c.Credentials, fetch.S3AccessKeyName)
+		o.SecretKeyFile = filepath.Join(c.Credentials, fetch.S3SecretKeyName)
 	}
 	return o, nil
 }
@@ -158,7 +151,7 @@ func (c ColdS3Source) Open(ctx context.Context) (io.ReadCloser, int64, error) {
 		for _, f := range []string{o.AccessKeyFile, o.SecretKeyFile} {
 			if _, err := os.Stat(f); err != nil {
 				return nil, 0, fmt.Errorf("reading the cold copy of %s from %s: %w: %s is missing (the application's model.credentialsSecretRef Secret, mounted at %s, must exist and hold %s and %s)",
-					c.Name, o, ErrNoColdCredentials, f, c.Credentials, S3AccessKeyFile, S3SecretKeyFile)
+					c.Name, o, ErrNoColdCredentials, f, c.Credentials, fetch.S3AccessKeyName, fetch.S3SecretKeyName)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 )
@@ -26,7 +28,7 @@ import (
 func s3Credentials(t *testing.T, access string) string {
 	t.Helper()
 	dir := t.TempDir()
-	for name, v := range map[string]string{checkpoint.S3AccessKeyFile: access + "\n", checkpoint.S3SecretKeyFile: "s3cr3t\n"} {
+	for name, v := range map[string]string{fetch.S3AccessKeyName: access + "\n", fetch.S3SecretKeyName: "s3cr3t\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -130,8 +132,8 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	bad[len(bad)/2] ^= 0xff
 	s3.Put("models", "llama/weights.bin", fetchtest.Bytes(bad))
 	code, body := promote("chat2", "chat", digest)
-	if code != http.StatusInternalServerError || !strings.Contains(body, "mismatch") || !strings.Contains(body, digest) {
-		t.Errorf("promoting a corrupted object: %d %s, want a 500 naming the mismatch and the digest", code, body)
+	if code != http.StatusConflict || !strings.Contains(body, "mismatch") || !strings.Contains(body, digest) {
+		t.Errorf("promoting a corrupted object: %d %s, want a 409 naming the mismatch and the digest", code, body)
 	}
 	if _, err := os.Stat(warmFile("chat2")); !os.IsNotExist(err) {
 		t.Errorf("a corrupted object placed a warm copy (stat: %v)", err)
@@ -190,5 +192,66 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	}
 	if r := n.Report(); r.Warm.UsedBytes > cfg.Store.Budgets.Warm {
 		t.Errorf("warm tier holds %d bytes, over its budget %d", r.Warm.UsedBytes, cfg.Store.Budgets.Warm)
+	}
+
+	// An application without a warm tier (tiers.warm: None; the leader's
+	// wakes say noWarm): the plan copies the object from S3 straight into
+	// the hot tier and writes no warm copy, now or later.
+	noWarm := checkpoint.Key{Namespace: "team-a", Name: "nowarm"}
+	for i := 3; i >= 1; i-- {
+		rec := checkpoint.WakeRecord{Key: noWarm, Time: now.Add(-time.Duration(i)*time.Hour + time.Second),
+			Tier: checkpoint.TierCold, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat", NoWarm: true}
+		b, _ := json.Marshal(rec)
+		resp, err := http.Post(srv.URL+"/wakes", "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("recording a wake: %d", resp.StatusCode)
+		}
+	}
+	for range 2 {
+		var mine []checkpoint.PromotionDone
+		for _, d := range n.PromoteAhead() {
+			if d.Key == noWarm {
+				mine = append(mine, d)
+			}
+		}
+		if _, hot := n.Store().Lookup(noWarm, checkpoint.TierHot); !hot && len(mine) == 0 {
+			t.Fatalf("no promotion ahead without a warm tier (deferred %+v)", n.Report().Promotion.Deferred)
+		}
+		for _, d := range mine {
+			if d.From != checkpoint.TierCold || d.To != checkpoint.TierHot || d.Error != "" {
+				t.Errorf("promotion ahead without a warm tier: %s from %s to %s (error %q), want cold to hot", d.Key, d.From, d.To, d.Error)
+			}
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(cfg.Store.HotDir, "team-a", "nowarm")); err != nil || !bytes.Equal(got, w) {
+		t.Errorf("the hot copy without a warm tier is not the object's bytes (err %v)", err)
+	}
+	if _, err := os.Stat(warmFile("nowarm")); !os.IsNotExist(err) {
+		t.Errorf("an application without a warm tier got a warm copy (stat: %v)", err)
+	}
+	// Its hot copy is marked, so that an eviction drops it rather than
+	// demote it to the warm tier; the mark survives a restart of the agent.
+	n2, err := checkpoint.NewNode(cfg, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, node := range []*checkpoint.Node{n, n2} {
+		var copies int
+		for _, e := range node.Store().Entries() {
+			if e.Key != noWarm {
+				continue
+			}
+			copies++
+			if e.Tier != checkpoint.TierHot || !e.NoWarm {
+				t.Errorf("agent %d: a copy of an application without a warm tier: %s tier, noWarm %v; want hot, marked noWarm", i, e.Tier, e.NoWarm)
+			}
+		}
+		if copies != 1 {
+			t.Errorf("agent %d: %d copies of an application without a warm tier, want its hot copy", i, copies)
+		}
 	}
 }

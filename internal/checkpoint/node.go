@@ -366,17 +366,7 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	e, err := n.promote(r.Context(), req.Key, req.To, cold, req.Digest, req.Priority, nil)
 	n.updateGauges()
 	if err != nil {
-		status, result := http.StatusInternalServerError, "failed"
-		switch {
-		case errors.Is(err, arena.ErrMismatch):
-			result = "mismatch"
-		case errors.Is(err, ErrNoRoom):
-			status = http.StatusInsufficientStorage
-		case errors.Is(err, ErrNotFound), errors.Is(err, fetch.ErrNotFound):
-			status = http.StatusNotFound
-		case errors.Is(err, ErrNoColdCredentials), errors.Is(err, fetch.ErrAccessDenied):
-			status = http.StatusForbidden
-		}
+		status, result := copyErrorStatus(err)
 		n.m.promotions.WithLabelValues(string(req.To), result).Inc()
 		n.log.Warn("promotion failed", "key", req.String(), "to", req.To, "err", err)
 		writeError(w, status, err.Error())
@@ -452,6 +442,26 @@ func (n *Node) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wan
 	return e, err
 }
 
+// copyErrorStatus maps a failed promotion or demotion to its HTTP status
+// and the result label of its counter; anything not named here is an
+// internal failure (500, "failed").
+func copyErrorStatus(err error) (status int, result string) {
+	switch {
+	case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
+		// The bytes do not hash to the digest: nothing was placed.
+		return http.StatusConflict, "mismatch"
+	case errors.Is(err, ErrDigestRequired):
+		return http.StatusBadRequest, "failed"
+	case errors.Is(err, ErrNoRoom):
+		return http.StatusInsufficientStorage, "failed"
+	case errors.Is(err, ErrNotFound), errors.Is(err, fetch.ErrNotFound):
+		return http.StatusNotFound, "failed"
+	case errors.Is(err, ErrNoColdCredentials), errors.Is(err, fetch.ErrAccessDenied):
+		return http.StatusForbidden, "failed"
+	}
+	return http.StatusInternalServerError, "failed"
+}
+
 func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
 	var req DemoteRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
@@ -470,18 +480,7 @@ func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
 	e, src, err := n.store.Demote(req.Key, req.Digest, req.Priority)
 	n.updateGauges()
 	if err != nil {
-		status, result := http.StatusInternalServerError, "failed"
-		switch {
-		case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
-			// The hot bytes are not the engine's: nothing was placed.
-			status, result = http.StatusConflict, "mismatch"
-		case errors.Is(err, ErrDigestRequired):
-			status = http.StatusBadRequest
-		case errors.Is(err, ErrNoRoom):
-			status = http.StatusInsufficientStorage
-		case errors.Is(err, ErrNotFound):
-			status = http.StatusNotFound
-		}
+		status, result := copyErrorStatus(err)
 		n.m.demotions.WithLabelValues(result).Inc()
 		n.log.Warn("demotion refused", "key", req.String(), "result", result, "err", err)
 		writeError(w, status, err.Error())

@@ -72,7 +72,8 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 		`{"namespace":"Team","name":"x","to":"warm"}`:                                                              400,
 		`{"namespace":"team-a","name":"x","to":"cold"}`:                                                            400,
 		`{"namespace":"team-a","name":"absent","to":"hot"}`:                                                        404,
-		`{"namespace":"team-a","name":"big","to":"hot","coldPath":"model.gguf","digest":"xxh3c:0000000000000000"}`: 500,
+		`{"namespace":"team-a","name":"big","to":"hot","coldPath":"model.gguf","digest":"xxh3c:0000000000000000"}`: 409,
+		`{"namespace":"team-a","name":"dir","to":"warm","coldPath":".","digest":"` + digest + `"}`:                 500,
 	} {
 		if code, out := promote(body); code != want {
 			t.Errorf("%s: %d %s, want %d", body, code, out, want)

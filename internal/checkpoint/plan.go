@@ -47,6 +47,10 @@ type Entry struct {
 	// agent never evicts it (it is also Pinned). Its Bytes are the bytes
 	// the tmpfs holds for it, which a wake lowers block by block.
 	Offload bool `json:"offload,omitempty"`
+	// NoWarm marks a copy of an application without a warm tier
+	// (tiers.warm None, Store.SetNoWarm): evicted from the hot tier, it
+	// is dropped, never demoted.
+	NoWarm bool `json:"noWarm,omitempty"`
 }
 
 // Budgets bound the bytes the agent keeps per tier.
@@ -89,8 +93,9 @@ var ErrNoRoom = errors.New("no room in the tier")
 // a priority, least recently used first; a copy with a higher priority than
 // in, a pinned copy, or an engine's level-1 offload (Offload: the engine's to
 // release, counted in the hot tier's use) is never evicted. An evicted hot copy is demoted to
-// warm when warm has no copy of it and room can be made there under the
-// same rule; otherwise it is dropped (the cold tier still holds it). A copy
+// warm when warm has no copy of it, its application has a warm tier (not
+// NoWarm) and room can be made there under the same rule; otherwise it is
+// dropped (the cold tier still holds it). A copy
 // of in.Key already in the tier is replaced. The plan is pure: it reads
 // entries and returns actions, so the IO that applies it stays separate.
 func PlanAdmit(entries []Entry, b Budgets, in Entry) ([]Action, error) {
@@ -178,7 +183,7 @@ func (p *planner) makeRoom(in Entry, depth int) error {
 		}
 		p.remove(v.Key, v.Tier)
 		need -= v.Bytes
-		if v.Tier == TierHot && depth == 0 && !p.has(v.Key, TierWarm) {
+		if v.Tier == TierHot && depth == 0 && !v.NoWarm && !p.has(v.Key, TierWarm) {
 			demoted := v
 			demoted.Tier = TierWarm
 			saved := append([]Action(nil), p.actions...)

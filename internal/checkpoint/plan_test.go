@@ -30,6 +30,7 @@ func offloadEntry(name string, bytes int64) Entry {
 
 func TestPlanAdmit(t *testing.T) {
 	budgets := Budgets{Hot: 100, Warm: 200}
+	noWarmEntry := func(e Entry) Entry { e.NoWarm = true; return e }
 	pinned := entry("p", TierHot, 60, 0, 0)
 	pinned.Pinned = true
 	for _, c := range []struct {
@@ -88,6 +89,12 @@ func TestPlanAdmit(t *testing.T) {
 			},
 			in:   entry("new", TierHot, 50, 0, 9),
 			want: []Action{act(Drop, "w1", TierWarm, 100), act(Demote, "a", TierHot, 60)},
+		},
+		{
+			name:    "an application without a warm tier (NoWarm): its hot copy is dropped, not demoted, though warm has room",
+			entries: []Entry{noWarmEntry(entry("a", TierHot, 60, 0, 1))},
+			in:      entry("new", TierHot, 50, 0, 9),
+			want:    []Action{act(Drop, "a", TierHot, 60)},
 		},
 		{
 			name: "demotion impossible: the hot copy is dropped",

@@ -76,6 +76,9 @@ type WakeHistory struct {
 	// (0: none measured yet): an engine's wake from the model cache, or
 	// the agent's own copy from S3.
 	ColdBytesPerSecond float64 `json:"coldBytesPerSecond,omitempty"`
+	// NoWarm is the last wake's WakeRecord.NoWarm: the application has no
+	// warm tier, so its promotions skip it (up).
+	NoWarm bool `json:"noWarm,omitempty"`
 }
 
 // Add records a wake at, keeping the last maxWakeHistory in time order.
@@ -367,7 +370,7 @@ func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
 		lead, err := promotionLead(from, bytes, h, in.ReadBytesPerSecond)
 		if err != nil {
 			if p.Next.Sub(in.Now) <= in.Margin {
-				deferred = append(deferred, Deferred{Key: h.Key, To: up(from), Reason: err.Error()})
+				deferred = append(deferred, Deferred{Key: h.Key, To: h.up(from), Reason: err.Error()})
 			}
 			continue
 		}
@@ -393,7 +396,7 @@ func PlanPromotions(in PromotionInput) ([]Promotion, []Deferred) {
 	}
 	var out []Promotion
 	for _, d := range dues {
-		to := up(d.from)
+		to := d.h.up(d.from)
 		if d.from == TierCold && !in.readsCold(d.h) {
 			deferred = append(deferred, Deferred{Key: d.h.Key, To: to, Reason: "no copy on the node and no cold tier to read (--cold-dir and the wake's coldPath, or --cold-s3 and the wake's coldS3)"})
 			continue
@@ -435,7 +438,7 @@ func (in PromotionInput) readsCold(h WakeHistory) bool {
 // take: bytes over the read bandwidth of each tier they leave.
 func promotionLead(from Tier, bytes int64, h WakeHistory, bps map[Tier]float64) (time.Duration, error) {
 	var secs float64
-	for t := from; t != TierHot; t = up(t) {
+	for t := from; t != TierHot; t = h.up(t) {
 		b := bps[t]
 		if t == TierCold {
 			b = h.ColdBytesPerSecond
@@ -451,9 +454,11 @@ func promotionLead(from Tier, bytes int64, h WakeHistory, bps map[Tier]float64) 
 	return time.Duration(secs * float64(time.Second)), nil
 }
 
-// up is the next faster tier the agent owns.
-func up(t Tier) Tier {
-	if t == TierCold {
+// up is the next faster tier the agent copies h's weights into: warm
+// after cold, hot after warm; hot after cold when the application has no
+// warm tier (NoWarm), so no warm copy is ever written for it.
+func (h WakeHistory) up(t Tier) Tier {
+	if t == TierCold && !h.NoWarm {
 		return TierWarm
 	}
 	return TierHot

@@ -200,6 +200,8 @@ func TestPlanPromotions(t *testing.T) {
 	g := float64(gb)
 	warmLead := time.Duration(g/1e9*float64(time.Second)) + margin
 	coldLead := time.Duration((g/DefaultColdBytesPerSecond+g/1e9)*float64(time.Second)) + margin
+	coldHotLead := time.Duration(g/DefaultColdBytesPerSecond*float64(time.Second)) + margin
+	noWarm := func(h WakeHistory) WakeHistory { h.NoWarm = true; return h }
 	predicted := func(in time.Duration) Prediction {
 		return Prediction{Next: now.Add(in), Pattern: PatternPeriodic, Period: time.Hour}
 	}
@@ -239,10 +241,27 @@ func TestPlanPromotions(t *testing.T) {
 			want:      []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldLead}},
 		},
 		{
+			name:      "no warm tier (tiers.warm: None), only a cold copy: cold straight to hot, with the time of that one copy",
+			histories: []WakeHistory{noWarm(hourly("a", gb, 0, 10*time.Second))},
+			want:      []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierHot, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldHotLead}},
+		},
+		{
+			// Due for cold → warm → hot (coldLead), not yet for the one
+			// copy cold → hot: nothing, and no warm copy first.
+			name:      "no warm tier, the wake further than the cold copy takes: nothing",
+			histories: []WakeHistory{noWarm(hourly("a", gb, 0, (coldLead+coldHotLead)/2))},
+		},
+		{
+			name:         "no warm tier, no cold tier to read: deferred, to the hot tier",
+			histories:    []WakeHistory{noWarm(hourly("a", gb, 0, 10*time.Second))},
+			noCold:       true,
+			wantDeferred: []string{"ns/a→hot: no copy on the node"},
+		},
+		{
 			name:         "only a cold copy and no cold tier: deferred",
 			histories:    []WakeHistory{hourly("a", gb, 0, 10*time.Second)},
 			noCold:       true,
-			wantDeferred: []string{"ns/a: no copy on the node"},
+			wantDeferred: []string{"ns/a→warm: no copy on the node"},
 		},
 		{
 			name: "only a cold copy in S3, a source of the agent's: cold to warm, at the rate the agent measured",
@@ -262,14 +281,14 @@ func TestPlanPromotions(t *testing.T) {
 				h.ColdPath, h.ColdS3 = "", "other"
 				return h
 			}()},
-			wantDeferred: []string{"ns/a: no copy on the node and no cold tier to read"},
+			wantDeferred: []string{"ns/a→warm: no copy on the node and no cold tier to read"},
 		},
 		{
 			name:         "warm bandwidth not measured: deferred when the wake is near",
 			entries:      []Entry{entry("a", TierWarm, gb, 0, 1)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 2*time.Second)},
 			bps:          map[Tier]float64{},
-			wantDeferred: []string{"ns/a: promoting ns/a from the warm tier: read bandwidth not measured"},
+			wantDeferred: []string{"ns/a→hot: promoting ns/a from the warm tier: read bandwidth not measured"},
 		},
 		{
 			name:      "the hot budget: the least recently used copy of no higher priority is demoted",
@@ -282,13 +301,13 @@ func TestPlanPromotions(t *testing.T) {
 			name:         "the hot budget: a copy of higher priority is never evicted",
 			entries:      []Entry{entry("a", TierWarm, gb, 0, 1), entry("vip", TierHot, 2*gb, 5, 1)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			wantDeferred: []string{"ns/a: no room in the tier"},
+			wantDeferred: []string{"ns/a→hot: no room in the tier"},
 		},
 		{
 			name:         "the hot budget: an engine's offload is never evicted",
 			entries:      []Entry{entry("a", TierWarm, gb, 0, 1), offloadEntry("sleeper", 2*gb)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			wantDeferred: []string{"ns/a: no room in the tier"},
+			wantDeferred: []string{"ns/a→hot: no room in the tier"},
 		},
 		{
 			// Both are due; the hot tier holds one. The earlier wake goes
@@ -298,7 +317,7 @@ func TestPlanPromotions(t *testing.T) {
 			histories: []WakeHistory{hourly("late", 2*gb, 0, 4*time.Second), hourly("early", 2*gb, 0, 3*time.Second)},
 			want: []Promotion{{Key: Key{"ns", "early"}, From: TierWarm, To: TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
 				Lead: time.Duration(2*g/1e9*float64(time.Second)) + margin}},
-			wantDeferred: []string{"ns/late: no room in the tier"},
+			wantDeferred: []string{"ns/late→hot: no room in the tier"},
 		},
 		{
 			// Busy for 5, 40 and 15 minutes, asked for again 20 minutes
@@ -337,7 +356,7 @@ func TestPlanPromotions(t *testing.T) {
 			}
 			var reasons []string
 			for _, d := range deferred {
-				reasons = append(reasons, d.String()+": "+d.Reason)
+				reasons = append(reasons, d.String()+"→"+string(d.To)+": "+d.Reason)
 			}
 			if len(reasons) != len(c.wantDeferred) {
 				t.Fatalf("deferred %q, want %q", reasons, c.wantDeferred)

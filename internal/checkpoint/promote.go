@@ -37,6 +37,10 @@ type WakeRecord struct {
 	// ColdS3 names the agent's S3 cold source (--cold-s3) holding the
 	// artifact, when its cold tier is S3.
 	ColdS3 string `json:"coldS3,omitempty"`
+	// NoWarm says the application has no warm tier (tiers.warm: None; its
+	// engines could not read a warm copy): the agent promotes its weights
+	// from the cold tier straight to the hot tier, never into the warm tier.
+	NoWarm bool `json:"noWarm,omitempty"`
 }
 
 // SleepRecord is the body of POST /sleeps: the engines of an artifact went
@@ -108,6 +112,7 @@ func (n *Node) loadWakes() {
 	for i := range hs {
 		if hs[i].Validate() == nil {
 			n.wakes[hs[i].Key] = &hs[i]
+			n.store.SetNoWarm(hs[i].Key, hs[i].NoWarm)
 		}
 	}
 }
@@ -149,7 +154,7 @@ func (n *Node) RecordWake(r WakeRecord) error {
 		if r.ColdS3 != "" {
 			h.ColdS3 = r.ColdS3
 		}
-		h.Priority = r.Priority
+		h.Priority, h.NoWarm = r.Priority, r.NoWarm
 		// An engine's cold wake reads the model cache; with an S3 cold
 		// tier the agent measures its own copies from S3 instead.
 		if r.Tier == TierCold && r.BytesPerSecond > 0 && h.ColdS3 == "" {
@@ -183,8 +188,10 @@ func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
 		n.wakes[k] = h
 	}
 	change(h)
+	noWarm := h.NoWarm
 	hs := n.histories()
 	n.mu.Unlock()
+	n.store.SetNoWarm(k, noWarm)
 	return n.persistHistories(hs)
 }
 

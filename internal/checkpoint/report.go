@@ -222,8 +222,8 @@ func tierReport(dir string, t Tier, budget, used int64, entries int) TierReport 
 		r.Warning = err.Error()
 		return r
 	}
-	r.SizeBytes = int64(st.Blocks) * st.Bsize
-	r.FreeBytes = int64(st.Bavail) * st.Bsize
+	r.SizeBytes = int64(st.Blocks) * int64(st.Bsize) //nolint:unconvert // Bsize is int32 on 386
+	r.FreeBytes = int64(st.Bavail) * int64(st.Bsize) //nolint:unconvert // Bsize is int32 on 386
 	if st.Type == unix.TMPFS_MAGIC {
 		r.Filesystem = "tmpfs"
 		r.HugePages = HugePagesOf(dir)

@@ -43,8 +43,10 @@ type Store struct {
 	now func() time.Time
 
 	admit   sync.Mutex // one admission (plan + apply + write) at a time
-	mu      sync.Mutex // guards entries
+	mu      sync.Mutex // guards entries and noWarm
 	entries map[entryID]*Entry
+	// noWarm are the keys of applications without a warm tier (SetNoWarm).
+	noWarm map[Key]bool
 	// Evictions counts demotions and drops per tier, for metrics.
 	onEvict func(Tier, ActionKind)
 }
@@ -80,7 +82,7 @@ func (k Key) Validate() error {
 // OpenStore creates the tier directories and indexes what they already
 // hold. A file without valid metadata (an interrupted copy) is removed.
 func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
-	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*Entry{}}
+	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*Entry{}, noWarm: map[Key]bool{}}
 	for _, t := range []Tier{TierHot, TierWarm} {
 		root := s.dir(t)
 		if err := os.MkdirAll(root, 0o711); err != nil {
@@ -154,6 +156,20 @@ func (s *Store) scan(t Tier) error {
 	return nil
 }
 
+// SetNoWarm records whether k's application has no warm tier (tiers.warm
+// None; the node agent learns it from the leader's wake reports): its
+// entries then carry NoWarm, so an evicted hot copy of k is dropped, never
+// demoted (PlanAdmit), and no warm copy of it is written.
+func (s *Store) SetNoWarm(k Key, noWarm bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if noWarm {
+		s.noWarm[k] = true
+		return
+	}
+	delete(s.noWarm, k)
+}
+
 // Entries lists every copy, hot first, then by key: the store's own
 // copies and the engines' level-1 offloads in the hot directory (Offload),
 // which count against the hot budget and which the store never evicts.
@@ -161,7 +177,9 @@ func (s *Store) Entries() []Entry {
 	out := s.engineOffloads()
 	s.mu.Lock()
 	for _, e := range s.entries {
-		out = append(out, *e)
+		c := *e
+		c.NoWarm = s.noWarm[e.Key]
+		out = append(out, c)
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b Entry) int {

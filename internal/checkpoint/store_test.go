@@ -87,6 +87,33 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 	}
 }
 
+// TestStoreEvictsWithoutAWarmTier: a hot copy of an application without a
+// warm tier (SetNoWarm) that must make room is dropped, though the warm
+// tier has room: no warm copy is written for it. Told it has one again,
+// its next eviction demotes it.
+func TestStoreEvictsWithoutAWarmTier(t *testing.T) {
+	s, _ := testStore(t, Budgets{Hot: 1 << 10, Warm: 4 << 10})
+	a := Key{"team-a", "a"}
+	s.SetNoWarm(a, true)
+	put(t, s, "a", TierHot, blob(1<<10, 1), 0)
+	put(t, s, "b", TierHot, blob(1<<10, 2), 0)
+	if diff := cmp.Diff([]placed{{"b", TierHot}}, placement(s)); diff != "" {
+		t.Errorf("placement without a warm tier for a (-want +got):\n%s", diff)
+	}
+	if _, err := os.Stat(s.Path(a, TierWarm)); !os.IsNotExist(err) {
+		t.Errorf("a warm copy of a was written (stat: %v)", err)
+	}
+	s.SetNoWarm(a, false)
+	put(t, s, "a", TierHot, blob(1<<10, 1), 0)
+	if diff := cmp.Diff([]placed{{"a", TierHot}, {"b", TierWarm}}, placement(s)); diff != "" {
+		t.Errorf("placement with warm tiers (-want +got):\n%s", diff)
+	}
+	put(t, s, "c", TierHot, blob(1<<10, 3), 0)
+	if diff := cmp.Diff([]placed{{"c", TierHot}, {"a", TierWarm}, {"b", TierWarm}}, placement(s)); diff != "" {
+		t.Errorf("placement once a has a warm tier again (-want +got):\n%s", diff)
+	}
+}
+
 func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	s, cfg := testStore(t, Budgets{Hot: 1 << 20, Warm: 1 << 20})
 	w := blob(100<<10+3, 7)

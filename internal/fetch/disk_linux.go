@@ -18,7 +18,7 @@ func freeBytes(dir string) (int64, error) {
 	if err := syscall.Statfs(dir, &st); err != nil {
 		return 0, err
 	}
-	return int64(st.Bavail) * st.Bsize, nil
+	return int64(st.Bavail) * int64(st.Bsize), nil //nolint:unconvert // Bsize is int32 on 386
 }
 
 // allocatedBytes is how much disk the file at p already occupies.

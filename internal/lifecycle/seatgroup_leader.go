@@ -682,7 +682,8 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 	key := checkpoint.Key{Namespace: r.c.deps.Namespace, Name: sleep.ModelCheckpoint}
 	rep := swapReport{m: m, pod: pod}
 	if ev.Kind == seatgroup.ActionWake {
-		rec := checkpoint.WakeRecord{Key: key, Time: ev.Start, Digest: st.Digest, ColdPath: sleep.ColdPath, ColdS3: sleep.ColdS3}
+		rec := sleep.wakeRecord(key, ev.Start)
+		rec.Digest = st.Digest
 		if w := st.LastWake; w != nil && w.Transfer != nil && w.Error == "" {
 			rec.Tier, rec.Bytes = checkpoint.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
 			if w.Seconds > 0 {

@@ -153,6 +153,14 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 // not None).
 func (s *SleepConfig) usesWarm() bool { return s.WarmTier != v1alpha1.WarmTierNone }
 
+// wakeRecord is the report of a wake of k at to the node agents (POST
+// /wakes), with what the application's configuration tells them: where
+// its cold copy is and whether it has a warm tier. The caller adds what
+// the wake measured.
+func (s *SleepConfig) wakeRecord(k checkpoint.Key, at time.Time) checkpoint.WakeRecord {
+	return checkpoint.WakeRecord{Key: k, Time: at, ColdPath: s.ColdPath, ColdS3: s.ColdS3, NoWarm: !s.usesWarm()}
+}
+
 // validate reports every invalid field of application i's sleep section.
 func (s *SleepConfig) validate(i int, a App) []error {
 	if s == nil {

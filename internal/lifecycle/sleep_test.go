@@ -30,6 +30,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
+	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
@@ -133,7 +134,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 		t.Cleanup(s3.Close)
 		s3.Put("models", "chat/weights.bin", fetchtest.Bytes(w))
 		creds := t.TempDir()
-		for f, v := range map[string]string{checkpoint.S3AccessKeyFile: "AKTEST", checkpoint.S3SecretKeyFile: "s3cr3t"} {
+		for f, v := range map[string]string{fetch.S3AccessKeyName: "AKTEST", fetch.S3SecretKeyName: "s3cr3t"} {
 			if err := os.WriteFile(filepath.Join(creds, f), []byte(v), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -798,6 +799,18 @@ func TestDemotionWithoutAWarmTier(t *testing.T) {
 	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != sim.TierCold || !w.LastWake.Verified {
 		t.Errorf("engine's last wake %+v, want a verified wake from the cold tier", w.LastWake)
 	}
+	// The leader's wake report tells the node agent there is no warm tier,
+	// so its promotions ahead of a predicted wake skip it (cold → hot).
+	eventually(t, 5*time.Second, func() error {
+		h, err := agentHistory(p.agentWarm, "demo-chat")
+		if err != nil {
+			return err
+		}
+		if len(h.Wakes) == 0 || !h.NoWarm {
+			return fmt.Errorf("the agent's history of demo-chat has %d wakes, noWarm %v; want the wake reported without a warm tier", len(h.Wakes), h.NoWarm)
+		}
+		return nil
+	})
 
 	// Idle again: asleep in the hot tier, then demoted to the cold tier,
 	// now with the cold tier's measured speed.

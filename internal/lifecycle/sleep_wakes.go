@@ -24,12 +24,9 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 			digest = r.st.Digest
 		}
 	}
-	rec := checkpoint.WakeRecord{
-		Key:  checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint},
-		Time: lw.StartTime.Time, Tier: checkpoint.Tier(strings.ToLower(string(lw.FromTier))),
-		Bytes: a.sl.bytes, BytesPerSecond: float64(lw.BytesPerSecond), Digest: digest, ColdPath: a.Sleep.ColdPath,
-		ColdS3: a.Sleep.ColdS3,
-	}
+	rec := a.Sleep.wakeRecord(checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, lw.StartTime.Time)
+	rec.Tier = checkpoint.Tier(strings.ToLower(string(lw.FromTier)))
+	rec.Bytes, rec.BytesPerSecond, rec.Digest = a.sl.bytes, float64(lw.BytesPerSecond), digest
 	c.tellAgents(ctx, a, refsOf(res), reportWake, rec)
 }
 

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/fetch"
 )
 
 // The chart's side of the checkpoint wiring (docs/checkpoint.md), rendered
@@ -911,10 +912,11 @@ func TestAgentReadsTheS3ColdTier(t *testing.T) {
 	}
 	var keys []string
 	for _, it := range pod.Volumes[i].Secret.Items {
-		keys = append(keys, it.Key)
+		keys = append(keys, it.Key+"→"+it.Path)
 	}
-	if !slices.Equal(keys, []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) {
-		t.Errorf("Secret keys mounted %v, want the two the fetch Job reads", keys)
+	// The agent reads the files the fetcher names (checkpoint.ColdS3Source).
+	if want := []string{fetch.S3AccessKeyName + "→" + fetch.S3AccessKeyName, fetch.S3SecretKeyName + "→" + fetch.S3SecretKeyName}; !slices.Equal(keys, want) {
+		t.Errorf("Secret keys mounted (key→file) %v, want %v: the two the fetcher reads", keys, want)
 	}
 	for _, e := range agent.Env {
 		if strings.HasPrefix(e.Name, "AWS_") || (e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil) {
