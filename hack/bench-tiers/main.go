@@ -42,6 +42,9 @@ import (
 
 var asleep time.Duration
 
+// memcpyBytes is the most memcpy copies in one measurement.
+const memcpyBytes = 1 << 30
+
 const (
 	startMarker = "<!-- bench-tiers:start -->"
 	endMarker   = "<!-- bench-tiers:end -->"
@@ -254,22 +257,27 @@ func loadavg() string {
 
 func measure(n int64, hot, disk string) (row, error) {
 	r := row{size: n}
-	// Every stage holds at most four copies of the weights at once: the
-	// baselines' source and destination, the engine's region and its
-	// level-1 offload.
-	if need := 4*n + (2 << 30); memAvailable() < need {
+	// The baselines copy and read into memory of the kind a restore lands
+	// in, a device region: pre-faulted, in huge pages. memcpy copies
+	// between one pair of at most memcpyBytes, kept for the run, so every
+	// copy uses the same pages (far larger than any cache, it copies at
+	// the speed of larger ones); reads land in an arena as large as the
+	// file, made for the reads around a stage and freed before the next,
+	// so the hot tier's offload finds the free huge pages the node would
+	// give it.
+	m := min(n, memcpyBytes)
+	// At most the memcpy pair and two copies of the weights are held at
+	// once: the engine's region and its offload, or a read's destination.
+	if need := 2*m + 2*n + (2 << 30); memAvailable() < need {
 		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(memAvailable()), arena.Size(need))
 		return r, nil
 	}
-	// The baselines copy and read into memory of the kind a restore lands
-	// in, a device region: faulted in once, in huge pages, and kept for the
-	// whole run, so every baseline lands in the same pages.
-	src, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	src, err := arena.New(m, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return r, err
 	}
 	defer src.Free()
-	dst, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	dst, err := arena.New(m, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return r, err
 	}
@@ -284,15 +292,7 @@ func measure(n int64, hot, disk string) (row, error) {
 	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
 		return r, err
 	}
-	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, dst); err != nil {
-		return r, err
-	}
-	r.tmpfs = checkpoint.Peak(r.tmpfsPread, r.tmpfsMapped)
-	if r.disk1, r.disk2, err = measureDisk(disk, dst); err != nil {
-		return r, err
-	}
-	r.disk = checkpoint.Peak(r.disk1, r.disk2)
-	if r.s3, err = measureS3(src, dst); err != nil {
+	if err := measureReads(&r, n, hot, disk); err != nil {
 		return r, err
 	}
 	runtime.GC()
@@ -300,6 +300,26 @@ func measure(n int64, hot, disk string) (row, error) {
 		return r, err
 	}
 	return r.withRatios(), nil
+}
+
+// measureReads measures the hot tier's read, the disk's and the S3 fake's,
+// each into one arena of n bytes in huge pages.
+func measureReads(r *row, n int64, hot, disk string) error {
+	dst, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	if err != nil {
+		return err
+	}
+	defer dst.Free()
+	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, dst); err != nil {
+		return err
+	}
+	r.tmpfs = checkpoint.Peak(r.tmpfsPread, r.tmpfsMapped)
+	if r.disk1, r.disk2, err = measureDisk(disk, dst); err != nil {
+		return err
+	}
+	r.disk = checkpoint.Peak(r.disk1, r.disk2)
+	r.s3, err = measureS3(dst)
+	return err
 }
 
 // measureTierRead reads a probe file on the hot tier into a, as large as
@@ -369,14 +389,20 @@ func freeAndWait(n int64) error {
 	return nil
 }
 
-// measureS3 GETs src, as an object of the in-repo S3 fake, over loopback
-// into dst.
-func measureS3(src, dst *arena.Arena) (checkpoint.Bandwidth, error) {
-	n := src.Len()
+// measureS3 GETs an object as large as dst from the in-repo S3 fake over
+// loopback into dst.
+func measureS3(dst *arena.Arena) (checkpoint.Bandwidth, error) {
+	n := dst.Len()
+	src, err := arena.New(n, arena.Options{})
+	if err != nil {
+		return checkpoint.Bandwidth{}, err
+	}
+	defer src.Free()
+	arena.Synthesize(src.Bytes(), 5)
 	s := s3test.New("")
 	defer s.Close()
 	s.Put("models", "w.bin", fetchtest.Bytes(src.Bytes()))
-	clear(dst.Bytes()[:4096]) // an earlier baseline left src's bytes there
+	clear(dst.Bytes()[:4096]) // an earlier read left other bytes there
 	t := time.Now()
 	resp, err := http.Get(s.URL() + "/models/w.bin")
 	if err != nil {
@@ -412,6 +438,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if err != nil {
 		return err
 	}
+	_ = checkpoint.DropCache(model) // read past the page cache, like the tiers
 	defer func() { _ = os.Remove(model) }()
 	warmDir := filepath.Join(disk, "warm")
 	if err := os.MkdirAll(warmDir, 0o700); err != nil {
@@ -460,15 +487,21 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	r.memcpy1, r.memcpy2 = together(before1, after1), together(before2, after2)
 	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
 
-	// Warm: level 2, a copy on disk, its page cache dropped.
+	// Warm: level 2, a copy on disk, its page cache dropped. Its raw
+	// reads land in an arena as large as the file.
 	if _, err := s.Sleep(2); err != nil {
 		return err
 	}
+	rd, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	if err != nil {
+		return err
+	}
+	defer rd.Free()
 	warm := filepath.Join(warmDir, cfg.WeightsName())
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err = rawReads(dst, warm, false)
+	before1, before2, err = rawReads(rd, warm, false)
 	if err != nil {
 		return err
 	}
@@ -480,12 +513,13 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err = rawReads(dst, warm, true)
+	after1, after2, err = rawReads(rd, warm, true)
 	if err != nil {
 		return err
 	}
 	r.warmRaw1, r.warmRaw2 = together(before1, after1), together(before2, after2)
 	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
+	rd.Free()
 
 	// Cold: level 2, no copy in hot or warm: the model file.
 	if err := os.Remove(warm); err != nil {
@@ -669,7 +703,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in, kept for the run (every baseline of a run copies and reads into the same pages). memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in: memcpy and the verified copy copy min(size, %s) between one pair of buffers kept for the run, reads land in a buffer as large as the file. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.Size(memcpyBytes), arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")

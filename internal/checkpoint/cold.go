@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 )
 
 // Kinds of cold tier the node agent reads.
@@ -68,8 +69,8 @@ type ColdS3Source struct {
 	// AWS S3. Region empty asks the bucket.
 	Endpoint string `json:"endpoint,omitempty"`
 	Region   string `json:"region,omitempty"`
-	// Credentials is a directory holding the files fetch.S3AccessKeyName
-	// and fetch.S3SecretKeyName (the application's credentials Secret,
+	// Credentials is a directory holding the files s3cred.AccessKeyName
+	// and s3cred.SecretKeyName (the application's credentials Secret,
 	// mounted); empty uses the agent's environment or cloud identity.
 	Credentials string `json:"credentials,omitempty"`
 	// Transport overrides the HTTP transport (tests).
@@ -134,8 +135,8 @@ func (c ColdS3Source) object() (fetch.S3Object, error) {
 	}
 	o := fetch.S3Object{Endpoint: c.Endpoint, Region: c.Region, Bucket: ps.Bucket, Key: ps.Prefix}
 	if c.Credentials != "" {
-		o.AccessKeyFile = filepath.Join(c.Credentials, fetch.S3AccessKeyName)
-		o.SecretKeyFile = filepath.Join(c.Credentials, fetch.S3SecretKeyName)
+		o.AccessKeyFile = filepath.Join(c.Credentials, s3cred.AccessKeyName)
+		o.SecretKeyFile = filepath.Join(c.Credentials, s3cred.SecretKeyName)
 	}
 	return o, nil
 }
@@ -151,7 +152,7 @@ func (c ColdS3Source) Open(ctx context.Context) (io.ReadCloser, int64, error) {
 		for _, f := range []string{o.AccessKeyFile, o.SecretKeyFile} {
 			if _, err := os.Stat(f); err != nil {
 				return nil, 0, fmt.Errorf("reading the cold copy of %s from %s: %w: %s is missing (the application's model.credentialsSecretRef Secret, mounted at %s, must exist and hold %s and %s)",
-					c.Name, o, ErrNoColdCredentials, f, c.Credentials, fetch.S3AccessKeyName, fetch.S3SecretKeyName)
+					c.Name, o, ErrNoColdCredentials, f, c.Credentials, s3cred.AccessKeyName, s3cred.SecretKeyName)
 			}
 		}
 	}

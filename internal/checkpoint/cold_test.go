@@ -18,8 +18,8 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
-	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 )
 
@@ -28,7 +28,7 @@ import (
 func s3Credentials(t *testing.T, access string) string {
 	t.Helper()
 	dir := t.TempDir()
-	for name, v := range map[string]string{fetch.S3AccessKeyName: access + "\n", fetch.S3SecretKeyName: "s3cr3t\n"} {
+	for name, v := range map[string]string{s3cred.AccessKeyName: access + "\n", s3cred.SecretKeyName: "s3cr3t\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -9,15 +9,6 @@ import (
 	"github.com/minio/minio-go/v7"
 )
 
-// The names of the two S3 credentials: the environment variables a fetch
-// reads when it is given no key files, the keys of the Secret a model's
-// credentialsSecretRef names, and so the files of that Secret mounted as a
-// credentials directory (S3Object.AccessKeyFile and SecretKeyFile).
-const (
-	S3AccessKeyName = "AWS_ACCESS_KEY_ID"
-	S3SecretKeyName = "AWS_SECRET_ACCESS_KEY"
-)
-
 // S3Object is one object of an S3-compatible store and how to reach it,
 // as a fetch of an s3:// source reaches its bucket.
 type S3Object struct {

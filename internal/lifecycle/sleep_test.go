@@ -30,8 +30,8 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
-	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
@@ -134,7 +134,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 		t.Cleanup(s3.Close)
 		s3.Put("models", "chat/weights.bin", fetchtest.Bytes(w))
 		creds := t.TempDir()
-		for f, v := range map[string]string{fetch.S3AccessKeyName: "AKTEST", fetch.S3SecretKeyName: "s3cr3t"} {
+		for f, v := range map[string]string{s3cred.AccessKeyName: "AKTEST", s3cred.SecretKeyName: "s3cr3t"} {
 			if err := os.WriteFile(filepath.Join(creds, f), []byte(v), 0o600); err != nil {
 				t.Fatal(err)
 			}

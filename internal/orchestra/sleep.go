@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 )
 
 // The defaults of sleeping engines and accelerator seats, documented on the
@@ -324,7 +324,7 @@ func ColdS3Location(name string, app v1alpha1.Application, s Sleep) (ColdS3, str
 		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but runtime.args have no --weights-file=/models/<file> (a path inside the model cache, without commas or spaces): with synthetic weights there is no object to read", name)
 	}
 	if m.CredentialsSecretRef == nil || m.CredentialsSecretRef.Name == "" {
-		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but model.credentialsSecretRef is not set: the node agent reads the bucket with the application's Secret (%s, %s), never with a cloud identity", name, fetch.S3AccessKeyName, fetch.S3SecretKeyName)
+		return ColdS3{}, fmt.Sprintf("%s: tiers.cold is S3, but model.credentialsSecretRef is not set: the node agent reads the bucket with the application's Secret (%s, %s), never with a cloud identity", name, s3cred.AccessKeyName, s3cred.SecretKeyName)
 	}
 	bucket, prefix, _ := strings.Cut(rest, "/")
 	key := file

@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 )
 
 // sleepConditions are the conditions of sleeping applications:
@@ -250,13 +250,13 @@ func coldS3SecretProblems(ctx context.Context, r client.Reader, mo *v1alpha1.Mod
 			continue
 		default:
 			var missing []string
-			for _, k := range []string{fetch.S3AccessKeyName, fetch.S3SecretKeyName} {
+			for _, k := range []string{s3cred.AccessKeyName, s3cred.SecretKeyName} {
 				if len(sec.Data[k]) == 0 { // stringData is write-only: the API server folds it into data
 					missing = append(missing, k)
 				}
 			}
 			if len(missing) > 0 {
-				out[name] = fmt.Sprintf("%s: tiers.cold is S3, but Secret %s/%s (model.credentialsSecretRef) has no %s: the node agent reads the bucket with %s and %s", name, mo.Namespace, c.CredentialsSecret, strings.Join(missing, " or "), fetch.S3AccessKeyName, fetch.S3SecretKeyName)
+				out[name] = fmt.Sprintf("%s: tiers.cold is S3, but Secret %s/%s (model.credentialsSecretRef) has no %s: the node agent reads the bucket with %s and %s", name, mo.Namespace, c.CredentialsSecret, strings.Join(missing, " or "), s3cred.AccessKeyName, s3cred.SecretKeyName)
 			}
 		}
 	}

@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 )
 
 // The chart's side of the checkpoint wiring (docs/checkpoint.md), rendered
@@ -915,7 +915,7 @@ func TestAgentReadsTheS3ColdTier(t *testing.T) {
 		keys = append(keys, it.Key+"→"+it.Path)
 	}
 	// The agent reads the files the fetcher names (checkpoint.ColdS3Source).
-	if want := []string{fetch.S3AccessKeyName + "→" + fetch.S3AccessKeyName, fetch.S3SecretKeyName + "→" + fetch.S3SecretKeyName}; !slices.Equal(keys, want) {
+	if want := []string{s3cred.AccessKeyName + "→" + s3cred.AccessKeyName, s3cred.SecretKeyName + "→" + s3cred.SecretKeyName}; !slices.Equal(keys, want) {
 		t.Errorf("Secret keys mounted (key→file) %v, want %v: the two the fetcher reads", keys, want)
 	}
 	for _, e := range agent.Env {
