@@ -40,7 +40,12 @@ import (
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
-var asleep time.Duration
+var (
+	asleep time.Duration
+	// hotWakesPerRun is how many times a run sleeps and wakes the engine
+	// from the hot tier.
+	hotWakesPerRun int
+)
 
 // memcpyBytes is the most memcpy copies in one measurement.
 const memcpyBytes = 1 << 30
@@ -84,12 +89,13 @@ type row struct {
 	// ttftHot is the time to first token after the hot wake, ttftBound
 	// what the bytes and the simulator's TTFT alone would take.
 	ttftHot, ttftBound time.Duration
-	// offloadHuge is the share of the hot wake's tier file (the level-1
-	// offload) in huge pages, from ShmemHugePages around the sleep.
-	offloadHuge float64
-	// hotSteal is the share of the CPU time the hypervisor took (steal)
-	// while the hot wake ran.
-	hotSteal float64
+	// hotWakes are the run's hot sleeps and wakes, in order; hot,
+	// memcpy and the hot ratio are those of the wake whose ratio is the
+	// median, the time to first token and its bound likewise.
+	hotWakes []hotWake
+	// idleWake is one more hot wake, straight after the pause, outside
+	// the ratios.
+	idleWake hotWake
 	// each is every run, in order, as measured (median keeps them).
 	each []row
 	// ratio holds this run's ratios, each of a restore and the
@@ -100,19 +106,70 @@ type row struct {
 	runs            int
 }
 
+// hotNote lists the run's hot wakes: each one's hot and time to first
+// token ratios, the least share of an offload in huge pages, the most
+// steal.
+func (r row) hotNote() string {
+	var hot, ttft []string
+	huge, steal := 1.0, 0.0
+	for _, h := range r.hotWakes {
+		hot = append(hot, fmt.Sprintf("%.2f", h.ratio()))
+		ttft = append(ttft, fmt.Sprintf("%.2f", h.ttftRatio()))
+		huge, steal = min(huge, h.huge), max(steal, h.steal)
+	}
+	out := fmt.Sprintf("hot %s, TTFT %s (%.0f %% huge, %.0f %% stolen)", strings.Join(hot, " "), strings.Join(ttft, " "), 100*huge, 100*steal)
+	if i := r.idleWake; i.rep != nil {
+		out += fmt.Sprintf(", straight after the pause hot %.2f, TTFT %.2f", i.ratio(), i.ttftRatio())
+	}
+	return out
+}
+
+// hotWake is one level-1 sleep and hot wake, with the memcpy measured
+// right before the sleep and right after the wake's first token.
+type hotWake struct {
+	rep                      *sim.StageReport
+	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
+	ttft, ttftBound          time.Duration
+	// idle is true for a wake straight after the pause (memcpy only
+	// after it).
+	idle bool
+	// huge is the share of the tier file (the level-1 offload) in huge
+	// pages, from ShmemHugePages around the sleep that wrote it.
+	huge float64
+	// steal is the share of the CPU time the hypervisor took while the
+	// wake ran.
+	steal float64
+}
+
+func (h hotWake) ratio() float64 { return restoreBW(h.rep) / h.memcpy.BytesPerSecond }
+
+func (h hotWake) ttftRatio() float64 { return float64(h.ttft) / float64(h.ttftBound) }
+
+// medianBy is the element of xs whose key is the median (the upper one
+// of an even count).
+func medianBy[T any](xs []T, key func(T) float64) T {
+	sorted := slices.Clone(xs)
+	slices.SortStableFunc(sorted, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	return sorted[len(sorted)/2]
+}
+
 // ratios are one run's figures against the targets.
 type ratios struct {
 	hot, kernel, warm, ttft float64
 }
 
-// withRatios sets the run's ratios from its measurements.
+// withRatios sets the run's ratios from its measurements: the hot ratio
+// and the time to first token's are the medians of its hot wakes' own.
 func (r row) withRatios() row {
-	r.ttftBound = time.Duration(float64(r.size)/r.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
+	h := medianBy(r.hotWakes, hotWake.ratio)
+	r.hot, r.memcpy, r.memcpy1, r.memcpy2 = h.rep, h.memcpy, h.memcpy1, h.memcpy2
+	f := medianBy(r.hotWakes, hotWake.ttftRatio)
+	r.ttftHot, r.ttftBound = f.ttft, f.ttftBound
 	r.ratio = ratios{
-		hot:    restoreBW(r.hot) / r.memcpy.BytesPerSecond,
+		hot:    h.ratio(),
 		kernel: restoreBW(r.hotKernel) / r.memcpy.BytesPerSecond,
 		warm:   restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
-		ttft:   float64(r.ttftHot) / float64(r.ttftBound),
+		ttft:   f.ttftRatio(),
 	}
 	return r
 }
@@ -123,6 +180,7 @@ func main() {
 	diskRoot := flag.String("disk-dir", "/var/tmp", "a directory on the node's disk (not a tmpfs)")
 	docs := flag.String("docs", "", "markdown file to update between the bench-tiers markers")
 	repeat := flag.Int("repeat", 3, "runs per size; each column reports its median run")
+	flag.IntVar(&hotWakesPerRun, "hot-wakes", 5, "hot sleeps and wakes per run; the run's hot and time to first token ratios are their medians")
 	flag.DurationVar(&asleep, "asleep", 3*time.Second, "how long the engine sleeps before each wake (a real sleep lasts minutes; a VM's free page reporting hands freed memory back to the host after about 2 s)")
 	flag.Parse()
 	if err := run(*sizes, *hotRoot, *diskRoot, *docs, *repeat); err != nil {
@@ -185,8 +243,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 			if r.skipped != "" {
 				break
 			}
-			fmt.Fprintf(os.Stderr, "  memcpy %s GB/s, offload in huge pages %.0f %%, hot ÷ memcpy %.2f (%.0f %% stolen), warm ÷ raw read %.2f (%s ÷ %s GB/s; alloc+copy+verify %.3f+%.3f+%.3f s), TTFT ÷ bound %.2f\n",
-				gbps(r.memcpy.BytesPerSecond), 100*r.offloadHuge, r.ratio.hot, 100*r.hotSteal, r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.warm.AllocSeconds, r.warm.CopySeconds, r.warm.VerifySeconds, r.ratio.ttft)
+			fmt.Fprintf(os.Stderr, "  hot ÷ memcpy %.2f, each wake %s; warm ÷ raw read %.2f (%s ÷ %s GB/s; alloc+copy+verify %.3f+%.3f+%.3f s); TTFT ÷ bound %.2f\n",
+				r.ratio.hot, r.hotNote(), r.ratio.warm, gbps(restoreBW(r.warm)), gbps(r.warmRaw.BytesPerSecond), r.warm.AllocSeconds, r.warm.CopySeconds, r.warm.VerifySeconds, r.ratio.ttft)
 		}
 		rows = append(rows, median(runs))
 	}
@@ -462,30 +520,19 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 
-	// Hot: level 1 offloads to the tmpfs; the engine sleeps; time the
-	// wake and the first token. memcpy is measured right before the sleep
-	// and right after the first token.
-	before1, before2 := checkpoint.MeasureMemcpyBetween(dst, src)
-	huge := meminfo("ShmemHugePages")
-	if _, err := s.Sleep(1); err != nil {
+	// Hot: hotWakesPerRun times, level 1 offloads to the tmpfs, the
+	// engine sleeps, and the wake and the first token are timed; then
+	// once more with the wake straight after the pause.
+	for range hotWakesPerRun {
+		h, err := measureHot(s, srv.URL, n, src, dst, false)
+		if err != nil {
+			return err
+		}
+		r.hotWakes = append(r.hotWakes, h)
+	}
+	if r.idleWake, err = measureHot(s, srv.URL, n, src, dst, true); err != nil {
 		return err
 	}
-	r.offloadHuge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
-	time.Sleep(asleep)
-	steal0 := cpuSteal()
-	t0 := time.Now()
-	if r.hot, err = wake(srv.URL); err != nil {
-		return err
-	}
-	r.hotSteal = cpuSteal().since(steal0)
-	first, err := firstToken(srv.URL)
-	if err != nil {
-		return err
-	}
-	r.ttftHot = first.Sub(t0)
-	after1, after2 := checkpoint.MeasureMemcpyBetween(dst, src)
-	r.memcpy1, r.memcpy2 = together(before1, after1), together(before2, after2)
-	r.memcpy = checkpoint.Peak(r.memcpy1, r.memcpy2)
 
 	// Warm: level 2, a copy on disk, its page cache dropped. Its raw
 	// reads land in an arena as large as the file.
@@ -501,7 +548,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err = rawReads(rd, warm, false)
+	before1, before2, err := rawReads(rd, warm, false)
 	if err != nil {
 		return err
 	}
@@ -513,7 +560,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err = rawReads(rd, warm, true)
+	after1, after2, err := rawReads(rd, warm, true)
 	if err != nil {
 		return err
 	}
@@ -539,6 +586,47 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	s.Close()
 	dev.Trim()
 	return measureHotKernel(r, n, hot)
+}
+
+// measureHot runs one level-1 sleep and hot wake of s, and times the wake
+// and its first token. memcpy is measured after the sleep's pause, right
+// before the wake, and again right after the first token, so the copies
+// and the wake run with the cores in the same state: on a VM the first
+// tens of milliseconds after an idle pause run slower (the host's cores
+// ramp up), and the copy before the wake takes that ramp. With idle, the
+// wake comes straight after the pause, with the cores as the pause left
+// them, and memcpy is only measured after it.
+func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, idle bool) (hotWake, error) {
+	h := hotWake{idle: idle}
+	huge := meminfo("ShmemHugePages")
+	if _, err := s.Sleep(1); err != nil {
+		return h, err
+	}
+	h.huge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
+	time.Sleep(asleep)
+	var before1, before2 checkpoint.Bandwidth
+	if !idle {
+		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
+	}
+	steal0 := cpuSteal()
+	t0 := time.Now()
+	var err error
+	if h.rep, err = wake(url); err != nil {
+		return h, err
+	}
+	h.steal = cpuSteal().since(steal0)
+	first, err := firstToken(url)
+	if err != nil {
+		return h, err
+	}
+	h.ttft = first.Sub(t0)
+	h.memcpy1, h.memcpy2 = checkpoint.MeasureMemcpyBetween(dst, src)
+	if !idle {
+		h.memcpy1, h.memcpy2 = together(before1, h.memcpy1), together(before2, h.memcpy2)
+	}
+	h.memcpy = checkpoint.Peak(h.memcpy1, h.memcpy2)
+	h.ttftBound = time.Duration(float64(n)/h.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
+	return h, nil
 }
 
 // measureHotKernel runs one level-1 cycle of a simulator whose sleep
@@ -647,14 +735,12 @@ func median(runs []row) row {
 		runs[0].runs = 1
 		return runs[0]
 	}
-	pick := func(key func(row) float64) row {
-		sorted := slices.Clone(runs)
-		slices.SortFunc(sorted, func(a, b row) int { return cmp.Compare(key(a), key(b)) })
-		return sorted[len(sorted)/2]
-	}
+	pick := func(key func(row) float64) row { return medianBy(runs, key) }
 	out := runs[0]
-	m := pick(func(r row) float64 { return r.memcpy.BytesPerSecond })
-	out.memcpy, out.memcpy1, out.memcpy2 = m.memcpy, m.memcpy1, m.memcpy2
+	// memcpy and the hot restore are those of the run whose hot ratio is
+	// the median, as within a run.
+	h := pick(func(r row) float64 { return r.ratio.hot })
+	out.memcpy, out.memcpy1, out.memcpy2, out.hot = h.memcpy, h.memcpy1, h.memcpy2, h.hot
 	out.hashedCopy = pick(func(r row) float64 { return r.hashedCopy.BytesPerSecond }).hashedCopy
 	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
 	t := pick(func(r row) float64 { return r.tmpfs.BytesPerSecond })
@@ -662,7 +748,6 @@ func median(runs []row) row {
 	d := pick(func(r row) float64 { return r.disk.BytesPerSecond })
 	out.disk, out.disk1, out.disk2 = d.disk, d.disk1, d.disk2
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
-	out.hot = pick(func(r row) float64 { return restoreBW(r.hot) }).hot
 	out.hotKernel = pick(func(r row) float64 { return restoreBW(r.hotKernel) }).hotKernel
 	// The warm restore and the raw reads around it stay paired.
 	w := pick(func(r row) float64 { return r.ratio.warm })
@@ -673,7 +758,7 @@ func median(runs []row) row {
 	out.ttftHot, out.ttftBound = f.ttftHot, f.ttftBound
 	// Each ratio is the median of the runs' own ratios.
 	out.ratio = ratios{
-		hot:    pick(func(r row) float64 { return r.ratio.hot }).ratio.hot,
+		hot:    h.ratio.hot,
 		kernel: pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
 		warm:   w.ratio.warm,
 		ttft:   f.ratio.ttft,
@@ -703,7 +788,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in: memcpy and the verified copy copy min(size, %s) between one pair of buffers kept for the run, reads land in a buffer as large as the file. memcpy is the peak of 1 and 2 threads, each copying once right before the hot sleep and once right after the hot wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.Size(memcpyBytes), arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in: memcpy and the verified copy copy min(size, %s) between one pair of buffers kept for the run, reads land in a buffer as large as the file. memcpy is the peak of 1 and 2 threads, each copying once after the sleep's pause right before the hot wake and once right after the wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.Size(memcpyBytes), arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
@@ -742,15 +827,15 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Each run in order: the hot wake's ratio to memcpy, its tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the CPU time the hypervisor took (steal, /proc/stat) while the wake ran: ")
+	fmt.Fprintf(&b, "Each run in order, its %d hot wakes in order: the wake's ratio to memcpy and its time to first token's to the bound, with the least share of a tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the most CPU time the hypervisor took (steal, /proc/stat) while a wake ran; then one more wake straight after the pause, with the cores as the pause left them (memcpy only after it; not in the table): ", hotWakesPerRun)
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
 			var each []string
 			for _, e := range r.each {
-				each = append(each, fmt.Sprintf("%.2f (%.0f %% huge, %.0f %% stolen)", e.ratio.hot, 100*e.offloadHuge, 100*e.hotSteal))
+				each = append(each, e.hotNote())
 			}
-			parts = append(parts, fmt.Sprintf("%s %s", arena.Size(r.size), strings.Join(each, ", ")))
+			parts = append(parts, fmt.Sprintf("%s %s", arena.Size(r.size), strings.Join(each, "; ")))
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")

@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"fmt"
 	"os"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -75,21 +74,16 @@ func Peak(a, b Bandwidth) Bandwidth {
 	return a
 }
 
-// parallelCopy copies src to dst with workers goroutines taking
-// interleaved blocks, as FillFile's readers do.
+// parallelCopy copies src to dst in blocks on workers goroutines, each
+// taking the next block as it is done with its last, as a restore's
+// workers do (arena.Parallel).
 func parallelCopy(dst, src []byte, workers int) {
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for off := w * arena.BlockSize; off < len(src); off += workers * arena.BlockSize {
-				end := min(off+arena.BlockSize, len(src))
-				copy(dst[off:end], src[off:end])
-			}
-		}()
-	}
-	wg.Wait()
+	blocks := (len(src) + arena.BlockSize - 1) / arena.BlockSize
+	arena.Parallel(blocks, workers, func(i int) {
+		off := i * arena.BlockSize
+		end := min(off+arena.BlockSize, len(src))
+		copy(dst[off:end], src[off:end])
+	})
 }
 
 // MeasureFault maps n bytes and faults them in, as a wake does with the

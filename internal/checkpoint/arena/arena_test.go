@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -298,5 +299,25 @@ func TestFillFileRemove(t *testing.T) {
 	}
 	if !bytes.Equal(dst.Bytes(), src.Bytes()) {
 		t.Fatal("bytes differ")
+	}
+}
+
+func TestParallelCallsEachIndexOnce(t *testing.T) {
+	for _, c := range []struct{ units, workers int }{{0, 2}, {1, 2}, {5, 1}, {7, 2}, {64, 3}, {3, 8}} {
+		var mu sync.Mutex
+		seen := map[int]int{}
+		Parallel(c.units, c.workers, func(i int) {
+			mu.Lock()
+			seen[i]++
+			mu.Unlock()
+		})
+		if len(seen) != c.units {
+			t.Errorf("%d units on %d workers: %d indexes called, want %d", c.units, c.workers, len(seen), c.units)
+		}
+		for i, k := range seen {
+			if i < 0 || i >= c.units || k != 1 {
+				t.Errorf("%d units on %d workers: index %d called %d times", c.units, c.workers, i, k)
+			}
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
 )
@@ -93,23 +94,33 @@ func copyThenHash(dst, src []byte) uint64 {
 }
 
 // eachChunk calls f with every chunk of n bytes, its index and its bounds,
-// on DefaultWorkers goroutines taking interleaved chunks; on the caller's
-// goroutine when there is one chunk or one worker.
+// on DefaultWorkers goroutines (Parallel).
 func eachChunk(n int, f func(i, off, end int)) {
-	workers := max(1, min(DefaultWorkers(), chunks(n)))
+	Parallel(chunks(n), DefaultWorkers(), func(i int) { f(i, i*ChunkSize, min((i+1)*ChunkSize, n)) })
+}
+
+// Parallel calls f with every index in [0, units) on up to workers
+// goroutines, each taking the next index as soon as it is done with its
+// last, and returns when every call has. A core that is busy elsewhere,
+// or that the hypervisor takes away for a while, delays only the unit it
+// holds: the other workers take the rest. With one unit or one worker, f
+// runs on the caller's goroutine.
+func Parallel(units, workers int, f func(i int)) {
+	workers = max(1, min(workers, units))
 	if workers == 1 {
-		for i := 0; i*ChunkSize < n; i++ {
-			f(i, i*ChunkSize, min((i+1)*ChunkSize, n))
+		for i := range units {
+			f(i)
 		}
 		return
 	}
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := range workers {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i*ChunkSize < n; i += workers {
-				f(i, i*ChunkSize, min((i+1)*ChunkSize, n))
+			for i := int(next.Add(1) - 1); i < units; i = int(next.Add(1) - 1) {
+				f(i)
 			}
 		}()
 	}
@@ -124,7 +135,7 @@ func Sum(b []byte) Digest {
 }
 
 // VerifiedCopy copies src into dst, which must be as long, on
-// DefaultWorkers cores taking interleaved chunks, each hashed on its way
+// DefaultWorkers cores each taking the next chunk (Parallel), each hashed on its way
 // as FillFile hashes the chunks it copies out of a mapped file, and
 // returns the digest of the bytes copied.
 func VerifiedCopy(dst, src []byte) Digest {

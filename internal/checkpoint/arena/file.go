@@ -299,51 +299,43 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (d Digest, st 
 	}
 	sums := make([]uint64, chunks(n)) // each written by the chunk's worker
 	consumed := make([]bool, units)   // likewise
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < units; i += workers {
-				select {
-				case <-abort:
-					return
-				default:
-				}
-				off := i * unit
-				end := min(off+unit, n)
-				// The mapping is page-rounded: the O_DIRECT read of the
-				// tail may use the rest of the last page.
-				buf := a.full[off:min(off+unit, len(a.full))]
-				if !a.faulted {
-					if err := populate(buf); err != nil {
-						fail(fmt.Errorf("faulting in block %d of the arena: %w", i, err))
-						return
-					}
-				}
-				var unitSums []uint64
-				if hash {
-					unitSums = sums[off/ChunkSize:]
-				}
-				m, err := r.read(buf[:end-off], int64(off), unitSums)
-				if err == nil && m < end-off {
-					err = fmt.Errorf("source ended after %d of %d bytes", off+m, n)
-				}
-				if err != nil {
-					fail(fmt.Errorf("reading %s: %w", path, err))
-					return
-				}
-				if opts.Consume {
-					if err := unix.Fallocate(int(r.buffered.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(end-off)); err != nil {
-						fail(fmt.Errorf("releasing block %d of %s: %w", i, path, err))
-						return
-					}
-					consumed[i] = true
-				}
+	Parallel(units, workers, func(i int) {
+		select {
+		case <-abort:
+			return
+		default:
+		}
+		off := i * unit
+		end := min(off+unit, n)
+		// The mapping is page-rounded: the O_DIRECT read of the
+		// tail may use the rest of the last page.
+		buf := a.full[off:min(off+unit, len(a.full))]
+		if !a.faulted {
+			if err := populate(buf); err != nil {
+				fail(fmt.Errorf("faulting in block %d of the arena: %w", i, err))
+				return
 			}
-		}()
-	}
-	wg.Wait()
+		}
+		var unitSums []uint64
+		if hash {
+			unitSums = sums[off/ChunkSize:]
+		}
+		m, err := r.read(buf[:end-off], int64(off), unitSums)
+		if err == nil && m < end-off {
+			err = fmt.Errorf("source ended after %d of %d bytes", off+m, n)
+		}
+		if err != nil {
+			fail(fmt.Errorf("reading %s: %w", path, err))
+			return
+		}
+		if opts.Consume {
+			if err := unix.Fallocate(int(r.buffered.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(off), int64(end-off)); err != nil {
+				fail(fmt.Errorf("releasing block %d of %s: %w", i, path, err))
+				return
+			}
+			consumed[i] = true
+		}
+	})
 	copied := time.Now()
 	if hash && firstErr == nil {
 		d = combine(sums)
