@@ -59,11 +59,10 @@ const (
 type row struct {
 	size int64
 	// memcpy is the peak of memcpy1 (one thread) and memcpy2 (the
-	// restore's workers), each measured right before the hot sleep and
-	// right after the hot wake's first token (both copies as one): this
-	// VM's memory bandwidth moves by half from one minute to the next, so
-	// the hot ratios compare the wake with copies that bracket it. disk
-	// is the peak of its two O_DIRECT reads likewise.
+	// restore's workers), those of the hot wake whose ratio is the median
+	// (hotWake): this VM's memory bandwidth moves by half from one minute
+	// to the next, so the hot ratios compare a wake with copies that
+	// bracket it. disk is the peak of its two O_DIRECT reads likewise.
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
 	// hashedCopy is the hot restore's verified copy between two
 	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied and
@@ -125,14 +124,11 @@ func (r row) hotNote() string {
 }
 
 // hotWake is one level-1 sleep and hot wake, with the memcpy measured
-// right before the sleep and right after the wake's first token.
+// around the wake (measureHot).
 type hotWake struct {
 	rep                      *sim.StageReport
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
 	ttft, ttftBound          time.Duration
-	// idle is true for a wake straight after the pause (memcpy only
-	// after it).
-	idle bool
 	// huge is the share of the tier file (the level-1 offload) in huge
 	// pages, from ShmemHugePages around the sleep that wrote it.
 	huge float64
@@ -420,19 +416,15 @@ func measureHashedCopy(dst, src *arena.Arena) checkpoint.Bandwidth {
 		Method: fmt.Sprintf("copy and hash each 1 MiB chunk (arena.VerifiedCopy), %d threads", arena.DefaultWorkers())}
 }
 
-// measureDisk writes a probe as large as a on the disk and reads it into a
-// with O_DIRECT, with one reader and with the restore's readers.
+// measureDisk writes a probe as large as a on the disk and reads it as
+// rawReads does.
 func measureDisk(dir string, a *arena.Arena) (one, restore checkpoint.Bandwidth, err error) {
 	path, err := checkpoint.WriteProbe(dir, a.Len())
 	if err != nil {
 		return one, restore, fmt.Errorf("writing a %d-byte probe in %s: %w", a.Len(), dir, err)
 	}
 	defer func() { _ = os.Remove(path) }()
-	if one, err = checkpoint.MeasureReadInto(a, "disk", path, arena.FileOptions{Direct: true, Workers: 1}); err != nil {
-		return one, restore, err
-	}
-	restore, err = checkpoint.MeasureReadInto(a, "disk", path, arena.FileOptions{Direct: true})
-	return one, restore, err
+	return rawReads(a, "disk", path, false)
 }
 
 // freeAndWait touches n bytes, frees them and waits as long as an engine
@@ -548,7 +540,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if err := copyFile(model, warm); err != nil {
 		return err
 	}
-	before1, before2, err := rawReads(rd, warm, false)
+	before1, before2, err := rawReads(rd, "warm raw", warm, false)
 	if err != nil {
 		return err
 	}
@@ -560,7 +552,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if r.warm.Tier != sim.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
-	after1, after2, err := rawReads(rd, warm, true)
+	after1, after2, err := rawReads(rd, "warm raw", warm, true)
 	if err != nil {
 		return err
 	}
@@ -597,7 +589,7 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 // wake comes straight after the pause, with the cores as the pause left
 // them, and memcpy is only measured after it.
 func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, idle bool) (hotWake, error) {
-	h := hotWake{idle: idle}
+	var h hotWake
 	huge := meminfo("ShmemHugePages")
 	if _, err := s.Sleep(1); err != nil {
 		return h, err
@@ -875,13 +867,13 @@ func updateDocs(path, table string) error {
 // rawReads reads the file at path with O_DIRECT, without hashing, with one
 // reader and with the restore's readers, in that order or, after the
 // wake, in reverse: each way then sits on average as close to the wake.
-func rawReads(a *arena.Arena, path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
+func rawReads(a *arena.Arena, what, path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
 	readOne := func() error {
-		one, err = checkpoint.MeasureReadInto(a, "warm raw", path, arena.FileOptions{Direct: true, Workers: 1})
+		one, err = checkpoint.MeasureReadInto(a, what, path, arena.FileOptions{Direct: true, Workers: 1})
 		return err
 	}
 	readRestore := func() error {
-		restore, err = checkpoint.MeasureReadInto(a, "warm raw", path, arena.FileOptions{Direct: true})
+		restore, err = checkpoint.MeasureReadInto(a, what, path, arena.FileOptions{Direct: true})
 		return err
 	}
 	order := []func() error{readOne, readRestore}

@@ -128,26 +128,16 @@ func DropCache(path string) error {
 	return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
-// MeasureRead reads a probe file of n bytes in dir into a pre-faulted
-// arena in huge pages, as MeasureReadFile does.
+// MeasureRead writes a probe file of n bytes in dir and reads it into a
+// pre-faulted arena in huge pages, the memory a restore lands in (a
+// Device's region), as MeasureReadInto does.
 func MeasureRead(what, dir string, n int64, opts arena.FileOptions) (Bandwidth, error) {
 	path, err := WriteProbe(dir, n)
 	if err != nil {
 		return Bandwidth{}, fmt.Errorf("writing a %d-byte probe in %s: %w", n, dir, err)
 	}
 	defer func() { _ = os.Remove(path) }()
-	return MeasureReadFile(what, path, opts)
-}
-
-// MeasureReadFile reads an existing file into a pre-faulted arena in huge
-// pages, the memory a restore lands in (a Device's region), as
-// MeasureReadInto does.
-func MeasureReadFile(what, path string, opts arena.FileOptions) (Bandwidth, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return Bandwidth{}, err
-	}
-	a, err := arena.New(fi.Size(), arena.Options{Pages: arena.PagesHuge})
+	a, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return Bandwidth{}, err
 	}

@@ -189,6 +189,16 @@ type ColdReport struct {
 	LastError string     `json:"lastError,omitempty"`
 }
 
+// coldReport is the node report's entry for c, before any copy: the
+// model cache mount is one source, each S3 source is its own by name.
+func coldReport(c ColdSource) ColdReport {
+	source := ColdModelCache
+	if s3, ok := c.(ColdS3Source); ok {
+		source = s3.Name
+	}
+	return ColdReport{Source: source, Kind: c.Kind(), Location: c.String()}
+}
+
 // coldRead is a ColdSource that remembers when it was opened, so that a
 // promotion that read it can be measured.
 type coldRead struct {

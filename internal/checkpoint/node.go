@@ -75,10 +75,10 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)},
 		promotion:    PromotionReport{IntervalSeconds: int64(cfg.PromoteInterval / time.Second), MarginSeconds: int64(cfg.PromoteMargin / time.Second)}}
 	if cfg.ColdDir != "" {
-		n.cold = append(n.cold, ColdReport{Source: ColdModelCache, Kind: ColdModelCache, Location: cfg.ColdDir})
+		n.cold = append(n.cold, coldReport(ColdFile(cfg.ColdDir)))
 	}
 	for _, c := range cfg.ColdS3 {
-		n.cold = append(n.cold, ColdReport{Source: c.Name, Kind: ColdS3, Location: c.String()})
+		n.cold = append(n.cold, coldReport(c))
 	}
 	n.loadWakes()
 	s.onEvict = func(t Tier, a ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
@@ -416,10 +416,7 @@ func (n *Node) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wan
 	if cr.opened.IsZero() {
 		return e, err // a faster tier held it
 	}
-	source := ColdModelCache
-	if s3, ok := cold.(ColdS3Source); ok {
-		source = s3.Name
-	}
+	source := coldReport(cold).Source
 	start := cr.opened
 	n.mu.Lock()
 	defer n.mu.Unlock()
