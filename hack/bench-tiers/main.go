@@ -45,6 +45,9 @@ var (
 	// hotWakesPerRun is how many times a run sleeps and wakes the engine
 	// from the hot tier.
 	hotWakesPerRun int
+	// servesFor is how long the engine is up, serving, between its load and
+	// its first sleep.
+	servesFor time.Duration
 )
 
 // memcpyBytes is the most memcpy copies in one measurement.
@@ -176,7 +179,8 @@ func main() {
 	diskRoot := flag.String("disk-dir", "/var/tmp", "a directory on the node's disk (not a tmpfs)")
 	docs := flag.String("docs", "", "markdown file to update between the bench-tiers markers")
 	repeat := flag.Int("repeat", 3, "runs per size; each column reports its median run")
-	flag.IntVar(&hotWakesPerRun, "hot-wakes", 5, "hot sleeps and wakes per run; the run's hot and time to first token ratios are their medians")
+	flag.IntVar(&hotWakesPerRun, "hot-wakes", 9, "hot sleeps and wakes per run; the run's hot and time to first token ratios are their medians")
+	flag.DurationVar(&servesFor, "serves-for", 30*time.Second, "how long the engine is up, serving, after it loads and before its first sleep (a real engine sleeps after lifecycle.sleepAfter without requests, never straight after its load; on a VM, memory faulted in seconds ago can copy slower while the host settles it)")
 	flag.DurationVar(&asleep, "asleep", 3*time.Second, "how long the engine sleeps before each wake (a real sleep lasts minutes; a VM's free page reporting hands freed memory back to the host after about 2 s)")
 	flag.Parse()
 	if err := run(*sizes, *hotRoot, *diskRoot, *docs, *repeat); err != nil {
@@ -512,6 +516,12 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 
+	// The engine serves first: it answers, then idles until its first sleep.
+	if _, err := firstToken(srv.URL); err != nil {
+		return err
+	}
+	time.Sleep(servesFor)
+
 	// Hot: hotWakesPerRun times, level 1 offloads to the tmpfs, the
 	// engine sleeps, and the wake and the first token are timed; then
 	// once more with the wake straight after the pause.
@@ -777,8 +787,8 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	if arena.FreePageReporting() {
 		fpr = "free page reporting on (virtio balloon): freed memory returns to the host, so memory an engine returns at each sleep is faulted in again in 4 KiB pages; device regions and the baselines' memory, faulted in once and kept, are in huge pages"
 	}
-	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine sleeps %v before each wake; %s.\n\n",
-		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, asleep, fpr)
+	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine is up and serving for %v after it loads, before its first sleep, and sleeps %v before each wake; %s.\n\n",
+		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, servesFor, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
 	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in: memcpy and the verified copy copy min(size, %s) between one pair of buffers kept for the run, reads land in a buffer as large as the file. memcpy is the peak of 1 and 2 threads, each copying once after the sleep's pause right before the hot wake and once right after the wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.Size(memcpyBytes), arena.DirectWorkers)
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
