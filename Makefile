@@ -58,8 +58,9 @@ test-unit: ## Every test that needs no cluster, in seconds (go test -short); nee
 	$(GO) test -short ./...
 
 .PHONY: test
-test: ## Every test tier: unit, control plane, real node and end to end (as root), golden files. Installs the real node's Debian packages first (as root).
+test: ## Every test tier: unit, control plane, real node and end to end (as root), golden files. Installs the real node's Debian packages and a criu that works on this kernel first (as root).
 	@MO_SETUP_FOR="make test" hack/setup-node.sh --if-root
+	@hack/setup-criu.sh --if-root
 	@hack/tools/install.sh $(TEST_TOOLS)
 	@$(MAKE) --no-print-directory images
 	$(GO) test $(GO_TEST_FLAGS) ./...
@@ -135,6 +136,7 @@ bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simul
 
 .PHONY: bench-tiers
 bench-tiers: ## Wake from the hot (huge-page tmpfs), warm (disk) and cold tiers vs memcpy, fresh memory, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB (root mounts the tmpfs).
+	@hack/setup-criu.sh --if-root
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
 .PHONY: bench-mux

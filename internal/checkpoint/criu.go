@@ -85,7 +85,7 @@ func (c CRIU) Dump(ctx context.Context, pid int, dir string) (SnapshotStats, err
 	}
 	start := time.Now()
 	out, err := runLong(ctx, c.Bin, "dump", "--tree", strconv.Itoa(pid), "--images-dir", dir,
-		"--shell-job", "--log-file", "dump.log", "--verbosity", "2")
+		"--shell-job", "--log-file", "dump.log", "--verbosity=2")
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {
 		return st, fmt.Errorf("criu dump of pid %d: %w: %s", pid, err, logTail(dir, "dump.log", out))
@@ -103,7 +103,7 @@ func (c CRIU) Restore(ctx context.Context, dir string) (SnapshotStats, error) {
 	_ = os.Remove(pidFile)
 	start := time.Now()
 	out, err := runLong(ctx, c.Bin, "restore", "--images-dir", dir, "--shell-job", "--restore-detached",
-		"--pidfile", pidFile, "--log-file", "restore.log", "--verbosity", "2")
+		"--pidfile", pidFile, "--log-file", "restore.log", "--verbosity=2")
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {
 		return st, fmt.Errorf("criu restore from %s: %w: %s", dir, err, logTail(dir, "restore.log", out))

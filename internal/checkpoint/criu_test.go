@@ -2,6 +2,7 @@ package checkpoint_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,29 +130,19 @@ func TestCRIUHelperProcess(t *testing.T) {
 	}
 }
 
-// TestCRIUDumpRestore dumps a process holding 64 MiB of weights and restores
-// it, and the restored process still holds the same bytes. It runs wherever
-// criu is installed; where `criu check` fails it proves the refusal names
-// the reason and skips the round trip, saying why.
-func TestCRIUDumpRestore(t *testing.T) {
-	if _, err := exec.LookPath("criu"); err != nil {
-		t.Skip("criu is not installed (apt-get install criu)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c := checkpoint.CRIU{Bin: "criu", Report: checkpoint.ProbeCRIU(ctx, "criu")}
-	images := t.TempDir()
-	if !c.Report.CheckPassed {
-		_, err := c.Dump(ctx, os.Getpid(), images)
-		if !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) || !strings.Contains(err.Error(), c.Report.Reason) || c.Report.Reason == "" {
-			t.Fatalf("dump on a node whose criu check fails: %v, want ErrSnapshotsUnsupported with the reason", err)
-		}
-		if _, err := c.Restore(ctx, images); !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) {
-			t.Fatalf("restore on a node whose criu check fails: %v", err)
-		}
-		t.Skipf("criu %s is installed but `criu check` fails here, so the round trip cannot run: %s", c.Report.Version, c.Report.Reason)
-	}
+// weightsProcess is a process holding 64 MiB of synthetic weights
+// (TestCRIUHelperProcess); ask has it (or the process restored from its
+// snapshot) write the digest of the weights it holds.
+type weightsProcess struct {
+	t    *testing.T
+	ctx  context.Context
+	work string
+	pid  int
+	cmd  *exec.Cmd
+}
 
+func startWeightsProcess(ctx context.Context, t *testing.T) *weightsProcess {
+	t.Helper()
 	work := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCRIUHelperProcess$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+work)
@@ -160,35 +150,81 @@ func TestCRIUDumpRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = devnull.Close() }()
+	t.Cleanup(func() { _ = devnull.Close() })
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	pid := cmd.Process.Pid
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	ask := func(pid int) string {
-		t.Helper()
-		_ = os.Remove(filepath.Join(work, "answer"))
-		if err := os.WriteFile(filepath.Join(work, "ask"), nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		for ctx.Err() == nil {
-			if b, err := os.ReadFile(filepath.Join(work, "answer")); err == nil {
-				return string(b)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Fatalf("process %d never answered", pid)
-		return ""
-	}
-	want := ask(pid)
+	return &weightsProcess{t: t, ctx: ctx, work: work, pid: cmd.Process.Pid, cmd: cmd}
+}
 
-	dump, err := c.Dump(ctx, pid, images)
+// dumped reaps the process after criu dump ended it.
+func (w *weightsProcess) dumped() { _ = w.cmd.Wait() }
+
+// restored takes the process criu restored as pid: it is killed at the end.
+func (w *weightsProcess) restored(pid int) {
+	w.t.Cleanup(func() {
+		if p, err := os.FindProcess(pid); err == nil {
+			_ = p.Kill()
+		}
+	})
+}
+
+func (w *weightsProcess) ask(pid int) string {
+	w.t.Helper()
+	_ = os.Remove(filepath.Join(w.work, "answer"))
+	if err := os.WriteFile(filepath.Join(w.work, "ask"), nil, 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	for w.ctx.Err() == nil {
+		if b, err := os.ReadFile(filepath.Join(w.work, "answer")); err == nil {
+			return string(b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	w.t.Fatalf("process %d never answered", pid)
+	return ""
+}
+
+// workingCRIU returns the node's criu when `criu check` passes. Where criu
+// is missing it skips; where the check fails it proves that dump and restore
+// refuse with the reason, then skips, saying why.
+func workingCRIU(ctx context.Context, t *testing.T) checkpoint.CRIU {
+	t.Helper()
+	if _, err := exec.LookPath("criu"); err != nil {
+		t.Skip("criu is not installed (hack/setup-criu.sh installs one that works on this kernel)")
+	}
+	c := checkpoint.CRIU{Bin: "criu", Report: checkpoint.ProbeCRIU(ctx, "criu")}
+	if !c.Report.CheckPassed {
+		images := t.TempDir()
+		_, err := c.Dump(ctx, os.Getpid(), images)
+		if !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) || !strings.Contains(err.Error(), c.Report.Reason) || c.Report.Reason == "" {
+			t.Fatalf("dump on a node whose criu check fails: %v, want ErrSnapshotsUnsupported with the reason", err)
+		}
+		if _, err := c.Restore(ctx, images); !errors.Is(err, checkpoint.ErrSnapshotsUnsupported) {
+			t.Fatalf("restore on a node whose criu check fails: %v", err)
+		}
+		t.Skipf("criu %s is installed but `criu check` fails here, so the round trip cannot run (hack/setup-criu.sh installs one that works): %s", c.Report.Version, c.Report.Reason)
+	}
+	return c
+}
+
+// TestCRIUDumpRestore dumps a process holding 64 MiB of weights and restores
+// it, and the restored process still holds the same bytes.
+func TestCRIUDumpRestore(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := workingCRIU(ctx, t)
+	p := startWeightsProcess(ctx, t)
+	want := p.ask(p.pid)
+
+	images := t.TempDir()
+	dump, err := c.Dump(ctx, p.pid, images)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait() // criu dump ends the process
+	p.dumped()
 	if dump.Bytes < 64<<20 {
 		t.Errorf("the images hold %d bytes, less than the weights", dump.Bytes)
 	}
@@ -196,13 +232,73 @@ func TestCRIUDumpRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if p, err := os.FindProcess(rest.PID); err == nil {
-			_ = p.Kill()
-		}
-	})
-	if got := ask(rest.PID); got != want {
+	p.restored(rest.PID)
+	if got := p.ask(rest.PID); got != want {
 		t.Fatalf("restored process holds weights %s, want %s", got, want)
 	}
-	t.Logf("dump %.3fs, restore %.3fs, %s of images (pid %s)", dump.Seconds, rest.Seconds, arena.Size(dump.Bytes), strconv.Itoa(rest.PID))
+	t.Logf("dump %.3fs, restore %.3fs, %.1f MiB of images (pid %d)", dump.Seconds, rest.Seconds, float64(dump.Bytes)/(1<<20), rest.PID)
+}
+
+// TestNodeSnapshotsAProcess drives the node agent's snapshot API with the
+// node's criu: the dump lands under --snapshot-dir/<namespace>/<name>, mode
+// 0700, and the restored process holds the same weights.
+func TestNodeSnapshotsAProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := workingCRIU(ctx, t)
+	snapshots := t.TempDir()
+	cfg := checkpoint.NodeConfig{
+		Store: checkpoint.StoreConfig{
+			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
+			Budgets: checkpoint.Budgets{Hot: 1 << 20, Warm: 1 << 20},
+		},
+		RuntimeVersion: "containerd://1.6.20", CRIU: c.Bin, SnapshotDir: snapshots,
+	}
+	reg := prometheus.NewRegistry()
+	n, err := checkpoint.NewNode(cfg, reg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The agent's own snapshots need criu only; the report's
+	// processSnapshots (container checkpoints) also needs the runtime.
+	n.Measure(ctx)
+	if ok, why := n.SnapshotSupport(); !ok {
+		t.Fatalf("criu check passes, but the agent refuses snapshots: %s", why)
+	}
+	srv := httptest.NewServer(n.Handler(reg))
+	defer srv.Close()
+	post := func(path string) checkpoint.SnapshotStats {
+		t.Helper()
+		resp, err := http.Post(srv.URL+path, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
+		}
+		var st checkpoint.SnapshotStats
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatalf("POST %s: %v: %s", path, err, b)
+		}
+		return st
+	}
+
+	p := startWeightsProcess(ctx, t)
+	want := p.ask(p.pid)
+	dump := post(fmt.Sprintf("/snapshots/team-a/m?pid=%d", p.pid))
+	p.dumped()
+	dir := filepath.Join(snapshots, "team-a", "m")
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 || dump.Dir != dir || dump.Bytes < 64<<20 {
+		t.Fatalf("dump %+v into %s (%v, %v): want the images of the 64 MiB of weights there, mode 0700", dump, dir, fi.Mode(), err)
+	}
+	rest := post("/snapshots/team-a/m/restore")
+	p.restored(rest.PID)
+	if rest.PID <= 1 {
+		t.Fatalf("restore %+v: no pid", rest)
+	}
+	if got := p.ask(rest.PID); got != want {
+		t.Fatalf("restored process holds weights %s, want %s", got, want)
+	}
 }
