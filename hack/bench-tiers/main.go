@@ -98,6 +98,8 @@ type row struct {
 	// idleWake is one more hot wake, straight after the pause, outside
 	// the ratios.
 	idleWake hotWake
+	// snap is the process snapshot round trip, where criu works.
+	snap *snapshot
 	// each is every run, in order, as measured (median keeps them).
 	each []row
 	// ratio holds this run's ratios, each of a restore and the
@@ -155,6 +157,9 @@ func medianBy[T any](xs []T, key func(T) float64) T {
 // ratios are one run's figures against the targets.
 type ratios struct {
 	hot, kernel, warm, ttft float64
+	// snapshot is the process snapshot's restore over the hot restore
+	// (0 without one).
+	snapshot float64
 }
 
 // withRatios sets the run's ratios from its measurements: the hot ratio
@@ -170,10 +175,20 @@ func (r row) withRatios() row {
 		warm:   restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
 		ttft:   f.ttftRatio(),
 	}
+	if r.snap != nil {
+		r.ratio.snapshot = r.snap.bytesPerSecond(r.size) / restoreBW(r.hot)
+	}
 	return r
 }
 
 func main() {
+	if spec := os.Getenv(snapshotHelperEnv); spec != "" {
+		if err := runSnapshotHelper(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-tiers snapshot helper:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	sizes := flag.String("sizes", "0.25GiB,1GiB,4GiB", "comma-separated weight sizes")
 	hotRoot := flag.String("hot-dir", "", "a directory on a tmpfs (empty: mount a huge-page tmpfs as the node agent does, or /dev/shm when that fails)")
 	diskRoot := flag.String("disk-dir", "/var/tmp", "a directory on the node's disk (not a tmpfs)")
@@ -221,7 +236,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 	}
 	defer func() { _ = os.RemoveAll(hot) }()
 	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hot), "(not a tmpfs)"), hotNote)
-	criu := checkpoint.ProbeCRIU(context.Background(), "criu")
+	criu := checkpoint.CRIU{Bin: "criu", Report: checkpoint.ProbeCRIU(context.Background(), "criu")}
 	disk, err := os.MkdirTemp(diskRoot, "mo-bench-tiers-disk-")
 	if err != nil {
 		return err
@@ -235,7 +250,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		var runs []row
 		for i := range max(repeat, 1) {
 			fmt.Fprintf(os.Stderr, "measuring %s, run %d …\n", arena.Size(n), i+1)
-			r, err := measure(n, hot, disk)
+			r, err := measure(n, hot, disk, criu)
 			if err != nil {
 				return fmt.Errorf("%s: %w", arena.Size(n), err)
 			}
@@ -248,7 +263,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		}
 		rows = append(rows, median(runs))
 	}
-	table := render(rows, loadBefore, loadavg(), time.Since(start), hotNote, criu)
+	table := render(rows, loadBefore, loadavg(), time.Since(start), hotNote, criu.Report)
 	fmt.Print(table)
 	if docs != "" {
 		return updateDocs(docs, table)
@@ -313,7 +328,7 @@ func loadavg() string {
 	return strings.Join(f[:3], " ")
 }
 
-func measure(n int64, hot, disk string) (row, error) {
+func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
 	r := row{size: n}
 	// The baselines copy and read into memory of the kind a restore lands
 	// in, a device region: pre-faulted, in huge pages. memcpy copies
@@ -356,6 +371,13 @@ func measure(n int64, hot, disk string) (row, error) {
 	runtime.GC()
 	if err := measureSim(&r, n, hot, disk, src, dst); err != nil {
 		return r, err
+	}
+	if criu.Report.CheckPassed {
+		s, err := measureSnapshot(criu, n, hot)
+		if err != nil {
+			return r, fmt.Errorf("process snapshot: %w", err)
+		}
+		r.snap = &s
 	}
 	return r.withRatios(), nil
 }
@@ -758,12 +780,16 @@ func median(runs []row) row {
 	// So do the time to first token and its bound.
 	f := pick(func(r row) float64 { return r.ratio.ttft })
 	out.ttftHot, out.ttftBound = f.ttftHot, f.ttftBound
+	// The snapshot and its ratio to the hot restore of its run likewise.
+	sn := pick(func(r row) float64 { return r.ratio.snapshot })
+	out.snap = sn.snap
 	// Each ratio is the median of the runs' own ratios.
 	out.ratio = ratios{
-		hot:    h.ratio.hot,
-		kernel: pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
-		warm:   w.ratio.warm,
-		ttft:   f.ratio.ttft,
+		hot:      h.ratio.hot,
+		kernel:   pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
+		warm:     w.ratio.warm,
+		ttft:     f.ratio.ttft,
+		snapshot: sn.ratio.snapshot,
 	}
 	out.wakes, out.verified = 0, 0
 	for _, r := range runs {
@@ -852,11 +878,20 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	if criu.CheckPassed {
-		fmt.Fprintf(&b, "Process snapshot (criu %s): `criu check` passes; `go test ./internal/checkpoint -run TestCRIUDumpRestore -v` times a dump and restore of a process holding 64 MiB of weights.\n", criu.Version)
-	} else {
+	if !criu.CheckPassed {
 		fmt.Fprintf(&b, "Process snapshot (criu): unsupported on this node: %s.\n", strings.TrimSuffix(criu.Reason, "."))
+		return b.String()
 	}
+	fmt.Fprintf(&b, "Process snapshot (criu %s), the optional tier that keeps the whole process rather than its weights: a process holding the weights in huge pages, up for %v, is dumped (`criu dump`, the process ends) into the hot tier's tmpfs and, after the same %v pause, restored (`criu restore --restore-detached`), then asked for the digest of the weights it holds; the restore's bandwidth is the weights over criu's restore, compared with the hot restore of the same run (the wake whose ratio is the median), and its verification (the restored process hashing its weights) comes after it: ", criu.Version, servesFor, asleep)
+	parts = parts[:0]
+	for _, r := range rows {
+		if r.skipped == "" && r.snap != nil {
+			s := r.snap
+			parts = append(parts, fmt.Sprintf("%s dump %.2f s, restore %.2f s (%s GB/s, %.2f × the hot restore), %.0f MiB of images, verified in %.2f s",
+				arena.Size(r.size), s.dump.Seconds, s.restore.Seconds, gbps(s.bytesPerSecond(r.size)), r.ratio.snapshot, float64(s.dump.Bytes)/(1<<20), s.verify.Seconds()))
+		}
+	}
+	b.WriteString(strings.Join(parts, "; ") + ".\n")
 	return b.String()
 }
 
