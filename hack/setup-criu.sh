@@ -17,6 +17,8 @@
 # Environment:
 #   MO_DEBIAN_MIRROR  where Debian's pool is (default http://deb.debian.org/debian)
 #   MO_TOOLS_CACHE    the tools cache (as hack/tools/install.sh)
+#   MO_NODE_INSTALL   "never": do not run apt-get; print the command instead
+#                     (as hack/setup-node.sh)
 set -euo pipefail
 
 version=4.1.1
@@ -63,6 +65,14 @@ missing=()
 for p in "${build_deps[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
+if [ ${#missing[@]} -gt 0 ] && [ "${MO_NODE_INSTALL:-auto}" = never ]; then
+	{
+		echo "setup-criu: no criu here passes \`criu check\`, and building criu $version needs Debian packages this machine lacks: ${missing[*]}."
+		echo "Install them, then run it again:"
+		echo "    apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+	} >&2
+	exit 1
+fi
 if [ ${#missing[@]} -gt 0 ]; then
 	echo ">> installing criu's build dependencies: ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive

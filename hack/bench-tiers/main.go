@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -182,6 +183,10 @@ func (r row) withRatios() row {
 }
 
 func main() {
+	// Descriptors inherited from the caller (make's flock holds one on
+	// the lock file) stay out of every process the benchmark starts: criu
+	// refuses to dump a process holding a file lock it was not told about.
+	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	if spec := os.Getenv(snapshotHelperEnv); spec != "" {
 		if err := runSnapshotHelper(spec); err != nil {
 			fmt.Fprintln(os.Stderr, "bench-tiers snapshot helper:", err)

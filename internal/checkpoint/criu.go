@@ -126,12 +126,20 @@ func runLong(ctx context.Context, name string, args ...string) (string, error) {
 	return string(out), err
 }
 
+// logTail is what a failed criu run logged: its last error lines (the
+// cause comes last, before the summary), else the end of its output.
+// criu logs an error when it cannot raise its own open-file limit and goes
+// on; that line is never the cause and is left out.
 func logTail(dir, file, out string) string {
 	if b, err := os.ReadFile(filepath.Join(dir, file)); err == nil {
+		var errs []string
 		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, "Error") {
-				return strings.TrimSpace(l)
+			if strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+				errs = append(errs, strings.TrimSpace(l))
 			}
+		}
+		if len(errs) > 0 {
+			return strings.Join(errs[max(0, len(errs)-3):], " / ")
 		}
 	}
 	return tail(out, 500)
