@@ -188,11 +188,9 @@ func main() {
 	// refuses to dump a process holding a file lock it was not told about.
 	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	if spec := os.Getenv(snapshotHelperEnv); spec != "" {
-		if err := runSnapshotHelper(spec); err != nil {
-			fmt.Fprintln(os.Stderr, "bench-tiers snapshot helper:", err)
-			os.Exit(1)
-		}
-		return
+		// The helper runs until it is killed; it returns only on error.
+		fmt.Fprintln(os.Stderr, "bench-tiers snapshot helper:", runSnapshotHelper(spec))
+		os.Exit(1)
 	}
 	sizes := flag.String("sizes", "0.25GiB,1GiB,4GiB", "comma-separated weight sizes")
 	hotRoot := flag.String("hot-dir", "", "a directory on a tmpfs (empty: mount a huge-page tmpfs as the node agent does, or /dev/shm when that fails)")

@@ -39,7 +39,8 @@ func (s snapshot) bytesPerSecond(n int64) float64 { return float64(n) / s.restor
 // runSnapshotHelper holds n bytes of synthetic weights in a huge-page arena,
 // as an engine holds its weights, writes "ready", and whenever the file
 // "ask" appears in dir writes the digest of the weights it holds to
-// "answer". criu dumps it and restores it.
+// "answer". criu dumps it and restores it. It runs until it is killed and
+// returns only why it could not start.
 func runSnapshotHelper(spec string) error {
 	dir, size, ok := strings.Cut(spec, ":")
 	n, err := strconv.ParseInt(size, 10, 64)
