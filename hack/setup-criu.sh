@@ -4,11 +4,13 @@
 #
 # Debian 12's criu (3.17) fails `criu check` on Linux 6.13 and later: it
 # cannot parse the split vDSO data area ([vvar] + [vvar_vclock]). criu 4.1
-# can. When the criu on PATH already passes, this does nothing. Otherwise it
-# builds the pinned criu release from Debian's source archive (the tarball's
-# SHA-256 is checked), after installing its Debian build dependencies, and
-# keeps the binary in the per-user tools cache, so later runs and fresh
-# clones on the same machine copy it in seconds.
+# passes the check but cannot dump a TCP socket on Linux 6.16 and later (it
+# asks for SO_PASSSEC, which those kernels refuse on TCP). criu 4.2 does
+# both. When the criu on PATH is at least that and passes, this does
+# nothing. Otherwise it builds the pinned criu release from Debian's source
+# archive (the tarball's SHA-256 is checked), after installing its Debian
+# build dependencies, and keeps the binary in the per-user tools cache, so
+# later runs and fresh clones on the same machine copy it in seconds.
 #
 # usage: hack/setup-criu.sh            build it (root on Debian)
 #        hack/setup-criu.sh --if-root  only where the tests that use it run:
@@ -21,10 +23,10 @@
 #                     (as hack/setup-node.sh)
 set -euo pipefail
 
-version=4.1.1
-sha256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
+version=4.2.1
+sha256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 build_deps=(build-essential pkgconf libbsd-dev libcap-dev libgnutls28-dev libnet1-dev libnftables-dev
-	libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev python3)
+	libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler protobuf-compiler uuid-dev python3 python3-protobuf)
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${BIN_DIR:-$root/bin}
@@ -44,7 +46,15 @@ if [ "$(uname -s)" != Linux ] || [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 
-passes() { "$1" check >/dev/null 2>&1; }
+min_version=4.2
+
+# passes <criu>: it is at least min_version and `criu check` passes.
+passes() {
+	local v
+	v=$("$1" --version 2>/dev/null | sed -n 's/^Version: *//p')
+	[ -n "$v" ] && [ "$(printf '%s\n%s\n' "$min_version" "$v" | sort -V | head -1)" = "$min_version" ] &&
+		"$1" check >/dev/null 2>&1
+}
 
 mkdir -p "$bin"
 if [ -x "$cache/criu" ] && passes "$cache/criu"; then

@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // fakeCRIU writes a criu stand-in that prints out and exits with code on
@@ -239,14 +242,11 @@ func TestCRIUDumpRestore(t *testing.T) {
 	t.Logf("dump %.3fs, restore %.3fs, %.1f MiB of images (pid %d)", dump.Seconds, rest.Seconds, float64(dump.Bytes)/(1<<20), rest.PID)
 }
 
-// TestNodeSnapshotsAProcess drives the node agent's snapshot API with the
-// node's criu: the dump lands under --snapshot-dir/<namespace>/<name>, mode
-// 0700, and the restored process holds the same weights.
-func TestNodeSnapshotsAProcess(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	c := workingCRIU(ctx, t)
-	snapshots := t.TempDir()
+// snapshotAgent is a node agent whose snapshots use c and land under the
+// returned directory; post calls its API and wants 200.
+func snapshotAgent(ctx context.Context, t *testing.T, c checkpoint.CRIU) (snapshots string, post func(path string) checkpoint.SnapshotStats) {
+	t.Helper()
+	snapshots = t.TempDir()
 	cfg := checkpoint.NodeConfig{
 		Store: checkpoint.StoreConfig{
 			HotDir: filepath.Join(t.TempDir(), "hot"), WarmDir: filepath.Join(t.TempDir(), "warm"),
@@ -266,25 +266,41 @@ func TestNodeSnapshotsAProcess(t *testing.T) {
 		t.Fatalf("criu check passes, but the agent refuses snapshots: %s", why)
 	}
 	srv := httptest.NewServer(n.Handler(reg))
-	defer srv.Close()
-	post := func(path string) checkpoint.SnapshotStats {
+	t.Cleanup(srv.Close)
+	return snapshots, func(path string) checkpoint.SnapshotStats {
 		t.Helper()
-		resp, err := http.Post(srv.URL+path, "", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = resp.Body.Close() }()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, b)
-		}
 		var st checkpoint.SnapshotStats
-		if err := json.Unmarshal(b, &st); err != nil {
-			t.Fatalf("POST %s: %v: %s", path, err, b)
+		if code, b := postJSON(t, srv.URL+path, &st); code != http.StatusOK {
+			t.Fatalf("POST %s: %d %s", path, code, b)
 		}
 		return st
 	}
+}
 
+// postJSON posts nothing to url and decodes a 200 answer into out.
+func postJSON(t *testing.T, url string, out any) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK && out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("POST %s: %v: %s", url, err, b)
+		}
+	}
+	return resp.StatusCode, string(b)
+}
+
+// TestNodeSnapshotsAProcess drives the node agent's snapshot API with the
+// node's criu: the dump lands under --snapshot-dir/<namespace>/<name>, mode
+// 0700, and the restored process holds the same weights.
+func TestNodeSnapshotsAProcess(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	snapshots, post := snapshotAgent(ctx, t, workingCRIU(ctx, t))
 	p := startWeightsProcess(ctx, t)
 	want := p.ask(p.pid)
 	dump := post(fmt.Sprintf("/snapshots/team-a/m?pid=%d", p.pid))
@@ -300,5 +316,60 @@ func TestNodeSnapshotsAProcess(t *testing.T) {
 	}
 	if got := p.ask(rest.PID); got != want {
 		t.Fatalf("restored process holds weights %s, want %s", got, want)
+	}
+}
+
+// TestNodeSnapshotsASimulator snapshots a running simulator, weights and
+// listening socket included, through the agent: after the restore the same
+// port answers, and a level-1 sleep and wake, which hashes the weights the
+// restored process holds against the digest taken at its load, verifies.
+func TestNodeSnapshotsASimulator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, post := snapshotAgent(ctx, t, workingCRIU(ctx, t))
+	port := freePort(t)
+	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	cmd := exec.Command(selfExe())
+	cmd.Args = fakeArgs(checkpoint.EngineSimulator, port)
+	cmd.Env = append(os.Environ(), fakeEngineEnv+"="+checkpoint.EngineSimulator, fakePortEnv+"="+strconv.Itoa(port),
+		fakeHotDirEnv+"="+t.TempDir(), fakeLoadedEnv+"=1")
+	if err := cmd.Start(); err != nil { // stdio: /dev/null, nothing criu must reconnect
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	weights := func() sim.WeightsStatus {
+		t.Helper()
+		var st sim.WeightsStatus
+		eventually(t, 10*time.Second, func() error {
+			resp, err := http.Get(url + "/orchestra/weights")
+			if err != nil {
+				return err
+			}
+			defer func() { _ = resp.Body.Close() }()
+			return json.NewDecoder(resp.Body).Decode(&st)
+		})
+		return st
+	}
+	before := weights()
+	if before.Digest == "" || before.Bytes == 0 {
+		t.Fatalf("the simulator reports %+v, want its loaded weights", before)
+	}
+
+	post(fmt.Sprintf("/snapshots/team-a/sim?pid=%d", cmd.Process.Pid))
+	_ = cmd.Wait() // criu dump ends the process
+	if _, err := http.Get(url + "/health"); err == nil {
+		t.Fatal("the simulator still answers after its dump")
+	}
+	rest := post("/snapshots/team-a/sim/restore")
+	t.Cleanup(func() { _ = syscall.Kill(rest.PID, syscall.SIGKILL) })
+	if after := weights(); after.Digest != before.Digest || after.Sleeping {
+		t.Fatalf("restored simulator reports %+v, want awake with digest %s", after, before.Digest)
+	}
+	if code, b := postJSON(t, url+"/sleep?level=1", nil); code != http.StatusOK {
+		t.Fatalf("sleep of the restored simulator: %d %s", code, b)
+	}
+	var wake sim.StageReport
+	if code, b := postJSON(t, url+"/wake_up", &wake); code != http.StatusOK || !wake.Verified || wake.Bytes != before.Bytes {
+		t.Fatalf("wake of the restored simulator: %d %s, want its %d bytes verified", code, b, before.Bytes)
 	}
 }

@@ -107,7 +107,7 @@ func runFakeEngine(kind string) int {
 		}
 		defer func() { _ = cmd.Process.Kill() }()
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:"+os.Getenv(fakePortEnv))
+	ln, err := sim.Listen(context.Background(), "127.0.0.1:"+os.Getenv(fakePortEnv)) // snapshottable (TestNodeSnapshotsASimulator)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -25,11 +25,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := s.LoadWeights(); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	ln, err := Listen(ctx, cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
 	}
 	return Serve(ctx, ln, s, log)
+}
+
+// Listen listens on addr with plain TCP. Go's listeners use Multipath TCP
+// where the kernel has it, and criu (4.1) cannot dump an MPTCP socket: a
+// process snapshot of the simulator fails with "inet: Unsupported proto
+// 262". Plain TCP keeps the simulator snapshottable.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(ctx, "tcp", addr)
 }
 
 // Serve serves s on ln until ctx ends or s crashes.
