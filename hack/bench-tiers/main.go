@@ -885,12 +885,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		fmt.Fprintf(&b, "Process snapshot (criu): unsupported on this node: %s.\n", strings.TrimSuffix(criu.Reason, "."))
 		return b.String()
 	}
-	fmt.Fprintf(&b, "Process snapshot (criu %s), the optional tier that keeps the whole process rather than its weights: a process holding the weights in huge pages, up for %v, is dumped (`criu dump`, the process ends) into the hot tier's tmpfs and, after the same %v pause, restored (`criu restore --restore-detached`), then asked for the digest of the weights it holds; the restore's bandwidth is the weights over criu's restore, compared with the hot restore of the same run (the wake whose ratio is the median), and its verification (the restored process hashing its weights) comes after it: ", criu.Version, servesFor, asleep)
+	fmt.Fprintf(&b, "Process snapshot (criu %s), the optional tier that keeps the whole process rather than its weights: a simulator process (orchestra-sim's code, the weights in its device pool), up and serving for %v, is dumped (`criu dump --tcp-close`, the process ends) into the hot tier's tmpfs and, after the same %v pause, restored (`criu restore --restore-detached`); the restored simulator then sleeps at level 1 and wakes, which hashes the weights it holds against the digest it took at its load. The restore's bandwidth is the weights over criu's restore, compared with the hot restore of the same run (the wake whose ratio is the median); the verification (that sleep and wake) comes after it: ", criu.Version, servesFor, asleep)
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" && r.snap != nil {
 			s := r.snap
-			parts = append(parts, fmt.Sprintf("%s dump %.2f s, restore %.2f s (%s GB/s, %.2f × the hot restore), %.0f MiB of images, verified in %.2f s",
+			parts = append(parts, fmt.Sprintf("%s dump %.2f s, restore %.2f s (%s GB/s, %.2f × the hot restore), %.0f MiB of images, verified by a sleep and wake in %.2f s",
 				arena.Size(r.size), s.dump.Seconds, s.restore.Seconds, gbps(s.bytesPerSecond(r.size)), r.ratio.snapshot, float64(s.dump.Bytes)/(1<<20), s.verify.Seconds()))
 		}
 	}

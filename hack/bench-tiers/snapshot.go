@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,23 +14,20 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
-// snapshotHelperEnv makes bench-tiers the process a snapshot is taken of:
-// its value is "<dir>:<bytes>" (runSnapshotHelper).
+// snapshotHelperEnv makes bench-tiers the process a snapshot is taken of,
+// a simulator: its value is "<port>:<bytes>:<hot dir>" (runSnapshotHelper).
 const snapshotHelperEnv = "MO_BENCH_TIERS_SNAPSHOT_HELPER"
 
-// snapshotSeed seeds the helper's weights.
-const snapshotSeed = 11
-
-// snapshot is one process snapshot round trip: a process holding the
-// weights dumped into the hot tier's tmpfs, restored, and asked for the
-// digest of the weights it holds.
+// snapshot is one process snapshot round trip: a simulator holding the
+// weights dumped into the hot tier's tmpfs and restored; the restored
+// simulator then sleeps at level 1 and wakes, which hashes the weights it
+// holds against the digest it took at its load.
 type snapshot struct {
 	dump, restore checkpoint.SnapshotStats
-	// verify is how long the restored process took to hash its weights
-	// and answer.
+	// verify is the restored simulator's level-1 sleep and wake.
 	verify   time.Duration
 	verified bool
 }
@@ -36,57 +35,57 @@ type snapshot struct {
 // bytesPerSecond is the restore's: the weights over criu's restore.
 func (s snapshot) bytesPerSecond(n int64) float64 { return float64(n) / s.restore.Seconds }
 
-// runSnapshotHelper holds n bytes of synthetic weights in a huge-page arena,
-// as an engine holds its weights, writes "ready", and whenever the file
-// "ask" appears in dir writes the digest of the weights it holds to
-// "answer". criu dumps it and restores it. It runs until it is killed and
-// returns only why it could not start.
+// runSnapshotHelper runs a simulator, as orchestra-sim does, holding n
+// bytes of synthetic weights in its device pool and listening on port with
+// sleep mode on. criu dumps it and restores it. It runs until it is killed
+// and returns only why it could not start or serve.
 func runSnapshotHelper(spec string) error {
-	dir, size, ok := strings.Cut(spec, ":")
-	n, err := strconv.ParseInt(size, 10, 64)
-	if !ok || err != nil {
-		return fmt.Errorf("%s=%q: want <dir>:<bytes>", snapshotHelperEnv, spec)
+	parts := strings.SplitN(spec, ":", 3)
+	if len(parts) != 3 {
+		return fmt.Errorf("%s=%q: want <port>:<bytes>:<hot dir>", snapshotHelperEnv, spec)
 	}
-	w, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
+	n, err := strconv.ParseInt(parts[1], 10, 64)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s=%q: %w", snapshotHelperEnv, spec, err)
 	}
-	arena.Synthesize(w.Bytes(), snapshotSeed)
-	if err := os.WriteFile(filepath.Join(dir, "ready"), nil, 0o600); err != nil {
-		return err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "ask")); err == nil {
-			_ = os.Remove(filepath.Join(dir, "ask"))
-			_ = os.WriteFile(filepath.Join(dir, "answer.tmp"), []byte(arena.Sum(w.Bytes()).String()), 0o600)
-			_ = os.Rename(filepath.Join(dir, "answer.tmp"), filepath.Join(dir, "answer"))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	cfg := sim.Default()
+	cfg.Addr = "127.0.0.1:" + parts[0]
+	cfg.Model = "sim-snapshot"
+	cfg.Weights = sim.Weights{Bytes: n, Seed: 11}
+	cfg.Sleep = sim.Sleep{Enabled: true, HotDir: parts[2]}
+	return sim.Run(context.Background(), cfg, slog.New(slog.DiscardHandler))
 }
 
-// measureSnapshot starts a helper holding n bytes of weights, lets it sit
-// as an engine would before its sleep, dumps it into the hot tier (RAM,
-// like the hot tier's weights), waits the sleep's pause, restores it and
-// asks the restored process for the digest of its weights.
+// measureSnapshot starts a simulator holding n bytes of weights, lets it
+// serve as an engine does before its sleep, dumps it into the hot tier
+// (RAM, like the hot tier's weights), waits the sleep's pause, restores
+// it, and has the restored simulator verify its weights with a level-1
+// sleep and wake.
 func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 	var s snapshot
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	work, err := os.MkdirTemp("", "mo-bench-tiers-snapshot-")
+	images := filepath.Join(hot, "snapshot")
+	defer func() { _ = os.RemoveAll(images) }()
+	simHot, err := os.MkdirTemp(hot, "snapshot-sim-")
 	if err != nil {
 		return s, err
 	}
-	defer func() { _ = os.RemoveAll(work) }()
-	images := filepath.Join(hot, "snapshot")
-	defer func() { _ = os.RemoveAll(images) }()
+	defer func() { _ = os.RemoveAll(simHot) }()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return s, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
 
 	exe, err := os.Executable()
 	if err != nil {
 		return s, err
 	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%d", snapshotHelperEnv, work, n))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d:%d:%s", snapshotHelperEnv, port, n, simHot))
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return s, err
@@ -97,11 +96,10 @@ func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 		return s, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	if err := waitFile(ctx, filepath.Join(work, "ready")); err != nil {
-		return s, fmt.Errorf("the snapshot helper never held its weights: %w", err)
+	if err := waitServing(ctx, url); err != nil {
+		return s, fmt.Errorf("the simulator to snapshot: %w", err)
 	}
-	want, err := ask(ctx, work)
-	if err != nil {
+	if _, err := firstToken(url); err != nil {
 		return s, err
 	}
 	time.Sleep(servesFor)
@@ -119,48 +117,44 @@ func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 			_ = p.Kill()
 		}
 	}()
+	if err := waitServing(ctx, url); err != nil {
+		return s, fmt.Errorf("the restored simulator: %w", err)
+	}
 	t := time.Now()
-	got, err := ask(ctx, work)
+	resp, err := http.Post(url+"/sleep?level=1", "", nil)
 	if err != nil {
-		return s, fmt.Errorf("the restored process: %w", err)
+		return s, err
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return s, fmt.Errorf("the restored simulator's level-1 sleep: %s", resp.Status)
+	}
+	rep, err := wake(url)
+	if err != nil {
+		return s, fmt.Errorf("the restored simulator's wake: %w", err)
 	}
 	s.verify = time.Since(t)
-	if got != want {
-		return s, fmt.Errorf("the restored process holds weights %s, want %s", got, want)
+	if !rep.Verified || rep.Bytes != n {
+		return s, fmt.Errorf("the restored simulator's wake verified %v, %d of %d bytes", rep.Verified, rep.Bytes, n)
 	}
 	s.verified = true
 	return s, nil
 }
 
-// ask has the helper in work (or the process restored from it) hash its
-// weights and returns the digest.
-func ask(ctx context.Context, work string) (arena.Digest, error) {
-	answer := filepath.Join(work, "answer")
-	_ = os.Remove(answer)
-	if err := os.WriteFile(filepath.Join(work, "ask"), nil, 0o600); err != nil {
-		return 0, err
-	}
-	if err := waitFile(ctx, answer); err != nil {
-		return 0, fmt.Errorf("no answer: %w", err)
-	}
-	b, err := os.ReadFile(answer)
-	if err != nil {
-		return 0, err
-	}
-	return arena.ParseDigest(string(b))
-}
-
-func waitFile(ctx context.Context, path string) error {
+// waitServing waits until the simulator at url answers.
+func waitServing(ctx context.Context, url string) error {
 	for {
-		if _, err := os.Stat(path); err == nil {
-			return nil
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return err
+		resp, err := http.Get(url + "/health")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(2 * time.Millisecond):
+			return fmt.Errorf("not serving on %s: %w (last: %v)", url, ctx.Err(), err)
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
