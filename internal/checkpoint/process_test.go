@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/sys/unix"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/enginetest"
@@ -49,6 +51,10 @@ const (
 )
 
 func TestMain(m *testing.M) {
+	// Descriptors the test binary inherited (CI's flock holds one on its
+	// lock file) stay out of the processes the tests start: criu refuses
+	// to dump a process holding a file lock.
+	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	if kind := os.Getenv(fakeEngineEnv); kind != "" {
 		os.Exit(runFakeEngine(kind))
 	}
