@@ -150,10 +150,11 @@ func waitServing(ctx context.Context, url string) error {
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
+			err = fmt.Errorf("GET /health: %s", resp.Status)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("not serving on %s: %w (last: %v)", url, ctx.Err(), err)
+			return fmt.Errorf("not serving on %s: %w", url, err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

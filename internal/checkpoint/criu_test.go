@@ -357,7 +357,8 @@ func TestNodeSnapshotsASimulator(t *testing.T) {
 
 	post(fmt.Sprintf("/snapshots/team-a/sim?pid=%d", cmd.Process.Pid))
 	_ = cmd.Wait() // criu dump ends the process
-	if _, err := http.Get(url + "/health"); err == nil {
+	if resp, err := http.Get(url + "/health"); err == nil {
+		_ = resp.Body.Close()
 		t.Fatal("the simulator still answers after its dump")
 	}
 	rest := post("/snapshots/team-a/sim/restore")
