@@ -757,6 +757,11 @@ func copyFile(from, to string) error {
 // median takes, for every column on its own, the median of the runs; the
 // verification counts are summed.
 func median(runs []row) row {
+	// A run skipped for want of memory ends the size's runs; the runs
+	// before it are the size's figures.
+	if i := slices.IndexFunc(runs, func(r row) bool { return r.skipped != "" }); i > 0 {
+		runs = runs[:i]
+	}
 	runs[0].each = slices.Clone(runs)
 	if len(runs) == 1 || runs[0].skipped != "" {
 		runs[0].runs = 1

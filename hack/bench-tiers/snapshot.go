@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -112,11 +113,7 @@ func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 	if s.restore, err = c.Restore(ctx, images); err != nil {
 		return s, err
 	}
-	defer func() {
-		if p, err := os.FindProcess(s.restore.PID); err == nil {
-			_ = p.Kill()
-		}
-	}()
+	defer killAndWait(s.restore.PID)
 	if err := waitServing(ctx, url); err != nil {
 		return s, fmt.Errorf("the restored simulator: %w", err)
 	}
@@ -157,5 +154,19 @@ func waitServing(ctx context.Context, url string) error {
 			return fmt.Errorf("not serving on %s: %w", url, err)
 		case <-time.After(10 * time.Millisecond):
 		}
+	}
+}
+
+// killAndWait kills the restored process (criu's, not a child of ours) and
+// waits until it is gone, so its memory is free before the next run.
+func killAndWait(pid int) {
+	if syscall.Kill(pid, syscall.SIGKILL) != nil {
+		return
+	}
+	for range 500 {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
