@@ -33,7 +33,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 }
 
 // Listen listens on addr with plain TCP. Go's listeners use Multipath TCP
-// where the kernel has it, and criu (4.1) cannot dump an MPTCP socket: a
+// where the kernel has it, and criu (4.2) cannot dump an MPTCP socket: a
 // process snapshot of the simulator fails with "inet: Unsupported proto
 // 262". Plain TCP keeps the simulator snapshottable.
 func Listen(ctx context.Context, addr string) (net.Listener, error) {
