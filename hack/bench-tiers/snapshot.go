@@ -93,6 +93,7 @@ func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 	}
 	defer func() { _ = devnull.Close() }()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // criu needs the session leader in the snapshot's pid namespace
 	if err := cmd.Start(); err != nil {
 		return s, err
 	}

@@ -144,6 +144,11 @@ type weightsProcess struct {
 	cmd  *exec.Cmd
 }
 
+// ownSession starts a process as the leader of its own session. criu refuses a process whose
+// session leader is outside its pid namespace, which is where the test binary's session is when
+// the tests run inside a pid namespace (CI does); an engine in a container leads its own session.
+func ownSession() *syscall.SysProcAttr { return &syscall.SysProcAttr{Setsid: true} }
+
 func startWeightsProcess(ctx context.Context, t *testing.T) *weightsProcess {
 	t.Helper()
 	work := t.TempDir()
@@ -155,6 +160,7 @@ func startWeightsProcess(ctx context.Context, t *testing.T) *weightsProcess {
 	}
 	t.Cleanup(func() { _ = devnull.Close() })
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
+	cmd.SysProcAttr = ownSession()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +339,7 @@ func TestNodeSnapshotsASimulator(t *testing.T) {
 	cmd.Args = fakeArgs(checkpoint.EngineSimulator, port)
 	cmd.Env = append(os.Environ(), fakeEngineEnv+"="+checkpoint.EngineSimulator, fakePortEnv+"="+strconv.Itoa(port),
 		fakeHotDirEnv+"="+t.TempDir(), fakeLoadedEnv+"=1")
+	cmd.SysProcAttr = ownSession()
 	if err := cmd.Start(); err != nil { // stdio: /dev/null, nothing criu must reconnect
 		t.Fatal(err)
 	}
