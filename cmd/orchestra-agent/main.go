@@ -54,6 +54,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	n := &cfg.Node
 	fs.StringVar(&n.Store.HotDir, "hot-dir", n.Store.HotDir, "node: hot tier directory (a tmpfs)")
 	fs.StringVar(&n.Store.WarmDir, "warm-dir", n.Store.WarmDir, "node: warm tier directory (node-local disk)")
+	fs.StringVar(&n.Store.Namespace, "namespace", n.Store.Namespace, "node: keep only this namespace's copies (<dir>/<namespace>) and refuse other namespaces' keys; empty keeps every namespace's")
 	hot, warm, probe := arena.Size(n.Store.Budgets.Hot), arena.Size(n.Store.Budgets.Warm), arena.Size(n.MeasureBytes)
 	fs.Var(&hot, "hot-max-bytes", "node: hot tier budget (e.g. 8GiB)")
 	fs.Var(&warm, "warm-max-bytes", "node: warm tier budget")

@@ -109,8 +109,16 @@ func WriteProbe(dir string, n int64) (string, error) {
 	}
 	defer a.Free()
 	arena.Synthesize(a.Bytes(), uint64(n))
-	path := fmt.Sprintf("%s/.bandwidth-probe-%d", dir, os.Getpid())
+	// A name of its own: the agents of several namespaces probe the same
+	// tier directories, each as pid 1 of its container.
+	f, err := os.CreateTemp(dir, ".bandwidth-probe-*")
+	if err != nil {
+		return "", err
+	}
+	path := f.Name()
+	_ = f.Close()
 	if err := arena.WriteFile(path, a.Bytes(), true); err != nil {
+		_ = os.Remove(path)
 		return "", err
 	}
 	return path, nil

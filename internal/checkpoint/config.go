@@ -193,6 +193,9 @@ func (c Config) Validate() error {
 		if n.Store.HotDir == n.Store.WarmDir && n.Store.HotDir != "" {
 			bad("hot and warm directories must differ, both are %s", n.Store.HotDir)
 		}
+		if ns := n.Store.Namespace; ns != "" && !dnsLabel.MatchString(ns) {
+			bad("namespace %q must be a Kubernetes namespace name (a DNS label)", ns)
+		}
 		if n.Store.Budgets.Hot < 0 || n.Store.Budgets.Warm < 0 {
 			bad("budgets must not be negative")
 		}

@@ -320,8 +320,12 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
 		t := Tier(r.PathValue("tier"))
 		k := Key{r.PathValue("namespace"), r.PathValue("name")}
-		if err := k.Validate(); err != nil || (t != TierHot && t != TierWarm) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>: %v", err))
+		if t != TierHot && t != TierWarm {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>, got tier %q", t))
+			return
+		}
+		if err := n.store.CheckKey(k); err != nil {
+			writeError(w, keyErrorStatus(err), fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>: %v", err))
 			return
 		}
 		if _, ok := n.store.Lookup(k, t); !ok {
@@ -453,10 +457,19 @@ func copyErrorStatus(err error) (status int, result string) {
 		return http.StatusInsufficientStorage, "failed"
 	case errors.Is(err, ErrNotFound), errors.Is(err, fetch.ErrNotFound):
 		return http.StatusNotFound, "failed"
-	case errors.Is(err, ErrNoColdCredentials), errors.Is(err, fetch.ErrAccessDenied):
+	case errors.Is(err, ErrNoColdCredentials), errors.Is(err, fetch.ErrAccessDenied), errors.Is(err, ErrOtherNamespace):
 		return http.StatusForbidden, "failed"
 	}
 	return http.StatusInternalServerError, "failed"
+}
+
+// keyErrorStatus is the HTTP status of a key CheckKey refused: 403 for
+// another namespace's, 400 for a malformed one.
+func keyErrorStatus(err error) int {
+	if errors.Is(err, ErrOtherNamespace) {
+		return http.StatusForbidden
+	}
+	return http.StatusBadRequest
 }
 
 func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
@@ -513,8 +526,8 @@ func (n *Node) criu() CRIU {
 
 func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 	k := Key{r.PathValue("namespace"), r.PathValue("name")}
-	if err := k.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	if err := n.store.CheckKey(k); err != nil {
+		writeError(w, keyErrorStatus(err), err.Error())
 		return
 	}
 	if ok, why := n.SnapshotSupport(); !ok {

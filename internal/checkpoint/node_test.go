@@ -546,3 +546,100 @@ func restarted(t *testing.T, cfg checkpoint.NodeConfig) *checkpoint.Node {
 	}
 	return n
 }
+
+// TestNodesOfTwoNamespacesShareTheTierDirectories runs two agents over the
+// same tier directories, each scoped to its namespace as the chart renders
+// them: each fills its own budget without evicting the other's copies,
+// counts only its own (and its engines' offloads), refuses the other
+// namespace's keys with 403, and re-indexes only its own after a restart.
+func TestNodesOfTwoNamespacesShareTheTierDirectories(t *testing.T) {
+	cold := t.TempDir()
+	w := make([]byte, 1<<20)
+	arena.Synthesize(w, 5)
+	if err := os.WriteFile(filepath.Join(cold, "model.gguf"), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	digest := arena.Sum(w).String()
+	hot, warm := filepath.Join(t.TempDir(), "hot"), filepath.Join(t.TempDir(), "warm")
+	cfg := func(ns string) checkpoint.NodeConfig {
+		return checkpoint.NodeConfig{
+			Store:   checkpoint.StoreConfig{HotDir: hot, WarmDir: warm, Namespace: ns, Budgets: checkpoint.Budgets{Hot: 2 << 20, Warm: 2 << 20}},
+			ColdDir: cold, RuntimeVersion: "containerd://1.6.20",
+		}
+	}
+	call := func(srv *httptest.Server, method, path, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	promote := func(srv *httptest.Server, ns, name string) (int, string) {
+		return call(srv, "POST", "/promote", `{"namespace":"`+ns+`","name":"`+name+`","to":"hot","coldPath":"model.gguf","digest":"`+digest+`"}`)
+	}
+	a, srvA := serveNode(t, cfg("team-a"))
+	b, srvB := serveNode(t, cfg("team-b"))
+	for _, name := range []string{"a1", "a2"} {
+		if code, body := promote(srvA, "team-a", name); code != 200 {
+			t.Fatalf("team-a's agent, %s to hot: %d %s", name, code, body)
+		}
+	}
+	// team-b's engine offload and copy: its own budget, none of team-a's evicted.
+	if err := os.MkdirAll(filepath.Join(hot, "team-b"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hot, "team-b", checkpoint.EngineOffloadName("b-engine")), w, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := promote(srvB, "team-b", "b1"); code != 200 {
+		t.Fatalf("team-b's agent, b1 to hot beside team-a's full budget: %d %s", code, body)
+	}
+	for _, name := range []string{"a1", "a2"} {
+		if _, err := os.Stat(filepath.Join(hot, "team-a", name)); err != nil {
+			t.Errorf("team-a's %s after team-b's admission: %v", name, err)
+		}
+	}
+	if ra, rb := a.Report().Hot, b.Report().Hot; ra.UsedBytes != 2<<20 || ra.Entries != 2 || rb.UsedBytes != 2<<20 || rb.EngineOffloadBytes != 1<<20 {
+		t.Errorf("hot tier reports: team-a %+v, team-b %+v; want 2 MiB each, team-b's half its engine's offload", ra, rb)
+	}
+
+	for _, c := range []struct{ method, path, body string }{
+		{"POST", "/promote", `{"namespace":"team-a","name":"x","to":"hot","coldPath":"model.gguf","digest":"` + digest + `"}`},
+		{"POST", "/demote", `{"namespace":"team-a","name":"a1","digest":"` + digest + `"}`},
+		{"DELETE", "/tiers/hot/team-a/a1", ""},
+		{"POST", "/wakes", `{"namespace":"team-a","name":"a1","time":"2026-11-27T08:00:00Z","tier":"hot"}`},
+		{"POST", "/snapshots/team-a/a1?pid=1", ""},
+	} {
+		code, body := call(srvB, c.method, c.path, c.body)
+		if code != http.StatusForbidden || !strings.Contains(body, `this agent keeps the copies of namespace \"team-b\" only`) {
+			t.Errorf("team-b's agent, %s %s: %d %s; want 403 naming its namespace", c.method, c.path, code, body)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(hot, "team-a", "a1")); err != nil {
+		t.Errorf("team-a's a1 after team-b's agent was asked to remove it: %v", err)
+	}
+
+	// Each keeps its own wake histories, in its namespace's warm directory.
+	for _, c := range []struct {
+		srv *httptest.Server
+		ns  string
+	}{{srvA, "team-a"}, {srvB, "team-b"}} {
+		if code, body := call(c.srv, "POST", "/wakes", `{"namespace":"`+c.ns+`","name":"m","time":"2026-11-27T08:00:00Z","tier":"hot"}`); code != http.StatusNoContent {
+			t.Fatalf("%s's wake report: %d %s", c.ns, code, body)
+		}
+		if _, err := os.Stat(filepath.Join(warm, c.ns, ".wakes.json")); err != nil {
+			t.Errorf("%s's wake histories: %v", c.ns, err)
+		}
+	}
+	if got := restarted(t, cfg("team-a")).Report().Hot; got.Entries != 2 || got.UsedBytes != 2<<20 {
+		t.Errorf("team-a's agent restarted indexes %+v; want its two copies only", got)
+	}
+	var hs []checkpoint.WakeHistory
+	if raw, err := os.ReadFile(filepath.Join(warm, "team-b", ".wakes.json")); err != nil || json.Unmarshal(raw, &hs) != nil || len(hs) != 1 || hs[0].Namespace != "team-b" {
+		t.Errorf("team-b's wake histories %+v (%v); want its own one", hs, err)
+	}
+}

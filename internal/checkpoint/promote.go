@@ -90,11 +90,15 @@ type PromotionDone struct {
 	Error string `json:"error,omitempty"`
 }
 
-// wakesFile is where the wake histories persist, beside the warm tier's
-// namespace directories (the store's scan skips files).
+// wakesFile is where the wake histories persist: beside the warm tier's
+// namespace directories (the store's scan skips files), or, for a store
+// scoped to one namespace, in that namespace's directory (the scan skips
+// dot files), so that agents of different namespaces keep their own.
 const wakesFile = ".wakes.json"
 
-func (n *Node) wakesPath() string { return filepath.Join(n.cfg.Store.WarmDir, wakesFile) }
+func (n *Node) wakesPath() string {
+	return filepath.Join(n.cfg.Store.WarmDir, n.cfg.Store.Namespace, wakesFile)
+}
 
 // loadWakes reads the persisted wake histories; a missing or unreadable
 // file starts empty.
@@ -175,7 +179,7 @@ func (n *Node) RecordSleep(r SleepRecord) error {
 // record checks a wake's or sleep's key and time, applies change to the
 // key's history (a new one if none) and persists the histories.
 func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
-	if err := k.Validate(); err != nil {
+	if err := n.store.CheckKey(k); err != nil {
 		return err
 	}
 	if at.IsZero() {
@@ -197,6 +201,9 @@ func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
 
 func (n *Node) persistHistories(hs []WakeHistory) error {
 	b, _ := json.Marshal(hs)
+	if err := os.MkdirAll(filepath.Dir(n.wakesPath()), 0o700); err != nil {
+		return fmt.Errorf("persisting the wake histories: %w", err)
+	}
 	if err := arena.WriteFile(n.wakesPath(), b, true); err != nil {
 		return fmt.Errorf("persisting the wake histories: %w", err)
 	}
@@ -328,7 +335,7 @@ func readRecord(w http.ResponseWriter, r *http.Request, rec any) bool {
 
 func answerRecord(w http.ResponseWriter, err error) {
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, keyErrorStatus(err), err.Error())
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

@@ -27,10 +27,22 @@ type StoreConfig struct {
 	WarmDir string `json:"warmDir"`
 	// Budgets bound the bytes kept per tier.
 	Budgets Budgets `json:"budgets"`
+	// Namespace, when set, scopes the store to one namespace: it indexes,
+	// counts against its budgets and evicts only the copies (and engine
+	// offloads) under <dir>/<Namespace>, and refuses every other
+	// namespace's keys (ErrOtherNamespace). The chart sets it to the
+	// release's namespace, so that the agents of releases in different
+	// namespaces share a node's tier directories without touching each
+	// other's copies.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // ErrNotFound means no tier holds the artifact.
 var ErrNotFound = errors.New("artifact not found in any tier")
+
+// ErrOtherNamespace means a key is outside the store's namespace
+// (StoreConfig.Namespace).
+var ErrOtherNamespace = errors.New("not this agent's namespace")
 
 // Store is the node agent's hot and warm tiers: one directory per namespace
 // (mode 0700) holding one file per artifact and a metadata file beside it.
@@ -79,6 +91,38 @@ func (k Key) Validate() error {
 	return errors.Join(errs...)
 }
 
+// CheckKey checks that k is safe to use as a path and is in the store's
+// namespace, if it has one.
+func (s *Store) CheckKey(k Key) error {
+	if err := k.Validate(); err != nil {
+		return err
+	}
+	if s.cfg.Namespace != "" && k.Namespace != s.cfg.Namespace {
+		return fmt.Errorf("%s: %w: this agent keeps the copies of namespace %q only", k, ErrOtherNamespace, s.cfg.Namespace)
+	}
+	return nil
+}
+
+// namespaces are the namespace directories of tier t's root the store
+// indexes: its own namespace's if it has one, otherwise every one.
+func (s *Store) namespaces(t Tier) ([]string, error) {
+	if s.cfg.Namespace != "" {
+		return []string{s.cfg.Namespace}, nil
+	}
+	root := s.dir(t)
+	nss, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("reading the %s tier %s: %w", t, root, err)
+	}
+	var out []string
+	for _, ns := range nss {
+		if ns.IsDir() && dnsLabel.MatchString(ns.Name()) {
+			out = append(out, ns.Name())
+		}
+	}
+	return out, nil
+}
+
 // OpenStore creates the tier directories and indexes what they already
 // hold. A file without valid metadata (an interrupted copy) is removed.
 func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
@@ -111,27 +155,27 @@ func (s *Store) metaPath(k Key, t Tier) string {
 
 func (s *Store) scan(t Tier) error {
 	root := s.dir(t)
-	nss, err := os.ReadDir(root)
+	nss, err := s.namespaces(t)
 	if err != nil {
-		return fmt.Errorf("reading the %s tier %s: %w", t, root, err)
+		return err
 	}
 	for _, ns := range nss {
-		if !ns.IsDir() {
-			continue
+		files, err := os.ReadDir(filepath.Join(root, ns))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the scoped namespace has no copy yet
 		}
-		files, err := os.ReadDir(filepath.Join(root, ns.Name()))
 		if err != nil {
-			return fmt.Errorf("reading %s: %w", filepath.Join(root, ns.Name()), err)
+			return fmt.Errorf("reading %s: %w", filepath.Join(root, ns), err)
 		}
 		for _, f := range files {
 			name := f.Name()
 			if strings.HasPrefix(name, ".") {
 				if strings.Contains(name, ".tmp-") {
-					_ = os.Remove(filepath.Join(root, ns.Name(), name))
+					_ = os.Remove(filepath.Join(root, ns, name))
 				}
 				continue
 			}
-			k := Key{ns.Name(), name}
+			k := Key{ns, name}
 			var m meta
 			b, err := os.ReadFile(s.metaPath(k, t))
 			if err == nil {
@@ -210,16 +254,13 @@ func (s *Store) Entries() []Entry {
 // reads), at most its size.
 func (s *Store) engineOffloads() []Entry {
 	root := s.dir(TierHot)
-	nss, err := os.ReadDir(root)
+	nss, err := s.namespaces(TierHot)
 	if err != nil {
 		return nil
 	}
 	var out []Entry
 	for _, ns := range nss {
-		if !ns.IsDir() || !dnsLabel.MatchString(ns.Name()) {
-			continue
-		}
-		files, err := os.ReadDir(filepath.Join(root, ns.Name()))
+		files, err := os.ReadDir(filepath.Join(root, ns))
 		if err != nil {
 			continue
 		}
@@ -236,7 +277,7 @@ func (s *Store) engineOffloads() []Entry {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 				bytes = min(bytes, st.Blocks*512)
 			}
-			out = append(out, Entry{Key: Key{ns.Name(), name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
+			out = append(out, Entry{Key: Key{ns, name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
 		}
 	}
 	return out
@@ -292,7 +333,7 @@ func (s *Store) Put(req PutRequest, src io.Reader) (Entry, error) { return s.put
 
 // put is Put, never evicting a copy of a key in keep.
 func (s *Store) put(req PutRequest, src io.Reader, keep map[Key]bool) (Entry, error) {
-	if err := req.Key.Validate(); err != nil {
+	if err := s.CheckKey(req.Key); err != nil {
 		return Entry{}, err
 	}
 	s.admit.Lock()
@@ -442,7 +483,7 @@ func (s *Store) entriesKeeping(keep map[Key]bool) []Entry {
 
 // promote is Promote, never evicting a copy of a key in keep.
 func (s *Store) promote(ctx context.Context, k Key, to Tier, cold ColdSource, want string, priority int32, keep map[Key]bool) (Entry, error) {
-	if err := k.Validate(); err != nil {
+	if err := s.CheckKey(k); err != nil {
 		return Entry{}, err
 	}
 	if e, ok := s.Lookup(k, to); ok {
@@ -561,7 +602,7 @@ var ErrDigestConflict = errors.New("digest conflict")
 // warm copy that already holds the digest is kept and reported as
 // DemoteWarmHeld; one with another digest is replaced.
 func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource, error) {
-	if err := k.Validate(); err != nil {
+	if err := s.CheckKey(k); err != nil {
 		return Entry{}, "", err
 	}
 	if want != "" {

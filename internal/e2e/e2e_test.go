@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -319,8 +321,37 @@ func newNamespace(ctx context.Context, t *testing.T, name string) string {
 			t.Logf("operator:\n%s", operatorLogs(t, 40))
 		}
 		_ = env.cs.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+		// The node agent's copies outlive the namespace (docs/checkpoint.md):
+		// the real node is this machine, so the test removes them itself.
+		for _, dir := range tierDirs(t) {
+			if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+				t.Logf("removing the namespace's tier copies: %v", err)
+			}
+		}
 	})
 	return name
+}
+
+// tierDirs are the node directories of the checkpoint agent's hot and warm
+// tiers, the chart's global.agent defaults, which the e2e orchestras keep.
+func tierDirs(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../../charts/model-orchestra/values.yaml")
+	if err != nil {
+		t.Fatalf("reading the chart's values: %v", err)
+	}
+	var v struct {
+		Global struct {
+			Agent struct {
+				HotPath  string `json:"hotPath"`
+				WarmPath string `json:"warmPath"`
+			} `json:"agent"`
+		} `json:"global"`
+	}
+	if err := yaml.Unmarshal(b, &v); err != nil || v.Global.Agent.HotPath == "" || v.Global.Agent.WarmPath == "" {
+		t.Fatalf("the chart's global.agent.hotPath and warmPath: %+v, %v", v.Global.Agent, err)
+	}
+	return []string{v.Global.Agent.HotPath, v.Global.Agent.WarmPath}
 }
 
 func must(t *testing.T, err error) {
