@@ -642,4 +642,26 @@ func TestNodesOfTwoNamespacesShareTheTierDirectories(t *testing.T) {
 	if raw, err := os.ReadFile(filepath.Join(warm, "team-b", ".wakes.json")); err != nil || json.Unmarshal(raw, &hs) != nil || len(hs) != 1 || hs[0].Namespace != "team-b" {
 		t.Errorf("team-b's wake histories %+v (%v); want its own one", hs, err)
 	}
+
+	// An agent keeping every namespace wrote its histories beside the
+	// namespace directories: a scoped agent without a file of its own
+	// starts from its namespace's of them.
+	old, err := json.Marshal([]checkpoint.WakeHistory{
+		{Key: checkpoint.Key{Namespace: "team-c", Name: "m"}, Wakes: []time.Time{time.Now().Add(-time.Hour)}, NoWarm: true},
+		{Key: checkpoint.Key{Namespace: "team-d", Name: "m"}, Wakes: []time.Time{time.Now().Add(-time.Hour)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(warm, ".wakes.json"), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, srvC := serveNode(t, cfg("team-c"))
+	if code, body := call(srvC, "POST", "/wakes", `{"namespace":"team-c","name":"m","time":"`+time.Now().UTC().Format(time.RFC3339)+`","tier":"hot","noWarm":true}`); code != http.StatusNoContent {
+		t.Fatalf("team-c's wake report: %d %s", code, body)
+	}
+	hs = nil
+	if raw, err := os.ReadFile(filepath.Join(warm, "team-c", ".wakes.json")); err != nil || json.Unmarshal(raw, &hs) != nil || len(hs) != 1 || hs[0].Namespace != "team-c" || len(hs[0].Wakes) != 2 {
+		t.Errorf("team-c's wake histories %+v (%v); want team-c/m with the shared file's wake and the new one", hs, err)
+	}
 }

@@ -101,20 +101,27 @@ func (n *Node) wakesPath() string {
 }
 
 // loadWakes reads the persisted wake histories; a missing or unreadable
-// file starts empty.
+// file starts empty. A store scoped to one namespace without a file of its
+// own yet takes its namespace's histories from the file beside the
+// namespace directories, where an agent keeping every namespace wrote them.
 func (n *Node) loadWakes() {
 	n.wakes = map[Key]*WakeHistory{}
-	b, err := os.ReadFile(n.wakesPath())
+	path := n.wakesPath()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && n.cfg.Store.Namespace != "" {
+		path = filepath.Join(n.cfg.Store.WarmDir, wakesFile)
+		b, err = os.ReadFile(path)
+	}
 	if err != nil {
 		return
 	}
 	var hs []WakeHistory
 	if err := json.Unmarshal(b, &hs); err != nil {
-		n.log.Warn("ignoring the unreadable wake histories", "file", n.wakesPath(), "err", err)
+		n.log.Warn("ignoring the unreadable wake histories", "file", path, "err", err)
 		return
 	}
 	for i := range hs {
-		if hs[i].Validate() == nil {
+		if n.store.CheckKey(hs[i].Key) == nil {
 			n.wakes[hs[i].Key] = &hs[i]
 			n.store.SetNoWarm(hs[i].Key, hs[i].NoWarm)
 		}
