@@ -85,7 +85,7 @@ func (c CRIU) Dump(ctx context.Context, pid int, dir string) (SnapshotStats, err
 	}
 	start := time.Now()
 	out, err := runLong(ctx, c.Bin, "dump", "--tree", strconv.Itoa(pid), "--images-dir", dir,
-		"--shell-job", "--tcp-close", "--log-file", "dump.log", "--verbosity=2")
+		"--shell-job", "--tcp-close", "--file-locks", "--log-file", "dump.log", "--verbosity=2")
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {
 		return st, fmt.Errorf("criu dump of pid %d: %w: %s", pid, err, logTail(dir, "dump.log", out))
@@ -102,7 +102,7 @@ func (c CRIU) Restore(ctx context.Context, dir string) (SnapshotStats, error) {
 	pidFile := filepath.Join(dir, "restored.pid")
 	_ = os.Remove(pidFile)
 	start := time.Now()
-	out, err := runLong(ctx, c.Bin, "restore", "--images-dir", dir, "--shell-job", "--tcp-close", "--restore-detached",
+	out, err := runLong(ctx, c.Bin, "restore", "--images-dir", dir, "--shell-job", "--tcp-close", "--file-locks", "--restore-detached",
 		"--pidfile", pidFile, "--log-file", "restore.log", "--verbosity=2")
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {

@@ -116,11 +116,21 @@ const helperEnv = "MO_CRIU_HELPER_DIR"
 // TestCRIUHelperProcess is not a test: it is the process TestCRIUDumpRestore
 // snapshots. It holds synthetic weights in memory and, whenever the file
 // "ask" appears, writes the digest of the weights it holds to "answer".
+// heldLock is the helper process's locked file.
+var heldLock *os.File
+
 func TestCRIUHelperProcess(t *testing.T) {
 	dir := os.Getenv(helperEnv)
 	if dir == "" {
 		t.Skip("helper process for TestCRIUDumpRestore")
 	}
+	// It holds a lock on a file, as engines do (a model download's lock
+	// file): the snapshot keeps it (--file-locks).
+	lock, err := os.OpenFile(filepath.Join(dir, "engine.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil || syscall.Flock(int(lock.Fd()), syscall.LOCK_EX) != nil {
+		os.Exit(2)
+	}
+	heldLock = lock // kept from the finalizer, which would close it
 	w := make([]byte, 64<<20)
 	arena.Synthesize(w, 42)
 	for {
@@ -219,8 +229,9 @@ func workingCRIU(ctx context.Context, t *testing.T) checkpoint.CRIU {
 	return c
 }
 
-// TestCRIUDumpRestore dumps a process holding 64 MiB of weights and restores
-// it, and the restored process still holds the same bytes.
+// TestCRIUDumpRestore dumps a process holding 64 MiB of weights and a file
+// lock and restores it: the restored process holds the same bytes and the
+// lock.
 func TestCRIUDumpRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -244,6 +255,14 @@ func TestCRIUDumpRestore(t *testing.T) {
 	p.restored(rest.PID)
 	if got := p.ask(rest.PID); got != want {
 		t.Fatalf("restored process holds weights %s, want %s", got, want)
+	}
+	lock, err := os.Open(filepath.Join(p.work, "engine.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Close() }()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		t.Errorf("taking the restored process's file lock: %v, want EWOULDBLOCK: the restored process holds it again", err)
 	}
 	t.Logf("dump %.3fs, restore %.3fs, %.1f MiB of images (pid %d)", dump.Seconds, rest.Seconds, float64(dump.Bytes)/(1<<20), rest.PID)
 }
