@@ -522,6 +522,18 @@ func TestNodeLearnsFromSleeps(t *testing.T) {
 			t.Errorf("asleep, the agent predicts %+v; want %+v", p, want)
 		}
 	}
+
+	// The histories cannot be written: the agent's failure, not the caller's.
+	histories := filepath.Join(cfg.Store.WarmDir, ".wakes.json")
+	if err := os.Remove(histories); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(histories, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := post("/wakes", checkpoint.WakeRecord{Key: key, Time: now}); code != 500 || !strings.Contains(out, "persisting the wake histories") {
+		t.Errorf("a wake the agent cannot persist: %d %s, want 500 naming the histories", code, out)
+	}
 }
 
 // serveNode starts a node agent on cfg behind a test server, closed when

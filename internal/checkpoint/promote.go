@@ -206,13 +206,18 @@ func (n *Node) record(k Key, at time.Time, change func(*WakeHistory)) error {
 	return n.persistHistories(hs)
 }
 
+// errPersist marks a wake or sleep the agent recorded in memory and could
+// not write to its histories file: its own failure, not the caller's.
+var errPersist = errors.New("persisting the wake histories")
+
 func (n *Node) persistHistories(hs []WakeHistory) error {
 	b, _ := json.Marshal(hs)
-	if err := os.MkdirAll(filepath.Dir(n.wakesPath()), 0o700); err != nil {
-		return fmt.Errorf("persisting the wake histories: %w", err)
+	err := os.MkdirAll(filepath.Dir(n.wakesPath()), 0o700)
+	if err == nil {
+		err = arena.WriteFile(n.wakesPath(), b, true)
 	}
-	if err := arena.WriteFile(n.wakesPath(), b, true); err != nil {
-		return fmt.Errorf("persisting the wake histories: %w", err)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errPersist, err)
 	}
 	return nil
 }
@@ -341,7 +346,11 @@ func readRecord(w http.ResponseWriter, r *http.Request, rec any) bool {
 }
 
 func answerRecord(w http.ResponseWriter, err error) {
-	if err != nil {
+	switch {
+	case errors.Is(err, errPersist):
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	case err != nil:
 		writeError(w, keyErrorStatus(err), err.Error())
 		return
 	}
