@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -150,7 +151,17 @@ func startManager(t *testing.T, entries []watches.Entry, o managerOpts) (stop fu
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-done; err != nil {
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(20 * time.Second):
+				// The grace period is 30 s: say what still runs.
+				var b bytes.Buffer
+				_ = pprof.Lookup("goroutine").WriteTo(&b, 1)
+				t.Logf("the manager has not stopped 20s after its context ended; goroutines:\n%s", b.String())
+				err = <-done
+			}
+			if err != nil {
 				t.Errorf("manager: %v", err)
 			}
 		})
