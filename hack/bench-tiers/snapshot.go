@@ -132,8 +132,8 @@ func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
 		return s, fmt.Errorf("the restored simulator's wake: %w", err)
 	}
 	s.verify = time.Since(t)
-	if !rep.Verified || rep.Bytes != n {
-		return s, fmt.Errorf("the restored simulator's wake verified %v, %d of %d bytes", rep.Verified, rep.Bytes, n)
+	if rep.Bytes != n { // wake fails an unverified wake
+		return s, fmt.Errorf("the restored simulator's wake verified %d of %d bytes", rep.Bytes, n)
 	}
 	return s, nil
 }

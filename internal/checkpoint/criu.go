@@ -73,6 +73,11 @@ func (c CRIU) usable() error {
 	return nil
 }
 
+// criuProcessFlags are what dump and restore both pass, for the same
+// process: its terminal and stdio as they are (--shell-job), its TCP
+// connections closed (--tcp-close), its file locks kept (--file-locks).
+var criuProcessFlags = []string{"--shell-job", "--tcp-close", "--file-locks", "--verbosity=2"}
+
 // Dump checkpoints the process tree rooted at pid into dir (created, mode
 // 0700) and leaves it stopped-and-gone, as a sleep would: its memory,
 // weights included, is in the images.
@@ -84,8 +89,8 @@ func (c CRIU) Dump(ctx context.Context, pid int, dir string) (SnapshotStats, err
 		return SnapshotStats{}, fmt.Errorf("creating the snapshot directory: %w", err)
 	}
 	start := time.Now()
-	out, err := runLong(ctx, c.Bin, "dump", "--tree", strconv.Itoa(pid), "--images-dir", dir,
-		"--shell-job", "--tcp-close", "--file-locks", "--log-file", "dump.log", "--verbosity=2")
+	out, err := runLong(ctx, c.Bin, append([]string{"dump", "--tree", strconv.Itoa(pid), "--images-dir", dir,
+		"--log-file", "dump.log"}, criuProcessFlags...)...)
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {
 		return st, fmt.Errorf("criu dump of pid %d: %w: %s", pid, err, logTail(dir, "dump.log", out))
@@ -102,8 +107,8 @@ func (c CRIU) Restore(ctx context.Context, dir string) (SnapshotStats, error) {
 	pidFile := filepath.Join(dir, "restored.pid")
 	_ = os.Remove(pidFile)
 	start := time.Now()
-	out, err := runLong(ctx, c.Bin, "restore", "--images-dir", dir, "--shell-job", "--tcp-close", "--file-locks", "--restore-detached",
-		"--pidfile", pidFile, "--log-file", "restore.log", "--verbosity=2")
+	out, err := runLong(ctx, c.Bin, append([]string{"restore", "--images-dir", dir, "--restore-detached",
+		"--pidfile", pidFile, "--log-file", "restore.log"}, criuProcessFlags...)...)
 	st := SnapshotStats{Dir: dir, Seconds: time.Since(start).Seconds(), Bytes: dirBytes(dir)}
 	if err != nil {
 		return st, fmt.Errorf("criu restore from %s: %w: %s", dir, err, logTail(dir, "restore.log", out))

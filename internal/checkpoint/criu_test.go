@@ -113,12 +113,13 @@ func TestNodeRefusesSnapshotsWithReason(t *testing.T) {
 
 const helperEnv = "MO_CRIU_HELPER_DIR"
 
-// TestCRIUHelperProcess is not a test: it is the process TestCRIUDumpRestore
-// snapshots. It holds synthetic weights in memory and, whenever the file
-// "ask" appears, writes the digest of the weights it holds to "answer".
 // heldLock is the helper process's locked file.
 var heldLock *os.File
 
+// TestCRIUHelperProcess is not a test: it is the process TestCRIUDumpRestore
+// snapshots. It holds a lock on "engine.lock" and synthetic weights in
+// memory and, whenever the file "ask" appears, writes the digest of the
+// weights it holds to "answer".
 func TestCRIUHelperProcess(t *testing.T) {
 	dir := os.Getenv(helperEnv)
 	if dir == "" {
