@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/lifecyclestate"
 )
 
 // Event reasons recorded by the lifecycle leader.
@@ -80,7 +81,7 @@ type appState struct {
 }
 
 func newAppState(a App) *appState {
-	return &appState{App: a, kick: make(chan struct{}, 1), annotation: AnnotationStatus}
+	return &appState{App: a, kick: make(chan struct{}, 1), annotation: v1alpha1.AnnotationLifecycleStatus}
 }
 
 // kickNow makes the application's goroutine look again, at once.
@@ -706,7 +707,7 @@ func (c *Controller) persist(ctx context.Context, a *appState, force bool) error
 	}
 	var errs []error
 	if kv := c.bucket(); kv != nil {
-		v, err := encodeState(a.status)
+		v, err := lifecyclestate.Encode(a.status)
 		if err != nil {
 			return err
 		}
@@ -746,7 +747,7 @@ func (c *Controller) readBucket(ctx context.Context, app string) (v1alpha1.Lifec
 	if err != nil {
 		return v1alpha1.LifecycleStatus{}, false
 	}
-	st, err := decodeState(e.Value())
+	st, err := lifecyclestate.Decode(e.Value())
 	if err != nil {
 		return v1alpha1.LifecycleStatus{}, false
 	}

@@ -139,7 +139,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	for _, m := range g.Members {
 		st := newAppState(App{Name: m.Name, RootStatefulSet: g.StatefulSet, Sleep: m.sleep()})
-		st.annotation = SeatAnnotationStatus(m.Name)
+		st.annotation = v1alpha1.LifecycleStatusAnnotation(m.Name, true)
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
 	for i := range max(g.Replicas, 1) {

@@ -385,7 +385,7 @@ func (p *seatGroupPlane) status(app string) v1alpha1.LifecycleStatus {
 		p.t.Fatal(err)
 	}
 	var st v1alpha1.LifecycleStatus
-	if raw, ok := sts.Annotations[lifecycle.SeatAnnotationStatus(app)]; ok {
+	if raw, ok := sts.Annotations[v1alpha1.LifecycleStatusAnnotation(app, true)]; ok {
 		_ = json.Unmarshal([]byte(raw), &st)
 	}
 	return st
