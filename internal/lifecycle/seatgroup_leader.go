@@ -42,6 +42,7 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // EventSeatGroupRefused is recorded on a seat group's StatefulSet that the
@@ -273,7 +274,7 @@ type podSeat struct {
 	client *http.Client
 
 	mu     sync.Mutex
-	seat   checkpoint.SeatStatus // the last reading
+	seat   sidecarapi.Status // the last reading
 	seatOK bool
 }
 
@@ -290,30 +291,30 @@ func (s *podSeat) pod() (*corev1.Pod, error) {
 	return pod, nil
 }
 
-func (s *podSeat) http() (seatgroup.HTTPSeat, error) {
+func (s *podSeat) http() (sidecarapi.Client, error) {
 	pod, err := s.pod()
 	if err != nil {
-		return seatgroup.HTTPSeat{}, err
+		return sidecarapi.Client{}, err
 	}
-	return seatgroup.HTTPSeat{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), Client: s.client}, nil
+	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client}, nil
 }
 
-func (s *podSeat) reading() (checkpoint.SeatStatus, bool) {
+func (s *podSeat) reading() (sidecarapi.Status, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.seat, s.seatOK
 }
 
-func (s *podSeat) setReading(st checkpoint.SeatStatus, ok bool) {
+func (s *podSeat) setReading(st sidecarapi.Status, ok bool) {
 	s.mu.Lock()
 	s.seat, s.seatOK = st, ok
 	s.mu.Unlock()
 }
 
 // State implements seatgroup.Seat; it keeps the reading for the status.
-func (s *podSeat) State(ctx context.Context) (checkpoint.SeatStatus, error) {
+func (s *podSeat) State(ctx context.Context) (sidecarapi.Status, error) {
 	h, err := s.http()
-	var st checkpoint.SeatStatus
+	var st sidecarapi.Status
 	if err == nil {
 		st, err = h.State(ctx)
 	}
@@ -338,7 +339,7 @@ func (s *podSeat) Sleep(ctx context.Context, level int) error {
 // asleep records that the engine sleeps and closes its pod's gate.
 func (s *podSeat) asleep() {
 	st, _ := s.reading()
-	st.State = checkpoint.SeatAsleep
+	st.State = sidecarapi.Asleep
 	s.setReading(st, true)
 	s.p.setGate(s.app, false)
 }
@@ -432,7 +433,7 @@ func (p *seatPodRun) setGate(app string, open bool) {
 	st, ok := p.seats[app].reading()
 	pod, err := p.seats[app].pod()
 	gone := err != nil || !RootServes(pod)
-	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == checkpoint.SeatAsleep, gone)
+	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == sidecarapi.Asleep, gone)
 	p.r.applyGates(app)
 }
 
@@ -643,9 +644,9 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 			m.lastSwap = ev.End.Sub(ev.Start).Seconds()
 		}
 		m.mu.Unlock()
-		st.State, st.Since = checkpoint.SeatAwake, ev.End
+		st.State, st.Since = sidecarapi.Awake, ev.End
 	case seatgroup.ActionSleep, seatgroup.ActionRestart:
-		st.State, st.Since = checkpoint.SeatAsleep, ev.End
+		st.State, st.Since = sidecarapi.Asleep, ev.End
 	default:
 		return
 	}
@@ -670,7 +671,7 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 // that follows a sleep (a member swapped out and back in) is always the
 // later; and a sleep in one pod is not reported while another pod on the
 // same node still holds the member awake.
-func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Event, st checkpoint.SeatStatus) {
+func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Event, st sidecarapi.Status) {
 	sleep := m.st.Sleep
 	if sleep == nil {
 		return
@@ -766,18 +767,18 @@ func (r *seatGroupRun) statusLoop(ctx context.Context) {
 }
 
 // seatHolds reports whether a seat in state s holds its seat.
-func seatHolds(s checkpoint.SeatState) bool {
-	return s == checkpoint.SeatAwake || s == checkpoint.SeatWaking || s == checkpoint.SeatDraining || s == checkpoint.SeatFallingAsleep
+func seatHolds(s sidecarapi.State) bool {
+	return s == sidecarapi.Awake || s == sidecarapi.Waking || s == sidecarapi.Draining || s == sidecarapi.FallingAsleep
 }
 
 // groupSeatState is an application's state across the pods of its group,
 // from the seats' readings (ok false: not read): Awake when one pod has it
 // awake, else Waking, else Draining, else Asleep once every pod was read
 // and has it asleep; "" when that cannot be told.
-func groupSeatState(readings []checkpoint.SeatStatus, ok []bool) v1alpha1.LifecycleState {
-	rank := map[checkpoint.SeatState]v1alpha1.LifecycleState{
-		checkpoint.SeatAwake: v1alpha1.LifecycleAwake, checkpoint.SeatWaking: v1alpha1.LifecycleWaking,
-		checkpoint.SeatDraining: v1alpha1.LifecycleDraining, checkpoint.SeatFallingAsleep: v1alpha1.LifecycleDraining,
+func groupSeatState(readings []sidecarapi.Status, ok []bool) v1alpha1.LifecycleState {
+	rank := map[sidecarapi.State]v1alpha1.LifecycleState{
+		sidecarapi.Awake: v1alpha1.LifecycleAwake, sidecarapi.Waking: v1alpha1.LifecycleWaking,
+		sidecarapi.Draining: v1alpha1.LifecycleDraining, sidecarapi.FallingAsleep: v1alpha1.LifecycleDraining,
 	}
 	for _, want := range []v1alpha1.LifecycleState{v1alpha1.LifecycleAwake, v1alpha1.LifecycleWaking, v1alpha1.LifecycleDraining} {
 		for i, st := range readings {
@@ -790,7 +791,7 @@ func groupSeatState(readings []checkpoint.SeatStatus, ok []bool) v1alpha1.Lifecy
 		return ""
 	}
 	for i, st := range readings {
-		if !ok[i] || st.State != checkpoint.SeatAsleep {
+		if !ok[i] || st.State != sidecarapi.Asleep {
 			return ""
 		}
 	}
@@ -803,7 +804,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	m.mu.Lock()
 	dm, swaps, lastSwap := m.demand, m.swaps, m.lastSwap
 	m.mu.Unlock()
-	var readings []checkpoint.SeatStatus
+	var readings []sidecarapi.Status
 	var oks []bool
 	var holding []string
 	for _, p := range r.pods {

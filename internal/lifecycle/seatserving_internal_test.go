@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 func TestSeatServingAnnotationRoundTrips(t *testing.T) {
@@ -157,19 +157,19 @@ func TestSeatPodDemand(t *testing.T) {
 }
 
 func TestGroupSeatState(t *testing.T) {
-	st := func(s checkpoint.SeatState) checkpoint.SeatStatus { return checkpoint.SeatStatus{State: s} }
+	st := func(s sidecarapi.State) sidecarapi.Status { return sidecarapi.Status{State: s} }
 	cases := []struct {
 		name     string
-		readings []checkpoint.SeatStatus
+		readings []sidecarapi.Status
 		ok       []bool
 		want     v1alpha1.LifecycleState
 	}{
-		{"awake in one of two", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatAwake)}, []bool{true, true}, v1alpha1.LifecycleAwake},
-		{"awake in one, the other unread", []checkpoint.SeatStatus{st(checkpoint.SeatAwake), {}}, []bool{true, false}, v1alpha1.LifecycleAwake},
-		{"waking in one", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatWaking)}, []bool{true, true}, v1alpha1.LifecycleWaking},
-		{"draining in one", []checkpoint.SeatStatus{st(checkpoint.SeatFallingAsleep), st(checkpoint.SeatAsleep)}, []bool{true, true}, v1alpha1.LifecycleDraining},
-		{"asleep in both", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatAsleep)}, []bool{true, true}, v1alpha1.LifecycleAsleep},
-		{"asleep in one, the other unread: unknown", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), {}}, []bool{true, false}, ""},
+		{"awake in one of two", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Awake)}, []bool{true, true}, v1alpha1.LifecycleAwake},
+		{"awake in one, the other unread", []sidecarapi.Status{st(sidecarapi.Awake), {}}, []bool{true, false}, v1alpha1.LifecycleAwake},
+		{"waking in one", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Waking)}, []bool{true, true}, v1alpha1.LifecycleWaking},
+		{"draining in one", []sidecarapi.Status{st(sidecarapi.FallingAsleep), st(sidecarapi.Asleep)}, []bool{true, true}, v1alpha1.LifecycleDraining},
+		{"asleep in both", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Asleep)}, []bool{true, true}, v1alpha1.LifecycleAsleep},
+		{"asleep in one, the other unread: unknown", []sidecarapi.Status{st(sidecarapi.Asleep), {}}, []bool{true, false}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // Event reasons of sleeping engines.
@@ -338,7 +339,7 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 	defer stop()
 	done := make(chan []seatResult, 1)
 	go func() {
-		done <- c.onSeats(sctx, seats, "POST", "/sleep?level="+strconv.Itoa(int(level)), a.Sleep.SleepTimeout.Duration)
+		done <- c.onSeats(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
 	}()
 	var res []seatResult
 	cancelled := false
@@ -404,7 +405,7 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
 	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
 	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		// An engine did fall asleep and does not wake: wake it like any
 		// sleeping engine, with retries, the gate still closed.
 		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
@@ -451,29 +452,29 @@ func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.S
 	if err != nil {
 		return err
 	}
-	states := c.onSeats(ctx, seats, "GET", "/state", 2*time.Second)
+	states := c.onSeats(ctx, seats, getState, 2*time.Second)
 	var awake []seatRef
 	allAsleep := len(states) > 0
 	for _, r := range states {
 		switch {
 		case r.err != nil:
 			allAsleep = false
-		case r.st.State == checkpoint.SeatFailed:
+		case r.st.State == sidecarapi.Failed:
 			allAsleep = false
 			c.restartSeat(ctx, a, r)
-		case r.st.State == checkpoint.SeatAwake:
+		case r.st.State == sidecarapi.Awake:
 			// A root that started (again) while the engines sleep: its
 			// engine loaded the weights; the gate is closed, so it
 			// sleeps like the others.
 			allAsleep = false
 			awake = append(awake, r.seatRef)
-		case r.st.State != checkpoint.SeatAsleep:
+		case r.st.State != sidecarapi.Asleep:
 			allAsleep = false
 		}
 	}
 	if len(awake) > 0 {
-		level := strconv.Itoa(int(a.sl.level))
-		if failed := failures(c.onSeats(ctx, awake, "POST", "/sleep?level="+level, a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+		level := int(a.sl.level)
+		if failed := failures(c.onSeats(ctx, awake, sleepAt(level), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
 			c.log.Warn("putting a started root to sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
 		} else {
 			c.log.Info("a started root sleeps like the others", "app", a.Name, "roots", len(awake), "level", level)
@@ -560,7 +561,7 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	if err != nil {
 		return err
 	}
-	res := c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)
+	res := c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
 	if ctx.Err() != nil {
 		return ctx.Err() // leadership lost: the next leader reads the seats and continues
 	}
@@ -572,8 +573,8 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	if len(failed) == 0 {
 		return c.seatsAwake(ctx, a, root, res)
 	}
-	for _, r := range c.onSeats(ctx, failedRefs(res), "GET", "/state", 2*time.Second) {
-		if r.err == nil && r.st.State == checkpoint.SeatFailed {
+	for _, r := range c.onSeats(ctx, failedRefs(res), getState, 2*time.Second) {
+		if r.err == nil && r.st.State == sidecarapi.Failed {
 			c.restartSeat(ctx, a, r)
 		}
 	}
@@ -673,7 +674,7 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 	// would only fill the node's disk, so none is asked for.
 	if agents := c.agentsOf(a, seats); len(agents) > 0 && a.Sleep.usesWarm() {
 		digest := ""
-		for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
+		for _, r := range c.onSeats(ctx, seats, getState, 2*time.Second) {
 			if r.err == nil && r.st.Digest != "" {
 				digest = r.st.Digest
 				break
@@ -698,14 +699,14 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 		a.kickNow()
 		return c.persist(ctx, a, true)
 	}
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		return retry("waking from the hot tier", failed)
 	}
 	if a.requestSince(a.sl.asleepAt) {
 		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
 	}
 	a.sl.level = 2 // a seat that fails to sleep below is put to sleep at level 2 by the next step
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/sleep?level=2", a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSeats(ctx, seats, sleepAt(2), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
 		return retry("sleeping at level 2", failed)
 	}
 	a.status.Message = ""
@@ -741,13 +742,13 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 		return false, err
 	}
 	level, sleeping, waking := int32(0), false, false
-	for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
+	for _, r := range c.onSeats(ctx, seats, getState, 2*time.Second) {
 		if r.err != nil {
 			continue
 		}
 		switch r.st.State {
-		case checkpoint.SeatAwake, checkpoint.SeatUnknown:
-		case checkpoint.SeatWaking:
+		case sidecarapi.Awake, sidecarapi.Unknown:
+		case sidecarapi.Waking:
 			waking = true
 		default:
 			sleeping = true

@@ -27,6 +27,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // The leader talks to two agents (internal/checkpoint): the seat sidecar
@@ -46,7 +47,7 @@ type seatRef struct {
 // seatResult is one seat's answer.
 type seatResult struct {
 	seatRef
-	st  checkpoint.SeatStatus
+	st  sidecarapi.Status
 	err error
 }
 
@@ -76,15 +77,35 @@ func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef
 	return out, nil
 }
 
-// onSeats makes the same call on every seat at once and decodes each
-// SeatStatus.
-func (c *Controller) onSeats(ctx context.Context, seats []seatRef, method, path string, timeout time.Duration) []seatResult {
+// seatCall is one call of the sidecar's client that answers its status.
+type seatCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
+
+// getState, sleepAt and wake are the calls onSeats makes.
+func getState(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+	return c.State(ctx)
+}
+
+func sleepAt(level int) seatCall {
+	return func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+		return c.SleepStatus(ctx, level)
+	}
+}
+
+func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+	return c.WakeStatus(ctx)
+}
+
+// onSeats makes the same call on every root pod's sidecar at once, each
+// within timeout, and keeps each status.
+func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall, timeout time.Duration) []seatResult {
 	out := make([]seatResult, len(seats))
 	var wg sync.WaitGroup
 	for i, s := range seats {
 		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
 			out[i] = seatResult{seatRef: s}
-			out[i].err = callAgent(ctx, method, s.url+path, nil, &out[i].st, timeout)
+			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
 			if out[i].err != nil {
 				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
 			}

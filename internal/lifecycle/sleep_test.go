@@ -35,6 +35,7 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -205,7 +206,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}))
 	t.Cleanup(p.seat.Close)
 	eventually(t, 5*time.Second, func() error {
-		if st := p.seatState().State; st != checkpoint.SeatAwake {
+		if st := p.seatState().State; st != sidecarapi.Awake {
 			return fmt.Errorf("the seat sees its engine %s, want awake", st)
 		}
 		return nil
@@ -418,8 +419,8 @@ func (p *sleepPlane) checkpointStatus() v1alpha1.ModelCheckpointStatus {
 	return p.written[len(p.written)-1]
 }
 
-func (p *sleepPlane) seatState() checkpoint.SeatStatus {
-	var st checkpoint.SeatStatus
+func (p *sleepPlane) seatState() sidecarapi.Status {
+	var st sidecarapi.Status
 	if p.seat == nil {
 		return st
 	}
@@ -486,7 +487,7 @@ func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
 	if !p.e.consumer().Paused {
 		p.e.t.Fatal("the engines sleep but the consumer is not paused: a dispatcher could send them a request")
 	}
-	if s := p.seatState(); s.State != checkpoint.SeatAsleep {
+	if s := p.seatState(); s.State != sidecarapi.Asleep {
 		p.e.t.Fatalf("seat state %s, want Asleep", s.State)
 	}
 }
@@ -901,7 +902,7 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 		}
 		return nil
 	})
-	if s := p.seatState(); s.State != checkpoint.SeatFailed {
+	if s := p.seatState(); s.State != sidecarapi.Failed {
 		t.Fatalf("seat %s, want Failed", s.State)
 	}
 	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_seat_restarts_total", nil); c != 1 {
@@ -941,7 +942,7 @@ func TestANewLeaderContinuesAWake(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "handover", 2) }()
 	eventually(t, 10*time.Second, func() error {
-		if st := p.seatState().State; st != checkpoint.SeatWaking {
+		if st := p.seatState().State; st != sidecarapi.Waking {
 			return fmt.Errorf("seat %s, want the engine waking", st)
 		}
 		return nil
