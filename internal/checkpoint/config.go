@@ -119,6 +119,12 @@ type NodeConfig struct {
 	// artifact's next wake from the wakes the leader reports (POST /wakes)
 	// and promotes the artifacts whose wake is due, one tier up (0: never).
 	PromoteInterval time.Duration `json:"promoteInterval,omitempty"`
+	// CallerTokenFile holds the release's caller token (a mounted Secret
+	// key, --caller-token-file): the agent's mutating endpoints accept only
+	// requests that carry it (internal/nodeapi). Empty: they accept any
+	// caller the network lets through, which only tests and development
+	// setups should do; the agent says so when it starts.
+	CallerTokenFile string `json:"callerTokenFile,omitempty"`
 	// PromoteMargin is added to a promotion's copy time: it starts that
 	// much before the copies strictly need to.
 	PromoteMargin time.Duration `json:"promoteMargin,omitempty"`

@@ -164,6 +164,7 @@ func startWeightsProcess(ctx context.Context, t *testing.T) *weightsProcess {
 	t.Helper()
 	work := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCRIUHelperProcess$")
+	cmd.Args[0] = "/orchestra-sim" // the agent dumps only an engine's serving process
 	cmd.Env = append(os.Environ(), helperEnv+"="+work)
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {

@@ -204,6 +204,25 @@ var engineMatchers = map[string]EngineMatcher{
 	},
 }
 
+// ErrNotAnEngine refuses a process snapshot of a process that is not an
+// engine's serving process.
+var ErrNotAnEngine = errors.New("not an engine's serving process")
+
+// isEngineProcess checks that pid is an engine's serving process (by the
+// engine matchers of its command line): the node agent dumps no other.
+func isEngineProcess(fs ProcFS, pid int) error {
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return fmt.Errorf("process %d: %w: %v", pid, ErrNotAnEngine, err)
+	}
+	for _, match := range engineMatchers {
+		if match(p.Cmdline) {
+			return nil
+		}
+	}
+	return fmt.Errorf("process %d (%s): %w", pid, strings.Join(p.Cmdline, " "), ErrNotAnEngine)
+}
+
 // ErrEngineProcessNotFound is returned when no process of the seat's
 // engine kind listens on the engine's port.
 var ErrEngineProcessNotFound = errors.New("the engine's process was not found")

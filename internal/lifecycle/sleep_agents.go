@@ -27,6 +27,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -115,10 +116,10 @@ func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall
 	return out
 }
 
-// callAgent sends a JSON body (nil for none) and decodes a JSON answer
-// into out (nil to discard it); a non-2xx answer is an error carrying the
-// agent's message.
-func callAgent(ctx context.Context, method, url string, body, out any, timeout time.Duration) error {
+// callAgent sends a node agent a JSON body (nil for none) with the
+// release's caller token, and decodes a JSON answer into out (nil to
+// discard it); a non-2xx answer is an error carrying the agent's message.
+func (c *Controller) callAgent(ctx context.Context, method, url string, body, out any, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
@@ -135,6 +136,13 @@ func callAgent(ctx context.Context, method, url string, body, out any, timeout t
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.cfg.AgentTokenFile != "" {
+		tok, err := nodeapi.TokenFile(c.cfg.AgentTokenFile).Read()
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", method, req.URL.Path, err)
+		}
+		nodeapi.Authorize(req, tok)
 	}
 	resp, err := agentHTTP.Do(req)
 	if err != nil {
@@ -243,7 +251,7 @@ func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
 func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
 	req := checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
 	var res checkpoint.DemoteResult
-	if err := callAgent(ctx, "POST", ag.url+"/demote", req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, "POST", ag.url+"/demote", req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed from the hot tier", "app", a.Name, "node", ag.node, "source", res.Source, "bytes", res.Bytes, "digest", res.Digest)
@@ -257,7 +265,7 @@ func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, 
 	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm,
 		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
 	var e checkpoint.Entry
-	if err := callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed", "app", a.Name, "node", ag.node, "bytes", e.Bytes, "digest", e.Digest)
@@ -283,8 +291,8 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 			v := nodeView{agentRef: ag}
 			var tiers checkpoint.TiersStatus
 			v.err = errors.Join(
-				callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
-				callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
+				c.callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
+				c.callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
 				// The engine's own level-1 offload is placed from the
 				// seats (writeCheckpointFrom), not from the agent's list.

@@ -35,6 +35,7 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -56,7 +57,10 @@ type sleepPlane struct {
 	agent  *httptest.Server
 	// agentHot and agentWarm are the node agent's tier directories.
 	agentHot, agentWarm string
-	client              *natsqueue.Client
+	// tokenFile holds the release's caller token, which the node agent
+	// requires of every mutating call and the leader sends.
+	tokenFile string
+	client    *natsqueue.Client
 	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
 	// when it runs one).
 	dispatcherReg *prometheus.Registry
@@ -124,12 +128,17 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	p.tokenFile = filepath.Join(dir, "caller-token")
+	if err := os.WriteFile(p.tokenFile, []byte("release-caller-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	// The node agent.
 	ac := checkpoint.Default()
 	ac.Role = checkpoint.RoleNode
 	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
+	ac.Node.CallerTokenFile = p.tokenFile
 	if o.coldS3 {
 		s3 := s3test.New("AKTEST")
 		t.Cleanup(s3.Close)
@@ -365,11 +374,24 @@ func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
 	if mut != nil {
 		mut(s)
 	}
-	return appConfig(func(a *lifecycle.App) {
+	cfg := appConfig(func(a *lifecycle.App) {
 		a.MinReplicas, a.MaxReplicas = 1, 1
 		a.ZeroAfter.Duration = time.Hour
 		a.Sleep = s
 	})
+	cfg.AgentTokenFile = p.tokenFile
+	return cfg
+}
+
+// agentCall is a mutating call of the node agent, as the leader makes it
+// (with the release's caller token).
+func (p *sleepPlane) agentCall(method, path string) (*http.Response, error) {
+	req, err := http.NewRequest(method, p.agent.URL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	nodeapi.Authorize(req, "release-caller-token")
+	return http.DefaultClient.Do(req)
 }
 
 // startLeader runs a lifecycle controller outside the dispatcher, with a
@@ -678,8 +700,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 
 	// Hot, then warm again; then the agent loses the warm copy: cold.
 	p.asleep(2, v1alpha1.TierWarm)
-	req, _ := http.NewRequest(http.MethodDelete, p.agent.URL+"/tiers/warm/"+ns+"/demo-chat", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := p.agentCall(http.MethodDelete, "/tiers/warm/"+ns+"/demo-chat")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func (c *Controller) tellAgents(ctx context.Context, a *appState, seats []seatRe
 	}
 	for _, ag := range c.agentsOf(a, seats) {
 		result := "ok"
-		if err := callAgent(ctx, "POST", ag.url+path, rec, nil, 2*time.Second); err != nil {
+		if err := c.callAgent(ctx, "POST", ag.url+path, rec, nil, 2*time.Second); err != nil {
 			result = "failed"
 			c.log.Info("reporting the "+kind+" to the node agent", "app", a.Name, "node", ag.node, "err", err)
 		}
