@@ -49,7 +49,7 @@ func TestProbeCRIU(t *testing.T) {
 		passed     bool
 		wantReason string
 	}{
-		"disabled": {"", false, false, "probing disabled"},
+		"disabled": {"", false, false, "no criu binary configured"},
 		"absent":   {filepath.Join(t.TempDir(), "no-criu"), false, false, "criu not found"},
 		"passes":   {fakeCRIU(t, "Looks good.", 0), true, true, ""},
 		"vdso":     {fakeCRIU(t, vdsoFailure, 1), true, false, "Unexpected rt vDSO area bounds: this criu cannot parse the kernel's vDSO layout"},
