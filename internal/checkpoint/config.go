@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Roles of orchestra-agent.
@@ -140,7 +142,7 @@ func Default() Config {
 			SleepLevel:   1,
 			DrainTimeout: 30 * time.Second,
 			SleepTimeout: 2 * time.Minute,
-			WakeTimeout:  10 * time.Minute,
+			WakeTimeout:  v1alpha1.EngineWakeTimeout,
 			PollInterval: 100 * time.Millisecond,
 			RestartGrace: 30 * time.Second,
 		},

@@ -108,7 +108,9 @@ type SleepConfig struct {
 	SleepTimeout metav1.Duration `json:"sleepTimeout,omitempty"`
 	// WakeTimeout bounds one attempt to wake a seat; a failed attempt is
 	// retried with backoff while requests wait (each bounded by the
-	// gateway's maxWait). Default 5m.
+	// gateway's maxWait). Default v1alpha1.WakeCallTimeout (11m): longer
+	// than the sidecar's own bound of the engine's wake, so the leader
+	// never gives up on a wake the sidecar still runs.
 	WakeTimeout metav1.Duration `json:"wakeTimeout,omitempty"`
 }
 
@@ -145,7 +147,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.SleepTimeout.Duration = 3 * time.Minute
 	}
 	if d.WakeTimeout.Duration == 0 {
-		d.WakeTimeout.Duration = 5 * time.Minute
+		d.WakeTimeout.Duration = v1alpha1.WakeCallTimeout
 	}
 	return &d
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Defaults, in one place. docs/checkpoint.md ("Multiplexing") explains
@@ -27,9 +29,9 @@ const (
 	// some memory asleep (vLLM its CUDA context, a few hundred MiB against
 	// weights of several GiB); a leak keeps all of it (vllm#47654).
 	DefaultMaxResidentFraction = 0.05
-	// DefaultSeatTimeout bounds one sleep or wake call to a seat agent:
-	// the agent's own wake timeout (10 minutes by default) and a margin.
-	DefaultSeatTimeout = 11 * time.Minute
+	// DefaultSeatTimeout bounds one sleep or wake call to a sidecar:
+	// v1alpha1.WakeCallTimeout, the sidecar's own wake bound and a margin.
+	DefaultSeatTimeout = v1alpha1.WakeCallTimeout
 	// stateTimeout bounds one GET /state; a seat that does not answer in
 	// time counts as Unknown for that decision.
 	stateTimeout = 5 * time.Second

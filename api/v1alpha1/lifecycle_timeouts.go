@@ -1,0 +1,19 @@
+package v1alpha1
+
+import "time"
+
+// The wake timeouts, one rule for every path. The per-engine sidecar
+// bounds the engine's wake call by EngineWakeTimeout; whoever calls the
+// sidecar (the lifecycle leader for an application, a seat group's
+// executor for its members) waits WakeCallTimeout, the engine's bound plus
+// WakeCallMargin for the call itself, so no caller gives up on a wake the
+// sidecar still runs.
+const (
+	// EngineWakeTimeout bounds one engine's wake call in its sidecar.
+	EngineWakeTimeout = 10 * time.Minute
+	// WakeCallMargin is what a caller of the sidecar adds to the engine's
+	// bound.
+	WakeCallMargin = time.Minute
+	// WakeCallTimeout bounds one call to a sidecar that wakes its engine.
+	WakeCallTimeout = EngineWakeTimeout + WakeCallMargin
+)
