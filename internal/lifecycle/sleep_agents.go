@@ -1,12 +1,10 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sort"
@@ -116,61 +114,12 @@ func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall
 	return out
 }
 
-// callAgent sends a node agent a JSON body (nil for none) with the
-// release's caller token, and decodes a JSON answer into out (nil to
-// discard it); a non-2xx answer is an error carrying the agent's message.
-func (c *Controller) callAgent(ctx context.Context, method, url string, body, out any, timeout time.Duration) error {
+// callAgent makes one call of the node agent at base within timeout,
+// through its client (with the release's caller token).
+func (c *Controller) callAgent(ctx context.Context, method, base, path string, body, out any, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.cfg.AgentTokenFile != "" {
-		tok, err := nodeapi.TokenFile(c.cfg.AgentTokenFile).Read()
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", method, req.URL.Path, err)
-		}
-		nodeapi.Authorize(req, tok)
-	}
-	resp, err := agentHTTP.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, req.URL.Path, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return fmt.Errorf("%s %s: reading the answer: %w", method, req.URL.Path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		msg := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		return fmt.Errorf("%s %s: %d: %s", method, req.URL.Path, resp.StatusCode, msg)
-	}
-	if out != nil && len(bytes.TrimSpace(b)) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decoding the answer: %w", method, req.URL.Path, err)
-		}
-	}
-	return nil
+	return nodeapi.Client{URL: base, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)}.Call(ctx, method, path, body, out)
 }
 
 func failures(res []seatResult) []error {
@@ -251,7 +200,7 @@ func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
 func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
 	req := checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
 	var res checkpoint.DemoteResult
-	if err := c.callAgent(ctx, "POST", ag.url+"/demote", req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathDemote, req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed from the hot tier", "app", a.Name, "node", ag.node, "source", res.Source, "bytes", res.Bytes, "digest", res.Digest)
@@ -265,7 +214,7 @@ func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, 
 	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm,
 		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
 	var e checkpoint.Entry
-	if err := c.callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed", "app", a.Name, "node", ag.node, "bytes", e.Bytes, "digest", e.Digest)
@@ -291,8 +240,8 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 			v := nodeView{agentRef: ag}
 			var tiers checkpoint.TiersStatus
 			v.err = errors.Join(
-				c.callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
-				c.callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
+				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathReport, nil, &v.report, 5*time.Second),
+				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
 				// The engine's own level-1 offload is placed from the
 				// seats (writeCheckpointFrom), not from the agent's list.

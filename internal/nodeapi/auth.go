@@ -1,8 +1,9 @@
 // Package nodeapi is the wire protocol of the node agent
-// (orchestra-agent --role node, internal/checkpoint's Node): for now the
-// authentication of its callers, shared by the agent and the lifecycle
-// leader that calls it. The agent's request and report types still live
-// in internal/checkpoint and move here next.
+// (orchestra-agent --role node, internal/checkpoint's Node): its paths,
+// the authentication of its callers, and the one client, shared by the
+// agent and the lifecycle leader that calls it. The agent's request and
+// report types (checkpoint.PromoteRequest, NodeReport, …) still live in
+// internal/checkpoint and are to move here.
 //
 // Authentication. The node agent keeps copies of the release's weights
 // and, where process snapshots work, dumps and restores engine processes:
@@ -19,6 +20,8 @@
 //
 // Files:
 //   - auth.go: TokenFile, Authorize, RequireCaller.
+//   - client.go: the paths and THE client (Client.Call), which the
+//     lifecycle leader calls every node agent with.
 package nodeapi
 
 import (
