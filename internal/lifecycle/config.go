@@ -24,6 +24,24 @@
 // published in a JetStream key-value bucket, which gateways watch to bound
 // the wait for a wake (maxWait), and in an annotation on the root
 // StatefulSet, from which the operator reports it in the resource's status.
+// The bucket's codec and watcher are internal/lifecyclestate.
+//
+// Files:
+//
+//	config.go            Config, App, defaults and validation
+//	controller.go        Controller: leader election, informers, the step loop
+//	app.go               one application's scale to zero and wake, its status
+//	gate.go              the consumer pause (the gate)
+//	fence.go             the fence between a scale to zero and the next wake
+//	earlyready.go        a starting root taken the moment its engine answers
+//	firsttoken.go        a wake's first token, published by any dispatcher
+//	sleep.go             sleepAfter: engines sleep in their pods and wake
+//	sleep_agents.go      the leader's calls of the sidecars (sidecarapi) and
+//	                     the node agents (nodeapi); ModelCheckpoint status
+//	sleep_wakes.go       wake and sleep records for the node agents
+//	seatgroup_leader.go  seat groups: seatgroup.Executor driven by the leader
+//	seatserving.go       which pods of a seat group serve an application
+//	metrics.go           the leader's metrics
 package lifecycle
 
 import (
