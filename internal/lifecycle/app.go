@@ -62,7 +62,7 @@ type appState struct {
 	wakeTrigger string
 	belowSince  time.Time // since when the backlog asked for fewer replicas
 	delivered   uint64    // the consumer's delivered stream sequence at the last look
-	paused      bool      // the consumer is held (gate closed)
+	gate        Gate      // the consumer's gate as last set
 	written     string    // the status last persisted
 	writtenAt   time.Time
 	// wrote is the root replica count last written, at wroteAt: the cache

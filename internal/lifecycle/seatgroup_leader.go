@@ -95,7 +95,7 @@ type seatPodRun struct {
 	name  string
 	exec  *seatgroup.Executor
 	seats map[string]*podSeat
-	gates map[string]string
+	gates map[string]Gate
 }
 
 // seatMember is one application of a group on the leader.
@@ -107,8 +107,8 @@ type seatMember struct {
 	st *appState
 
 	mu sync.Mutex
-	// gate (the consumer's) as last set: "" unknown, "open", "closed".
-	gate string
+	// gate (the consumer's) as last set: unknown, open or closed.
+	gate Gate
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
 	holdFailed   bool
@@ -144,7 +144,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
 	for i := range max(g.Replicas, 1) {
-		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]string{}}
+		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]Gate{}}
 		cfg := seatgroup.Default(g.Name)
 		if g.Replicas > 1 {
 			// The executors of a group's pods share the registry's
@@ -420,7 +420,7 @@ func seatPodDemand(dm seatgroup.Demand, servedElsewhere bool, maxSwapWait time.D
 // servedElsewhere reports whether a pod other than p serves app.
 func (r *seatGroupRun) servedElsewhere(p *seatPodRun, app string) bool {
 	for _, q := range r.pods {
-		if q != p && q.gates[app] == podGateOpen {
+		if q != p && q.gates[app] == GateOpen {
 			return true
 		}
 	}
@@ -450,7 +450,7 @@ func (r *seatGroupRun) applyGates(app string) {
 	want := SeatServing{}
 	for _, p := range r.pods {
 		for a, g := range p.gates {
-			if g == podGateOpen || g == podGateDraining {
+			if g == GateOpen || g == GateDraining {
 				want[p.name] = append(want[p.name], a)
 			}
 		}
@@ -471,7 +471,7 @@ func (r *seatGroupRun) applyGates(app string) {
 			}
 		}
 	}
-	gates := map[string]string{}
+	gates := map[string]Gate{}
 	for _, p := range r.pods {
 		gates[p.name] = p.gates[app]
 	}
@@ -541,11 +541,11 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 		return m.demand
 	}
 	ci := cons.CachedInfo()
-	if m.gate == "closed" && !ci.Paused {
+	if m.gate == GateClosed && !ci.Paused {
 		// A dispatcher provisioned the consumer again, which resets its
 		// pause: the next Hold closes it again, and until then what it
 		// hands out counts.
-		m.gate, m.holdFailed = "", true
+		m.gate, m.holdFailed = GateUnknown, true
 	}
 	dm := seatgroup.Demand{InFlight: ci.NumAckPending, Queued: int(ci.NumPending)}
 	if m.holdFailed {
@@ -591,17 +591,17 @@ func (d *seatDispatcher) oldestQueued(ctx context.Context, app string, delivered
 
 // Hold pauses the member's consumer (closeGate), unless it knows it
 // paused.
-func (d *seatDispatcher) Hold(app string) { d.setGate(app, "closed", d.r.c.closeGate) }
+func (d *seatDispatcher) Hold(app string) { d.setGate(app, GateClosed, d.r.c.closeGate) }
 
 // Release resumes the member's consumer (openGate), unless it knows it
 // open.
-func (d *seatDispatcher) Release(app string) { d.setGate(app, "open", d.r.c.openGate) }
+func (d *seatDispatcher) Release(app string) { d.setGate(app, GateOpen, d.r.c.openGate) }
 
-// setGate brings the member's gate to want ("closed" or "open") with
+// setGate brings the member's gate to want (closed or open) with
 // apply, unless it knows the gate is there. After a failure the gate is
 // unknown and the next step tries again; a failed hold is remembered
 // (holdFailed), so that the member counts as busy until one succeeds.
-func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *appState) error) {
+func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Context, *appState) error) {
 	m := d.r.members[app]
 	m.mu.Lock()
 	there := m.gate == want
@@ -613,8 +613,8 @@ func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
-		m.gate = ""
-		if want == "closed" {
+		m.gate = GateUnknown
+		if want == GateClosed {
 			m.holdFailed = true
 		}
 		d.r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "gate", want, "err", err)

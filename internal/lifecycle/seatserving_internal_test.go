@@ -89,17 +89,17 @@ func TestSeatConsumerOpensOnlyWhenAPodServesAndNoneDrains(t *testing.T) {
 	cases := []struct {
 		name    string
 		written []string
-		gates   map[string]string
+		gates   map[string]Gate
 		want    bool
 	}{
-		{"served by one pod", []string{"g-0"}, map[string]string{"g-0": podGateOpen, "g-1": podGateClosed}, true},
-		{"served by both", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateOpen}, true},
-		{"served nowhere", nil, map[string]string{"g-0": podGateClosed, "g-1": podGateClosed}, false},
-		{"one serves, the other drains", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateDraining}, false},
-		{"its only pod drains", []string{"g-0"}, map[string]string{"g-0": podGateDraining}, false},
-		{"the annotation still lists a pod that closed (its write failed)", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateClosed}, false},
-		{"open, but the annotation does not list it yet", nil, map[string]string{"g-0": podGateOpen}, false},
-		{"a pod's gate unknown (a new leader)", []string{"g-0"}, map[string]string{"g-0": podGateOpen, "g-1": ""}, true},
+		{"served by one pod", []string{"g-0"}, map[string]Gate{"g-0": GateOpen, "g-1": GateClosed}, true},
+		{"served by both", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateOpen}, true},
+		{"served nowhere", nil, map[string]Gate{"g-0": GateClosed, "g-1": GateClosed}, false},
+		{"one serves, the other drains", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateDraining}, false},
+		{"its only pod drains", []string{"g-0"}, map[string]Gate{"g-0": GateDraining}, false},
+		{"the annotation still lists a pod that closed (its write failed)", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateClosed}, false},
+		{"open, but the annotation does not list it yet", nil, map[string]Gate{"g-0": GateOpen}, false},
+		{"a pod's gate unknown (a new leader)", []string{"g-0"}, map[string]Gate{"g-0": GateOpen, "g-1": ""}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,17 +113,17 @@ func TestSeatConsumerOpensOnlyWhenAPodServesAndNoneDrains(t *testing.T) {
 func TestNextPodGate(t *testing.T) {
 	cases := []struct {
 		name               string
-		prev               string
+		prev               Gate
 		open, asleep, gone bool
-		want               string
+		want               Gate
 	}{
-		{"released", podGateClosed, true, false, false, podGateOpen},
-		{"held while serving: drains", podGateOpen, false, false, false, podGateDraining},
-		{"held while draining: drains on", podGateDraining, false, false, false, podGateDraining},
-		{"held once asleep: closes", podGateDraining, false, true, false, podGateClosed},
-		{"held when its pod stopped serving: closes", podGateOpen, false, false, true, podGateClosed},
-		{"held when not serving: stays closed", podGateClosed, false, false, false, podGateClosed},
-		{"held, unknown before (a new leader)", "", false, false, false, podGateClosed},
+		{"released", GateClosed, true, false, false, GateOpen},
+		{"held while serving: drains", GateOpen, false, false, false, GateDraining},
+		{"held while draining: drains on", GateDraining, false, false, false, GateDraining},
+		{"held once asleep: closes", GateDraining, false, true, false, GateClosed},
+		{"held when its pod stopped serving: closes", GateOpen, false, false, true, GateClosed},
+		{"held when not serving: stays closed", GateClosed, false, false, false, GateClosed},
+		{"held, unknown before (a new leader)", "", false, false, false, GateClosed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
