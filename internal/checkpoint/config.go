@@ -139,7 +139,7 @@ func Default() Config {
 		Addr: ":8090",
 		Seat: SeatConfig{
 			Engine:       EngineConfig{Kind: EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
-			SleepLevel:   1,
+			SleepLevel:   int(v1alpha1.DefaultSleepLevel),
 			DrainTimeout: 30 * time.Second,
 			SleepTimeout: 2 * time.Minute,
 			WakeTimeout:  v1alpha1.EngineWakeTimeout,

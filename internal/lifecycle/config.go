@@ -226,7 +226,7 @@ func (c Config) Defaulted() Config {
 				m.MinResidency.Duration = seatgroup.DefaultMinResidency
 			}
 			if m.SleepLevel == 0 {
-				m.SleepLevel = 1
+				m.SleepLevel = v1alpha1.DefaultSleepLevel
 			}
 			if m.AgentPort == 0 {
 				m.AgentPort = DefaultAgentPort

@@ -129,7 +129,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 	}
 	d := *s
 	if d.Level == 0 {
-		d.Level = 1
+		d.Level = v1alpha1.DefaultSleepLevel
 	}
 	if d.SeatPort == 0 {
 		d.SeatPort = 9300

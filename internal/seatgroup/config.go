@@ -17,7 +17,7 @@ const (
 	// vLLM (0.3–0.8 s on small ones); holding a seat at least 30 s keeps
 	// swaps under about a sixth of the seat's time however hard the
 	// applications compete for it.
-	DefaultMinResidency = 30 * time.Second
+	DefaultMinResidency = v1alpha1.DefaultSeatMinResidency
 	// DefaultMaxSwapWait: longer than a level-1 swap of a large model, far
 	// below the gateway's 10-minute bound on a queued request.
 	DefaultMaxSwapWait = 10 * time.Second

@@ -2,6 +2,20 @@ package v1alpha1
 
 import "time"
 
+// The defaults of sleeping engines that more than one binary applies have
+// their one owner here; internal/orchestra.EffectiveSleep resolves the
+// resource's fields with them, and the binaries receive resolved values
+// (their own defaults, for a configuration that names none, are these).
+const (
+	// DefaultSleepLevel is lifecycle.sleepLevel's default: the engine's
+	// light sleep.
+	DefaultSleepLevel int32 = 1
+	// DefaultSeatMinResidency is lifecycle.seat.minResidency's default: how
+	// long an application keeps a seat once woken before another may take
+	// it.
+	DefaultSeatMinResidency = 30 * time.Second
+)
+
 // The wake timeouts, one rule for every path. The per-engine sidecar
 // bounds the engine's wake call by EngineWakeTimeout; whoever calls the
 // sidecar (the lifecycle leader for an application, a seat group's
