@@ -30,16 +30,21 @@
 //
 //	config.go            Config, App, defaults and validation
 //	controller.go        Controller: leader election, informers, the step loop
-//	app.go               one application's scale to zero and wake, its status
+//	app.go               one application's step: observe, scale to zero, wake
+//	app_apply.go         what a step applies: state, status, scale, events
 //	gate.go              the consumer pause (the gate)
 //	fence.go             the fence between a scale to zero and the next wake
 //	earlyready.go        a starting root taken the moment its engine answers
 //	firsttoken.go        a wake's first token, published by any dispatcher
 //	sleep.go             sleepAfter: engines sleep in their pods and wake
+//	sleep_config.go      SleepConfig, its defaults and validation
+//	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
+//	sleep_adopt.go       a new leader adopts sleeping engines; restarts
 //	sleep_agents.go      the leader's calls of the sidecars (sidecarapi) and
 //	                     the node agents (nodeapi); ModelCheckpoint status
 //	sleep_wakes.go       wake and sleep records for the node agents
 //	seatgroup_leader.go  seat groups: seatgroup.Executor driven by the leader
+//	seatgroup_pod.go     one group pod: its sidecars, dispatcher and gates
 //	seatserving.go       which pods of a seat group serve an application
 //	metrics.go           the leader's metrics
 package lifecycle
