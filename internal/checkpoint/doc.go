@@ -25,8 +25,9 @@
 //	          processes: restart, the engine matchers), devicemem.go
 //	          (nvidia-smi readings)
 //	node      node.go (the node agent and its HTTP API), store.go (the tiers
-//	          on disk), plan.go (pure: admission and eviction), predict.go
-//	          (pure: wake prediction, promotion plans), promote.go (wake and
+//	          on disk), store_demote.go (demotion, verification), plan.go
+//	          (pure: admission and eviction), predict.go (pure: wake
+//	          prediction, promotion plans), promote.go (wake and
 //	          sleep records, promotion ahead), cold.go (cold sources: model
 //	          cache, S3), tmpfs.go (the hot tier's mount), report.go (the node
 //	          report), noderuntime.go (the node's container runtime),
