@@ -80,7 +80,7 @@ code before it is written.`,
 // catalogSources says where the template and the bundles are.
 type catalogSources struct {
 	root, template, current, history string
-	carriers, carrierDir               string
+	carriers, carrierDir             string
 	opmCompatible                    bool
 }
 
