@@ -56,7 +56,10 @@ build() {
 		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/operator-lifecycle-manager)
 		go build -trimpath -ldflags "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${v#v}" -o "$out/" \
 			github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
-			github.com/operator-framework/operator-lifecycle-manager/cmd/catalog ;;
+			github.com/operator-framework/operator-lifecycle-manager/cmd/catalog
+		# OLM's CRDs, which the tier applies before starting OLM.
+		d=$(go list -m -f '{{.Dir}}' github.com/operator-framework/operator-lifecycle-manager)
+		for f in "$d"/deploy/chart/crds/*.yaml; do echo "---"; cat "$f"; done > "$out/olm-crds.yaml" ;;
 	opm)
 		# The tags of operator-registry's own Makefile: sqlite's JSON
 		# functions, and OpenPGP in Go instead of gpgme (cgo).

@@ -253,7 +253,7 @@ func startOLM(t *testing.T, catalogDir string) (*env, *localcluster.Cluster, str
 	}
 	work := t.TempDir()
 	e.start("opm", filepath.Join(bin, "opm"), []string{"serve", dir, "--port", strconv.Itoa(port),
-		"--pprof-addr", "", "--termination-log", filepath.Join(work, "opm-termination.log"), "--cache-dir", filepath.Join(work, "opm-cache")})
+		"--pprof-addr", "", "--termination-log", filepath.Join(work, "opm-termination.log")})
 	waitPort(t, port, 60*time.Second)
 
 	e.start("olm", filepath.Join(bin, "olm"), []string{"--namespace", "olm",

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -100,7 +101,7 @@ func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 			t.Errorf("OperatorGroup %s/orchestra targets %v, want [%s]", ns, og.Status.Namespaces, ns)
 		}
 	}
-	writeAndCheck(t, e, cl, a, "after-0.2.1")
+	writeAndCheck(t, cl, a, "after-0.2.1")
 	b := createSample(t, cl, "team-b")
 
 	// The upgrade of team-b by channel switch, held by Upgradeable=False.
@@ -114,15 +115,16 @@ func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: "team-b", Name: csvV0}, &old); err != nil {
 			return fmt.Errorf("the running 0.2.1 CSV: %w", err)
 		}
-		if old.Status.Phase != v1alpha1.CSVPhaseSucceeded {
-			return fmt.Errorf("0.2.1 left Succeeded while not upgradeable: %s %s", old.Status.Phase, old.Status.Message)
+		// OLM marks it Replacing at once, and leaves it running.
+		if p := old.Status.Phase; p != v1alpha1.CSVPhaseSucceeded && p != v1alpha1.CSVPhaseReplacing {
+			return fmt.Errorf("0.2.1 is %s while 1.0.0 may not replace it: %s", p, old.Status.Message)
 		}
 		var neu v1alpha1.ClusterServiceVersion
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: "team-b", Name: csvV1}, &neu); err != nil {
 			return err
 		}
-		if neu.Status.Phase != v1alpha1.CSVPhasePending {
-			return fmt.Errorf("1.0.0 went on while 0.2.1 is not upgradeable: %s %s", neu.Status.Phase, neu.Status.Message)
+		if neu.Status.Phase != v1alpha1.CSVPhasePending || neu.Status.Reason != v1alpha1.CSVReasonOperatorConditionNotUpgradeable {
+			return fmt.Errorf("1.0.0 went on while 0.2.1 is not upgradeable: %s %s %s", neu.Status.Phase, neu.Status.Reason, neu.Status.Message)
 		}
 		return nil
 	})
@@ -141,8 +143,8 @@ func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 
 	// 1.0.0's CRD was applied again after 0.2.1's: nothing was lost on
 	// either side.
-	writeAndCheck(t, e, cl, a, "after-upgrade")
-	writeAndCheck(t, e, cl, b, "after-upgrade")
+	writeAndCheck(t, cl, a, "after-upgrade")
+	writeAndCheck(t, cl, b, "after-upgrade")
 }
 
 func newClient(t *testing.T, cfg *rest.Config) client.Client {
@@ -307,13 +309,21 @@ func createSample(t *testing.T, cl client.Client, ns string) *unstructured.Unstr
 	return u
 }
 
-// writeAndCheck writes to the stored resource (a label, as any client or
-// operator update does: the API server then stores what the CRD's schema
-// keeps) and checks that its spec is still the one created.
-func writeAndCheck(t *testing.T, e *env, cl client.Client, created *unstructured.Unstructured, label string) {
+// writeAndCheck writes to the stored resource (a label, as kubectl label
+// does; any update, by a client or an operator, makes the API server store
+// what the CRD's schema keeps) and checks that its spec is still the one
+// created.
+func writeAndCheck(t *testing.T, cl client.Client, created *unstructured.Unstructured, label string) {
 	t.Helper()
 	ns, name := created.GetNamespace(), created.GetName()
-	e.kubectl("-n", ns, "label", "--overwrite", "modelorchestra", name, "realolm-write="+label)
+	patch := fmt.Sprintf(`{"metadata":{"labels":{"realolm-write":%q}}}`, label)
+	w := &unstructured.Unstructured{}
+	w.SetGroupVersionKind(created.GroupVersionKind())
+	w.SetNamespace(ns)
+	w.SetName(name)
+	if err := cl.Patch(ctx, w, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+		t.Fatalf("writing %s/%s: %v", ns, name, err)
+	}
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(created.GroupVersionKind())
 	if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
