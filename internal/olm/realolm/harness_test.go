@@ -246,22 +246,30 @@ func startOLM(t *testing.T, catalogDir string) (*env, *localcluster.Cluster, str
 	e.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
 	e.kubectl("create", "namespace", "olm")
 
-	port := freePort(t)
-	dir, err := filepath.Abs(catalogDir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	address := e.serveCatalog("opm", catalogDir)
 	work := t.TempDir()
-	e.start("opm", filepath.Join(bin, "opm"), []string{"serve", dir, "--port", strconv.Itoa(port),
-		"--pprof-addr", "", "--termination-log", filepath.Join(work, "opm-termination.log")})
-	waitPort(t, port, 60*time.Second)
 
 	e.start("olm", filepath.Join(bin, "olm"), []string{"--namespace", "olm",
 		"--writeStatusName", "", "--writePackageServerStatusName", ""})
 	cert, key := selfSignedTLS(t, work)
 	e.start("catalog", filepath.Join(bin, "catalog"), []string{"--kubeconfig", e.kubeconfig, "--namespace", "olm",
 		"--writeStatusName", "", "--tls-cert", cert, "--tls-key", key, "--client-ca", cert})
-	return e, c, "127.0.0.1:" + strconv.Itoa(port)
+	return e, c, address
+}
+
+// serveCatalog serves the FBC in dir with opm over gRPC on a free port and
+// returns its address. opm's profiling endpoint is turned off.
+func (e *env) serveCatalog(name, dir string) string {
+	e.t.Helper()
+	port := freePort(e.t)
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.start(name, filepath.Join(e.bin, "opm"), []string{"serve", abs, "--port", strconv.Itoa(port),
+		"--pprof-addr", "", "--termination-log", filepath.Join(e.logDir, name+"-termination.log")})
+	waitPort(e.t, port, 60*time.Second)
+	return "127.0.0.1:" + strconv.Itoa(port)
 }
 
 // ctx is the tests' context.

@@ -12,6 +12,7 @@ import (
 	operatorsv1 "github.com/operator-framework/api/pkg/operators/v1"
 	"github.com/operator-framework/api/pkg/operators/v1alpha1"
 	operatorsv2 "github.com/operator-framework/api/pkg/operators/v2"
+	"github.com/operator-framework/operator-registry/alpha/declcfg"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -25,6 +26,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/model-orchestra/operator/internal/manager"
+	"github.com/model-orchestra/operator/internal/olm/bundle"
+	"github.com/model-orchestra/operator/internal/olm/catalog"
 )
 
 const (
@@ -51,7 +54,11 @@ const (
 //     (team-b), and 1.0.0 after 0.2.1 (team-b's upgrade);
 //  4. team-b upgrades to 1.0.0 by switching its Subscription to stable-v1,
 //     and OLM holds that upgrade while the operator reports
-//     Upgradeable=False (a Helm action in flight), then completes it.
+//     Upgradeable=False (a Helm action in flight), then completes it;
+//  5. and, as a control, that the same checks see the loss the CRD
+//     carriers prevent: 0.2.0 from a catalog of its own, installed in
+//     team-c, replaces the shared CRD with its own, and team-a's resource
+//     reads back without its lifecycle fields.
 func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 	e, c, address := startOLM(t, repoRoot+"/catalog/inline")
 	cl := newClient(t, c.Config())
@@ -145,6 +152,74 @@ func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 	// either side.
 	writeAndCheck(t, cl, a, "after-upgrade")
 	writeAndCheck(t, cl, b, "after-upgrade")
+
+	// What the carrier prevents, and that the checks above would see it:
+	// 0.2.0, whose CRD lacks the lifecycle fields, installed from a catalog
+	// of its own (as the committed catalog offered it before) replaces the
+	// shared CRD, and team-a's resource reads back without them.
+	legacy := legacyCatalog(t, repoRoot+"/catalog/bundles/0.2.0")
+	legacyAddr := e.serveCatalog("opm-legacy", legacy)
+	lcs := cs.DeepCopy()
+	lcs.SetName("legacy")
+	if err := unstructured.SetNestedField(lcs.Object, legacyAddr, "spec", "address"); err != nil {
+		t.Fatal(err)
+	}
+	applyObject(t, e, lcs)
+	e.kubectl("create", "namespace", "team-c")
+	for _, obj := range []client.Object{
+		&operatorsv1.OperatorGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "team-c", Name: "orchestra"}, Spec: operatorsv1.OperatorGroupSpec{TargetNamespaces: []string{"team-c"}}},
+		&v1alpha1.Subscription{ObjectMeta: metav1.ObjectMeta{Namespace: "team-c", Name: "orchestra-operator"}, Spec: &v1alpha1.SubscriptionSpec{
+			Package: "orchestra-operator", CatalogSource: "legacy", CatalogSourceNamespace: "olm", Channel: "legacy",
+			StartingCSV: "orchestra-operator.v0.2.0", InstallPlanApproval: v1alpha1.ApprovalAutomatic}},
+	} {
+		if err := cl.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCSV(t, cl, "team-c", "orchestra-operator.v0.2.0", v1alpha1.CSVPhaseSucceeded, "")
+	eventually(t, 30*time.Second, func() error {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(a.GroupVersionKind())
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(a), got); err != nil {
+			return err
+		}
+		if _, ok, _ := unstructured.NestedMap(got.Object, "spec", "applications", "echo", "lifecycle"); ok {
+			return fmt.Errorf("team-a/%s still reads back with spec.applications.echo.lifecycle", a.GetName())
+		}
+		return nil
+	})
+}
+
+// legacyCatalog writes an image-less FBC offering only the bundle in dir,
+// in a channel "legacy", and returns its directory.
+func legacyCatalog(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := bundle.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := catalog.RenderBundleDir(dir, bundle.Default().BundleImage(b.CSV.Spec.Version.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Packages = []declcfg.Package{{Schema: declcfg.SchemaPackage, Name: b.Package(), DefaultChannel: "legacy"}}
+	r.Channels = []declcfg.Channel{{Schema: declcfg.SchemaChannel, Package: b.Package(), Name: "legacy", Entries: []declcfg.ChannelEntry{{Name: b.CSV.Name}}}}
+	inline, err := catalog.Inline(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := catalog.YAML(inline, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := os.WriteFile(filepath.Join(out, "catalog.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := catalog.Validate(ctx, os.DirFS(out)); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func newClient(t *testing.T, cfg *rest.Config) client.Client {
