@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -117,7 +118,7 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 	api.HandleFunc("GET /healthz", g.healthz)
 	api.HandleFunc("GET /readyz", g.readyz)
 	api.HandleFunc("/", g.notFound)
-	g.api = api
+	g.api = g.front(api)
 
 	ops := http.NewServeMux()
 	ops.Handle("GET /metrics", promhttp.HandlerFor(g.metrics.registry, promhttp.HandlerOpts{}))
@@ -472,7 +473,7 @@ func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) notFound(w http.ResponseWriter, r *http.Request) {
 	g.writeSimpleError(w, &apiError{
 		status:  http.StatusNotFound,
-		message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path),
+		message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, cmp.Or(r.URL.Path, r.RequestURI)),
 		typ:     typeInvalidRequest,
 		reason:  reasonNotFound,
 	})
