@@ -149,8 +149,6 @@ func TestEveryAnswerIsOpenAIShaped(t *testing.T) {
 	}
 }
 
-
-
 // TestModelNoDispatcherServesFailsAtOnce checks the answer to a request for
 // a configured model whose application no dispatcher serves: an immediate
 // 503 model_not_served that the official SDKs do not retry
