@@ -64,7 +64,7 @@ func newMetrics() *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{
 		reasonUnauthenticated, reasonModelNotFound, reasonModelForbidden, reasonInvalidRequest,
-		reasonBodyTooLarge, reasonRequestRate, reasonTokenRate, reasonConcurrency, reasonNotFound,
+		reasonBodyTooLarge, reasonRequestRate, reasonTokenRate, reasonConcurrency, reasonNotFound, reasonModelNotServed,
 	} {
 		m.rejections.WithLabelValues(r)
 	}
