@@ -1,6 +1,8 @@
 package fetch
 
 import (
+	"github.com/model-orchestra/operator/internal/convert"
+
 	"errors"
 	"fmt"
 	"net/url"
@@ -47,6 +49,12 @@ type Config struct {
 	Exclude []string
 	// Format, when set, is checked after download: gguf, safetensors or dllama.
 	Format string
+	// Convert, when set, converts the fetched Hugging Face llama checkpoint
+	// to a GGUF file of this weight type (F16, Q8_0 or Q4_0) in Dest.
+	Convert string
+	// ConvertOutput is the converted file's name relative to Dest (default
+	// model-<type>.gguf).
+	ConvertOutput string
 
 	// HFEndpoint is the hub base URL (HF_ENDPOINT). Token is the bearer token;
 	// TokenFile, when set, is read at start and wins over HF_TOKEN.
@@ -244,6 +252,17 @@ func (c *Config) Validate() error {
 	case "", FormatGGUF, FormatSafetensors, FormatDllama:
 	default:
 		bad("--format %q: want gguf, safetensors or dllama", c.Format)
+	}
+	if c.Convert != "" {
+		if _, err := convert.ParseType(c.Convert); err != nil {
+			bad("--convert: %v", err)
+		}
+		if c.Dest == "" {
+			bad("--convert writes into the cache: it needs --dest (a pvc:// source is read in place)")
+		}
+		if c.ConvertOutput != "" && (filepath.IsAbs(c.ConvertOutput) || !filepath.IsLocal(c.ConvertOutput)) {
+			bad("--convert-output %q must be a relative path inside --dest", c.ConvertOutput)
+		}
 	}
 	if c.SHA256 != "" {
 		if !sha256RE.MatchString(strings.ToLower(c.SHA256)) {

@@ -111,6 +111,15 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 		rep.Stop()
 	}()
 
+	res, err = fetchModel(ctx, cfg, opts, t, log)
+	if err != nil || cfg.Convert == "" {
+		return res, err
+	}
+	return res, convertModel(ctx, cfg, res.Dir, t, log)
+}
+
+// fetchModel downloads (or verifies in place) the model files.
+func fetchModel(ctx context.Context, cfg Config, opts Options, t *tracker, log *slog.Logger) (*Result, error) {
 	ps := ParsedSource{}
 	if cfg.Source != "" {
 		ps, _ = ParseSource(cfg.Source, cfg.Revision)

@@ -32,6 +32,8 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringArrayVar(&c.Include, "include", c.Include, "only fetch files matching this glob (repeatable; a glob without / matches base names)")
 	fs.StringArrayVar(&c.Exclude, "exclude", c.Exclude, "skip files matching this glob (repeatable)")
 	fs.StringVar(&c.Format, "format", c.Format, "check the result is a gguf, safetensors or dllama model")
+	fs.StringVar(&c.Convert, "convert", c.Convert, "after the fetch, convert the Hugging Face llama checkpoint to a GGUF of this weight type: F16, Q8_0 or Q4_0")
+	fs.StringVar(&c.ConvertOutput, "convert-output", c.ConvertOutput, "file name of the converted GGUF inside --dest (default model-<type>.gguf)")
 	fs.StringVar(&c.HFEndpoint, "hf-endpoint", c.HFEndpoint, "Hugging Face compatible hub URL (env HF_ENDPOINT)")
 	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the hub bearer token (else env HF_TOKEN)")
 	fs.StringVar(&c.SHA256, "sha256", c.SHA256, "expected sha256 of an https:// file")
@@ -64,7 +66,7 @@ func (c Config) Summary() map[string]any {
 	return map[string]any{
 		"source": c.Source, "sourceKind": ps.Kind, "repo": ps.Repo, "revision": ps.Revision,
 		"bucket": ps.Bucket, "prefix": ps.Prefix, "claim": ps.Claim,
-		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format,
+		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format, "convert": c.Convert, "convertOutput": c.ConvertOutput,
 		"hfEndpoint": c.HFEndpoint, "tokenFile": c.TokenFile, "tokenSet": c.Token != "",
 		"sha256": c.SHA256, "s3Endpoint": c.S3Endpoint, "s3Region": c.S3Region,
 		"s3AccessKeyFile": c.S3AccessKeyFile, "s3SecretKeyFile": c.S3SecretKeyFile,
