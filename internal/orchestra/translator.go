@@ -139,6 +139,17 @@ func Default(mo *v1alpha1.ModelOrchestra) {
 			app.Serving.MaxConcurrency = 1
 		}
 		defaultLifecycle(&app)
+		if c := app.Model.Convert; c != nil {
+			if c.WeightType == "" {
+				c.WeightType = v1alpha1.ConvertQ8_0
+			}
+			if app.Model.Format == "" {
+				app.Model.Format = v1alpha1.ModelFormatSafetensors
+			}
+			if app.Model.File == "" {
+				app.Model.File = "model-" + string(c.WeightType) + ".gguf"
+			}
+		}
 		if app.Model.Format == "" {
 			app.Model.Format = nativeFormat(rt.Engine)
 		}
@@ -365,6 +376,9 @@ func applicationValues(app v1alpha1.Application, sleep Sleep) (map[string]any, e
 		"tokenizerFile": m.TokenizerFile,
 		"sha256":        m.SHA256,
 		"hubEndpoint":   m.HubEndpoint,
+	}
+	if c := m.Convert; c != nil {
+		model["convert"] = map[string]any{"weightType": string(c.WeightType)}
 	}
 	if r := m.TokenSecretRef; r != nil {
 		model["tokenSecretRef"] = map[string]any{"name": r.Name, "key": r.Key}
