@@ -124,3 +124,53 @@ func TestConvertFlagValidation(t *testing.T) {
 		t.Fatalf("Validate: %v", err)
 	}
 }
+
+// The size is read from the converted file's header and published; a
+// memory limit the estimate (plus margin) exceeds fails the run naming the
+// numbers and records fits=false, which engine pods wait on; the override
+// publishes the size without failing.
+func TestSizingAgainstTheMemoryLimit(t *testing.T) {
+	hub := startHub(t, tinyRepo(t, "acme/tiny-hf", nil))
+	cfg := testConfig(t, "hf://acme/tiny-hf", hub.URL())
+	cfg.Convert, cfg.SizeFile, cfg.SizeParallel, cfg.MemoryMargin = "F16", "model-F16.gguf", 2, 20
+	cfg.MemoryLimit = 1 << 20
+	sink := &sizingSink{}
+	_, err := runFetch(t, cfg, Options{Sinks: []ProgressSink{sink}})
+	if !errors.Is(err, ErrTooLarge) || ExitCode(err) != ExitVerification || !strings.Contains(err.Error(), "the limit is 1.0MiB") || !strings.Contains(err.Error(), "× 2 sequences") {
+		t.Fatalf("err = %v (exit %d), want a too-large error naming the numbers", err, ExitCode(err))
+	}
+	b, _ := os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": false`) {
+		t.Fatalf("sizing.json: %s", b)
+	}
+	last := sink.last()
+	if last.Phase != PhaseFailed || last.Sizing == nil || last.Sizing.Fits || last.Sizing.Architecture != "llama" || last.Sizing.WeightType != "F16" || last.Sizing.MemoryBytes <= last.Sizing.FileBytes/2 {
+		t.Fatalf("last progress: %+v sizing %+v", last, last.Sizing)
+	}
+	cfg.IgnoreMemoryLimit = true
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("with the override: %v", err)
+	}
+	b, _ = os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": true`) || !strings.Contains(string(b), `"overridden": true`) {
+		t.Fatalf("sizing.json with the override: %s", b)
+	}
+}
+
+type sizingSink struct {
+	mu sync.Mutex
+	st Status
+}
+
+func (s *sizingSink) Report(_ context.Context, st Status, _ bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st = st
+	return nil
+}
+
+func (s *sizingSink) last() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st
+}

@@ -112,10 +112,20 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 	}()
 
 	res, err = fetchModel(ctx, cfg, opts, t, log)
-	if err != nil || cfg.Convert == "" {
+	if err != nil {
 		return res, err
 	}
-	return res, convertModel(ctx, cfg, res.Dir, t, log)
+	if cfg.Convert != "" {
+		if err := convertModel(ctx, cfg, res.Dir, t, log); err != nil {
+			return res, err
+		}
+	}
+	if cfg.SizeFile != "" {
+		if err := sizeModel(cfg, res.Dir, t, log); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
 }
 
 // fetchModel downloads (or verifies in place) the model files.
