@@ -19,6 +19,7 @@ import (
 // +kubebuilder:printcolumn:name="Apps",type=string,JSONPath=`.status.readyApplications`,description="Ready applications out of all applications"
 // +kubebuilder:printcolumn:name="Awake",type=string,JSONPath=`.status.awakeApplications`,description="Applications with awake engines out of all applications (the others are asleep or at zero pods and wake on the next request)"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,description="OpenAI-compatible base URL"
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.modelSize`,description="Model parameters, weight type, file size and estimated memory per application"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40",message="metadata.name must be at most 40 characters: it prefixes the names of every object of the stack"
@@ -526,6 +527,19 @@ type ModelSpec struct {
 	// +optional
 	Convert *ModelConvert `json:"convert,omitempty"`
 
+	// sizing checks, for the llamacpp and ollama engines, that the model
+	// fits the engine container's memory limit before the engine starts:
+	// after the fetch (and conversion) the model file's GGUF header gives
+	// the weights and the memory for serving.contextLength tokens ×
+	// serving.maxConcurrency sequences; if that plus the margin exceeds
+	// runtime.resources.limits.memory, the fetch fails, ModelReady is False
+	// with reason ModelTooLarge and the numbers, and engine pods wait in
+	// their init container instead of starting into an out-of-memory kill.
+	// The size is published in status.applications.<app>.model.size either
+	// way.
+	// +optional
+	Sizing *ModelSizing `json:"sizing,omitempty"`
+
 	// cache is the PersistentVolumeClaim the model is downloaded to once
 	// and read from by every replica. Without it a 20Gi ReadWriteOnce claim
 	// of the default storage class is used.
@@ -552,6 +566,23 @@ type ModelConvert struct {
 	// +optional
 	// +kubebuilder:default=Q8_0
 	WeightType ConvertWeightType `json:"weightType,omitempty"`
+}
+
+// ModelSizing tunes the memory check of a GGUF model.
+type ModelSizing struct {
+	// marginPercent is added to the memory estimate before it is compared
+	// with the memory limit (the estimate leaves out the engine's own
+	// runtime and allocator slack).
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=400
+	MarginPercent int32 `json:"marginPercent,omitempty"`
+
+	// ignoreMemoryLimit publishes the size but never refuses the model,
+	// for users who know the estimate is too high for their engine build.
+	// +optional
+	IgnoreMemoryLimit bool `json:"ignoreMemoryLimit,omitempty"`
 }
 
 // S3Spec locates an S3-compatible object store.
@@ -809,6 +840,9 @@ const (
 	ReasonModelsCached       = "ModelsCached"
 	ReasonModelDownloading   = "ModelDownloading"
 	ReasonModelFetchFailed   = "ModelFetchFailed"
+	// ReasonModelTooLarge: a model's memory estimate (plus the margin)
+	// exceeds its engine's memory limit; the message names the numbers.
+	ReasonModelTooLarge = "ModelTooLarge"
 	ReasonModelPending       = "ModelPending"
 	ReasonTopologyAvailable  = "TopologyAvailable"
 	ReasonTopologyStarting   = "TopologyStarting"
@@ -843,6 +877,11 @@ type ModelOrchestraStatus struct {
 	// http://demo-gateway.default.svc:80/v1, or the Ingress/HTTPRoute URL.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+
+	// modelSize summarises the applications' model sizes, for kubectl get:
+	// for example "chat: 1.1B Q8_0 1.1GiB, needs 1.4GiB".
+	// +optional
+	ModelSize string `json:"modelSize,omitempty"`
 
 	// readyApplications is "<ready>/<total>", for kubectl get.
 	// +optional
@@ -943,6 +982,39 @@ type ModelStatus struct {
 	// message from the fetcher, for example the reason of a failure.
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// size of a GGUF model, read from its header after the fetch (and
+	// conversion), with the memory it needs.
+	// +optional
+	Size *ModelSize `json:"size,omitempty"`
+}
+
+// ModelSize is what a GGUF model's header says and the memory estimate for
+// the configured context and concurrency.
+type ModelSize struct {
+	// architecture, for example llama.
+	Architecture string `json:"architecture,omitempty"`
+	// parameters is the number of weights.
+	Parameters int64 `json:"parameters,omitempty"`
+	// weightType is the file's predominant weight type, for example Q8_0.
+	WeightType string `json:"weightType,omitempty"`
+	// contextLength is the model's trained context window in tokens.
+	ContextLength int64 `json:"contextLength,omitempty"`
+	// fileBytes is the size of the model file.
+	FileBytes int64 `json:"fileBytes,omitempty"`
+	// context and parallel are what the estimate is for: tokens per
+	// sequence and sequences at once.
+	Context  int64 `json:"context,omitempty"`
+	Parallel int64 `json:"parallel,omitempty"`
+	// memoryBytes is the estimated memory to serve the model (weights, KV
+	// cache, compute buffers; llama.cpp's layout, on the CPU).
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// memoryLimitBytes is the engine's memory limit it was checked
+	// against, and marginPercent the margin added to the estimate.
+	MemoryLimitBytes int64 `json:"memoryLimitBytes,omitempty"`
+	MarginPercent    int64 `json:"marginPercent,omitempty"`
+	// fits is false when the estimate plus the margin exceeds the limit.
+	Fits bool `json:"fits"`
 }
 
 // DeployedRelease identifies the deployed Helm release. The engine writes it.

@@ -646,6 +646,12 @@ args:
       sleep 10
     done
     {{- end }}
+    {{- if .spec.model.sizing }}
+    until grep -Eq '"fits": *true' /models/.orchestra/sizing.json 2>/dev/null; do
+      echo "waiting for the model's memory check (status.applications.<app>.model.size; ModelReady says why it does not fit)"
+      sleep 10
+    done
+    {{- end }}
 resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
