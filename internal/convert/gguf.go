@@ -136,6 +136,10 @@ func plan(ck *hfllama.Checkpoint, t Type) ([]tensorPlan, error) {
 	return ps, nil
 }
 
+// skipPermutationForTest writes Q and K in Hugging Face's row order: only
+// the tests set it, to show that the engine's output then differs.
+var skipPermutationForTest bool
+
 // permuteRows reorders each head's rows as llama.cpp's convert_hf_to_gguf
 // permute() does: reshape(heads, 2, d/2, cols).swapaxes(1, 2). Row i of
 // the first half and row i of the second half of a head (which
@@ -170,7 +174,7 @@ func tensorData(ck *hfllama.Checkpoint, p tensorPlan, skip func() bool) func(io.
 		if err != nil {
 			return err
 		}
-		if p.permuteHeads > 0 {
+		if p.permuteHeads > 0 && !skipPermutationForTest {
 			x = permuteRows(x, p.permuteHeads, p.cols)
 		}
 		var b []byte

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,25 +142,42 @@ func (o *ollama) greedy(model, prompt string, n int) generated {
 	return g
 }
 
-// choosePrompt returns the first candidate whose greedy continuation has a
-// margin (top logit minus runner-up) of at least minMargin at every step,
+func secondBest(l []float32, best int) int {
+	j := -1
+	for i, v := range l {
+		if i != best && (j < 0 || v > l[j]) {
+			j = i
+		}
+	}
+	return j
+}
+
+// minSteps is the shortest greedy continuation (before an end-of-generation
+// token) a chosen prompt may have.
+const minSteps = 6
+
+// choosePrompt returns the first candidate whose greedy continuation has at
+// least minSteps tokens and a margin (top logit minus runner-up) of at least minMargin at every step,
 // and that margin.
 func choosePrompt(t *testing.T, ref *hfllama.Model, tk *hfllama.Tokenizer, cands []string, n int, minMargin func(ids []int, steps []hfllama.Step) float32) (string, []hfllama.Step) {
 	t.Helper()
 	for _, p := range cands {
 		ids := tk.Encode(p)
 		steps := ref.Greedy(ids, n, tk.IsEOG)
+		if len(steps) < minSteps {
+			continue // too short to show much: it ends early
+		}
 		worst := float32(math.Inf(1))
 		for _, s := range steps {
 			worst = min(worst, s.Margin)
 		}
 		need := minMargin(ids, steps)
-		t.Logf("prompt %q: smallest margin %.3f, needed %.3f", p, worst, need)
 		if worst >= need {
+			t.Logf("prompt %q: smallest margin %.3f, needed %.3f", p, worst, need)
 			return p, steps
 		}
 	}
-	t.Fatalf("no candidate prompt has well separated greedy choices")
+	t.Fatalf("none of the %d candidate prompts has well separated greedy choices", len(cands))
 	return "", nil
 }
 
@@ -173,15 +191,15 @@ func TestOllamaGeneratesTheReferenceTokens(t *testing.T) {
 		t.Skip("starts a real ollama serve: skipped with -short")
 	}
 	o := startOllama(t)
-	const n = 16
-	cands := []string{
-		"The quick brown fox",
-		"Hello world! It's 2026 and",
-		"Tokens are pieces of text",
-		"The model orchestra serves",
-		"Numbers like 12345 and 42",
-		"A model is fetched once into a cache,",
-		"converted when the engine needs another format",
+	// candidates: a few fixed prompts, then every window of four words of
+	// a fixed text, in order
+	cands := []string{"The quick brown fox", "Hello world! It's 2026 and", "Tokens are pieces of text"}
+	words := strings.Fields("The model orchestra serves language models on Kubernetes. A model is fetched once into a cache, " +
+		"converted when the engine needs another format, and served by engines that share the work. Tokens are pieces of text; " +
+		"the tokenizer splits the text into words and merges frequent pairs of bytes into longer tokens. It's a test of the " +
+		"conversion of weights from safetensors to GGUF, at sixteen bits and at eight bits.")
+	for i := 0; i+4 <= len(words); i++ {
+		cands = append(cands, strings.Join(words[i:i+4], " "))
 	}
 	for _, tied := range []bool{false, true} {
 		dir := tiny(t, hfllama.TinyOptions{Seed: 2026, Tied: tied})
@@ -209,19 +227,39 @@ func TestOllamaGeneratesTheReferenceTokens(t *testing.T) {
 			}
 			path := filepath.Join(dir, res.Output)
 			quant := ggufModel(t, path, ref.Config)
-			// How the prompt is chosen: the greedy margins of the reference
-			// must exceed 4× the largest logit change that the converted
-			// weights alone cause on that sequence (the Go forward pass on
-			// the GGUF's dequantized weights), and at least 1% of the
-			// logits' rms, so the engine's own rounding of activations
-			// (float16 or 8-bit, of the same order) cannot flip a choice.
+			// How the prompt is chosen: the first candidate (a fixed list)
+			// whose greedy choices are well separated, so that rounding the
+			// engine does and the Go pass does not model cannot flip one.
+			// (1) The Go pass on the GGUF's own dequantized weights must
+			// choose the same tokens as the reference; (2) at every step the
+			// reference's margin (top logit minus runner-up) must exceed 3×
+			// the largest change of that margin the converted weights cause,
+			// and a floor for the engine's rounding of activations, which
+			// the Go pass does not do: 1% of the logits' rms at F16 (ggml
+			// rounds activations to float16, 2^-11 relative), 5% at Q8_0
+			// (ggml quantizes activations to 8-bit blocks for the Q8_0 dot
+			// products, 2^-8 relative).
+			floor := map[Type]float64{F16: 0.01, Q8_0: 0.05}[typ]
+			n := map[Type]int{F16: 16, Q8_0: 12}[typ]
 			prompt, steps := choosePrompt(t, ref, tk, cands, n, func(ids []int, steps []hfllama.Step) float32 {
 				seq := append([]int(nil), ids...)
 				for _, s := range steps {
 					seq = append(seq, s.Token)
 				}
-				want := ref.Logits(seq)
-				return float32(math.Max(4*maxDiff(want, quant.Logits(seq)), 0.01*rms(want)))
+				want, got := ref.Logits(seq), quant.Logits(seq)
+				qsteps := quant.Greedy(ids, len(steps), tk.IsEOG)
+				var change float64
+				for i, s := range steps {
+					if i >= len(qsteps) || qsteps[i].Token != s.Token {
+						return float32(math.Inf(1))
+					}
+					at := len(ids) + i - 1
+					runnerUp := secondBest(want[at], s.Token)
+					dRef := float64(want[at][s.Token] - want[at][runnerUp])
+					dGot := float64(got[at][s.Token] - got[at][runnerUp])
+					change = math.Max(change, math.Abs(dRef-dGot))
+				}
+				return float32(math.Max(3*change, floor*rms(want)))
 			})
 			var wantIDs []int
 			for _, s := range steps {
@@ -249,6 +287,25 @@ func TestOllamaGeneratesTheReferenceTokens(t *testing.T) {
 			}
 			if k := len(g.Logprobs); k < len(wantIDs) && !eog[wantIDs[k]] {
 				t.Fatalf("tied %v %s: ollama stopped after %d tokens (%s), the reference goes on with %d", tied, typ, k, g.DoneReason, wantIDs[k])
+			}
+			if typ != F16 || tied {
+				continue
+			}
+			// The same file without the Q/K permutation (Hugging Face's row
+			// order in a GGUF) makes Ollama answer differently: the
+			// comparison above sees a wrong rotary layout.
+			bad := tiny(t, hfllama.TinyOptions{Seed: 2026, Tied: tied})
+			skipPermutationForTest = true
+			badRes, err := Run(context.Background(), Options{Dir: bad, Type: typ, Name: "unpermuted"})
+			skipPermutationForTest = false
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.create("tiny-unpermuted", filepath.Join(bad, badRes.Output))
+			ug := o.greedy("tiny-unpermuted", prompt, n)
+			t.Logf("unpermuted Q/K: ollama %q", ug.Response)
+			if ug.Response == g.Response {
+				t.Errorf("without the Q/K permutation Ollama still answers %q: the comparison cannot see a wrong permutation", ug.Response)
 			}
 		}
 	}

@@ -142,6 +142,13 @@ func WriteTiny(dir string, o TinyOptions) error {
 		return w
 	}
 	h, hd := o.Hidden, o.Hidden/o.Heads
+	// With a tied head the residual stream's copy of the input embedding
+	// would make every token predict itself; stronger attention and MLP
+	// outputs let the context decide.
+	outGain := 1.0
+	if o.Tied {
+		outGain = 4
+	}
 	type named struct {
 		name  string
 		shape []int64
@@ -149,22 +156,38 @@ func WriteTiny(dir string, o TinyOptions) error {
 	}
 	var ws []named
 	add := func(name string, w []float32, shape ...int64) { ws = append(ws, named{name, shape, w}) }
-	add(NameEmbed, normal(vocab*h, 1), int64(vocab), int64(h))
+	// The output rows of the byte tokens 0x80-0xff are damped to 1%:
+	// their logits stay near 0 while the others spread around it, so
+	// greedy text is valid UTF-8 (engines hold back and drop partial
+	// UTF-8 sequences when they stream, which would hide tokens).
+	damp := func(w []float32) []float32 {
+		for id := 0x80; id <= 0xff; id++ {
+			for i := id * h; i < (id+1)*h; i++ {
+				w[i] *= 0.01
+			}
+		}
+		return w
+	}
+	embed := normal(vocab*h, 1)
+	if o.Tied {
+		embed = damp(embed)
+	}
+	add(NameEmbed, embed, int64(vocab), int64(h))
 	for i := 0; i < o.Layers; i++ {
 		in := 1 / math.Sqrt(float64(h))
 		add(LayerName(i, "input_layernorm"), ones(h), int64(h))
-		add(LayerName(i, "self_attn.q_proj"), normal(o.Heads*hd*h, 2*in), int64(o.Heads*hd), int64(h))
-		add(LayerName(i, "self_attn.k_proj"), normal(o.KVHeads*hd*h, 2*in), int64(o.KVHeads*hd), int64(h))
+		add(LayerName(i, "self_attn.q_proj"), normal(o.Heads*hd*h, in), int64(o.Heads*hd), int64(h))
+		add(LayerName(i, "self_attn.k_proj"), normal(o.KVHeads*hd*h, in), int64(o.KVHeads*hd), int64(h))
 		add(LayerName(i, "self_attn.v_proj"), normal(o.KVHeads*hd*h, in), int64(o.KVHeads*hd), int64(h))
-		add(LayerName(i, "self_attn.o_proj"), normal(h*o.Heads*hd, 1/math.Sqrt(float64(o.Heads*hd))), int64(h), int64(o.Heads*hd))
+		add(LayerName(i, "self_attn.o_proj"), normal(h*o.Heads*hd, outGain/math.Sqrt(float64(o.Heads*hd))), int64(h), int64(o.Heads*hd))
 		add(LayerName(i, "post_attention_layernorm"), ones(h), int64(h))
 		add(LayerName(i, "mlp.gate_proj"), normal(o.Intermediate*h, in), int64(o.Intermediate), int64(h))
 		add(LayerName(i, "mlp.up_proj"), normal(o.Intermediate*h, in), int64(o.Intermediate), int64(h))
-		add(LayerName(i, "mlp.down_proj"), normal(h*o.Intermediate, 1/math.Sqrt(float64(o.Intermediate))), int64(h), int64(o.Intermediate))
+		add(LayerName(i, "mlp.down_proj"), normal(h*o.Intermediate, outGain/math.Sqrt(float64(o.Intermediate))), int64(h), int64(o.Intermediate))
 	}
 	add(NameNorm, ones(h), int64(h))
 	if !o.Tied {
-		add(NameLMHead, normal(vocab*h, 4/math.Sqrt(float64(h))), int64(vocab), int64(h))
+		add(NameLMHead, damp(normal(vocab*h, 4/math.Sqrt(float64(h)))), int64(vocab), int64(h))
 	}
 
 	// shards of about equal size, in order

@@ -192,8 +192,11 @@ func ReadTokenizer(dir string) (*Tokenizer, error) {
 	if tk.EOS >= 0 {
 		tk.EOG = append(tk.EOG, tk.EOS)
 	}
-	if id, ok := tk.Vocab["<|eot_id|>"]; ok && id != tk.EOS {
-		tk.EOG = append(tk.EOG, id)
+	// as llama.cpp does, these end generation whatever the EOS is
+	for _, s := range []string{"<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>"} {
+		if id, ok := tk.Vocab[s]; ok && id != tk.EOS {
+			tk.EOG = append(tk.EOG, id)
+		}
 	}
 	return tk, nil
 }
