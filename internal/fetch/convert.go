@@ -26,6 +26,9 @@ func convertModel(ctx context.Context, cfg Config, dir string, t *tracker, log *
 		out = convert.OutputName(typ)
 	}
 	t.bytesDone.Store(0)
+	t.mu.Lock()
+	t.filesDone = 0
+	t.mu.Unlock()
 	t.setTotals(1, 0)
 	t.setPhase(PhaseConverting, fmt.Sprintf("converting to GGUF %s: %s", typ, out))
 	res, err := convert.Run(ctx, convert.Options{Dir: dir, Type: typ, Output: out, Log: log, Progress: func(done, total int64) {
@@ -40,6 +43,7 @@ func convertModel(ctx context.Context, cfg Config, dir string, t *tracker, log *
 	}
 	t.bytesDone.Store(res.Size)
 	t.setTotals(1, res.Size)
+	t.fileDone()
 	msg := fmt.Sprintf("converted to %s (%s, %s)", res.Output, res.Type, FormatBytes(res.Size))
 	if res.Cached {
 		msg = fmt.Sprintf("conversion already complete: %s (%s, %s)", res.Output, res.Type, FormatBytes(res.Size))

@@ -43,8 +43,10 @@ var DefaultTiny = TinyOptions{Hidden: 64, Layers: 2, Heads: 4, KVHeads: 2, Inter
 // vocabulary (Llama 3's names).
 var tinySpecials = []string{"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}
 
-// TinyChatTemplate is the generated tokenizer's chat template (Llama 3's).
-const TinyChatTemplate = `{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}`
+// TinyChatTemplate is the generated tokenizer's chat template: Llama 3
+// Instruct's, character for character, so that engines which recognise
+// known templates (Ollama) recognise it.
+const TinyChatTemplate = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 
 // tinyCorpus trains the generated tokenizer's merges.
 const tinyCorpus = `The model orchestra serves language models on Kubernetes. A model is fetched once into a cache,
