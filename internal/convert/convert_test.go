@@ -371,3 +371,26 @@ func TestUnsupportedCheckpointsNameWhatIsMissing(t *testing.T) {
 		})
 	}
 }
+
+// Converting a few rows (whole heads for Q and K) at a time writes the
+// same bytes as converting each tensor whole.
+func TestChunkedConversionIsIdentical(t *testing.T) {
+	for _, typ := range []Type{F16, Q8_0} {
+		whole := tiny(t, hfllama.TinyOptions{Seed: 9})
+		a, err := Run(context.Background(), Options{Dir: whole, Type: typ, Name: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		chunked := tiny(t, hfllama.TinyOptions{Seed: 9})
+		old := chunkBytes
+		chunkBytes = 1000 // 3 rows of 64 BF16 values for most tensors, one head of Q/K
+		b, err := Run(context.Background(), Options{Dir: chunked, Type: typ, Name: "x"})
+		chunkBytes = old
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.SHA256 != b.SHA256 {
+			t.Errorf("%s: chunked output %s, whole %s", typ, b.SHA256, a.SHA256)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/gguf"
 	"github.com/model-orchestra/operator/internal/hfllama"
+	"github.com/model-orchestra/operator/internal/safetensors"
 )
 
 // Type is the weight type of a converted model.
@@ -161,7 +162,13 @@ func permuteRows(w []float32, heads int, cols int64) []float32 {
 	return out
 }
 
-// tensorData returns the function that produces a tensor's GGUF bytes.
+// chunkBytes bounds how much of a source tensor is converted at a time, so
+// that converting a model needs tens of MiB of memory whatever its size.
+var chunkBytes int64 = 8 << 20
+
+// tensorData returns the function that produces a tensor's GGUF bytes,
+// reading the source a block of whole rows (whole heads when permuted) at
+// a time.
 func tensorData(ck *hfllama.Checkpoint, p tensorPlan, skip func() bool) func(io.Writer) error {
 	return func(w io.Writer) error {
 		size, _ := p.typ.DataSize(p.shape())
@@ -170,33 +177,56 @@ func tensorData(ck *hfllama.Checkpoint, p tensorPlan, skip func() bool) func(io.
 			_, err := io.CopyN(w, zeros{}, int64(size))
 			return err
 		}
-		x, err := ck.Float32(p.source, tensorShape(p)...)
+		t, sf, err := ck.Tensor(p.source)
 		if err != nil {
 			return err
 		}
-		if p.permuteHeads > 0 && !skipPermutationForTest {
-			x = permuteRows(x, p.permuteHeads, p.cols)
+		rowBytes := p.cols * int64(t.DType.Size())
+		step := max(1, chunkBytes/rowBytes)
+		if p.permuteHeads > 0 {
+			d := p.rows / int64(p.permuteHeads)
+			step = max(1, step/d) * d
 		}
-		var b []byte
-		switch p.typ {
-		case gguf.TypeF32:
-			b = make([]byte, 0, 4*len(x))
-			for _, v := range x {
-				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		var out []byte
+		for r := int64(0); r < p.rows; r += step {
+			n := min(step, p.rows-r)
+			raw, err := sf.ReadRange(t, r*rowBytes, n*rowBytes)
+			if err != nil {
+				return err
 			}
-		case gguf.TypeF16:
-			b = make([]byte, 0, 2*len(x))
-			for _, v := range x {
-				b = binary.LittleEndian.AppendUint16(b, gguf.Float16(v))
+			x, err := safetensors.ToFloat32(t.DType, raw)
+			if err != nil {
+				return fmt.Errorf("tensor %s: %w", p.source, err)
 			}
-		case gguf.TypeQ8_0:
-			b = quantizeQ8_0(make([]byte, 0, size), x)
-		case gguf.TypeQ4_0:
-			b = quantizeQ4_0(make([]byte, 0, size), x)
+			if p.permuteHeads > 0 && !skipPermutationForTest {
+				x = permuteRows(x, int(n/(p.rows/int64(p.permuteHeads))), p.cols)
+			}
+			out = encodeRows(out[:0], p.typ, x)
+			if _, err := w.Write(out); err != nil {
+				return err
+			}
 		}
-		_, err = w.Write(b)
-		return err
+		return nil
 	}
+}
+
+// encodeRows appends x in the GGUF type.
+func encodeRows(b []byte, typ gguf.Type, x []float32) []byte {
+	switch typ {
+	case gguf.TypeF32:
+		for _, v := range x {
+			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+		}
+	case gguf.TypeF16:
+		for _, v := range x {
+			b = binary.LittleEndian.AppendUint16(b, gguf.Float16(v))
+		}
+	case gguf.TypeQ8_0:
+		b = quantizeQ8_0(b, x)
+	case gguf.TypeQ4_0:
+		b = quantizeQ4_0(b, x)
+	}
+	return b
 }
 
 func tensorShape(p tensorPlan) []int64 {

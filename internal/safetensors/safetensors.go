@@ -168,6 +168,18 @@ func (sf *File) Raw(t Tensor) ([]byte, error) {
 	return b, nil
 }
 
+// ReadRange reads n bytes of a tensor from byte off of the tensor.
+func (sf *File) ReadRange(t Tensor, off, n int64) ([]byte, error) {
+	if off < 0 || n < 0 || off+n > t.End-t.Begin {
+		return nil, fmt.Errorf("tensor %s: range [%d, %d) outside its %d bytes", t.Name, off, off+n, t.End-t.Begin)
+	}
+	b := make([]byte, n)
+	if _, err := sf.f.ReadAt(b, sf.dataBase+t.Begin+off); err != nil {
+		return nil, fmt.Errorf("reading tensor %s: %w", t.Name, err)
+	}
+	return b, nil
+}
+
 // Float32 reads a F32, F16 or BF16 tensor as float32 values.
 func (sf *File) Float32(t Tensor) ([]float32, error) {
 	b, err := sf.Raw(t)
