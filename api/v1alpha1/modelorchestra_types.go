@@ -837,12 +837,12 @@ const (
 
 // Condition reasons set by the status plugin.
 const (
-	ReasonModelsCached       = "ModelsCached"
-	ReasonModelDownloading   = "ModelDownloading"
-	ReasonModelFetchFailed   = "ModelFetchFailed"
+	ReasonModelsCached     = "ModelsCached"
+	ReasonModelDownloading = "ModelDownloading"
+	ReasonModelFetchFailed = "ModelFetchFailed"
 	// ReasonModelTooLarge: a model's memory estimate (plus the margin)
 	// exceeds its engine's memory limit; the message names the numbers.
-	ReasonModelTooLarge = "ModelTooLarge"
+	ReasonModelTooLarge      = "ModelTooLarge"
 	ReasonModelPending       = "ModelPending"
 	ReasonTopologyAvailable  = "TopologyAvailable"
 	ReasonTopologyStarting   = "TopologyStarting"
