@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	for _, p := range ps {
 		file.Tensors = append(file.Tensors, gguf.Tensor{Name: p.name, Shape: p.shape(), Type: p.typ})
 	}
-	dataStart, ends, total, err := layout(file)
+	_, ends, total, err := layout(file)
 	if err != nil {
 		return Result{}, err
 	}
@@ -189,7 +189,6 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		end := ends[i]
 		file.Tensors[i].Data = tensorData(ck, p, func() bool { return end <= w.resumeAt })
 	}
-	_ = dataStart
 	w.ctx = ctx
 	if _, err := gguf.Encode(w, file); err != nil {
 		if ctx.Err() != nil {

@@ -116,7 +116,17 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 		return res, err
 	}
 	if cfg.Convert != "" {
-		if err := convertModel(ctx, cfg, res.Dir, t, log); err != nil {
+		// the conversion writes into the cache too: one fetcher at a time
+		unlock, err := lockDir(ctx, filepath.Join(res.Dir, metaDir), func() {
+			t.setPhase(PhasePending, "waiting for another orchestra-fetch using "+res.Dir)
+			log.Info("another orchestra-fetch is using the cache; waiting", "dir", res.Dir)
+		})
+		if err != nil {
+			return res, fmt.Errorf("locking %s: %w", res.Dir, err)
+		}
+		err = convertModel(ctx, cfg, res.Dir, t, log)
+		unlock()
+		if err != nil {
 			return res, err
 		}
 	}
