@@ -335,6 +335,10 @@ func startMirror(ctx context.Context, c config) error {
 	if err := stack.WriteTinyModel(modelRoot); err != nil {
 		return err
 	}
+	// the safetensors checkpoint of config/samples/ollama-safetensors.yaml
+	if err := stack.WriteTinyHFModel(modelRoot); err != nil {
+		return err
+	}
 	url := "http://" + c.mirrorListen
 	if pid := mirrorPID(c); pid != 0 {
 		info("already running (pid %d)", pid)
