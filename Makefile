@@ -74,12 +74,12 @@ lint: ## gofmt, go vet, a 32-bit build (GOARCH=386: syscall field widths differ)
 	$(BIN_DIR)/golangci-lint run ./...
 
 .PHONY: run
-run: ## The demo: a local real-node cluster (root), the operator, a simulator ModelOrchestra, and a streamed answer through its gateway. Installs the real node's Debian packages first.
+run: ## The demo: a local real-node cluster (root), the operator, a ModelOrchestra serving the simulator and the real Ollama engine, and a streamed answer from each through its gateway (MODEL=~/models/x.gguf: Ollama serves your GGUF file). Installs the real node's Debian packages first.
 	@MO_SETUP_FOR="make run" hack/setup-node.sh
 	@hack/tools/install.sh $(RUN_TOOLS)
 	@$(MAKE) --no-print-directory images
 	$(GO) run ./cmd/devcluster status >/dev/null 2>&1 || $(GO) run ./cmd/devcluster up --images $(OUT)/images
-	$(GO) run ./hack/demo up
+	$(GO) run ./hack/demo up $(if $(MODEL),--model "$(MODEL)")
 
 .PHONY: down
 down: ## Remove the demo and the local cluster, and clean the machine.

@@ -31,7 +31,7 @@ import (
 )
 
 // images are the tarballs `make images` writes, all needed by the stack.
-var images = []string{"orchestra-operator", "orchestra-gateway", "orchestra-dispatcher", "orchestra-fetch", "orchestra-sim", "orchestra-agent", "nats-server"}
+var images = []string{"orchestra-operator", "orchestra-gateway", "orchestra-dispatcher", "orchestra-fetch", "orchestra-sim", "orchestra-agent", "nats-server", "ollama"}
 
 const operatorNamespace = "orchestra-system"
 
