@@ -20,6 +20,9 @@ IMAGES := $(BINARIES) nats-server
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 # Wakes measured by bench-lifecycle: with 15 the p99 is the slowest one.
 BENCH_ROUNDS ?= 15
+# Rounds and the larger generated model of bench-engine.
+BENCH_ENGINE_ROUNDS ?= 3
+BENCH_ENGINE_LARGE ?= 256MiB
 # The pinned tools each target runs; `make tools` builds them all.
 RUN_TOOLS := etcd kubernetes coredns
 TEST_TOOLS := etcd kubernetes kwok coredns helm
@@ -151,6 +154,10 @@ soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a f
 bench-lifecycle: tools images ## Wake from zero (real-node cluster, root; BENCH_ROUNDS wakes, default 15), then the checkpoint tiers (bench-tiers); BENCH_TIERS=0 runs the first alone.
 	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-rounds $(BENCH_ROUNDS) -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 150m
 	$(if $(filter 0,$(BENCH_TIERS)),,$(MAKE) bench-tiers)
+
+.PHONY: bench-engine
+bench-engine: tools images ## The real Ollama engine on two generated models (real-node cluster, root): wake from zero vs a plain scale, sleep -> wake vs cold, gateway + queue vs direct. BENCH_ENGINE_ROUNDS (default 3), BENCH_ENGINE_LARGE (default 256MiB).
+	$(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.
