@@ -143,7 +143,7 @@ func up(ctx context.Context, c config) error {
 		return err
 	}
 	step("Starting the Hugging Face mirror on %s (serving hf://%s%s)", c.mirrorListen, stack.DemoModel, ollamaModel.also())
-	if err := startMirror(ctx, c, ollamaModel.repo != ""); err != nil {
+	if err := startMirror(ctx, c, ollamaModel); err != nil {
 		return err
 	}
 
@@ -379,7 +379,8 @@ func mirrorPID(c config) int {
 
 // startMirror starts the mirror, or keeps the running one unless restart
 // (the mirror reads its repositories when it starts).
-func startMirror(ctx context.Context, c config, restart bool) error {
+func startMirror(ctx context.Context, c config, m userModel) error {
+	restart := m.repo != ""
 	modelRoot := filepath.Join(c.stateDir, "models")
 	if err := stack.WriteTinyModel(modelRoot); err != nil {
 		return err
@@ -387,7 +388,7 @@ func startMirror(ctx context.Context, c config, restart bool) error {
 	url := "http://" + c.mirrorListen
 	if pid := mirrorPID(c); pid != 0 && !restart {
 		info("already running (pid %d)", pid)
-		return waitMirror(ctx, url, pid)
+		return waitMirror(ctx, url, pid, 0)
 	} else if pid != 0 {
 		info("restarting it (pid %d) to serve your model", pid)
 		if err := stopMirror(c); err != nil {
@@ -406,7 +407,11 @@ func startMirror(ctx context.Context, c config, restart bool) error {
 		return err
 	}
 	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
-	cmd := exec.Command(c.mirrorBinary(), "--root", modelRoot, "--listen", c.mirrorListen)
+	args := []string{"--root", modelRoot, "--listen", c.mirrorListen}
+	if m.repo != "" {
+		args = append(args, "--file", m.repo+"="+m.path)
+	}
+	cmd := exec.Command(c.mirrorBinary(), args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -418,7 +423,9 @@ func startMirror(ctx context.Context, c config, restart bool) error {
 		return err
 	}
 	info("pid %d, log %s", pid, rel(c.root, logPath))
-	if err := waitMirror(ctx, url, pid); err != nil {
+	// The mirror hashes a file of the user's before it answers (at 50 MiB/s
+	// or better).
+	if err := waitMirror(ctx, url, pid, time.Duration(m.size/(50<<20))*time.Second); err != nil {
 		log, _ := os.ReadFile(logPath)
 		return fmt.Errorf("%w\nmirror log:\n%s", err, log)
 	}
@@ -426,9 +433,9 @@ func startMirror(ctx context.Context, c config, restart bool) error {
 }
 
 // waitMirror waits until the mirror answers for the demo repository.
-func waitMirror(ctx context.Context, url string, pid int) error {
+func waitMirror(ctx context.Context, url string, pid int, extra time.Duration) error {
 	probe := url + "/api/models/" + stack.DemoModel + "/revision/main"
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30*time.Second + extra)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, probe, nil)
 		resp, err := http.DefaultClient.Do(req)

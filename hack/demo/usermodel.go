@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,13 +20,13 @@ const userRepo = "local/user-model"
 type userModel struct {
 	repo string // hf repository in the mirror; empty: the generated model
 	file string // its GGUF file
+	path string // where it is on this machine
 	size int64
 }
 
-// mirrorUserModel puts c.model, when set, into the mirror's userRepo
-// (a hard link, else a copy: the mirror serves regular files) as the
-// repository's only file, so that the operator fetches and verifies it
-// like any model.
+// mirrorUserModel checks c.model, when set: the mirror serves it in
+// place (hubmirror --file) as the only file of userRepo, and the operator
+// fetches and verifies it like any model.
 func mirrorUserModel(c config) (userModel, error) {
 	if c.model == "" {
 		return userModel{}, nil
@@ -40,6 +39,10 @@ func mirrorUserModel(c config) (userModel, error) {
 		}
 		path = filepath.Join(home, path[2:])
 	}
+	path, err := filepath.Abs(path)
+	if err != nil {
+		return userModel{}, err
+	}
 	st, err := os.Stat(path)
 	if err != nil {
 		return userModel{}, fmt.Errorf("MODEL: %w", err)
@@ -50,22 +53,7 @@ func mirrorUserModel(c config) (userModel, error) {
 	if err := checkGGUF(path); err != nil {
 		return userModel{}, err
 	}
-	m := userModel{repo: userRepo, file: filepath.Base(path), size: st.Size()}
-	dir := filepath.Join(c.stateDir, "models", filepath.FromSlash(userRepo))
-	if err := os.RemoveAll(dir); err != nil {
-		return m, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return m, err
-	}
-	dst := filepath.Join(dir, m.file)
-	if err := os.Link(path, dst); err != nil {
-		step("Copying %s into the mirror (%s; a hard link was not possible: %v)", path, humanSize(st.Size()), err)
-		if err := copyFile(path, dst); err != nil {
-			return m, fmt.Errorf("copying MODEL into the mirror: %w", err)
-		}
-	}
-	return m, nil
+	return userModel{repo: userRepo, file: filepath.Base(path), path: path, size: st.Size()}, nil
 }
 
 // checkGGUF refuses a file that does not start with the GGUF magic, here
@@ -81,20 +69,6 @@ func checkGGUF(path string) error {
 		return fmt.Errorf("MODEL %s is not a GGUF file (it does not start with \"GGUF\"): Ollama serves GGUF models", path)
 	}
 	return nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = in.Close() }()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	return errors.Join(err, out.Close())
 }
 
 var nonName = regexp.MustCompile(`[^a-z0-9]+`)
