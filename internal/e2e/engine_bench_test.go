@@ -189,7 +189,7 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 			"gateway": map[string]any{
 				"replicas": int64(1),
 				"service":  map[string]any{"type": "NodePort"},
-				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0), "tokensPerMinute": int64(0)},
+				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)},
 			},
 			"applications": apps,
 		},

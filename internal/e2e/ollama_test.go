@@ -190,12 +190,12 @@ func TestOllama(t *testing.T) {
 	t.Run("a client that aborts mid-stream frees the engine", func(t *testing.T) {
 		// The root takes one request at a time (maxConcurrency 1): an
 		// engine still generating for the gone client would hold the next
-		// request for the whole of its 4096 tokens.
+		// request for up to 100,000 tokens.
 		actx, abort := context.WithCancel(ctx)
 		firstDelta := make(chan struct{})
 		go func() {
 			once := false
-			_, _ = stack.StreamChat(actx, base, token, served, "Tell a very long story.", 4096, func(string) {
+			_, _ = stack.StreamChat(actx, base, token, served, "Tell a very long story.", 100000, func(string) {
 				if !once {
 					once = true
 					close(firstDelta)
@@ -545,7 +545,7 @@ func crashMidStream(ctx context.Context, t *testing.T, ns, base, token string, r
 	streamDone := make(chan error, 1)
 	go func() {
 		once := false
-		_, err := stack.StreamChat(ctx, base, token, served, "Tell a very long story.", 4096, func(string) {
+		_, err := stack.StreamChat(ctx, base, token, served, "Tell a very long story.", 100000, func(string) {
 			if !once {
 				once = true
 				close(firstDelta)
