@@ -126,7 +126,10 @@ livenessProbe:
 sends serving.warmupPrompts (env WARMUP_PROMPT_<i>) before Kubernetes
 starts probing, so that the root reports ready only once warm. Failed
 prompts are logged, not fatal. llama.cpp and vLLM images carry python3;
-Ollama uses its CLI; distributed-llama and the simulator are not warmed. */}}
+Ollama uses its CLI, whose answer is cut after its first 64 bytes (the
+CLI has no token limit: it would generate until the end of the context;
+the others ask for 16 tokens); distributed-llama and the simulator are not
+warmed. */}}
 {{- define "mo.warmup" -}}
 {{- $engine := .spec.runtime.engine -}}
 {{- if and .spec.serving.warmupPrompts (has $engine (list "llamacpp" "vllm" "ollama")) }}
@@ -141,7 +144,7 @@ lifecycle:
           until ollama show "$SERVED_MODEL_NAME" >/dev/null 2>&1; do sleep 0.5; done
           i=0
           while eval "p=\"\${WARMUP_PROMPT_$i:-}\""; [ -n "$p" ]; do
-            ollama run "$SERVED_MODEL_NAME" "$p" >/dev/null 2>&1 || echo "warm-up prompt $i failed"
+            ollama run "$SERVED_MODEL_NAME" "$p" 2>/dev/null | head -c 64 | grep -q . || echo "warm-up prompt $i failed"
             i=$((i+1))
           done
         {{- else }}
