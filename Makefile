@@ -25,6 +25,10 @@ BENCH_ENGINE_ROUNDS ?= 3
 BENCH_ENGINE_LARGE ?= 256MiB
 # The pinned tools each target runs; `make tools` builds them all.
 RUN_TOOLS := etcd kubernetes coredns
+# The real engine's image (make images): the pinned Ollama of
+# hack/tools/ollama, built once per pin; OLLAMA_IMAGE=0 leaves it out.
+OLLAMA_VERSION := $(shell awk '$$1 == "github.com/ollama/ollama" {print $$2}' hack/tools/ollama/go.mod)
+OLLAMA_IMAGE ?= 1
 TEST_TOOLS := etcd kubernetes kwok coredns helm
 
 ##@ General
@@ -38,7 +42,7 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: tools
-tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins) into bin/, once per pin.
+tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins, Ollama) into bin/, once per pin.
 	hack/tools/install.sh
 
 .PHONY: build
@@ -47,7 +51,7 @@ build: ## Build every project binary into _output/bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(OUT)/bin/ $(addprefix ./cmd/,$(BINARIES)) ./cmd/orchestra ./cmd/devcluster
 
 .PHONY: images
-images: ## Build every chart image as a docker-archive tarball in _output/images/ (no Docker engine needed).
+images: ## Build every chart image as a docker-archive tarball in _output/images/ (no Docker engine needed), and the Ollama image (OLLAMA_IMAGE=0: without it).
 	@mkdir -p $(OUT)/linux $(OUT)/images
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(OUT)/linux/ $(addprefix ./cmd/,$(BINARIES))
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "-s -w" -o $(OUT)/linux/nats-server github.com/nats-io/nats-server/v2
@@ -55,6 +59,13 @@ images: ## Build every chart image as a docker-archive tarball in _output/images
 	for img in $(IMAGES); do \
 		$(OUT)/bin/devcluster image --binary $(OUT)/linux/$$img --ref $(IMAGE_REPO)/$$img:v$(VERSION) --out $(OUT)/images/$$img.tar; \
 	done
+ifneq ($(OLLAMA_IMAGE),0)
+	@hack/tools/install.sh ollama
+	@if [ ! -f $(OUT)/images/ollama.tar ] || [ $(BIN_DIR)/ollama -nt $(OUT)/images/ollama.tar ]; then \
+		$(OUT)/bin/devcluster image --binary $(BIN_DIR)/ollama --ref $(IMAGE_REPO)/ollama:$(OLLAMA_VERSION) --out $(OUT)/images/ollama.tar \
+			--env HOME=/tmp --env OLLAMA_HOST=0.0.0.0:11434 --env GIN_MODE=release --port 11434 --arg serve; \
+	fi
+endif
 
 .PHONY: test-unit
 test-unit: ## Every test that needs no cluster, in seconds (go test -short); needs no tools.
