@@ -63,11 +63,13 @@ ifneq ($(OLLAMA_IMAGE),0)
 	@hack/tools/install.sh ollama
 	@# The chart runs Ollama from a shell script (the model import, warm-up,
 	@# waiting for the cache): busybox's static sh (its applets built in)
-	@# is /bin/sh, and ollama is on the PATH where the upstream image has it.
+	@# is /bin/sh, and ollama is on the PATH (set, as the upstream image does:
+	@# the runtime sets none) where the upstream image has it.
 	@[ -x /bin/busybox ] || { echo "images: the ollama image needs /bin/busybox: apt-get install busybox-static (hack/setup-node.sh installs it)"; exit 1; }
 	@if [ ! -f $(OUT)/images/ollama.tar ] || [ $(BIN_DIR)/ollama -nt $(OUT)/images/ollama.tar ] || [ Makefile -nt $(OUT)/images/ollama.tar ]; then \
 		$(OUT)/bin/devcluster image --binary $(BIN_DIR)/ollama --path /usr/bin/ollama --file /bin/sh=/bin/busybox \
 			--ref $(IMAGE_REPO)/ollama:$(OLLAMA_VERSION) --out $(OUT)/images/ollama.tar \
+			--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			--env HOME=/tmp --env OLLAMA_HOST=0.0.0.0:11434 --env GIN_MODE=release --port 11434 --arg serve; \
 	fi
 endif
