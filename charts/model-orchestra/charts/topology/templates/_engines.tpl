@@ -298,7 +298,9 @@ pod's /tmp): once the server answers, the cached GGUF is linked into the
 store's blobs under its sha256 (the fetch manifest's, else computed) so
 that `ollama create` finds the blob and copies nothing, and the model is
 created under the served name; Ollama lists it as "<name>:latest" and
-answers to both. The store is rebuilt at each start (Ollama prunes blobs
+answers to both. Then it is loaded (`ollama run` without a prompt), as the
+other engines load theirs before they answer: a sleeping root's seat finds
+it awake, and the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
 no model references when it starts), the cache stays read-only. A TERM
 reaches the server, and the container ends with it. */}}
 command: ["/bin/sh", "-c"]
@@ -319,6 +321,7 @@ args:
     ln -sf "$model" "$OLLAMA_MODELS/blobs/sha256-$digest"
     printf 'FROM %s\n' "$model" > "$HOME/Modelfile"
     ollama create "$SERVED_MODEL_NAME" -f "$HOME/Modelfile"
+    ollama run "$SERVED_MODEL_NAME" </dev/null >/dev/null 2>&1 || echo "loading $SERVED_MODEL_NAME failed: the first request loads it"
     status=0
     wait "$server" || status=$?
     if kill -0 "$server" 2>/dev/null; then wait "$server" || status=$?; fi
