@@ -18,7 +18,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/gctune"
-	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/lifecyclestate"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/version"
@@ -119,7 +119,7 @@ func hasLifecycle(cfg gateway.Config) bool {
 // applications, which the gateway finds through gateway.WakeStates.
 type wakingQueue struct {
 	*natsqueue.Client
-	*lifecycle.States
+	*lifecyclestate.States
 }
 
 // withWakeStates follows the lifecycle bucket on a connection of its own.
@@ -132,7 +132,7 @@ func withWakeStates(ctx context.Context, qc gateway.QueueConfig, q *natsqueue.Cl
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", qc.URL, err)
 	}
-	states, err := lifecycle.WatchStates(ctx, nc, qc.Orchestra, log)
+	states, err := lifecyclestate.Watch(ctx, nc, qc.Orchestra, log)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

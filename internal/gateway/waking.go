@@ -14,7 +14,7 @@ import (
 
 // WakeStates tells the gateway which applications are waking: scaled to
 // zero by their lifecycle, with pods starting because requests arrived
-// (internal/lifecycle.States implements it from the lifecycle bucket).
+// (internal/lifecyclestate.States implements it from the lifecycle bucket).
 type WakeStates interface {
 	// Waking reports whether requests for app wait for its pods to start,
 	// and why the wake does not progress when the lifecycle knows.
