@@ -23,12 +23,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 var (
@@ -259,7 +259,7 @@ func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token st
 		if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep {
 			return fmt.Errorf("%s: lifecycle %s; want Asleep", s.sleep, lifecycleJSON(st.Lifecycle))
 		}
-		if seat, err := seatState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || seat.State != checkpoint.SeatAsleep {
+		if seat, err := seatState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || seat.State != sidecarapi.Asleep {
 			return fmt.Errorf("%s: seat %+v (%v); want Asleep", s.sleep, seat, err)
 		}
 		return nil

@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // The applications of TestOllama's ModelOrchestra: the real Ollama engine
@@ -232,7 +232,7 @@ func TestOllama(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if seat.State != checkpoint.SeatAsleep {
+			if seat.State != sidecarapi.Asleep {
 				return fmt.Errorf("seat %s; want Asleep", seat.State)
 			}
 			if loaded, err := ollamaLoaded(ctx, sleepyRoot); err != nil || len(loaded) != 0 {
