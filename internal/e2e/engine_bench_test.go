@@ -71,7 +71,7 @@ func TestEngineBenchmark(t *testing.T) {
 	if !*benchEngine {
 		t.Skip("the real-engine benchmark runs with -engine-bench (make bench-engine)")
 	}
-	requireCluster(t)
+	requireOllama(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute+time.Duration(*benchEngineRounds)*4*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, "bench-engine")

@@ -46,7 +46,7 @@ func ollamaServed(app string) string { return app + "-tiny" }
 // runtime.engine: ollama sees, from the first answer to scale to zero,
 // sleep through the seat and an engine crash in the middle of a stream.
 func TestOllama(t *testing.T) {
-	requireCluster(t)
+	requireOllama(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-ollama")
