@@ -207,7 +207,8 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 }
 
 // benchZeroRound times one wake from zero through the gateway and one
-// plain scale 0 -> 1 of the same StatefulSet to its engine's first answer.
+// plain scale 0 -> 1 of the same StatefulSet to its engine's first answer,
+// then pairs of requests through the gateway and straight to that root.
 func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
 	t.Helper()
 	sts := name + "-" + s.zero
@@ -245,10 +246,37 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 	}
 	s.baseline = append(s.baseline, first)
 	t.Logf("%s round %d: wake -> first token %v (sent %s); plain scale -> first answer %v", s.label, round, ttft, sent.UTC().Format(time.StampMilli), first)
+
+	// Gateway + queue against direct, on the awake root of the plain
+	// scale (no seat: direct requests, which the lifecycle does not see,
+	// cannot make it fall asleep in the middle).
+	eventually(t, time.Minute, func() error {
+		if state := lifecycleState(ctx, ns, sts); state != string(v1alpha1.LifecycleAwake) {
+			return fmt.Errorf("%s: lifecycle %q after the plain scale; want Awake", s.zero, state)
+		}
+		return nil
+	})
+	direct := "http://" + net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080") + "/v1/chat/completions"
+	for i := range benchPairs {
+		for _, via := range []string{"gateway", "direct"} {
+			url, tok := base+"/chat/completions", token
+			if via == "direct" {
+				url, tok = direct, ""
+			}
+			first, rate, err := streamTimed(ctx, url, tok, s.zero, fmt.Sprintf("pair %d %d", round, i))
+			if err != nil {
+				t.Fatalf("%s round %d: %s request: %v", s.label, round, via, err)
+			}
+			if via == "direct" {
+				s.directTTFT, s.directRate = append(s.directTTFT, first), appendRate(s.directRate, rate)
+			} else {
+				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
+			}
+		}
+	}
 }
 
-// benchSleepRound times a wake from sleep through the gateway, then pairs
-// of requests through the gateway and straight to the awake engine.
+// benchSleepRound times a wake from sleep through the gateway.
 func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
 	t.Helper()
 	eventually(t, 2*time.Minute, func() error {
@@ -269,24 +297,6 @@ func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token st
 		t.Fatalf("%s round %d: the wake from sleep: %v", s.label, round, err)
 	}
 	s.sleepWake = append(s.sleepWake, ttft)
-	direct := "http://" + net.JoinHostPort(rootIP(ctx, ns, name, s.sleep), "8080") + "/v1/chat/completions"
-	for i := range benchPairs {
-		for _, via := range []string{"gateway", "direct"} {
-			url, tok := base+"/chat/completions", token
-			if via == "direct" {
-				url, tok = direct, ""
-			}
-			first, rate, err := streamTimed(ctx, url, tok, s.sleep, fmt.Sprintf("pair %d %d", round, i))
-			if err != nil {
-				t.Fatalf("%s round %d: %s request: %v", s.label, round, via, err)
-			}
-			if via == "direct" {
-				s.directTTFT, s.directRate = append(s.directTTFT, first), appendRate(s.directRate, rate)
-			} else {
-				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
-			}
-		}
-	}
 	t.Logf("%s round %d: sleep -> wake -> first token %v", s.label, round, ttft)
 }
 
