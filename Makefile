@@ -29,7 +29,7 @@ RUN_TOOLS := etcd kubernetes coredns
 # hack/tools/ollama, built once per pin; OLLAMA_IMAGE=0 leaves it out.
 OLLAMA_VERSION := $(shell awk '$$1 == "github.com/ollama/ollama" {print $$2}' hack/tools/ollama/go.mod)
 OLLAMA_IMAGE ?= 1
-TEST_TOOLS := etcd kubernetes kwok coredns helm
+TEST_TOOLS := etcd kubernetes kwok coredns helm olm opm
 
 ##@ General
 
@@ -42,7 +42,7 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: tools
-tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins, Ollama) into bin/, once per pin.
+tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins, Ollama, OLM v0, opm) into bin/, once per pin.
 	hack/tools/install.sh
 
 .PHONY: build
@@ -131,18 +131,19 @@ bundle: ## Generate bundle/, bundle.Dockerfile, config/rbac/role.yaml and the in
 
 .PHONY: validate-bundle
 validate-bundle: ## Validate the bundles with operator-framework/api (operator-sdk bundle validate --select-optional suite=operatorframework) and our rules.
-	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*)
+	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*) $(wildcard catalog/carriers/*)
 
 .PHONY: catalog
-catalog: ## Render catalog/semver-template.yaml into the File-Based Catalog in catalog/configs with operator-registry's semver template.
+catalog: ## Generate the CRD carriers (catalog/carriers.yaml) and render catalog/semver-template.yaml into the File-Based Catalogs catalog/configs (bundle images) and catalog/inline (no bundle images) with operator-registry's semver template.
 	$(OLM) catalog
 
 .PHONY: validate-catalog
-validate-catalog: ## Validate the catalog with operator-registry's opm validate check.
+validate-catalog: ## Validate both catalogs with operator-registry's opm validate check.
 	$(OLM) validate-catalog catalog/configs
+	$(OLM) validate-catalog catalog/inline
 
 .PHONY: check-crd-compat
-check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier release.
+check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier release, and any catalog bundle pair whose install in either order would drop a field.
 	$(OLM) check-crd-compat
 
 ##@ Benchmarks (each prints a table and updates its section of docs/benchmarks.md)

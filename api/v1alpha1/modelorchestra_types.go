@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,6 +21,7 @@ import (
 // +kubebuilder:printcolumn:name="Apps",type=string,JSONPath=`.status.readyApplications`,description="Ready applications out of all applications"
 // +kubebuilder:printcolumn:name="Awake",type=string,JSONPath=`.status.awakeApplications`,description="Applications with awake engines out of all applications (the others are asleep or at zero pods and wake on the next request)"
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`,description="OpenAI-compatible base URL"
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.modelSize`,description="Model parameters, weight type, file size and estimated memory per application"
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 40",message="metadata.name must be at most 40 characters: it prefixes the names of every object of the stack"
@@ -198,7 +201,28 @@ type GatewaySpec struct {
 	// and 128Mi memory and a 512Mi memory limit.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// responses configures the Responses API's stored responses.
+	// +optional
+	Responses GatewayResponsesSpec `json:"responses,omitempty"`
 }
+
+// GatewayResponsesSpec configures how long the gateway keeps the responses
+// clients store with the Responses API (store: true, the default), which
+// previous_response_id continues. They are kept in a JetStream key-value
+// bucket of the orchestra's NATS, per API token name.
+type GatewayResponsesSpec struct {
+	// retention is how long a stored response and its conversation are
+	// kept after they were stored. Default: DefaultResponsesRetention
+	// (720h, 30 days, as OpenAI keeps them).
+	// +optional
+	Retention *metav1.Duration `json:"retention,omitempty"`
+}
+
+// DefaultResponsesRetention is the retention of stored responses when
+// spec.gateway.responses.retention is not set. It is declared here only:
+// the gateway's configuration default uses it.
+const DefaultResponsesRetention = 720 * time.Hour
 
 // ServiceType is how the gateway Service is exposed.
 // +kubebuilder:validation:Enum=ClusterIP;NodePort;LoadBalancer
@@ -372,8 +396,9 @@ type DispatcherSpec struct {
 //
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'dllama' || [1, 2, 4, 8, 16, 32, 64].exists(n, n == self.runtime.workers + 1)",message="distributed-llama needs root plus workers to be a power of two: workers must be 0, 1, 3, 7, 15, 31 or 63",fieldPath=".runtime.workers"
 // +kubebuilder:validation:XValidation:rule="self.runtime.workers == 0 || self.runtime.engine in ['llamacpp', 'dllama', 'vllm']",message="workers are supported by the llamacpp, dllama and vllm engines only",fieldPath=".runtime.workers"
-// +kubebuilder:validation:XValidation:rule="!has(self.model.format) || self.runtime.engine == 'simulator' || (self.runtime.engine in ['llamacpp', 'ollama'] && self.model.format == 'gguf') || (self.runtime.engine == 'dllama' && self.model.format == 'dllama') || (self.runtime.engine == 'vllm' && self.model.format in ['safetensors', 'gguf'])",message="format does not fit the engine: llamacpp and ollama load gguf, dllama loads dllama, vllm loads safetensors or gguf",fieldPath=".model.format"
-// +kubebuilder:validation:XValidation:rule="!(self.runtime.engine in ['llamacpp', 'ollama', 'dllama'] || (self.runtime.engine == 'vllm' && has(self.model.format) && self.model.format == 'gguf')) || has(self.model.file)",message="file is required: the engine loads one model file (for example model-Q4_K_M.gguf)",fieldPath=".model.file"
+// +kubebuilder:validation:XValidation:rule="!has(self.model.format) || self.runtime.engine == 'simulator' || (self.runtime.engine in ['llamacpp', 'ollama'] && (self.model.format == 'gguf' || (self.model.format == 'safetensors' && has(self.model.convert)))) || (self.runtime.engine == 'dllama' && self.model.format == 'dllama') || (self.runtime.engine == 'vllm' && self.model.format in ['safetensors', 'gguf'])",message="format does not fit the engine: llamacpp and ollama load gguf (or safetensors with model.convert), dllama loads dllama, vllm loads safetensors or gguf",fieldPath=".model.format"
+// +kubebuilder:validation:XValidation:rule="!has(self.model.convert) || self.runtime.engine in ['llamacpp', 'ollama', 'simulator']",message="model.convert writes a GGUF file: only the llamacpp and ollama engines (and the simulator) load it",fieldPath=".model.convert"
+// +kubebuilder:validation:XValidation:rule="!(self.runtime.engine in ['llamacpp', 'ollama', 'dllama'] || (self.runtime.engine == 'vllm' && has(self.model.format) && self.model.format == 'gguf')) || has(self.model.file) || has(self.model.convert)",message="file is required: the engine loads one model file (for example model-Q4_K_M.gguf)",fieldPath=".model.file"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'dllama' || has(self.model.tokenizerFile)",message="tokenizerFile is required by the dllama engine",fieldPath=".model.tokenizerFile"
 // +kubebuilder:validation:XValidation:rule="self.runtime.engine != 'vllm' || self.runtime.workers == 0 || self.model.source.startsWith('pvc://') || (has(self.model.cache) && (has(self.model.cache.existingClaim) || (has(self.model.cache.accessMode) && self.model.cache.accessMode == 'ReadWriteMany')))",message="multi-node vllm reads the model on every node: set cache.accessMode ReadWriteMany, an existingClaim or a pvc:// source",fieldPath=".model.cache"
 // +kubebuilder:validation:XValidation:rule="!has(self.lifecycle) || !has(self.lifecycle.sleepAfter) || self.runtime.engine != 'dllama'",message="distributed-llama cannot sleep (it has no sleep or unload API): remove lifecycle.sleepAfter",fieldPath=".lifecycle.sleepAfter"
@@ -435,6 +460,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.credentialsSecretRef) || self.source.startsWith('s3://')",message="credentialsSecretRef is used for s3:// sources only",fieldPath=".credentialsSecretRef"
 // +kubebuilder:validation:XValidation:rule="!has(self.s3) || self.source.startsWith('s3://')",message="s3 is used for s3:// sources only",fieldPath=".s3"
 // +kubebuilder:validation:XValidation:rule="!has(self.sha256) || self.source.startsWith('https://')",message="sha256 checks a single https:// file",fieldPath=".sha256"
+// +kubebuilder:validation:XValidation:rule="!has(self.convert) || !self.source.startsWith('pvc://')",message="convert writes the GGUF file into the model cache: a pvc:// source is read in place; download it (hf://, https://, s3://) or convert it beforehand",fieldPath=".convert"
 type ModelSpec struct {
 	// source of the model files:
 	// hf://<org>/<repo>[@<revision>] (a Hugging Face repository),
@@ -498,7 +524,8 @@ type ModelSpec struct {
 	Format ModelFormat `json:"format,omitempty"`
 
 	// file is the model file the engine loads, relative to the model
-	// directory (for gguf and dllama models).
+	// directory (for gguf and dllama models). With convert it names the
+	// converted GGUF file, by default model-<weightType>.gguf.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
@@ -513,11 +540,72 @@ type ModelSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!self.startsWith('/') && !self.contains('..')",message="tokenizerFile must be a relative path inside the model directory"
 	TokenizerFile string `json:"tokenizerFile,omitempty"`
 
+	// convert asks for a conversion after the download: a Hugging Face
+	// llama-family checkpoint (config.json, *.safetensors shards,
+	// tokenizer.json and tokenizer_config.json with a byte-level BPE
+	// tokenizer) becomes one GGUF file in the cache, which the llamacpp or
+	// ollama engine then loads. An unsupported checkpoint fails the fetch
+	// with a message naming what is missing (status
+	// applications.<app>.model.message, ModelReady False).
+	// +optional
+	Convert *ModelConvert `json:"convert,omitempty"`
+
+	// sizing checks, for the llamacpp and ollama engines, that the model
+	// fits the engine container's memory limit before the engine starts:
+	// after the fetch (and conversion) the model file's GGUF header gives
+	// the weights and the memory for serving.contextLength tokens ×
+	// serving.maxConcurrency sequences; if that plus the margin exceeds
+	// runtime.resources.limits.memory, the fetch fails, ModelReady is False
+	// with reason ModelTooLarge and the numbers, and engine pods wait in
+	// their init container instead of starting into an out-of-memory kill.
+	// The size is published in status.applications.<app>.model.size either
+	// way.
+	// +optional
+	Sizing *ModelSizing `json:"sizing,omitempty"`
+
 	// cache is the PersistentVolumeClaim the model is downloaded to once
 	// and read from by every replica. Without it a 20Gi ReadWriteOnce claim
 	// of the default storage class is used.
 	// +optional
 	Cache *CacheSpec `json:"cache,omitempty"`
+}
+
+// ConvertWeightType is the weight type of a converted GGUF file.
+// +kubebuilder:validation:Enum=F16;Q8_0;Q4_0
+type ConvertWeightType string
+
+// Weight types of a conversion.
+const (
+	ConvertF16  ConvertWeightType = "F16"
+	ConvertQ8_0 ConvertWeightType = "Q8_0"
+	ConvertQ4_0 ConvertWeightType = "Q4_0"
+)
+
+// ModelConvert is a conversion of the fetched checkpoint to GGUF.
+type ModelConvert struct {
+	// weightType of the matrices: F16 (2 bytes a weight, lossless for
+	// bfloat16 and float16 checkpoints in range), Q8_0 (8.5 bits, llama.cpp's
+	// near-lossless 8-bit blocks) or Q4_0 (4.5 bits). Norms stay F32.
+	// +optional
+	// +kubebuilder:default=Q8_0
+	WeightType ConvertWeightType `json:"weightType,omitempty"`
+}
+
+// ModelSizing tunes the memory check of a GGUF model.
+type ModelSizing struct {
+	// marginPercent is added to the memory estimate before it is compared
+	// with the memory limit (the estimate leaves out the engine's own
+	// runtime and allocator slack).
+	// +optional
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=400
+	MarginPercent int32 `json:"marginPercent,omitempty"`
+
+	// ignoreMemoryLimit publishes the size but never refuses the model,
+	// for users who know the estimate is too high for their engine build.
+	// +optional
+	IgnoreMemoryLimit bool `json:"ignoreMemoryLimit,omitempty"`
 }
 
 // S3Spec locates an S3-compatible object store.
@@ -772,9 +860,12 @@ const (
 
 // Condition reasons set by the status plugin.
 const (
-	ReasonModelsCached       = "ModelsCached"
-	ReasonModelDownloading   = "ModelDownloading"
-	ReasonModelFetchFailed   = "ModelFetchFailed"
+	ReasonModelsCached     = "ModelsCached"
+	ReasonModelDownloading = "ModelDownloading"
+	ReasonModelFetchFailed = "ModelFetchFailed"
+	// ReasonModelTooLarge: a model's memory estimate (plus the margin)
+	// exceeds its engine's memory limit; the message names the numbers.
+	ReasonModelTooLarge      = "ModelTooLarge"
 	ReasonModelPending       = "ModelPending"
 	ReasonTopologyAvailable  = "TopologyAvailable"
 	ReasonTopologyStarting   = "TopologyStarting"
@@ -809,6 +900,11 @@ type ModelOrchestraStatus struct {
 	// http://demo-gateway.default.svc:80/v1, or the Ingress/HTTPRoute URL.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+
+	// modelSize summarises the applications' model sizes, for kubectl get:
+	// for example "chat: 1.1B Q8_0 1.1GiB, needs 1.4GiB".
+	// +optional
+	ModelSize string `json:"modelSize,omitempty"`
 
 	// readyApplications is "<ready>/<total>", for kubectl get.
 	// +optional
@@ -909,6 +1005,39 @@ type ModelStatus struct {
 	// message from the fetcher, for example the reason of a failure.
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// size of a GGUF model, read from its header after the fetch (and
+	// conversion), with the memory it needs.
+	// +optional
+	Size *ModelSize `json:"size,omitempty"`
+}
+
+// ModelSize is what a GGUF model's header says and the memory estimate for
+// the configured context and concurrency.
+type ModelSize struct {
+	// architecture, for example llama.
+	Architecture string `json:"architecture,omitempty"`
+	// parameters is the number of weights.
+	Parameters int64 `json:"parameters,omitempty"`
+	// weightType is the file's predominant weight type, for example Q8_0.
+	WeightType string `json:"weightType,omitempty"`
+	// contextLength is the model's trained context window in tokens.
+	ContextLength int64 `json:"contextLength,omitempty"`
+	// fileBytes is the size of the model file.
+	FileBytes int64 `json:"fileBytes,omitempty"`
+	// context and parallel are what the estimate is for: tokens per
+	// sequence and sequences at once.
+	Context  int64 `json:"context,omitempty"`
+	Parallel int64 `json:"parallel,omitempty"`
+	// memoryBytes is the estimated memory to serve the model (weights, KV
+	// cache, compute buffers; llama.cpp's layout, on the CPU).
+	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// memoryLimitBytes is the engine's memory limit it was checked
+	// against, and marginPercent the margin added to the estimate.
+	MemoryLimitBytes int64 `json:"memoryLimitBytes,omitempty"`
+	MarginPercent    int64 `json:"marginPercent,omitempty"`
+	// fits is false when the estimate plus the margin exceeds the limit.
+	Fits bool `json:"fits"`
 }
 
 // DeployedRelease identifies the deployed Helm release. The engine writes it.

@@ -80,7 +80,8 @@ func run() int {
 		defer closeStates()
 		served = wq
 	}
-	if err := gateway.Run(ctx, cfg, served, log); err != nil {
+	store := q.ResponseStore(cfg.Responses.Retention.Duration, cfg.Responses.Replicas)
+	if err := gateway.RunWith(ctx, cfg, served, log, gateway.Options{Responses: store}); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
 	}

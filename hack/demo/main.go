@@ -385,6 +385,10 @@ func startMirror(ctx context.Context, c config, m userModel) error {
 	if err := stack.WriteTinyModel(modelRoot); err != nil {
 		return err
 	}
+	// the safetensors checkpoint of config/samples/ollama-safetensors.yaml
+	if err := stack.WriteTinyHFModel(modelRoot); err != nil {
+		return err
+	}
 	url := "http://" + c.mirrorListen
 	if pid := mirrorPID(c); pid != 0 && !restart {
 		info("already running (pid %d)", pid)

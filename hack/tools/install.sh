@@ -22,7 +22,7 @@ mkdir -p "$bin" "$cache"
 k8s_version=v1.36.3
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
-all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns helm-operator-plugins ollama)
+all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns helm-operator-plugins ollama olm opm)
 
 # build <tool> <out-dir>: runs in the tool's module directory.
 build() {
@@ -50,6 +50,22 @@ build() {
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/operator-framework/helm-operator-plugins/internal/version.GitVersion=$v" \
 			-o "$out/helm-operator" github.com/operator-framework/helm-operator-plugins
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/helm-operator-tuned" ./tuned ;;
+	olm)
+		# OLM v0's two controllers, run as plain processes by the real-OLM
+		# tier (internal/olm/realolm).
+		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/operator-lifecycle-manager)
+		go build -trimpath -ldflags "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${v#v}" -o "$out/" \
+			github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
+			github.com/operator-framework/operator-lifecycle-manager/cmd/catalog
+		# OLM's CRDs, which the tier applies before starting OLM.
+		d=$(go list -m -f '{{.Dir}}' github.com/operator-framework/operator-lifecycle-manager)
+		for f in "$d"/deploy/chart/crds/*.yaml; do echo "---"; cat "$f"; done > "$out/olm-crds.yaml" ;;
+	opm)
+		# The tags of operator-registry's own Makefile: sqlite's JSON
+		# functions, and OpenPGP in Go instead of gpgme (cgo).
+		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/operator-registry)
+		go build -trimpath -tags=json1,containers_image_openpgp -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=$v -X github.com/operator-framework/operator-registry/cmd/opm/version.opmVersion=$v" \
+			-o "$out/opm" github.com/operator-framework/operator-registry/cmd/opm ;;
 	ollama)
 		# The real engine of the tests and the demo: CPU-only (the cgo
 		# package under ml/backend/ggml compiles the CPU backend in), static

@@ -173,6 +173,11 @@ func startMirror() (string, func(), error) {
 		repo.Files = append(repo.Files, hubtest.File{Path: path, Content: fetchtest.Bytes(data), LFS: strings.HasSuffix(path, ".gguf")})
 	}
 	srv.AddRepo(repo)
+	hf := &hubtest.Repo{ID: stack.DemoHFModel}
+	for path, data := range stack.TinyHFModelFiles() {
+		hf.Files = append(hf.Files, hubtest.File{Path: path, Content: fetchtest.Bytes(data), LFS: strings.HasSuffix(path, ".safetensors")})
+	}
+	srv.AddRepo(hf)
 	srv.SetCDNBase("")
 	ln, err := net.Listen("tcp", net.JoinHostPort(stack.NodeAddress, "0"))
 	if err != nil {

@@ -1,6 +1,8 @@
 package fetch
 
 import (
+	"github.com/model-orchestra/operator/internal/convert"
+
 	"errors"
 	"fmt"
 	"net/url"
@@ -47,6 +49,24 @@ type Config struct {
 	Exclude []string
 	// Format, when set, is checked after download: gguf, safetensors or dllama.
 	Format string
+	// Convert, when set, converts the fetched Hugging Face llama checkpoint
+	// to a GGUF file of this weight type (F16, Q8_0 or Q4_0) in Dest.
+	Convert string
+	// ConvertOutput is the converted file's name relative to Dest (default
+	// model-<type>.gguf).
+	ConvertOutput string
+	// SizeFile, when set, is the GGUF file (relative to the model
+	// directory) whose header is read after the fetch and conversion to
+	// publish the model's size and the memory it needs for SizeContext
+	// tokens (0: the model's own) × SizeParallel sequences. With
+	// MemoryLimit the estimate plus MemoryMargin percent must fit, or the
+	// run fails (unless IgnoreMemoryLimit).
+	SizeFile          string
+	SizeContext       int64
+	SizeParallel      int64
+	MemoryLimit       int64
+	MemoryMargin      int64
+	IgnoreMemoryLimit bool
 
 	// HFEndpoint is the hub base URL (HF_ENDPOINT). Token is the bearer token;
 	// TokenFile, when set, is read at start and wins over HF_TOKEN.
@@ -244,6 +264,23 @@ func (c *Config) Validate() error {
 	case "", FormatGGUF, FormatSafetensors, FormatDllama:
 	default:
 		bad("--format %q: want gguf, safetensors or dllama", c.Format)
+	}
+	if c.Convert != "" {
+		if _, err := convert.ParseType(c.Convert); err != nil {
+			bad("--convert: %v", err)
+		}
+		if c.Dest == "" {
+			bad("--convert writes into the cache: it needs --dest (a pvc:// source is read in place)")
+		}
+		if c.ConvertOutput != "" && (filepath.IsAbs(c.ConvertOutput) || !filepath.IsLocal(c.ConvertOutput)) {
+			bad("--convert-output %q must be a relative path inside --dest", c.ConvertOutput)
+		}
+	}
+	if c.SizeFile != "" && (filepath.IsAbs(c.SizeFile) || !filepath.IsLocal(c.SizeFile)) {
+		bad("--size-file %q must be a relative path inside the model directory", c.SizeFile)
+	}
+	if c.SizeContext < 0 || c.SizeParallel < 0 || c.MemoryLimit < 0 || c.MemoryMargin < 0 {
+		bad("--size-context, --size-parallel, --memory-limit and --memory-margin cannot be negative")
 	}
 	if c.SHA256 != "" {
 		if !sha256RE.MatchString(strings.ToLower(c.SHA256)) {

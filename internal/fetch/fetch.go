@@ -111,6 +111,35 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 		rep.Stop()
 	}()
 
+	res, err = fetchModel(ctx, cfg, opts, t, log)
+	if err != nil {
+		return res, err
+	}
+	if cfg.Convert != "" {
+		// the conversion writes into the cache too: one fetcher at a time
+		unlock, err := lockDir(ctx, filepath.Join(res.Dir, metaDir), func() {
+			t.setPhase(PhasePending, "waiting for another orchestra-fetch using "+res.Dir)
+			log.Info("another orchestra-fetch is using the cache; waiting", "dir", res.Dir)
+		})
+		if err != nil {
+			return res, fmt.Errorf("locking %s: %w", res.Dir, err)
+		}
+		err = convertModel(ctx, cfg, res.Dir, t, log)
+		unlock()
+		if err != nil {
+			return res, err
+		}
+	}
+	if cfg.SizeFile != "" {
+		if err := sizeModel(cfg, res.Dir, t, log); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// fetchModel downloads (or verifies in place) the model files.
+func fetchModel(ctx context.Context, cfg Config, opts Options, t *tracker, log *slog.Logger) (*Result, error) {
 	ps := ParsedSource{}
 	if cfg.Source != "" {
 		ps, _ = ParseSource(cfg.Source, cfg.Revision)

@@ -32,6 +32,14 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.StringArrayVar(&c.Include, "include", c.Include, "only fetch files matching this glob (repeatable; a glob without / matches base names)")
 	fs.StringArrayVar(&c.Exclude, "exclude", c.Exclude, "skip files matching this glob (repeatable)")
 	fs.StringVar(&c.Format, "format", c.Format, "check the result is a gguf, safetensors or dllama model")
+	fs.StringVar(&c.Convert, "convert", c.Convert, "after the fetch, convert the Hugging Face llama checkpoint to a GGUF of this weight type: F16, Q8_0 or Q4_0")
+	fs.StringVar(&c.ConvertOutput, "convert-output", c.ConvertOutput, "file name of the converted GGUF inside --dest (default model-<type>.gguf)")
+	fs.StringVar(&c.SizeFile, "size-file", c.SizeFile, "GGUF file (relative to the model directory) whose header gives the size and memory estimate published after the fetch")
+	fs.Int64Var(&c.SizeContext, "size-context", c.SizeContext, "context window per sequence for the memory estimate (0: the model's own)")
+	fs.Int64Var(&c.SizeParallel, "size-parallel", c.SizeParallel, "sequences served at once, for the memory estimate")
+	fs.Var(bytesValue{&c.MemoryLimit}, "memory-limit", "the engine's memory limit: fail when the estimate plus --memory-margin exceeds it (0: no check)")
+	fs.Int64Var(&c.MemoryMargin, "memory-margin", c.MemoryMargin, "percent added to the memory estimate before comparing it with --memory-limit")
+	fs.BoolVar(&c.IgnoreMemoryLimit, "ignore-memory-limit", c.IgnoreMemoryLimit, "publish the estimate but never fail on --memory-limit")
 	fs.StringVar(&c.HFEndpoint, "hf-endpoint", c.HFEndpoint, "Hugging Face compatible hub URL (env HF_ENDPOINT)")
 	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the hub bearer token (else env HF_TOKEN)")
 	fs.StringVar(&c.SHA256, "sha256", c.SHA256, "expected sha256 of an https:// file")
@@ -64,7 +72,9 @@ func (c Config) Summary() map[string]any {
 	return map[string]any{
 		"source": c.Source, "sourceKind": ps.Kind, "repo": ps.Repo, "revision": ps.Revision,
 		"bucket": ps.Bucket, "prefix": ps.Prefix, "claim": ps.Claim,
-		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format,
+		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format, "convert": c.Convert, "convertOutput": c.ConvertOutput,
+		"sizeFile": c.SizeFile, "sizeContext": c.SizeContext, "sizeParallel": c.SizeParallel,
+		"memoryLimit": c.MemoryLimit, "memoryMargin": c.MemoryMargin, "ignoreMemoryLimit": c.IgnoreMemoryLimit,
 		"hfEndpoint": c.HFEndpoint, "tokenFile": c.TokenFile, "tokenSet": c.Token != "",
 		"sha256": c.SHA256, "s3Endpoint": c.S3Endpoint, "s3Region": c.S3Region,
 		"s3AccessKeyFile": c.S3AccessKeyFile, "s3SecretKeyFile": c.S3SecretKeyFile,

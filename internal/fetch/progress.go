@@ -47,6 +47,8 @@ type Status struct {
 	Verified           bool    `json:"verified"`
 	Message            string  `json:"message"`
 	UpdatedAt          string  `json:"updatedAt"`
+	// Sizing is the model's size and memory estimate, once read.
+	Sizing *Sizing `json:"sizing,omitempty"`
 }
 
 // ProgressSink receives Status snapshots. final is true for the last one.
@@ -62,6 +64,7 @@ type tracker struct {
 	phase      Phase
 	message    string
 	verified   bool
+	sizing     *Sizing
 	files      int
 	filesDone  int
 	bytesTotal int64
@@ -138,6 +141,7 @@ func (t *tracker) snapshot(now time.Time) Status {
 		ETASeconds:         eta,
 		Verified:           t.verified,
 		Message:            t.message,
+		Sizing:             t.sizing,
 		UpdatedAt:          now.UTC().Format(time.RFC3339),
 	}
 }

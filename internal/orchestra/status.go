@@ -1,6 +1,8 @@
 package orchestra
 
 import (
+	"github.com/model-orchestra/operator/internal/modelsize"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -43,6 +45,8 @@ type fetchProgress struct {
 	Verified           bool    `json:"verified"`
 	Message            string  `json:"message"`
 	UpdatedAt          string  `json:"updatedAt"`
+	// Sizing is the model's size from its GGUF header (fetch.Sizing).
+	Sizing *v1alpha1.ModelSize `json:"sizing"`
 }
 
 // Status derives the serving state of a ModelOrchestra from the live
@@ -70,11 +74,17 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	sort.Strings(names)
 
 	apps := map[string]v1alpha1.ApplicationStatus{}
-	var notCached, failed, downloading, notServing, idle, wakeFailing []string
+	var notCached, failed, downloading, notServing, idle, wakeFailing, tooLarge, sizes []string
 	ready, awake := 0, 0
 	for _, name := range names {
 		st := applicationStatus(name, mo.Spec.Applications[name], idx)
 		apps[name] = st
+		if sz := st.Model.Size; sz != nil {
+			sizes = append(sizes, name+": "+sizeSummary(*sz))
+			if !sz.Fits {
+				tooLarge = append(tooLarge, name+": "+st.Model.Message)
+			}
+		}
 		switch {
 		case st.Phase == v1alpha1.PhaseIdle || st.Phase == v1alpha1.PhaseAsleep || st.Phase == v1alpha1.PhaseWaking && st.Lifecycle.Message == "":
 			// Requests are accepted and wait in the queue for the wake:
@@ -116,6 +126,8 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 
 	var modelCond metav1.Condition
 	switch {
+	case len(tooLarge) > 0:
+		modelCond = cond(v1alpha1.ConditionModelReady, false, v1alpha1.ReasonModelTooLarge, "model too large for its engine, no engine started: "+strings.Join(tooLarge, "; "))
 	case len(failed) > 0:
 		modelCond = cond(v1alpha1.ConditionModelReady, false, v1alpha1.ReasonModelFetchFailed, "model fetch failed: "+strings.Join(failed, "; "))
 	case len(notCached) > 0 && len(downloading) > 0:
@@ -196,6 +208,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 			"phase":             string(phase),
 			"endpoint":          endpoint(mo, in.Owner, idx),
 			"readyApplications": fmt.Sprintf("%d/%d", ready, len(names)),
+			"modelSize":         strings.Join(sizes, "; "),
 			"awakeApplications": fmt.Sprintf("%d/%d", awake, len(names)),
 			"applications":      appsJSON,
 		},
@@ -334,6 +347,16 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 	return st
 }
 
+// sizeSummary is one application's part of status.modelSize, for example
+// "1.1B Q8_0 1.1GiB, needs 1.4GiB (limit 1.0GiB)".
+func sizeSummary(s v1alpha1.ModelSize) string {
+	out := fmt.Sprintf("%s %s %s, needs %s", modelsize.Count(s.Parameters), s.WeightType, modelsize.Bytes(s.FileBytes), modelsize.Bytes(s.MemoryBytes))
+	if !s.Fits {
+		out += fmt.Sprintf(" (limit %s)", modelsize.Bytes(s.MemoryLimitBytes))
+	}
+	return out
+}
+
 // modelStatus combines the fetcher's progress report with its Job's
 // outcome; the Job wins when the report is stale (for example the fetcher
 // was killed before writing its last report).
@@ -355,7 +378,7 @@ func modelStatus(app string, idx *objectIndex) v1alpha1.ModelStatus {
 		ms = v1alpha1.ModelStatus{
 			Phase: p.Phase, Bytes: p.BytesDone, BytesTotal: p.BytesTotal,
 			Files: p.FilesDone, FilesTotal: p.Files, ETASeconds: p.ETASeconds,
-			Verified: p.Verified, Message: p.Message,
+			Verified: p.Verified, Message: p.Message, Size: p.Sizing,
 		}
 		if ms.Phase == "" {
 			ms.Phase = "Pending"

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -139,6 +140,17 @@ func Default(mo *v1alpha1.ModelOrchestra) {
 			app.Serving.MaxConcurrency = 1
 		}
 		defaultLifecycle(&app)
+		if c := app.Model.Convert; c != nil {
+			if c.WeightType == "" {
+				c.WeightType = v1alpha1.ConvertQ8_0
+			}
+			if app.Model.Format == "" {
+				app.Model.Format = v1alpha1.ModelFormatSafetensors
+			}
+			if app.Model.File == "" {
+				app.Model.File = "model-" + string(c.WeightType) + ".gguf"
+			}
+		}
 		if app.Model.Format == "" {
 			app.Model.Format = nativeFormat(rt.Engine)
 		}
@@ -170,6 +182,39 @@ func Default(mo *v1alpha1.ModelOrchestra) {
 	}
 	if s.NATS.Storage != nil && s.NATS.Storage.Size.IsZero() {
 		s.NATS.Storage.Size = defaultNATSStorageSize.DeepCopy()
+	}
+}
+
+// sizingValues are the fetch Job's sizing flags for engines that load one
+// GGUF file in one pod (llamacpp, ollama): the file, the context and
+// concurrency the engine is configured with, and the engine container's
+// memory limit (none, or a llama.cpp root whose weights are split over
+// RPC workers, publishes the size without a check).
+func sizingValues(app v1alpha1.Application) map[string]any {
+	m, rt := app.Model, app.Runtime
+	if rt.Engine != v1alpha1.EngineLlamaCPP && rt.Engine != v1alpha1.EngineOllama {
+		return nil
+	}
+	if m.File == "" || (m.Format != v1alpha1.ModelFormatGGUF && m.Convert == nil) {
+		return nil
+	}
+	margin, ignore := int64(10), false
+	if sz := m.Sizing; sz != nil {
+		margin, ignore = int64(sz.MarginPercent), sz.IgnoreMemoryLimit
+	}
+	var limit int64
+	if rt.Resources != nil && rt.Workers == 0 {
+		if q, ok := rt.Resources.Limits[corev1.ResourceMemory]; ok {
+			limit = q.Value()
+		}
+	}
+	return map[string]any{
+		"file":              m.File,
+		"context":           int64(app.Serving.ContextLength),
+		"parallel":          int64(max(app.Serving.MaxConcurrency, 1)),
+		"memoryLimit":       limit,
+		"marginPercent":     margin,
+		"ignoreMemoryLimit": ignore,
 	}
 }
 
@@ -326,6 +371,12 @@ func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 		},
 		"resources": toMap(orDefault(g.Resources, defaultGatewayResources)),
 	}
+	if r := g.Responses.Retention; r != nil {
+		if r.Duration < time.Minute {
+			return nil, fmt.Errorf("spec.gateway.responses.retention: %s is shorter than a minute", r.Duration)
+		}
+		out["responses"] = map[string]any{"retention": r.Duration.String()}
+	}
 	if in := g.Ingress; in != nil {
 		ann := map[string]any{}
 		for k, v := range in.Annotations {
@@ -365,6 +416,12 @@ func applicationValues(app v1alpha1.Application, sleep Sleep) (map[string]any, e
 		"tokenizerFile": m.TokenizerFile,
 		"sha256":        m.SHA256,
 		"hubEndpoint":   m.HubEndpoint,
+	}
+	if c := m.Convert; c != nil {
+		model["convert"] = map[string]any{"weightType": string(c.WeightType)}
+	}
+	if sz := sizingValues(app); sz != nil {
+		model["sizing"] = sz
 	}
 	if r := m.TokenSecretRef; r != nil {
 		model["tokenSecretRef"] = map[string]any{"name": r.Name, "key": r.Key}

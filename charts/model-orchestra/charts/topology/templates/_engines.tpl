@@ -677,6 +677,19 @@ args:
       echo "waiting for the model download into the cache"
       sleep 10
     done
+    {{- if .spec.model.convert }}
+    until grep -Eq '"complete": *true' /models/.orchestra/convert.json 2>/dev/null &&
+      grep -Fq '"output": "{{ .spec.model.file }}"' /models/.orchestra/convert.json && [ -f '/models/{{ .spec.model.file }}' ]; do
+      echo "waiting for the conversion to GGUF"
+      sleep 10
+    done
+    {{- end }}
+    {{- if .spec.model.sizing }}
+    until grep -Eq '"fits": *true' /models/.orchestra/sizing.json 2>/dev/null; do
+      echo "waiting for the model's memory check (status.applications.<app>.model.size; ModelReady says why it does not fit)"
+      sleep 10
+    done
+    {{- end }}
 resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
