@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/convert"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/modelsize"
+)
+
+// TestConvert serves the mirror's Hugging Face checkpoint (safetensors and
+// a tokenizer, hf://demo/tiny-llama-hf) through the real Ollama engine on
+// real pods, as config/samples/ollama-safetensors.yaml does: the fetch Job
+// converts it to GGUF in the cache and sizes it, and the root loads the
+// converted file. A second orchestra whose memory limit is far below the
+// estimate is refused with the numbers.
+func TestConvert(t *testing.T) {
+	requireOllama(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-convert")
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fits, tooLarge = "tiny-hf", "too-large"
+	// The refused one first: its fetch Job runs while the other's stack
+	// comes up.
+	if _, err := stack.Apply(ctx, env.dyn, convertResource(t, ns, tooLarge, "1Mi", "1Mi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stack.Apply(ctx, env.dyn, convertResource(t, ns, fits, "256Mi", "1Gi")); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("the safetensors checkpoint is converted and served by Ollama", func(t *testing.T) {
+		mo := waitReady(ctx, t, ns, fits)
+		out := convert.OutputName(convert.Type(v1alpha1.ConvertF16))
+		m := mo.Status.Applications[convertApp].Model
+		t.Logf("model status: phase %s, message %q, size %+v", m.Phase, m.Message, m.Size)
+		if m.Phase != "Complete" || !m.Verified {
+			t.Errorf("model phase %q verified %v; want Complete and verified", m.Phase, m.Verified)
+		}
+		if !strings.Contains(m.Message, out) {
+			t.Errorf("model message %q does not name the converted file %s", m.Message, out)
+		}
+		gguf, manifest := cachedConversion(ctx, t, ns, fits, out)
+		if manifest.Output != out || !manifest.Complete || manifest.Type != convert.Type(v1alpha1.ConvertF16) || manifest.Size != gguf || manifest.SHA256 == "" {
+			t.Errorf("%s = %+v; want complete, F16, output %s of its %d bytes with a digest", filepath.Join(".orchestra", "convert.json"), manifest, out, gguf)
+		}
+		if sz := m.Size; sz == nil {
+			t.Error("status has no model size")
+		} else if sz.Architecture != "llama" || sz.WeightType != "F16" || sz.Parameters <= 0 || sz.FileBytes != gguf ||
+			sz.Context != convertContext || sz.Parallel != 2 || sz.MemoryBytes <= sz.FileBytes/2 || !sz.Fits || sz.MemoryLimitBytes != 1<<30 {
+			t.Errorf("status model size %+v; want llama F16 of the GGUF's %d bytes, its estimate for %d tokens × 2 sequences under the 1GiB limit", *sz, gguf, convertContext)
+		}
+		if c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionModelReady); c == nil || c.Status != metav1.ConditionTrue {
+			t.Errorf("ModelReady %+v; want True", c)
+		}
+
+		base, err := stack.GatewayURL(ctx, env.cs, ns, fits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Ready means the gateway has ready endpoints; kube-proxy may
+		// program the NodePort a moment later.
+		addr := strings.TrimPrefix(strings.TrimSuffix(base, "/v1"), "http://")
+		eventually(t, 30*time.Second, func() error {
+			if !dialable(addr) {
+				return fmt.Errorf("the gateway's NodePort %s accepts no connection", addr)
+			}
+			return nil
+		})
+		events, done, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
+			"model": convertServed, "stream": true, "max_tokens": 8, "stream_options": map[string]any{"include_usage": true},
+			"messages": []map[string]string{{"role": "user", "content": chatPrompt}},
+		})
+		if err != nil {
+			t.Fatalf("chat through the gateway: %v", err)
+		}
+		var content string
+		var usage *openAIUsage
+		for _, ev := range events {
+			if ev.Usage != nil {
+				usage = ev.Usage
+			}
+			for _, c := range ev.Choices {
+				content += c.Delta.Content
+			}
+		}
+		t.Logf("Ollama answered %q, usage %+v", content, usage)
+		if !done || content == "" || usage == nil || usage.PromptTokens == 0 || usage.CompletionTokens == 0 || usage.CompletionTokens > 8 {
+			t.Errorf("chat through the gateway: [DONE] %v, content %q, usage %+v; want non-empty content, prompt and 1..8 completion tokens", done, content, usage)
+		}
+	})
+
+	t.Run("a model too large for its memory limit is refused before the engine starts", func(t *testing.T) {
+		var mo *v1alpha1.ModelOrchestra
+		eventually(t, 4*time.Minute, func() error {
+			var err error
+			if mo, err = stack.Get(ctx, env.dyn, ns, tooLarge); err != nil {
+				return err
+			}
+			c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionModelReady)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonModelTooLarge {
+				return fmt.Errorf("ModelReady %+v; want False %s", c, v1alpha1.ReasonModelTooLarge)
+			}
+			return nil
+		})
+		c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionModelReady)
+		sz := mo.Status.Applications[convertApp].Model.Size
+		t.Logf("ModelReady: %s: %s", c.Reason, c.Message)
+		if sz == nil || sz.Fits || sz.MemoryLimitBytes != 1<<20 || sz.MemoryBytes == 0 {
+			t.Fatalf("status model size %+v; want the estimate, the 1MiB limit and fits false", sz)
+		}
+		for _, want := range []string{modelsize.Bytes(sz.MemoryBytes), "the limit is " + modelsize.Bytes(sz.MemoryLimitBytes), "F16"} {
+			if !strings.Contains(c.Message, want) {
+				t.Errorf("ModelReady message %q does not say %q", c.Message, want)
+			}
+		}
+		// The root pod exists and holds in its wait-for-model init
+		// container, which waits for sizing.json to say fits; the engine
+		// container is never started. Watched across two of the init
+		// container's 10 s polls.
+		sel := "app.kubernetes.io/instance=" + tooLarge + ",modelorchestra.io/application=" + convertApp + ",app.kubernetes.io/component=root"
+		deadline := time.Now().Add(25 * time.Second)
+		seen := false
+		for time.Now().Before(deadline) {
+			pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pods.Items {
+				seen = true
+				for _, s := range p.Status.ContainerStatuses {
+					if s.Name == "engine" && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil || s.RestartCount > 0) {
+						t.Fatalf("the engine container of %s started: %+v", p.Name, s)
+					}
+				}
+				if !waitingForModel(p) {
+					t.Fatalf("pod %s is not held in its wait-for-model init container: %+v", p.Name, p.Status.InitContainerStatuses)
+				}
+			}
+			time.Sleep(5 * time.Second)
+		}
+		if !seen {
+			t.Log("no root pod of the refused application exists")
+		}
+	})
+}
+
+const (
+	convertApp     = "tiny"
+	convertServed  = "tiny"
+	convertContext = 256
+)
+
+// convertResource is config/samples/ollama-safetensors.yaml with the
+// e2e mirror, the built Ollama image and the given engine memory request
+// and limit.
+func convertResource(t *testing.T, ns, name, memoryRequest, memoryLimit string) *unstructured.Unstructured {
+	t.Helper()
+	image, err := stack.ImageRef(filepath.Join(env.root, "_output", "images", "ollama.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       v1alpha1.Kind,
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{
+			"gateway": map[string]any{
+				"replicas": int64(1),
+				"service":  map[string]any{"type": "NodePort"},
+			},
+			"applications": map[string]any{
+				convertApp: map[string]any{
+					"model": map[string]any{
+						"source":      "hf://" + stack.DemoHFModel,
+						"hubEndpoint": env.hub,
+						"format":      "safetensors",
+						"convert":     map[string]any{"weightType": string(v1alpha1.ConvertF16)},
+						"sizing":      map[string]any{"marginPercent": int64(20)},
+						"cache":       map[string]any{"size": "1Gi"},
+					},
+					"runtime": map[string]any{
+						"engine": "ollama",
+						"image":  image,
+						"resources": map[string]any{
+							"requests": map[string]any{"cpu": "100m", "memory": memoryRequest},
+							"limits":   map[string]any{"memory": memoryLimit},
+						},
+					},
+					"serving": map[string]any{"servedModelName": convertServed, "maxConcurrency": int64(2), "contextLength": int64(convertContext)},
+				},
+			},
+		},
+	}}
+}
+
+// cachedConversion reads the size of the converted file out and
+// .orchestra/convert.json from the cache claim of orchestra name, in its directory on this machine (the real node; the
+// local cluster's provisioner backs claims with host directories).
+func cachedConversion(ctx context.Context, t *testing.T, ns, name, out string) (int64, convert.Manifest) {
+	t.Helper()
+	pvcs, err := env.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pvc := range pvcs.Items {
+		if !strings.HasPrefix(pvc.Name, name+"-") || pvc.Spec.VolumeName == "" {
+			continue
+		}
+		pv, err := env.cs.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+		if err != nil || pv.Spec.HostPath == nil {
+			continue
+		}
+		b, err := os.ReadFile(convert.ManifestPath(pv.Spec.HostPath.Path))
+		if err != nil {
+			continue
+		}
+		var m convert.Manifest
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s of claim %s: %v", convert.ManifestPath(pv.Spec.HostPath.Path), pvc.Name, err)
+		}
+		fi, err := os.Stat(filepath.Join(pv.Spec.HostPath.Path, out))
+		if err != nil {
+			t.Fatalf("the converted file of claim %s: %v", pvc.Name, err)
+		}
+		return fi.Size(), m
+	}
+	t.Fatalf("no cache claim of %s/%s holds .orchestra/convert.json", ns, name)
+	return 0, convert.Manifest{}
+}
+
+// waitingForModel reports whether p is held in its wait-for-model init
+// container (running, not finished).
+func waitingForModel(p corev1.Pod) bool {
+	for _, s := range p.Status.InitContainerStatuses {
+		if strings.HasPrefix(s.Name, "wait-for-model") {
+			return s.State.Terminated == nil
+		}
+	}
+	return false
+}
