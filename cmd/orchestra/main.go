@@ -51,7 +51,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newTemplateCommand(), newValuesCommand(), newPostRenderCommand())
+	root.AddCommand(newTemplateCommand(), newValuesCommand(), newPostRenderCommand(), newGenerateModelCommand())
 	return root
 }
 

@@ -7,6 +7,14 @@
 // Every <root>/<org>/<name>/ directory is a repository; its files are served
 // at revision "main". Files of 1 MiB or more, and weights (.safetensors,
 // .gguf, .bin, .pt, .m), are served as LFS files with their sha256.
+//
+// --file ORG/NAME=PATH (repeatable) serves one file of your own, a GGUF
+// model of any size, as the only file of repository ORG/NAME, read in place
+// (no copy):
+//
+//	hubmirror --root ./models --file local/my-model=$HOME/models/x.gguf
+//
+// serves hf://local/my-model with the file x.gguf.
 package main
 
 import (
@@ -29,6 +37,8 @@ func main() {
 	root := flag.String("root", "", "directory holding <org>/<name>/ repositories")
 	listen := flag.String("listen", "127.0.0.1:8088", "address to serve on")
 	token := flag.String("token", "", "require this bearer token (default: none)")
+	var files fileFlags
+	flag.Var(&files, "file", "serve a file of yours as the only file of a repository: ORG/NAME=PATH (repeatable)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *root == "" {
@@ -39,6 +49,14 @@ func main() {
 	if err != nil {
 		log.Error("loading repositories", "root", *root, "err", err)
 		os.Exit(1)
+	}
+	for _, f := range files {
+		r, err := fileRepo(f.repo, f.path)
+		if err != nil {
+			log.Error("serving a file", "file", f.repo+"="+f.path, "err", err)
+			os.Exit(1)
+		}
+		repos = append(repos, r)
 	}
 	if len(repos) == 0 {
 		log.Warn("no <org>/<name> repositories found", "root", *root)
@@ -55,6 +73,41 @@ func main() {
 		log.Error("serving", "err", err)
 		os.Exit(1)
 	}
+}
+
+// fileFlag is one --file ORG/NAME=PATH.
+type fileFlag struct{ repo, path string }
+
+type fileFlags []fileFlag
+
+func (f *fileFlags) String() string { return fmt.Sprint(*f) }
+
+func (f *fileFlags) Set(v string) error {
+	repo, path, ok := strings.Cut(v, "=")
+	org, name, ok2 := strings.Cut(repo, "/")
+	if !ok || !ok2 || org == "" || name == "" || strings.Contains(name, "/") || path == "" {
+		return fmt.Errorf("%q: want ORG/NAME=PATH, e.g. local/my-model=/models/x.gguf", v)
+	}
+	*f = append(*f, fileFlag{repo: repo, path: path})
+	return nil
+}
+
+// fileRepo is the repository id with the one file at path, served under
+// its base name and read in place.
+func fileRepo(id, path string) (*hubtest.Repo, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	c, err := fetchtest.File(path)
+	if err != nil {
+		return nil, err
+	}
+	name := filepath.Base(path)
+	return &hubtest.Repo{ID: id, Files: []hubtest.File{{Path: name, Content: c, LFS: isLFS(name, c.Size())}}}, nil
 }
 
 func isLFS(name string, size int64) bool {

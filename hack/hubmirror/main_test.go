@@ -78,3 +78,42 @@ func TestMirrorServesDirectoryAsHub(t *testing.T) {
 		t.Errorf("download through the relative CDN redirect: %d, %d bytes", resp2.StatusCode, resp2.ContentLength)
 	}
 }
+
+func TestMirrorServesAFileInPlace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mine.gguf")
+	if err := os.WriteFile(path, []byte("GGUF-of-mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var files fileFlags
+	if err := files.Set("local/my-model=" + path); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"my-model=" + path, "local/my-model", "a/b/c=" + path, "/x=" + path} {
+		if err := files.Set(bad); err == nil {
+			t.Errorf("--file %s accepted", bad)
+		}
+	}
+	repo, err := fileRepo(files[0].repo, files[0].path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if repo.ID != "local/my-model" || len(repo.Files) != 1 || repo.Files[0].Path != "mine.gguf" || !repo.Files[0].LFS {
+		t.Fatalf("repo = %+v, want local/my-model with mine.gguf as LFS", repo)
+	}
+	if _, err := fileRepo("local/x", filepath.Dir(path)); err == nil {
+		t.Error("a directory was accepted as a file")
+	}
+	srv := &hubtest.Server{}
+	srv.AddRepo(repo)
+	srv.SetCDNBase("")
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	resp, err := http.Get(hs.URL + "/local/my-model/resolve/main/mine.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK || resp.ContentLength != int64(len("GGUF-of-mine")) {
+		t.Errorf("download: %d, %d bytes", resp.StatusCode, resp.ContentLength)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -84,10 +85,37 @@ func (o *Ollama) Sleeping(ctx context.Context) (bool, error) {
 	if err := o.call(ctx, http.MethodGet, "/api/ps", nil, &ps); err != nil {
 		return false, err
 	}
+	want := ollamaName(o.model)
 	for _, m := range ps.Models {
-		if m.Name == o.model || m.Model == o.model {
+		if strings.EqualFold(ollamaName(m.Name), want) || strings.EqualFold(ollamaName(m.Model), want) {
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// ollamaName is a model name as Ollama lists it in /api/ps (types/model:
+// ParseName, then DisplayShortest, v0.17.4): a missing tag is "latest", and
+// the default host registry.ollama.ai and namespace library are left out.
+// `ollama create tiny` makes "tiny:latest"; Ollama compares names ignoring
+// case.
+func ollamaName(name string) string {
+	s, tag := name, "latest"
+	if i := strings.LastIndex(s, ":"); i > strings.LastIndex(s, "/") {
+		s, tag = s[:i], s[i+1:]
+	}
+	host, ns, model := "registry.ollama.ai", "library", s
+	if i := strings.LastIndex(s, "/"); i >= 0 {
+		ns, model = s[:i], s[i+1:]
+		if j := strings.LastIndex(ns, "/"); j >= 0 {
+			host, ns = ns[:j], ns[j+1:]
+		}
+	}
+	switch {
+	case !strings.EqualFold(host, "registry.ollama.ai"):
+		return host + "/" + ns + "/" + model + ":" + tag
+	case !strings.EqualFold(ns, "library"):
+		return ns + "/" + model + ":" + tag
+	}
+	return model + ":" + tag
 }

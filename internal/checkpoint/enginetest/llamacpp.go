@@ -70,7 +70,11 @@ func (l *LlamaCPP) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == "GET" && r.URL.Path == "/models":
 		data := []map[string]any{}
 		for m, s := range l.status {
-			data = append(data, map[string]any{"id": m, "object": "model", "status": map[string]any{"value": s}})
+			status := map[string]any{"value": s}
+			if s != "unloaded" {
+				status["args"] = []string{"llama-server", "--model", m + ".gguf"}
+			}
+			data = append(data, map[string]any{"id": m, "path": "/models/" + m + ".gguf", "status": status})
 		}
 		writeJSON(w, map[string]any{"data": data})
 	case r.Method == "GET" && r.URL.Path == "/props":
@@ -85,7 +89,11 @@ func (l *LlamaCPP) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "llamacpp:requests_processing 0\nllamacpp:requests_deferred 0")
 	case r.Method == "POST" && (r.URL.Path == "/models/load" || r.URL.Path == "/models/unload"):
 		if _, ok := l.status[body.Model]; !ok {
-			http.Error(w, `{"error":{"message":"model not found"}}`, http.StatusNotFound)
+			// llama-server answers errors in the OpenAI format
+			// ({"error":{"code","message","type"}}, tools/server/README.md).
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = fmt.Fprintf(w, `{"error":{"code":404,"message":"model %s not found","type":"not_found_error"}}`, body.Model)
 			return
 		}
 		if r.URL.Path == "/models/unload" {

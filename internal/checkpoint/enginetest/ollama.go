@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"time"
 )
@@ -62,6 +63,12 @@ func (o *Ollama) serve(w http.ResponseWriter, r *http.Request) {
 		o.mu.Lock()
 		models := []map[string]any{}
 		for m := range o.loaded {
+			// Ollama lists the model's full short name: `ollama create
+			// tiny` is "tiny:latest" (server/routes.go PsHandler,
+			// model.ShortName, v0.17.4).
+			if i := strings.LastIndex(m, ":"); i <= strings.LastIndex(m, "/") {
+				m += ":latest"
+			}
 			models = append(models, map[string]any{"name": m, "model": m, "size": 1 << 30, "size_vram": 0, "expires_at": "2318-01-01T00:00:00Z"})
 		}
 		o.mu.Unlock()

@@ -35,6 +35,9 @@ type VLLM struct {
 	calls        []string
 }
 
+// ModelName is the model the fake vLLM serves (GET /v1/models).
+const ModelName = "m"
+
 // NewVLLM starts an awake fake vLLM.
 func NewVLLM() *VLLM {
 	v := &VLLM{weightsAwake: true, kvAwake: true, weightsValid: true}
@@ -125,6 +128,16 @@ func (v *VLLM) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		v.weightsValid = true
 		writeJSON(w, map[string]any{"results": []any{nil}})
+	case r.Method == "GET" && r.URL.Path == "/v1/models":
+		// ModelList of ModelCard (vllm/entrypoints/openai/protocol.py):
+		// answered asleep too, as vLLM's sleep-mode docs say.
+		writeJSON(w, map[string]any{"object": "list", "data": []any{map[string]any{
+			"id": ModelName, "object": "model", "created": 1764000000, "owned_by": "vllm",
+			"root": ModelName, "parent": nil, "max_model_len": 4096,
+			"permission": []any{map[string]any{"id": "modelperm-0", "object": "model_permission", "created": 1764000000,
+				"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true, "allow_search_indices": false,
+				"allow_view": true, "allow_fine_tuning": false, "organization": "*", "group": nil, "is_blocking": false}},
+		}}})
 	case r.Method == "POST" && r.URL.Path == "/reset_prefix_cache":
 		w.WriteHeader(http.StatusOK)
 	case r.Method == "POST" && strings.HasPrefix(r.URL.Path, "/v1/"):

@@ -9,11 +9,12 @@ package stack
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
+	"sync"
+
+	"github.com/model-orchestra/operator/internal/modelgen"
 )
 
 // Demo model repository served by the mirror: hf://DemoOrg/DemoRepo.
@@ -28,74 +29,47 @@ const (
 	NodeAddress = "10.123.0.1"
 )
 
-// TinyModelFiles returns the files of the demo repository, by path: a
-// GGUF file with a valid header and metadata but no tensors (the simulator
-// reads only metadata, and orchestra-fetch --format=gguf checks the magic
-// and version), a config.json and a README.
+// TinyModelFiles returns the files of the demo repository, by path: the
+// generated tiny llama model (internal/modelgen: 2 layers, a real gpt2
+// tokenizer and the ChatML template, about 300 KB) that Ollama and
+// llama.cpp load and the simulator reads as its weights, a config.json of
+// the same shape and a README. The mirror serves the GGUF file as an LFS
+// file with its sha256, so the fetcher verifies a real model.
 func TinyModelFiles() map[string][]byte {
+	tiny := modelgen.Tiny()
 	return map[string][]byte{
-		DemoFile: tinyGGUF(map[string]any{
-			"general.architecture":   "llama",
-			"general.name":           "orchestra-demo-tiny",
-			"llama.context_length":   uint32(2048),
-			"llama.embedding_length": uint32(64),
-			"llama.block_count":      uint32(2),
-		}),
-		"config.json": []byte(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","max_position_embeddings":2048,"hidden_size":64,"num_hidden_layers":2}` + "\n"),
-		"README.md":   []byte("# tiny-gguf\n\nA metadata-only GGUF model for the Model Orchestra demo and end-to-end tests.\n"),
+		DemoFile:      tinyModel(),
+		"config.json": []byte(fmt.Sprintf(`{"architectures":["LlamaForCausalLM"],"model_type":"llama","max_position_embeddings":%d,"hidden_size":%d,"num_hidden_layers":%d,"num_attention_heads":%d,"intermediate_size":%d,"vocab_size":%d}`+"\n", tiny.Context, tiny.Embedding, tiny.Layers, tiny.Heads, tiny.FeedForward, modelgen.VocabSize)),
+		"README.md":   []byte("# tiny-gguf\n\nThe tiny llama model of the Model Orchestra demo and tests, made by `orchestra generate-model` (internal/modelgen): a real tokenizer and chat template, pseudo-random weights, gibberish answers.\n"),
 	}
 }
 
+// tinyModel is the generated tiny model's GGUF file, made once.
+var tinyModel = sync.OnceValue(func() []byte {
+	var b bytes.Buffer
+	if _, err := modelgen.Write(&b, modelgen.Tiny()); err != nil {
+		panic(fmt.Sprintf("generating the tiny model: %v", err)) // a fixed, valid config
+	}
+	return b.Bytes()
+})
+
 // WriteTinyModel writes the demo repository under root as
-// <root>/<org>/<repo>/..., the layout hack/hubmirror serves.
+// <root>/<org>/<repo>/..., the layout hack/hubmirror serves. A file that
+// already has the right content is left alone (a running mirror keeps
+// serving it).
 func WriteTinyModel(root string) error {
 	dir := filepath.Join(root, DemoOrg, DemoRepo)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	for name, data := range TinyModelFiles() {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+		p := filepath.Join(dir, name)
+		if old, err := os.ReadFile(p); err == nil && bytes.Equal(old, data) {
+			continue
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
 			return fmt.Errorf("writing demo model file %s: %w", name, err)
 		}
 	}
 	return nil
-}
-
-// tinyGGUF encodes a GGUF v3 file with the given metadata (uint32 and
-// string values) and no tensors.
-func tinyGGUF(meta map[string]any) []byte {
-	const (
-		typeUint32 = 4
-		typeString = 8
-	)
-	var b bytes.Buffer
-	le := func(v any) { _ = binary.Write(&b, binary.LittleEndian, v) }
-	str := func(s string) { le(uint64(len(s))); b.WriteString(s) }
-	b.WriteString("GGUF")
-	le(uint32(3))         // version
-	le(uint64(0))         // tensors
-	le(uint64(len(meta))) // metadata key/value pairs
-	keys := make([]string, 0, len(meta))
-	for k := range meta {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		str(k)
-		switch v := meta[k].(type) {
-		case uint32:
-			le(uint32(typeUint32))
-			le(v)
-		case string:
-			le(uint32(typeString))
-			str(v)
-		default:
-			panic(fmt.Sprintf("gguf metadata %s: unsupported type %T", k, v))
-		}
-	}
-	// Pad to the default alignment, as writers do before tensor data.
-	for b.Len()%32 != 0 {
-		b.WriteByte(0)
-	}
-	return b.Bytes()
 }

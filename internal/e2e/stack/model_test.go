@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"bytes"
 	"context"
 	"net/http/httptest"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
+	"github.com/model-orchestra/operator/internal/modelgen"
 )
 
 // TestTinyModelFetchesAndHitsCache checks what the demo relies on:
@@ -57,9 +59,12 @@ func TestTinyModelFetchesAndHitsCache(t *testing.T) {
 	}
 }
 
-func TestTinyGGUFHeader(t *testing.T) {
-	b := TinyModelFiles()[DemoFile]
-	if string(b[:4]) != "GGUF" || b[4] != 3 || len(b)%32 != 0 {
-		t.Errorf("header = %q version %d, length %d; want GGUF v3 padded to 32 bytes", b[:4], b[4], len(b))
+func TestDemoModelIsTheGeneratedTinyModel(t *testing.T) {
+	var want bytes.Buffer
+	if _, err := modelgen.Write(&want, modelgen.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	if got := TinyModelFiles()[DemoFile]; !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("the demo's %s (%d bytes) is not the generated tiny model (%d bytes)", DemoFile, len(got), want.Len())
 	}
 }

@@ -1,0 +1,115 @@
+package checkpoint_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/enginetest"
+	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/ollamatest"
+)
+
+// The Ollama adapter's contract, against the real engine: the pinned
+// Ollama (bin/ollama) serving the generated tiny model, created under a
+// name without a tag as the chart does (`ollama create "$SERVED_MODEL_NAME"`),
+// which Ollama lists as NAME:latest.
+func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
+	s := ollamatest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var model bytes.Buffer
+	if _, err := modelgen.Write(&model, modelgen.Tiny()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(ctx, "tiny", model.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	e, err := checkpoint.NewEngine(checkpoint.EngineConfig{Kind: checkpoint.EngineOllama, URL: s.URL, Model: "tiny", KeepAlive: "-1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if asleep, err := e.Sleeping(ctx); err != nil || !asleep {
+		t.Fatalf("a created, never used model: Sleeping = %v, %v; want true", asleep, err)
+	}
+	if err := e.Wake(ctx); err != nil {
+		t.Fatalf("wake: %v", err)
+	}
+	if names := psNames(t, s.URL); len(names) != 1 || names[0] != "tiny:latest" {
+		t.Fatalf("/api/ps lists %v after the wake, want [tiny:latest]", names)
+	}
+	if asleep, err := e.Sleeping(ctx); err != nil || asleep {
+		t.Fatalf("after the wake: Sleeping = %v, %v; want false", asleep, err)
+	}
+	if n, err := e.InFlight(ctx); err != nil || n != -1 {
+		t.Errorf("InFlight = %d, %v; want -1 (Ollama has no request gauge)", n, err)
+	}
+	if err := e.Sleep(ctx, 1); err != nil {
+		t.Fatalf("sleep: %v", err)
+	}
+	if names := psNames(t, s.URL); len(names) != 0 {
+		t.Fatalf("/api/ps lists %v after the sleep, want nothing", names)
+	}
+	// A second cycle: the reload after an unload.
+	if err := e.Wake(ctx); err != nil {
+		t.Fatalf("second wake: %v", err)
+	}
+	if asleep, _ := e.Sleeping(ctx); asleep {
+		t.Fatal("not loaded after the second wake")
+	}
+	// The tagged name and another case are the same model to Ollama.
+	for _, name := range []string{"tiny:latest", "TINY"} {
+		other, _ := checkpoint.NewEngine(checkpoint.EngineConfig{Kind: checkpoint.EngineOllama, URL: s.URL, Model: name}, nil)
+		if asleep, err := other.Sleeping(ctx); err != nil || asleep {
+			t.Errorf("model %q: Sleeping = %v, %v; want false", name, asleep, err)
+		}
+	}
+
+	// A model Ollama does not have: the wake fails with Ollama's answer.
+	absent, _ := checkpoint.NewEngine(checkpoint.EngineConfig{Kind: checkpoint.EngineOllama, URL: s.URL, Model: "absent"}, nil)
+	if err := absent.Wake(ctx); err == nil {
+		t.Error("the wake of a model Ollama does not have succeeded")
+	}
+}
+
+// The name rule on its own, against the fake (which lists names as Ollama
+// does): runs under -short too.
+func TestOllamaAdapterUntaggedName(t *testing.T) {
+	f := enginetest.NewOllama()
+	defer f.Close()
+	e := newEngine(t, checkpoint.EngineConfig{Kind: "ollama", URL: f.URL(), Model: "tiny", KeepAlive: "-1"})
+	ctx := ctxT(t)
+	if err := e.Wake(ctx); err != nil {
+		t.Fatalf("wake of %q, listed as tiny:latest: %v", "tiny", err)
+	}
+	if err := e.Sleep(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func psNames(t *testing.T, base string) []string {
+	t.Helper()
+	resp, err := http.Get(base + "/api/ps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var ps struct {
+		Models []struct {
+			Name string `json:"name"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ps); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range ps.Models {
+		names = append(names, m.Name)
+	}
+	return names
+}
