@@ -42,8 +42,8 @@ func TestPrefixCacheAdmit(t *testing.T) {
 
 func TestPrefixCacheEvictsPrefixesFromTheirEnd(t *testing.T) {
 	c := newPrefixCache(PrefixCache{Tokens: 64, BlockTokens: 16}) // 4 blocks
-	a := words("a", 48)                                            // 3 blocks
-	b := words("b", 32)                                            // 2 blocks
+	a := words("a", 48)                                           // 3 blocks
+	b := words("b", 32)                                           // 2 blocks
 	c.admit(a)
 	c.admit(b) // evicts one block of a: its last
 	if got := c.admit(append(append([]string{}, a...), "tail")); got != 32 {
