@@ -46,15 +46,10 @@ func TestPrefixRoutingWithTwoDispatchers(t *testing.T) {
 		dispatcher(t, s)
 		client := clientFor(s.Gateway.URL)
 		system := strings.Repeat("You answer questions about the orchestra. ", 30)
-		// One request at a time: no prefill queues in the way, so every
-		// later turn should go where its conversation went (the trade-off
-		// against queues is TestDecidePrefix's).
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for c := range 8 {
 			wg.Go(func() {
-				mu.Lock()
-				defer mu.Unlock()
 				msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system)}
 				prev := 0
 				for turn := range 4 {
@@ -65,12 +60,14 @@ func TestPrefixRoutingWithTwoDispatchers(t *testing.T) {
 						return
 					}
 					if turn > 0 {
+						mu.Lock()
 						turns++
 						// The previous prompt's whole blocks are cached
 						// only on the replica that served it.
 						if int(res.Usage.PromptTokensDetails.CachedTokens) >= prev/16*16 {
 							hit++
 						}
+						mu.Unlock()
 					}
 					prev = int(res.Usage.PromptTokens)
 					msgs = append(msgs, openai.AssistantMessage(res.Choices[0].Message.Content))

@@ -51,8 +51,6 @@ type lease struct {
 	// failure of a request that started before the last counted failure is
 	// part of the same burst and is not counted again.
 	gen uint64
-	// done, when set, tells the router the request ended (router.go).
-	done func()
 }
 
 func newPool(maxConcurrency int, h Health, report func(string, bool)) *pool {
@@ -203,9 +201,6 @@ func (r *root) target(path string) (*url.URL, error) {
 // failure of the root, unless an earlier failure of the same burst already
 // counted; neutral outcomes (client cancels) pass ok true with counted false.
 func (p *pool) release(l lease, ok, counted bool) {
-	if l.done != nil {
-		l.done()
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := l.root

@@ -261,8 +261,7 @@ const (
 	// loaded.
 	outcomeMiss = "miss"
 	// outcomeOverflow: the root with its longest prefix was over the load
-	// bound, had no free slot, or more prefill queued than the prefix
-	// saves; it went elsewhere.
+	// bound (or had no free slot); it went elsewhere.
 	outcomeOverflow = "overflow"
 )
 
@@ -276,10 +275,6 @@ type candidate struct {
 	free bool
 	// match is the number of leading prompt blocks recently sent there.
 	match int
-	// pending is the uncached prompt bytes of the requests this
-	// dispatcher has in flight there (prefix): the prefill work queued
-	// before a new request, as far as it knows.
-	pending int
 }
 
 // decision is where a request goes: root "" when no root is free.
@@ -303,36 +298,25 @@ func loadBound(cands []candidate, factor float64) int {
 	return int(math.Ceil(factor * float64(total) / float64(len(cands))))
 }
 
-// decidePrefix picks the root for a prompt of promptBytes bytes whose
-// per-root matches (in blocks of blockBytes) are in cands (RoutePrefix).
-// Among the free roots within the load bound it takes the one where the
-// prompt would wait for the least prefill: the uncached prompt bytes in
-// flight there plus the prompt's own uncached bytes. With nothing in
-// flight that is the root with the longest cached prefix; a root whose
-// queue costs more than its prefix saves loses to a shorter queue. Ties go
-// to the longer prefix, the fewer requests in flight, then the root the
-// request's own hash ranks highest (rendezvous hashing, so that
-// dispatchers that see the same state agree). When no free root is within
+// decidePrefix picks the root for a request whose prompt has the given
+// per-root matches (RoutePrefix): among the free roots within the load
+// bound, the one with the longest match, then the least loaded, then the
+// one the request's own hash ranks highest (rendezvous hashing, so that
+// dispatchers that see the same loads agree). When no free root is within
 // the bound, the least loaded free root.
-func decidePrefix(cands []candidate, factor float64, blockBytes, promptBytes int, tie uint64) decision {
+func decidePrefix(cands []candidate, factor float64, tie uint64) decision {
 	bound := loadBound(cands, factor)
 	best := 0
 	for _, c := range cands {
 		best = max(best, c.match)
 	}
-	cost := func(c *candidate) int { return c.pending + max(0, promptBytes-c.match*blockBytes) }
 	var pick *candidate
 	for i := range cands {
 		c := &cands[i]
 		if !c.free || c.load+1 > bound {
 			continue
 		}
-		if pick == nil {
-			pick = c
-			continue
-		}
-		cc, pc := cost(c), cost(pick)
-		if cc < pc || (cc == pc && (c.match > pick.match || (c.match == pick.match && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))))) {
+		if pick == nil || c.match > pick.match || (c.match == pick.match && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))) {
 			pick = c
 		}
 	}

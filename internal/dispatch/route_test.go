@@ -33,19 +33,11 @@ func TestDecidePrefix(t *testing.T) {
 		{"equal prefixes: least loaded of them", []candidate{c("a", 2, true, 5), c("b", 1, true, 5), c("c", 0, true, 1)},
 			decision{root: "b", outcome: outcomeHit, match: 5}},
 		{"no free root", []candidate{c("a", 4, false, 9)}, decision{}},
-		// 640-byte prompt: a has 9 of its 10 blocks but 1000 uncached
-		// bytes queued; b none of it and nothing queued.
-		{"longest prefix behind more prefill than it saves", []candidate{{root: "a", load: 1, free: true, match: 9, pending: 1000}, c("b", 1, true, 0)},
-			decision{root: "b", outcome: outcomeOverflow}},
-		{"longest prefix behind less prefill than it saves", []candidate{{root: "a", load: 1, free: true, match: 9, pending: 300}, c("b", 1, true, 0)},
-			decision{root: "a", outcome: outcomeHit, match: 9}},
-		{"nothing cached: the shortest prefill queue, not the fewest requests", []candidate{{root: "a", load: 1, free: true, pending: 900}, {root: "b", load: 2, free: true, pending: 100}},
-			decision{root: "b", outcome: outcomeMiss}},
 		{"no root", nil, decision{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := decidePrefix(tt.cands, 1.25, 64, 640, 42); got != tt.want {
+			if got := decidePrefix(tt.cands, 1.25, 42); got != tt.want {
 				t.Errorf("decidePrefix = %+v, want %+v", got, tt.want)
 			}
 		})
@@ -118,7 +110,7 @@ func testRouter() *router {
 }
 
 // route decides and records one request against roots that all have a
-// free slot and the given loads; the request ends at once.
+// free slot and the given loads.
 func route(r *router, body []byte, roots []string, load map[string]int) decision {
 	q := r.prepare(body)
 	cands := make([]candidate, len(roots))
@@ -126,9 +118,7 @@ func route(r *router, body []byte, roots []string, load map[string]int) decision
 		cands[i] = candidate{root: root, load: load[root], free: true}
 	}
 	d := r.decide(q, cands)
-	if done := r.record(q, d); done != nil {
-		done()
-	}
+	r.record(q, d)
 	return d
 }
 

@@ -28,14 +28,11 @@ type router struct {
 
 	mu    sync.Mutex
 	index map[string]*rootIndex // by root URL
-	// pending is, per root, the uncached prompt bytes of this
-	// dispatcher's requests in flight there (prefix).
-	pending map[string]int
-	ring    *ring
+	ring  *ring
 }
 
 func newRouter(cfg Routing, m routeMetrics) *router {
-	return &router{cfg: cfg, m: m, index: map[string]*rootIndex{}, pending: map[string]int{}}
+	return &router{cfg: cfg, m: m, index: map[string]*rootIndex{}}
 }
 
 // routeReq is what a decision needs of one request, computed once.
@@ -109,38 +106,23 @@ func (r *router) decide(q routeReq, cands []candidate) decision {
 		if x := r.index[cands[i].root]; x != nil {
 			cands[i].match = x.match(q.hashes)
 		}
-		cands[i].pending = r.pending[cands[i].root]
 	}
 	r.mu.Unlock()
-	return decidePrefix(cands, r.cfg.LoadFactor, r.cfg.BlockBytes, q.bytes, q.tie)
+	return decidePrefix(cands, r.cfg.LoadFactor, q.tie)
 }
 
 // record notes a decision: its metrics, and for RoutePrefix that the
-// prompt's blocks went to root (shared with the other dispatchers) and
-// that its uncached bytes are in flight there until the returned function
-// is called (nil for other policies).
-func (r *router) record(q routeReq, d decision) (done func()) {
+// prompt's blocks went to root (shared with the other dispatchers).
+func (r *router) record(q routeReq, d decision) {
 	r.m.outcome(d.outcome).Inc()
 	r.m.promptBytes.Add(float64(q.bytes))
 	if r.cfg.Policy != RoutePrefix {
-		return nil
+		return
 	}
-	cached := min(d.match*r.cfg.BlockBytes, q.bytes)
-	r.m.cachedBytes.Add(float64(cached))
+	r.m.cachedBytes.Add(float64(min(d.match*r.cfg.BlockBytes, q.bytes)))
 	r.remember(d.root, q.hashes)
 	if r.publish != nil && len(q.hashes) > 0 {
 		r.publish(d.root, q.hashes)
-	}
-	uncached := q.bytes - cached
-	r.mu.Lock()
-	r.pending[d.root] += uncached
-	r.mu.Unlock()
-	return func() {
-		r.mu.Lock()
-		if v, ok := r.pending[d.root]; ok {
-			r.pending[d.root] = max(0, v-uncached)
-		}
-		r.mu.Unlock()
 	}
 }
 
@@ -161,7 +143,6 @@ func (r *router) remember(root string, hashes []uint64) {
 func (r *router) forget(root string) {
 	r.mu.Lock()
 	delete(r.index, root)
-	delete(r.pending, root)
 	r.mu.Unlock()
 }
 
@@ -314,7 +295,7 @@ func (d *Dispatcher) nextRouted(ctx context.Context, a *app) (lease, jetstream.M
 			a.pool.release(rt, true, false)
 			continue
 		}
-		rt.done = a.router.record(q, dec)
+		a.router.record(q, dec)
 		return rt, msg, nil
 	}
 }
