@@ -719,9 +719,8 @@ type ServingSpec struct {
 	// PrefixCache: the replica it most recently sent the longest prefix
 	// of the request's prompt to (whose engine most likely still holds
 	// that prefix in its prefix cache, so it prefills only the rest),
-	// unless that replica has more than 1.25 times the mean load or more
-	// uncached prompt queued than the prefix saves; then, or when no
-	// replica has any of the prefix, the one with the least prefill queued.
+	// unless that replica has more than 1.25 times the mean load; then,
+	// or when no replica has any of the prefix, the least loaded.
 	// LeastLoaded: the replica with the fewest requests in flight.
 	// +optional
 	// +kubebuilder:default=PrefixCache
