@@ -22,7 +22,11 @@ GO_TEST_FLAGS ?= -count=1 -timeout 40m
 BENCH_ROUNDS ?= 15
 # The pinned tools each target runs; `make tools` builds them all.
 RUN_TOOLS := etcd kubernetes coredns
-TEST_TOOLS := etcd kubernetes kwok coredns helm
+# The real engine's image (make images): the pinned Ollama of
+# hack/tools/ollama, built once per pin; OLLAMA_IMAGE=0 leaves it out.
+OLLAMA_VERSION := $(shell awk '$$1 == "github.com/ollama/ollama" {print $$2}' hack/tools/ollama/go.mod)
+OLLAMA_IMAGE ?= 1
+TEST_TOOLS := etcd kubernetes kwok coredns helm olm opm
 
 ##@ General
 
@@ -35,7 +39,7 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: tools
-tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins) into bin/, once per pin.
+tools: ## Build the pinned tools (Kubernetes, etcd, kwok, CoreDNS, helm, controller-gen, golangci-lint, helm-operator-plugins, Ollama, OLM v0, opm) into bin/, once per pin.
 	hack/tools/install.sh
 
 .PHONY: build
@@ -44,7 +48,7 @@ build: ## Build every project binary into _output/bin/.
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(OUT)/bin/ $(addprefix ./cmd/,$(BINARIES)) ./cmd/orchestra ./cmd/devcluster
 
 .PHONY: images
-images: ## Build every chart image as a docker-archive tarball in _output/images/ (no Docker engine needed).
+images: ## Build every chart image as a docker-archive tarball in _output/images/ (no Docker engine needed), and the Ollama image (OLLAMA_IMAGE=0: without it).
 	@mkdir -p $(OUT)/linux $(OUT)/images
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(OUT)/linux/ $(addprefix ./cmd/,$(BINARIES))
 	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags "-s -w" -o $(OUT)/linux/nats-server github.com/nats-io/nats-server/v2
@@ -52,6 +56,13 @@ images: ## Build every chart image as a docker-archive tarball in _output/images
 	for img in $(IMAGES); do \
 		$(OUT)/bin/devcluster image --binary $(OUT)/linux/$$img --ref $(IMAGE_REPO)/$$img:v$(VERSION) --out $(OUT)/images/$$img.tar; \
 	done
+ifneq ($(OLLAMA_IMAGE),0)
+	@hack/tools/install.sh ollama
+	@if [ ! -f $(OUT)/images/ollama.tar ] || [ $(BIN_DIR)/ollama -nt $(OUT)/images/ollama.tar ]; then \
+		$(OUT)/bin/devcluster image --binary $(BIN_DIR)/ollama --ref $(IMAGE_REPO)/ollama:$(OLLAMA_VERSION) --out $(OUT)/images/ollama.tar \
+			--env HOME=/tmp --env OLLAMA_HOST=0.0.0.0:11434 --env GIN_MODE=release --port 11434 --arg serve; \
+	fi
+endif
 
 .PHONY: test-unit
 test-unit: ## Every test that needs no cluster, in seconds (go test -short); needs no tools.
@@ -110,18 +121,19 @@ bundle: ## Generate bundle/, bundle.Dockerfile, config/rbac/role.yaml and the in
 
 .PHONY: validate-bundle
 validate-bundle: ## Validate the bundles with operator-framework/api (operator-sdk bundle validate --select-optional suite=operatorframework) and our rules.
-	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*)
+	$(OLM) validate-bundle bundle $(wildcard catalog/bundles/*) $(wildcard catalog/carriers/*)
 
 .PHONY: catalog
-catalog: ## Render catalog/semver-template.yaml into the File-Based Catalog in catalog/configs with operator-registry's semver template.
+catalog: ## Generate the CRD carriers (catalog/carriers.yaml) and render catalog/semver-template.yaml into the File-Based Catalogs catalog/configs (bundle images) and catalog/inline (no bundle images) with operator-registry's semver template.
 	$(OLM) catalog
 
 .PHONY: validate-catalog
-validate-catalog: ## Validate the catalog with operator-registry's opm validate check.
+validate-catalog: ## Validate both catalogs with operator-registry's opm validate check.
 	$(OLM) validate-catalog catalog/configs
+	$(OLM) validate-catalog catalog/inline
 
 .PHONY: check-crd-compat
-check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier release.
+check-crd-compat: ## Refuse CRD changes OLM would refuse, against every earlier release, and any catalog bundle pair whose install in either order would drop a field.
 	$(OLM) check-crd-compat
 
 ##@ Benchmarks (each prints a table and updates its section of docs/benchmarks.md)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes this machine able to run the local cluster's real node (containerd,
-# runc, the CNI plugins, iptables, conntrack, socat), before anything is
-# built. `make run`, `make test` and .ci/run call it; it does nothing when
+# runc, the CNI plugins, iptables, conntrack, socat) and to build the pinned
+# Ollama (g++ and the C++ headers its module zip lacks: nlohmann-json3-dev,
+# libstb-dev; hack/tools/install.sh ollama), before anything is built. `make run`, `make test` and .ci/run call it; it does nothing when
 # everything is there.
 #
 # As root on Debian it installs the missing packages with apt-get. Otherwise
@@ -19,7 +20,7 @@
 set -euo pipefail
 
 # shellcheck disable=SC2206 # a space-separated list, split on purpose
-packages=(${MO_NODE_PACKAGES:-containerd runc containernetworking-plugins iptables conntrack socat})
+packages=(${MO_NODE_PACKAGES:-containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev})
 install=${MO_NODE_INSTALL:-auto}
 case $install in auto | never) ;; *) echo "setup-node: MO_NODE_INSTALL=$install: want auto or never" >&2; exit 2 ;; esac
 if_root=false
@@ -54,6 +55,9 @@ else
 		command -v "$c" >/dev/null || missing+=("$c")
 	done
 	[ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || missing+=("CNI plugins (bridge in /usr/lib/cni or /opt/cni/bin)")
+	command -v g++ >/dev/null || missing+=(g++)
+	[ -f /usr/include/nlohmann/json.hpp ] || missing+=("nlohmann/json headers (/usr/include/nlohmann/json.hpp)")
+	[ -f /usr/include/stb/stb_image.h ] || missing+=("stb headers (/usr/include/stb/stb_image.h)")
 fi
 
 apt_command="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
@@ -80,7 +84,7 @@ fi
 if ! $debian; then
 	{
 		echo "setup-node: the real node needs, and this machine lacks: ${missing[*]}."
-		echo "Install them with the system's package manager (on Debian: apt-get install containerd runc containernetworking-plugins iptables conntrack socat), then run $target again."
+		echo "Install them with the system's package manager (on Debian: apt-get install containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev), then run $target again."
 	} >&2
 	exit 1
 fi

@@ -252,6 +252,23 @@ const (
 	ReasonWakeFailing = "WakeFailing"
 )
 
+// AnnotationLifecycleStatus is the annotation on an application's root
+// StatefulSet holding its LifecycleStatus as JSON, written by the
+// lifecycle leader; the operator reports it in
+// status.applications.<app>.lifecycle.
+const AnnotationLifecycleStatus = "modelorchestra.io/lifecycle"
+
+// LifecycleStatusAnnotation is the annotation holding the LifecycleStatus
+// of app: AnnotationLifecycleStatus on its own root StatefulSet, or
+// AnnotationLifecycleStatus + "." + app on its seat group's StatefulSet,
+// which the group's applications share (inGroup).
+func LifecycleStatusAnnotation(app string, inGroup bool) string {
+	if inGroup {
+		return AnnotationLifecycleStatus + "." + app
+	}
+	return AnnotationLifecycleStatus
+}
+
 // LifecycleStatus is the lifecycle of one application, as reported by the
 // dispatcher's leader.
 type LifecycleStatus struct {

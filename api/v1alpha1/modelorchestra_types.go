@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -198,7 +200,28 @@ type GatewaySpec struct {
 	// and 128Mi memory and a 512Mi memory limit.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// responses configures the Responses API's stored responses.
+	// +optional
+	Responses GatewayResponsesSpec `json:"responses,omitempty"`
 }
+
+// GatewayResponsesSpec configures how long the gateway keeps the responses
+// clients store with the Responses API (store: true, the default), which
+// previous_response_id continues. They are kept in a JetStream key-value
+// bucket of the orchestra's NATS, per API token name.
+type GatewayResponsesSpec struct {
+	// retention is how long a stored response and its conversation are
+	// kept after they were stored. Default: DefaultResponsesRetention
+	// (720h, 30 days, as OpenAI keeps them).
+	// +optional
+	Retention *metav1.Duration `json:"retention,omitempty"`
+}
+
+// DefaultResponsesRetention is the retention of stored responses when
+// spec.gateway.responses.retention is not set. It is declared here only:
+// the gateway's configuration default uses it.
+const DefaultResponsesRetention = 720 * time.Hour
 
 // ServiceType is how the gateway Service is exposed.
 // +kubebuilder:validation:Enum=ClusterIP;NodePort;LoadBalancer

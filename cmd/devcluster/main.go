@@ -261,6 +261,7 @@ func newImageCommand() *cobra.Command {
 	f.StringVar(&o.User, "user", ociimage.DefaultUser, "numeric uid:gid to run as")
 	f.StringSliceVar(&o.Ports, "port", nil, "exposed port, e.g. 8080 or 53/udp (repeatable)")
 	f.StringSliceVar(&o.Args, "arg", nil, "default argument after the entrypoint (repeatable)")
+	f.StringArrayVar(&o.Env, "env", nil, "environment variable KEY=value in the image config (repeatable)")
 	f.StringToStringVar(&o.Files, "file", nil, "extra file as /path/in/image=host/path (repeatable)")
 	for _, req := range []string{"binary", "ref", "out"} {
 		_ = cmd.MarkFlagRequired(req)

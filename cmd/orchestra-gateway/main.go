@@ -18,7 +18,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/gctune"
-	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/lifecyclestate"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/version"
@@ -80,7 +80,8 @@ func run() int {
 		defer closeStates()
 		served = wq
 	}
-	if err := gateway.Run(ctx, cfg, served, log); err != nil {
+	store := q.ResponseStore(cfg.Responses.Retention.Duration, cfg.Responses.Replicas)
+	if err := gateway.RunWith(ctx, cfg, served, log, gateway.Options{Responses: store}); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
 	}
@@ -119,7 +120,7 @@ func hasLifecycle(cfg gateway.Config) bool {
 // applications, which the gateway finds through gateway.WakeStates.
 type wakingQueue struct {
 	*natsqueue.Client
-	*lifecycle.States
+	*lifecyclestate.States
 }
 
 // withWakeStates follows the lifecycle bucket on a connection of its own.
@@ -132,7 +133,7 @@ func withWakeStates(ctx context.Context, qc gateway.QueueConfig, q *natsqueue.Cl
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", qc.URL, err)
 	}
-	states, err := lifecycle.WatchStates(ctx, nc, qc.Orchestra, log)
+	states, err := lifecyclestate.Watch(ctx, nc, qc.Orchestra, log)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err

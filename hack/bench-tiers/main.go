@@ -708,31 +708,6 @@ func wake(base string) (*sim.StageReport, error) {
 	return &rep, nil
 }
 
-// firstToken streams a chat completion, notes when its first token
-// arrives, and reads the stream to its end (so the engine is idle again).
-func firstToken(base string) (time.Time, error) {
-	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`))
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return time.Time{}, fmt.Errorf("chat after wake: %d", resp.StatusCode)
-	}
-	var first time.Time
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if first.IsZero() && strings.Contains(sc.Text(), `"content"`) {
-			first = time.Now()
-		}
-	}
-	if first.IsZero() {
-		return first, errors.New("no token in the stream")
-	}
-	return first, sc.Err()
-}
-
 func copyFile(from, to string) error {
 	in, err := os.Open(from)
 	if err != nil {

@@ -34,7 +34,7 @@ func TestReleasedBundleMustNotChange(t *testing.T) {
 	hist := t.TempDir()
 	copyBundle(t, "../../bundle", filepath.Join(hist, "1.0.0"))
 	// Identical copies are fine: the current release is in both places.
-	bs, err := localBundleDirs("../../bundle", hist)
+	bs, err := localBundleDirs("../../bundle", hist, nil)
 	if err != nil {
 		t.Fatalf("identical bundle in history: %v", err)
 	}
@@ -50,7 +50,7 @@ func TestReleasedBundleMustNotChange(t *testing.T) {
 	if err := os.WriteFile(csv, append(data, []byte("# edited\n")...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := localBundleDirs("../../bundle", hist); err == nil || !strings.Contains(err.Error(), "must not change") {
+	if _, err := localBundleDirs("../../bundle", hist, nil); err == nil || !strings.Contains(err.Error(), "must not change") {
 		t.Fatalf("err = %v, want a refusal", err)
 	}
 }

@@ -48,19 +48,51 @@ func TestCommittedBundleIsUpToDate(t *testing.T) {
 	}
 }
 
-// TestCommittedCatalogIsUpToDate re-renders the semver template and
-// compares it with catalog/configs.
+// TestCommittedCatalogIsUpToDate regenerates the CRD carriers and
+// re-renders the semver template, and compares them with catalog/carriers,
+// catalog/configs (bundle images) and catalog/inline (no bundle images).
 func TestCommittedCatalogIsUpToDate(t *testing.T) {
-	src := catalogSources{root: "../..", template: "catalog/semver-template.yaml", current: "bundle", history: "catalog/bundles"}
+	src := catalogSources{root: "../..", template: "catalog/semver-template.yaml", current: "bundle", history: "catalog/bundles",
+		carriers: "catalog/carriers.yaml", carrierDir: "catalog/carriers"}
+	list, err := loadCarriers(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current, err := bundle.Load("../../bundle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range list {
+		from, err := bundle.Load(filepath.Join("../../catalog/bundles", c.Replaces))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := bundle.Carrier(from, current, c.Version)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := bundle.Load(filepath.Join("../../catalog/carriers", c.Version))
+		if err != nil {
+			t.Fatalf("%v: run `make catalog`", err)
+		}
+		if !sameFiles(want, got) {
+			t.Errorf("catalog/carriers/%s is stale: run `make catalog`", c.Version)
+		}
+	}
 	out, err := renderCatalogYAML(context.Background(), src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := os.ReadFile(filepath.Join("../..", "catalog/configs/orchestra-operator/catalog.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(committed, out) {
-		t.Errorf("catalog/configs/orchestra-operator/catalog.yaml is stale: run `make catalog`")
+	for path, data := range map[string][]byte{
+		"catalog/configs/orchestra-operator/catalog.yaml": out.images,
+		"catalog/inline/orchestra-operator/catalog.yaml":  out.inline,
+	} {
+		committed, err := os.ReadFile(filepath.Join("../..", path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(committed, data) {
+			t.Errorf("%s is stale: run `make catalog`", path)
+		}
 	}
 }

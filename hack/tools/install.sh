@@ -4,7 +4,7 @@
 # Each tool has a module of its own under hack/tools/<tool>/ whose go.mod is
 # the pin. A tool is built only when its pin changes: binaries are kept in a
 # per-user cache keyed by the hash of the pin (go.mod + go.sum, and the Go
-# files of a command of the tool module's own) and the build recipe, so a
+# files and C headers of the tool module's own) and the build recipe, so a
 # fresh clone on the same machine reuses them, and bin/ gets a copy.
 # Binaries a user already has are used instead where the test harness
 # supports it (KUBEBUILDER_ASSETS for etcd and kube-apiserver).
@@ -22,7 +22,7 @@ mkdir -p "$bin" "$cache"
 k8s_version=v1.36.3
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36 -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=36"
 
-all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns helm-operator-plugins)
+all=(etcd kubernetes kwok helm controller-gen golangci-lint coredns helm-operator-plugins ollama olm opm)
 
 # build <tool> <out-dir>: runs in the tool's module directory.
 build() {
@@ -50,6 +50,40 @@ build() {
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/operator-framework/helm-operator-plugins/internal/version.GitVersion=$v" \
 			-o "$out/helm-operator" github.com/operator-framework/helm-operator-plugins
 		CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$out/helm-operator-tuned" ./tuned ;;
+	olm)
+		# OLM v0's two controllers, run as plain processes by the real-OLM
+		# tier (internal/olm/realolm).
+		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/operator-lifecycle-manager)
+		go build -trimpath -ldflags "-s -w -X github.com/operator-framework/operator-lifecycle-manager/pkg/version.OLMVersion=${v#v}" -o "$out/" \
+			github.com/operator-framework/operator-lifecycle-manager/cmd/olm \
+			github.com/operator-framework/operator-lifecycle-manager/cmd/catalog
+		# OLM's CRDs, which the tier applies before starting OLM.
+		d=$(go list -m -f '{{.Dir}}' github.com/operator-framework/operator-lifecycle-manager)
+		for f in "$d"/deploy/chart/crds/*.yaml; do echo "---"; cat "$f"; done > "$out/olm-crds.yaml" ;;
+	opm)
+		# The tags of operator-registry's own Makefile: sqlite's JSON
+		# functions, and OpenPGP in Go instead of gpgme (cgo).
+		v=$(go list -m -f '{{.Version}}' github.com/operator-framework/operator-registry)
+		go build -trimpath -tags=json1,containers_image_openpgp -ldflags "-s -w -X github.com/operator-framework/operator-registry/cmd/opm/version.gitCommit=$v -X github.com/operator-framework/operator-registry/cmd/opm/version.opmVersion=$v" \
+			-o "$out/opm" github.com/operator-framework/operator-registry/cmd/opm ;;
+	ollama)
+		# The real engine of the tests and the demo: CPU-only (the cgo
+		# package under ml/backend/ggml compiles the CPU backend in), static
+		# and stripped. The module zip lacks llama.cpp's vendor/: nlohmann
+		# and stb come from Debian (hack/setup-node.sh installs them),
+		# miniaudio is our stub in include/ (audio input of multimodal
+		# models fails; nothing else changes).
+		local h
+		for h in /usr/include/nlohmann/json.hpp /usr/include/stb/stb_image.h; do
+			[ -f "$h" ] || {
+				echo "install.sh: building ollama needs $h: install Debian's nlohmann-json3-dev and libstb-dev (sudo hack/setup-node.sh does), or build without the Ollama image: make images OLLAMA_IMAGE=0" >&2
+				return 2
+			}
+		done
+		v=$(go list -m -f '{{.Version}}' github.com/ollama/ollama)
+		CGO_ENABLED=1 CGO_CPPFLAGS="-I$PWD/include" go build -trimpath -tags netgo,osusergo \
+			-ldflags "-s -w -linkmode external -extldflags -static -X github.com/ollama/ollama/version.Version=${v#v}" \
+			-o "$out/ollama" github.com/ollama/ollama ;;
 	*) echo "install.sh: unknown tool $1 (known: ${all[*]})" >&2; return 2 ;;
 	esac
 }
@@ -81,7 +115,7 @@ trap '[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true' EXIT
 for tool in "${@:-${all[@]}}"; do
 	dir=$root/hack/tools/$tool
 	[ -f "$dir/go.mod" ] || { echo "install.sh: no pin for $tool in $dir" >&2; exit 2; }
-	key=$( { cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -mindepth 2 -name '*.go' | sort); echo "recipe=$recipe"; } | sha256sum | cut -c1-16)
+	key=$( { cat "$dir/go.mod" "$dir/go.sum" $(find "$dir" -mindepth 2 \( -name '*.go' -o -name '*.h' \) | sort); echo "recipe=$recipe"; } | sha256sum | cut -c1-16)
 	stamp=$bin/.stamps/$tool-$key
 	[ -e "$stamp" ] && continue
 	built=$cache/$tool-$key

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Roles of orchestra-agent.
@@ -119,6 +121,12 @@ type NodeConfig struct {
 	// artifact's next wake from the wakes the leader reports (POST /wakes)
 	// and promotes the artifacts whose wake is due, one tier up (0: never).
 	PromoteInterval time.Duration `json:"promoteInterval,omitempty"`
+	// CallerTokenFile holds the release's caller token (a mounted Secret
+	// key, --caller-token-file): the agent's mutating endpoints accept only
+	// requests that carry it (internal/nodeapi). Empty: they accept any
+	// caller the network lets through, which only tests and development
+	// setups should do; the agent says so when it starts.
+	CallerTokenFile string `json:"callerTokenFile,omitempty"`
 	// PromoteMargin is added to a promotion's copy time: it starts that
 	// much before the copies strictly need to.
 	PromoteMargin time.Duration `json:"promoteMargin,omitempty"`
@@ -131,10 +139,10 @@ func Default() Config {
 		Addr: ":8090",
 		Seat: SeatConfig{
 			Engine:       EngineConfig{Kind: EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
-			SleepLevel:   1,
+			SleepLevel:   int(v1alpha1.DefaultSleepLevel),
 			DrainTimeout: 30 * time.Second,
 			SleepTimeout: 2 * time.Minute,
-			WakeTimeout:  10 * time.Minute,
+			WakeTimeout:  v1alpha1.EngineWakeTimeout,
 			PollInterval: 100 * time.Millisecond,
 			RestartGrace: 30 * time.Second,
 		},

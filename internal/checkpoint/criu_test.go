@@ -49,7 +49,7 @@ func TestProbeCRIU(t *testing.T) {
 		passed     bool
 		wantReason string
 	}{
-		"disabled": {"", false, false, "probing disabled"},
+		"disabled": {"", false, false, "no criu binary configured"},
 		"absent":   {filepath.Join(t.TempDir(), "no-criu"), false, false, "criu not found"},
 		"passes":   {fakeCRIU(t, "Looks good.", 0), true, true, ""},
 		"vdso":     {fakeCRIU(t, vdsoFailure, 1), true, false, "Unexpected rt vDSO area bounds: this criu cannot parse the kernel's vDSO layout"},
@@ -164,6 +164,7 @@ func startWeightsProcess(ctx context.Context, t *testing.T) *weightsProcess {
 	t.Helper()
 	work := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCRIUHelperProcess$")
+	cmd.Args[0] = "/orchestra-sim" // the agent dumps only an engine's serving process
 	cmd.Env = append(os.Environ(), helperEnv+"="+work)
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"strings"
 )
 
-// Memory sources reported in GET /state (SeatStatus.MemorySource).
+// Memory sources reported in GET /state (sidecarapi.Status.MemorySource).
 const (
 	// MemorySourceNvidiaSMI: residentBytes is the device memory nvidia-smi
 	// attributes to the engine container's processes.

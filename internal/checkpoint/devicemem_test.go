@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -128,7 +129,7 @@ func TestSeatStateSaysWhichMemorySourceItUsed(t *testing.T) {
 		})
 		smi := fakeNvidiaSMI(t, fmt.Sprintf("%d, 512\n", core), 0, "")
 		e := startProcessSeat(t, k, func(c *checkpoint.Config) { c.Seat.NvidiaSMI = smi })
-		e.waitState(checkpoint.SeatAwake)
+		e.waitState(sidecarapi.Awake)
 		st := e.state()
 		if st.MemorySource != checkpoint.MemorySourceNvidiaSMI || st.ResidentBytes == nil || *st.ResidentBytes != 512<<20 || st.DeviceMemoryError != "" {
 			t.Errorf("GET /state: source %q resident %v error %q; want nvidia-smi, 512 MiB", st.MemorySource, st.ResidentBytes, st.DeviceMemoryError)

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 type seatMetrics struct {
@@ -33,8 +35,8 @@ func newSeatMetrics(reg prometheus.Registerer) *seatMetrics {
 	return m
 }
 
-func (m *seatMetrics) setState(st SeatState) {
-	for _, s := range seatStates {
+func (m *seatMetrics) setState(st sidecarapi.State) {
+	for _, s := range sidecarapi.States {
 		v := 0.0
 		if s == st {
 			v = 1

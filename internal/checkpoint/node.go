@@ -19,6 +19,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // Node is the node role: the hot and warm tiers and the capability report.
@@ -341,7 +342,11 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", metricsHandler(reg))
-	return mux
+	if n.cfg.CallerTokenFile == "" {
+		n.log.Warn("no --caller-token-file: the agent's mutating endpoints accept any caller the network lets through")
+		return mux
+	}
+	return nodeapi.RequireCaller(nodeapi.TokenFile(n.cfg.CallerTokenFile), mux, writeError)
 }
 
 func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
@@ -534,17 +539,26 @@ func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%v: %s", ErrSnapshotsUnsupported, why))
 		return
 	}
-	dir := filepath.Join(n.cfg.SnapshotDir, k.Namespace, k.Name)
-	var st SnapshotStats
-	var err error
-	if strings.HasSuffix(r.URL.Path, "/restore") {
-		st, err = n.criu().Restore(r.Context(), dir)
-	} else {
-		pid, perr := strconv.Atoi(r.URL.Query().Get("pid"))
+	restore := strings.HasSuffix(r.URL.Path, "/restore")
+	pid := 0
+	if !restore {
+		var perr error
+		pid, perr = strconv.Atoi(r.URL.Query().Get("pid"))
 		if perr != nil || pid <= 1 {
 			writeError(w, http.StatusBadRequest, "pid must be the process to snapshot (an integer above 1)")
 			return
 		}
+		if err := isEngineProcess(ProcFS{}, pid); err != nil {
+			writeError(w, http.StatusForbidden, err.Error())
+			return
+		}
+	}
+	dir := filepath.Join(n.cfg.SnapshotDir, k.Namespace, k.Name)
+	var st SnapshotStats
+	var err error
+	if restore {
+		st, err = n.criu().Restore(r.Context(), dir)
+	} else {
 		st, err = n.criu().Dump(r.Context(), pid, dir)
 	}
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // A seat-group pod shares its process namespace (shareProcessNamespace), so
@@ -202,6 +204,25 @@ var engineMatchers = map[string]EngineMatcher{
 	},
 }
 
+// ErrNotAnEngine refuses a process snapshot of a process that is not an
+// engine's serving process.
+var ErrNotAnEngine = errors.New("not an engine's serving process")
+
+// isEngineProcess checks that pid is an engine's serving process (by the
+// engine matchers of its command line): the node agent dumps no other.
+func isEngineProcess(fs ProcFS, pid int) error {
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return fmt.Errorf("process %d: %w: %v", pid, ErrNotAnEngine, err)
+	}
+	for _, match := range engineMatchers {
+		if match(p.Cmdline) {
+			return nil
+		}
+	}
+	return fmt.Errorf("process %d (%s): %w", pid, strings.Join(p.Cmdline, " "), ErrNotAnEngine)
+}
+
 // ErrEngineProcessNotFound is returned when no process of the seat's
 // engine kind listens on the engine's port.
 var ErrEngineProcessNotFound = errors.New("the engine's process was not found")
@@ -327,17 +348,6 @@ func (e *EngineProcess) PIDs() ([]int, error) {
 	return pids, nil
 }
 
-// StopReport says how the engine's processes ended.
-type StopReport struct {
-	// PIDs are the processes stopped, the container's main process first.
-	PIDs []int `json:"pids"`
-	// Cmdline is the main process's command line.
-	Cmdline string `json:"cmdline"`
-	// Killed is true when SIGTERM was not enough within the grace period.
-	Killed  bool    `json:"killed,omitempty"`
-	Seconds float64 `json:"seconds"`
-}
-
 // Stop sends SIGTERM to every process of the engine's container, waits
 // until they end, and sends SIGKILL to those still running after the grace
 // period. It returns once every one has ended (or is a zombie, which holds
@@ -345,16 +355,16 @@ type StopReport struct {
 // engine's port, the engine is not running and there is nothing to stop
 // (an empty report); a port held by another kind of process, or by
 // processes the agent cannot read, is an error.
-func (e *EngineProcess) Stop(ctx context.Context) (StopReport, error) {
+func (e *EngineProcess) Stop(ctx context.Context) (sidecarapi.StopReport, error) {
 	start := time.Now()
 	tree, err := e.Tree()
 	if errors.Is(err, ErrEngineNotRunning) {
-		return StopReport{}, nil
+		return sidecarapi.StopReport{}, nil
 	}
 	if err != nil {
-		return StopReport{}, err
+		return sidecarapi.StopReport{}, err
 	}
-	rep := StopReport{Cmdline: strings.Join(tree[0].Cmdline, " ")}
+	rep := sidecarapi.StopReport{Cmdline: strings.Join(tree[0].Cmdline, " ")}
 	for _, p := range tree {
 		rep.PIDs = append(rep.PIDs, p.PID)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/enginetest"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -476,7 +477,7 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 			other := runEngine(t, kind)
 			otherPID := other.pid()
 			e := startProcessSeat(t, k, nil)
-			e.waitState(checkpoint.SeatAwake)
+			e.waitState(sidecarapi.Awake)
 
 			// An awake engine is not restarted: its requests would be cut.
 			if code, body := e.do("POST", "/restart"); code != http.StatusConflict {
@@ -488,7 +489,7 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 			oldPID := k.pid()
 
 			// Watch the states GET /state shows while the restart runs.
-			var seen []checkpoint.SeatState
+			var seen []sidecarapi.State
 			stop := make(chan struct{})
 			watched := make(chan struct{})
 			go func() {
@@ -512,14 +513,14 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 			if code != http.StatusOK {
 				t.Fatalf("restart: %d %s", code, body)
 			}
-			if !slices.Contains(seen, checkpoint.SeatRestarting) {
+			if !slices.Contains(seen, sidecarapi.Restarting) {
 				t.Errorf("GET /state during the restart showed %v, never Restarting", seen)
 			}
 			st := e.state()
-			if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.Restarts != 1 {
+			if st.State != sidecarapi.Asleep || st.Level != 2 || st.Restarts != 1 {
 				t.Errorf("after the restart: state %s level %d restarts %d, want Asleep at level 2, 1 restart", st.State, st.Level, st.Restarts)
 			}
-			if st.LastRestart == nil || st.LastRestart.Via != checkpoint.RestartViaProcess || st.LastRestart.Stopped == nil || st.LastRestart.Stopped.PIDs[0] != oldPID {
+			if st.LastRestart == nil || st.LastRestart.Via != sidecarapi.RestartViaProcess || st.LastRestart.Stopped == nil || st.LastRestart.Stopped.PIDs[0] != oldPID {
 				t.Errorf("lastRestart = %+v, want via process, stopping %d first", st.LastRestart, oldPID)
 			}
 			if k.restarts() != 1 || k.pid() == oldPID || alive(oldPID) {
@@ -532,7 +533,7 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 			if code, body := e.do("POST", "/wake"); code != http.StatusOK {
 				t.Fatalf("wake after the restart: %d %s", code, body)
 			}
-			if st := e.state(); st.State != checkpoint.SeatAwake {
+			if st := e.state(); st.State != sidecarapi.Awake {
 				t.Errorf("after the wake: %s, want Awake", st.State)
 			}
 		})
@@ -542,7 +543,7 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 func TestSeatRestartNeedsAWay(t *testing.T) {
 	k := runEngine(t, checkpoint.EngineVLLM)
 	e := startProcessSeat(t, k, func(c *checkpoint.Config) { c.Seat.RestartProcess = false })
-	e.waitState(checkpoint.SeatAwake)
+	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
 	}
@@ -550,7 +551,7 @@ func TestSeatRestartNeedsAWay(t *testing.T) {
 	if code != http.StatusNotImplemented || !strings.Contains(body, "--restart-process") {
 		t.Errorf("restart of vLLM without --restart-process: %d %s, want 501 naming the flag", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatAsleep || k.restarts() != 0 {
+	if st := e.state(); st.State != sidecarapi.Asleep || k.restarts() != 0 {
 		t.Errorf("after the refused restart: state %s, %d engine restarts; want Asleep, none", st.State, k.restarts())
 	}
 }
@@ -558,7 +559,7 @@ func TestSeatRestartNeedsAWay(t *testing.T) {
 func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 	k := runEngine(t, checkpoint.EngineVLLM)
 	e := startProcessSeat(t, k, func(c *checkpoint.Config) { c.Seat.WakeTimeout = 500 * time.Millisecond })
-	e.waitState(checkpoint.SeatAwake)
+	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
 	}
@@ -567,7 +568,7 @@ func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 	if code != http.StatusInternalServerError || !strings.Contains(body, "waiting for the restarted engine to answer") {
 		t.Errorf("restart of an engine that does not come back: %d %s, want 500 saying so", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatFailed {
+	if st := e.state(); st.State != sidecarapi.Failed {
 		t.Errorf("state %s, want Failed", st.State)
 	}
 }
@@ -580,7 +581,7 @@ func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
 	k := runEngine(t, checkpoint.EngineSimulator, fakeHotDirEnv+"="+t.TempDir())
 	e := startProcessSeat(t, k, nil)
-	e.waitState(checkpoint.SeatAwake)
+	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
 	}
@@ -593,7 +594,7 @@ func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.
 		t.Fatalf("restart: %d %s", code, body)
 	}
 	st = e.state()
-	if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.LastRestart == nil || st.LastRestart.Via != checkpoint.RestartViaProcess {
+	if st.State != sidecarapi.Asleep || st.Level != 2 || st.LastRestart == nil || st.LastRestart.Via != sidecarapi.RestartViaProcess {
 		t.Errorf("after the restart: state %s level %d lastRestart %+v; want Asleep at level 2, via process", st.State, st.Level, st.LastRestart)
 	}
 	if st.ResidentBytes == nil || *st.ResidentBytes != 0 {
@@ -605,7 +606,7 @@ func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.
 	if code, body := e.do("POST", "/wake"); code != http.StatusOK {
 		t.Fatalf("wake after the restart: %d %s", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatAwake || st.ResidentBytes == nil || *st.ResidentBytes != 1<<20 {
+	if st := e.state(); st.State != sidecarapi.Awake || st.ResidentBytes == nil || *st.ResidentBytes != 1<<20 {
 		t.Errorf("after the wake: state %s resident %d, want Awake holding its 1 MiB", st.State, *st.ResidentBytes)
 	}
 }

@@ -174,7 +174,7 @@ func ProbeRuntime(ctx context.Context, configured, node string, nodes NodeRuntim
 // the report says so.
 func ProbeCRIU(ctx context.Context, bin string) CRIUReport {
 	if bin == "" {
-		return CRIUReport{Reason: "criu probing disabled"}
+		return CRIUReport{Reason: "no criu binary configured (--criu): the agent image holds none, so process snapshots stay off"}
 	}
 	path, err := exec.LookPath(bin)
 	if err != nil {

@@ -11,37 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
-
-// SeatState is what the seat sidecar reports about its engine. Only Awake
-// takes traffic: readiness fails in every other state, so a sleeping root
-// leaves the EndpointSlice, and the dispatcher sends only to Awake seats.
-type SeatState string
-
-const (
-	// SeatUnknown: the engine has not answered yet.
-	SeatUnknown SeatState = "Unknown"
-	// SeatAwake: the engine serves.
-	SeatAwake SeatState = "Awake"
-	// SeatDraining: a sleep waits for the engine's in-flight requests to
-	// finish. A wake arriving now abandons the sleep.
-	SeatDraining SeatState = "Draining"
-	// SeatFallingAsleep: the engine's sleep call is running.
-	SeatFallingAsleep SeatState = "FallingAsleep"
-	// SeatAsleep: the engine sleeps (weights in the hot tier at level 1).
-	SeatAsleep SeatState = "Asleep"
-	// SeatWaking: the engine's wake call is running.
-	SeatWaking SeatState = "Waking"
-	// SeatFailed: a sleep or wake left the engine in a state the seat
-	// cannot tell; the lifecycle loop should restart the pod.
-	SeatFailed SeatState = "Failed"
-	// SeatRestarting: POST /restart runs: the engine's processes are
-	// stopping, or its container is starting again and has not answered,
-	// or the restarted engine is being put to sleep.
-	SeatRestarting SeatState = "Restarting"
-)
-
-var seatStates = []SeatState{SeatUnknown, SeatAwake, SeatDraining, SeatFallingAsleep, SeatAsleep, SeatWaking, SeatFailed, SeatRestarting}
 
 // ErrSleepAbandoned is returned by a sleep that a wake overtook while it
 // drained: the engine stays awake.
@@ -55,96 +27,11 @@ var ErrWrongState = errors.New("not allowed in the seat's state")
 // engine stays awake.
 var ErrDrainTimeout = errors.New("the engine did not drain in time")
 
-// Transition records one sleep or wake.
-type Transition struct {
-	Level   int       `json:"level,omitempty"`
-	At      time.Time `json:"at"`
-	Seconds float64   `json:"seconds"`
-	Error   string    `json:"error,omitempty"`
-	// Transfer is what the engine reported moving, when it reports it
-	// (the simulator does; vLLM, Ollama and llama.cpp do not).
-	Transfer *Transfer `json:"transfer,omitempty"`
-}
-
-// Transfer is the weights an engine moved in one sleep or wake, as the
-// engine reports it.
-type Transfer struct {
-	// Tier the bytes moved to (sleep) or from (wake): hot, warm or cold.
-	Tier  string `json:"tier,omitempty"`
-	Bytes int64  `json:"bytes"`
-	// Verified is true when the restored bytes hashed to the digest
-	// recorded when the engine first loaded them.
-	Verified bool `json:"verified,omitempty"`
-}
-
 // TransferReporter is implemented by adapters whose engine reports what a
 // sleep or wake moved; the seat records it in the transition.
 type TransferReporter interface {
 	// LastTransfer is what the last successful Sleep or Wake moved, or nil.
-	LastTransfer() *Transfer
-}
-
-// SeatStatus is the body of GET /state.
-type SeatStatus struct {
-	State  SeatState `json:"state"`
-	Engine string    `json:"engine"`
-	// Level is the sleep level while not Awake.
-	Level     int         `json:"level,omitempty"`
-	Since     time.Time   `json:"since"`
-	LastError string      `json:"lastError,omitempty"`
-	LastSleep *Transition `json:"lastSleep,omitempty"`
-	LastWake  *Transition `json:"lastWake,omitempty"`
-	Sleeps    int         `json:"sleeps"`
-	Wakes     int         `json:"wakes"`
-	// Digest is the digest the engine recorded when it loaded its weights
-	// (xxh3c:…), which every restore and every demotion of them must match;
-	// empty when the engine does not report it (only the simulator does).
-	Digest string `json:"digest,omitempty"`
-	// ResidentBytes is the engine's memory holding weights right now, as
-	// the engine reports it (the simulator's
-	// orchestra_sim_weights_resident_bytes): 0 after a sleep that freed
-	// its memory. Omitted when the engine does not report it.
-	ResidentBytes *int64 `json:"residentBytes,omitempty"`
-	// WeightsBytes is the size of the engine's weights, against which
-	// ResidentBytes is judged; omitted when the engine does not report it.
-	WeightsBytes *int64 `json:"weightsBytes,omitempty"`
-	// WeightsError says why the engine's weights (ResidentBytes,
-	// WeightsBytes) could not be read for this answer, from an engine that
-	// reports them.
-	WeightsError string `json:"weightsError,omitempty"`
-	// MemorySource says where ResidentBytes comes from: "nvidia-smi" (the
-	// device memory of the engine container's processes) or "engine" (the
-	// engine's own report); empty when neither reported it.
-	MemorySource string `json:"memorySource,omitempty"`
-	// DeviceMemoryError says why the device memory could not be read for
-	// this answer, when the seat reads it (--nvidia-smi); ResidentBytes
-	// then falls back to the engine's report.
-	DeviceMemoryError string `json:"deviceMemoryError,omitempty"`
-	// Restarts counts the engine restarts this seat made (POST /restart).
-	Restarts int `json:"restarts,omitempty"`
-	// LastRestart is how the last restart went.
-	LastRestart *RestartReport `json:"lastRestart,omitempty"`
-}
-
-// Restart routes (RestartReport.Via).
-const (
-	// RestartViaEngine: the engine restarted itself in place (the
-	// simulator with --restartable).
-	RestartViaEngine = "engine"
-	// RestartViaProcess: the seat stopped the engine container's processes
-	// and the kubelet started the container again.
-	RestartViaProcess = "process"
-)
-
-// RestartReport is how one engine restart went.
-type RestartReport struct {
-	Via string    `json:"via"`
-	At  time.Time `json:"at"`
-	// Seconds is the whole restart, until the engine answered asleep.
-	Seconds float64 `json:"seconds"`
-	// Stopped is the engine's processes the seat stopped (RestartViaProcess).
-	Stopped *StopReport `json:"stopped,omitempty"`
-	Error   string      `json:"error,omitempty"`
+	LastTransfer() *sidecarapi.Transfer
 }
 
 // Restarter is implemented by adapters whose engine can be restarted in
@@ -180,7 +67,7 @@ const weightsTimeout = time.Second
 // weights now, when it reports them, and its device memory, when the seat
 // reads it: then residentBytes is the device memory, else the engine's
 // report, and memorySource says which.
-func (s *Seat) state(ctx context.Context) SeatStatus {
+func (s *Seat) state(ctx context.Context) sidecarapi.Status {
 	st := s.Status()
 	ctx, cancel := context.WithTimeout(ctx, weightsTimeout)
 	defer cancel()
@@ -199,7 +86,7 @@ func (s *Seat) state(ctx context.Context) SeatStatus {
 // withWeights adds what the engine reports about its weights, when it
 // reports them, to st: their digest and bytes, and, unless the device
 // memory was read, the memory holding them.
-func (s *Seat) withWeights(ctx context.Context, st SeatStatus) SeatStatus {
+func (s *Seat) withWeights(ctx context.Context, st sidecarapi.Status) sidecarapi.Status {
 	wr, ok := s.engine.(WeightsReporter)
 	if !ok {
 		return st
@@ -246,7 +133,7 @@ type Seat struct {
 	op sync.Mutex // one engine operation at a time
 
 	mu          sync.Mutex
-	st          SeatStatus
+	st          sidecarapi.Status
 	cancelDrain context.CancelFunc
 }
 
@@ -266,19 +153,19 @@ func NewSeat(cfg SeatConfig, engine Engine, reg prometheus.Registerer, log *slog
 			}
 		}
 	}
-	s.st = SeatStatus{State: SeatUnknown, Engine: engine.Name(), Since: s.now()}
-	s.m.setState(SeatUnknown)
+	s.st = sidecarapi.Status{State: sidecarapi.Unknown, Engine: engine.Name(), Since: s.now()}
+	s.m.setState(sidecarapi.Unknown)
 	return s
 }
 
 // Status returns the seat's status.
-func (s *Seat) Status() SeatStatus {
+func (s *Seat) Status() sidecarapi.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.st
 }
 
-func (s *Seat) setLocked(st SeatState) {
+func (s *Seat) setLocked(st sidecarapi.State) {
 	if s.st.State != st {
 		s.log.Info("seat state", "from", s.st.State, "to", st)
 		s.st.State, s.st.Since = st, s.now()
@@ -301,14 +188,14 @@ func (s *Seat) Sync(ctx context.Context) {
 	defer s.mu.Unlock()
 	switch {
 	case err != nil:
-		if s.st.State != SeatFailed {
-			s.setLocked(SeatUnknown)
+		if s.st.State != sidecarapi.Failed {
+			s.setLocked(sidecarapi.Unknown)
 		}
 		s.st.LastError = err.Error()
-	case asleep && s.st.State != SeatAsleep:
-		s.setLocked(SeatAsleep)
-	case !asleep && s.st.State != SeatAwake:
-		s.setLocked(SeatAwake)
+	case asleep && s.st.State != sidecarapi.Asleep:
+		s.setLocked(sidecarapi.Asleep)
+	case !asleep && s.st.State != sidecarapi.Awake:
+		s.setLocked(sidecarapi.Awake)
 		s.st.Level = 0
 	}
 }
@@ -328,10 +215,10 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	defer cancel()
 	s.mu.Lock()
 	switch s.st.State {
-	case SeatAsleep:
+	case sidecarapi.Asleep:
 		s.mu.Unlock()
 		return nil
-	case SeatAwake:
+	case sidecarapi.Awake:
 	default:
 		st := s.st.State
 		s.mu.Unlock()
@@ -345,23 +232,23 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	defer func() { s.record(true, level, start, err) }()
 
 	s.mu.Lock()
-	if s.st.State != SeatAwake {
+	if s.st.State != sidecarapi.Awake {
 		// A concurrent operation won (another sleep, or a failure).
 		st := s.st.State
 		s.mu.Unlock()
-		if st == SeatAsleep {
+		if st == sidecarapi.Asleep {
 			return nil
 		}
 		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
 	}
-	s.setLocked(SeatDraining)
+	s.setLocked(sidecarapi.Draining)
 	s.cancelDrain = cancel
 	s.mu.Unlock()
 
 	if err := s.drain(drainCtx); err != nil {
 		s.mu.Lock()
 		s.cancelDrain = nil
-		s.setLocked(SeatAwake)
+		s.setLocked(sidecarapi.Awake)
 		s.mu.Unlock()
 		if errors.Is(err, context.Canceled) && ctx.Err() == nil {
 			return ErrSleepAbandoned
@@ -370,7 +257,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	}
 	s.mu.Lock()
 	s.cancelDrain = nil
-	s.setLocked(SeatFallingAsleep)
+	s.setLocked(sidecarapi.FallingAsleep)
 	s.mu.Unlock()
 
 	// Past the drain the engine call must finish: a caller that leaves
@@ -383,7 +270,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	}
 	s.mu.Lock()
 	s.st.Level = level
-	s.setLocked(SeatAsleep)
+	s.setLocked(sidecarapi.Asleep)
 	s.mu.Unlock()
 	return nil
 }
@@ -421,11 +308,11 @@ func (s *Seat) settle(ctx context.Context, cause error) {
 	s.st.LastError = cause.Error()
 	switch {
 	case err != nil:
-		s.setLocked(SeatFailed)
+		s.setLocked(sidecarapi.Failed)
 	case asleep:
-		s.setLocked(SeatAsleep)
+		s.setLocked(sidecarapi.Asleep)
 	default:
-		s.setLocked(SeatAwake)
+		s.setLocked(sidecarapi.Awake)
 		s.st.Level = 0
 	}
 }
@@ -434,7 +321,7 @@ func (s *Seat) settle(ctx context.Context, cause error) {
 // an Awake seat does nothing; concurrent wakes share one engine wake.
 func (s *Seat) Wake(ctx context.Context) (err error) {
 	s.mu.Lock()
-	if s.st.State == SeatDraining && s.cancelDrain != nil {
+	if s.st.State == sidecarapi.Draining && s.cancelDrain != nil {
 		s.cancelDrain()
 	}
 	s.mu.Unlock()
@@ -443,15 +330,15 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 	defer s.op.Unlock()
 	s.mu.Lock()
 	switch s.st.State {
-	case SeatAwake:
+	case sidecarapi.Awake:
 		s.mu.Unlock()
 		return nil
-	case SeatUnknown:
+	case sidecarapi.Unknown:
 		s.mu.Unlock()
 		return fmt.Errorf("%w: the engine has not answered yet: %s", ErrWrongState, s.Status().LastError)
 	}
 	level := s.st.Level
-	s.setLocked(SeatWaking)
+	s.setLocked(sidecarapi.Waking)
 	s.mu.Unlock()
 
 	start := s.now()
@@ -465,7 +352,7 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 	s.mu.Lock()
 	s.st.Level = 0
 	s.st.LastError = ""
-	s.setLocked(SeatAwake)
+	s.setLocked(sidecarapi.Awake)
 	s.mu.Unlock()
 	return nil
 }
@@ -489,16 +376,16 @@ func (s *Seat) Restart(ctx context.Context) error {
 	s.mu.Lock()
 	prev := s.st.State
 	switch prev {
-	case SeatAsleep, SeatFailed:
+	case sidecarapi.Asleep, sidecarapi.Failed:
 	default:
 		s.mu.Unlock()
 		return fmt.Errorf("%w: cannot restart the engine of a seat in state %s (only Asleep or Failed)", ErrWrongState, prev)
 	}
-	s.setLocked(SeatRestarting)
+	s.setLocked(sidecarapi.Restarting)
 	s.mu.Unlock()
 
 	start := s.now()
-	rep := &RestartReport{Via: RestartViaEngine, At: start}
+	rep := &sidecarapi.RestartReport{Via: sidecarapi.RestartViaEngine, At: start}
 	var err error
 	if inPlace {
 		opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SleepTimeout)
@@ -509,7 +396,7 @@ func (s *Seat) Restart(ctx context.Context) error {
 		cancel()
 	}
 	if (!inPlace || errors.Is(err, ErrRestartUnsupported)) && s.proc != nil && s.cfg.RestartProcess {
-		rep.Via = RestartViaProcess
+		rep.Via = sidecarapi.RestartViaProcess
 		opCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.WakeTimeout)
 		rep.Stopped, err = s.restartProcess(opCtx)
 		cancel()
@@ -528,11 +415,11 @@ func (s *Seat) Restart(ctx context.Context) error {
 		result = "failed"
 		rep.Error = err.Error()
 		s.st.LastError = "restart: " + err.Error()
-		s.setLocked(SeatFailed)
+		s.setLocked(sidecarapi.Failed)
 	} else {
 		s.st.Restarts++
 		s.st.Level, s.st.LastError = 2, ""
-		s.setLocked(SeatAsleep)
+		s.setLocked(sidecarapi.Asleep)
 	}
 	s.mu.Unlock()
 	s.m.transitions.WithLabelValues("restart", result).Inc()
@@ -558,7 +445,7 @@ func (s *Seat) checkAsleep(ctx context.Context) error {
 // restarted engine answers and puts it to sleep at level 2 if it started
 // awake (vLLM loads its weights at start, as does llama.cpp's router with
 // load-on-startup; Ollama starts with no model loaded).
-func (s *Seat) restartProcess(ctx context.Context) (*StopReport, error) {
+func (s *Seat) restartProcess(ctx context.Context) (*sidecarapi.StopReport, error) {
 	rep, err := s.proc.Stop(ctx)
 	if err != nil {
 		return &rep, fmt.Errorf("stopping the engine's processes: %w", err)
@@ -602,7 +489,7 @@ func (s *Seat) waitEngine(ctx context.Context, try func() error) error {
 }
 
 func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
-	tr := &Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
+	tr := &sidecarapi.Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
 	if r, ok := s.engine.(TransferReporter); ok && err == nil {
 		tr.Transfer = r.LastTransfer()
 	}
@@ -646,7 +533,7 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 
 // Handler serves the seat API:
 //
-//	GET  /state          the SeatStatus (JSON), with the engine's weights digest and
+//	GET  /state          the sidecarapi.Status (JSON), with the engine's weights digest and
 //	                     resident bytes when the engine reports them (the simulator)
 //	POST /sleep[?level=] drain, then sleep; 200 with the status; 409 when abandoned, not drained
 //	                     in time, or in the wrong state; 500 when the engine call failed
@@ -712,7 +599,7 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := s.Status()
-		if st.State != SeatAwake {
+		if st.State != sidecarapi.Awake {
 			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("seat is %s, not Awake", st.State))
 			return
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -45,7 +46,7 @@ func startSeat(t *testing.T, mut func(*sim.Config, *checkpoint.Config)) *seatEnv
 	t.Cleanup(eng.Close)
 	ac.Seat.Engine = checkpoint.EngineConfig{Kind: "simulator", URL: eng.URL}
 	e := &seatEnv{t: t, sim: s, eng: eng, agent: serveAgent(t, ac)}
-	e.waitState(checkpoint.SeatAwake)
+	e.waitState(sidecarapi.Awake)
 	return e
 }
 
@@ -78,17 +79,17 @@ func (e *seatEnv) do(method, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func (e *seatEnv) state() checkpoint.SeatStatus {
+func (e *seatEnv) state() sidecarapi.Status {
 	e.t.Helper()
 	_, body := e.do("GET", "/state")
-	var st checkpoint.SeatStatus
+	var st sidecarapi.Status
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		e.t.Fatalf("%v: %s", err, body)
 	}
 	return st
 }
 
-func (e *seatEnv) waitState(want checkpoint.SeatState) {
+func (e *seatEnv) waitState(want sidecarapi.State) {
 	e.t.Helper()
 	eventually(e.t, 10*time.Second, func() error {
 		if got := e.state().State; got != want {
@@ -107,7 +108,7 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 		t.Fatalf("sleep: %d %s", code, body)
 	}
 	st := e.state()
-	if st.State != checkpoint.SeatAsleep || st.Level != 1 || st.Sleeps != 1 {
+	if st.State != sidecarapi.Asleep || st.Level != 1 || st.Sleeps != 1 {
 		t.Fatalf("after sleep: %+v", st)
 	}
 	if e.sim.WeightsStatus().ResidentBytes != 0 {
@@ -123,7 +124,7 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 	}
 	// The answer carries the engine's digest: the leader sends it to the
 	// node agent with the wake, and the agent's promotions verify by it.
-	var woke checkpoint.SeatStatus
+	var woke sidecarapi.Status
 	if err := json.Unmarshal([]byte(body), &woke); err != nil {
 		t.Fatalf("wake answer %s: %v", body, err)
 	}
@@ -131,7 +132,7 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 		t.Fatalf("wake answer digest %q, want the engine's %q", woke.Digest, w.Digest)
 	}
 	st = e.state()
-	if st.State != checkpoint.SeatAwake || st.Wakes != 1 || st.LastWake == nil {
+	if st.State != sidecarapi.Awake || st.Wakes != 1 || st.LastWake == nil {
 		t.Fatalf("after wake: %+v", st)
 	}
 	// The engine's own report of what the wake moved reaches the state, for
@@ -172,7 +173,7 @@ func TestSeatWakeDuringDrainAbandonsTheSleep(t *testing.T) {
 		code, body := e.do("POST", "/sleep")
 		sleepDone <- [2]any{code, body}
 	}()
-	e.waitState(checkpoint.SeatDraining)
+	e.waitState(sidecarapi.Draining)
 	if code, body := e.do("POST", "/wake"); code != http.StatusOK {
 		t.Fatalf("wake during drain: %d %s", code, body)
 	}
@@ -180,7 +181,7 @@ func TestSeatWakeDuringDrainAbandonsTheSleep(t *testing.T) {
 	if r[0] != http.StatusConflict || !strings.Contains(r[1].(string), "abandoned") {
 		t.Fatalf("the overtaken sleep answered %v %v, want 409 abandoned", r[0], r[1])
 	}
-	if st := e.state(); st.State != checkpoint.SeatAwake {
+	if st := e.state(); st.State != sidecarapi.Awake {
 		t.Fatalf("state %s after the abandoned sleep", st.State)
 	}
 	if e.sim.IsSleeping() {
@@ -208,7 +209,7 @@ func TestSeatDrainTimeoutKeepsTheEngineAwake(t *testing.T) {
 	if code != http.StatusConflict || !strings.Contains(body, "did not drain") {
 		t.Fatalf("sleep: %d %s, want 409 drain timeout", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatAwake {
+	if st := e.state(); st.State != sidecarapi.Awake {
 		t.Fatalf("state %s", st.State)
 	}
 }
@@ -222,7 +223,7 @@ func TestSeatFailedWakeStaysAsleep(t *testing.T) {
 	if code != http.StatusInternalServerError || !strings.Contains(body, "injected wake failure") {
 		t.Fatalf("wake: %d %s", code, body)
 	}
-	if st := e.state(); st.State != checkpoint.SeatAsleep || !strings.Contains(st.LastError, "injected") {
+	if st := e.state(); st.State != sidecarapi.Asleep || !strings.Contains(st.LastError, "injected") {
 		t.Fatalf("after a failed wake: %+v, want Asleep with the error", st)
 	}
 	if code, _ := e.do("GET", "/readyz"); code != http.StatusServiceUnavailable {
@@ -236,9 +237,9 @@ func TestSeatAdoptsTheEngineState(t *testing.T) {
 	if _, err := e.sim.Sleep(2); err != nil {
 		t.Fatal(err)
 	}
-	e.waitState(checkpoint.SeatAsleep)
+	e.waitState(sidecarapi.Asleep)
 	e.eng.Close()
-	e.waitState(checkpoint.SeatUnknown)
+	e.waitState(sidecarapi.Unknown)
 	if code, body := e.do("POST", "/wake"); code != http.StatusConflict || !strings.Contains(body, "has not answered") {
 		t.Fatalf("wake of an unreachable engine: %d %s, want 409", code, body)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // VLLM drives vLLM's sleep mode (also the simulator's, which mimics it). It
@@ -19,13 +21,13 @@ type VLLM struct {
 
 	mu    sync.Mutex
 	level int // the level of the last sleep, which decides the wake sequence
-	last  *Transfer
+	last  *sidecarapi.Transfer
 }
 
 // LastTransfer implements TransferReporter: what the last sleep or wake
 // reported moving. vLLM itself reports nothing; the simulator answers its
 // sleep and wake calls with a stage report (tier, bytes, verified).
-func (v *VLLM) LastTransfer() *Transfer {
+func (v *VLLM) LastTransfer() *sidecarapi.Transfer {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.last
@@ -33,13 +35,13 @@ func (v *VLLM) LastTransfer() *Transfer {
 
 // transferOf reads a stage report from an engine's answer, directly or as
 // collective_rpc's {"results": [report]}; nil when the answer has none.
-func transferOf(b []byte) *Transfer {
-	var t Transfer
+func transferOf(b []byte) *sidecarapi.Transfer {
+	var t sidecarapi.Transfer
 	if json.Unmarshal(b, &t) == nil && (t.Tier != "" || t.Bytes > 0) {
 		return &t
 	}
 	var rpc struct {
-		Results []Transfer `json:"results"`
+		Results []sidecarapi.Transfer `json:"results"`
 	}
 	if json.Unmarshal(b, &rpc) == nil && len(rpc.Results) > 0 && (rpc.Results[0].Tier != "" || rpc.Results[0].Bytes > 0) {
 		return &rpc.Results[0]
@@ -121,7 +123,7 @@ func (v *VLLM) Wake(ctx context.Context) error {
 	v.mu.Lock()
 	level := v.level
 	v.mu.Unlock()
-	var moved *Transfer
+	var moved *sidecarapi.Transfer
 	if level == 2 {
 		steps := []struct {
 			path string

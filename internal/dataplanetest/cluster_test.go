@@ -46,6 +46,7 @@ func startCluster(t *testing.T) cluster {
 	}
 	var nodes []*server.Server
 	var urls []string
+	var all []*server.Options
 	for i := range 3 {
 		dir, err := os.MkdirTemp("", "orchestra-nats-cluster-")
 		if err != nil {
@@ -64,6 +65,7 @@ func startCluster(t *testing.T) cluster {
 			Cluster:    server.ClusterOpts{Name: "orchestra", Host: "127.0.0.1", Port: ports[3+i]},
 			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
 		}
+		all = append(all, opts)
 		s, err := server.NewServer(opts)
 		if err != nil {
 			t.Fatal(err)
@@ -84,13 +86,14 @@ func startCluster(t *testing.T) cluster {
 		}
 		return false
 	}))
-	return cluster{nodes: nodes, urls: urls}
+	return cluster{nodes: nodes, urls: urls, opts: all}
 }
 
 // cluster is a 3-node NATS cluster with JetStream, in the process.
 type cluster struct {
 	nodes []*server.Server
 	urls  []string
+	opts  []*server.Options // of each node, to restart it
 }
 
 // from lists the servers for a client that should use node i: node i

@@ -166,7 +166,8 @@ func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Se
 	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
 		APIKey: {Name: "e2e"},
 	})
-	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens})
+	responses := q.ResponseStore(gcfg.Responses.Retention.Duration, gcfg.Responses.Replicas)
+	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens, Responses: responses})
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}

@@ -186,7 +186,7 @@ func lifecycleState(ctx context.Context, ns, root string) string {
 		return ""
 	}
 	var st v1alpha1.LifecycleStatus
-	if json.Unmarshal([]byte(sts.Annotations[lifecycle.AnnotationStatus]), &st) != nil {
+	if json.Unmarshal([]byte(sts.Annotations[v1alpha1.AnnotationLifecycleStatus]), &st) != nil {
 		return ""
 	}
 	return string(st.State)

@@ -27,7 +27,6 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
-	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
 // TestScaleToZeroAndWake runs a simulator application with a short
@@ -160,7 +159,7 @@ func sawTooth(ctx context.Context, t *testing.T, ns, name, base, token, model st
 			}
 			last = *s.Spec.Replicas
 			var st v1alpha1.LifecycleStatus
-			if json.Unmarshal([]byte(s.Annotations[lifecycle.AnnotationStatus]), &st) != nil {
+			if json.Unmarshal([]byte(s.Annotations[v1alpha1.AnnotationLifecycleStatus]), &st) != nil {
 				continue
 			}
 			if st.State == v1alpha1.LifecycleAwake && lastState != "" && lastState != v1alpha1.LifecycleAwake {

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // TestSeatRestartsAnEngineByItsProcessInAPod runs, on the real-node
@@ -65,7 +65,7 @@ func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 	}
 	eventually(t, 2*time.Minute, func() error {
 		st, err := seatState(ctx, ns, "group")
-		if err == nil && st.State != checkpoint.SeatAwake {
+		if err == nil && st.State != sidecarapi.Awake {
 			err = fmt.Errorf("seat %s", st.State)
 		}
 		return err
@@ -82,7 +82,7 @@ func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 	t.Logf("restart by the process took %s", time.Since(start).Round(time.Millisecond))
 	st, err = seatState(ctx, ns, "group")
 	must(t, err)
-	if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.Restarts != 1 || st.LastRestart == nil || st.LastRestart.Via != checkpoint.RestartViaProcess {
+	if st.State != sidecarapi.Asleep || st.Level != 2 || st.Restarts != 1 || st.LastRestart == nil || st.LastRestart.Via != sidecarapi.RestartViaProcess {
 		t.Errorf("after the restart: state %s level %d restarts %d lastRestart %+v; want Asleep at level 2, one restart via process", st.State, st.Level, st.Restarts, st.LastRestart)
 	}
 	// The fault is deterministic: the new process's level-2 sleep after

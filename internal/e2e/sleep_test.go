@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // sleepWeights is the simulator's synthetic weights in TestSleepAndWake:
@@ -205,7 +205,7 @@ func waitAsleep(ctx context.Context, t *testing.T, ns, name, root string, tierOK
 		if err != nil {
 			return err
 		}
-		if seat.State != checkpoint.SeatAsleep {
+		if seat.State != sidecarapi.Asleep {
 			return fmt.Errorf("the seat of %s is %s; want Asleep", root, seat.State)
 		}
 		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root, metav1.GetOptions{})
@@ -317,7 +317,7 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 	if err != nil {
 		t.Fatal(err)
 	}
-	if seat.State != checkpoint.SeatAwake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
+	if seat.State != sidecarapi.Awake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
 		!seat.LastWake.Transfer.Verified || seat.LastWake.Transfer.Bytes != weights ||
 		!strings.EqualFold(seat.LastWake.Transfer.Tier, string(from)) {
 		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
@@ -341,12 +341,12 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 
 // seatState reads GET /state of the seat sidecar of a root pod through
 // the API server's pod proxy.
-func seatState(ctx context.Context, ns, pod string) (*checkpoint.SeatStatus, error) {
+func seatState(ctx context.Context, ns, pod string) (*sidecarapi.Status, error) {
 	raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", pod, strconv.Itoa(seatPort), "/state", nil).DoRaw(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the seat state of %s: %w", pod, err)
 	}
-	st := &checkpoint.SeatStatus{}
+	st := &sidecarapi.Status{}
 	if err := json.Unmarshal(raw, st); err != nil {
 		return nil, fmt.Errorf("decoding the seat state of %s: %w (%s)", pod, err, raw)
 	}

@@ -33,6 +33,8 @@ type Config struct {
 	Timeouts TimeoutsConfig `json:"timeouts"`
 	// Log configures logging.
 	Log LogConfig `json:"log"`
+	// Responses configures the stored responses of the Responses API.
+	Responses ResponsesConfig `json:"responses"`
 	// Queue tells the orchestra-gateway binary how to reach the queue. The
 	// gateway itself only uses the queue.Queue it is given, so Validate
 	// does not check this section; QueueConfig.Validate does.
@@ -195,6 +197,16 @@ func (l *Limits) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// ResponsesConfig configures the stored responses of the Responses API,
+// kept by the orchestra-gateway binary in a JetStream key-value bucket.
+type ResponsesConfig struct {
+	// Retention is how long a stored response is kept (the bucket's TTL);
+	// the resource's spec.gateway.responses.retention.
+	Retention metav1.Duration `json:"retention"`
+	// Replicas of the bucket: 1, or 3 with a 3-node NATS cluster.
+	Replicas int `json:"replicas"`
+}
+
 // TimeoutsConfig bounds the time a request may take end to end.
 type TimeoutsConfig struct {
 	// Request bounds a non-streaming request.
@@ -244,6 +256,10 @@ func Default() Config {
 			Stream:  metav1.Duration{Duration: 30 * time.Minute},
 		},
 		Log: LogConfig{Level: "info", AccessLog: true},
+		Responses: ResponsesConfig{
+			Retention: metav1.Duration{Duration: v1alpha1.DefaultResponsesRetention},
+			Replicas:  1,
+		},
 		Queue: QueueConfig{
 			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},
 			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
@@ -284,6 +300,12 @@ func (c *Config) Validate() error {
 		add("timeouts.stream must be positive, got %s", c.Timeouts.Stream.Duration)
 	}
 
+	if c.Responses.Retention.Duration < time.Minute {
+		add("responses.retention must be at least a minute, got %s", c.Responses.Retention.Duration)
+	}
+	if c.Responses.Replicas != 1 && c.Responses.Replicas != 3 {
+		add("responses.replicas must be 1 or 3, got %d", c.Responses.Replicas)
+	}
 	if len(c.Models) == 0 {
 		add("models: at least one model is required")
 	}

@@ -23,6 +23,9 @@ type apiError struct {
 	code    string
 	// retryAfter, when positive, is sent as the Retry-After header.
 	retryAfter time.Duration
+	// final tells the official SDKs not to retry (X-Should-Retry: false),
+	// for a 5xx that retrying soon cannot fix.
+	final bool
 	// reason labels the rejection metric; empty for non-rejections.
 	reason string
 	// err is the cause, for logs only: clients see message.
@@ -58,6 +61,7 @@ const (
 	reasonConcurrency     = "concurrent_streams"
 	reasonNotFound        = "not_found"
 	reasonWakingTimeout   = "model_waking_timeout"
+	reasonModelNotServed  = "model_not_served"
 )
 
 // Errors raised by the gateway itself, mapped by toAPIError.
@@ -195,6 +199,18 @@ func toAPIError(err error) *apiError {
 			typ:     typeServer,
 			code:    "empty_reply",
 		}
+	case errors.Is(err, queue.ErrNotServed):
+		// Checked before ErrUnavailable: a deployment problem, not a blip.
+		return &apiError{
+			status: http.StatusServiceUnavailable,
+			message: "The model exists but no dispatcher serves it: none has announced its application for " +
+				"longer than a request may wait. Ask the operator of this gateway to check the dispatchers.",
+			typ:    typeServer,
+			param:  "model",
+			code:   "model_not_served",
+			final:  true,
+			reason: reasonModelNotServed,
+		}
 	case errors.Is(err, queue.ErrUnavailable):
 		return &apiError{
 			status:     http.StatusServiceUnavailable,
@@ -281,6 +297,9 @@ func (e *apiError) write(w http.ResponseWriter) {
 	h.Set("Content-Type", "application/json")
 	if e.retryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((e.retryAfter+time.Second-1)/time.Second), 10))
+	}
+	if e.final {
+		h.Set("X-Should-Retry", "false")
 	}
 	status := e.status
 	if status == statusClientClosed {

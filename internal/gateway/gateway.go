@@ -6,6 +6,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,21 +44,26 @@ type Options struct {
 	// Wake tells which applications are waking; nil: none ever is
 	// (waking.go).
 	Wake WakeStates
+	// Responses keeps stored Responses API responses (store: true); nil:
+	// responses are never stored (their store field says false).
+	Responses ResponseStore
 }
 
 // Gateway serves the OpenAI API in front of a queue.
 type Gateway struct {
-	cfg      Config
-	queue    queue.Queue
-	tokens   TokenSource
-	logger   *slog.Logger
-	wake     WakeStates
-	models   map[string]*ModelConfig
-	anon     *Principal
-	limiter  limiter
-	metrics  *metrics
-	created  int64
-	draining atomic.Bool
+	cfg    Config
+	queue  queue.Queue
+	tokens TokenSource
+	logger *slog.Logger
+	wake   WakeStates
+	// responses keeps stored responses; nil: none are stored.
+	responses ResponseStore
+	models    map[string]*ModelConfig
+	anon      *Principal
+	limiter   limiter
+	metrics   *metrics
+	created   int64
+	draining  atomic.Bool
 	// active counts inference requests being served, so that a hard stop
 	// can wait for their replies to be closed.
 	active sync.WaitGroup
@@ -85,16 +91,17 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	g := &Gateway{
-		cfg:     cfg,
-		queue:   q,
-		tokens:  opts.Tokens,
-		logger:  logger,
-		wake:    opts.Wake,
-		models:  make(map[string]*ModelConfig, len(cfg.Models)),
-		anon:    &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
-		limiter: limiter{now: time.Now},
-		metrics: newMetrics(),
-		created: time.Now().Unix(),
+		cfg:       cfg,
+		queue:     q,
+		tokens:    opts.Tokens,
+		logger:    logger,
+		wake:      opts.Wake,
+		responses: opts.Responses,
+		models:    make(map[string]*ModelConfig, len(cfg.Models)),
+		anon:      &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
+		limiter:   limiter{now: time.Now},
+		metrics:   newMetrics(),
+		created:   time.Now().Unix(),
 	}
 	g.cfg.Models = slices.Clone(cfg.Models) // defaults are filled in below
 	for i := range g.cfg.Models {
@@ -112,12 +119,16 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 	api.HandleFunc("POST /v1/chat/completions", g.inference(endpointChat))
 	api.HandleFunc("POST /v1/completions", g.inference(endpointCompletions))
 	api.HandleFunc("POST /v1/embeddings", g.inference(endpointEmbeddings))
+	api.HandleFunc("POST /v1/responses", g.inference(endpointResponses))
+	api.HandleFunc("GET /v1/responses/{id}", g.storedResponse(g.getResponse))
+	api.HandleFunc("DELETE /v1/responses/{id}", g.storedResponse(g.deleteResponse))
+	api.HandleFunc("GET /v1/responses/{id}/input_items", g.storedResponse(g.responseInputItems))
 	api.HandleFunc("GET /v1/models", g.listModels)
 	api.HandleFunc("GET /v1/models/{model...}", g.getModel)
 	api.HandleFunc("GET /healthz", g.healthz)
 	api.HandleFunc("GET /readyz", g.readyz)
 	api.HandleFunc("/", g.notFound)
-	g.api = api
+	g.api = g.front(api)
 
 	ops := http.NewServeMux()
 	ops.Handle("GET /metrics", promhttp.HandlerFor(g.metrics.registry, promhttp.HandlerOpts{}))
@@ -208,7 +219,13 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	if err != nil {
 		return err
 	}
-	req, err := parseRequest(x.endpoint, body)
+	var rc *responsesCall
+	var req parsedRequest
+	if x.endpoint == endpointResponses {
+		rc, req, err = g.prepareResponses(r.Context(), p, x, body)
+	} else {
+		req, err = parseRequest(x.endpoint, body)
+	}
 	if err != nil {
 		return err
 	}
@@ -262,6 +279,9 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	defer func() { _ = reply.Close() }()
 
 	first := g.waitFirst(model, reply)
+	if rc != nil {
+		return g.proxyResponses(ctx, w, reply, x, rc, first)
+	}
 	if req.Stream {
 		return g.proxyStream(ctx, w, reply, x, req.IncludeUsage, first)
 	}
@@ -472,7 +492,7 @@ func (g *Gateway) getModel(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) notFound(w http.ResponseWriter, r *http.Request) {
 	g.writeSimpleError(w, &apiError{
 		status:  http.StatusNotFound,
-		message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path),
+		message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, cmp.Or(r.URL.Path, r.RequestURI)),
 		typ:     typeInvalidRequest,
 		reason:  reasonNotFound,
 	})

@@ -16,6 +16,10 @@ type metrics struct {
 	rejections *prometheus.CounterVec   // reason
 	inFlight   *prometheus.GaugeVec     // endpoint, stream
 	apiTokens  prometheus.Gauge
+	// wakeWaiting and wakeWait: requests waiting for their model to wake,
+	// and how long they waited (model).
+	wakeWaiting *prometheus.GaugeVec
+	wakeWait    *prometheus.HistogramVec
 }
 
 // Values of the model label for requests that name no served model, so
@@ -59,12 +63,21 @@ func newMetrics() *metrics {
 			Namespace: ns, Name: "api_tokens",
 			Help: "Usable API tokens loaded from Secrets.",
 		}),
+		wakeWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "wake_waiting_requests",
+			Help: "Requests waiting for their model's application to wake, by served model.",
+		}, []string{"model"}),
+		wakeWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "wake_wait_seconds",
+			Help:    "Time requests waited for their model's application to wake, by served model.",
+			Buckets: []float64{.25, .5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600},
+		}, []string{"model"}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.ttft, m.tokens, m.rejections, m.inFlight, m.apiTokens,
+	m.registry.MustRegister(m.requests, m.wakeWaiting, m.wakeWait, m.duration, m.ttft, m.tokens, m.rejections, m.inFlight, m.apiTokens,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{
 		reasonUnauthenticated, reasonModelNotFound, reasonModelForbidden, reasonInvalidRequest,
-		reasonBodyTooLarge, reasonRequestRate, reasonTokenRate, reasonConcurrency, reasonNotFound,
+		reasonBodyTooLarge, reasonRequestRate, reasonTokenRate, reasonConcurrency, reasonNotFound, reasonModelNotServed,
 	} {
 		m.rejections.WithLabelValues(r)
 	}

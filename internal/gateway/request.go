@@ -13,12 +13,18 @@ const (
 	endpointChat endpoint = iota
 	endpointCompletions
 	endpointEmbeddings
+	// endpointResponses is POST /v1/responses, translated to the engine's
+	// chat completions (responses.go).
+	endpointResponses
+	// endpointStoredResponses is GET and DELETE /v1/responses/{id}[/input_items].
+	endpointStoredResponses
 )
 
-// path is the OpenAI (and engine) path of the endpoint.
+// path is the OpenAI (and engine) path of the endpoint; the engine path for
+// the Responses API, which engines are sent as chat completions.
 func (e endpoint) path() string {
 	switch e {
-	case endpointChat:
+	case endpointChat, endpointResponses:
 		return "/v1/chat/completions"
 	case endpointCompletions:
 		return "/v1/completions"
@@ -34,6 +40,10 @@ func (e endpoint) label() string {
 		return "chat"
 	case endpointCompletions:
 		return "completions"
+	case endpointResponses:
+		return "responses"
+	case endpointStoredResponses:
+		return "stored_responses"
 	default:
 		return "embeddings"
 	}

@@ -22,6 +22,13 @@ import (
 // then drains (see Serve). It loads API tokens from the Kubernetes Secrets
 // selected by cfg.Auth.
 func Run(ctx context.Context, cfg Config, q queue.Queue, logger *slog.Logger) error {
+	return RunWith(ctx, cfg, q, logger, Options{})
+}
+
+// RunWith is Run with collaborators: opts.Responses (the store of the
+// Responses API) and opts.Wake are used as given; Tokens and Logger are
+// set by RunWith (Wake from q when q has it and opts has none).
+func RunWith(ctx context.Context, cfg Config, q queue.Queue, logger *slog.Logger, opts Options) error {
 	var tokens TokenSource
 	if cfg.Auth.SecretSelector != "" {
 		st, err := newSecretTokensFromConfig(cfg, logger)
@@ -31,8 +38,8 @@ func Run(ctx context.Context, cfg Config, q queue.Queue, logger *slog.Logger) er
 		st.Start(ctx)
 		tokens = st
 	}
-	opts := Options{Tokens: tokens, Logger: logger}
-	if ws, ok := q.(WakeStates); ok {
+	opts.Tokens, opts.Logger = tokens, logger
+	if ws, ok := q.(WakeStates); ok && opts.Wake == nil {
 		opts.Wake = ws
 	}
 	g, err := New(cfg, q, opts)

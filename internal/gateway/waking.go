@@ -7,14 +7,17 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/queue"
 )
 
 // WakeStates tells the gateway which applications are waking: scaled to
 // zero by their lifecycle, with pods starting because requests arrived
-// (internal/lifecycle.States implements it from the lifecycle bucket).
+// (internal/lifecyclestate.States implements it from the lifecycle bucket).
 type WakeStates interface {
 	// Waking reports whether requests for app wait for its pods to start,
 	// and why the wake does not progress when the lifecycle knows.
@@ -67,36 +70,137 @@ func (g *Gateway) awaitWake(ctx context.Context, w http.ResponseWriter, x *excha
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	var lastBeat time.Time
+	var (
+		lastBeat  time.Time
+		lastSaid  string
+		wakeStart time.Time // zero until the request waits for a wake
+	)
+	waiting := g.metrics.wakeWaiting.WithLabelValues(model.Name)
+	// ended records a wait for a wake: its duration in the metrics, the
+	// X-Orchestra-Wake-Wait header of a non-streamed answer, and a last
+	// comment in a stream when the answer came.
+	ended := func(answered bool) {
+		if wakeStart.IsZero() {
+			return
+		}
+		waited := time.Since(wakeStart)
+		waiting.Dec()
+		g.metrics.wakeWait.WithLabelValues(model.Name).Observe(waited.Seconds())
+		if !x.stream {
+			w.Header().Set(headerWakeWait, strconv.FormatFloat(waited.Seconds(), 'f', 3, 64))
+			return
+		}
+		if answered && x.started {
+			_ = g.comment(w, x, fmt.Sprintf("model %s is ready after %s", model.Name, roundSeconds(waited)))
+		}
+	}
 	for {
 		waking, problem := g.wake.Waking(model.App)
 		now := time.Now()
-		if waking && x.stream && now.Sub(lastBeat) >= every {
-			if err := g.keepAlive(w, x, model); err != nil {
-				return queue.Chunk{}, err
+		if waking && wakeStart.IsZero() {
+			wakeStart = now
+			waiting.Inc()
+		}
+		if waking && x.stream {
+			said := g.wakeProgress(model, problem, now.Sub(x.start))
+			// Say each change at once, and repeat it every keep-alive period.
+			if progressKey(said) != progressKey(lastSaid) || now.Sub(lastBeat) >= every {
+				if err := g.comment(w, x, said); err != nil {
+					ended(false)
+					return queue.Chunk{}, err
+				}
+				lastBeat, lastSaid = now, said
 			}
-			lastBeat = now
 		}
 		if waking && now.After(deadline) {
 			stop()
 			r := <-got
 			if r.err == nil {
+				ended(true)
 				return r.chunk, nil // the answer won the race: never drop it
 			}
+			ended(false)
 			g.logger.Warn("request waited longer than maxWait for its model to wake", "request_id", x.id, "model", model.Name, "app", model.App, "maxWait", model.MaxWait.Duration, "problem", problem)
 			return queue.Chunk{}, modelWakingTimeout(model.Name, model.MaxWait.Duration, problem)
 		}
 		select {
 		case r := <-got:
+			ended(r.err == nil)
 			return r.chunk, r.err
 		case <-check.C:
 		}
 	}
 }
 
-// keepAlive starts a streamed response, if not yet started, and sends one
-// SSE comment, which clients ignore.
-func (g *Gateway) keepAlive(w http.ResponseWriter, x *exchange, model *ModelConfig) error {
+// headerWakeWait is the response header of a non-streamed request that
+// waited for its model to wake: the seconds it waited.
+const headerWakeWait = "X-Orchestra-Wake-Wait"
+
+// WakeStatuses is implemented by WakeStates that know the lifecycle status
+// of an application (lifecycle.States): the progress comments then say
+// what the wake is doing.
+type WakeStatuses interface {
+	Lookup(app string) (v1alpha1.LifecycleStatus, bool)
+}
+
+// wakeProgress describes a wake for an SSE comment, which SDKs ignore and
+// curl users read: "waiting for model M to wake: <what happens> (Ns so
+// far[, expected Es])", or why it cannot start.
+func (g *Gateway) wakeProgress(model *ModelConfig, problem string, waited time.Duration) string {
+	what := "queued"
+	var expected string
+	if ws, ok := g.wake.(WakeStatuses); ok {
+		if st, ok := ws.Lookup(model.App); ok {
+			switch st.State {
+			case v1alpha1.LifecycleZero:
+				what = "queued; the application is scaled to zero, its pods are being started"
+			case v1alpha1.LifecycleAsleep:
+				what = "queued; the engine is asleep and is being woken"
+				if st.ResidentTier != "" {
+					what += ", its weights restored from the " + string(st.ResidentTier) + " tier"
+				}
+			case v1alpha1.LifecycleWaking:
+				what = "the pods are starting and the model is loading"
+				if st.LastWake != nil && st.LastWake.FromTier != "" {
+					what += " from the " + string(st.LastWake.FromTier) + " tier"
+				}
+			case v1alpha1.LifecycleDraining:
+				what = "queued; the application is finishing its sleep before it wakes"
+			}
+			expected = st.ExpectedResumeSeconds
+		}
+	}
+	msg := fmt.Sprintf("waiting for model %s to wake: %s (%s so far", model.Name, what, roundSeconds(waited))
+	if expected != "" {
+		msg += ", expected " + expected + " s"
+	}
+	msg += ")"
+	if problem != "" {
+		msg += "; it cannot start: " + problem
+	}
+	return msg
+}
+
+// progressKey is a progress comment without its running time, to tell a
+// change of what happens from the clock ticking.
+func progressKey(said string) string {
+	if i := strings.Index(said, " ("); i >= 0 {
+		j := strings.Index(said[i:], ")")
+		if j >= 0 {
+			return said[:i] + said[i+j+1:]
+		}
+	}
+	return said
+}
+
+// roundSeconds formats d as seconds with one decimal.
+func roundSeconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
+}
+
+// comment starts a streamed response, if not yet started, and sends one
+// SSE comment line, which clients ignore.
+func (g *Gateway) comment(w http.ResponseWriter, x *exchange, text string) error {
 	if !x.started {
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream; charset=utf-8")
@@ -105,7 +209,7 @@ func (g *Gateway) keepAlive(w http.ResponseWriter, x *exchange, model *ModelConf
 		x.status, x.started = http.StatusOK, true
 		w.WriteHeader(http.StatusOK)
 	}
-	if _, err := fmt.Fprintf(w, ": waiting for model %s to wake\n\n", model.Name); err != nil {
+	if _, err := io.WriteString(w, ": "+strings.ReplaceAll(text, "\n", " ")+"\n\n"); err != nil {
 		return errClientGone
 	}
 	if err := http.NewResponseController(w).Flush(); err != nil {

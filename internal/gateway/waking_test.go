@@ -7,11 +7,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/queue"
 )
 
@@ -138,5 +142,95 @@ func TestAnAwakeModelIsNotBoundByMaxWait(t *testing.T) {
 	res, body := h.do(t, http.MethodPost, "/v1/chat/completions", aliceToken, chatBody)
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("status %d (%s), want 200", res.StatusCode, body)
+	}
+}
+
+// statusWake is a fakeWake that also knows the lifecycle status.
+type statusWake struct {
+	fakeWake
+	status atomic.Value // v1alpha1.LifecycleStatus
+}
+
+func (s *statusWake) Lookup(string) (v1alpha1.LifecycleStatus, bool) {
+	st, ok := s.status.Load().(v1alpha1.LifecycleStatus)
+	return st, ok
+}
+
+// TestWakeProgressComments checks that a stream waiting for a wake is told
+// what happens, at once when it changes, and when the model is ready.
+func TestWakeProgressComments(t *testing.T) {
+	release := make(chan struct{})
+	h, _ := newWakeHarness(t, time.Minute, heldEngine(release))
+	wake := &statusWake{}
+	wake.waking.Store(true)
+	wake.status.Store(v1alpha1.LifecycleStatus{State: v1alpha1.LifecycleZero, ExpectedResumeSeconds: "4.5"})
+	h.g.wake = wake
+	h.g.cfg.Timeouts.WakeKeepAlive.Duration = time.Hour // only changes are said
+
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+aliceToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	r := bufio.NewReader(resp.Body)
+	readComment := func() string {
+		t.Helper()
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading comments: %v", err)
+			}
+			if strings.HasPrefix(line, ": ") {
+				return strings.TrimSpace(line)
+			}
+		}
+	}
+	if c := readComment(); !strings.HasPrefix(c, ": waiting for model llama-3-8b to wake: queued; the application is scaled to zero, its pods are being started (") ||
+		!strings.Contains(c, "expected 4.5 s") {
+		t.Errorf("first comment %q", c)
+	}
+	wake.status.Store(v1alpha1.LifecycleStatus{State: v1alpha1.LifecycleWaking, LastWake: &v1alpha1.WakeStatus{FromTier: v1alpha1.Tier("Warm")}})
+	if c := readComment(); !strings.Contains(c, "the pods are starting and the model is loading from the Warm tier") {
+		t.Errorf("comment after the change %q", c)
+	}
+	wake.waking.Store(false)
+	close(release)
+	if c := readComment(); !strings.HasPrefix(c, ": model llama-3-8b is ready after ") {
+		t.Errorf("comment when ready %q", c)
+	}
+	rest, _ := io.ReadAll(r)
+	if !strings.HasPrefix(strings.TrimLeft(string(rest), "\n"), "data: ") || !strings.Contains(string(rest), "data: [DONE]") {
+		t.Errorf("the answer after the ready comment: %q", rest)
+	}
+}
+
+// TestNonStreamedWakeWaitIsInAHeaderAndMetrics checks the
+// X-Orchestra-Wake-Wait header and the wake metrics of a non-streamed
+// request that waited for a wake.
+func TestNonStreamedWakeWaitIsInAHeaderAndMetrics(t *testing.T) {
+	release := make(chan struct{})
+	h, wake := newWakeHarness(t, time.Minute, heldEngine(release))
+	wake.waking.Store(true)
+	time.AfterFunc(300*time.Millisecond, func() { wake.waking.Store(false); close(release) })
+	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	v, err := strconv.ParseFloat(resp.Header.Get("X-Orchestra-Wake-Wait"), 64)
+	if err != nil || v < 0.2 || v > 30 {
+		t.Errorf("X-Orchestra-Wake-Wait = %q, want the ~0.3 s waited", resp.Header.Get("X-Orchestra-Wake-Wait"))
+	}
+	if n := testutil.CollectAndCount(h.g.metrics.wakeWait); n != 1 {
+		t.Errorf("wake_wait_seconds has %d series, want 1", n)
+	}
+	if got := testutil.ToFloat64(h.g.metrics.wakeWaiting.WithLabelValues("llama-3-8b")); got != 0 {
+		t.Errorf("wake_waiting_requests = %v after the answer, want 0", got)
+	}
+	// An awake model's answer has no header.
+	resp, _ = h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
+	if resp.Header.Get("X-Orchestra-Wake-Wait") != "" {
+		t.Errorf("an awake model's answer has X-Orchestra-Wake-Wait %q", resp.Header.Get("X-Orchestra-Wake-Wait"))
 	}
 }

@@ -24,6 +24,29 @@
 // published in a JetStream key-value bucket, which gateways watch to bound
 // the wait for a wake (maxWait), and in an annotation on the root
 // StatefulSet, from which the operator reports it in the resource's status.
+// The bucket's codec and watcher are internal/lifecyclestate.
+//
+// Files:
+//
+//	config.go            Config, App, defaults and validation
+//	controller.go        Controller: leader election, informers, the step loop
+//	app.go               one application's step: observe, scale to zero, wake
+//	app_apply.go         what a step applies: state, status, scale, events
+//	gate.go              the consumer pause (the gate)
+//	fence.go             the fence between a scale to zero and the next wake
+//	earlyready.go        a starting root taken the moment its engine answers
+//	firsttoken.go        a wake's first token, published by any dispatcher
+//	sleep.go             sleepAfter: engines sleep in their pods and wake
+//	sleep_config.go      SleepConfig, its defaults and validation
+//	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
+//	sleep_adopt.go       a new leader adopts sleeping engines; restarts
+//	sleep_agents.go      the leader's calls of the sidecars (sidecarapi) and
+//	                     the node agents (nodeapi); ModelCheckpoint status
+//	sleep_wakes.go       wake and sleep records for the node agents
+//	seatgroup_leader.go  seat groups: seatgroup.Executor driven by the leader
+//	seatgroup_pod.go     one group pod: its sidecars, dispatcher and gates
+//	seatserving.go       which pods of a seat group serve an application
+//	metrics.go           the leader's metrics
 package lifecycle
 
 import (
@@ -58,6 +81,10 @@ type Config struct {
 	// applications are not in Apps: the lifecycle does not scale a group's
 	// pods.
 	SeatGroups []SeatGroup `json:"seatGroups,omitempty"`
+	// AgentTokenFile holds the release's caller token, which the node
+	// agents' mutating endpoints require (internal/nodeapi); empty: the
+	// leader calls them without one.
+	AgentTokenFile string `json:"agentTokenFile,omitempty"`
 }
 
 // SeatGroup is one seat group: the applications that share one
@@ -204,7 +231,7 @@ func (c Config) Defaulted() Config {
 				m.MinResidency.Duration = seatgroup.DefaultMinResidency
 			}
 			if m.SleepLevel == 0 {
-				m.SleepLevel = 1
+				m.SleepLevel = v1alpha1.DefaultSleepLevel
 			}
 			if m.AgentPort == 0 {
 				m.AgentPort = DefaultAgentPort

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/lifecyclestate"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -111,7 +112,7 @@ type Controller struct {
 
 	mu     sync.Mutex
 	kv     jetstream.KeyValue
-	states *States // every replica's view of the bucket
+	states *lifecyclestate.States // every replica's view of the bucket
 }
 
 // RootPod is a root pod of an application with a lifecycle, and whether it
@@ -175,7 +176,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.startInformers(ctx); err != nil {
 		return err
 	}
-	states, err := WatchStates(ctx, c.deps.NC, c.deps.Orchestra, c.log)
+	states, err := lifecyclestate.Watch(ctx, c.deps.NC, c.deps.Orchestra, c.log)
 	if err != nil {
 		return err
 	}
@@ -370,7 +371,7 @@ func (c *Controller) ensureBucket(ctx context.Context) error {
 	for delay := 100 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		kv, err := c.js.CreateOrUpdateKeyValue(bctx, jetstream.KeyValueConfig{
-			Bucket:      Bucket(c.deps.Orchestra),
+			Bucket:      lifecyclestate.Bucket(c.deps.Orchestra),
 			Description: "Model Orchestra lifecycle state of each application of " + c.deps.Orchestra,
 			History:     1,
 			Storage:     jetstream.FileStorage,
@@ -383,7 +384,7 @@ func (c *Controller) ensureBucket(ctx context.Context) error {
 			c.mu.Unlock()
 			return nil
 		}
-		c.log.Warn("creating the lifecycle bucket; retrying", "bucket", Bucket(c.deps.Orchestra), "err", err)
+		c.log.Warn("creating the lifecycle bucket; retrying", "bucket", lifecyclestate.Bucket(c.deps.Orchestra), "err", err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -31,6 +31,29 @@ import (
 // lifecycle runs any more.
 const gateHold = 24 * time.Hour
 
+// Gate is the state of a gate, as the leader set it last: an
+// application's consumer (closeGate, openGate), a seat-group member's
+// consumer, or one pod of a seat group for one application
+// (seatserving.go). One type for every gate.
+type Gate string
+
+const (
+	// GateUnknown: not known (a new leader, or the last change failed).
+	GateUnknown Gate = ""
+	// GateOpen: requests flow (a pod: awake and serving; listed in
+	// SeatServingAnnotation).
+	GateOpen Gate = "open"
+	// GateDraining, a pod's only: it was serving and is being taken out (a
+	// drain or a sleep): still listed, so that the requests dispatchers
+	// hold reach its engine, and the application's consumer stays paused
+	// until the pod's engine is asleep, so that what is in flight can be
+	// counted and nothing new is handed out.
+	GateDraining Gate = "draining"
+	// GateClosed: held (a consumer paused on the server; a pod not
+	// serving: asleep, waking, or gone).
+	GateClosed Gate = "closed"
+)
+
 // closeGate pauses the application's consumer on the server: from its
 // answer on, no dispatcher receives a request of the application (requests
 // stay in the stream, counting no delivery, however long the wake takes).
@@ -40,7 +63,7 @@ func (c *Controller) closeGate(ctx context.Context, a *appState) error {
 	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
 		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
 	}
-	a.paused = true
+	a.gate = GateClosed
 	return nil
 }
 
@@ -54,7 +77,7 @@ func (c *Controller) openGate(ctx context.Context, a *appState) error {
 	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
 		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
 	}
-	a.paused = false
+	a.gate = GateOpen
 	if err := serveWaitingPulls(c.deps.NC, stream, consumer); err != nil {
 		c.log.Warn("asking the consumer to serve its waiting pull requests", "app", a.Name, "err", err)
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/lifecyclestate"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -457,7 +458,7 @@ func (e *env) consumer() *jetstream.ConsumerInfo {
 }
 
 func (e *env) state() v1alpha1.LifecycleStatus {
-	kv, err := e.js.KeyValue(context.Background(), lifecycle.Bucket(orch))
+	kv, err := e.js.KeyValue(context.Background(), lifecyclestate.Bucket(orch))
 	if err != nil {
 		return v1alpha1.LifecycleStatus{}
 	}
@@ -503,8 +504,8 @@ func TestIdleApplicationGoesToZeroAndWakesOnARequest(t *testing.T) {
 	}
 	sts, _ := e.c.cs.AppsV1().StatefulSets(ns).Get(context.Background(), root, metav1.GetOptions{})
 	var ann v1alpha1.LifecycleStatus
-	if err := json.Unmarshal([]byte(sts.Annotations[lifecycle.AnnotationStatus]), &ann); err != nil || ann.State != v1alpha1.LifecycleZero {
-		t.Fatalf("root StatefulSet annotation %s = %q, want state Zero (%v)", lifecycle.AnnotationStatus, sts.Annotations[lifecycle.AnnotationStatus], err)
+	if err := json.Unmarshal([]byte(sts.Annotations[v1alpha1.AnnotationLifecycleStatus]), &ann); err != nil || ann.State != v1alpha1.LifecycleZero {
+		t.Fatalf("root StatefulSet annotation %s = %q, want state Zero (%v)", v1alpha1.AnnotationLifecycleStatus, sts.Annotations[v1alpha1.AnnotationLifecycleStatus], err)
 	}
 
 	before := len(e.c.writes())
@@ -759,7 +760,7 @@ func TestStatesFollowTheBucket(t *testing.T) {
 	e := newEnv(t, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	states, err := lifecycle.WatchStates(ctx, e.nc, orch, slog.New(slog.DiscardHandler))
+	states, err := lifecyclestate.Watch(ctx, e.nc, orch, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

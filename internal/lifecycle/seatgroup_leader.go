@@ -24,7 +24,6 @@ package lifecycle
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -37,11 +36,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // EventSeatGroupRefused is recorded on a seat group's StatefulSet that the
@@ -94,7 +93,7 @@ type seatPodRun struct {
 	name  string
 	exec  *seatgroup.Executor
 	seats map[string]*podSeat
-	gates map[string]string
+	gates map[string]Gate
 }
 
 // seatMember is one application of a group on the leader.
@@ -106,8 +105,8 @@ type seatMember struct {
 	st *appState
 
 	mu sync.Mutex
-	// gate (the consumer's) as last set: "" unknown, "open", "closed".
-	gate string
+	// gate (the consumer's) as last set: unknown, open or closed.
+	gate Gate
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
 	holdFailed   bool
@@ -139,11 +138,11 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	for _, m := range g.Members {
 		st := newAppState(App{Name: m.Name, RootStatefulSet: g.StatefulSet, Sleep: m.sleep()})
-		st.annotation = SeatAnnotationStatus(m.Name)
+		st.annotation = v1alpha1.LifecycleStatusAnnotation(m.Name, true)
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
 	for i := range max(g.Replicas, 1) {
-		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]string{}}
+		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]Gate{}}
 		cfg := seatgroup.Default(g.Name)
 		if g.Replicas > 1 {
 			// The executors of a group's pods share the registry's
@@ -263,255 +262,6 @@ func (c *Controller) seatGroupReplicasMatch(ctx context.Context, g SeatGroup) bo
 	}
 }
 
-// podSeat is a member's seat agent in one pod of the group, found by the
-// pod's current IP. It keeps its last reading for the status and the
-// pod's gate.
-type podSeat struct {
-	p      *seatPodRun
-	app    string
-	port   int32
-	client *http.Client
-
-	mu     sync.Mutex
-	seat   checkpoint.SeatStatus // the last reading
-	seatOK bool
-}
-
-// pod returns the seat's pod, or an error when it does not serve (gone,
-// no address, terminating).
-func (s *podSeat) pod() (*corev1.Pod, error) {
-	pod, err := s.p.r.c.podLister.Pods(s.p.r.c.deps.Namespace).Get(s.p.name)
-	if err != nil {
-		return nil, fmt.Errorf("the group's pod %s: %w", s.p.name, err)
-	}
-	if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil {
-		return nil, fmt.Errorf("the group's pod %s has no address", s.p.name)
-	}
-	return pod, nil
-}
-
-func (s *podSeat) http() (seatgroup.HTTPSeat, error) {
-	pod, err := s.pod()
-	if err != nil {
-		return seatgroup.HTTPSeat{}, err
-	}
-	return seatgroup.HTTPSeat{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), Client: s.client}, nil
-}
-
-func (s *podSeat) reading() (checkpoint.SeatStatus, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.seat, s.seatOK
-}
-
-func (s *podSeat) setReading(st checkpoint.SeatStatus, ok bool) {
-	s.mu.Lock()
-	s.seat, s.seatOK = st, ok
-	s.mu.Unlock()
-}
-
-// State implements seatgroup.Seat; it keeps the reading for the status.
-func (s *podSeat) State(ctx context.Context) (checkpoint.SeatStatus, error) {
-	h, err := s.http()
-	var st checkpoint.SeatStatus
-	if err == nil {
-		st, err = h.State(ctx)
-	}
-	s.setReading(st, err == nil)
-	return st, err
-}
-
-// Sleep implements seatgroup.Seat; once the engine sleeps, its pod's gate
-// closes (the consumer may open again for the other pods).
-func (s *podSeat) Sleep(ctx context.Context, level int) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Sleep(ctx, level); err != nil {
-		return err
-	}
-	s.asleep()
-	return nil
-}
-
-// asleep records that the engine sleeps and closes its pod's gate.
-func (s *podSeat) asleep() {
-	st, _ := s.reading()
-	st.State = checkpoint.SeatAsleep
-	s.setReading(st, true)
-	s.p.setGate(s.app, false)
-}
-
-// ReadMemory implements seatgroup.MemoryReader.
-func (s *podSeat) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, error) {
-	st, err := s.State(ctx)
-	if err != nil {
-		return seatgroup.MemoryReading{}, err
-	}
-	return seatgroup.ReadingOf(st)
-}
-
-// Restart implements seatgroup.Restarter.
-func (s *podSeat) Restart(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Restart(ctx); err != nil {
-		return err
-	}
-	s.asleep()
-	return nil
-}
-
-// Wake implements seatgroup.Seat; it keeps the seat's answer, whose
-// lastWake and digest the swap's report to the node agent reads
-// (reportSwap). An answer without the digest (the engine did not report
-// its weights in time) keeps the one of the last reading: the digest is
-// the one recorded at load.
-func (s *podSeat) Wake(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	st, err := h.WakeStatus(ctx)
-	if err != nil {
-		return err
-	}
-	if prev, _ := s.reading(); st.Digest == "" {
-		st.Digest = prev.Digest
-	}
-	s.setReading(st, true)
-	return nil
-}
-
-// podDispatcher implements seatgroup.Dispatcher for one pod's executor:
-// its gates are the pod's, its demand the application's (seatPodDemand).
-type podDispatcher struct{ p *seatPodRun }
-
-// Demand implements seatgroup.Dispatcher.
-func (d *podDispatcher) Demand(app string) seatgroup.Demand {
-	r := d.p.r
-	dm := r.disp.Demand(app)
-	return seatPodDemand(dm, r.servedElsewhere(d.p, app), seatgroup.DefaultMaxSwapWait)
-}
-
-// Hold implements seatgroup.Dispatcher: the pod stops serving app.
-func (d *podDispatcher) Hold(app string) { d.p.setGate(app, false) }
-
-// Release implements seatgroup.Dispatcher: the pod serves app.
-func (d *podDispatcher) Release(app string) { d.p.setGate(app, true) }
-
-// seatPodDemand is an application's demand as one pod's executor sees it:
-// its queue counts only while no other pod serves the application
-// (servedElsewhere false), or once its oldest request waited maxSwapWait
-// (the other pods do not keep up), so that pods do not all swap the same
-// application in. What is in flight always counts, wherever it runs: the
-// consumer does not tell pods apart, and no engine sleeps on a guess.
-func seatPodDemand(dm seatgroup.Demand, servedElsewhere bool, maxSwapWait time.Duration) seatgroup.Demand {
-	if servedElsewhere && dm.OldestWait < maxSwapWait {
-		dm.Queued, dm.OldestWait = 0, 0
-	}
-	return dm
-}
-
-// servedElsewhere reports whether a pod other than p serves app.
-func (r *seatGroupRun) servedElsewhere(p *seatPodRun, app string) bool {
-	for _, q := range r.pods {
-		if q != p && q.gates[app] == podGateOpen {
-			return true
-		}
-	}
-	return false
-}
-
-// setGate sets the pod's gate for app (nextPodGate), then the group's
-// SeatServingAnnotation and the application's consumer (seatConsumerOpen).
-func (p *seatPodRun) setGate(app string, open bool) {
-	st, ok := p.seats[app].reading()
-	pod, err := p.seats[app].pod()
-	gone := err != nil || !RootServes(pod)
-	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == checkpoint.SeatAsleep, gone)
-	p.r.applyGates(app)
-}
-
-// applyGates writes the SeatServingAnnotation the pods' gates make, when it
-// changed, then opens or closes app's consumer. A draining pod stays in the
-// annotation, so that the requests dispatchers already hold reach its
-// engine, which is still awake; the paused consumer hands out nothing new.
-// A pod leaves the annotation once its engine sleeps, and the leader waits
-// for its own cache to show that (servingFence) before the consumer
-// resumes for the other pods. While the annotation cannot be written, the
-// consumer stays closed for every application whose written pods no
-// longer all serve it.
-func (r *seatGroupRun) applyGates(app string) {
-	want := SeatServing{}
-	for _, p := range r.pods {
-		for a, g := range p.gates {
-			if g == podGateOpen || g == podGateDraining {
-				want[p.name] = append(want[p.name], a)
-			}
-		}
-	}
-	if want.String() != r.written.String() {
-		removed := false
-		for pod := range r.written {
-			for _, a := range r.written[pod] {
-				removed = removed || !want.Serves(pod, a)
-			}
-		}
-		if err := r.writeServing(want); err != nil {
-			r.c.log.Warn("seat group: writing where applications are served; retrying", "seatGroup", r.g.Name, "err", err)
-		} else {
-			r.written = want
-			if removed {
-				r.awaitServing(want)
-			}
-		}
-	}
-	gates := map[string]string{}
-	for _, p := range r.pods {
-		gates[p.name] = p.gates[app]
-	}
-	if seatConsumerOpen(r.written.Pods(app), gates) {
-		r.disp.Release(app)
-	} else {
-		r.disp.Hold(app)
-	}
-}
-
-// writeServing patches the group StatefulSet's SeatServingAnnotation.
-func (r *seatGroupRun) writeServing(s SeatServing) error {
-	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SeatServingAnnotation: s.String()}}})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(r.disp.ctx, 10*time.Second)
-	defer cancel()
-	_, err = r.c.deps.Kube.AppsV1().StatefulSets(r.c.deps.Namespace).Patch(ctx, r.g.StatefulSet, types.MergePatchType, ann,
-		metav1.PatchOptions{FieldManager: FieldManager})
-	if err != nil {
-		return fmt.Errorf("annotating StatefulSet %s: %w", r.g.StatefulSet, err)
-	}
-	return nil
-}
-
-// awaitServing waits, at most servingFence, until the leader's cache of the
-// group's StatefulSet shows s.
-func (r *seatGroupRun) awaitServing(s SeatServing) {
-	want := s.String()
-	deadline := time.Now().Add(servingFence)
-	for time.Now().Before(deadline) && r.disp.ctx.Err() == nil {
-		sts, err := r.c.stsLister.StatefulSets(r.c.deps.Namespace).Get(r.g.StatefulSet)
-		if err == nil && ParseSeatServing(sts.Annotations[SeatServingAnnotation]).String() == want {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	r.c.log.Warn("seat group: the StatefulSet's cache did not show where applications are served in time", "seatGroup", r.g.Name, "within", servingFence)
-}
-
 // seatDispatcher is the members' JetStream consumers: their demand and
 // their gates. Only the group's goroutine calls it.
 type seatDispatcher struct {
@@ -540,11 +290,11 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 		return m.demand
 	}
 	ci := cons.CachedInfo()
-	if m.gate == "closed" && !ci.Paused {
+	if m.gate == GateClosed && !ci.Paused {
 		// A dispatcher provisioned the consumer again, which resets its
 		// pause: the next Hold closes it again, and until then what it
 		// hands out counts.
-		m.gate, m.holdFailed = "", true
+		m.gate, m.holdFailed = GateUnknown, true
 	}
 	dm := seatgroup.Demand{InFlight: ci.NumAckPending, Queued: int(ci.NumPending)}
 	if m.holdFailed {
@@ -590,17 +340,17 @@ func (d *seatDispatcher) oldestQueued(ctx context.Context, app string, delivered
 
 // Hold pauses the member's consumer (closeGate), unless it knows it
 // paused.
-func (d *seatDispatcher) Hold(app string) { d.setGate(app, "closed", d.r.c.closeGate) }
+func (d *seatDispatcher) Hold(app string) { d.setGate(app, GateClosed, d.r.c.closeGate) }
 
 // Release resumes the member's consumer (openGate), unless it knows it
 // open.
-func (d *seatDispatcher) Release(app string) { d.setGate(app, "open", d.r.c.openGate) }
+func (d *seatDispatcher) Release(app string) { d.setGate(app, GateOpen, d.r.c.openGate) }
 
-// setGate brings the member's gate to want ("closed" or "open") with
+// setGate brings the member's gate to want (closed or open) with
 // apply, unless it knows the gate is there. After a failure the gate is
 // unknown and the next step tries again; a failed hold is remembered
 // (holdFailed), so that the member counts as busy until one succeeds.
-func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *appState) error) {
+func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Context, *appState) error) {
 	m := d.r.members[app]
 	m.mu.Lock()
 	there := m.gate == want
@@ -612,8 +362,8 @@ func (d *seatDispatcher) setGate(app, want string, apply func(context.Context, *
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
-		m.gate = ""
-		if want == "closed" {
+		m.gate = GateUnknown
+		if want == GateClosed {
 			m.holdFailed = true
 		}
 		d.r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "gate", want, "err", err)
@@ -643,9 +393,9 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 			m.lastSwap = ev.End.Sub(ev.Start).Seconds()
 		}
 		m.mu.Unlock()
-		st.State, st.Since = checkpoint.SeatAwake, ev.End
+		st.State, st.Since = sidecarapi.Awake, ev.End
 	case seatgroup.ActionSleep, seatgroup.ActionRestart:
-		st.State, st.Since = checkpoint.SeatAsleep, ev.End
+		st.State, st.Since = sidecarapi.Asleep, ev.End
 	default:
 		return
 	}
@@ -670,7 +420,7 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 // that follows a sleep (a member swapped out and back in) is always the
 // later; and a sleep in one pod is not reported while another pod on the
 // same node still holds the member awake.
-func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Event, st checkpoint.SeatStatus) {
+func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Event, st sidecarapi.Status) {
 	sleep := m.st.Sleep
 	if sleep == nil {
 		return
@@ -766,18 +516,18 @@ func (r *seatGroupRun) statusLoop(ctx context.Context) {
 }
 
 // seatHolds reports whether a seat in state s holds its seat.
-func seatHolds(s checkpoint.SeatState) bool {
-	return s == checkpoint.SeatAwake || s == checkpoint.SeatWaking || s == checkpoint.SeatDraining || s == checkpoint.SeatFallingAsleep
+func seatHolds(s sidecarapi.State) bool {
+	return s == sidecarapi.Awake || s == sidecarapi.Waking || s == sidecarapi.Draining || s == sidecarapi.FallingAsleep
 }
 
 // groupSeatState is an application's state across the pods of its group,
 // from the seats' readings (ok false: not read): Awake when one pod has it
 // awake, else Waking, else Draining, else Asleep once every pod was read
 // and has it asleep; "" when that cannot be told.
-func groupSeatState(readings []checkpoint.SeatStatus, ok []bool) v1alpha1.LifecycleState {
-	rank := map[checkpoint.SeatState]v1alpha1.LifecycleState{
-		checkpoint.SeatAwake: v1alpha1.LifecycleAwake, checkpoint.SeatWaking: v1alpha1.LifecycleWaking,
-		checkpoint.SeatDraining: v1alpha1.LifecycleDraining, checkpoint.SeatFallingAsleep: v1alpha1.LifecycleDraining,
+func groupSeatState(readings []sidecarapi.Status, ok []bool) v1alpha1.LifecycleState {
+	rank := map[sidecarapi.State]v1alpha1.LifecycleState{
+		sidecarapi.Awake: v1alpha1.LifecycleAwake, sidecarapi.Waking: v1alpha1.LifecycleWaking,
+		sidecarapi.Draining: v1alpha1.LifecycleDraining, sidecarapi.FallingAsleep: v1alpha1.LifecycleDraining,
 	}
 	for _, want := range []v1alpha1.LifecycleState{v1alpha1.LifecycleAwake, v1alpha1.LifecycleWaking, v1alpha1.LifecycleDraining} {
 		for i, st := range readings {
@@ -790,7 +540,7 @@ func groupSeatState(readings []checkpoint.SeatStatus, ok []bool) v1alpha1.Lifecy
 		return ""
 	}
 	for i, st := range readings {
-		if !ok[i] || st.State != checkpoint.SeatAsleep {
+		if !ok[i] || st.State != sidecarapi.Asleep {
 			return ""
 		}
 	}
@@ -803,7 +553,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	m.mu.Lock()
 	dm, swaps, lastSwap := m.demand, m.swaps, m.lastSwap
 	m.mu.Unlock()
-	var readings []checkpoint.SeatStatus
+	var readings []sidecarapi.Status
 	var oks []bool
 	var holding []string
 	for _, p := range r.pods {

@@ -39,6 +39,7 @@ import (
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -228,7 +229,7 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 			pe := p.podEngines[pi][name]
 			eventually(t, 5*time.Second, holds(name+"'s seat to see its engine awake", func() bool {
 				st, err := pe.seatState()
-				return err == nil && st.State == checkpoint.SeatAwake
+				return err == nil && st.State == sidecarapi.Awake
 			}))
 		}
 	}
@@ -356,8 +357,8 @@ func (p *seatGroupPlane) history(app string) *checkpoint.WakeHistory {
 	return &h
 }
 
-func (e *seatEngine) seatState() (checkpoint.SeatStatus, error) {
-	var st checkpoint.SeatStatus
+func (e *seatEngine) seatState() (sidecarapi.Status, error) {
+	var st sidecarapi.Status
 	resp, err := http.Get(e.seat.URL + "/state")
 	if err != nil {
 		return st, err
@@ -385,7 +386,7 @@ func (p *seatGroupPlane) status(app string) v1alpha1.LifecycleStatus {
 		p.t.Fatal(err)
 	}
 	var st v1alpha1.LifecycleStatus
-	if raw, ok := sts.Annotations[lifecycle.SeatAnnotationStatus(app)]; ok {
+	if raw, ok := sts.Annotations[v1alpha1.LifecycleStatusAnnotation(app, true)]; ok {
 		_ = json.Unmarshal([]byte(raw), &st)
 	}
 	return st
@@ -619,7 +620,7 @@ func TestSeatGroupLeaderRestartsAnEngineThatKeptItsMemory(t *testing.T) {
 	if n, _ := p.engines["beta"].eng.ResidentBytes(context.Background()); n != 0 {
 		t.Errorf("beta holds %d bytes after its restart, want 0", n)
 	}
-	if st, err := p.engines["beta"].seatState(); err != nil || st.Restarts != 3 || st.State != checkpoint.SeatAsleep {
+	if st, err := p.engines["beta"].seatState(); err != nil || st.Restarts != 3 || st.State != sidecarapi.Asleep {
 		t.Errorf("beta's seat: %+v (%v), want Asleep after 3 restarts", st, err)
 	}
 	if got := sumLabeled(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "alpha"}); got != 0 {

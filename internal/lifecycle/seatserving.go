@@ -100,36 +100,22 @@ func SeatPodsFor(set *appsv1.StatefulSet, pods []*corev1.Pod, app string) []Seat
 	return out
 }
 
-// A pod's gate for one application, as the leader set it last.
-const (
-	// podGateOpen: awake and serving; listed in SeatServingAnnotation.
-	podGateOpen = "open"
-	// podGateDraining: it was serving and is being taken out (a drain or
-	// a sleep): still listed, so that the requests dispatchers hold
-	// reach its engine, and the application's consumer stays paused
-	// until the pod's engine is asleep, so that what is in flight can be
-	// counted and nothing new is handed out.
-	podGateDraining = "draining"
-	// podGateClosed: not serving (asleep, waking, or its pod is gone).
-	podGateClosed = "closed"
-)
-
 // seatConsumerOpen is the rule for an application's consumer in a seat
 // group: open only while some pod serves it as the dispatchers were last
 // told (written: the pods the last written SeatServingAnnotation lists for
 // it), every pod so listed is still open, and no pod drains it. gates maps
 // each pod to its gate for the application ("" unknown).
-func seatConsumerOpen(written []string, gates map[string]string) bool {
+func seatConsumerOpen(written []string, gates map[string]Gate) bool {
 	if len(written) == 0 {
 		return false
 	}
 	for _, pod := range written {
-		if gates[pod] != podGateOpen {
+		if gates[pod] != GateOpen {
 			return false
 		}
 	}
 	for _, g := range gates {
-		if g == podGateDraining {
+		if g == GateDraining {
 			return false
 		}
 	}
@@ -140,14 +126,14 @@ func seatConsumerOpen(written []string, gates map[string]string) bool {
 // it (open false) or releases it (open true): a pod that was open or
 // draining drains until its engine is known to be asleep (asleep), or its
 // pod no longer serves (gone); one that was not open stays closed.
-func nextPodGate(prev string, open, asleep, gone bool) string {
+func nextPodGate(prev Gate, open, asleep, gone bool) Gate {
 	switch {
 	case open:
-		return podGateOpen
+		return GateOpen
 	case asleep || gone:
-		return podGateClosed
-	case prev == podGateOpen || prev == podGateDraining:
-		return podGateDraining
+		return GateClosed
+	case prev == GateOpen || prev == GateDraining:
+		return GateDraining
 	}
-	return podGateClosed
+	return GateClosed
 }

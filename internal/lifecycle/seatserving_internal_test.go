@@ -10,8 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 func TestSeatServingAnnotationRoundTrips(t *testing.T) {
@@ -89,17 +89,17 @@ func TestSeatConsumerOpensOnlyWhenAPodServesAndNoneDrains(t *testing.T) {
 	cases := []struct {
 		name    string
 		written []string
-		gates   map[string]string
+		gates   map[string]Gate
 		want    bool
 	}{
-		{"served by one pod", []string{"g-0"}, map[string]string{"g-0": podGateOpen, "g-1": podGateClosed}, true},
-		{"served by both", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateOpen}, true},
-		{"served nowhere", nil, map[string]string{"g-0": podGateClosed, "g-1": podGateClosed}, false},
-		{"one serves, the other drains", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateDraining}, false},
-		{"its only pod drains", []string{"g-0"}, map[string]string{"g-0": podGateDraining}, false},
-		{"the annotation still lists a pod that closed (its write failed)", []string{"g-0", "g-1"}, map[string]string{"g-0": podGateOpen, "g-1": podGateClosed}, false},
-		{"open, but the annotation does not list it yet", nil, map[string]string{"g-0": podGateOpen}, false},
-		{"a pod's gate unknown (a new leader)", []string{"g-0"}, map[string]string{"g-0": podGateOpen, "g-1": ""}, true},
+		{"served by one pod", []string{"g-0"}, map[string]Gate{"g-0": GateOpen, "g-1": GateClosed}, true},
+		{"served by both", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateOpen}, true},
+		{"served nowhere", nil, map[string]Gate{"g-0": GateClosed, "g-1": GateClosed}, false},
+		{"one serves, the other drains", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateDraining}, false},
+		{"its only pod drains", []string{"g-0"}, map[string]Gate{"g-0": GateDraining}, false},
+		{"the annotation still lists a pod that closed (its write failed)", []string{"g-0", "g-1"}, map[string]Gate{"g-0": GateOpen, "g-1": GateClosed}, false},
+		{"open, but the annotation does not list it yet", nil, map[string]Gate{"g-0": GateOpen}, false},
+		{"a pod's gate unknown (a new leader)", []string{"g-0"}, map[string]Gate{"g-0": GateOpen, "g-1": ""}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,17 +113,17 @@ func TestSeatConsumerOpensOnlyWhenAPodServesAndNoneDrains(t *testing.T) {
 func TestNextPodGate(t *testing.T) {
 	cases := []struct {
 		name               string
-		prev               string
+		prev               Gate
 		open, asleep, gone bool
-		want               string
+		want               Gate
 	}{
-		{"released", podGateClosed, true, false, false, podGateOpen},
-		{"held while serving: drains", podGateOpen, false, false, false, podGateDraining},
-		{"held while draining: drains on", podGateDraining, false, false, false, podGateDraining},
-		{"held once asleep: closes", podGateDraining, false, true, false, podGateClosed},
-		{"held when its pod stopped serving: closes", podGateOpen, false, false, true, podGateClosed},
-		{"held when not serving: stays closed", podGateClosed, false, false, false, podGateClosed},
-		{"held, unknown before (a new leader)", "", false, false, false, podGateClosed},
+		{"released", GateClosed, true, false, false, GateOpen},
+		{"held while serving: drains", GateOpen, false, false, false, GateDraining},
+		{"held while draining: drains on", GateDraining, false, false, false, GateDraining},
+		{"held once asleep: closes", GateDraining, false, true, false, GateClosed},
+		{"held when its pod stopped serving: closes", GateOpen, false, false, true, GateClosed},
+		{"held when not serving: stays closed", GateClosed, false, false, false, GateClosed},
+		{"held, unknown before (a new leader)", "", false, false, false, GateClosed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -157,19 +157,19 @@ func TestSeatPodDemand(t *testing.T) {
 }
 
 func TestGroupSeatState(t *testing.T) {
-	st := func(s checkpoint.SeatState) checkpoint.SeatStatus { return checkpoint.SeatStatus{State: s} }
+	st := func(s sidecarapi.State) sidecarapi.Status { return sidecarapi.Status{State: s} }
 	cases := []struct {
 		name     string
-		readings []checkpoint.SeatStatus
+		readings []sidecarapi.Status
 		ok       []bool
 		want     v1alpha1.LifecycleState
 	}{
-		{"awake in one of two", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatAwake)}, []bool{true, true}, v1alpha1.LifecycleAwake},
-		{"awake in one, the other unread", []checkpoint.SeatStatus{st(checkpoint.SeatAwake), {}}, []bool{true, false}, v1alpha1.LifecycleAwake},
-		{"waking in one", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatWaking)}, []bool{true, true}, v1alpha1.LifecycleWaking},
-		{"draining in one", []checkpoint.SeatStatus{st(checkpoint.SeatFallingAsleep), st(checkpoint.SeatAsleep)}, []bool{true, true}, v1alpha1.LifecycleDraining},
-		{"asleep in both", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), st(checkpoint.SeatAsleep)}, []bool{true, true}, v1alpha1.LifecycleAsleep},
-		{"asleep in one, the other unread: unknown", []checkpoint.SeatStatus{st(checkpoint.SeatAsleep), {}}, []bool{true, false}, ""},
+		{"awake in one of two", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Awake)}, []bool{true, true}, v1alpha1.LifecycleAwake},
+		{"awake in one, the other unread", []sidecarapi.Status{st(sidecarapi.Awake), {}}, []bool{true, false}, v1alpha1.LifecycleAwake},
+		{"waking in one", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Waking)}, []bool{true, true}, v1alpha1.LifecycleWaking},
+		{"draining in one", []sidecarapi.Status{st(sidecarapi.FallingAsleep), st(sidecarapi.Asleep)}, []bool{true, true}, v1alpha1.LifecycleDraining},
+		{"asleep in both", []sidecarapi.Status{st(sidecarapi.Asleep), st(sidecarapi.Asleep)}, []bool{true, true}, v1alpha1.LifecycleAsleep},
+		{"asleep in one, the other unread: unknown", []sidecarapi.Status{st(sidecarapi.Asleep), {}}, []bool{true, false}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,10 +29,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // Event reasons of sleeping engines.
@@ -46,175 +45,6 @@ const (
 	EventEnginesAwake    = "EnginesAwake"
 	EventEngineWakeRetry = "EngineWakeFailing"
 )
-
-// DefaultAgentPort is the node agent's port when the configuration names
-// none.
-const DefaultAgentPort = 9301
-
-// SleepConfig is the sleep section of an application's lifecycle: when its
-// engines sleep, how, and where the leader finds the seats and node agents
-// that do it. The chart renders it from the application's effective
-// lifecycle (inline fields over its CheckpointPolicy).
-type SleepConfig struct {
-	// After is the idle time (none queued, none in flight) before the
-	// engines are put to sleep. With minReplicas 0 it must be shorter than
-	// zeroAfter: the engines sleep first, the pods go later.
-	After metav1.Duration `json:"after"`
-	// Level is the engines' sleep level: 1 keeps the weights in the node's
-	// hot tier (RAM), 2 drops them (a wake reloads them from the warm or
-	// cold tier). Default 1.
-	Level int32 `json:"level,omitempty"`
-	// ParkAfter is how long engines sleep at level 1 before they are
-	// demoted: the weights leave the hot tier, and the engines sleep at
-	// level 2 with the node agent holding the warm copy. 0: never.
-	ParkAfter metav1.Duration `json:"parkAfter,omitempty"`
-	// SeatPort is the seat sidecar's port in each root pod. Default 9300.
-	SeatPort int32 `json:"seatPort,omitempty"`
-	// AgentSelector selects the node agents' pods (one per node); the
-	// agent on a root pod's node reports its tiers and places warm copies.
-	// Empty: no node agent; the resident tier is then known only from the
-	// sleep level.
-	AgentSelector string `json:"agentSelector,omitempty"`
-	// AgentPort is the node agent's port. Default 9301.
-	AgentPort int32 `json:"agentPort,omitempty"`
-	// ModelCheckpoint is the application's ModelCheckpoint, whose status
-	// the leader writes; it is also the name of the weights in the node
-	// agent's tiers (under the orchestra's namespace) and the engine's
-	// weights name, whose level-1 offload a demotion copies. Empty: no
-	// status is written.
-	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
-	// ColdPath is the weights file inside the node agent's cold tier (its
-	// --cold-dir, the model cache). A demotion copies the engine's level-1
-	// offload from the agent's hot tier into its warm tier (POST /demote);
-	// only when that fails and ColdPath is set does it ask the agent for a
-	// warm copy from the cold tier instead. Without either, a demoted
-	// engine wakes from the cold tier.
-	ColdPath string `json:"coldPath,omitempty"`
-	// ColdS3 names the node agent's S3 cold source holding the weights
-	// (its --cold-s3, the application's name), when the application's
-	// cold tier is S3; it stands for ColdPath (exclusive with it).
-	ColdS3 string `json:"coldS3,omitempty"`
-	// WarmTier is the application's tiers.warm, resolved by the operator:
-	// Disk, or None when the engines mount no warm tier. With None a
-	// demotion places no warm copy (the engines could not read it) and the
-	// demoted weights rest in the hot tier when every node agent holds a
-	// copy there, else in the cold tier. Empty is Disk (a configuration
-	// rendered before the field existed).
-	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
-	// SLO is the resume time the application should meet, per tier.
-	SLO SleepSLO `json:"slo,omitempty"`
-	// SleepTimeout bounds one seat's sleep (its drain included). Default 3m.
-	SleepTimeout metav1.Duration `json:"sleepTimeout,omitempty"`
-	// WakeTimeout bounds one attempt to wake a seat; a failed attempt is
-	// retried with backoff while requests wait (each bounded by the
-	// gateway's maxWait). Default 5m.
-	WakeTimeout metav1.Duration `json:"wakeTimeout,omitempty"`
-}
-
-// SleepSLO is the resume time objective, in seconds, per tier.
-type SleepSLO struct {
-	// ResumeRAMSeconds bounds a wake from the hot tier. Default 1.
-	ResumeRAMSeconds int32 `json:"resumeRamSeconds,omitempty"`
-	// ResumeNVMeSeconds bounds a wake from the warm tier. Default 5.
-	ResumeNVMeSeconds int32 `json:"resumeNvmeSeconds,omitempty"`
-}
-
-// defaulted returns s with its unset fields filled in (nil stays nil).
-func (s *SleepConfig) defaulted() *SleepConfig {
-	if s == nil {
-		return nil
-	}
-	d := *s
-	if d.Level == 0 {
-		d.Level = 1
-	}
-	if d.SeatPort == 0 {
-		d.SeatPort = 9300
-	}
-	if d.AgentPort == 0 {
-		d.AgentPort = DefaultAgentPort
-	}
-	if d.SLO.ResumeRAMSeconds == 0 {
-		d.SLO.ResumeRAMSeconds = 1
-	}
-	if d.SLO.ResumeNVMeSeconds == 0 {
-		d.SLO.ResumeNVMeSeconds = 5
-	}
-	if d.SleepTimeout.Duration == 0 {
-		d.SleepTimeout.Duration = 3 * time.Minute
-	}
-	if d.WakeTimeout.Duration == 0 {
-		d.WakeTimeout.Duration = 5 * time.Minute
-	}
-	return &d
-}
-
-// usesWarm reports whether the engines read the warm tier (tiers.warm is
-// not None).
-func (s *SleepConfig) usesWarm() bool { return s.WarmTier != v1alpha1.WarmTierNone }
-
-// wakeRecord is the report of a wake of k at to the node agents (POST
-// /wakes), with what the application's configuration tells them: where
-// its cold copy is and whether it has a warm tier. The caller adds what
-// the wake measured.
-func (s *SleepConfig) wakeRecord(k checkpoint.Key, at time.Time) checkpoint.WakeRecord {
-	return checkpoint.WakeRecord{Key: k, Time: at, ColdPath: s.ColdPath, ColdS3: s.ColdS3, NoWarm: !s.usesWarm()}
-}
-
-// validate reports every invalid field of application i's sleep section.
-func (s *SleepConfig) validate(i int, a App) []error {
-	if s == nil {
-		return nil
-	}
-	var errs []error
-	add := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("lifecycle.apps[%d] (%s): sleep."+format, append([]any{i, a.Name}, args...)...))
-	}
-	if s.After.Duration <= 0 {
-		add("after must be positive, got %v", s.After.Duration)
-	}
-	if a.MinReplicas == 0 && s.After.Duration >= a.ZeroAfter.Duration && a.ZeroAfter.Duration > 0 {
-		add("after (%v) must be shorter than zeroAfter (%v): the engines sleep first and the pods go to zero later", s.After.Duration, a.ZeroAfter.Duration)
-	}
-	if s.Level != 1 && s.Level != 2 {
-		add("level must be 1 or 2, got %d", s.Level)
-	}
-	if s.ParkAfter.Duration < 0 {
-		add("parkAfter must not be negative, got %v", s.ParkAfter.Duration)
-	}
-	if s.ParkAfter.Duration > 0 && s.Level == 2 {
-		add("parkAfter demotes level-1 sleepers to the warm tier; with level 2 the weights never sit in the hot tier: leave parkAfter unset")
-	}
-	for name, p := range map[string]int32{"seatPort": s.SeatPort, "agentPort": s.AgentPort} {
-		if p < 1 || p > 65535 {
-			add("%s must be a port (1-65535), got %d", name, p)
-		}
-	}
-	if s.AgentSelector != "" {
-		if _, err := labels.Parse(s.AgentSelector); err != nil {
-			add("agentSelector %q: %v", s.AgentSelector, err)
-		}
-	}
-	if s.WarmTier != "" && s.WarmTier != v1alpha1.WarmTierDisk && s.WarmTier != v1alpha1.WarmTierNone {
-		add("warmTier must be Disk or None, got %q", s.WarmTier)
-	}
-	if s.ColdPath != "" && s.AgentSelector == "" {
-		add("coldPath needs agentSelector: the node agent places the warm copy")
-	}
-	if s.ColdS3 != "" && s.AgentSelector == "" {
-		add("coldS3 needs agentSelector: the node agent places the warm copy")
-	}
-	if s.ColdS3 != "" && s.ColdPath != "" {
-		add("coldPath and coldS3 are exclusive: the cold tier is the model cache or S3")
-	}
-	if s.SLO.ResumeRAMSeconds < 0 || s.SLO.ResumeNVMeSeconds < 0 {
-		add("slo seconds must not be negative")
-	}
-	if s.SleepTimeout.Duration < 0 || s.WakeTimeout.Duration < 0 {
-		add("sleepTimeout and wakeTimeout must not be negative")
-	}
-	return errs
-}
 
 // sleepState is one application's sleeping engines, owned by its goroutine
 // on the leader.
@@ -338,7 +168,7 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 	defer stop()
 	done := make(chan []seatResult, 1)
 	go func() {
-		done <- c.onSeats(sctx, seats, "POST", "/sleep?level="+strconv.Itoa(int(level)), a.Sleep.SleepTimeout.Duration)
+		done <- c.onSeats(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
 	}()
 	var res []seatResult
 	cancelled := false
@@ -404,7 +234,7 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
 	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
 	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		// An engine did fall asleep and does not wake: wake it like any
 		// sleeping engine, with retries, the gate still closed.
 		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
@@ -451,29 +281,29 @@ func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.S
 	if err != nil {
 		return err
 	}
-	states := c.onSeats(ctx, seats, "GET", "/state", 2*time.Second)
+	states := c.onSeats(ctx, seats, getState, 2*time.Second)
 	var awake []seatRef
 	allAsleep := len(states) > 0
 	for _, r := range states {
 		switch {
 		case r.err != nil:
 			allAsleep = false
-		case r.st.State == checkpoint.SeatFailed:
+		case r.st.State == sidecarapi.Failed:
 			allAsleep = false
 			c.restartSeat(ctx, a, r)
-		case r.st.State == checkpoint.SeatAwake:
+		case r.st.State == sidecarapi.Awake:
 			// A root that started (again) while the engines sleep: its
 			// engine loaded the weights; the gate is closed, so it
 			// sleeps like the others.
 			allAsleep = false
 			awake = append(awake, r.seatRef)
-		case r.st.State != checkpoint.SeatAsleep:
+		case r.st.State != sidecarapi.Asleep:
 			allAsleep = false
 		}
 	}
 	if len(awake) > 0 {
-		level := strconv.Itoa(int(a.sl.level))
-		if failed := failures(c.onSeats(ctx, awake, "POST", "/sleep?level="+level, a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+		level := int(a.sl.level)
+		if failed := failures(c.onSeats(ctx, awake, sleepAt(level), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
 			c.log.Warn("putting a started root to sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
 		} else {
 			c.log.Info("a started root sleeps like the others", "app", a.Name, "roots", len(awake), "level", level)
@@ -560,7 +390,7 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	if err != nil {
 		return err
 	}
-	res := c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)
+	res := c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
 	if ctx.Err() != nil {
 		return ctx.Err() // leadership lost: the next leader reads the seats and continues
 	}
@@ -572,8 +402,8 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	if len(failed) == 0 {
 		return c.seatsAwake(ctx, a, root, res)
 	}
-	for _, r := range c.onSeats(ctx, failedRefs(res), "GET", "/state", 2*time.Second) {
-		if r.err == nil && r.st.State == checkpoint.SeatFailed {
+	for _, r := range c.onSeats(ctx, failedRefs(res), getState, 2*time.Second) {
+		if r.err == nil && r.st.State == sidecarapi.Failed {
 			c.restartSeat(ctx, a, r)
 		}
 	}
@@ -657,184 +487,4 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 	c.writeCheckpoint(ctx, a, refsOf(res), &verified)
 	c.reportWake(ctx, a, res, lw)
 	return nil
-}
-
-// demote moves sleeping engines' weights out of the hot tier: the node
-// agent on each root's node copies the engine's level-1 offload from its
-// hot tier into its warm tier, verified against the digest the engine
-// recorded (POST /demote; from the cold tier with POST /promote when that
-// fails and coldPath is set), then each engine is woken (from the hot tier,
-// the gate closed) and put back to sleep at level 2, which releases the
-// hot copy; the next wake reads the warm copy. A request seen meanwhile
-// ends the demotion as a wake.
-func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef) error {
-	start := c.now()
-	// With tiers.warm None the engines mount no warm tier: a warm copy
-	// would only fill the node's disk, so none is asked for.
-	if agents := c.agentsOf(a, seats); len(agents) > 0 && a.Sleep.usesWarm() {
-		digest := ""
-		for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
-			if r.err == nil && r.st.Digest != "" {
-				digest = r.st.Digest
-				break
-			}
-		}
-		for _, ag := range agents {
-			err := c.demoteWarm(ctx, a, ag, digest)
-			if err != nil && (a.Sleep.ColdPath != "" || a.Sleep.ColdS3 != "") {
-				c.log.Warn("demoting the hot copy failed; placing a warm copy from the cold tier", "app", a.Name, "agent", ag.pod, "err", err)
-				err = c.promoteWarm(ctx, a, ag, digest)
-			}
-			if err != nil {
-				c.log.Warn("placing a warm copy failed; demoting anyway (the next wake reads the cold tier)", "app", a.Name, "agent", ag.pod, "err", err)
-			}
-		}
-	}
-	retry := func(what string, failed []error) error {
-		a.sl.parkRetryAt = c.now().Add(a.Sleep.ParkAfter.Duration)
-		a.status.Message = fmt.Sprintf("demoting to the warm tier failed (%s): %s; retrying in %v", what, joinErrs(failed), a.Sleep.ParkAfter.Duration)
-		c.log.Warn("demotion failed", "app", a.Name, "step", what, "err", joinErrs(failed))
-		c.sm.demotions.WithLabelValues(a.Name, "failed").Inc()
-		a.kickNow()
-		return c.persist(ctx, a, true)
-	}
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/wake", a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
-		return retry("waking from the hot tier", failed)
-	}
-	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
-	}
-	a.sl.level = 2 // a seat that fails to sleep below is put to sleep at level 2 by the next step
-	if failed := failures(c.onSeats(ctx, seats, "POST", "/sleep?level=2", a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
-		return retry("sleeping at level 2", failed)
-	}
-	a.status.Message = ""
-	c.refreshTier(ctx, a, seats)
-	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
-	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
-	c.event(a, corev1.EventTypeNormal, EventDemoted, "the weights of %s left the hot tier after %v asleep; the next wake reads the %s tier",
-		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
-	a.kickNow()
-	return nil
-}
-
-// adoptSleep takes over sleeping or waking engines when this replica
-// becomes the leader: the seats' /state says what the previous leader left
-// (asleep, or a wake under way, which it continues). It reports whether it
-// decided the application's state.
-func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) (bool, error) {
-	if a.Sleep == nil {
-		return false, nil
-	}
-	prev, known := c.readBucket(ctx, a.Name)
-	if known {
-		a.status.Sleeps, a.status.ResidentTier, a.status.ExpectedResumeSeconds = prev.Sleeps, prev.ResidentTier, prev.ExpectedResumeSeconds
-	}
-	if obs.specReplicas == 0 {
-		return false, nil
-	}
-	seats, err := c.rootSeats(a, root)
-	if err != nil {
-		return false, err
-	}
-	level, sleeping, waking := int32(0), false, false
-	for _, r := range c.onSeats(ctx, seats, "GET", "/state", 2*time.Second) {
-		if r.err != nil {
-			continue
-		}
-		switch r.st.State {
-		case checkpoint.SeatAwake, checkpoint.SeatUnknown:
-		case checkpoint.SeatWaking:
-			waking = true
-		default:
-			sleeping = true
-			level = max(level, int32(r.st.Level))
-		}
-	}
-	midWake := known && prev.State == v1alpha1.LifecycleWaking && prev.LastWake != nil && prev.LastWake.FromTier != "" && prev.LastWake.Seconds == ""
-	if !sleeping && !waking && !midWake {
-		return false, nil
-	}
-	if err := c.subscribe(a); err != nil {
-		return true, err
-	}
-	if err := c.closeGate(ctx, a); err != nil {
-		return true, err
-	}
-	now := obs.now
-	if level == 0 {
-		level = a.Sleep.Level
-	}
-	a.sl.level, a.sl.asleepAt = level, now
-	if known && prev.State == v1alpha1.LifecycleAsleep && prev.Since != nil {
-		a.sl.asleepAt = prev.Since.Time // parkAfter counts from the sleep, not the takeover
-	}
-	if waking || midWake {
-		a.sl.waking, a.sl.wakeStart = true, now
-		a.status.LastWake = &v1alpha1.WakeStatus{StartTime: &metav1.Time{Time: now}, Trigger: triggerBacklog, FromTier: a.status.ResidentTier}
-		if known && prev.LastWake != nil && prev.LastWake.StartTime != nil && prev.LastWake.Seconds == "" {
-			a.status.LastWake = prev.LastWake
-			a.sl.wakeStart = prev.LastWake.StartTime.Time
-		}
-		if a.status.LastWake.FromTier == "" || a.status.LastWake.FromTier == v1alpha1.TierAccelerator {
-			a.status.LastWake.FromTier = v1alpha1.TierHot
-		}
-		c.log.Info("continuing the wake of the engines the previous leader began", "app", a.Name)
-		c.enter(a, v1alpha1.LifecycleWaking, now)
-		_ = c.persist(ctx, a, true)
-		return true, c.stepSeatWake(ctx, a, root)
-	}
-	if a.status.ResidentTier == "" || a.status.ResidentTier == v1alpha1.TierAccelerator {
-		a.status.ResidentTier = v1alpha1.TierHot
-	}
-	c.log.Info("the engines sleep; taking them over", "app", a.Name, "level", level, "tier", a.status.ResidentTier)
-	c.enter(a, v1alpha1.LifecycleAsleep, now)
-	if known && prev.Since != nil && prev.State == v1alpha1.LifecycleAsleep {
-		a.status.Since = prev.Since
-	}
-	a.status.Replicas = obs.specReplicas
-	if ob := c.observe(ctx, a, root, true); ob.infoOK && ob.pending+ob.ackPending > 0 {
-		return true, c.beginSeatWake(ctx, a, root, ob, triggerBacklog)
-	}
-	return true, c.persist(ctx, a, true)
-}
-
-// restartSeat deletes a root pod whose seat is Failed (the engine is in a
-// state the seat cannot tell); its StatefulSet starts it again, awake, and
-// the application's step puts it back to sleep or takes it into the wake.
-func (c *Controller) restartSeat(ctx context.Context, a *appState, r seatResult) {
-	uid := string(r.pod.UID)
-	if a.sl.restarted == nil {
-		a.sl.restarted = map[string]bool{}
-	}
-	if a.sl.restarted[uid] {
-		return
-	}
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	err := c.deps.Kube.CoreV1().Pods(c.deps.Namespace).Delete(dctx, r.pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &r.pod.UID}})
-	if err != nil {
-		c.log.Warn("restarting the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "err", err)
-		return
-	}
-	a.sl.restarted[uid] = true
-	c.sm.restarts.WithLabelValues(a.Name).Inc()
-	c.log.Warn("restarted the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
-	c.event(a, corev1.EventTypeWarning, EventSeatRestarted, "deleted pod %s of %s: its seat is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
-}
-
-// tierOf maps an engine's tier name (hot, warm, cold) to the API's.
-func tierOf(s string) v1alpha1.Tier {
-	switch s {
-	case string(checkpoint.TierHot):
-		return v1alpha1.TierHot
-	case string(checkpoint.TierWarm):
-		return v1alpha1.TierWarm
-	case string(checkpoint.TierCold):
-		return v1alpha1.TierCold
-	}
-	return ""
 }

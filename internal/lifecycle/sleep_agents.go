@@ -1,12 +1,10 @@
 package lifecycle
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"sort"
@@ -27,6 +25,8 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // The leader talks to two agents (internal/checkpoint): the seat sidecar
@@ -46,7 +46,7 @@ type seatRef struct {
 // seatResult is one seat's answer.
 type seatResult struct {
 	seatRef
-	st  checkpoint.SeatStatus
+	st  sidecarapi.Status
 	err error
 }
 
@@ -76,15 +76,35 @@ func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef
 	return out, nil
 }
 
-// onSeats makes the same call on every seat at once and decodes each
-// SeatStatus.
-func (c *Controller) onSeats(ctx context.Context, seats []seatRef, method, path string, timeout time.Duration) []seatResult {
+// seatCall is one call of the sidecar's client that answers its status.
+type seatCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
+
+// getState, sleepAt and wake are the calls onSeats makes.
+func getState(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+	return c.State(ctx)
+}
+
+func sleepAt(level int) seatCall {
+	return func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+		return c.SleepStatus(ctx, level)
+	}
+}
+
+func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
+	return c.WakeStatus(ctx)
+}
+
+// onSeats makes the same call on every root pod's sidecar at once, each
+// within timeout, and keeps each status.
+func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall, timeout time.Duration) []seatResult {
 	out := make([]seatResult, len(seats))
 	var wg sync.WaitGroup
 	for i, s := range seats {
 		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
 			out[i] = seatResult{seatRef: s}
-			out[i].err = callAgent(ctx, method, s.url+path, nil, &out[i].st, timeout)
+			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
 			if out[i].err != nil {
 				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
 			}
@@ -94,54 +114,12 @@ func (c *Controller) onSeats(ctx context.Context, seats []seatRef, method, path 
 	return out
 }
 
-// callAgent sends a JSON body (nil for none) and decodes a JSON answer
-// into out (nil to discard it); a non-2xx answer is an error carrying the
-// agent's message.
-func callAgent(ctx context.Context, method, url string, body, out any, timeout time.Duration) error {
+// callAgent makes one call of the node agent at base within timeout,
+// through its client (with the release's caller token).
+func (c *Controller) callAgent(ctx context.Context, method, base, path string, body, out any, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := agentHTTP.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, req.URL.Path, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return fmt.Errorf("%s %s: reading the answer: %w", method, req.URL.Path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		msg := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		return fmt.Errorf("%s %s: %d: %s", method, req.URL.Path, resp.StatusCode, msg)
-	}
-	if out != nil && len(bytes.TrimSpace(b)) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			return fmt.Errorf("%s %s: decoding the answer: %w", method, req.URL.Path, err)
-		}
-	}
-	return nil
+	return nodeapi.Client{URL: base, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)}.Call(ctx, method, path, body, out)
 }
 
 func failures(res []seatResult) []error {
@@ -222,7 +200,7 @@ func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
 func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
 	req := checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
 	var res checkpoint.DemoteResult
-	if err := callAgent(ctx, "POST", ag.url+"/demote", req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathDemote, req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed from the hot tier", "app", a.Name, "node", ag.node, "source", res.Source, "bytes", res.Bytes, "digest", res.Digest)
@@ -236,7 +214,7 @@ func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, 
 	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm,
 		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
 	var e checkpoint.Entry
-	if err := callAgent(ctx, "POST", ag.url+"/promote", req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
+	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
 	c.log.Info("warm copy placed", "app", a.Name, "node", ag.node, "bytes", e.Bytes, "digest", e.Digest)
@@ -262,8 +240,8 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 			v := nodeView{agentRef: ag}
 			var tiers checkpoint.TiersStatus
 			v.err = errors.Join(
-				callAgent(ctx, "GET", ag.url+"/report", nil, &v.report, 5*time.Second),
-				callAgent(ctx, "GET", ag.url+"/tiers", nil, &tiers, 5*time.Second))
+				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathReport, nil, &v.report, 5*time.Second),
+				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
 				// The engine's own level-1 offload is placed from the
 				// seats (writeCheckpointFrom), not from the agent's list.

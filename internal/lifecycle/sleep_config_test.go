@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
 
@@ -47,7 +48,7 @@ apps:
 		SeatPort: 9300, AgentPort: 9301, ModelCheckpoint: "demo-chat",
 		AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent",
 		SLO:           lifecycle.SleepSLO{ResumeRAMSeconds: 1, ResumeNVMeSeconds: 5},
-		SleepTimeout:  metav1.Duration{Duration: 3 * time.Minute}, WakeTimeout: metav1.Duration{Duration: 5 * time.Minute},
+		SleepTimeout:  metav1.Duration{Duration: 3 * time.Minute}, WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout},
 	}
 	if d := cmp.Diff(want, cfg.Apps[0].Sleep); d != "" {
 		t.Errorf("parsed and defaulted sleep (-want +got):\n%s", d)

@@ -35,6 +35,8 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -55,7 +57,10 @@ type sleepPlane struct {
 	agent  *httptest.Server
 	// agentHot and agentWarm are the node agent's tier directories.
 	agentHot, agentWarm string
-	client              *natsqueue.Client
+	// tokenFile holds the release's caller token, which the node agent
+	// requires of every mutating call and the leader sends.
+	tokenFile string
+	client    *natsqueue.Client
 	// dispatcherReg holds the dispatcher's metrics (and its lifecycle's,
 	// when it runs one).
 	dispatcherReg *prometheus.Registry
@@ -123,12 +128,17 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	p.tokenFile = filepath.Join(dir, "caller-token")
+	if err := os.WriteFile(p.tokenFile, []byte("release-caller-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	// The node agent.
 	ac := checkpoint.Default()
 	ac.Role = checkpoint.RoleNode
 	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
+	ac.Node.CallerTokenFile = p.tokenFile
 	if o.coldS3 {
 		s3 := s3test.New("AKTEST")
 		t.Cleanup(s3.Close)
@@ -205,7 +215,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}))
 	t.Cleanup(p.seat.Close)
 	eventually(t, 5*time.Second, func() error {
-		if st := p.seatState().State; st != checkpoint.SeatAwake {
+		if st := p.seatState().State; st != sidecarapi.Awake {
 			return fmt.Errorf("the seat sees its engine %s, want awake", st)
 		}
 		return nil
@@ -364,11 +374,24 @@ func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
 	if mut != nil {
 		mut(s)
 	}
-	return appConfig(func(a *lifecycle.App) {
+	cfg := appConfig(func(a *lifecycle.App) {
 		a.MinReplicas, a.MaxReplicas = 1, 1
 		a.ZeroAfter.Duration = time.Hour
 		a.Sleep = s
 	})
+	cfg.AgentTokenFile = p.tokenFile
+	return cfg
+}
+
+// agentCall is a mutating call of the node agent, as the leader makes it
+// (with the release's caller token).
+func (p *sleepPlane) agentCall(method, path string) (*http.Response, error) {
+	req, err := http.NewRequest(method, p.agent.URL+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	nodeapi.Authorize(req, "release-caller-token")
+	return http.DefaultClient.Do(req)
 }
 
 // startLeader runs a lifecycle controller outside the dispatcher, with a
@@ -418,8 +441,8 @@ func (p *sleepPlane) checkpointStatus() v1alpha1.ModelCheckpointStatus {
 	return p.written[len(p.written)-1]
 }
 
-func (p *sleepPlane) seatState() checkpoint.SeatStatus {
-	var st checkpoint.SeatStatus
+func (p *sleepPlane) seatState() sidecarapi.Status {
+	var st sidecarapi.Status
 	if p.seat == nil {
 		return st
 	}
@@ -486,7 +509,7 @@ func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
 	if !p.e.consumer().Paused {
 		p.e.t.Fatal("the engines sleep but the consumer is not paused: a dispatcher could send them a request")
 	}
-	if s := p.seatState(); s.State != checkpoint.SeatAsleep {
+	if s := p.seatState(); s.State != sidecarapi.Asleep {
 		p.e.t.Fatalf("seat state %s, want Asleep", s.State)
 	}
 }
@@ -677,8 +700,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 
 	// Hot, then warm again; then the agent loses the warm copy: cold.
 	p.asleep(2, v1alpha1.TierWarm)
-	req, _ := http.NewRequest(http.MethodDelete, p.agent.URL+"/tiers/warm/"+ns+"/demo-chat", nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := p.agentCall(http.MethodDelete, "/tiers/warm/"+ns+"/demo-chat")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -901,7 +923,7 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 		}
 		return nil
 	})
-	if s := p.seatState(); s.State != checkpoint.SeatFailed {
+	if s := p.seatState(); s.State != sidecarapi.Failed {
 		t.Fatalf("seat %s, want Failed", s.State)
 	}
 	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_seat_restarts_total", nil); c != 1 {
@@ -941,7 +963,7 @@ func TestANewLeaderContinuesAWake(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "handover", 2) }()
 	eventually(t, 10*time.Second, func() error {
-		if st := p.seatState().State; st != checkpoint.SeatWaking {
+		if st := p.seatState().State; st != sidecarapi.Waking {
 			return fmt.Errorf("seat %s, want the engine waking", st)
 		}
 		return nil

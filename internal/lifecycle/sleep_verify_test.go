@@ -46,7 +46,7 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	}
 	_ = f.Close()
 
-	resp, err := http.Post(p.agent.URL+"/verify", "application/json", nil)
+	resp, err := p.agentCall(http.MethodPost, "/verify")
 	if err != nil {
 		t.Fatal(err)
 	}

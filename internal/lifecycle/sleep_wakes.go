@@ -2,11 +2,13 @@ package lifecycle
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // reportWake tells the node agent on each woken root's node about the
@@ -50,13 +52,13 @@ const (
 // node agent on each seat's node. A failure is logged and counted, never
 // returned: the agent only predicts from fewer wakes and sleeps.
 func (c *Controller) tellAgents(ctx context.Context, a *appState, seats []seatRef, kind string, rec any) {
-	path := "/wakes"
+	path := nodeapi.PathWakes
 	if kind == reportSleep {
-		path = "/sleeps"
+		path = nodeapi.PathSleeps
 	}
 	for _, ag := range c.agentsOf(a, seats) {
 		result := "ok"
-		if err := callAgent(ctx, "POST", ag.url+path, rec, nil, 2*time.Second); err != nil {
+		if err := c.callAgent(ctx, http.MethodPost, ag.url, path, rec, nil, 2*time.Second); err != nil {
 			result = "failed"
 			c.log.Info("reporting the "+kind+" to the node agent", "app", a.Name, "node", ag.node, "err", err)
 		}

@@ -142,6 +142,9 @@ func NewClient(nc *nats.Conn, cfg ClientConfig, log *slog.Logger) (*Client, erro
 		return nil, fmt.Errorf("subscribing to dispatcher heartbeats: %w", err)
 	}
 	c.subs = append(c.subs, sub)
+	// Heartbeats are awaited from now on: an application nobody announced
+	// since is not served only once StallTimeout has passed (served).
+	c.reconnect.Store(time.Now().UnixNano())
 	for _, s := range c.subs {
 		_ = s.SetPendingLimits(-1, -1) // replies must not be dropped as slow-consumer overflow
 	}
@@ -236,6 +239,9 @@ func (c *Client) Submit(ctx context.Context, job queue.Job) (queue.Reply, error)
 	}
 	if job.ID == "" {
 		return nil, errors.New("job ID must not be empty")
+	}
+	if err := c.served(job.App); err != nil {
+		return nil, err
 	}
 	token := replyToken(job.ID)
 	r := newReply(c, job, token)
@@ -422,6 +428,20 @@ func (c *Client) lastSignOfLife(app string) time.Time {
 		t = rc
 	}
 	return t
+}
+
+// served fails with queue.ErrNotServed when the client is connected and no
+// dispatcher announced app for StallTimeout (since the client started or
+// last reconnected): a job for it would only wait that long and fail. A
+// dispatcher restarting within StallTimeout does not count as missing.
+func (c *Client) served(app string) error {
+	if !c.nc.IsConnected() {
+		return nil // the publish will say whether the queue is there
+	}
+	if silent := time.Since(c.lastSignOfLife(app)); silent > c.cfg.StallTimeout {
+		return fmt.Errorf("%w: no dispatcher announced application %s for %v", queue.ErrNotServed, app, silent.Round(time.Second))
+	}
+	return nil
 }
 
 func (c *Client) lastReconnect() time.Time { return time.Unix(0, c.reconnect.Load()) }

@@ -118,6 +118,52 @@ func TestSubmitGivesUpWithTheStreamsLastError(t *testing.T) {
 	}
 }
 
+// TestSubmitRefusesAnApplicationNoDispatcherServes checks that a job for an
+// application no dispatcher has announced for StallTimeout is refused at
+// once with queue.ErrNotServed (it used to wait StallTimeout and fail with
+// a retryable ErrUnavailable), without being queued, and that one
+// heartbeat of a dispatcher is enough to queue again.
+func TestSubmitRefusesAnApplicationNoDispatcherServes(t *testing.T) {
+	cfg := natsqueue.DefaultClientConfig()
+	cfg.StallTimeout = 200 * time.Millisecond
+	cfg.SubmitTimeout = 300 * time.Millisecond
+	c, _, other := submitEnv(t, cfg)
+	names := natsqueue.Names{Orchestra: "o"}
+	var published sync.WaitGroup
+	published.Add(1)
+	sub, err := other.Subscribe(names.Request("chat"), func(*nats.Msg) { published.Done() })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = other.Flush()
+
+	time.Sleep(300 * time.Millisecond) // longer than StallTimeout since the client started
+	start := time.Now()
+	_, err = c.Submit(context.Background(), queue.Job{ID: "job-1", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
+	if !errors.Is(err, queue.ErrNotServed) {
+		t.Fatalf("Submit for an application no dispatcher announced: %v; want queue.ErrNotServed", err)
+	}
+	if errors.Is(err, queue.ErrUnavailable) {
+		t.Errorf("the error %v is also ErrUnavailable, which clients retry", err)
+	}
+	if took := time.Since(start); took > 100*time.Millisecond {
+		t.Errorf("Submit took %v to refuse; want at once", took)
+	}
+
+	// A dispatcher announces the application: the job is published again.
+	if err := other.Publish(names.Heartbeat("chat"), nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = other.Flush()
+	time.Sleep(50 * time.Millisecond)
+	_, err = c.Submit(context.Background(), queue.Job{ID: "job-2", App: "chat", Path: "/v1/chat/completions", Body: []byte(`{}`)})
+	if errors.Is(err, queue.ErrNotServed) {
+		t.Fatalf("Submit right after a heartbeat: %v", err)
+	}
+	published.Wait() // the stand-in saw the publish (it does not answer: ErrUnavailable)
+}
+
 // submitEnv starts a NATS server without the orchestra's stream and
 // connects a client of orchestra "o" with cfg, and a second connection
 // that tests use as a stand-in for the stream's leader.

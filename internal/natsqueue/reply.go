@@ -344,7 +344,7 @@ func (r *reply) checkStall() error {
 	// Nothing reached the caller yet, so a (re)delivery can still answer
 	// transparently, as long as some dispatcher serves the application.
 	if now.Sub(r.c.lastSignOfLife(r.job.App)) > stall {
-		return fmt.Errorf("%w: no dispatcher serving application %s for %v", queue.ErrUnavailable, r.job.App, stall)
+		return fmt.Errorf("%w: no dispatcher announced application %s for %v", queue.ErrNotServed, r.job.App, stall)
 	}
 	if r.attempt > 0 && silent > stall+r.c.cfg.RedeliveryWait {
 		return fmt.Errorf("%w: attempt %d went silent and the job was not redelivered within %v", queue.ErrUnavailable, r.attempt, stall+r.c.cfg.RedeliveryWait)

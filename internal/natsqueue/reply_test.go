@@ -175,8 +175,8 @@ func TestReplyFirstChunkCarriesStatusAndHeaders(t *testing.T) {
 func TestReplyStalls(t *testing.T) {
 	t.Run("no dispatcher at all", func(t *testing.T) {
 		r := testReply(false, 100*time.Millisecond)
-		if _, err := drain(r); !errors.Is(err, queue.ErrUnavailable) {
-			t.Fatalf("err = %v, want ErrUnavailable", err)
+		if _, err := drain(r); !errors.Is(err, queue.ErrNotServed) {
+			t.Fatalf("err = %v, want ErrNotServed", err)
 		}
 	})
 	t.Run("a stream that stops after data", func(t *testing.T) {

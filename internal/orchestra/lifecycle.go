@@ -76,12 +76,6 @@ func ownerValues(mo *v1alpha1.ModelOrchestra) map[string]any {
 	}
 }
 
-// annotationLifecycle is where the dispatcher's lifecycle leader publishes
-// an application's state on its root StatefulSet (see internal/lifecycle);
-// an application of a seat group has its own, annotationLifecycle + "." +
-// its name, on the group's StatefulSet (lifecycle.SeatAnnotationStatus).
-const annotationLifecycle = "modelorchestra.io/lifecycle"
-
 // lifecycleStatus fills the status of an application with a lifecycle:
 // its replica count is the one the lifecycle set (not scaling.replicas),
 // and at zero pods it is Idle, while its pods start Waking, while its
@@ -97,10 +91,7 @@ func lifecycleStatus(st *v1alpha1.ApplicationStatus, name string, app v1alpha1.A
 		st.Replicas = *root.Spec.Replicas
 	}
 	st.Workers = st.Replicas * app.Runtime.Workers
-	key := annotationLifecycle
-	if hasSeat(app) {
-		key += "." + name // root is the seat group's StatefulSet, shared
-	}
+	key := v1alpha1.LifecycleStatusAnnotation(name, hasSeat(app)) // a group's StatefulSet is shared
 	var ls v1alpha1.LifecycleStatus
 	if raw, ok := root.Annotations[key]; ok && json.Unmarshal([]byte(raw), &ls) == nil {
 		st.Lifecycle = &ls

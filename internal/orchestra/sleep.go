@@ -13,10 +13,10 @@ import (
 )
 
 // The defaults of sleeping engines and accelerator seats, documented on the
-// API fields. EffectiveSleep and effectiveSeat are the only places that
+// API fields (those several binaries apply, the sleep level and the seat's
+// minimum residency, are api/v1alpha1's). EffectiveSleep and effectiveSeat are the only places that
 // apply them; the chart and the dispatcher receive the resolved values.
 const (
-	DefaultSleepLevel        int32 = 1
 	DefaultVerifyInterval          = 900 * time.Second
 	DefaultPreemption              = true
 	DefaultHotTier                 = v1alpha1.HotTierRAM
@@ -25,7 +25,6 @@ const (
 	DefaultProcessSnapshots        = false
 	DefaultResumeRAMSeconds  int32 = 1
 	DefaultResumeNVMeSeconds int32 = 5
-	DefaultSeatMinResidency        = 30 * time.Second
 )
 
 // Sleep is the effective sleep of one application: its inline lifecycle
@@ -89,7 +88,7 @@ func EffectiveSleep(lc *v1alpha1.LifecycleSpec, policy *v1alpha1.CheckpointPolic
 		lc = &v1alpha1.LifecycleSpec{}
 	}
 	s := Sleep{
-		Level:             DefaultSleepLevel,
+		Level:             v1alpha1.DefaultSleepLevel,
 		VerifyInterval:    DefaultVerifyInterval,
 		Preemption:        DefaultPreemption,
 		Tiers:             v1alpha1.CheckpointTiers{Hot: DefaultHotTier, Warm: DefaultWarmTier, Cold: DefaultColdTier},
@@ -207,7 +206,7 @@ func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
 // seatValues is an application's seat as the chart's
 // global.applications.<app>.lifecycle.seat value, with its defaults.
 func seatValues(seat *v1alpha1.SeatSpec) map[string]any {
-	minResidency := DefaultSeatMinResidency
+	minResidency := v1alpha1.DefaultSeatMinResidency
 	if seat.MinResidency != nil {
 		minResidency = seat.MinResidency.Duration
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -325,6 +326,12 @@ func gatewayValues(g v1alpha1.GatewaySpec) (map[string]any, error) {
 			"maxBodyBytes":      maxBody,
 		},
 		"resources": toMap(orDefault(g.Resources, defaultGatewayResources)),
+	}
+	if r := g.Responses.Retention; r != nil {
+		if r.Duration < time.Minute {
+			return nil, fmt.Errorf("spec.gateway.responses.retention: %s is shorter than a minute", r.Duration)
+		}
+		out["responses"] = map[string]any{"retention": r.Duration.String()}
 	}
 	if in := g.Ingress; in != nil {
 		ann := map[string]any{}

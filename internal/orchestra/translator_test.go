@@ -35,7 +35,7 @@ func TestTranslatorImages(t *testing.T) {
 }
 
 func TestTranslatorValues(t *testing.T) {
-	spec := `{gateway: {auth: {tokenSecretSelector: {matchLabels: {team: a}}, hmacKeySecretRef: {name: h}}, limits: {maxBodySize: 2Mi}},
+	spec := `{gateway: {auth: {tokenSecretSelector: {matchLabels: {team: a}}, hmacKeySecretRef: {name: h}}, limits: {maxBodySize: 2Mi}, responses: {retention: 168h}},
   applications: {
     chat: {model: {source: "hf://org/repo", file: m.gguf}},
     kold: {model: {source: "pvc://models/llama", file: m.m, tokenizerFile: t.t}, runtime: {engine: dllama, workers: 3}, serving: {maxConcurrency: 8}}}}`
@@ -54,6 +54,7 @@ func TestTranslatorValues(t *testing.T) {
 		"gateway.auth.secretSelector":                      "team=a",
 		"gateway.auth.hmacKeySecretRef":                    map[string]any{"name": "h", "key": "token"},
 		"gateway.limits.maxBodyBytes":                      int64(2 << 20),
+		"gateway.responses.retention":                      "168h0m0s",
 		"gateway.limits.requestsPerMinute":                 int64(600),
 		"global.applications.chat.serving.servedModelName": "chat",
 		"global.applications.chat.model.format":            "gguf",

@@ -64,6 +64,11 @@ var ErrRetriedAfterPartial = errors.New("request interrupted after a partial ans
 // ErrUnavailable means the queue cannot accept the job right now.
 var ErrUnavailable = errors.New("queue unavailable")
 
+// ErrNotServed means no dispatcher serves the job's application: none has
+// announced it for longer than a request may wait for one. Retrying soon
+// cannot help; the deployment needs fixing.
+var ErrNotServed = errors.New("no dispatcher serves the application")
+
 // ErrTooLarge means the job is larger than the queue can carry: retrying
 // cannot help.
 var ErrTooLarge = errors.New("request too large for the queue")

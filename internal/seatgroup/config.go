@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Defaults, in one place. docs/checkpoint.md ("Multiplexing") explains
@@ -15,7 +17,7 @@ const (
 	// vLLM (0.3–0.8 s on small ones); holding a seat at least 30 s keeps
 	// swaps under about a sixth of the seat's time however hard the
 	// applications compete for it.
-	DefaultMinResidency = 30 * time.Second
+	DefaultMinResidency = v1alpha1.DefaultSeatMinResidency
 	// DefaultMaxSwapWait: longer than a level-1 swap of a large model, far
 	// below the gateway's 10-minute bound on a queued request.
 	DefaultMaxSwapWait = 10 * time.Second
@@ -27,9 +29,9 @@ const (
 	// some memory asleep (vLLM its CUDA context, a few hundred MiB against
 	// weights of several GiB); a leak keeps all of it (vllm#47654).
 	DefaultMaxResidentFraction = 0.05
-	// DefaultSeatTimeout bounds one sleep or wake call to a seat agent:
-	// the agent's own wake timeout (10 minutes by default) and a margin.
-	DefaultSeatTimeout = 11 * time.Minute
+	// DefaultSeatTimeout bounds one sleep or wake call to a sidecar:
+	// v1alpha1.WakeCallTimeout, the sidecar's own wake bound and a margin.
+	DefaultSeatTimeout = v1alpha1.WakeCallTimeout
 	// stateTimeout bounds one GET /state; a seat that does not answer in
 	// time counts as Unknown for that decision.
 	stateTimeout = 5 * time.Second

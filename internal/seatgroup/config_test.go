@@ -4,10 +4,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 func TestConfigValidate(t *testing.T) {
-	seat := HTTPSeat{URL: "http://127.0.0.1:8090"}
+	seat := sidecarapi.Client{URL: "http://127.0.0.1:8090"}
 	members := []Member{{Name: "a", Seat: seat}, {Name: "b", Seat: seat}}
 	if err := Default("g").Validate(members); err != nil {
 		t.Fatalf("defaults: %v", err)

@@ -12,13 +12,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// Seat drives one application's engine through its seat agent. HTTPSeat
+// Seat drives one application's engine through its seat agent. sidecarapi.Client
 // implements it over the agent's HTTP API.
 type Seat interface {
-	State(ctx context.Context) (checkpoint.SeatStatus, error)
+	State(ctx context.Context) (sidecarapi.Status, error)
 	// Sleep drains the engine (the agent waits until it reports nothing in
 	// flight) and puts it to sleep at level.
 	Sleep(ctx context.Context, level int) error
@@ -286,7 +286,7 @@ func (e *Executor) observe(ctx context.Context) Group {
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
-			st = checkpoint.SeatStatus{State: checkpoint.SeatUnknown}
+			st = sidecarapi.Status{State: sidecarapi.Unknown}
 		}
 		s := fromSeat(st.State)
 		if s == StateFailed && !ms.restarted.IsZero() && !st.Since.After(ms.restarted) {
@@ -337,17 +337,17 @@ func (e *Executor) setState(name string, ms *memberState, s State) {
 }
 
 // fromSeat maps a seat agent's state to the policy's.
-func fromSeat(s checkpoint.SeatState) State {
+func fromSeat(s sidecarapi.State) State {
 	switch s {
-	case checkpoint.SeatAwake:
+	case sidecarapi.Awake:
 		return StateAwake
-	case checkpoint.SeatDraining, checkpoint.SeatFallingAsleep:
+	case sidecarapi.Draining, sidecarapi.FallingAsleep:
 		return StateSleeping
-	case checkpoint.SeatAsleep:
+	case sidecarapi.Asleep:
 		return StateAsleep
-	case checkpoint.SeatWaking:
+	case sidecarapi.Waking:
 		return StateWaking
-	case checkpoint.SeatFailed:
+	case sidecarapi.Failed:
 		return StateFailed
 	}
 	return StateUnknown

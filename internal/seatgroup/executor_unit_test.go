@@ -12,14 +12,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // fakeSeat is a seat whose answers the test sets.
 type fakeSeat struct {
 	name  string
 	log   *[]string
-	state checkpoint.SeatState
+	state sidecarapi.State
 	since time.Time
 
 	sleepErr, wakeErr error
@@ -29,8 +29,8 @@ type fakeSeat struct {
 	restartable bool
 }
 
-func (s *fakeSeat) State(context.Context) (checkpoint.SeatStatus, error) {
-	return checkpoint.SeatStatus{State: s.state, Since: s.since}, nil
+func (s *fakeSeat) State(context.Context) (sidecarapi.Status, error) {
+	return sidecarapi.Status{State: s.state, Since: s.since}, nil
 }
 
 func (s *fakeSeat) Sleep(_ context.Context, level int) error {
@@ -38,7 +38,7 @@ func (s *fakeSeat) Sleep(_ context.Context, level int) error {
 	if s.sleepErr != nil {
 		return s.sleepErr
 	}
-	s.state = checkpoint.SeatAsleep
+	s.state = sidecarapi.Asleep
 	return nil
 }
 
@@ -47,7 +47,7 @@ func (s *fakeSeat) Wake(context.Context) error {
 	if s.wakeErr != nil {
 		return s.wakeErr
 	}
-	s.state, s.since = checkpoint.SeatAwake, time.Now()
+	s.state, s.since = sidecarapi.Awake, time.Now()
 	return nil
 }
 
@@ -118,7 +118,7 @@ func newUnit(t *testing.T, noRestarter bool) *unitEnv {
 	old := time.Now().Add(-time.Hour)
 	var members []Member
 	for _, n := range []string{"a", "b"} {
-		s := &fakeSeat{name: n, log: &u.log, state: checkpoint.SeatAsleep, since: old, restartable: true}
+		s := &fakeSeat{name: n, log: &u.log, state: sidecarapi.Asleep, since: old, restartable: true}
 		u.seats[n] = s
 		m := Member{Name: n, Seat: s, Memory: s, Restarter: s, WeightsBytes: 100}
 		if noRestarter {
@@ -126,7 +126,7 @@ func newUnit(t *testing.T, noRestarter bool) *unitEnv {
 		}
 		members = append(members, m)
 	}
-	u.seats["a"].state = checkpoint.SeatAwake
+	u.seats["a"].state = sidecarapi.Awake
 	cfg := Default("g")
 	cfg.MinResidency = 0
 	e, err := NewExecutor(cfg, members, u.d, u.reg, slog.New(slog.DiscardHandler))
@@ -185,7 +185,7 @@ func TestExecutorDrainsWhenARequestSlipsInBeforeTheGateCloses(t *testing.T) {
 
 func TestExecutorKeepsTheGateClosedAfterARefusedSleep(t *testing.T) {
 	u := newUnit(t, false)
-	u.seats["a"].sleepErr = &SeatError{Op: "sleep", Status: 409, Message: "sleep abandoned"}
+	u.seats["a"].sleepErr = &sidecarapi.Error{Op: "sleep", Status: 409, Message: "sleep abandoned"}
 	u.step(t)
 	opened := u.d.releases["a"]
 	// b still waits: the next decision sleeps a again, and a's gate stays
@@ -202,7 +202,7 @@ func TestExecutorKeepsTheGateClosedAfterARefusedSleep(t *testing.T) {
 
 func TestExecutorResumesARefusedSleepNobodyWaitsFor(t *testing.T) {
 	u := newUnit(t, false)
-	u.seats["a"].sleepErr = &SeatError{Op: "sleep", Status: 409, Message: "sleep abandoned"}
+	u.seats["a"].sleepErr = &sidecarapi.Error{Op: "sleep", Status: 409, Message: "sleep abandoned"}
 	u.step(t)
 	if u.d.open["a"] {
 		t.Error("a's gate is open after a refused sleep")
@@ -240,7 +240,7 @@ func TestExecutorWithoutARestarterSaysSoAndWakesNobody(t *testing.T) {
 
 func TestExecutorRestartsAFailedSeatOnce(t *testing.T) {
 	u := newUnit(t, false)
-	u.seats["a"].state = checkpoint.SeatFailed
+	u.seats["a"].state = sidecarapi.Failed
 	u.d.demand["b"] = Demand{}
 	u.step(t)
 	u.step(t) // the seat still says Failed (its watch has not caught up)

@@ -5,10 +5,19 @@
 //
 // Decide is the policy, a pure function from one observation of the group
 // to an ordered plan of actions. The Executor observes the group, asks
-// Decide for a plan and applies it against the applications' seat agents
-// (internal/checkpoint), the dispatcher's gate and a memory reading, and
-// exports what it does as Prometheus metrics. docs/checkpoint.md
-// ("Multiplexing") describes the rules.
+// Decide for a plan and applies it against the applications' sidecars
+// (through internal/sidecarapi's client), the dispatcher's gate and a
+// memory reading, and exports what it does as Prometheus metrics.
+// docs/checkpoint.md ("Multiplexing") describes the rules.
+//
+// Files:
+//
+//	policy.go    Decide: the pure policy, table-tested
+//	executor.go  Executor: observe, Decide, apply; the Seat interface
+//	config.go    Config, defaults and validation
+//	memory.go    the memory reading over a sidecar's status
+//	metrics.go   the executor's metrics
+//	seatgrouptest/, simengine/  a test harness and a restartable simulator
 package seatgroup
 
 import (

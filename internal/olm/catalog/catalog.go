@@ -210,3 +210,54 @@ func Summary(ctx context.Context, fsys fs.FS) (string, error) {
 	slices.Sort(defaults)
 	return fmt.Sprintf("%d package(s): %s; %d channel(s), %d bundle(s)", len(cfg.Packages), strings.Join(defaults, ", "), len(cfg.Channels), len(cfg.Bundles)), nil
 }
+
+// Inline returns a copy of cfg whose bundles have no image: OLM then
+// installs each bundle from its olm.bundle.object properties (the CSV and
+// the CRDs, inline in the catalog) instead of unpacking the bundle image
+// with a Job, so no bundle image is pulled (air-gapped clusters, or a
+// catalog served by opm outside the cluster). The bundle image also leaves
+// the related images; the operator's images stay. opm validate accepts a
+// bundle without an image when it has objects.
+func Inline(cfg *declcfg.DeclarativeConfig) (*declcfg.DeclarativeConfig, error) {
+	out := *cfg
+	out.Bundles = make([]declcfg.Bundle, len(cfg.Bundles))
+	for i, b := range cfg.Bundles {
+		props, err := property.Parse(b.Properties)
+		if err != nil {
+			return nil, fmt.Errorf("bundle %s: %w", b.Name, err)
+		}
+		if len(props.BundleObjects) == 0 {
+			return nil, fmt.Errorf("bundle %s has no olm.bundle.object properties; it can only be installed from its image", b.Name)
+		}
+		nb := b
+		nb.Properties = slices.Clone(b.Properties)
+		nb.RelatedImages = nil
+		for _, ri := range b.RelatedImages {
+			if ri.Image != b.Image {
+				nb.RelatedImages = append(nb.RelatedImages, ri)
+			}
+		}
+		nb.Image = ""
+		out.Bundles[i] = nb
+	}
+	return &out, nil
+}
+
+// BundleObjects returns the objects a catalog's bundle installs from its
+// olm.bundle.object properties (JSON documents: the CSV and the CRDs).
+func BundleObjects(b declcfg.Bundle) ([][]byte, error) {
+	props, err := property.Parse(b.Properties)
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", b.Name, err)
+	}
+	var out [][]byte
+	for _, o := range props.BundleObjects {
+		out = append(out, o.Data)
+	}
+	return out, nil
+}
+
+// Load reads the FBC in fsys with operator-registry's loader.
+func Load(ctx context.Context, fsys fs.FS) (*declcfg.DeclarativeConfig, error) {
+	return declcfg.LoadFS(ctx, fsys)
+}

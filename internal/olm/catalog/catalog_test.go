@@ -12,12 +12,21 @@ import (
 	"github.com/operator-framework/operator-registry/alpha/property"
 )
 
-const committed = "../../../catalog/configs"
+const (
+	committed       = "../../../catalog/configs"
+	committedInline = "../../../catalog/inline"
+)
 
 // TestCommittedCatalogPassesOPMValidate runs operator-registry's loader and
-// model validation (what `opm validate` runs) on the committed catalog, and
-// checks the upgrade graph users rely on.
+// model validation (what `opm validate` runs) on both committed catalogs,
+// and checks the upgrade graph users rely on.
 func TestCommittedCatalogPassesOPMValidate(t *testing.T) {
+	for _, dir := range []string{committed, committedInline} {
+		t.Run(strings.TrimPrefix(dir, "../../../"), func(t *testing.T) { checkCommittedCatalog(t, dir) })
+	}
+}
+
+func checkCommittedCatalog(t *testing.T, committed string) {
 	ctx := context.Background()
 	if err := Validate(ctx, os.DirFS(committed)); err != nil {
 		t.Fatalf("opm validate %s: %v", committed, err)
@@ -43,16 +52,33 @@ func TestCommittedCatalogPassesOPMValidate(t *testing.T) {
 		heads[name] = h.Name
 	}
 	want := map[string]string{
-		"candidate-v0": "orchestra-operator.v0.2.0", "fast-v0": "orchestra-operator.v0.2.0", "stable-v0": "orchestra-operator.v0.2.0",
+		"candidate-v0": "orchestra-operator.v0.2.1", "fast-v0": "orchestra-operator.v0.2.1", "stable-v0": "orchestra-operator.v0.2.1",
 		"candidate-v1": "orchestra-operator.v1.0.0", "fast-v1": "orchestra-operator.v1.0.0", "stable-v1": "orchestra-operator.v1.0.0",
 	}
 	if d := cmp.Diff(want, heads); d != "" {
 		t.Errorf("channel heads (-want +got):\n%s", d)
 	}
-	// 1.0.0 upgrades 0.2.0 across major channels through its skipRange.
+	// 1.0.0 upgrades 0.2.x across major channels through its skipRange;
+	// the carrier 0.2.1 upgrades 0.1.0 and 0.2.0, which left the catalog.
 	b := pkg.Channels["stable-v1"].Bundles["orchestra-operator.v1.0.0"]
 	if b.SkipRange != ">=0.1.0 <1.0.0" {
 		t.Errorf("stable-v1 entry 1.0.0 skipRange = %q, want >=0.1.0 <1.0.0", b.SkipRange)
+	}
+	c := pkg.Channels["stable-v0"].Bundles["orchestra-operator.v0.2.1"]
+	if c.SkipRange != ">=0.1.0 <0.2.1" {
+		t.Errorf("stable-v0 entry 0.2.1 skipRange = %q, want >=0.1.0 <0.2.1", c.SkipRange)
+	}
+	for _, b := range cfg.Bundles {
+		objs, err := BundleObjects(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(objs) == 0 {
+			t.Errorf("%s: bundle %s has no inline objects", committed, b.Name)
+		}
+		if inline := committed == committedInline; inline != (b.Image == "") {
+			t.Errorf("%s: bundle %s has image %q", committed, b.Name, b.Image)
+		}
 	}
 }
 

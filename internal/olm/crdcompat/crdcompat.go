@@ -409,3 +409,46 @@ func sortedProps(m map[string]apiextv1.JSONSchemaProps) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// Installed is one bundle's CRDs, as OLM would apply them when it installs
+// the bundle.
+type Installed struct {
+	// Bundle names the bundle (its CSV name) in findings.
+	Bundle string
+	CRDs   []*apiextv1.CustomResourceDefinition
+}
+
+// CompareInstallOrders checks every ordered pair of bundles a catalog
+// offers: versions installed side by side share one CRD object, and each
+// install replaces it with the bundle's own. Installing any bundle after
+// any other must therefore be a compatible change of every CRD both ship
+// (one that only the earlier bundle ships stays as it is: OLM never deletes
+// a CRD). A field the later bundle's CRD lacks is pruned from stored
+// objects at their next write: crd-field-removed. In effect, every bundle
+// of a catalog must ship the same schemas.
+func CompareInstallOrders(bundles []Installed) check.Report {
+	var r check.Report
+	for _, earlier := range bundles {
+		for _, later := range bundles {
+			if earlier.Bundle == later.Bundle {
+				continue
+			}
+			ships := map[string]bool{}
+			for _, c := range later.CRDs {
+				ships[c.Name] = true
+			}
+			var prev []*apiextv1.CustomResourceDefinition
+			for _, c := range earlier.CRDs {
+				if ships[c.Name] {
+					prev = append(prev, c)
+				}
+			}
+			rep := Compare(prev, later.CRDs)
+			for _, f := range rep.Findings {
+				f.Object = fmt.Sprintf("installing %s after %s: %s", later.Bundle, earlier.Bundle, f.Object)
+				r.Findings = append(r.Findings, f)
+			}
+		}
+	}
+	return r
+}

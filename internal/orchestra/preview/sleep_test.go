@@ -771,9 +771,11 @@ func privileges(pod corev1.PodSpec) []string {
 // TestNoPrivilegeUnlessProcessSnapshots: with tiers.processSnapshots off
 // (the default the translator writes), no rendered pod escalates
 // privileges, is privileged, adds a capability or shares a host namespace.
-// Turned on for one application, only the node agent gains what criu
-// needs (and the snapshot directory and flag), nothing else changes, and
-// it is still not a privileged container.
+// Turned on for one application while the agent image holds no criu (the
+// default: agent.criu empty), still none does: the feature cannot work, so
+// nothing is granted for it. With agent.criu set, only the node agent
+// gains what criu needs (and the snapshot directory and flags), nothing
+// else changes, and it is still not a privileged container.
 func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
 	vals := readValues(t, sleepValues)
 	off := podTemplates(t, renderObjects(t, vals))
@@ -789,6 +791,12 @@ func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
 	apps := vals["global"].(map[string]any)["applications"].(map[string]any)
 	tiers := apps["sim"].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)["tiers"].(map[string]any)
 	tiers["processSnapshots"] = true
+	for key, pod := range podTemplates(t, renderObjects(t, vals)) {
+		if p := privileges(pod); len(p) > 0 {
+			t.Errorf("%s, process snapshots on but no criu in the agent image: %v", key, p)
+		}
+	}
+	vals["agent"] = map[string]any{"criu": "/usr/local/sbin/criu"}
 	on := podTemplates(t, renderObjects(t, vals))
 	for key, pod := range on {
 		p := privileges(pod)
@@ -803,8 +811,8 @@ func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
 			t.Errorf("node agent privileges with process snapshots (-want +got):\n%s", diff)
 		}
 		agent := container(t, pod, "agent")
-		if !slices.Contains(agent.Args, "--snapshot-dir=/var/lib/orchestra-agent/snapshots") {
-			t.Errorf("agent args %v lack the snapshot directory", agent.Args)
+		if !slices.Contains(agent.Args, "--snapshot-dir=/var/lib/orchestra-agent/snapshots") || !slices.Contains(agent.Args, "--criu=/usr/local/sbin/criu") {
+			t.Errorf("agent args %v lack the snapshot directory or the criu binary", agent.Args)
 		}
 		if sc := agent.SecurityContext; sc.Privileged == nil || *sc.Privileged || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 			t.Errorf("agent securityContext %+v: want not privileged, every other capability dropped", sc)

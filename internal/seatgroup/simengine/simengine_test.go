@@ -13,6 +13,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -20,7 +21,7 @@ const weights = 4 << 20
 
 // start runs a restartable simulator that leaks its memory at every sleep
 // (vllm#47654) and a seat agent of kind in front of it.
-func start(t *testing.T, kind string) (*simengine.Engine, seatgroup.HTTPSeat) {
+func start(t *testing.T, kind string) (*simengine.Engine, sidecarapi.Client) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	cfg := sim.Default()
@@ -46,13 +47,13 @@ func start(t *testing.T, kind string) (*simengine.Engine, seatgroup.HTTPSeat) {
 	}
 	seatSrv := httptest.NewServer(h)
 	t.Cleanup(seatSrv.Close)
-	seat := seatgroup.HTTPSeat{URL: seatSrv.URL}
+	seat := sidecarapi.Client{URL: seatSrv.URL}
 	eventually(t, 5*time.Second, func() error {
 		st, err := seat.State(ctx)
 		if err != nil {
 			return err
 		}
-		if st.State != checkpoint.SeatAwake {
+		if st.State != sidecarapi.Awake {
 			return errors.New("seat is " + string(st.State))
 		}
 		return nil
@@ -60,9 +61,9 @@ func start(t *testing.T, kind string) (*simengine.Engine, seatgroup.HTTPSeat) {
 	return eng, seat
 }
 
-func memory(t *testing.T, seat seatgroup.HTTPSeat) seatgroup.MemoryReading {
+func memory(t *testing.T, seat sidecarapi.Client) seatgroup.MemoryReading {
 	t.Helper()
-	r, err := seat.ReadMemory(context.Background())
+	r, err := seatgroup.SidecarMemory{Client: seat}.ReadMemory(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestSeatRestartsALeakingEngineInPlace(t *testing.T) {
 	if r := memory(t, seat); r.ResidentBytes != weights || r.WeightsBytes != weights {
 		t.Fatalf("awake: reading %+v, want %d resident of %d", r, weights, weights)
 	}
-	var se *seatgroup.SeatError
+	var se *sidecarapi.Error
 	if err := seat.Restart(ctx); !errors.As(err, &se) || se.Status != http.StatusConflict {
 		t.Fatalf("restart while awake: %v, want a 409", err)
 	}
@@ -97,7 +98,7 @@ func TestSeatRestartsALeakingEngineInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != checkpoint.SeatAsleep || st.Level != 2 || st.Restarts != 1 {
+	if st.State != sidecarapi.Asleep || st.Level != 2 || st.Restarts != 1 {
 		t.Errorf("after the restart: state %s level %d restarts %d, want Asleep at level 2 after 1 restart", st.State, st.Level, st.Restarts)
 	}
 	if r := memory(t, seat); r.ResidentBytes != 0 || r.WeightsBytes != weights {
@@ -132,11 +133,11 @@ func TestSeatRefusesARestartItCannotMake(t *testing.T) {
 	if err := seat.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	var se *seatgroup.SeatError
+	var se *sidecarapi.Error
 	if err := seat.Restart(ctx); !errors.As(err, &se) || se.Status != http.StatusNotImplemented || !strings.Contains(se.Message, "in place") {
 		t.Fatalf("restart of vllm: %v, want a 501 saying it cannot restart in place", err)
 	}
-	if st, err := seat.State(ctx); err != nil || st.State != checkpoint.SeatAsleep {
+	if st, err := seat.State(ctx); err != nil || st.State != sidecarapi.Asleep {
 		t.Errorf("after the refusal: %+v, %v; want Asleep", st, err)
 	}
 }

@@ -1,4 +1,14 @@
-package lifecycle
+// Package lifecyclestate is the lifecycle's key-value state: the
+// JetStream bucket that holds each application's v1alpha1.LifecycleStatus,
+// its codec, and a watcher that follows it. The lifecycle leader
+// (internal/lifecycle) is its only writer; gateways and dispatchers read
+// it. It is small on purpose: the gateway imports it alone, and so links
+// none of the lifecycle, checkpoint, seat-group, fetch or S3 code
+// (gateway_deps_test.go asserts it).
+//
+// Files:
+//   - state.go: Bucket, Encode/Decode, States and Watch.
+package lifecyclestate
 
 import (
 	"context"
@@ -24,16 +34,6 @@ func Bucket(orchestra string) string {
 	return natsqueue.Names{Orchestra: orchestra}.Stream() + "_LIFECYCLE"
 }
 
-// AnnotationStatus is the annotation on an application's root StatefulSet
-// holding its v1alpha1.LifecycleStatus as JSON; the operator reports it in
-// status.applications.<app>.lifecycle.
-const AnnotationStatus = "modelorchestra.io/lifecycle"
-
-// SeatAnnotationStatus is the annotation on a seat group's StatefulSet
-// holding the v1alpha1.LifecycleStatus of app, one of the group's
-// applications (they share the StatefulSet).
-func SeatAnnotationStatus(app string) string { return AnnotationStatus + "." + app }
-
 // bucketValue is a value of the lifecycle bucket: the application's
 // v1alpha1.LifecycleStatus, and its since and lastWake.startTime to the
 // nanosecond. The status's JSON times are whole seconds, too coarse for a
@@ -45,8 +45,8 @@ type bucketValue struct {
 	WakeStartNano int64 `json:"wakeStartUnixNano,omitempty"`
 }
 
-// encodeState is st as a bucket value.
-func encodeState(st v1alpha1.LifecycleStatus) ([]byte, error) {
+// Encode is st as a bucket value.
+func Encode(st v1alpha1.LifecycleStatus) ([]byte, error) {
 	v := bucketValue{LifecycleStatus: st}
 	if st.Since != nil {
 		v.SinceNano = st.Since.UnixNano()
@@ -57,9 +57,9 @@ func encodeState(st v1alpha1.LifecycleStatus) ([]byte, error) {
 	return json.Marshal(v)
 }
 
-// decodeState reads a bucket value, with its times to the nanosecond when
+// Decode reads a bucket value, with its times to the nanosecond when
 // the writer gave them (a value of an older writer has whole seconds).
-func decodeState(b []byte) (v1alpha1.LifecycleStatus, error) {
+func Decode(b []byte) (v1alpha1.LifecycleStatus, error) {
 	var v bucketValue
 	if err := json.Unmarshal(b, &v); err != nil {
 		return v1alpha1.LifecycleStatus{}, err
@@ -127,11 +127,11 @@ func (s *States) remove(app string) {
 	s.mu.Unlock()
 }
 
-// WatchStates follows the orchestra's lifecycle bucket on nc until ctx
+// Watch follows the orchestra's lifecycle bucket on nc until ctx
 // ends. The bucket appears when a dispatcher with a lifecycle starts;
 // until then (and after the connection to NATS is lost, until the watch is
 // re-established) every application is unknown, that is not waking.
-func WatchStates(ctx context.Context, nc *nats.Conn, orchestra string, log *slog.Logger) (*States, error) {
+func Watch(ctx context.Context, nc *nats.Conn, orchestra string, log *slog.Logger) (*States, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("creating JetStream context: %w", err)
@@ -182,7 +182,7 @@ func (s *States) watch(ctx context.Context, js jetstream.JetStream, orchestra st
 				s.remove(e.Key())
 				continue
 			}
-			st, err := decodeState(e.Value())
+			st, err := Decode(e.Value())
 			if err != nil {
 				continue
 			}

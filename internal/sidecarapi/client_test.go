@@ -1,4 +1,4 @@
-package seatgroup
+package sidecarapi
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-func TestHTTPSeatErrors(t *testing.T) {
+func TestClientErrors(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/sleep":
@@ -20,13 +20,13 @@ func TestHTTPSeatErrors(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	s := HTTPSeat{URL: srv.URL}
+	s := Client{URL: srv.URL}
 	err := s.Sleep(context.Background(), 1)
-	if !errors.Is(err, ErrSeatConflict) || err.Error() != "seat sleep: answered 409: sleep abandoned: a wake arrived while draining" {
-		t.Errorf("sleep: %v, want a conflict with the seat's message", err)
+	if !errors.Is(err, ErrConflict) || err.Error() != "sidecar sleep: answered 409: sleep abandoned: a wake arrived while draining" {
+		t.Errorf("sleep: %v, want a conflict with the sidecar's message", err)
 	}
 	err = s.Wake(context.Background())
-	if errors.Is(err, ErrSeatConflict) || err == nil || err.Error() != "seat wake: answered 500: simulator wake: boom" {
+	if errors.Is(err, ErrConflict) || err == nil || err.Error() != "sidecar wake: answered 500: simulator wake: boom" {
 		t.Errorf("wake: %v, want a 500 that is not a conflict", err)
 	}
 }

@@ -1,0 +1,126 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// npmSDKDir installs the npm packages of testdata/npm-sdk (the official
+// openai SDK, pinned by its package-lock.json) with npm ci into a cache
+// directory keyed by the lock file, once per lock file, and copies the
+// test scripts next to them. It skips the test without node and npm.
+func npmSDKDir(t *testing.T) string {
+	t.Helper()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: skipping the npm openai SDK test", tool)
+		}
+	}
+	src := filepath.Join("testdata", "npm-sdk")
+	lock, err := os.ReadFile(filepath.Join(src, "package-lock.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(lock)
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	dir := filepath.Join(cache, "model-orchestra", "npm-sdk-"+hex.EncodeToString(sum[:8]))
+	files, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(src, f.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
+		cmd := exec.Command("npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+		}
+	}
+	return dir
+}
+
+// TestNpmSDK drives the Responses API with the official npm openai SDK
+// (testdata/npm-sdk/responses.mjs): a stored response, its streamed
+// continuation, retrieve, input items, another token's 404, a refused
+// built-in tool, delete.
+func TestNpmSDK(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skipping the npm openai SDK test (it installs the SDK with npm ci)")
+	}
+	dir := npmSDKDir(t)
+	h := newResponsesHarness(t)
+	cmd := exec.Command("node", "responses.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "BASE_URL="+h.srv.URL+"/v1", "KEY_A="+aliceToken, "KEY_B="+bobToken, "MODEL=llama-3-8b")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("node responses.mjs: %v\n%s\n%s", err, out, stderr)
+	}
+	var got struct {
+		First struct {
+			ID, Status, Text string
+			Usage            map[string]any
+		}
+		Second             struct{ ID, Text, Previous string }
+		Events             []string
+		Deltas             string
+		Retrieved          string
+		InputItems         []string
+		OtherTokenRetrieve any
+		UnsupportedTool    any
+		Deleted            any
+		RetrieveDeleted    any
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("script output %s: %v", out, err)
+	}
+	answer := strings.Join(chatWords, "")
+	if got.First.Status != "completed" || got.First.Text != answer || got.First.Usage["output_tokens"] != float64(fakeCompletionTokens) {
+		t.Errorf("first response = %+v", got.First)
+	}
+	if got.Deltas != answer || got.Second.Text != answer || got.Second.Previous != got.First.ID || got.Retrieved != answer {
+		t.Errorf("continuation: deltas %q, completed %+v, retrieved %q", got.Deltas, got.Second, got.Retrieved)
+	}
+	if n := len(got.Events); n < 2 || got.Events[0] != "response.created" || got.Events[n-1] != "response.completed" {
+		t.Errorf("events = %v", got.Events)
+	}
+	if diff := cmp.Diff([]string{"user: Hi", "assistant: " + answer, "user: And again?"}, got.InputItems); diff != "" {
+		t.Errorf("input items (-want +got):\n%s", diff)
+	}
+	for name, pair := range map[string][2]any{
+		"another token's retrieve": {got.OtherTokenRetrieve, float64(404)},
+		"a built-in tool":          {got.UnsupportedTool, float64(400)},
+		"delete":                   {got.Deleted, float64(200)},
+		"retrieve after delete":    {got.RetrieveDeleted, float64(404)},
+	} {
+		if pair[0] != pair[1] {
+			t.Errorf("%s: %v, want %v", name, pair[0], pair[1])
+		}
+	}
+}

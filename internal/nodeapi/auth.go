@@ -1,0 +1,91 @@
+// Package nodeapi is the wire protocol of the node agent
+// (orchestra-agent --role node, internal/checkpoint's Node): its paths,
+// the authentication of its callers, and the one client, shared by the
+// agent and the lifecycle leader that calls it. The agent's request and
+// report types (checkpoint.PromoteRequest, NodeReport, …) still live in
+// internal/checkpoint and are to move here.
+//
+// Authentication. The node agent keeps copies of the release's weights
+// and, where process snapshots work, dumps and restores engine processes:
+// its mutating endpoints (every method but GET and HEAD) accept only a
+// caller of its own release, which proves it by the release's caller
+// token, a Secret both the agent and the leader mount:
+//
+//	Authorization: Bearer <token>
+//
+// A call without it, or with another token, is refused with 401; while
+// the agent has no token (its file is missing or empty) every mutating
+// call is refused with 503. Reads (GET /report, GET /tiers, /healthz,
+// /metrics) stay open to what the NetworkPolicy admits.
+//
+// Files:
+//   - auth.go: TokenFile, Authorize, RequireCaller.
+//   - client.go: the paths and THE client (Client.Call), which the
+//     lifecycle leader calls every node agent with.
+package nodeapi
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+)
+
+// TokenFile is the path of a file holding the release's caller token (a
+// mounted Secret key). It is read at each use, so a Secret mounted or
+// rotated after the start takes effect without a restart.
+type TokenFile string
+
+// ErrNoToken is returned while the token file is missing or empty.
+var ErrNoToken = errors.New("no caller token")
+
+// Read returns the token, without surrounding white space.
+func (f TokenFile) Read() (string, error) {
+	if f == "" {
+		return "", ErrNoToken
+	}
+	b, err := os.ReadFile(string(f))
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrNoToken, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("%w: %s is empty", ErrNoToken, f)
+	}
+	return tok, nil
+}
+
+// Authorize adds the caller token to req.
+func Authorize(req *http.Request, token string) {
+	req.Header.Set("Authorization", "Bearer "+token)
+}
+
+// mutating reports whether a request changes the agent's state.
+func mutating(r *http.Request) bool {
+	return r.Method != http.MethodGet && r.Method != http.MethodHead
+}
+
+// RequireCaller wraps the agent's handler: a mutating request passes only
+// with the token in f; refuse writes the refusal (status, message).
+func RequireCaller(f TokenFile, next http.Handler, refuse func(w http.ResponseWriter, status int, msg string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !mutating(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		want, err := f.Read()
+		if err != nil {
+			refuse(w, http.StatusServiceUnavailable, fmt.Sprintf("%s %s refused: the agent has %v yet", r.Method, r.URL.Path, err))
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="orchestra-agent"`)
+			refuse(w, http.StatusUnauthorized, fmt.Sprintf("%s %s refused: only the release's lifecycle leader may call it (Authorization: Bearer <the release's caller token>)", r.Method, r.URL.Path))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
