@@ -20,6 +20,9 @@ IMAGES := $(BINARIES) nats-server
 GO_TEST_FLAGS ?= -count=1 -timeout 40m
 # Wakes measured by bench-lifecycle: with 15 the p99 is the slowest one.
 BENCH_ROUNDS ?= 15
+# Rounds and the larger generated model of bench-engine.
+BENCH_ENGINE_ROUNDS ?= 3
+BENCH_ENGINE_LARGE ?= 256MiB
 # The pinned tools each target runs; `make tools` builds them all.
 RUN_TOOLS := etcd kubernetes coredns
 # The real engine's image (make images): the pinned Ollama of
@@ -58,8 +61,15 @@ images: ## Build every chart image as a docker-archive tarball in _output/images
 	done
 ifneq ($(OLLAMA_IMAGE),0)
 	@hack/tools/install.sh ollama
-	@if [ ! -f $(OUT)/images/ollama.tar ] || [ $(BIN_DIR)/ollama -nt $(OUT)/images/ollama.tar ]; then \
-		$(OUT)/bin/devcluster image --binary $(BIN_DIR)/ollama --ref $(IMAGE_REPO)/ollama:$(OLLAMA_VERSION) --out $(OUT)/images/ollama.tar \
+	@# The chart runs Ollama from a shell script (the model import, warm-up,
+	@# waiting for the cache): busybox's static sh (its applets built in)
+	@# is /bin/sh, and ollama is on the PATH (set, as the upstream image does:
+	@# the runtime sets none) where the upstream image has it.
+	@[ -x /bin/busybox ] || { echo "images: the ollama image needs /bin/busybox: apt-get install busybox-static (hack/setup-node.sh installs it)"; exit 1; }
+	@if [ ! -f $(OUT)/images/ollama.tar ] || [ $(BIN_DIR)/ollama -nt $(OUT)/images/ollama.tar ] || [ Makefile -nt $(OUT)/images/ollama.tar ]; then \
+		$(OUT)/bin/devcluster image --binary $(BIN_DIR)/ollama --path /usr/bin/ollama --file /bin/sh=/bin/busybox \
+			--ref $(IMAGE_REPO)/ollama:$(OLLAMA_VERSION) --out $(OUT)/images/ollama.tar \
+			--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 			--env HOME=/tmp --env OLLAMA_HOST=0.0.0.0:11434 --env GIN_MODE=release --port 11434 --arg serve; \
 	fi
 endif
@@ -85,12 +95,12 @@ lint: ## gofmt, go vet, a 32-bit build (GOARCH=386: syscall field widths differ)
 	$(BIN_DIR)/golangci-lint run ./...
 
 .PHONY: run
-run: ## The demo: a local real-node cluster (root), the operator, a simulator ModelOrchestra, and a streamed answer through its gateway. Installs the real node's Debian packages first.
+run: ## The demo: a local real-node cluster (root), the operator, a ModelOrchestra serving the simulator and the real Ollama engine, and a streamed answer from each through its gateway (MODEL=~/models/x.gguf: Ollama serves your GGUF file). Installs the real node's Debian packages first.
 	@MO_SETUP_FOR="make run" hack/setup-node.sh
 	@hack/tools/install.sh $(RUN_TOOLS)
 	@$(MAKE) --no-print-directory images
 	$(GO) run ./cmd/devcluster status >/dev/null 2>&1 || $(GO) run ./cmd/devcluster up --images $(OUT)/images
-	$(GO) run ./hack/demo up
+	$(GO) run ./hack/demo up $(if $(MODEL),--model "$(MODEL)")
 
 .PHONY: down
 down: ## Remove the demo and the local cluster, and clean the machine.
@@ -168,6 +178,10 @@ soak: ## Mixed load through the in-process data plane for SOAK (default 1h), a f
 bench-lifecycle: tools images ## Wake from zero (real-node cluster, root; BENCH_ROUNDS wakes, default 15), then the checkpoint tiers (bench-tiers); BENCH_TIERS=0 runs the first alone.
 	$(GO) test ./internal/e2e -run TestWakeBenchmark -lifecycle-bench -lifecycle-bench-rounds $(BENCH_ROUNDS) -lifecycle-bench-docs docs/benchmarks.md -v -count=1 -timeout 150m
 	$(if $(filter 0,$(BENCH_TIERS)),,$(MAKE) bench-tiers)
+
+.PHONY: bench-engine
+bench-engine: tools images ## The real Ollama engine on two generated models (real-node cluster, root): wake from zero vs a plain scale, sleep -> wake vs cold, gateway + queue vs direct. BENCH_ENGINE_ROUNDS (default 3), BENCH_ENGINE_LARGE (default 256MiB).
+	$(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.

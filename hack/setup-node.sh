@@ -2,7 +2,8 @@
 # Makes this machine able to run the local cluster's real node (containerd,
 # runc, the CNI plugins, iptables, conntrack, socat) and to build the pinned
 # Ollama (g++ and the C++ headers its module zip lacks: nlohmann-json3-dev,
-# libstb-dev; hack/tools/install.sh ollama), before anything is built. `make run`, `make test` and .ci/run call it; it does nothing when
+# libstb-dev; hack/tools/install.sh ollama) and to pack its image (busybox-static,
+# the image's /bin/sh), before anything is built. `make run`, `make test` and .ci/run call it; it does nothing when
 # everything is there.
 #
 # As root on Debian it installs the missing packages with apt-get. Otherwise
@@ -20,7 +21,7 @@
 set -euo pipefail
 
 # shellcheck disable=SC2206 # a space-separated list, split on purpose
-packages=(${MO_NODE_PACKAGES:-containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev})
+packages=(${MO_NODE_PACKAGES:-containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev busybox-static})
 install=${MO_NODE_INSTALL:-auto}
 case $install in auto | never) ;; *) echo "setup-node: MO_NODE_INSTALL=$install: want auto or never" >&2; exit 2 ;; esac
 if_root=false
@@ -58,6 +59,7 @@ else
 	command -v g++ >/dev/null || missing+=(g++)
 	[ -f /usr/include/nlohmann/json.hpp ] || missing+=("nlohmann/json headers (/usr/include/nlohmann/json.hpp)")
 	[ -f /usr/include/stb/stb_image.h ] || missing+=("stb headers (/usr/include/stb/stb_image.h)")
+	[ -x /bin/busybox ] || missing+=("busybox (/bin/busybox, the ollama image's shell)")
 fi
 
 apt_command="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
@@ -84,7 +86,7 @@ fi
 if ! $debian; then
 	{
 		echo "setup-node: the real node needs, and this machine lacks: ${missing[*]}."
-		echo "Install them with the system's package manager (on Debian: apt-get install containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev), then run $target again."
+		echo "Install them with the system's package manager (on Debian: apt-get install containerd runc containernetworking-plugins iptables conntrack socat g++ nlohmann-json3-dev libstb-dev busybox-static), then run $target again."
 	} >&2
 	exit 1
 fi

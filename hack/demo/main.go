@@ -1,7 +1,8 @@
 // Command demo drives the `make run` demo on the local real-node cluster
 // started by `devcluster up` (docs/demo.md):
 //
-//	go run ./hack/demo up     # mirror + operator + a simulator ModelOrchestra + a streamed chat
+//	go run ./hack/demo up     # mirror + operator + a ModelOrchestra serving the simulator and Ollama + a streamed chat from each
+//	go run ./hack/demo up --model ~/models/x.gguf   # Ollama serves your GGUF file instead of the generated one
 //	go run ./hack/demo down   # delete the resource, uninstall the operator, stop the mirror
 //
 // Both are idempotent.
@@ -49,6 +50,7 @@ type config struct {
 	tokenSecret   string
 	samplePath    string
 	operatorChart string
+	model         string // a GGUF file of the user's that Ollama serves; empty: the generated one
 }
 
 func main() {
@@ -73,6 +75,7 @@ func main() {
 	fs.IntVar(&c.nodePort, "node-port", 30080, "NodePort of the gateway (answers on 127.0.0.1); 0 lets Kubernetes choose")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "how long to wait for the stack to be Ready")
 	fs.StringVar(&c.prompt, "prompt", "Tell me about Model Orchestra in a few words.", "the chat prompt sent through the gateway")
+	fs.StringVar(&c.model, "model", "", "a GGUF file of yours for the Ollama application, served by the mirror and fetched and verified like the generated one (make run MODEL=...)")
 	_ = fs.Parse(os.Args[2:])
 	c.tokenSecret = c.name + "-token"
 	c.samplePath = filepath.Join(root, "config", "samples", "simulator.yaml")
@@ -135,8 +138,12 @@ func up(ctx context.Context, c config) error {
 	}
 	info("export KUBECONFIG=%s", cl.kubeconfig)
 
-	step("Starting the Hugging Face mirror on %s (serving hf://%s)", c.mirrorListen, stack.DemoModel)
-	if err := startMirror(ctx, c); err != nil {
+	ollamaModel, err := mirrorUserModel(c)
+	if err != nil {
+		return err
+	}
+	step("Starting the Hugging Face mirror on %s (serving hf://%s%s)", c.mirrorListen, stack.DemoModel, ollamaModel.also())
+	if err := startMirror(ctx, c, ollamaModel); err != nil {
 		return err
 	}
 
@@ -154,12 +161,12 @@ func up(ctx context.Context, c config) error {
 		return err
 	}
 
-	obj, err := demoResource(c)
+	obj, err := demoResource(c, ollamaModel)
 	if err != nil {
 		return err
 	}
-	step("Applying ModelOrchestra %s/%s (from %s)", c.namespace, c.name, rel(c.root, c.samplePath))
-	info("model hf://%s, downloaded by the operator's fetch Job from model.hubEndpoint http://%s", stack.DemoModel, c.mirrorListen)
+	step("Applying ModelOrchestra %s/%s (from %s, plus the application %q on Ollama)", c.namespace, c.name, rel(c.root, c.samplePath), ollamaApp)
+	info("models downloaded by the operator's fetch Jobs from model.hubEndpoint http://%s: hf://%s%s", c.mirrorListen, stack.DemoModel, ollamaModel.also())
 	if _, err := stack.Apply(ctx, cl.dyn, obj); err != nil {
 		return err
 	}
@@ -176,23 +183,27 @@ func up(ctx context.Context, c config) error {
 	if err != nil {
 		return err
 	}
-	model := ""
-	for _, a := range mo.Status.Applications {
-		model = a.ServedModelName
-	}
-
 	base, err := stack.GatewayURL(ctx, cl.cs, c.namespace, c.name)
 	if err != nil {
 		return err
 	}
-	step("Streaming a chat completion from %s through the gateway at %s", model, base)
-	fmt.Printf("    > %s\n    < ", c.prompt)
-	res, err := stack.StreamChatOnceReachable(ctx, base, token, model, c.prompt, 64, func(s string) { fmt.Print(s) }, 30*time.Second)
-	fmt.Println()
-	if err != nil {
-		return err
+	var models []string
+	for _, a := range []struct{ app, what string }{
+		{simulatorApp, "the simulator (orchestra-sim: fast and deterministic, no real model)"},
+		{ollamaApp, "the real Ollama engine on " + ollamaModel.describe()},
+	} {
+		model := mo.Status.Applications[a.app].ServedModelName
+		models = append(models, model)
+		step("Streaming a chat completion from %q, %s, through the gateway at %s", model, a.what, base)
+		fmt.Printf("    > %s\n    < ", c.prompt)
+		res, err := stack.StreamChatOnceReachable(ctx, base, token, model, c.prompt, 64, func(s string) { fmt.Print(s) }, 30*time.Second)
+		fmt.Println()
+		if err != nil {
+			return err
+		}
+		info("(%d chunks, finish_reason %s)", res.Chunks, res.FinishReason)
 	}
-	info("(%d chunks, finish_reason %s)", res.Chunks, res.FinishReason)
+	model := models[len(models)-1]
 
 	fmt.Printf(`
 Model Orchestra is serving %q.
@@ -210,22 +221,58 @@ Model Orchestra is serving %q.
 
   kubectl get mo -n %s            # KUBECONFIG=%s
   go run ./hack/demo down         # make down: remove the demo, then the cluster
-`, model, base, token, c.namespace, c.tokenSecret, mo.Status.Endpoint, base, token, base, token, model, c.namespace, cl.kubeconfig)
+`, strings.Join(models, `" and "`), base, token, c.namespace, c.tokenSecret, mo.Status.Endpoint, base, token, base, token, model, c.namespace, cl.kubeconfig)
 	return nil
 }
 
+// The demo's applications: the sample's simulator, and Ollama.
+const (
+	simulatorApp = "echo"
+	ollamaApp    = "ollama"
+)
+
 // demoResource is config/samples/simulator.yaml with the demo's name and
-// namespace, the model from the mirror (model.hubEndpoint) and a NodePort
-// gateway.
-func demoResource(c config) (*unstructured.Unstructured, error) {
+// namespace, a second application on the real Ollama engine (the image
+// `make images` built), the models from the mirror (model.hubEndpoint) and
+// a NodePort gateway.
+func demoResource(c config, m userModel) (*unstructured.Unstructured, error) {
 	obj, err := stack.LoadResource(c.samplePath)
 	if err != nil {
 		return nil, err
 	}
 	obj.SetName(c.name)
 	obj.SetNamespace(c.namespace)
+	image, err := stack.ImageRef(filepath.Join(c.root, "_output", "images", "ollama.tar"))
+	if err != nil {
+		return nil, err
+	}
+	ollama := map[string]any{
+		"runtime": map[string]any{
+			"engine": "ollama",
+			"image":  image,
+			// Small requests, so that the demo fits a laptop; no memory
+			// limit, so that a model of the user's loads whatever its size.
+			"resources": map[string]any{"requests": map[string]any{"cpu": "250m", "memory": "512Mi"}},
+		},
+		"serving": map[string]any{"servedModelName": m.served(), "maxConcurrency": int64(4)},
+	}
+	if err := unstructured.SetNestedMap(obj.Object, ollama, "spec", "applications", ollamaApp); err != nil {
+		return nil, err
+	}
 	if err := stack.MirrorModel(obj, "http://"+c.mirrorListen); err != nil {
 		return nil, err
+	}
+	if m.repo != "" {
+		model := map[string]any{
+			"source":      "hf://" + m.repo,
+			"hubEndpoint": "http://" + c.mirrorListen,
+			"format":      "gguf",
+			"file":        m.file,
+			"cache":       map[string]any{"size": m.cacheSize()},
+		}
+		if err := unstructured.SetNestedMap(obj.Object, model, "spec", "applications", ollamaApp, "model"); err != nil {
+			return nil, err
+		}
 	}
 	svc := map[string]any{"type": "NodePort"}
 	if c.nodePort != 0 {
@@ -330,7 +377,10 @@ func mirrorPID(c config) int {
 	return pid
 }
 
-func startMirror(ctx context.Context, c config) error {
+// startMirror starts the mirror, or keeps the running one unless restart
+// (the mirror reads its repositories when it starts).
+func startMirror(ctx context.Context, c config, m userModel) error {
+	restart := m.repo != ""
 	modelRoot := filepath.Join(c.stateDir, "models")
 	if err := stack.WriteTinyModel(modelRoot); err != nil {
 		return err
@@ -340,9 +390,14 @@ func startMirror(ctx context.Context, c config) error {
 		return err
 	}
 	url := "http://" + c.mirrorListen
-	if pid := mirrorPID(c); pid != 0 {
+	if pid := mirrorPID(c); pid != 0 && !restart {
 		info("already running (pid %d)", pid)
-		return waitMirror(ctx, url, pid)
+		return waitMirror(ctx, url, pid, 0)
+	} else if pid != 0 {
+		info("restarting it (pid %d) to serve your model", pid)
+		if err := stopMirror(c); err != nil {
+			return err
+		}
 	}
 	build := exec.CommandContext(ctx, "go", "build", "-o", c.mirrorBinary(), "./hack/hubmirror")
 	build.Dir = c.root
@@ -356,7 +411,11 @@ func startMirror(ctx context.Context, c config) error {
 		return err
 	}
 	defer func() { _ = logFile.Close() }() // the child keeps its own descriptor
-	cmd := exec.Command(c.mirrorBinary(), "--root", modelRoot, "--listen", c.mirrorListen)
+	args := []string{"--root", modelRoot, "--listen", c.mirrorListen}
+	if m.repo != "" {
+		args = append(args, "--file", m.repo+"="+m.path)
+	}
+	cmd := exec.Command(c.mirrorBinary(), args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -368,7 +427,9 @@ func startMirror(ctx context.Context, c config) error {
 		return err
 	}
 	info("pid %d, log %s", pid, rel(c.root, logPath))
-	if err := waitMirror(ctx, url, pid); err != nil {
+	// The mirror hashes a file of the user's before it answers (at 50 MiB/s
+	// or better).
+	if err := waitMirror(ctx, url, pid, time.Duration(m.size/(50<<20))*time.Second); err != nil {
 		log, _ := os.ReadFile(logPath)
 		return fmt.Errorf("%w\nmirror log:\n%s", err, log)
 	}
@@ -376,9 +437,9 @@ func startMirror(ctx context.Context, c config) error {
 }
 
 // waitMirror waits until the mirror answers for the demo repository.
-func waitMirror(ctx context.Context, url string, pid int) error {
+func waitMirror(ctx context.Context, url string, pid int, extra time.Duration) error {
 	probe := url + "/api/models/" + stack.DemoModel + "/revision/main"
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30*time.Second + extra)
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, probe, nil)
 		resp, err := http.DefaultClient.Do(req)

@@ -308,6 +308,12 @@ func engineAnswers(ctx context.Context, p *corev1.Pod) bool {
 // proxy): series, prefixed by the pod, to value.
 func failedDeliveries(ctx context.Context, t *testing.T, ns string) map[string]float64 {
 	t.Helper()
+	return failedDeliveriesOf(ctx, t, ns, app)
+}
+
+// failedDeliveriesOf is failedDeliveries of the application application.
+func failedDeliveriesOf(ctx context.Context, t *testing.T, ns, application string) map[string]float64 {
+	t.Helper()
 	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=dispatcher"})
 	if err != nil {
 		t.Fatalf("listing dispatcher pods: %v", err)
@@ -334,7 +340,7 @@ func failedDeliveries(ctx context.Context, t *testing.T, ns string) map[string]f
 			if !strings.HasPrefix(line, "orchestra_dispatcher_failed_total{") && !strings.HasPrefix(line, "orchestra_dispatcher_redelivered_total{") {
 				continue
 			}
-			if !strings.Contains(line, `app="`+app+`"`) {
+			if !strings.Contains(line, `app="`+application+`"`) {
 				continue
 			}
 			i := strings.LastIndexByte(line, ' ')

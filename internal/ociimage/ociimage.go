@@ -61,7 +61,8 @@ type Options struct {
 	// Labels set in the image config.
 	Labels map[string]string
 	// Files are extra files, keyed by absolute path in the image, with the
-	// host path as value. They are world-readable.
+	// host path as value. They are world-readable, and executable by all
+	// when the host file is executable.
 	Files map[string]string
 	// Platform of the binary. Default linux/amd64.
 	OS, Architecture string
@@ -216,7 +217,11 @@ func layerTar(o Options) ([]byte, error) {
 	}
 	entries := []entry{{dst: o.Path, src: o.Binary, mode: 0o755}}
 	for dst, src := range o.Files {
-		entries = append(entries, entry{dst: dst, src: src, mode: 0o644})
+		mode := int64(0o644)
+		if fi, err := os.Stat(src); err == nil && fi.Mode()&0o111 != 0 {
+			mode = 0o755 // a program, such as a shell
+		}
+		entries = append(entries, entry{dst: dst, src: src, mode: mode})
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].dst < entries[j].dst })
 

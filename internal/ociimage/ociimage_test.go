@@ -41,7 +41,7 @@ func TestPackWritesAnImportableImage(t *testing.T) {
 		Out:    out,
 		Args:   []string{"--config=/etc/gateway/config.yaml"},
 		Ports:  []string{"8080", "9090/tcp"},
-		Files:  map[string]string{"/etc/gateway/config.yaml": extra},
+		Files:  map[string]string{"/etc/gateway/config.yaml": extra, "/usr/libexec/helper": fakeBinary(t, "#!helper")},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -114,8 +114,11 @@ func TestPackWritesAnImportableImage(t *testing.T) {
 	if contents["etc/gateway/config.yaml"] != "port: 8080\n" {
 		t.Errorf("extra file content = %q", contents["etc/gateway/config.yaml"])
 	}
-	if h := files["etc/gateway/config.yaml"]; h == nil || h.Mode&0o004 == 0 {
-		t.Errorf("extra file is not world-readable: %+v", h)
+	if h := files["etc/gateway/config.yaml"]; h == nil || h.Mode&0o004 == 0 || h.Mode&0o111 != 0 {
+		t.Errorf("extra file is not world-readable, or is executable: %+v", h)
+	}
+	if h := files["usr/libexec/helper"]; h == nil || h.Mode&0o111 != 0o111 {
+		t.Errorf("an executable extra file is not executable in the image: %+v", h)
 	}
 	if h := files["tmp"]; h == nil || h.Mode&0o1777 != 0o1777 {
 		t.Errorf("/tmp missing or not sticky and world-writable: %+v", h)

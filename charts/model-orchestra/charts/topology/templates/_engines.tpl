@@ -61,14 +61,21 @@ tolerates a model load of up to an hour before liveness takes over. */}}
 {{- define "mo.rootProbes" -}}
 {{- $engine := .spec.runtime.engine -}}
 {{- if eq $engine "ollama" }}
+{{- /* Ready once the served model exists: Ollama's GET /v1/models/<name>
+answers 404 until `ollama create` made it. An HTTP probe, unlike an exec
+of the CLI, costs no process per tick, and the dispatchers can run it
+themselves to send a waking root its requests before the kubelet's next
+tick (early readiness, docs/lifecycle.md). */}}
 startupProbe:
-  exec:
-    command: ["ollama", "show", {{ .served | quote }}]
+  httpGet:
+    path: /v1/models/{{ .served }}
+    port: {{ default "http" .portName }}
   {{- include "mo.engineStartupTiming" . | nindent 2 }}
   timeoutSeconds: 5
 readinessProbe:
-  exec:
-    command: ["ollama", "show", {{ .served | quote }}]
+  httpGet:
+    path: /v1/models/{{ .served }}
+    port: {{ default "http" .portName }}
   periodSeconds: 10
   timeoutSeconds: 5
 livenessProbe:
@@ -119,7 +126,10 @@ livenessProbe:
 sends serving.warmupPrompts (env WARMUP_PROMPT_<i>) before Kubernetes
 starts probing, so that the root reports ready only once warm. Failed
 prompts are logged, not fatal. llama.cpp and vLLM images carry python3;
-Ollama uses its CLI; distributed-llama and the simulator are not warmed. */}}
+Ollama uses its CLI, whose answer is cut after its first 64 bytes (the
+CLI has no token limit: it would generate until the end of the context;
+the others ask for 16 tokens); distributed-llama and the simulator are not
+warmed. */}}
 {{- define "mo.warmup" -}}
 {{- $engine := .spec.runtime.engine -}}
 {{- if and .spec.serving.warmupPrompts (has $engine (list "llamacpp" "vllm" "ollama")) }}
@@ -131,10 +141,10 @@ lifecycle:
         - -c
         {{- if eq $engine "ollama" }}
         - |
-          until ollama show "$SERVED_MODEL_NAME" >/dev/null 2>&1; do sleep 2; done
+          until ollama show "$SERVED_MODEL_NAME" >/dev/null 2>&1; do sleep 0.5; done
           i=0
           while eval "p=\"\${WARMUP_PROMPT_$i:-}\""; [ -n "$p" ]; do
-            ollama run "$SERVED_MODEL_NAME" "$p" >/dev/null 2>&1 || echo "warm-up prompt $i failed"
+            ollama run "$SERVED_MODEL_NAME" "$p" 2>/dev/null | head -c 64 | grep -q . || echo "warm-up prompt $i failed"
             i=$((i+1))
           done
         {{- else }}
@@ -283,16 +293,39 @@ args:
   {{- end }}
 {{- end }}
 {{- else if eq $rt.engine "ollama" }}
+{{- /* Ollama serves only models of its own store (OLLAMA_MODELS, in the
+pod's /tmp): once the server answers, the cached GGUF is linked into the
+store's blobs under its sha256 (the fetch manifest's, else computed) so
+that `ollama create` finds the blob and copies nothing, and the model is
+created under the served name; Ollama lists it as "<name>:latest" and
+answers to both. Then it is loaded (`ollama run` without a prompt), as the
+other engines load theirs before they answer: a sleeping root's seat finds
+it awake, and the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
+no model references when it starts), the cache stays read-only. A TERM
+reaches the server, and the container ends with it. */}}
 command: ["/bin/sh", "-c"]
 args:
   - |
     set -e
     ollama serve &
     server=$!
-    until ollama list >/dev/null 2>&1; do sleep 1; done
-    printf 'FROM /models/%s\n' "$MODEL_FILE" > /tmp/Modelfile
-    ollama create "$SERVED_MODEL_NAME" -f /tmp/Modelfile
-    wait "$server"
+    trap 'kill -TERM "$server" 2>/dev/null || true' TERM INT
+    until ollama list >/dev/null 2>&1; do
+      kill -0 "$server" 2>/dev/null || { echo "ollama serve exited before answering"; exit 1; }
+      sleep 0.2
+    done
+    model="/models/$MODEL_FILE"
+    digest=$(awk -v f="$MODEL_FILE" '$1 == "\"path\":" { p = ($2 == "\"" f "\",") } p && $1 == "\"sha256\":" { gsub(/[",]/, "", $2); print $2; exit }' /models/.orchestra/manifest.json 2>/dev/null || true)
+    [ -n "$digest" ] || digest=$(sha256sum "$model" | cut -d' ' -f1)
+    mkdir -p "$OLLAMA_MODELS/blobs"
+    ln -sf "$model" "$OLLAMA_MODELS/blobs/sha256-$digest"
+    printf 'FROM %s\n' "$model" > "$HOME/Modelfile"
+    ollama create "$SERVED_MODEL_NAME" -f "$HOME/Modelfile"
+    ollama run "$SERVED_MODEL_NAME" </dev/null >/dev/null 2>&1 || echo "loading $SERVED_MODEL_NAME failed: the first request loads it"
+    status=0
+    wait "$server" || status=$?
+    if kill -0 "$server" 2>/dev/null; then wait "$server" || status=$?; fi
+    exit "$status"
 {{- else if eq $rt.engine "simulator" }}
 args:
   - --addr=:{{ $port }}
@@ -344,8 +377,13 @@ env:
   {{- if eq $rt.engine "ollama" }}
   - name: OLLAMA_HOST
     value: 0.0.0.0:{{ $port }}
+  {{- /* ollama serve writes its key pair under $HOME/.ollama. */}}
+  - name: HOME
+    value: /tmp
   - name: OLLAMA_MODELS
-    value: /models/.ollama
+    value: /tmp/ollama/models
+  - name: GIN_MODE
+    value: release
   - name: OLLAMA_NUM_PARALLEL
     value: {{ $sv.maxConcurrency | quote }}
   {{- /* Without sleep the model stays loaded for good. With it, Ollama's
@@ -421,7 +459,7 @@ securityContext:
 volumeMounts:
   - name: model{{ $vs }}
     mountPath: /models
-    readOnly: {{ ne $rt.engine "ollama" }}
+    readOnly: true
     {{- with include "mo.modelSubPath" . }}
     subPath: {{ . | quote }}
     {{- end }}

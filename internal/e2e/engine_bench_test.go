@@ -1,0 +1,474 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
+	"github.com/model-orchestra/operator/internal/fetch/hubtest"
+	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+var (
+	benchEngine       = flag.Bool("engine-bench", false, "run the real-engine benchmark (make bench-engine) instead of skipping it")
+	benchEngineRounds = flag.Int("engine-bench-rounds", 3, "rounds of the real-engine benchmark")
+	benchEngineLarge  = flag.String("engine-bench-large", "256MiB", "size of the larger generated model of the real-engine benchmark")
+	benchEngineDocs   = flag.String("engine-bench-docs", "", "write the real-engine benchmark's table between the bench-engine markers of this file (relative to the module root)")
+)
+
+const (
+	engineStartMarker = "<!-- bench-engine:start -->"
+	engineEndMarker   = "<!-- bench-engine:end -->"
+	// benchLargeRepo is the mirror repository of the larger model.
+	benchLargeRepo = "bench/large-gguf"
+	benchLargeFile = "large.gguf"
+	// pairs of gateway and direct requests per size and round
+	benchPairs = 5
+)
+
+// engineSize is one generated model of the benchmark and its two
+// applications: one that scales to zero, one that sleeps.
+type engineSize struct {
+	label       string
+	bytes       int64
+	zero, sleep string // applications
+	// measured
+	wake, baseline, sleepWake []time.Duration
+	gwTTFT, directTTFT        []time.Duration
+	gwRate, directRate        []float64
+}
+
+// TestEngineBenchmark measures the real Ollama engine on real pods, on the
+// tiny generated model and a larger one, interleaved in one run: the first
+// request at zero pods to its first token against a plain scale 0 -> 1 of
+// the same StatefulSet to its engine's first answer; a wake from sleep
+// (the seat unloads with keep_alive 0 and reloads) against that cold
+// start; and the first token and tokens/s through the gateway and queue
+// against straight to the engine.
+func TestEngineBenchmark(t *testing.T) {
+	if !*benchEngine {
+		t.Skip("the real-engine benchmark runs with -engine-bench (make bench-engine)")
+	}
+	requireOllama(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute+time.Duration(*benchEngineRounds)*4*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "bench-engine")
+	const name = "bench"
+
+	large, err := modelgen.ParseSize(*benchEngineLarge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub, largeBytes := startLargeMirror(t, large)
+	sizes := []*engineSize{
+		{label: "tiny", bytes: int64(len(stack.TinyModelFiles()[stack.DemoFile])), zero: "tiny-zero", sleep: "tiny-sleep"},
+		{label: modelgen.FormatSize(uint64(largeBytes)), bytes: largeBytes, zero: "large-zero", sleep: "large-sleep"},
+	}
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "bench-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := benchEngineResource(t, ns, name, hub, sizes)
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sizes {
+		if _, err := stack.StreamChatOnceReachable(ctx, base, token, s.sleep, "hello", 4, nil, time.Minute); err != nil {
+			t.Fatalf("first chat to %s: %v", s.sleep, err)
+		}
+	}
+	loadBefore := loadAverage()
+	for round := range *benchEngineRounds {
+		for _, s := range sizes {
+			benchZeroRound(ctx, t, ns, name, base, token, s, round)
+			benchSleepRound(ctx, t, ns, name, base, token, s, round)
+		}
+	}
+	table := engineTable(sizes, loadBefore, loadAverage())
+	t.Log("\n" + table)
+	if *benchEngineDocs != "" {
+		path := *benchEngineDocs
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(env.root, path)
+		}
+		if err := writeMarked(path, engineStartMarker, engineEndMarker, table); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// startLargeMirror generates the larger model and serves it from a mirror
+// of its own on the node address; it returns the mirror's URL and the
+// file's size.
+func startLargeMirror(t *testing.T, size uint64) (string, int64) {
+	t.Helper()
+	cfg, err := modelgen.ForSize(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), benchLargeFile)
+	start := time.Now()
+	if _, _, err := modelgen.WriteFile(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	content, err := fetchtest.File(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("generated %s (%d bytes) in %s", benchLargeFile, content.Size(), time.Since(start).Round(time.Millisecond))
+	srv := &hubtest.Server{}
+	srv.AddRepo(&hubtest.Repo{ID: benchLargeRepo, Files: []hubtest.File{{Path: benchLargeFile, Content: content, LFS: true}}})
+	srv.SetCDNBase("")
+	ln, err := net.Listen("tcp", net.JoinHostPort(stack.NodeAddress, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	t.Cleanup(func() { _ = hs.Close() })
+	return "http://" + ln.Addr().String(), content.Size()
+}
+
+func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engineSize) *unstructured.Unstructured {
+	t.Helper()
+	image, err := stack.ImageRef(filepath.Join(env.root, "_output", "images", "ollama.tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	apps := map[string]any{}
+	for _, s := range sizes {
+		for _, a := range []struct {
+			name      string
+			lifecycle map[string]any
+		}{
+			{s.zero, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "1h", "maxWait": "5m"}},
+			{s.sleep, map[string]any{"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "6s", "maxWait": "5m"}},
+		} {
+			apps[a.name] = map[string]any{
+				"runtime": map[string]any{
+					"engine": "ollama", "image": image,
+					"resources": map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "256Mi"}},
+				},
+				"serving":   map[string]any{"servedModelName": a.name, "maxConcurrency": int64(1), "contextLength": int64(ollamaContext)},
+				"lifecycle": a.lifecycle,
+			}
+		}
+	}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       v1alpha1.Kind,
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{
+			"gateway": map[string]any{
+				"replicas": int64(1),
+				"service":  map[string]any{"type": "NodePort"},
+				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)},
+			},
+			"applications": apps,
+		},
+	}}
+	must(t, stack.MirrorModel(obj, env.hub))
+	for _, s := range sizes[1:] {
+		for _, a := range []string{s.zero, s.sleep} {
+			must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+				"source": "hf://" + benchLargeRepo, "hubEndpoint": largeHub, "format": "gguf", "file": benchLargeFile,
+				"cache": map[string]any{"size": fmt.Sprintf("%dMi", s.bytes*2>>20+64)},
+			}, "spec", "applications", a, "model"))
+		}
+	}
+	return obj
+}
+
+// benchZeroRound times one wake from zero through the gateway and one
+// plain scale 0 -> 1 of the same StatefulSet to its engine's first answer,
+// then pairs of requests through the gateway and straight to that root.
+func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
+	t.Helper()
+	sts := name + "-" + s.zero
+	toZero(ctx, t, ns, name, s.zero, sts)
+	sent := time.Now()
+	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, fmt.Sprintf("wake %d", round))
+	if err != nil {
+		t.Fatalf("%s round %d: the wake: %v", s.label, round, err)
+	}
+	s.wake = append(s.wake, ttft)
+
+	toZero(ctx, t, ns, name, s.zero, sts)
+	start := time.Now()
+	if err := lifecycle.Scale(ctx, env.cs, ns, sts, 1); err != nil {
+		t.Fatal(err)
+	}
+	var first time.Duration
+	deadline := start.Add(5 * time.Minute)
+	for first == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s round %d: the plainly scaled root did not answer within 5 minutes", s.label, round)
+		}
+		ip := rootIP(ctx, ns, name, s.zero)
+		if ip == "" {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		reqSent := time.Now()
+		ttft, _, err := streamTimed(ctx, "http://"+net.JoinHostPort(ip, "8080")+"/v1/chat/completions", "", s.zero, fmt.Sprintf("baseline %d", round))
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		first = reqSent.Sub(start) + ttft
+	}
+	s.baseline = append(s.baseline, first)
+	t.Logf("%s round %d: wake -> first token %v (sent %s); plain scale -> first answer %v", s.label, round, ttft, sent.UTC().Format(time.StampMilli), first)
+
+	// Gateway + queue against direct, on the awake root of the plain
+	// scale (no seat: direct requests, which the lifecycle does not see,
+	// cannot make it fall asleep in the middle).
+	eventually(t, time.Minute, func() error {
+		if state := lifecycleState(ctx, ns, sts); state != string(v1alpha1.LifecycleAwake) {
+			return fmt.Errorf("%s: lifecycle %q after the plain scale; want Awake", s.zero, state)
+		}
+		return nil
+	})
+	direct := "http://" + net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080") + "/v1/chat/completions"
+	for i := range benchPairs {
+		for _, via := range []string{"gateway", "direct"} {
+			url, tok := base+"/chat/completions", token
+			if via == "direct" {
+				url, tok = direct, ""
+			}
+			first, rate, err := streamTimed(ctx, url, tok, s.zero, fmt.Sprintf("pair %d %d", round, i))
+			if err != nil {
+				t.Fatalf("%s round %d: %s request: %v", s.label, round, via, err)
+			}
+			if via == "direct" {
+				s.directTTFT, s.directRate = append(s.directTTFT, first), appendRate(s.directRate, rate)
+			} else {
+				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
+			}
+		}
+	}
+}
+
+// benchSleepRound times a wake from sleep through the gateway.
+func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
+	t.Helper()
+	eventually(t, 2*time.Minute, func() error {
+		st, err := appStatus(ctx, ns, name, s.sleep)
+		if err != nil {
+			return err
+		}
+		if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep {
+			return fmt.Errorf("%s: lifecycle %s; want Asleep", s.sleep, lifecycleJSON(st.Lifecycle))
+		}
+		if seat, err := seatState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || seat.State != sidecarapi.Asleep {
+			return fmt.Errorf("%s: seat %+v (%v); want Asleep", s.sleep, seat, err)
+		}
+		return nil
+	})
+	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.sleep, fmt.Sprintf("sleep wake %d", round))
+	if err != nil {
+		t.Fatalf("%s round %d: the wake from sleep: %v", s.label, round, err)
+	}
+	s.sleepWake = append(s.sleepWake, ttft)
+	t.Logf("%s round %d: sleep -> wake -> first token %v", s.label, round, ttft)
+}
+
+func appendRate(r []float64, v float64) []float64 {
+	if v > 0 {
+		return append(r, v)
+	}
+	return r
+}
+
+// toZero brings an application to zero pods by a plain scale once its
+// lifecycle is awake (as TestWakeBenchmark does), and waits for it Idle.
+func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, func() error {
+		st, err := appStatus(ctx, ns, name, app)
+		if err != nil {
+			return err
+		}
+		if st.Phase == v1alpha1.PhaseIdle {
+			return nil
+		}
+		if lc := st.Lifecycle; lc != nil && lc.State == v1alpha1.LifecycleAwake {
+			if err := lifecycle.Scale(ctx, env.cs, ns, sts, 0); err != nil {
+				return err
+			}
+		}
+		return fmt.Errorf("%s: phase %s, lifecycle %s; want Idle", app, st.Phase, lifecycleJSON(st.Lifecycle))
+	})
+	eventually(t, 2*time.Minute, func() error {
+		if ip := rootIP(ctx, ns, name, app); ip != "" {
+			return fmt.Errorf("%s still runs a root pod", app)
+		}
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
+		if err != nil || len(pods.Items) > 0 {
+			return fmt.Errorf("%s: %d root pods (%v)", app, len(pods.Items), err)
+		}
+		return nil
+	})
+}
+
+// rootIP is the pod IP of the application's root pod, "" while it has none.
+func rootIP(ctx context.Context, ns, name, app string) string {
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
+	if err != nil {
+		return ""
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+			return p.Status.PodIP
+		}
+	}
+	return ""
+}
+
+// streamTimed sends one streamed chat of up to 64 tokens and returns the
+// time to its first non-empty content and its tokens per second after the
+// first (usage's completion tokens over first to last content; 0 when it
+// had fewer than 2).
+func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Duration, float64, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
+		"messages": []map[string]string{{"role": "user", "content": prompt}},
+	})
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	sent := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	var first, last time.Time
+	tokens, done := 0, false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data:")
+		if !ok {
+			continue
+		}
+		data = strings.TrimSpace(data)
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var ev streamEvent
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return 0, 0, err
+		}
+		if ev.Error != nil {
+			return 0, 0, fmt.Errorf("error event: %s", ev.Error.Message)
+		}
+		if ev.Usage != nil {
+			tokens = ev.Usage.CompletionTokens
+		}
+		for _, c := range ev.Choices {
+			if c.Delta.Content != "" {
+				if first.IsZero() {
+					first = time.Now()
+				}
+				last = time.Now()
+			}
+		}
+	}
+	if !done || first.IsZero() {
+		return 0, 0, errors.Join(errors.New("no content, or no [DONE]"), sc.Err())
+	}
+	rate := 0.0
+	if tokens > 1 && last.After(first) {
+		rate = float64(tokens-1) / last.Sub(first).Seconds()
+	}
+	return first.Sub(sent), rate, nil
+}
+
+func p50(v []time.Duration) time.Duration {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+func maxOf(v []time.Duration) time.Duration { return slices.Max(v) }
+
+func p50f(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
+}
+
+func engineTable(sizes []*engineSize, loadBefore, loadAfter string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured by `make bench-engine` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n-engine-bench-rounds %d -engine-bench-large %s`) on the real-node local cluster (%d CPUs; load\naverage %s before, %s after), real Ollama (the pinned build, CPU only) on two generated models.\n\n", *benchEngineRounds, *benchEngineLarge, runtime.NumCPU(), loadBefore, loadAfter)
+	b.WriteString("| Model | wake from zero -> first token | plain scale 0 -> 1 -> first answer | ratio (target <= 1.1) | sleep -> wake -> first token | sleep wake / wake from zero |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, s := range sizes {
+		w, bl, sw := p50(s.wake), p50(s.baseline), p50(s.sleepWake)
+		fmt.Fprintf(&b, "| %s (%d bytes) | %s (max %s) | %s (max %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
+			msd(w), msd(maxOf(s.wake)), msd(bl), msd(maxOf(s.baseline)), float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
+	}
+	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | tokens/s through the gateway | direct |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, s := range sizes {
+		g, d := p50(s.gwTTFT), p50(s.directTTFT)
+		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f |\n", s.label, ms(g), ms(d), ms(g-d), p50f(s.gwRate), p50f(s.directRate))
+	}
+	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d pairs a round, alternating).\n", *benchEngineRounds, benchPairs)
+	return b.String()
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// writeMarked replaces the block between start and end of the file at path.
+func writeMarked(path, start, end, content string) error {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	doc := string(raw)
+	i, j := strings.Index(doc, start), strings.Index(doc, end)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s has no %s ... %s block", path, start, end)
+	}
+	return os.WriteFile(path, []byte(doc[:i+len(start)]+"\n"+content+doc[j:]), 0o644)
+}
