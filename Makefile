@@ -156,6 +156,11 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
 	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
 
+.PHONY: bench-routing
+bench-routing: ## Routing (least-loaded, random, CHWBL, prefix; 1 and 2 dispatchers) on 4 simulators with prefix caches: multi-turn chat with shared system prompts and a no-sharing workload, interleaved; TTFT p50/p90, tokens/s, hit rate, imbalance.
+	$(GO) run ./hack/bench-routing -docs docs/benchmarks.md
+	$(GO) test ./internal/dataplanetest -run TestOllamaRoutingBenchmark -ollama-routing-bench -ollama-routing-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
+
 .PHONY: bench-tiers
 bench-tiers: ## Wake from the hot (huge-page tmpfs), warm (disk) and cold tiers vs memcpy, fresh memory, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB (root mounts the tmpfs).
 	@hack/setup-criu.sh --if-root

@@ -802,7 +802,31 @@ type ServingSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxItems=16
 	WarmupPrompts []string `json:"warmupPrompts,omitempty"`
+
+	// routing is how the dispatcher picks the replica of each request.
+	// PrefixCache: the replica it most recently sent the longest prefix
+	// of the request's prompt to (whose engine most likely still holds
+	// that prefix in its prefix cache, so it prefills only the rest),
+	// unless that replica has more than 1.25 times the mean load; then,
+	// or when no replica has any of the prefix, the least loaded.
+	// LeastLoaded: the replica with the fewest requests in flight.
+	// +optional
+	// +kubebuilder:default=PrefixCache
+	// +kubebuilder:validation:Enum=PrefixCache;LeastLoaded
+	Routing Routing `json:"routing,omitempty"`
 }
+
+// Routing is how the dispatcher picks a replica per request.
+type Routing string
+
+// Routings.
+const (
+	// RoutingPrefixCache routes by prompt prefix, within a load bound.
+	RoutingPrefixCache Routing = "PrefixCache"
+	// RoutingLeastLoaded routes to the replica with the fewest requests
+	// in flight.
+	RoutingLeastLoaded Routing = "LeastLoaded"
+)
 
 // ScalingSpec is how many copies of the topology run.
 type ScalingSpec struct {

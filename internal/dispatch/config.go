@@ -96,6 +96,8 @@ type App struct {
 	Endpoints []string `json:"endpoints,omitempty"`
 	// MaxConcurrency caps concurrent requests per root.
 	MaxConcurrency int `json:"maxConcurrency"`
+	// Routing chooses the root of each request (route.go).
+	Routing Routing `json:"routing,omitempty"`
 }
 
 // Health is the per-root circuit breaker.
@@ -150,6 +152,7 @@ func defaultApp(a App) App {
 	if a.MaxConcurrency == 0 {
 		a.MaxConcurrency = 32
 	}
+	a.Routing = defaultRouting(a.Routing)
 	return a
 }
 
@@ -210,6 +213,9 @@ func (c Config) Validate() error {
 		}
 		if a.Port <= 0 || a.Port > 65535 {
 			add("apps[%d].port %d is out of range", i, a.Port)
+		}
+		if err := a.Routing.validate(); err != nil {
+			add("apps[%d].routing: %w", i, err)
 		}
 	}
 	if c.AckWait.Duration < time.Second {

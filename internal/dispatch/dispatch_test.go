@@ -482,8 +482,11 @@ func TestNoDispatcherFailsInsteadOfHanging(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Close() }()
-	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrUnavailable) {
-		t.Fatalf("err = %v, want ErrUnavailable", err)
+	// The application's last dispatcher is gone: the waiting request fails
+	// with the specific, non-retryable ErrNotServed (the gateway's 503
+	// model_not_served), not a retryable ErrUnavailable.
+	if _, _, _, err := collect(ctx, r); !errors.Is(err, queue.ErrNotServed) {
+		t.Fatalf("err = %v, want ErrNotServed", err)
 	}
 }
 

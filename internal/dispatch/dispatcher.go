@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -59,6 +60,9 @@ type Dispatcher struct {
 	wg    sync.WaitGroup
 
 	lifecycle *lifecycle.Controller // nil without a lifecycle section (activator.go)
+
+	// id names this dispatcher in shared routing decisions (router.go).
+	id string
 }
 
 type app struct {
@@ -66,6 +70,9 @@ type app struct {
 	pool *pool
 	held *held
 	m    appMetrics
+	// router picks each request's root; nil for leastLoaded (the pool's
+	// own choice).
+	router *router
 	// inflight counts requests being served; backlog is the consumer's
 	// NumPending at the last poll. Both feed Load.
 	inflight atomic.Int64
@@ -129,6 +136,8 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		d.reg = prometheus.NewRegistry()
 	}
 	d.m = newMetrics(d.reg)
+	routeVecs := newRouteMetrics(d.reg)
+	d.id = strconv.FormatUint(rand.Uint64(), 36)
 	d.engines = &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4096,
@@ -138,12 +147,19 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 	seats := seatMembers(cfg.Lifecycle)
 	for _, a := range cfg.Apps {
 		name := a.Name
+		var rt *router
+		if a.Routing.Policy != RouteLeastLoaded {
+			rt = newRouter(a.Routing, routeVecs.forApp(name))
+		}
 		p := newPool(a.MaxConcurrency, cfg.Health, func(root string, healthy bool) {
 			v := 0.0
 			if healthy {
 				v = 1
 			}
 			d.m.rootHealthy.WithLabelValues(name, root).Set(v)
+			if !healthy && rt != nil {
+				rt.forget(root)
+			}
 		})
 		if cfg.Health.Path != "" {
 			p.probe = d.probe
@@ -158,7 +174,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		if cfg.Health.Path != "" {
 			d.views[a.Name].warm = func(url string) { d.probe(url) }
 		}
-		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name)})
+		d.apps = append(d.apps, &app{App: a, pool: p, held: newHeld(), m: d.m.forApp(a.Name), router: rt})
 	}
 	return d, nil
 }
@@ -249,6 +265,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribing to resend requests: %w", err)
 	}
 	defer func() { _ = resends.Unsubscribe() }()
+	unshare, err := d.shareRoutes()
+	if err != nil {
+		return fmt.Errorf("subscribing to routing decisions: %w", err)
+	}
+	defer unshare()
 
 	// Handlers outlive ctx by up to ShutdownTimeout.
 	work, stopWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -400,6 +421,9 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
 // slot is checked once a request is there, and taken again when its root
 // no longer takes requests.
 func (d *Dispatcher) next(ctx context.Context, a *app) (lease, jetstream.Msg, error) {
+	if a.router != nil {
+		return d.nextRouted(ctx, a)
+	}
 	for {
 		rt, err := a.pool.acquire(ctx)
 		if err != nil {

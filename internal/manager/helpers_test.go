@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -80,6 +81,21 @@ func createCRD(t *testing.T, k8s client.Client, crd *apiextensionsv1.CustomResou
 			}
 		}
 		return fmt.Errorf("the CRD %s is not established: %v", crd.Name, got.Status.Conditions)
+	})
+	// Established comes before discovery lists the kind: a manager built at
+	// once fails with "no matches for ..." on a loaded machine. Wait until
+	// the REST mapping resolves every served version.
+	eventually(t, 30*time.Second, func() error {
+		gk := schema.GroupKind{Group: crd.Spec.Group, Kind: crd.Spec.Names.Kind}
+		for _, v := range crd.Spec.Versions {
+			if !v.Served {
+				continue
+			}
+			if _, err := k8s.RESTMapper().RESTMapping(gk, v.Name); err != nil {
+				return fmt.Errorf("discovery does not list %s/%s yet: %w", gk, v.Name, err)
+			}
+		}
+		return nil
 	})
 }
 

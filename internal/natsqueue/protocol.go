@@ -124,6 +124,10 @@ func (n Names) Heartbeat(app string) string { return "orchestra." + n.token() + 
 // data messages from there again.
 func (n Names) Resend(app string) string { return "orchestra." + n.token() + ".resend." + app }
 
+// Route is where the dispatchers of an application share their prefix
+// routing decisions (internal/dispatch, router.go).
+func (n Names) Route(app string) string { return "orchestra." + n.token() + ".route." + app }
+
 // Cancel is where gateways cancel jobs of an application.
 func (n Names) Cancel(app string) string { return "orchestra." + n.token() + ".cancel." + app }
 

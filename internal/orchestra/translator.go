@@ -491,6 +491,7 @@ func applicationValues(app v1alpha1.Application, sleep Sleep) (map[string]any, e
 		"maxConcurrency":  int64(sv.MaxConcurrency),
 		"contextLength":   int64(sv.ContextLength),
 		"warmupPrompts":   strings2any(sv.WarmupPrompts),
+		"routing":         string(sv.Routing),
 	}
 	out := map[string]any{
 		"model":   model,

@@ -38,6 +38,17 @@ type Config struct {
 	// EmbeddingDim is the length of the vectors returned by /v1/embeddings.
 	EmbeddingDim int
 
+	// PrefixCache keeps the blocks of recent prompts; a request prefills
+	// only the tokens after its longest cached prefix, and its usage
+	// reports the others in prompt_tokens_details.cached_tokens.
+	PrefixCache PrefixCache
+	// PrefillRate is how many prompt tokens per second the engine
+	// prefills, one prompt after the other: the first token of a request
+	// comes TimeToFirstToken after its uncached tokens were prefilled,
+	// which waits for the prefills queued before it. 0: prefill takes no
+	// time.
+	PrefillRate float64
+
 	// Weights are the bytes the simulated engine holds in memory, as a real
 	// engine holds its model. Empty by default.
 	Weights Weights
@@ -172,6 +183,7 @@ func Default() Config {
 		InterTokenLatency: 10 * time.Millisecond,
 		OutputTokens:      64,
 		EmbeddingDim:      384,
+		PrefixCache:       PrefixCache{Tokens: 1 << 18, BlockTokens: 16},
 		DeviceMemory:      DeviceMemoryPool,
 		Faults:            Faults{ErrorStatus: 500},
 	}
@@ -205,6 +217,15 @@ func (c Config) Validate() error {
 	}
 	if c.Faults.ErrorRate > 0 && (c.Faults.ErrorStatus < 400 || c.Faults.ErrorStatus > 599) {
 		errs = append(errs, fmt.Errorf("error status must be a 4xx or 5xx code, got %d", c.Faults.ErrorStatus))
+	}
+	if c.PrefixCache.Tokens < 0 || c.PrefixCache.BlockTokens < 0 || (c.PrefixCache.Tokens > 0 && c.PrefixCache.BlockTokens == 0) {
+		errs = append(errs, fmt.Errorf("prefix cache needs a positive block size and a size of 0 (off) or more tokens, got %d tokens in blocks of %d", c.PrefixCache.Tokens, c.PrefixCache.BlockTokens))
+	}
+	if c.PrefixCache.Tokens > 0 && c.PrefixCache.Tokens < c.PrefixCache.BlockTokens {
+		errs = append(errs, fmt.Errorf("prefix cache of %d tokens holds no block of %d tokens", c.PrefixCache.Tokens, c.PrefixCache.BlockTokens))
+	}
+	if c.PrefillRate < 0 {
+		errs = append(errs, fmt.Errorf("prefill rate must not be negative, got %v", c.PrefillRate))
 	}
 	if c.Weights.Bytes < 0 {
 		errs = append(errs, fmt.Errorf("weights bytes must not be negative, got %d", c.Weights.Bytes))

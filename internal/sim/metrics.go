@@ -17,6 +17,11 @@ type metrics struct {
 	queueTime       prometheus.Histogram
 	faults          *prometheus.CounterVec
 
+	// Prefix cache.
+	prefixQueries prometheus.Counter
+	prefixHits    prometheus.Counter
+	prefixCached  prometheus.Gauge
+
 	// Sleep mode.
 	weightsBytes  prometheus.Gauge
 	residentBytes prometheus.Gauge
@@ -82,6 +87,15 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 			Name: "orchestra_sim_faults_injected_total", Help: "Faults injected by the simulator, by kind (error, hang, crash).",
 		}, []string{"kind"}),
 	}
+	m.prefixQueries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "vllm:prefix_cache_queries_total", Help: "Prefix cache queries, in terms of number of queried tokens.", ConstLabels: labels,
+	})
+	m.prefixHits = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "vllm:prefix_cache_hits_total", Help: "Prefix cache hits, in terms of number of cached tokens.", ConstLabels: labels,
+	})
+	m.prefixCached = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "orchestra_sim_prefix_cache_tokens", Help: "Tokens held in the prefix cache (whole blocks).", ConstLabels: labels,
+	})
 	m.weightsBytes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "orchestra_sim_weights_bytes", Help: "Size of the simulated model weights.",
 	})
@@ -108,7 +122,7 @@ func newMetrics(reg prometheus.Registerer, model string) *metrics {
 		Name: "orchestra_sim_weights_moved_bytes_total", Help: "Weight bytes moved by loads, sleeps and wakes, by tier.",
 	}, []string{"op", "tier"})
 	reg.MustRegister(m.running, m.waiting, m.kvCacheUsage, m.promptTokens, m.generatedTokens, m.success,
-		m.ttft, m.itl, m.e2e, m.queueTime, m.faults,
+		m.ttft, m.itl, m.e2e, m.queueTime, m.faults, m.prefixQueries, m.prefixHits, m.prefixCached,
 		m.weightsBytes, m.residentBytes, m.level, m.refusedAsleep, m.sleeps, m.wakes, m.stageSeconds, m.movedBytes)
 	return m
 }

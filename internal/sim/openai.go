@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -72,28 +73,29 @@ type completionRequest struct {
 }
 
 // prompts returns the prompts of a completion request (a string, a list of
-// strings, a token list or a list of token lists) as text for seeding, and
-// their token counts.
-func (r completionRequest) prompts() (texts []string, tokens []int, err error) {
+// strings, a token list or a list of token lists) as text for seeding,
+// their token counts, and their tokens (words, or the ids as decimals).
+func (r completionRequest) prompts() (texts []string, tokens []int, toks [][]string, err error) {
 	raw := r.Prompt
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil, fmt.Errorf("prompt is required")
+		return nil, nil, nil, fmt.Errorf("prompt is required")
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return []string{s}, []int{countTokens(s)}, nil
+		return []string{s}, []int{countTokens(s)}, [][]string{appendWords(nil, s)}, nil
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil && len(ss) > 0 {
 		for _, p := range ss {
 			texts = append(texts, p)
 			tokens = append(tokens, countTokens(p))
+			toks = append(toks, appendWords(nil, p))
 		}
-		return texts, tokens, nil
+		return texts, tokens, toks, nil
 	}
 	var ids []int
 	if json.Unmarshal(raw, &ids) == nil && len(ids) > 0 {
-		return []string{string(raw)}, []int{len(ids)}, nil
+		return []string{string(raw)}, []int{len(ids)}, [][]string{idTokens(ids)}, nil
 	}
 	var batches [][]int
 	if json.Unmarshal(raw, &batches) == nil && len(batches) > 0 {
@@ -101,10 +103,19 @@ func (r completionRequest) prompts() (texts []string, tokens []int, err error) {
 			enc, _ := json.Marshal(b)
 			texts = append(texts, string(enc))
 			tokens = append(tokens, len(b))
+			toks = append(toks, idTokens(b))
 		}
-		return texts, tokens, nil
+		return texts, tokens, toks, nil
 	}
-	return nil, nil, fmt.Errorf("prompt must be a string, a list of strings or a list of token ids")
+	return nil, nil, nil, fmt.Errorf("prompt must be a string, a list of strings or a list of token ids")
+}
+
+func idTokens(ids []int) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.Itoa(id)
+	}
+	return out
 }
 
 type embeddingRequest struct {
@@ -118,6 +129,13 @@ type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	TotalTokens      int `json:"total_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+	// PromptTokensDetails is set when the prefix cache is on, as vLLM
+	// does with --enable-prompt-tokens-details.
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type chatResponseMessage struct {

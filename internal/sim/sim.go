@@ -50,6 +50,10 @@ type Simulator struct {
 	// device holds the weights with DeviceMemoryPool; nil with
 	// DeviceMemoryKernel.
 	device *arena.Device
+
+	// prefix is the prefix cache (nil when off); prefill paces prompts.
+	prefix  *prefixCache
+	prefill prefill
 }
 
 // New returns a simulator for cfg, which should have passed Validate. Its
@@ -68,6 +72,8 @@ func New(cfg Config, opts ...Option) *Simulator {
 		stopping: make(chan struct{}),
 		crashed:  make(chan struct{}),
 		rand:     mrand.Float64,
+		prefix:   newPrefixCache(cfg.PrefixCache),
+		prefill:  prefill{rate: cfg.PrefillRate},
 	}
 	for _, o := range opts {
 		o(s)
@@ -173,6 +179,8 @@ type generation struct {
 	model        string
 	seeds        []uint64 // one per choice
 	promptTokens int
+	// prompts are the prompts' tokens, for the prefix cache.
+	prompts      [][]string
 	maxTokens    int // 0: not set
 	minTokens    int
 	ignoreEOS    bool
@@ -224,6 +232,9 @@ func (s *Simulator) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	if req.Seed != nil {
 		parts = append(parts, strconv.FormatInt(*req.Seed, 10))
 	}
+	if s.prefix != nil || s.prefill.rate > 0 {
+		g.prompts = [][]string{chatTokens(req.Messages)}
+	}
 	n, ok := choices(w, req.N)
 	if !ok {
 		return
@@ -239,7 +250,7 @@ func (s *Simulator) completions(w http.ResponseWriter, r *http.Request) {
 	if !s.decode(w, r, &req) {
 		return
 	}
-	texts, tokens, err := req.prompts()
+	texts, tokens, toks, err := req.prompts()
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -258,6 +269,9 @@ func (s *Simulator) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for p, text := range texts {
+		if s.prefix != nil || s.prefill.rate > 0 {
+			g.prompts = append(g.prompts, toks[p])
+		}
 		g.promptTokens += tokens[p] * n
 		for i := range n {
 			var seed []string
@@ -357,6 +371,19 @@ func (s *Simulator) generate(w http.ResponseWriter, r *http.Request, g *generati
 	}()
 	s.m.queueTime.Observe(time.Since(arrived).Seconds())
 	s.m.promptTokens.Add(float64(g.promptTokens))
+	cached := 0
+	for _, p := range g.prompts {
+		cached += s.prefix.admit(p)
+	}
+	if s.prefix != nil {
+		s.m.prefixQueries.Add(float64(g.promptTokens))
+		s.m.prefixHits.Add(float64(cached))
+		s.m.prefixCached.Set(float64(s.prefix.cachedTokens()))
+	}
+	// The prompt's uncached tokens are prefilled after the prompts
+	// queued before them; the first token follows TimeToFirstToken later.
+	now := time.Now()
+	firstToken := s.prefill.reserve(now, g.promptTokens-cached).Sub(now) + s.cfg.TimeToFirstToken
 
 	if f.HangRate > 0 && s.rand() < f.HangRate {
 		s.m.faults.WithLabelValues("hang").Inc()
@@ -371,7 +398,10 @@ func (s *Simulator) generate(w http.ResponseWriter, r *http.Request, g *generati
 		crashAt = f.CrashAfterTokens
 	}
 
-	out := &output{s: s, g: g, w: w, arrived: arrived, crashAt: crashAt, created: time.Now().Unix()}
+	out := &output{s: s, g: g, w: w, arrived: arrived, crashAt: crashAt, created: time.Now().Unix(), firstToken: firstToken}
+	if s.prefix != nil {
+		out.cached = &promptTokensDetails{CachedTokens: cached}
+	}
 	if g.chat {
 		out.id = s.newID("chatcmpl-")
 	} else {
@@ -404,6 +434,10 @@ type output struct {
 	created int64
 	arrived time.Time
 	crashAt int // tokens before a crash, -1 for none
+	// firstToken is the delay before the first token: prefill and
+	// TimeToFirstToken.
+	firstToken time.Duration
+	cached     *promptTokensDetails // nil without a prefix cache
 
 	gens     []*textGen
 	lengths  []int
@@ -446,7 +480,7 @@ func (o *output) run(ctx context.Context) error {
 		}
 		delay := o.s.cfg.InterTokenLatency
 		if step == 0 {
-			delay = o.s.cfg.TimeToFirstToken
+			delay = o.firstToken
 		}
 		if err := sleep(ctx, delay); err != nil {
 			return err
@@ -490,7 +524,7 @@ func (o *output) run(ctx context.Context) error {
 	for _, reason := range o.finish {
 		o.s.m.success.WithLabelValues(reason).Inc()
 	}
-	u := usage{PromptTokens: g.promptTokens, CompletionTokens: o.produced, TotalTokens: g.promptTokens + o.produced}
+	u := usage{PromptTokens: g.promptTokens, CompletionTokens: o.produced, TotalTokens: g.promptTokens + o.produced, PromptTokensDetails: o.cached}
 	if sse != nil {
 		if g.includeUsage {
 			if g.chat {

@@ -243,7 +243,10 @@ func (s *Simulator) sleepHandlers(mux *http.ServeMux) {
 	mux.HandleFunc("POST /collective_rpc", s.handleCollectiveRPC)
 	// The simulator has no prefix cache; vLLM's level-2 wake sequence ends
 	// with this call, so it answers it.
-	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) {
+		s.prefix.reset()
+		w.WriteHeader(http.StatusOK)
+	})
 }
 
 // IsSleeping is vLLM's is_sleeping: true until every tag is awake.
@@ -364,6 +367,7 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 	}
 	e.live, e.loaded = nil, false
 	e.level, e.weightsAwake, e.kvAwake, e.busy = level, false, false, false
+	s.prefix.reset() // a sleep discards the KV cache, and the prefixes in it
 	rep.FreeSeconds = time.Since(t).Seconds()
 	rep.TotalSeconds = time.Since(start).Seconds()
 	e.lastSleep = rep
@@ -668,6 +672,7 @@ func (s *Simulator) handleCollectiveRPC(w http.ResponseWriter, r *http.Request) 
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"results": []any{rep}})
 	case "reset_prefix_cache":
+		s.prefix.reset()
 		writeJSON(w, http.StatusOK, map[string]any{"results": []any{nil}})
 	default:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("collective_rpc method %q is not simulated (reload_weights, reset_prefix_cache)", req.Method))
