@@ -19,6 +19,7 @@ import (
 
 	"github.com/google/cel-go/cel"
 	celast "github.com/google/cel-go/common/ast"
+	celparser "github.com/google/cel-go/parser"
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"github.com/model-orchestra/operator/internal/olm/check"
@@ -189,6 +190,7 @@ func compareSchema(r *check.Report, obj, path string, old, cur *apiextv1.JSONSch
 		case isTransitionRule(v):
 			r.Warnf("crd-transition-rule", obj, "%s: transition rule %q was added; stored objects stay valid, but every update of one evaluates it against the stored value, so it must hold when the value is unchanged", field, v.Rule)
 		case holdsWithoutNewFields(v, old):
+		case loosensAnOldRule(v, old.XValidations):
 		default:
 			at("crd-validation-rule", "validation rule %q was added", v.Rule)
 		}
@@ -303,6 +305,61 @@ func holdsWithoutNewFields(v apiextv1.ValidationRule, old *apiextv1.JSONSchemaPr
 		}
 	}
 	return false
+}
+
+// loosensAnOldRule reports whether a CEL rule holds wherever one of the old
+// rules held: its disjuncts include every disjunct of that old rule (the
+// old rule with alternatives added, in any order). An object the old rule
+// admitted satisfies one of the old disjuncts, and so the new rule; this is
+// how a rule is widened for a new field (format: safetensors is allowed
+// with model.convert) without refusing anything stored. Disjuncts are
+// compared as CEL unparses them, so spacing and redundant parentheses do
+// not matter.
+func loosensAnOldRule(v apiextv1.ValidationRule, old []apiextv1.ValidationRule) bool {
+	cur := disjunctTexts(v.Rule)
+	if cur == nil {
+		return false
+	}
+	for _, o := range old {
+		prev := disjunctTexts(o.Rule)
+		if prev == nil || isTransitionRule(o) != isTransitionRule(v) {
+			continue
+		}
+		all := true
+		for d := range prev {
+			if !cur[d] {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+// disjunctTexts is the set of a rule's top-level disjuncts as CEL unparses
+// them, nil when the rule does not parse.
+func disjunctTexts(rule string) map[string]bool {
+	env, err := cel.NewEnv(cel.ClearMacros())
+	if err != nil {
+		return nil
+	}
+	parsed, iss := env.Parse(rule)
+	if iss.Err() != nil {
+		return nil
+	}
+	native := parsed.NativeRep()
+	out := map[string]bool{}
+	for _, d := range disjuncts(native.Expr()) {
+		text, err := celparser.Unparse(d, native.SourceInfo())
+		if err != nil {
+			return nil
+		}
+		out[text] = true
+	}
+	return out
 }
 
 // disjuncts flattens a || b || c.

@@ -302,3 +302,36 @@ func TestAllowedChanges(t *testing.T) {
 		})
 	}
 }
+
+// TestWidenedRuleIsAllowed: a rule replaced by the same rule with more
+// alternatives admits everything the old one did, so it is no finding; a
+// rule changed any other way is refused as an added rule.
+func TestWidenedRuleIsAllowed(t *testing.T) {
+	const oldRule = "self.size > 0 || self.name == 'x'"
+	withRule := func(rule string) *apiextv1.CustomResourceDefinition {
+		c := baseCRD()
+		editSpec(c, func(s *apiextv1.JSONSchemaProps) {
+			s.XValidations = apiextv1.ValidationRules{{Rule: rule, Message: "m"}}
+		})
+		return c
+	}
+	tests := []struct {
+		name    string
+		rule    string
+		refused bool
+	}{
+		{"alternative added", "self.size > 0 || self.name == 'x' || self.color == 'red'", false},
+		{"alternatives reordered and reparenthesised", "(self.color == 'red') || (self.name == 'x') || self.size > 0", false},
+		{"an alternative narrowed", "self.size > 1 || self.name == 'x' || self.color == 'red'", true},
+		{"an alternative dropped", "self.size > 0", true},
+		{"a conjunct added", "(self.size > 0 || self.name == 'x') && self.color == 'red'", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := Compare([]*apiextv1.CustomResourceDefinition{withRule(oldRule)}, []*apiextv1.CustomResourceDefinition{withRule(tt.rule)})
+			if rep.HasErrors() != tt.refused {
+				t.Errorf("%q after %q: errors %v, want refused %v", tt.rule, oldRule, rep.Errors(), tt.refused)
+			}
+		})
+	}
+}
