@@ -206,7 +206,7 @@ func up(ctx context.Context, c config) error {
 	model := models[len(models)-1]
 
 	fmt.Printf(`
-Model Orchestra is serving %q.
+Model Orchestra is serving %s.
 
   OpenAI base URL  %s
   API token        %s   (Secret %s/%s)
@@ -221,8 +221,17 @@ Model Orchestra is serving %q.
 
   kubectl get mo -n %s            # KUBECONFIG=%s
   go run ./hack/demo down         # make down: remove the demo, then the cluster
-`, strings.Join(models, `" and "`), base, token, c.namespace, c.tokenSecret, mo.Status.Endpoint, base, token, base, token, model, c.namespace, cl.kubeconfig)
+`, quotedList(models), base, token, c.namespace, c.tokenSecret, mo.Status.Endpoint, base, token, base, token, model, c.namespace, cl.kubeconfig)
 	return nil
+}
+
+// quotedList is ["a", "b"] as "a" and "b".
+func quotedList(names []string) string {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = strconv.Quote(n)
+	}
+	return strings.Join(quoted, " and ")
 }
 
 // The demo's applications: the sample's simulator, and Ollama.
