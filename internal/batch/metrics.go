@@ -29,10 +29,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Lines of finished batches, by result (completed or failed, expired and cancelled included)."}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.files, m.fileBytes, m.batches, m.lines, m.results)
+		reg.MustRegister(m.collectors()...)
 	}
 	return m
 }
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.files, m.fileBytes, m.batches, m.lines, m.results}
+}
+
+// Collectors returns the service's metrics, for a registry that did not
+// get them through Config.Registry.
+func (s *Service) Collectors() []prometheus.Collector { return s.m.collectors() }
 
 func jsonLine(v any) ([]byte, error) {
 	b, err := json.Marshal(v)

@@ -1,5 +1,7 @@
 package natsqueue
 
+import "github.com/nats-io/nats.go/jetstream"
+
 // The names of the Batch API's JetStream resources (internal/batch): batch
 // lines wait in a stream of their own, and a dispatcher moves them into an
 // application's request subject only while the application has spare
@@ -39,3 +41,7 @@ const (
 	HeaderLine     = "Orch-Line"
 	HeaderCustomID = "Orch-Custom-Id"
 )
+
+// JetStream returns the client's JetStream context, for the gateway's
+// Files and Batch APIs (internal/batch).
+func (c *Client) JetStream() jetstream.JetStream { return c.js }
