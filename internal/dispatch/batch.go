@@ -83,17 +83,22 @@ func (d *Dispatcher) pumpOnce(ctx context.Context, a *app) error {
 		if err := d.waitSpare(ctx, a, nil); err != nil {
 			return err
 		}
-		fetched, err := cons.Fetch(1, jetstream.FetchMaxWait(fetchWait))
+		// Bounded by ctx too: a stopping dispatcher must not wait for it.
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		fetched, err := cons.Fetch(1, jetstream.FetchContext(fctx))
 		if err != nil {
+			cancel()
 			return err
 		}
 		for m := range fetched.Messages() {
 			if err := d.moveLine(ctx, a, m); err != nil {
 				_ = m.Nak()
+				cancel()
 				return err
 			}
 		}
-		if err := fetched.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+		cancel()
+		if err := fetched.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !errors.Is(err, nats.ErrTimeout) {
 			return err
 		}
 	}
