@@ -85,7 +85,17 @@ func run() int {
 	batches := batch.NewService(q.JetStream(), batch.Config{Orchestra: cfg.Queue.Orchestra, Replicas: cfg.Responses.Replicas,
 		FilesMaxBytes: cfg.Batch.StoreMaxBytes, Log: log})
 	go batches.Run(ctx)
-	if err := gateway.RunWith(ctx, cfg, served, log, gateway.Options{Responses: store, Batches: batches}); err != nil {
+	opts := gateway.Options{Responses: store, Batches: batches}
+	if hasLifecycle(cfg) {
+		pods, err := q.WatchWakeProgress()
+		if err != nil {
+			log.Error("watching wake progress", "err", err)
+			return 1
+		}
+		defer pods.Close()
+		opts.Pods = pods
+	}
+	if err := gateway.RunWith(ctx, cfg, served, log, opts); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
 	}

@@ -68,6 +68,8 @@ type Dispatcher struct {
 	// bm and results serve batch lines (batch.go).
 	bm      *batchMetrics
 	results *batch.Results
+	// progress is the last wake progress said per application (wakeprogress.go).
+	progress wakeProgress
 }
 
 type app struct {

@@ -50,6 +50,9 @@ type Options struct {
 	Responses ResponseStore
 	// Batches serves the Files and Batch APIs; nil: they answer 404.
 	Batches Batches
+	// Pods says how far a waking application's pods are, for the wake
+	// progress comments (waking.go); nil: the comments say the state only.
+	Pods PodProgress
 }
 
 // Gateway serves the OpenAI API in front of a queue.
@@ -62,6 +65,7 @@ type Gateway struct {
 	// responses keeps stored responses; nil: none are stored.
 	responses ResponseStore
 	batches   Batches
+	pods      PodProgress
 	models    map[string]*ModelConfig
 	anon      *Principal
 	limiter   limiter
@@ -102,6 +106,7 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		wake:      opts.Wake,
 		responses: opts.Responses,
 		batches:   opts.Batches,
+		pods:      opts.Pods,
 		models:    make(map[string]*ModelConfig, len(cfg.Models)),
 		anon:      &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
 		limiter:   limiter{now: time.Now},

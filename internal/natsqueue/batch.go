@@ -45,3 +45,7 @@ const (
 // JetStream returns the client's JetStream context, for the gateway's
 // Files and Batch APIs (internal/batch).
 func (c *Client) JetStream() jetstream.JetStream { return c.js }
+
+// WakeProgress is where dispatchers say how far an application's root pods
+// are on their way to serving, in a sentence for people (core NATS).
+func (n Names) WakeProgress(app string) string { return "orchestra." + n.token() + ".wake." + app }
