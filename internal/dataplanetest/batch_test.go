@@ -437,7 +437,7 @@ func TestBatchWaitsForInteractiveRequests(t *testing.T) {
 	b := newBatch(t, ctx, c, uploadBatchFile(t, ctx, c, batchInput(simCfg.Model, n, 2)).ID)
 	waitBatch(t, ctx, c, b.ID, openai.BatchStatusInProgress, 5*time.Second)
 	time.Sleep(100 * time.Millisecond) // the batch's lines wait to be moved
-	go ask()                            // arrives after the batch, while every slot is busy
+	go ask()                           // arrives after the batch, while every slot is busy
 	for range slots + 1 {
 		if err := <-done; err != nil {
 			t.Fatal(err)
