@@ -213,7 +213,9 @@ type ResponsesConfig struct {
 // results live in JetStream (an object store and key-value buckets) with
 // the replicas of responses.replicas.
 type BatchConfig struct {
-	// MaxFileBytes is the largest file an upload may carry (default 100 MiB).
+	// MaxFileBytes is the largest file an upload may carry (default 50 MiB).
+	// An upload is held in memory while it is checked: allow the gateway
+	// about three times this per concurrent upload.
 	MaxFileBytes int64 `json:"maxFileBytes"`
 	// MaxLines is the most lines a batch input file may have (default
 	// 50000, as at OpenAI).
@@ -276,7 +278,7 @@ func Default() Config {
 			Retention: metav1.Duration{Duration: v1alpha1.DefaultResponsesRetention},
 			Replicas:  1,
 		},
-		Batch: BatchConfig{MaxFileBytes: 100 << 20, MaxLines: 50000},
+		Batch: BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
 		Queue: QueueConfig{
 			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},
 			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
