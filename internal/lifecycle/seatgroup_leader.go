@@ -109,13 +109,11 @@ type seatMember struct {
 	gate Gate
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
-	holdFailed   bool
-	demand       seatgroup.Demand // the last reading
-	delivered    uint64
-	lastUse      time.Time
-	pendingSince time.Time
-	swaps        int64
-	lastSwap     float64
+	holdFailed bool
+	demand     seatgroup.Demand // the last reading
+	use        usage
+	swaps      int64
+	lastSwap   float64
 }
 
 // runSeatGroups runs the executors of every seat group until ctx ends.
@@ -280,41 +278,32 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 	m := d.r.members[app]
 	c := d.r.c
 	now := c.now()
-	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-	defer cancel()
-	cons, err := c.js.Consumer(ctx, c.names.Stream(), c.names.Consumer(app))
+	r := c.readConsumer(d.ctx, app)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err != nil {
-		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.lastUse}
+	if !r.OK {
+		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.use.lastUse}
 		return m.demand
 	}
-	ci := cons.CachedInfo()
-	if m.gate == GateClosed && !ci.Paused {
+	if m.gate == GateClosed && !r.Paused {
 		// A dispatcher provisioned the consumer again, which resets its
 		// pause: the next Hold closes it again, and until then what it
 		// hands out counts.
 		m.gate, m.holdFailed = GateUnknown, true
 	}
-	dm := seatgroup.Demand{InFlight: ci.NumAckPending, Queued: int(ci.NumPending)}
+	dm := seatgroup.Demand{InFlight: int(r.InFlight), Queued: int(r.Queued)}
 	if m.holdFailed {
 		dm.InFlight++
 	}
-	if ci.NumAckPending > 0 || ci.Delivered.Stream != m.delivered {
-		m.lastUse = now
-	}
-	m.delivered = ci.Delivered.Stream
-	dm.LastUse = m.lastUse
+	m.use.update(now, r)
+	dm.LastUse = m.use.lastUse
 	if dm.Queued > 0 {
-		if m.pendingSince.IsZero() {
-			m.pendingSince = now
-		}
-		dm.OldestWait = now.Sub(m.pendingSince)
-		if stored, ok := d.oldestQueued(ctx, app, ci.Delivered.Stream); ok && stored.Before(now) {
+		dm.OldestWait = now.Sub(m.use.pendingSince)
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		if stored, ok := d.oldestQueued(ctx, app, r.Delivered); ok && stored.Before(now) {
 			dm.OldestWait = now.Sub(stored)
 		}
-	} else {
-		m.pendingSince = time.Time{}
+		cancel()
 	}
 	m.demand = dm
 	return dm
@@ -487,7 +476,7 @@ func (r *seatGroupRun) reportLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case rep := <-r.reports:
-			r.c.tellAgents(ctx, rep.m.st, []seatRef{{pod: rep.pod}}, rep.kind, rep.rec)
+			r.c.tellAgents(ctx, rep.m.st, []sidecarRef{{pod: rep.pod}}, rep.kind, rep.rec)
 		}
 	}
 }

@@ -97,59 +97,21 @@ func (a *appState) requestSince(t time.Time) bool {
 	return time.Unix(0, a.lastRequest.Load()).After(t)
 }
 
-// sleepDue reports whether an awake application's engines should sleep now.
-func (c *Controller) sleepDue(a *appState, obs observation, idle time.Duration) bool {
-	return a.Sleep != nil && obs.specReplicas > 0 && obs.pending+obs.ackPending == 0 &&
-		idle >= a.Sleep.After.Duration && !obs.now.Before(a.sl.retryAt)
-}
-
-// stepSleep runs the parts of a step that belong to sleeping engines; it
-// reports whether it handled the step.
-func (c *Controller) stepSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) (bool, error) {
-	if a.Sleep == nil {
-		return false, nil
-	}
-	switch a.status.State {
-	case v1alpha1.LifecycleAsleep:
-		return true, c.stepAsleep(ctx, a, root)
-	case v1alpha1.LifecycleWaking:
-		if a.sl.waking {
-			return true, c.stepSeatWake(ctx, a, root)
-		}
-	case v1alpha1.LifecycleAwake, v1alpha1.LifecycleZero:
-		tier, resume := v1alpha1.TierAccelerator, ""
-		if a.status.State == v1alpha1.LifecycleZero {
-			tier = v1alpha1.TierCold
-		}
-		if a.status.ResidentTier != tier || a.status.ExpectedResumeSeconds != resume {
-			a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
-			return false, c.persist(ctx, a, true)
-		}
-	}
-	return false, nil
-}
-
 // fallAsleep puts every root of an idle application to sleep behind the
 // gate: the consumer is paused first, and only if then nothing is queued,
 // in flight or arriving are the seats told to sleep. A request that arrives
 // while they fall asleep cancels the sleep (the seats abandon their drain,
 // or are woken at once).
 func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	decided := c.now()
-	seats, err := c.rootSeats(a, root)
+	decided := a.drainDecided
+	seats, err := c.rootSidecars(a, root)
 	if err != nil || len(seats) == 0 {
 		if err == nil {
 			err = errors.New("no root pod with an address")
 		}
-		a.sl.retryAt = decided.Add(a.Sleep.After.Duration)
-		c.log.Warn("cannot put the engines to sleep; retrying later", "app", a.Name, "retryIn", a.Sleep.After.Duration, "err", err)
-		return nil
+		a.sl.retryAt = c.now().Add(a.Sleep.After.Duration)
+		return c.cancelSleep(ctx, a, root, seats, "no root sidecar to put to sleep: "+err.Error(), false)
 	}
-	if err := c.subscribe(a); err != nil {
-		return err
-	}
-	c.enter(a, v1alpha1.LifecycleDraining, decided)
-	_ = c.persist(ctx, a, true)
 	level := a.Sleep.Level
 	if err := c.closeGate(ctx, a); err != nil {
 		return c.cancelSleep(ctx, a, root, seats, "pausing its consumer failed: "+err.Error(), false)
@@ -166,11 +128,11 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	done := make(chan []seatResult, 1)
+	done := make(chan []sidecarResult, 1)
 	go func() {
-		done <- c.onSeats(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
+		done <- c.onSidecars(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
 	}()
-	var res []seatResult
+	var res []sidecarResult
 	cancelled := false
 wait:
 	for {
@@ -212,9 +174,7 @@ wait:
 	c.enter(a, v1alpha1.LifecycleAsleep, decided)
 	c.refreshTier(ctx, a, seats)
 	c.reportSleep(ctx, a, seats, decided, level)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
+	a.changed()
 	a.kickNow() // a request may have been seen meanwhile
 	return nil
 }
@@ -222,7 +182,7 @@ wait:
 // cancelSleep leaves a sleep that did not happen: every seat is woken (a
 // seat still draining abandons its sleep) and the gate reopened. A request
 // resets the idle time; a failure holds off the next attempt for sleep.after.
-func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef, why string, byRequest bool) error {
+func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []sidecarRef, why string, byRequest bool) error {
 	now := c.now()
 	outcome := "cancelled"
 	if byRequest {
@@ -234,104 +194,29 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
 	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
 	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
-	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSidecars(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		// An engine did fall asleep and does not wake: wake it like any
 		// sleeping engine, with retries, the gate still closed.
 		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
 		a.sl.level, a.sl.asleepAt = a.Sleep.Level, now
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, true), triggerRequest)
+		return c.beginEngineWake(a, c.observe(ctx, a, root, false), triggerRequest)
 	}
 	if err := c.openGate(ctx, a); err != nil {
 		c.log.Warn("reopening the consumer after a cancelled sleep; retrying", "app", a.Name, "err", err)
 	}
 	c.unsubscribe(a)
 	c.enter(a, v1alpha1.LifecycleAwake, c.now())
-	return c.persist(ctx, a, true)
-}
-
-// stepAsleep looks at a sleeping application once: a request or a backlog
-// wakes it; otherwise it keeps every seat asleep, restarts failed seats,
-// demotes after parkAfter and goes to zero after zeroAfter.
-func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
-	}
-	obs := c.observe(ctx, a, root, true)
-	c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-	if obs.specReplicas == 0 {
-		// Scaled to zero by someone else: the next request starts pods.
-		a.zeroAt = obs.now
-		c.enter(a, v1alpha1.LifecycleZero, obs.now)
-		a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
-		return c.persist(ctx, a, true)
-	}
-	if obs.infoOK && !obs.paused {
-		if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
-			return err
-		}
-	}
-	if obs.infoOK && obs.pending+obs.ackPending > 0 {
-		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
-	}
-	if a.MinReplicas == 0 && obs.now.Sub(a.status.LastActiveTime.Time) >= a.ZeroAfter.Duration {
-		return c.zeroFromSleep(ctx, a, root, obs)
-	}
-
-	seats, err := c.rootSeats(a, root)
-	if err != nil {
-		return err
-	}
-	states := c.onSeats(ctx, seats, getState, 2*time.Second)
-	var awake []seatRef
-	allAsleep := len(states) > 0
-	for _, r := range states {
-		switch {
-		case r.err != nil:
-			allAsleep = false
-		case r.st.State == sidecarapi.Failed:
-			allAsleep = false
-			c.restartSeat(ctx, a, r)
-		case r.st.State == sidecarapi.Awake:
-			// A root that started (again) while the engines sleep: its
-			// engine loaded the weights; the gate is closed, so it
-			// sleeps like the others.
-			allAsleep = false
-			awake = append(awake, r.seatRef)
-		case r.st.State != sidecarapi.Asleep:
-			allAsleep = false
-		}
-	}
-	if len(awake) > 0 {
-		level := int(a.sl.level)
-		if failed := failures(c.onSeats(ctx, awake, sleepAt(level), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
-			c.log.Warn("putting a started root to sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
-		} else {
-			c.log.Info("a started root sleeps like the others", "app", a.Name, "roots", len(awake), "level", level)
-		}
-		a.kickNow()
-		return nil
-	}
-	if allAsleep && a.sl.level == 1 && a.Sleep.ParkAfter.Duration > 0 &&
-		obs.now.Sub(a.sl.asleepAt) >= a.Sleep.ParkAfter.Duration && !obs.now.Before(a.sl.parkRetryAt) {
-		return c.demote(ctx, a, root, seats)
-	}
-	before := a.status.ResidentTier
-	if obs.now.Sub(a.sl.refreshed) >= refreshEvery {
-		c.refreshTier(ctx, a, seats)
-	}
-	return c.persist(ctx, a, a.status.ResidentTier != before)
+	a.changed()
+	return nil
 }
 
 // zeroFromSleep takes a sleeping application to zero pods after zeroAfter
 // (minReplicas 0). The gate is already closed; a request seen before the
 // replicas are written wakes the engines instead.
-func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) error {
+func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, obs observation) error {
 	decided := obs.now
-	if !obs.infoOK {
-		return errors.New("reading the consumer's backlog failed")
-	}
 	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
+		return c.beginEngineWake(a, obs, triggerRequest)
 	}
 	if err := c.setReplicas(ctx, a, 0); err != nil {
 		return err
@@ -345,17 +230,16 @@ func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, root *appsv
 	a.sl = sleepState{overhead: a.sl.overhead, coldBPS: a.sl.coldBPS, bytes: a.sl.bytes}
 	a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
 	c.enter(a, v1alpha1.LifecycleZero, decided)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
-	c.writeCheckpoint(ctx, a, nil, nil)
+	a.changed()
+	a.afterStatus(func(ctx context.Context) { c.writeCheckpoint(ctx, a, nil, nil) })
 	a.kickNow()
 	return nil
 }
 
-// beginSeatWake starts waking sleeping engines: state Waking (requests keep
-// waiting in the queue, the gate closed), then the first attempt.
-func (c *Controller) beginSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation, trigger string) error {
+// beginEngineWake starts waking sleeping engines: state Waking (requests
+// keep waiting in the queue, the gate closed), published before the first
+// attempt, which the next step makes (wakeEngines).
+func (c *Controller) beginEngineWake(a *appState, obs observation, trigger string) error {
 	start := obs.now
 	if r := time.Unix(0, a.lastRequest.Load()); trigger == triggerRequest && r.After(a.sl.asleepAt) && r.Before(start) {
 		start = r
@@ -372,25 +256,21 @@ func (c *Controller) beginSeatWake(ctx context.Context, a *appState, root *appsv
 	c.log.Info("waking the engines", "app", a.Name, "trigger", trigger, "from", from)
 	c.event(a, corev1.EventTypeNormal, EventWaking, "waking the engines of %s (%s) from the %s tier", a.Name, trigger, from)
 	c.enter(a, v1alpha1.LifecycleWaking, c.now())
-	if err := c.persist(ctx, a, true); err != nil {
-		c.log.Warn("publishing the wake", "app", a.Name, "err", err)
-	}
-	return c.stepSeatWake(ctx, a, root)
+	a.changed()
+	a.kickNow()
+	return nil
 }
 
-// stepSeatWake makes one attempt to wake every root's seat; the gate opens
-// only once all report Awake. A failed attempt is retried with backoff,
+// wakeEngines makes one attempt to wake every root's engine through its
+// sidecar; the gate opens only once all report Awake. A failed attempt is retried with backoff,
 // with the reason in the status message; a seat in state Failed has its pod
 // deleted (its StatefulSet starts it again, awake).
-func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	if c.now().Before(a.sl.nextTry) {
-		return nil
-	}
-	seats, err := c.rootSeats(a, root)
+func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	seats, err := c.rootSidecars(a, root)
 	if err != nil {
 		return err
 	}
-	res := c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
+	res := c.onSidecars(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
 	if ctx.Err() != nil {
 		return ctx.Err() // leadership lost: the next leader reads the seats and continues
 	}
@@ -400,11 +280,11 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 		failed = []error{fmt.Errorf("no root pod of %s is running", a.RootStatefulSet)}
 	}
 	if len(failed) == 0 {
-		return c.seatsAwake(ctx, a, root, res)
+		return c.enginesAwake(ctx, a, root, res)
 	}
-	for _, r := range c.onSeats(ctx, failedRefs(res), getState, 2*time.Second) {
+	for _, r := range c.onSidecars(ctx, failedRefs(res), getState, 2*time.Second) {
 		if r.err == nil && r.st.State == sidecarapi.Failed {
-			c.restartSeat(ctx, a, r)
+			c.restartSidecar(ctx, a, r)
 		}
 	}
 	a.sl.attempts++
@@ -415,12 +295,13 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	a.status.Message = fmt.Sprintf("waking the engines failed (attempt %d, retrying in %v): %s", a.sl.attempts, delay, joinErrs(failed))
 	c.log.Warn("waking the engines failed; retrying", "app", a.Name, "attempt", a.sl.attempts, "retryIn", delay, "err", joinErrs(failed))
 	c.event(a, corev1.EventTypeWarning, EventEngineWakeRetry, "%s: %s", a.Name, a.status.Message)
-	return c.persist(ctx, a, true)
+	a.changed()
+	return nil
 }
 
-// seatsAwake ends a wake: every seat reports Awake, so the gate opens; the
+// enginesAwake ends a wake: every sidecar reports Awake, so the gate opens; the
 // wake's numbers are worked out after that, off the requests' path.
-func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []seatResult) error {
+func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []sidecarResult) error {
 	now := c.now()
 	if err := c.openGate(ctx, a); err != nil {
 		return err // retried on the next step (the seats answer at once)
@@ -481,10 +362,10 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 	c.unsubscribe(a)
 	c.m.waiting.WithLabelValues(a.Name).Set(0)
 	c.enter(a, v1alpha1.LifecycleAwake, now)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
-	c.writeCheckpoint(ctx, a, refsOf(res), &verified)
-	c.reportWake(ctx, a, res, lw)
+	a.changed()
+	a.afterStatus(func(ctx context.Context) {
+		c.writeCheckpoint(ctx, a, refsOf(res), &verified)
+		c.reportWake(ctx, a, res, lw)
+	})
 	return nil
 }

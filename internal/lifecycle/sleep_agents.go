@@ -37,23 +37,23 @@ import (
 // agentHTTP is the client of both; every call carries its own deadline.
 var agentHTTP = &http.Client{}
 
-// seatRef is one root pod's seat.
-type seatRef struct {
+// sidecarRef is one root pod's seat.
+type sidecarRef struct {
 	pod *corev1.Pod
 	url string
 }
 
-// seatResult is one seat's answer.
-type seatResult struct {
-	seatRef
+// sidecarResult is one seat's answer.
+type sidecarResult struct {
+	sidecarRef
 	st  sidecarapi.Status
 	err error
 }
 
-// rootSeats finds the seats of the application's root pods: the pods of
+// rootSidecars finds the seats of the application's root pods: the pods of
 // the root StatefulSet's selector that have an address and are not going
 // away.
-func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef, error) {
+func (c *Controller) rootSidecars(a *appState, root *appsv1.StatefulSet) ([]sidecarRef, error) {
 	if root.Spec.Selector == nil {
 		return nil, fmt.Errorf("root StatefulSet %s has no selector", root.Name)
 	}
@@ -66,25 +66,25 @@ func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef
 		return nil, fmt.Errorf("listing the pods of %s: %w", root.Name, err)
 	}
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
-	var out []seatRef
+	var out []sidecarRef
 	for _, p := range pods {
 		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		out = append(out, seatRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
+		out = append(out, sidecarRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
 	}
 	return out, nil
 }
 
-// seatCall is one call of the sidecar's client that answers its status.
-type seatCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
+// sidecarCall is one call of the sidecar's client that answers its status.
+type sidecarCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
 
-// getState, sleepAt and wake are the calls onSeats makes.
+// getState, sleepAt and wake are the calls onSidecars makes.
 func getState(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 	return c.State(ctx)
 }
 
-func sleepAt(level int) seatCall {
+func sleepAt(level int) sidecarCall {
 	return func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 		return c.SleepStatus(ctx, level)
 	}
@@ -94,16 +94,16 @@ func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 	return c.WakeStatus(ctx)
 }
 
-// onSeats makes the same call on every root pod's sidecar at once, each
+// onSidecars makes the same call on every root pod's sidecar at once, each
 // within timeout, and keeps each status.
-func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall, timeout time.Duration) []seatResult {
-	out := make([]seatResult, len(seats))
+func (c *Controller) onSidecars(ctx context.Context, seats []sidecarRef, call sidecarCall, timeout time.Duration) []sidecarResult {
+	out := make([]sidecarResult, len(seats))
 	var wg sync.WaitGroup
 	for i, s := range seats {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			out[i] = seatResult{seatRef: s}
+			out[i] = sidecarResult{sidecarRef: s}
 			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
 			if out[i].err != nil {
 				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
@@ -122,7 +122,7 @@ func (c *Controller) callAgent(ctx context.Context, method, base, path string, b
 	return nodeapi.Client{URL: base, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)}.Call(ctx, method, path, body, out)
 }
 
-func failures(res []seatResult) []error {
+func failures(res []sidecarResult) []error {
 	var errs []error
 	for _, r := range res {
 		if r.err != nil {
@@ -132,20 +132,20 @@ func failures(res []seatResult) []error {
 	return errs
 }
 
-func failedRefs(res []seatResult) []seatRef {
-	var out []seatRef
+func failedRefs(res []sidecarResult) []sidecarRef {
+	var out []sidecarRef
 	for _, r := range res {
 		if r.err != nil {
-			out = append(out, r.seatRef)
+			out = append(out, r.sidecarRef)
 		}
 	}
 	return out
 }
 
-func refsOf(res []seatResult) []seatRef {
-	out := make([]seatRef, len(res))
+func refsOf(res []sidecarResult) []sidecarRef {
+	out := make([]sidecarRef, len(res))
 	for i, r := range res {
-		out[i] = r.seatRef
+		out[i] = r.sidecarRef
 	}
 	return out
 }
@@ -164,7 +164,7 @@ type agentRef struct {
 }
 
 // agentsOf finds the node agent on each seat's node (one per node).
-func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
+func (c *Controller) agentsOf(a *appState, seats []sidecarRef) []agentRef {
 	sleep := a.Sleep
 	if sleep.AgentSelector == "" || len(seats) == 0 {
 		return nil
@@ -231,7 +231,7 @@ type nodeView struct {
 
 // nodeViews asks the node agents of the seats' nodes for their report and
 // the application's copies.
-func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef) []nodeView {
+func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []sidecarRef) []nodeView {
 	agents := c.agentsOf(a, seats)
 	out := make([]nodeView, len(agents))
 	var wg sync.WaitGroup
@@ -283,7 +283,7 @@ func (v nodeView) has(t v1alpha1.Tier) (checkpoint.Entry, bool) {
 
 // tierBandwidth is the slowest measured read bandwidth of tier t on the
 // nodes of the seats in res (0: unknown).
-func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatResult, t v1alpha1.Tier) float64 {
+func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []sidecarResult, t v1alpha1.Tier) float64 {
 	if a.Sleep.AgentSelector == "" {
 		return 0
 	}
@@ -300,7 +300,7 @@ func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatR
 // and how long a wake should take. The expected resume is bytes over the slowest node's measured read bandwidth
 // of that tier plus the engines' measured wake overhead. It then writes the
 // ModelCheckpoint's status.
-func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatRef) {
+func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []sidecarRef) {
 	a.sl.refreshed = c.now()
 	var views []nodeView
 	if a.Sleep.AgentSelector != "" {
@@ -355,7 +355,7 @@ func restingTier(level int32, warm bool, everyNode func(v1alpha1.Tier) bool) v1a
 // writeCheckpoint writes the application's ModelCheckpoint status from the
 // node agents of the seats' nodes; verified is the last wake's
 // verification, when one just ended.
-func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []seatRef, verified *bool) {
+func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []sidecarRef, verified *bool) {
 	var views []nodeView
 	if a.Sleep.AgentSelector != "" && len(seats) > 0 {
 		views = c.nodeViews(ctx, a, seats)
@@ -363,7 +363,7 @@ func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []s
 	c.writeCheckpointFrom(ctx, a, seats, views, verified)
 }
 
-func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats []seatRef, views []nodeView, verified *bool) {
+func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats []sidecarRef, views []nodeView, verified *bool) {
 	if a.Sleep.ModelCheckpoint == "" || c.checkpoints == nil {
 		return
 	}
