@@ -121,11 +121,11 @@ type SeatMember struct {
 	MinResidency metav1.Duration `json:"minResidency,omitempty"`
 	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
-	// SleepAfter puts it to sleep, freeing its seat, once it held it idle
-	// this long (lifecycle.sleepAfter); 0: it keeps its seat until
+	// SleepAfter puts it to sleep, freeing its sidecar, once it held it idle
+	// this long (lifecycle.sleepAfter); 0: it keeps its sidecar until
 	// another application needs it.
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
-	// SeatPort is its seat agent's port in the group's pod.
+	// SeatPort is its sidecar's port in the group's pod.
 	SeatPort int32 `json:"seatPort"`
 	// AgentSelector selects the node agents' pods (one per node): the
 	// leader reports each swap's sleep and wake of the application to the

@@ -2,12 +2,12 @@ package lifecycle
 
 // Seat groups. The applications of a seat group share one accelerator in
 // each of the group's pods (StatefulSet "<release>-seat-<group>", replicas
-// pods, one engine and one seat agent per application in each); in each
+// pods, one engine and one sidecar per application in each); in each
 // pod, activeSeats of them are awake at once. The leader runs one
-// seatgroup.Executor per pod: it reads the pod's seats (GET /state on the
+// seatgroup.Executor per pod: it reads the pod's sidecars (GET /state on the
 // pod's IP at the application's seat port), the demand the queue shows for
 // each application (its consumer's queued and in-flight counts), decides
-// with seatgroup.Decide, and applies the plan through the pod's seats
+// with seatgroup.Decide, and applies the plan through the pod's sidecars
 // (POST /sleep, POST /wake) and two gates (seatserving.go): the pods
 // serving each application (SeatServingAnnotation, which the dispatchers
 // follow), and the application's JetStream consumer, paused on the server
@@ -85,15 +85,15 @@ type swapReport struct {
 // report that finds the queue full is dropped (logged and counted).
 const maxQueuedReports = 64
 
-// seatPodRun is one pod of a group on the leader: its executor, its seats
+// seatPodRun is one pod of a group on the leader: its executor, its sidecars
 // and its gate for each application. Only the group's goroutine touches
 // gates.
 type seatPodRun struct {
-	r     *seatGroupRun
-	name  string
-	exec  *seatgroup.Executor
-	seats map[string]*podSeat
-	gates map[string]Gate
+	r        *seatGroupRun
+	name     string
+	exec     *seatgroup.Executor
+	sidecars map[string]*podSidecar
+	gates    map[string]Gate
 }
 
 // seatMember is one application of a group on the leader.
@@ -116,7 +116,7 @@ type seatMember struct {
 	lastSwap   float64
 }
 
-// runSeatGroups runs the executors of every seat group until ctx ends.
+// runSeatGroups runs the executors of every sidecar group until ctx ends.
 func (c *Controller) runSeatGroups(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, g := range c.cfg.SeatGroups {
@@ -140,7 +140,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
 	for i := range max(g.Replicas, 1) {
-		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]Gate{}}
+		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), sidecars: map[string]*podSidecar{}, gates: map[string]Gate{}}
 		cfg := seatgroup.Default(g.Name)
 		if g.Replicas > 1 {
 			// The executors of a group's pods share the registry's
@@ -151,8 +151,8 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		cfg.Tick = c.cfg.Tick.Duration
 		var members []seatgroup.Member
 		for _, m := range g.Members {
-			seat := &podSeat{p: p, app: m.Name, port: m.SeatPort, client: client}
-			p.seats[m.Name] = seat
+			seat := &podSidecar{p: p, app: m.Name, port: m.SeatPort, client: client}
+			p.sidecars[m.Name] = seat
 			members = append(members, seatgroup.Member{
 				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
 				SleepAfter: m.SleepAfter.Duration,
@@ -162,7 +162,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 				// have slept), and POST /restart, which restarts the
 				// engine in place (the simulator run with --restartable;
 				// other engines refuse).
-				Seat: seat, Memory: seat, Restarter: seat,
+				Sidecar: seat, Memory: seat, Restarter: seat,
 			})
 		}
 		exec, err := seatgroup.NewExecutor(cfg, members, &podDispatcher{p: p}, c.deps.Registry, c.log.With("pod", p.name),
@@ -370,7 +370,7 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 		return
 	}
 	m := r.members[ev.App]
-	seat := p.seats[ev.App]
+	seat := p.sidecars[ev.App]
 	st, _ := seat.reading()
 	switch ev.Kind {
 	case seatgroup.ActionWake:
@@ -401,8 +401,8 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 // as the leader reports an application's), from which the agent predicts
 // the member's next wake and promotes its weights ahead of it. The
 // executor's goroutine only queues: reportLoop posts, so that an agent
-// that is slow or gone never holds up a swap. st is the seat's reading
-// after the action (a wake's: the seat's answer, with what it restored).
+// that is slow or gone never holds up a swap. st is the sidecar's reading
+// after the action (a wake's: the sidecar's answer, with what it restored).
 //
 // The agent holds the engines of an artifact awake while its last wake
 // came after its last sleep. The times are the actions' starts, so a wake
@@ -414,7 +414,7 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 	if sleep == nil {
 		return
 	}
-	pod, err := p.seats[ev.App].pod()
+	pod, err := p.sidecars[ev.App].pod()
 	if err != nil {
 		return
 	}
@@ -457,11 +457,11 @@ func (r *seatGroupRun) awakeOnNode(p *seatPodRun, app, node string) bool {
 		if q == p {
 			continue
 		}
-		pod, err := q.seats[app].pod()
+		pod, err := q.sidecars[app].pod()
 		if err != nil || pod.Spec.NodeName != node {
 			continue
 		}
-		if st, ok := q.seats[app].reading(); ok && seatHolds(st.State) {
+		if st, ok := q.sidecars[app].reading(); ok && seatHolds(st.State) {
 			return true
 		}
 	}
@@ -504,13 +504,13 @@ func (r *seatGroupRun) statusLoop(ctx context.Context) {
 	}
 }
 
-// seatHolds reports whether a seat in state s holds its seat.
+// seatHolds reports whether a seat in state s holds its sidecar.
 func seatHolds(s sidecarapi.State) bool {
 	return s == sidecarapi.Awake || s == sidecarapi.Waking || s == sidecarapi.Draining || s == sidecarapi.FallingAsleep
 }
 
 // groupSeatState is an application's state across the pods of its group,
-// from the seats' readings (ok false: not read): Awake when one pod has it
+// from the sidecars' readings (ok false: not read): Awake when one pod has it
 // awake, else Waking, else Draining, else Asleep once every pod was read
 // and has it asleep; "" when that cannot be told.
 func groupSeatState(readings []sidecarapi.Status, ok []bool) v1alpha1.LifecycleState {
@@ -546,7 +546,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	var oks []bool
 	var holding []string
 	for _, p := range r.pods {
-		st, ok := p.seats[m.cfg.Name].reading()
+		st, ok := p.sidecars[m.cfg.Name].reading()
 		readings, oks = append(readings, st), append(oks, ok)
 		if ok && seatHolds(st.State) {
 			holding = append(holding, p.name)

@@ -1,7 +1,7 @@
 package lifecycle
 
 // Sleeping engines. An application with a sleep section keeps its pods when
-// idle and puts their engines to sleep instead, through the seat sidecar in
+// idle and puts their engines to sleep instead, through the sidecar in
 // each root pod (internal/checkpoint): the weights leave the accelerator
 // for the node's hot tier (level 1) or are dropped (level 2), and the next
 // request wakes them in the time it takes to move the bytes back, not a pod
@@ -9,13 +9,13 @@ package lifecycle
 //
 // The gate is the one going to zero uses: the application's consumer is
 // paused on the server before any engine is told to sleep and resumed only
-// once every root's seat reports Awake again, so no dispatcher ever sends a
+// once every root's sidecar reports Awake again, so no dispatcher ever sends a
 // request to an engine that sleeps or is falling asleep. A request that
 // arrives while the engines fall asleep cancels the sleep; one that arrives
 // while they sleep wakes them.
 //
-//	Awake --sleep.after idle--> Draining --seats asleep--> Asleep
-//	Asleep --request--> Waking (seats' POST /wake, retried) --seats Awake--> Awake
+//	Awake --sleep.after idle--> Draining --sidecars asleep--> Asleep
+//	Asleep --request--> Waking (sidecars' POST /wake, retried) --sidecars Awake--> Awake
 //	Asleep --parkAfter--> Asleep in the warm tier (the node agent copies the hot offload to warm, verified; level 2)
 //	Asleep --zeroAfter (minReplicas 0)--> Zero (the pods go; the next wake is a pod start)
 
@@ -36,14 +36,14 @@ import (
 
 // Event reasons of sleeping engines.
 const (
-	EventAsleep          = "Asleep"
-	EventSleepCancelled  = "SleepCancelled"
-	EventSleepFailed     = "SleepFailed"
-	EventDemoted         = "Demoted"
-	EventCopyDropped     = "CheckpointCopyDropped"
-	EventSeatRestarted   = "SeatRestarted"
-	EventEnginesAwake    = "EnginesAwake"
-	EventEngineWakeRetry = "EngineWakeFailing"
+	EventAsleep           = "Asleep"
+	EventSleepCancelled   = "SleepCancelled"
+	EventSleepFailed      = "SleepFailed"
+	EventDemoted          = "Demoted"
+	EventCopyDropped      = "CheckpointCopyDropped"
+	EventSidecarRestarted = "SeatRestarted"
+	EventEnginesAwake     = "EnginesAwake"
+	EventEngineWakeRetry  = "EngineWakeFailing"
 )
 
 // sleepState is one application's sleeping engines, owned by its goroutine
@@ -71,7 +71,7 @@ type sleepState struct {
 	// refreshed is when the resident tier and the ModelCheckpoint were
 	// last refreshed from the node agents.
 	refreshed time.Time
-	// restarted are the pods deleted for a Failed seat.
+	// restarted are the pods deleted for a Failed sidecar.
 	restarted map[string]bool
 	// verifiedCond is the ModelCheckpoint's Verified condition from the
 	// last wake.
@@ -99,38 +99,38 @@ func (a *appState) requestSince(t time.Time) bool {
 
 // fallAsleep puts every root of an idle application to sleep behind the
 // gate: the consumer is paused first, and only if then nothing is queued,
-// in flight or arriving are the seats told to sleep. A request that arrives
-// while they fall asleep cancels the sleep (the seats abandon their drain,
+// in flight or arriving are the sidecars told to sleep. A request that arrives
+// while they fall asleep cancels the sleep (the sidecars abandon their drain,
 // or are woken at once).
 func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
 	decided := a.drainDecided
-	seats, err := c.rootSidecars(a, root)
-	if err != nil || len(seats) == 0 {
+	sidecars, err := c.rootSidecars(a, root)
+	if err != nil || len(sidecars) == 0 {
 		if err == nil {
 			err = errors.New("no root pod with an address")
 		}
 		a.sl.retryAt = c.now().Add(a.Sleep.After.Duration)
-		return c.cancelSleep(ctx, a, root, seats, "no root sidecar to put to sleep: "+err.Error(), false)
+		return c.cancelSleep(ctx, a, root, sidecars, "no root sidecar to put to sleep: "+err.Error(), false)
 	}
 	level := a.Sleep.Level
 	if err := c.closeGate(ctx, a); err != nil {
-		return c.cancelSleep(ctx, a, root, seats, "pausing its consumer failed: "+err.Error(), false)
+		return c.cancelSleep(ctx, a, root, sidecars, "pausing its consumer failed: "+err.Error(), false)
 	}
 	obs := c.observe(ctx, a, root, true)
 	switch {
 	case !obs.infoOK:
-		return c.cancelSleep(ctx, a, root, seats, "its backlog could not be read", false)
+		return c.cancelSleep(ctx, a, root, sidecars, "its backlog could not be read", false)
 	case obs.pending+obs.ackPending > 0:
-		return c.cancelSleep(ctx, a, root, seats, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
+		return c.cancelSleep(ctx, a, root, sidecars, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
 	case a.requestSince(decided):
-		return c.cancelSleep(ctx, a, root, seats, "a request arrived", true)
+		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived", true)
 	}
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan []sidecarResult, 1)
 	go func() {
-		done <- c.onSidecars(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
+		done <- c.onSidecars(sctx, sidecars, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
 	}()
 	var res []sidecarResult
 	cancelled := false
@@ -142,7 +142,7 @@ wait:
 		case <-a.kick:
 			if a.requestSince(decided) && !cancelled {
 				cancelled = true
-				stop() // the seats abandon their drain; the wake below undoes the rest
+				stop() // the sidecars abandon their drain; the wake below undoes the rest
 			}
 		case <-ctx.Done():
 			stop()
@@ -152,11 +152,11 @@ wait:
 	}
 	a.kickNow() // what the loop consumed
 	if cancelled || a.requestSince(decided) {
-		return c.cancelSleep(ctx, a, root, seats, "a request arrived while the engines fell asleep", true)
+		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived while the engines fell asleep", true)
 	}
 	if failed := failures(res); len(failed) > 0 {
 		c.event(a, corev1.EventTypeWarning, EventSleepFailed, "the engines of %s could not be put to sleep: %s", a.Name, joinErrs(failed))
-		return c.cancelSleep(ctx, a, root, seats, "a seat failed to sleep: "+joinErrs(failed), false)
+		return c.cancelSleep(ctx, a, root, sidecars, "a sidecar failed to sleep: "+joinErrs(failed), false)
 	}
 
 	a.sl.level, a.sl.asleepAt = level, decided
@@ -169,20 +169,20 @@ wait:
 	a.status.Message = ""
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(level)), "asleep").Inc()
 	idle := decided.Sub(a.status.LastActiveTime.Time).Round(time.Millisecond)
-	c.log.Info("engines asleep", "app", a.Name, "level", level, "roots", len(seats), "idle", idle, "seconds", c.now().Sub(decided).Seconds())
+	c.log.Info("engines asleep", "app", a.Name, "level", level, "roots", len(sidecars), "idle", idle, "seconds", c.now().Sub(decided).Seconds())
 	c.event(a, corev1.EventTypeNormal, EventAsleep, "the engines of %s sleep at level %d after %v without requests; the next request wakes them", a.Name, level, idle)
 	c.enter(a, v1alpha1.LifecycleAsleep, decided)
-	c.refreshTier(ctx, a, seats)
-	c.reportSleep(ctx, a, seats, decided, level)
+	c.refreshTier(ctx, a, sidecars)
+	c.reportSleep(ctx, a, sidecars, decided, level)
 	a.changed()
 	a.kickNow() // a request may have been seen meanwhile
 	return nil
 }
 
-// cancelSleep leaves a sleep that did not happen: every seat is woken (a
-// seat still draining abandons its sleep) and the gate reopened. A request
+// cancelSleep leaves a sleep that did not happen: every sidecar is woken (a
+// sidecar still draining abandons its sleep) and the gate reopened. A request
 // resets the idle time; a failure holds off the next attempt for sleep.after.
-func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []sidecarRef, why string, byRequest bool) error {
+func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, sidecars []sidecarRef, why string, byRequest bool) error {
 	now := c.now()
 	outcome := "cancelled"
 	if byRequest {
@@ -194,7 +194,7 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
 	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
 	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
-	if failed := failures(c.onSidecars(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSidecars(ctx, sidecars, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		// An engine did fall asleep and does not wake: wake it like any
 		// sleeping engine, with retries, the gate still closed.
 		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
@@ -263,20 +263,20 @@ func (c *Controller) beginEngineWake(a *appState, obs observation, trigger strin
 
 // wakeEngines makes one attempt to wake every root's engine through its
 // sidecar; the gate opens only once all report Awake. A failed attempt is retried with backoff,
-// with the reason in the status message; a seat in state Failed has its pod
+// with the reason in the status message; a sidecar in state Failed has its pod
 // deleted (its StatefulSet starts it again, awake).
 func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	seats, err := c.rootSidecars(a, root)
+	sidecars, err := c.rootSidecars(a, root)
 	if err != nil {
 		return err
 	}
-	res := c.onSidecars(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
+	res := c.onSidecars(ctx, sidecars, wake, a.Sleep.WakeTimeout.Duration)
 	if ctx.Err() != nil {
-		return ctx.Err() // leadership lost: the next leader reads the seats and continues
+		return ctx.Err() // leadership lost: the next leader reads the sidecars and continues
 	}
 	failed := failures(res)
-	if len(seats) == 0 {
-		// Every root is (re)starting: wait for one whose seat can answer.
+	if len(sidecars) == 0 {
+		// Every root is (re)starting: wait for one whose sidecar can answer.
 		failed = []error{fmt.Errorf("no root pod of %s is running", a.RootStatefulSet)}
 	}
 	if len(failed) == 0 {
@@ -304,7 +304,7 @@ func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.
 func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []sidecarResult) error {
 	now := c.now()
 	if err := c.openGate(ctx, a); err != nil {
-		return err // retried on the next step (the seats answer at once)
+		return err // retried on the next step (the sidecars answer at once)
 	}
 	obs := c.observe(ctx, a, root, true)
 	lw := a.status.LastWake

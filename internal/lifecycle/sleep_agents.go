@@ -29,7 +29,7 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// The leader talks to two agents (internal/checkpoint): the seat sidecar
+// The leader talks to two agents (internal/checkpoint): the sidecar
 // of each root pod (GET /state, POST /sleep?level=, POST /wake) and the
 // node agent on each root's node (GET /tiers, GET /report, POST /demote,
 // POST /promote).
@@ -37,20 +37,20 @@ import (
 // agentHTTP is the client of both; every call carries its own deadline.
 var agentHTTP = &http.Client{}
 
-// sidecarRef is one root pod's seat.
+// sidecarRef is one root pod's sidecar.
 type sidecarRef struct {
 	pod *corev1.Pod
 	url string
 }
 
-// sidecarResult is one seat's answer.
+// sidecarResult is one sidecar's answer.
 type sidecarResult struct {
 	sidecarRef
 	st  sidecarapi.Status
 	err error
 }
 
-// rootSidecars finds the seats of the application's root pods: the pods of
+// rootSidecars finds the sidecars of the application's root pods: the pods of
 // the root StatefulSet's selector that have an address and are not going
 // away.
 func (c *Controller) rootSidecars(a *appState, root *appsv1.StatefulSet) ([]sidecarRef, error) {
@@ -96,17 +96,17 @@ func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 
 // onSidecars makes the same call on every root pod's sidecar at once, each
 // within timeout, and keeps each status.
-func (c *Controller) onSidecars(ctx context.Context, seats []sidecarRef, call sidecarCall, timeout time.Duration) []sidecarResult {
-	out := make([]sidecarResult, len(seats))
+func (c *Controller) onSidecars(ctx context.Context, sidecars []sidecarRef, call sidecarCall, timeout time.Duration) []sidecarResult {
+	out := make([]sidecarResult, len(sidecars))
 	var wg sync.WaitGroup
-	for i, s := range seats {
+	for i, s := range sidecars {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			out[i] = sidecarResult{sidecarRef: s}
 			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
 			if out[i].err != nil {
-				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
+				out[i].err = fmt.Errorf("sidecar of pod %s: %w", s.pod.Name, out[i].err)
 			}
 		})
 	}
@@ -163,10 +163,10 @@ type agentRef struct {
 	node, pod, url string
 }
 
-// agentsOf finds the node agent on each seat's node (one per node).
-func (c *Controller) agentsOf(a *appState, seats []sidecarRef) []agentRef {
+// agentsOf finds the node agent on each sidecar's node (one per node).
+func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
 	sleep := a.Sleep
-	if sleep.AgentSelector == "" || len(seats) == 0 {
+	if sleep.AgentSelector == "" || len(sidecars) == 0 {
 		return nil
 	}
 	sel, err := labels.Parse(sleep.AgentSelector)
@@ -178,7 +178,7 @@ func (c *Controller) agentsOf(a *appState, seats []sidecarRef) []agentRef {
 		return nil
 	}
 	nodes := map[string]bool{}
-	for _, s := range seats {
+	for _, s := range sidecars {
 		nodes[s.pod.Spec.NodeName] = true
 	}
 	var out []agentRef
@@ -229,10 +229,10 @@ type nodeView struct {
 	err     error
 }
 
-// nodeViews asks the node agents of the seats' nodes for their report and
+// nodeViews asks the node agents of the sidecars' nodes for their report and
 // the application's copies.
-func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []sidecarRef) []nodeView {
-	agents := c.agentsOf(a, seats)
+func (c *Controller) nodeViews(ctx context.Context, a *appState, sidecars []sidecarRef) []nodeView {
+	agents := c.agentsOf(a, sidecars)
 	out := make([]nodeView, len(agents))
 	var wg sync.WaitGroup
 	for i, ag := range agents {
@@ -244,7 +244,7 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []sidecar
 				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
 				// The engine's own level-1 offload is placed from the
-				// seats (writeCheckpointFrom), not from the agent's list.
+				// sidecars (writeCheckpointFrom), not from the agent's list.
 				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint && !e.Offload {
 					v.entries = append(v.entries, e)
 				}
@@ -282,7 +282,7 @@ func (v nodeView) has(t v1alpha1.Tier) (checkpoint.Entry, bool) {
 }
 
 // tierBandwidth is the slowest measured read bandwidth of tier t on the
-// nodes of the seats in res (0: unknown).
+// nodes of the sidecars in res (0: unknown).
 func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []sidecarResult, t v1alpha1.Tier) float64 {
 	if a.Sleep.AgentSelector == "" {
 		return 0
@@ -300,11 +300,11 @@ func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []sidec
 // and how long a wake should take. The expected resume is bytes over the slowest node's measured read bandwidth
 // of that tier plus the engines' measured wake overhead. It then writes the
 // ModelCheckpoint's status.
-func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []sidecarRef) {
+func (c *Controller) refreshTier(ctx context.Context, a *appState, sidecars []sidecarRef) {
 	a.sl.refreshed = c.now()
 	var views []nodeView
 	if a.Sleep.AgentSelector != "" {
-		views = c.nodeViews(ctx, a, seats)
+		views = c.nodeViews(ctx, a, sidecars)
 	}
 	tier := restingTier(a.sl.level, a.Sleep.usesWarm(), func(t v1alpha1.Tier) bool {
 		for _, v := range views {
@@ -332,7 +332,7 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []sidec
 		resume = strconv.FormatFloat(float64(bytes)/bw+a.sl.overhead, 'f', 3, 64)
 	}
 	a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
-	c.writeCheckpointFrom(ctx, a, seats, views, nil)
+	c.writeCheckpointFrom(ctx, a, sidecars, views, nil)
 }
 
 // restingTier is where sleeping engines' weights rest: at level 1 the hot
@@ -353,17 +353,17 @@ func restingTier(level int32, warm bool, everyNode func(v1alpha1.Tier) bool) v1a
 }
 
 // writeCheckpoint writes the application's ModelCheckpoint status from the
-// node agents of the seats' nodes; verified is the last wake's
+// node agents of the sidecars' nodes; verified is the last wake's
 // verification, when one just ended.
-func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []sidecarRef, verified *bool) {
+func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, sidecars []sidecarRef, verified *bool) {
 	var views []nodeView
-	if a.Sleep.AgentSelector != "" && len(seats) > 0 {
-		views = c.nodeViews(ctx, a, seats)
+	if a.Sleep.AgentSelector != "" && len(sidecars) > 0 {
+		views = c.nodeViews(ctx, a, sidecars)
 	}
-	c.writeCheckpointFrom(ctx, a, seats, views, verified)
+	c.writeCheckpointFrom(ctx, a, sidecars, views, verified)
 }
 
-func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats []sidecarRef, views []nodeView, verified *bool) {
+func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, sidecars []sidecarRef, views []nodeView, verified *bool) {
 	if a.Sleep.ModelCheckpoint == "" || c.checkpoints == nil {
 		return
 	}
@@ -390,7 +390,7 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats
 	if a.status.State == v1alpha1.LifecycleAsleep && a.sl.level == 1 {
 		// The engines' own level-1 offload, one per root's node.
 		nodes := map[string]bool{}
-		for _, s := range seats {
+		for _, s := range sidecars {
 			if n := s.pod.Spec.NodeName; !nodes[n] {
 				nodes[n] = true
 				p := v1alpha1.Placement{Node: n, Tier: v1alpha1.TierHot, Bytes: a.sl.bytes}
@@ -510,18 +510,18 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 	const ns = "orchestra_lifecycle"
 	m := &sleepMetrics{
 		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sleeps_total",
-			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a seat could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),
+			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a sidecar could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_wakes_total",
 			Help: "Attempts to wake sleeping engines, by the tier the weights came from (Hot, Warm, Cold) and result (ok, failed: retried with backoff)."}, []string{"app", "tier", "result"}),
 		wakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_wake_seconds",
-			Help:    "Time from the first request for sleeping engines to every root's seat reporting Awake (the gate opens), by the tier the weights came from.",
+			Help:    "Time from the first request for sleeping engines to every root's sidecar reporting Awake (the gate opens), by the tier the weights came from.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}}, []string{"app", "tier"}),
 		restoredBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "restored_bytes_total",
 			Help: "Weight bytes the engines reported restoring in wakes, by tier."}, []string{"app", "tier"}),
 		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "demotions_total",
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
-			Help: "Root pods deleted because their seat was Failed (the engine in a state the seat cannot tell)."}, []string{"app"}),
+			Help: "Root pods deleted because their sidecar was Failed (the engine in a state the sidecar cannot tell)."}, []string{"app"}),
 		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
 			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),
 	}

@@ -36,9 +36,9 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 // fell asleep (POST /sleeps): with the wakes, the agent then knows the
 // engines are asleep and how long after a sleep the next wake comes, and
 // promotes the weights ahead of it. Best effort, like reportWake.
-func (c *Controller) reportSleep(ctx context.Context, a *appState, seats []sidecarRef, at time.Time, level int32) {
+func (c *Controller) reportSleep(ctx context.Context, a *appState, sidecars []sidecarRef, at time.Time, level int32) {
 	rec := checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
-	c.tellAgents(ctx, a, seats, reportSleep, rec)
+	c.tellAgents(ctx, a, sidecars, reportSleep, rec)
 }
 
 // The kinds of report to the node agents, the label kind of
@@ -49,14 +49,14 @@ const (
 )
 
 // tellAgents posts rec (a WakeRecord or a SleepRecord, after kind) to the
-// node agent on each seat's node. A failure is logged and counted, never
+// node agent on each sidecar's node. A failure is logged and counted, never
 // returned: the agent only predicts from fewer wakes and sleeps.
-func (c *Controller) tellAgents(ctx context.Context, a *appState, seats []sidecarRef, kind string, rec any) {
+func (c *Controller) tellAgents(ctx context.Context, a *appState, sidecars []sidecarRef, kind string, rec any) {
 	path := nodeapi.PathWakes
 	if kind == reportSleep {
 		path = nodeapi.PathSleeps
 	}
-	for _, ag := range c.agentsOf(a, seats) {
+	for _, ag := range c.agentsOf(a, sidecars) {
 		result := "ok"
 		if err := c.callAgent(ctx, http.MethodPost, ag.url, path, rec, nil, 2*time.Second); err != nil {
 			result = "failed"
