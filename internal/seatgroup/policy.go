@@ -1,23 +1,3 @@
-// Package seatgroup multiplexes several applications onto one accelerator:
-// the applications of a seat group share activeSeats seats, and only the
-// applications holding a seat are awake. The others sleep (their weights in
-// the hot tier, their requests in the queue) until the policy swaps them in.
-//
-// Decide is the policy, a pure function from one observation of the group
-// to an ordered plan of actions. The Executor observes the group, asks
-// Decide for a plan and applies it against the applications' sidecars
-// (through internal/sidecarapi's client), the dispatcher's gate and a
-// memory reading, and exports what it does as Prometheus metrics.
-// docs/checkpoint.md ("Multiplexing") describes the rules.
-//
-// Files:
-//
-//	policy.go    Decide: the pure policy, table-tested
-//	executor.go  Executor: observe, Decide, apply; the Sidecar interface
-//	config.go    Config, defaults and validation
-//	memory.go    the memory reading over a sidecar's status
-//	metrics.go   the executor's metrics
-//	seatgrouptest/, simengine/  a test harness and a restartable simulator
 package seatgroup
 
 import (
