@@ -99,14 +99,13 @@ type seatPodRun struct {
 // seatMember is one application of a group on the leader.
 type seatMember struct {
 	cfg SeatMember
-	// st carries the name and gate of the application for closeGate and
-	// openGate, and its status for persist. Its gate fields are the
-	// executors' goroutine's; its status fields the status loop's.
+	// st carries the name and the consumer's gate (st.gate, as gate.go
+	// last set it) of the application for closeGate and openGate, and its
+	// status for persist. Its gate is the executors' goroutine's; its
+	// status fields the status loop's.
 	st *appState
 
 	mu sync.Mutex
-	// gate (the consumer's) as last set: unknown, open or closed.
-	gate Gate
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
 	holdFailed bool
@@ -285,11 +284,12 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.use.lastUse}
 		return m.demand
 	}
-	if m.gate == GateClosed && !r.Paused {
+	if m.st.gate == GateClosed && !r.Paused {
 		// A dispatcher provisioned the consumer again, which resets its
 		// pause: the next Hold closes it again, and until then what it
 		// hands out counts.
-		m.gate, m.holdFailed = GateUnknown, true
+		m.st.gateReset()
+		m.holdFailed = true
 	}
 	dm := seatgroup.Demand{InFlight: int(r.InFlight), Queued: int(r.Queued)}
 	if m.holdFailed {
@@ -342,7 +342,7 @@ func (d *seatDispatcher) Release(app string) { d.setGate(app, GateOpen, d.r.c.op
 func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Context, *appState) error) {
 	m := d.r.members[app]
 	m.mu.Lock()
-	there := m.gate == want
+	there := m.st.gate == want
 	m.mu.Unlock()
 	if there {
 		return
@@ -351,14 +351,13 @@ func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Conte
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
-		m.gate = GateUnknown
 		if want == GateClosed {
 			m.holdFailed = true
 		}
 		d.r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "gate", want, "err", err)
 		return
 	}
-	m.gate, m.holdFailed = want, false
+	m.holdFailed = false
 }
 
 // onEvent counts swaps for the status and records what a successful wake,

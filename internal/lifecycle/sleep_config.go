@@ -15,6 +15,10 @@ import (
 // none.
 const DefaultAgentPort = 9301
 
+// DefaultSidecarPort is the per-engine sidecar's port in a root pod when
+// the configuration names none (the chart's mo.seatPort).
+const DefaultSidecarPort = 9300
+
 // SleepConfig is the sleep section of an application's lifecycle: when its
 // engines sleep, how, and where the leader finds the sidecars and node agents
 // that do it. The chart renders it from the application's effective
@@ -95,7 +99,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.Level = v1alpha1.DefaultSleepLevel
 	}
 	if d.SeatPort == 0 {
-		d.SeatPort = 9300
+		d.SeatPort = DefaultSidecarPort
 	}
 	if d.AgentPort == 0 {
 		d.AgentPort = DefaultAgentPort
