@@ -46,7 +46,15 @@ type Node struct {
 	// nodesErr saying why, without API access).
 	nodes    NodeRuntimeReader
 	nodesErr error
+	// owner tells the processes of the release's engines from others: a
+	// process snapshot of any other process is refused.
+	owner ProcessOwner
 }
+
+// SetProcessOwner sets how the agent checks that a process to snapshot
+// runs in a container of a pod of its release (ReleaseProcesses); until
+// then every process is refused.
+func (n *Node) SetProcessOwner(o ProcessOwner) { n.owner = o }
 
 // SetNodeRuntimeReader sets how Measure reads the container runtime
 // version of cfg.NodeName; err says why there is none.
@@ -73,6 +81,7 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 		return nil, err
 	}
 	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
+		owner:        noProcessOwner{why: "the agent does not know its release's pods (it needs --release, --namespace, --node-name and list on pods)"},
 		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)},
 		promotion:    PromotionReport{IntervalSeconds: int64(cfg.PromoteInterval / time.Second), MarginSeconds: int64(cfg.PromoteMargin / time.Second)}}
 	if cfg.ColdDir != "" {
@@ -293,7 +302,9 @@ type TiersStatus struct {
 //	POST   /wakes                           WakeRecord: a wake, for the prediction
 //	POST   /sleeps                          SleepRecord: a sleep, for the prediction
 //	POST   /promote-ahead                   plan and make the due promotions now → []PromotionDone
-//	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
+//	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N, an
+//	       engine's serving process in a container of a pod of the release
+//	       on this node (403 otherwise, releaseproc.go)
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
 //	       (both 501 with the reason where the node cannot snapshot)
 //	GET    /healthz, /metrics
@@ -550,6 +561,15 @@ func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		}
 		if err := isEngineProcess(ProcFS{}, pid); err != nil {
 			writeError(w, http.StatusForbidden, err.Error())
+			return
+		}
+		if err := n.owner.CheckProcess(r.Context(), pid); err != nil {
+			status := http.StatusForbidden
+			if !errors.Is(err, ErrNotOfRelease) {
+				status = http.StatusServiceUnavailable // the pod list could not be read
+			}
+			n.log.Warn("process snapshot refused", "key", k.String(), "pid", pid, "err", err)
+			writeError(w, status, err.Error())
 			return
 		}
 	}
