@@ -102,6 +102,19 @@ func TestSleepAndWake(t *testing.T) {
 		})
 	})
 
+	var callerToken string
+	t.Run("the release's caller token is generated once, for the agent and the dispatcher", func(t *testing.T) {
+		sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the caller token Secret: %v", err)
+		}
+		if callerToken = string(sec.Data["token"]); len(callerToken) != 48 {
+			t.Fatalf("caller token of %d bytes; want the 48 random characters the chart generates", len(callerToken))
+		}
+		// The parkAfter demotion below is a mutating call of the node
+		// agent by the dispatcher's leader: it passes only with this token.
+	})
+
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat through %s: %v", base, err)
 	}
@@ -168,6 +181,10 @@ func TestSleepAndWake(t *testing.T) {
 		logf("awake from the %s tier", tier)
 		if grew := grown(dispatchers, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
 			t.Errorf("the request that woke the demoted engine was not delivered once; the dispatcher counted:\n%s", strings.Join(grew, "\n"))
+		}
+		// The policy's parkAfter was a Helm upgrade: the token stayed.
+		if sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{}); err != nil || string(sec.Data["token"]) != callerToken {
+			t.Errorf("after the upgrade the caller token Secret is %v (err %v); want the token of the install, kept", sec != nil && string(sec.Data["token"]) == callerToken, err)
 		}
 	})
 
