@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -113,6 +116,37 @@ func TestSleepAndWake(t *testing.T) {
 		}
 		// The parkAfter demotion below is a mutating call of the node
 		// agent by the dispatcher's leader: it passes only with this token.
+		// From outside the release, the agent refuses a mutating call
+		// without it (the NetworkPolicy is not enforced on this cluster,
+		// so the test reaches the agent's pod directly).
+		agents, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=checkpoint-agent"})
+		if err != nil || len(agents.Items) == 0 || agents.Items[0].Status.PodIP == "" {
+			t.Fatalf("the node agent's pod: %v (%d pods)", err, len(agents.Items))
+		}
+		url := "http://" + net.JoinHostPort(agents.Items[0].Status.PodIP, "9301") + nodeapi.PathVerify
+		for _, c := range []struct {
+			token string
+			want  int
+		}{{"", http.StatusUnauthorized}, {"not-the-release-token", http.StatusUnauthorized}, {callerToken, http.StatusOK}} {
+			eventually(t, 30*time.Second, func() error {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+				if err != nil {
+					return err
+				}
+				if c.token != "" {
+					nodeapi.Authorize(req, c.token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return err
+				}
+				_ = resp.Body.Close()
+				if resp.StatusCode != c.want {
+					return fmt.Errorf("POST %s with token %t: %d, want %d", url, c.token != "", resp.StatusCode, c.want)
+				}
+				return nil
+			})
+		}
 	})
 
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
