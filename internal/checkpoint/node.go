@@ -380,7 +380,11 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	}
 	cold, err := n.coldSource(req.ColdPath, req.ColdS3, req.Digest)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if errors.Is(err, ErrManifestMismatch) {
+			status = http.StatusConflict // the manifest cannot vouch for the file
+		}
+		writeError(w, status, err.Error())
 		return
 	}
 	e, err := n.promote(r.Context(), req.Key, req.To, cold, req.Digest, req.Priority, nil)
@@ -419,7 +423,16 @@ func (n *Node) coldSource(coldPath, coldS3, digest string) (ColdSource, error) {
 		if !filepath.IsLocal(coldPath) {
 			return nil, fmt.Errorf("coldPath %q must be a relative path inside the cold tier", coldPath)
 		}
-		return ColdFile(filepath.Join(n.cfg.ColdDir, coldPath)), nil
+		f := ColdFile(filepath.Join(n.cfg.ColdDir, coldPath))
+		// A file the fetcher's manifest lists is verified against it
+		// (modelfile.go).
+		switch want, listed, err := manifestFile(n.cfg.ColdDir, coldPath); {
+		case err != nil:
+			return nil, err
+		case listed:
+			return manifestVerified{ColdFile: f, want: want}, nil
+		}
+		return f, nil
 	}
 	return nil, nil
 }
@@ -464,7 +477,7 @@ func (n *Node) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wan
 // internal failure (500, "failed").
 func copyErrorStatus(err error) (status int, result string) {
 	switch {
-	case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
+	case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict), errors.Is(err, ErrManifestMismatch):
 		// The bytes do not hash to the digest: nothing was placed.
 		return http.StatusConflict, "mismatch"
 	case errors.Is(err, ErrDigestRequired):
