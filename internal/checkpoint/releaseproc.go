@@ -146,7 +146,7 @@ type ReleaseProcesses struct {
 func (r ReleaseProcesses) CheckProcess(ctx context.Context, pid int) error {
 	b, err := os.ReadFile(filepath.Join(r.Proc.root(), strconv.Itoa(pid), "cgroup"))
 	if err != nil {
-		return fmt.Errorf("process %d: %w: reading its cgroup: %v", pid, ErrNotOfRelease, err)
+		return fmt.Errorf("process %d: %w: reading its cgroup: %w", pid, ErrNotOfRelease, err)
 	}
 	pc, ok := ContainerOfCgroup(string(b))
 	if !ok {
