@@ -306,7 +306,7 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, sidecars []si
 	if a.Sleep.AgentSelector != "" {
 		views = c.nodeViews(ctx, a, sidecars)
 	}
-	tier := restingTier(a.sl.level, a.Sleep.usesWarm(), func(t v1alpha1.Tier) bool {
+	tier := restingTier(a.sl.level, a.Sleep.Level1Tier, a.Sleep.usesWarm(), func(t v1alpha1.Tier) bool {
 		for _, v := range views {
 			if _, ok := v.has(t); !ok {
 				return false
@@ -335,13 +335,17 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, sidecars []si
 	c.writeCheckpointFrom(ctx, a, sidecars, views, nil)
 }
 
-// restingTier is where sleeping engines' weights rest: at level 1 the hot
-// tier (the engines' own offload); at level 2 the fastest tier in which
+// restingTier is where sleeping engines' weights rest: at level 1 where
+// the engine leaves them (level1: the hot tier for the engines' own
+// offload, the cold tier for engines that unload completely); at level 2 the fastest tier in which
 // every root's node agent holds a copy (everyNode), the warm tier only
 // when the engines read it (warm), else the cold tier.
-func restingTier(level int32, warm bool, everyNode func(v1alpha1.Tier) bool) v1alpha1.Tier {
+func restingTier(level int32, level1 v1alpha1.Tier, warm bool, everyNode func(v1alpha1.Tier) bool) v1alpha1.Tier {
 	if level != 2 {
-		return v1alpha1.TierHot
+		if level1 == "" {
+			return v1alpha1.TierHot
+		}
+		return level1
 	}
 	if everyNode(v1alpha1.TierHot) {
 		return v1alpha1.TierHot

@@ -32,6 +32,11 @@ type SleepConfig struct {
 	// hot tier (RAM), 2 drops them (a wake reloads them from the warm or
 	// cold tier). Default 1.
 	Level int32 `json:"level,omitempty"`
+	// Level1Tier is where a level-1 sleep leaves the weights the engine's
+	// wake reads (orchestra.Level1Tier, resolved by the operator): Hot, or
+	// Cold for engines that unload completely (Ollama, llama.cpp). Empty
+	// is Hot (a configuration rendered before the field existed).
+	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
 	// ParkAfter is how long engines sleep at level 1 before they are
 	// demoted: the weights leave the hot tier, and the engines sleep at
 	// level 2 with the node agent holding the warm copy. 0: never.

@@ -339,3 +339,17 @@ func ColdS3Location(name string, app v1alpha1.Application, s Sleep) (ColdS3, str
 	}
 	return c, ""
 }
+
+// Level1Tier is where a level-1 sleep leaves the weights that the engine's
+// wake reads: the simulator and vLLM keep them in RAM (the node agent's hot
+// tier, or vLLM's offload to its own process's memory); Ollama and
+// llama.cpp unload the model completely, and their wake reads the model
+// cache again.
+func Level1Tier(e v1alpha1.Engine) v1alpha1.Tier {
+	switch e {
+	case v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP:
+		return v1alpha1.TierCold
+	default:
+		return v1alpha1.TierHot
+	}
+}

@@ -138,7 +138,7 @@ func TestTranslatorSleepValues(t *testing.T) {
 		return v
 	}
 	wantChat := map[string]any{
-		"after": "2m0s", "level": int64(1), "parkAfter": "1h0m0s", "verifyInterval": "15m0s", "preemption": true,
+		"after": "2m0s", "level": int64(1), "level1Tier": "Hot", "parkAfter": "1h0m0s", "verifyInterval": "15m0s", "preemption": true,
 		"tiers": map[string]any{"hot": "RAM", "warm": "None", "cold": "ModelCache", "processSnapshots": true},
 		"slo":   map[string]any{"resumeRamSeconds": int64(3), "resumeNvmeSeconds": int64(5)},
 		// The node agent reads its weights in the shared model cache.
@@ -154,6 +154,9 @@ func TestTranslatorSleepValues(t *testing.T) {
 	}
 	if got := get("global.applications.s3cold.lifecycle.sleep.coldPath"); got != nil {
 		t.Errorf("s3cold's coldPath = %v, want none: its cold tier is S3", got)
+	}
+	if got := get("global.applications.seated.lifecycle.sleep.level1Tier"); got != "Hot" {
+		t.Errorf("vLLM's level-1 sleep rests in %v, want Hot (its offload to RAM)", got)
 	}
 	if got := get("global.applications.seated.lifecycle.sleep.after"); got != "10m0s" {
 		t.Errorf("seated sleeps after %v, want the policy's 10m0s", got)
@@ -198,6 +201,19 @@ func TestTranslatorSleepValues(t *testing.T) {
 	}
 	if got, _, _ := unstructured.NestedBool(vals, "global", "agent", "enabled"); !got {
 		t.Error("global.agent.enabled is not set: a seat group's engines sleep into the node's tiers")
+	}
+}
+
+// Ollama and llama.cpp unload the model at level 1: their wake reads the
+// model cache, which the resident tier must say.
+func TestLevel1Tier(t *testing.T) {
+	for e, want := range map[v1alpha1.Engine]v1alpha1.Tier{
+		v1alpha1.EngineSimulator: v1alpha1.TierHot, v1alpha1.EngineVLLM: v1alpha1.TierHot,
+		v1alpha1.EngineOllama: v1alpha1.TierCold, v1alpha1.EngineLlamaCPP: v1alpha1.TierCold,
+	} {
+		if got := Level1Tier(e); got != want {
+			t.Errorf("Level1Tier(%s) = %s, want %s", e, got, want)
+		}
 	}
 }
 

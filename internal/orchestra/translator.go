@@ -269,6 +269,11 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 		if err != nil {
 			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
 		}
+		if lc, ok := v["lifecycle"].(map[string]any); ok {
+			if s, ok := lc["sleep"].(map[string]any); ok {
+				s["level1Tier"] = string(Level1Tier(app.Runtime.Engine))
+			}
+		}
 		if p := ColdPath(name, app, sleep); p != "" {
 			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldPath"] = p
 		}
