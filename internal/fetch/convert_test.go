@@ -174,3 +174,30 @@ func (s *sizingSink) last() Status {
 	defer s.mu.Unlock()
 	return s.st
 }
+
+// A GPU product of known memory is a limit too: a model whose per-GPU
+// estimate plus the margin exceeds it is refused naming the product, and
+// a product the table does not know publishes the size unchecked.
+func TestSizingAgainstTheGPUProduct(t *testing.T) {
+	hub := startHub(t, tinyRepo(t, "acme/tiny-hf", nil))
+	cfg := testConfig(t, "hf://acme/tiny-hf", hub.URL())
+	cfg.Convert, cfg.SizeFile, cfg.SizeParallel = "F16", "model-F16.gguf", 2
+	// a margin so large that the tiny model's few MiB exceed a T4's 15 GiB
+	cfg.GPUs, cfg.GPUProduct, cfg.MemoryMargin = 1, "Tesla-T4", 1_000_000
+	_, err := runFetch(t, cfg, Options{})
+	if !errors.Is(err, ErrTooLarge) || ExitCode(err) != ExitVerification || !strings.Contains(err.Error(), "a Tesla-T4 has 15.0GiB") || !strings.Contains(err.Error(), "on each of 1 GPU(s)") {
+		t.Fatalf("err = %v (exit %d), want a too-large error naming the GPU", err, ExitCode(err))
+	}
+	b, _ := os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": false`) || !strings.Contains(string(b), `"gpuProductMemoryBytes": 16106127360`) {
+		t.Fatalf("sizing.json: %s", b)
+	}
+	cfg.GPUProduct = "Acme-X1"
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("an unknown product: %v", err)
+	}
+	b, _ = os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": true`) || strings.Contains(string(b), "gpuProductMemoryBytes") || !strings.Contains(string(b), `"gpuMemoryBytes"`) {
+		t.Fatalf("sizing.json with an unknown product: %s", b)
+	}
+}
