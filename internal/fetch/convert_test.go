@@ -201,3 +201,36 @@ func TestSizingAgainstTheGPUProduct(t *testing.T) {
 		t.Fatalf("sizing.json with an unknown product: %s", b)
 	}
 }
+
+// A run over a cache that was sized before reports that verdict from its
+// first report on, until it sizes the model again: the operator keeps the
+// engine while a report has a verdict for its check.
+func TestSizingReportsTheCachesVerdictUntilResized(t *testing.T) {
+	hub := startHub(t, tinyRepo(t, "acme/tiny-hf", nil))
+	cfg := testConfig(t, "hf://acme/tiny-hf", hub.URL())
+	cfg.Convert, cfg.SizeFile, cfg.SizeParallel, cfg.MemoryLimit = "F16", "model-F16.gguf", 2, 1<<30
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	first := &firstSizingSink{}
+	if _, err := runFetch(t, cfg, Options{Sinks: []ProgressSink{first}}); err != nil {
+		t.Fatal(err)
+	}
+	if first.st == nil || first.st.Sizing == nil || !first.st.Sizing.Fits || first.st.Sizing.MemoryLimitBytes != 1<<30 {
+		t.Fatalf("the second run's first report: %+v", first.st)
+	}
+}
+
+type firstSizingSink struct {
+	mu sync.Mutex
+	st *Status
+}
+
+func (s *firstSizingSink) Report(_ context.Context, st Status, _ bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == nil {
+		s.st = &st
+	}
+	return nil
+}

@@ -31,6 +31,20 @@ type Sizing struct {
 	Overridden bool `json:"overridden,omitempty"`
 }
 
+// previousSizing is the sizing the cache in dir recorded last, nil when
+// none can be read.
+func previousSizing(dir string) *Sizing {
+	b, err := os.ReadFile(SizingPath(dir))
+	if err != nil {
+		return nil
+	}
+	var sz Sizing
+	if json.Unmarshal(b, &sz) != nil {
+		return nil
+	}
+	return &sz
+}
+
 // SizingPath is where the cache records its sizing.
 func SizingPath(dir string) string { return filepath.Join(dir, metaDir, "sizing.json") }
 
