@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/modelsize"
@@ -96,7 +97,12 @@ func sizingGates(ctx context.Context, r client.Reader, mo *v1alpha1.ModelOrchest
 		}); errors.Is(err, ErrOffline) {
 			return map[string]sizingGate{}, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("reading the model progress of application %s: %w", name, err)
+			// Not a reason to fail the render (it would wait for the
+			// resource to change) nor to take a running engine down: the
+			// engine's wait-for-model init container still waits for the
+			// verdict, and the next reconcile reads it again.
+			log.FromContext(ctx).Error(err, "reading the model progress report; the engine is not held", "application", name)
+			continue
 		}
 		var p *fetchProgress
 		for i := range cms.Items {
