@@ -59,12 +59,29 @@ type ModelSize struct {
 	Context  int64 `json:"context,omitempty"`
 	Parallel int64 `json:"parallel,omitempty"`
 	// memoryBytes is the estimated memory to serve the model (weights, KV
-	// cache, compute buffers; llama.cpp's layout, on the CPU).
+	// cache, compute buffers; llama.cpp's layout): all of it on the CPU,
+	// what stays on the host when the layers are offloaded to GPUs.
 	MemoryBytes int64 `json:"memoryBytes,omitempty"`
+	// gpus is the number of GPUs every layer is offloaded to (runtime.gpu.
+	// count), and gpuMemoryBytes the estimate for the fullest of them.
+	// +optional
+	GPUs int64 `json:"gpus,omitempty"`
+	// +optional
+	GPUMemoryBytes int64 `json:"gpuMemoryBytes,omitempty"`
+	// gpuProduct is the requested product (runtime.gpu.product) and
+	// gpuProductMemoryBytes its memory from the operator's table of known
+	// products (docs/api.md), which gpuMemoryBytes plus the margin was
+	// checked against; absent for a product the table does not know, whose
+	// memory is not checked.
+	// +optional
+	GPUProduct string `json:"gpuProduct,omitempty"`
+	// +optional
+	GPUProductMemoryBytes int64 `json:"gpuProductMemoryBytes,omitempty"`
 	// memoryLimitBytes is the engine's memory limit it was checked
 	// against, and marginPercent the margin added to the estimate.
 	MemoryLimitBytes int64 `json:"memoryLimitBytes,omitempty"`
 	MarginPercent    int64 `json:"marginPercent,omitempty"`
-	// fits is false when the estimate plus the margin exceeds the limit.
+	// fits is false when the estimate plus the margin exceeds the limit or
+	// the GPU product's memory.
 	Fits bool `json:"fits"`
 }

@@ -29,6 +29,11 @@ import (
 var (
 	ollamaRoutingBench = flag.Bool("ollama-routing-bench", false, "run the multi-turn routing benchmark against 2 real Ollama processes (make bench-routing)")
 	ollamaRoutingDocs  = flag.String("ollama-routing-docs", "", "Markdown file whose bench-routing-ollama section receives the table")
+	// ollamaConvs is how many conversations run at once: 12 over the 2
+	// engines' 8 slots saturates them (the bench-routing-ollama table);
+	// 6 leaves every conversation a slot (bench-routing-ollama-light).
+	ollamaConvs  = flag.Int("ollama-routing-conversations", 12, "conversations of the Ollama routing benchmark (the engines have 8 slots)")
+	ollamaMarker = flag.String("ollama-routing-marker", "bench-routing-ollama", "the marked section of -ollama-routing-docs that receives the table")
 )
 
 // TestOllamaRoutingBenchmark runs multi-turn conversations with shared
@@ -113,7 +118,7 @@ func TestOllamaRoutingBenchmark(t *testing.T) {
 	fmt.Fprintf(&b, "Measured with Ollama %s (2 `ollama serve` processes, `OLLAMA_NUM_PARALLEL=4`, CPU), the generated tiny llama model (`modelgen.Tiny`, context 4096), through the gateway, JetStream and one dispatcher (maxConcurrency 4); %d rounds, each routing once per round in rotated order, fresh engines each run; load average %s before the run, %s after. "+
 		"Workload: %d conversations started 300 ms apart, each opening with one of 2 system prompts of %d words and %d turns of %d-word user messages (answers of %d tokens in the next turn's prompt), 200 ms think time. "+
 		"Reused = prompt tokens the engines took from a cache slot ÷ prompt tokens, as their runners log them.\n\n",
-		ollamatest.Version, rounds, load, loadAvg(), ollamaConvs, ollamaSystemWords, ollamaTurns, ollamaUserWords, ollamaAnswer)
+		ollamatest.Version, rounds, load, loadAvg(), *ollamaConvs, ollamaSystemWords, ollamaTurns, ollamaUserWords, ollamaAnswer)
 	b.WriteString("| Routing | Requests | TTFT p50 | TTFT p90 | Prompt tokens reused by the engines | Errors |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		reuse := 0.0
@@ -129,14 +134,13 @@ func TestOllamaRoutingBenchmark(t *testing.T) {
 		}
 	}
 	if *ollamaRoutingDocs != "" {
-		if err := writeMarked(*ollamaRoutingDocs, "bench-routing-ollama", b.String()); err != nil {
+		if err := writeMarked(*ollamaRoutingDocs, *ollamaMarker, b.String()); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
 const (
-	ollamaConvs       = 12
 	ollamaSystemWords = 300
 	ollamaTurns       = 4
 	ollamaUserWords   = 40
@@ -155,7 +159,7 @@ func ollamaConversations(t *testing.T, gateway string) ([]time.Duration, int) {
 		return strings.Join(w, " ")
 	}
 	systems := []string{text(ollamaSystemWords), text(ollamaSystemWords)}
-	users := make([][]string, ollamaConvs)
+	users := make([][]string, *ollamaConvs)
 	for c := range users {
 		for range ollamaTurns {
 			users[c] = append(users[c], text(ollamaUserWords))
@@ -165,7 +169,7 @@ func ollamaConversations(t *testing.T, gateway string) ([]time.Duration, int) {
 	var ttfts []time.Duration
 	errs := 0
 	var wg sync.WaitGroup
-	for c := range ollamaConvs {
+	for c := range *ollamaConvs {
 		wg.Go(func() {
 			time.Sleep(time.Duration(c) * 300 * time.Millisecond)
 			msgs := []map[string]string{{"role": "system", "content": systems[c%2]}}

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +29,8 @@ import (
 // real pods, as config/samples/ollama-safetensors.yaml does: the fetch Job
 // converts it to GGUF in the cache and sizes it, and the root loads the
 // converted file. A second orchestra whose memory limit is far below the
-// estimate is refused with the numbers.
+// estimate is refused with the numbers: no engine pod ever exists for it,
+// and its gateway answers the model's requests with the refusal.
 func TestConvert(t *testing.T) {
 	requireOllama(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -37,6 +41,9 @@ func TestConvert(t *testing.T) {
 		t.Fatal(err)
 	}
 	const fits, tooLarge = "tiny-hf", "too-large"
+	// Every root pod the refused orchestra ever gets, watched from before
+	// it is created: a pod deleted again soon would still be seen.
+	refusedPods := watchRootPods(ctx, t, ns, tooLarge)
 	// The refused one first: its fetch Job runs while the other's stack
 	// comes up.
 	if _, err := stack.Apply(ctx, env.dyn, convertResource(t, ns, tooLarge, "1Mi", "1Mi")); err != nil {
@@ -69,6 +76,18 @@ func TestConvert(t *testing.T) {
 		}
 		if c := meta.FindStatusCondition(mo.Status.Conditions, v1alpha1.ConditionModelReady); c == nil || c.Status != metav1.ConditionTrue {
 			t.Errorf("ModelReady %+v; want True", c)
+		}
+		// The engine waited for the verdict without a pod: its root pod
+		// was created after the fetcher's last report (the verdict, which
+		// it writes before it exits, so before the Job completes); how
+		// much later is what the wait costs a model that fits.
+		if verdict, done, created, err := verdictAndRootCreated(ctx, ns, fits); err != nil {
+			t.Error(err)
+		} else {
+			t.Logf("the root pod was created %.0fs after the fetcher's verdict (%.0fs after its Job completed)", created.Sub(verdict).Seconds(), created.Sub(done).Seconds())
+			if created.Before(verdict.Truncate(time.Second)) {
+				t.Errorf("the root pod was created at %s, before the fetcher's verdict at %s", created, verdict)
+			}
 		}
 
 		base, err := stack.GatewayURL(ctx, env.cs, ns, fits)
@@ -131,35 +150,138 @@ func TestConvert(t *testing.T) {
 				t.Errorf("ModelReady message %q does not say %q", c.Message, want)
 			}
 		}
-		// The root pod exists and holds in its wait-for-model init
-		// container, which waits for sizing.json to say fits; the engine
-		// container is never started. Watched across two of the init
-		// container's 10 s polls.
-		sel := "app.kubernetes.io/instance=" + tooLarge + ",modelorchestra.io/application=" + convertApp + ",app.kubernetes.io/component=root"
-		deadline := time.Now().Add(25 * time.Second)
-		seen := false
-		for time.Now().Before(deadline) {
-			pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, p := range pods.Items {
-				seen = true
-				for _, s := range p.Status.ContainerStatuses {
-					if s.Name == "engine" && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil || s.RestartCount > 0) {
-						t.Fatalf("the engine container of %s started: %+v", p.Name, s)
-					}
-				}
-				if !waitingForModel(p) {
-					t.Fatalf("pod %s is not held in its wait-for-model init container: %+v", p.Name, p.Status.InitContainerStatuses)
-				}
-			}
-			time.Sleep(5 * time.Second)
+		if app := mo.Status.Applications[convertApp]; app.Phase != v1alpha1.PhaseFailed || !strings.Contains(app.Message, "no engine pod is started") {
+			t.Errorf("application phase %s %q; want Failed saying no engine pod is started", app.Phase, app.Message)
 		}
-		if !seen {
-			t.Log("no root pod of the refused application exists")
+		// The refusal is final at once: the fetch Job failed by its
+		// podFailurePolicy on exit code 3, with one pod, no retries.
+		jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + tooLarge + ",app.kubernetes.io/component=model-fetch"})
+		if err != nil || len(jobs.Items) != 1 {
+			t.Fatalf("fetch Jobs of %s: %v %d", tooLarge, err, len(jobs.Items))
+		}
+		job := jobs.Items[0]
+		failedBy := ""
+		for _, c := range job.Status.Conditions {
+			if c.Type == batchv1.JobFailed && c.Status == corev1.ConditionTrue {
+				failedBy = c.Reason
+			}
+		}
+		if failedBy != batchv1.JobReasonPodFailurePolicy || job.Status.Failed != 1 {
+			t.Errorf("fetch Job %s: failed by %q after %d failed pods; want %s after 1", job.Name, failedBy, job.Status.Failed, batchv1.JobReasonPodFailurePolicy)
+		}
+		// The root StatefulSet is held at zero replicas, and no root pod
+		// ever existed: from before the resource was created until 30 s
+		// after the verdict.
+		sts, err := env.cs.AppsV1().StatefulSets(ns).Get(ctx, tooLarge+"-"+convertApp, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sts.Spec.Replicas == nil || *sts.Spec.Replicas != 0 {
+			t.Errorf("root StatefulSet %s replicas %v; want 0", sts.Name, sts.Spec.Replicas)
+		}
+		// A request for the refused model is answered at once with the
+		// refusal, in OpenAI's error format.
+		base, err := stack.GatewayURL(ctx, env.cs, ns, tooLarge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := strings.TrimPrefix(strings.TrimSuffix(base, "/v1"), "http://")
+		var status int
+		var body string
+		eventually(t, 90*time.Second, func() error {
+			if !dialable(addr) {
+				return fmt.Errorf("the gateway's NodePort %s accepts no connection", addr)
+			}
+			status, body = postJSON(ctx, t, base, token, "/chat/completions", map[string]any{
+				"model": convertServed, "max_tokens": 4, "messages": []map[string]string{{"role": "user", "content": chatPrompt}},
+			}, &struct{}{})
+			if status != http.StatusServiceUnavailable || !strings.Contains(body, "does not fit") {
+				// the gateway may still run the config from before the verdict
+				return fmt.Errorf("status %d %s; want 503 naming the refusal", status, body)
+			}
+			return nil
+		})
+		t.Logf("the gateway answers the refused model: %d %s", status, body)
+		if !strings.Contains(body, `"code":"model_not_served"`) || !strings.Contains(body, "the limit is "+modelsize.Bytes(sz.MemoryLimitBytes)) {
+			t.Errorf("gateway answer %s; want model_not_served naming the limit", body)
+		}
+		time.Sleep(30 * time.Second)
+		if seen := refusedPods(); len(seen) > 0 {
+			t.Errorf("root pods of the refused application existed: %v", seen)
 		}
 	})
+}
+
+// watchRootPods watches the root pods of orchestra name from now on; the
+// function it returns lists every one seen so far.
+func watchRootPods(ctx context.Context, t *testing.T, ns, name string) func() []string {
+	t.Helper()
+	sel := "app.kubernetes.io/instance=" + name + ",modelorchestra.io/application=" + convertApp + ",app.kubernetes.io/component=root"
+	w, err := env.cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				mu.Lock()
+				seen[p.Name] = true
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for n := range seen {
+			out = append(out, n)
+		}
+		return out
+	}
+}
+
+// verdictAndRootCreated is when orchestra name's fetcher wrote its last
+// progress report, when its fetch Job completed and when its first root
+// pod was created.
+func verdictAndRootCreated(ctx context.Context, ns, name string) (verdict, done, created time.Time, err error) {
+	cms, err := env.cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=model-progress"})
+	if err != nil {
+		return verdict, done, created, err
+	}
+	for _, cm := range cms.Items {
+		var p struct {
+			UpdatedAt time.Time `json:"updatedAt"`
+		}
+		if json.Unmarshal([]byte(cm.Data["progress.json"]), &p) == nil {
+			verdict = p.UpdatedAt
+		}
+	}
+	jobs, err := env.cs.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=model-fetch"})
+	if err != nil {
+		return verdict, done, created, err
+	}
+	for _, j := range jobs.Items {
+		if j.Status.CompletionTime != nil {
+			done = j.Status.CompletionTime.Time
+		}
+	}
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+	if err != nil {
+		return verdict, done, created, err
+	}
+	for _, p := range pods.Items {
+		if c := p.CreationTimestamp.Time; created.IsZero() || c.Before(created) {
+			created = c
+		}
+	}
+	if verdict.IsZero() || done.IsZero() || created.IsZero() {
+		return verdict, done, created, fmt.Errorf("the fetcher's last report at %v, its Job completed at %v, the root pod created at %v", verdict, done, created)
+	}
+	return verdict, done, created, nil
 }
 
 const (
@@ -244,15 +366,4 @@ func cachedConversion(ctx context.Context, t *testing.T, ns, name, out string) (
 	}
 	t.Fatalf("no cache claim of %s/%s holds .orchestra/convert.json", ns, name)
 	return 0, convert.Manifest{}
-}
-
-// waitingForModel reports whether p is held in its wait-for-model init
-// container (running, not finished).
-func waitingForModel(p corev1.Pod) bool {
-	for _, s := range p.Status.InitContainerStatuses {
-		if strings.HasPrefix(s.Name, "wait-for-model") {
-			return s.State.Terminated == nil
-		}
-	}
-	return false
 }

@@ -60,13 +60,18 @@ type Config struct {
 	// publish the model's size and the memory it needs for SizeContext
 	// tokens (0: the model's own) × SizeParallel sequences. With
 	// MemoryLimit the estimate plus MemoryMargin percent must fit, or the
-	// run fails (unless IgnoreMemoryLimit).
+	// run fails (unless IgnoreMemoryLimit). With GPUs the estimate
+	// offloads every layer to that many GPUs; with a GPUProduct of known
+	// memory (modelsize.GPUMemory) the fullest GPU's estimate plus the
+	// margin must fit it too.
 	SizeFile          string
 	SizeContext       int64
 	SizeParallel      int64
 	MemoryLimit       int64
 	MemoryMargin      int64
 	IgnoreMemoryLimit bool
+	GPUs              int64
+	GPUProduct        string
 
 	// HFEndpoint is the hub base URL (HF_ENDPOINT). Token is the bearer token;
 	// TokenFile, when set, is read at start and wins over HF_TOKEN.
@@ -279,8 +284,11 @@ func (c *Config) Validate() error {
 	if c.SizeFile != "" && (filepath.IsAbs(c.SizeFile) || !filepath.IsLocal(c.SizeFile)) {
 		bad("--size-file %q must be a relative path inside the model directory", c.SizeFile)
 	}
-	if c.SizeContext < 0 || c.SizeParallel < 0 || c.MemoryLimit < 0 || c.MemoryMargin < 0 {
-		bad("--size-context, --size-parallel, --memory-limit and --memory-margin cannot be negative")
+	if c.SizeContext < 0 || c.SizeParallel < 0 || c.MemoryLimit < 0 || c.MemoryMargin < 0 || c.GPUs < 0 {
+		bad("--size-context, --size-parallel, --memory-limit, --memory-margin and --gpus cannot be negative")
+	}
+	if c.GPUProduct != "" && c.GPUs == 0 {
+		bad("--gpu-product needs --gpus of at least 1")
 	}
 	if c.SHA256 != "" {
 		if !sha256RE.MatchString(strings.ToLower(c.SHA256)) {

@@ -174,3 +174,63 @@ func (s *sizingSink) last() Status {
 	defer s.mu.Unlock()
 	return s.st
 }
+
+// A GPU product of known memory is a limit too: a model whose per-GPU
+// estimate plus the margin exceeds it is refused naming the product, and
+// a product the table does not know publishes the size unchecked.
+func TestSizingAgainstTheGPUProduct(t *testing.T) {
+	hub := startHub(t, tinyRepo(t, "acme/tiny-hf", nil))
+	cfg := testConfig(t, "hf://acme/tiny-hf", hub.URL())
+	cfg.Convert, cfg.SizeFile, cfg.SizeParallel = "F16", "model-F16.gguf", 2
+	// a margin so large that the tiny model's few MiB exceed a T4's 15 GiB
+	cfg.GPUs, cfg.GPUProduct, cfg.MemoryMargin = 1, "Tesla-T4", 1_000_000
+	_, err := runFetch(t, cfg, Options{})
+	if !errors.Is(err, ErrTooLarge) || ExitCode(err) != ExitVerification || !strings.Contains(err.Error(), "a Tesla-T4 has 15.0GiB") || !strings.Contains(err.Error(), "on each of 1 GPU(s)") {
+		t.Fatalf("err = %v (exit %d), want a too-large error naming the GPU", err, ExitCode(err))
+	}
+	b, _ := os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": false`) || !strings.Contains(string(b), `"gpuProductMemoryBytes": 16106127360`) {
+		t.Fatalf("sizing.json: %s", b)
+	}
+	cfg.GPUProduct = "Acme-X1"
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatalf("an unknown product: %v", err)
+	}
+	b, _ = os.ReadFile(SizingPath(cfg.Dest))
+	if !strings.Contains(string(b), `"fits": true`) || strings.Contains(string(b), "gpuProductMemoryBytes") || !strings.Contains(string(b), `"gpuMemoryBytes"`) {
+		t.Fatalf("sizing.json with an unknown product: %s", b)
+	}
+}
+
+// A run over a cache that was sized before reports that verdict from its
+// first report on, until it sizes the model again: the operator keeps the
+// engine while a report has a verdict for its check.
+func TestSizingReportsTheCachesVerdictUntilResized(t *testing.T) {
+	hub := startHub(t, tinyRepo(t, "acme/tiny-hf", nil))
+	cfg := testConfig(t, "hf://acme/tiny-hf", hub.URL())
+	cfg.Convert, cfg.SizeFile, cfg.SizeParallel, cfg.MemoryLimit = "F16", "model-F16.gguf", 2, 1<<30
+	if _, err := runFetch(t, cfg, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	first := &firstSizingSink{}
+	if _, err := runFetch(t, cfg, Options{Sinks: []ProgressSink{first}}); err != nil {
+		t.Fatal(err)
+	}
+	if first.st == nil || first.st.Sizing == nil || !first.st.Sizing.Fits || first.st.Sizing.MemoryLimitBytes != 1<<30 {
+		t.Fatalf("the second run's first report: %+v", first.st)
+	}
+}
+
+type firstSizingSink struct {
+	mu sync.Mutex
+	st *Status
+}
+
+func (s *firstSizingSink) Report(_ context.Context, st Status, _ bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == nil {
+		s.st = &st
+	}
+	return nil
+}

@@ -74,6 +74,14 @@ func Run(ctx context.Context, cfg Config, opts Options) (res *Result, err error)
 	}
 
 	t := newTracker()
+	if cfg.SizeFile != "" && cfg.Dest != "" {
+		// The cache's last verdict is reported until this run sizes the
+		// model again: the operator holds the engine at zero pods while a
+		// report has no verdict for its check, so a new Job over a cache
+		// it already sized (an operator upgrade, say) leaves the running
+		// engine alone.
+		t.sizing = previousSizing(cfg.Dest)
+	}
 	sinks := []sinkSpec{{sink: logSink{log}, every: cfg.ProgressInterval, name: "log"}}
 	if cfg.ProgressBar {
 		w := opts.BarWriter

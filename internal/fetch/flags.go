@@ -39,7 +39,9 @@ func BindFlags(fs *pflag.FlagSet, c *Config) {
 	fs.Int64Var(&c.SizeParallel, "size-parallel", c.SizeParallel, "sequences served at once, for the memory estimate")
 	fs.Var(bytesValue{&c.MemoryLimit}, "memory-limit", "the engine's memory limit: fail when the estimate plus --memory-margin exceeds it (0: no check)")
 	fs.Int64Var(&c.MemoryMargin, "memory-margin", c.MemoryMargin, "percent added to the memory estimate before comparing it with --memory-limit")
-	fs.BoolVar(&c.IgnoreMemoryLimit, "ignore-memory-limit", c.IgnoreMemoryLimit, "publish the estimate but never fail on --memory-limit")
+	fs.BoolVar(&c.IgnoreMemoryLimit, "ignore-memory-limit", c.IgnoreMemoryLimit, "publish the estimate but never fail on --memory-limit or the GPU memory")
+	fs.Int64Var(&c.GPUs, "gpus", c.GPUs, "GPUs the engine offloads every layer to, for the memory estimate (0: CPU)")
+	fs.StringVar(&c.GPUProduct, "gpu-product", c.GPUProduct, "GPU product (nvidia.com/gpu.product label value): fail when the estimate for one GPU plus --memory-margin exceeds its memory, where known")
 	fs.StringVar(&c.HFEndpoint, "hf-endpoint", c.HFEndpoint, "Hugging Face compatible hub URL (env HF_ENDPOINT)")
 	fs.StringVar(&c.TokenFile, "token-file", c.TokenFile, "file holding the hub bearer token (else env HF_TOKEN)")
 	fs.StringVar(&c.SHA256, "sha256", c.SHA256, "expected sha256 of an https:// file")
@@ -75,6 +77,7 @@ func (c Config) Summary() map[string]any {
 		"dest": c.Dest, "include": c.Include, "exclude": c.Exclude, "format": c.Format, "convert": c.Convert, "convertOutput": c.ConvertOutput,
 		"sizeFile": c.SizeFile, "sizeContext": c.SizeContext, "sizeParallel": c.SizeParallel,
 		"memoryLimit": c.MemoryLimit, "memoryMargin": c.MemoryMargin, "ignoreMemoryLimit": c.IgnoreMemoryLimit,
+		"gpus": c.GPUs, "gpuProduct": c.GPUProduct,
 		"hfEndpoint": c.HFEndpoint, "tokenFile": c.TokenFile, "tokenSet": c.Token != "",
 		"sha256": c.SHA256, "s3Endpoint": c.S3Endpoint, "s3Region": c.S3Region,
 		"s3AccessKeyFile": c.S3AccessKeyFile, "s3SecretKeyFile": c.S3SecretKeyFile,

@@ -113,6 +113,10 @@ type ModelConfig struct {
 	// MaxWait, for an application with a lifecycle, bounds how long a
 	// request waits for it to wake (see waking.go); 0: no lifecycle.
 	MaxWait metav1.Duration `json:"maxWait,omitempty"`
+	// Unavailable, when set, is why the model is not served (the operator
+	// refused it, for example a model too large for its engine's memory):
+	// its requests are answered at once with it instead of being queued.
+	Unavailable string `json:"unavailable,omitempty"`
 }
 
 // AuthConfig configures bearer token authentication.

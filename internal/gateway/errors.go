@@ -108,6 +108,22 @@ func modelNotFound(model string, forbidden bool) *apiError {
 	}
 }
 
+// modelUnavailable is the 503 for a model the operator does not serve
+// (ModelConfig.Unavailable): retrying cannot help until the deployment
+// changes.
+func modelUnavailable(model, why string) *apiError {
+	return &apiError{
+		status: http.StatusServiceUnavailable,
+		message: fmt.Sprintf("The model `%s` is not served: %s. Ask the operator of this gateway to change the deployment "+
+			"(for example a larger memory limit, a smaller model or weight type, or model.sizing).", model, why),
+		typ:    typeServer,
+		param:  "model",
+		code:   "model_not_served",
+		final:  true,
+		reason: reasonModelNotServed,
+	}
+}
+
 // rateLimited is a 429 for the limit named by reason.
 func rateLimited(reason string, retryAfter time.Duration, format string, args ...any) *apiError {
 	// Always tell the client when to come back, at least a second later.

@@ -184,3 +184,27 @@ func TestModelNoDispatcherServesFailsAtOnce(t *testing.T) {
 	}
 	eventually(t, 5*time.Second, metricEquals("rejections_total{reason=model_not_served}", h.g.metrics.rejections.WithLabelValues(reasonModelNotServed), 2))
 }
+
+// TestModelRefusedByTheOperatorFailsAtOnce checks the answer to a request
+// for a model the operator refused (ModelConfig.Unavailable, for example a
+// model too large for its engine's memory, which runs no engine pod): an
+// immediate 503 model_not_served naming the refusal, not retried by the
+// SDKs, and nothing queued.
+func TestModelRefusedByTheOperatorFailsAtOnce(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models[0].Unavailable = "the model does not fit the engine's memory limit: llama F16 needs about 12.5MiB, the limit is 1.0MiB"
+	h := newHarness(t, cfg, newEngine(engineOptions{}))
+	resp, body := h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
+	wantError(t, resp, body, 503, `{"error":{"message":"The model `+"`llama-3-8b`"+` is not served: the model does not fit the engine's memory limit: llama F16 needs about 12.5MiB, the limit is 1.0MiB. Ask the operator of this gateway to change the deployment (for example a larger memory limit, a smaller model or weight type, or model.sizing).","type":"server_error","param":"model","code":"model_not_served"}}`)
+	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
+		t.Errorf("X-Should-Retry = %q, want false", got)
+	}
+	if n := h.q.submitted(); n != 0 {
+		t.Errorf("%d requests queued, want none", n)
+	}
+	// another model of the same gateway is served
+	resp, body = h.do(t, "POST", "/v1/chat/completions", aliceToken, strings.Replace(chatBody, "llama-3-8b", "small", 1))
+	if resp.StatusCode != 200 {
+		t.Errorf("the other model: status %d %s", resp.StatusCode, body)
+	}
+}

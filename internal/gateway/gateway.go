@@ -261,6 +261,9 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	if !p.mayUse(req.Model) {
 		return modelNotFound(req.Model, true)
 	}
+	if model.Unavailable != "" {
+		return modelUnavailable(req.Model, model.Unavailable)
+	}
 
 	maxTokens := req.MaxTokens
 	if maxTokens == 0 {

@@ -1,8 +1,11 @@
 // Package modelsize reads a GGUF model's header and estimates the memory an
 // engine needs to serve it with a given context window and concurrency,
 // with github.com/gpustack/gguf-parser-go's llama.cpp estimate (weights,
-// KV cache and compute buffers, on the CPU, without mmap: what a memory
-// limit must hold).
+// KV cache and compute buffers, without mmap: what a memory limit must
+// hold). On the CPU everything is in the container's memory; with GPUs
+// every layer is offloaded, split evenly over them, and the container
+// keeps what llama.cpp leaves on the host. gpus.go holds the table of GPU
+// products whose memory is known.
 package modelsize
 
 import (
@@ -29,13 +32,19 @@ type Size struct {
 	// of sequences served at once.
 	Context  int64 `json:"context"`
 	Parallel int64 `json:"parallel"`
-	// MemoryBytes is the estimated memory to serve it.
+	// MemoryBytes is the estimated memory to serve it: on the CPU all of
+	// it, with GPUs what stays on the host.
 	MemoryBytes int64 `json:"memoryBytes"`
+	// GPUs is the number of GPUs the estimate offloads to (0: CPU), and
+	// GPUMemoryBytes the estimate for the fullest one of them.
+	GPUs           int64 `json:"gpus,omitempty"`
+	GPUMemoryBytes int64 `json:"gpuMemoryBytes,omitempty"`
 }
 
 // Read parses path's header and estimates the memory for context tokens
-// per sequence (0: the model's own) and parallel sequences.
-func Read(path string, context, parallel int64) (Size, error) {
+// per sequence (0: the model's own) and parallel sequences, on the CPU
+// (gpus 0) or with every layer offloaded to gpus GPUs.
+func Read(path string, context, parallel, gpus int64) (Size, error) {
 	gf, err := ggufparser.ParseGGUFFile(path)
 	if err != nil {
 		return Size{}, fmt.Errorf("reading the GGUF header of %s: %w", path, err)
@@ -49,23 +58,41 @@ func Read(path string, context, parallel int64) (Size, error) {
 		FileBytes:     int64(md.FileSize),
 		Context:       context,
 		Parallel:      max(parallel, 1),
+		GPUs:          max(gpus, 0),
 	}
 	if s.Context <= 0 {
 		s.Context = s.ContextLength
 	}
 	// the engines give every sequence its own context window: the KV cache
 	// holds context × parallel tokens
-	e := gf.EstimateLLaMACppRun(
-		ggufparser.WithLLaMACppContextSize(int32(s.Context*s.Parallel)),
+	opts := []ggufparser.GGUFRunEstimateOption{
+		ggufparser.WithLLaMACppContextSize(int32(s.Context * s.Parallel)),
 		ggufparser.WithParallelSize(int32(s.Parallel)),
-		ggufparser.WithLLaMACppOffloadLayers(0),
-	)
-	sum := e.SummarizeItem(false, 0, 0)
+	}
+	if s.GPUs == 0 {
+		opts = append(opts, ggufparser.WithLLaMACppOffloadLayers(0))
+	} else {
+		// every layer on the GPUs (the default), split evenly by layer as
+		// llama.cpp does without --tensor-split
+		split := make([]float64, s.GPUs)
+		for i := range split {
+			split[i] = float64(i+1) / float64(s.GPUs)
+		}
+		split[len(split)-1] = 1
+		opts = append(opts, ggufparser.WithTensorSplitFraction(split))
+	}
+	sum := gf.EstimateLLaMACppRun(opts...).SummarizeItem(false, 0, 0)
 	s.MemoryBytes = int64(sum.RAM.UMA)
+	if s.GPUs > 0 {
+		for _, v := range sum.VRAMs {
+			s.GPUMemoryBytes = max(s.GPUMemoryBytes, int64(v.NonUMA))
+		}
+	}
 	return s, nil
 }
 
-// ErrTooLarge means a model does not fit its engine's memory limit.
+// ErrTooLarge means a model does not fit its engine's memory limit (or
+// the memory of its GPUs).
 var ErrTooLarge = errors.New("the model does not fit the engine's memory limit")
 
 // Fit checks the estimate plus a margin (percent of the estimate) against
@@ -76,8 +103,12 @@ func Fit(s Size, limit int64, marginPercent int64) error {
 	}
 	need := s.MemoryBytes + s.MemoryBytes*marginPercent/100
 	if need > limit {
-		return fmt.Errorf("%w: %s %s (%s parameters, %s file) needs about %s for %d-token context × %d sequences, %s with the %d%% margin; the limit is %s",
-			ErrTooLarge, s.Architecture, s.WeightType, Count(s.Parameters), Bytes(s.FileBytes), Bytes(s.MemoryBytes), s.Context, s.Parallel, Bytes(need), marginPercent, Bytes(limit))
+		where := ""
+		if s.GPUs > 0 {
+			where = " on the host"
+		}
+		return fmt.Errorf("%w: %s %s (%s parameters, %s file) needs about %s%s for %d-token context × %d sequences, %s with the %d%% margin; the limit is %s",
+			ErrTooLarge, s.Architecture, s.WeightType, Count(s.Parameters), Bytes(s.FileBytes), Bytes(s.MemoryBytes), where, s.Context, s.Parallel, Bytes(need), marginPercent, Bytes(limit))
 	}
 	return nil
 }

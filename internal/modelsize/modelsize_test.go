@@ -22,11 +22,11 @@ func TestReadAndFit(t *testing.T) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(dir, res.Output)
-	small, err := Read(path, 512, 1)
+	small, err := Read(path, 512, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	big, err := Read(path, 0, 4)
+	big, err := Read(path, 0, 4, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package orchestra
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -174,7 +175,11 @@ func (d PolicyDocuments) Get(_ context.Context, key client.ObjectKey, obj client
 	return nil
 }
 
+// ErrOffline is what an offline reader (PolicyDocuments) answers a List
+// with: there is no cluster state, such as a fetcher's report.
+var ErrOffline = errors.New("the offline preview lists nothing")
+
 // List implements client.Reader; the preview lists nothing.
 func (d PolicyDocuments) List(context.Context, client.ObjectList, ...client.ListOption) error {
-	return fmt.Errorf("the offline preview lists nothing")
+	return ErrOffline
 }

@@ -74,7 +74,7 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	sort.Strings(names)
 
 	apps := map[string]v1alpha1.ApplicationStatus{}
-	var notCached, failed, downloading, notServing, idle, wakeFailing, tooLarge, sizes []string
+	var notCached, failed, downloading, notServing, idle, wakeFailing, tooLarge, sizes, gpuUnchecked []string
 	ready, awake := 0, 0
 	for _, name := range names {
 		st := applicationStatus(name, mo.Spec.Applications[name], idx)
@@ -83,6 +83,9 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 			sizes = append(sizes, name+": "+sizeSummary(*sz))
 			if !sz.Fits {
 				tooLarge = append(tooLarge, name+": "+st.Model.Message)
+			}
+			if sz.GPUProduct != "" && sz.GPUProductMemoryBytes == 0 {
+				gpuUnchecked = append(gpuUnchecked, fmt.Sprintf("%s (%s)", name, sz.GPUProduct))
 			}
 		}
 		switch {
@@ -135,7 +138,11 @@ func (Status) Status(ctx context.Context, in plugin.StatusInput) (plugin.StatusR
 	case len(notCached) > 0:
 		modelCond = cond(v1alpha1.ConditionModelReady, false, v1alpha1.ReasonModelPending, "waiting for the model fetch: "+strings.Join(notCached, ", "))
 	default:
-		modelCond = cond(v1alpha1.ConditionModelReady, true, v1alpha1.ReasonModelsCached, "every model is cached and verified")
+		msg := "every model is cached and verified"
+		if len(gpuUnchecked) > 0 {
+			msg += "; GPU memory not checked, the product is not in the operator's table: " + strings.Join(gpuUnchecked, ", ")
+		}
+		modelCond = cond(v1alpha1.ConditionModelReady, true, v1alpha1.ReasonModelsCached, msg)
 	}
 
 	var topoCond metav1.Condition
@@ -323,6 +330,9 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 	}
 
 	switch {
+	case st.Model.Size != nil && !st.Model.Size.Fits:
+		st.Phase = v1alpha1.PhaseFailed
+		st.Message = "no engine pod is started: " + strings.TrimPrefix(st.Model.Message, "verification failed: ")
 	case st.Model.Phase == "Failed":
 		st.Phase = v1alpha1.PhaseFailed
 		st.Message = "model fetch failed: " + st.Model.Message
@@ -351,8 +361,18 @@ func applicationStatus(name string, app v1alpha1.Application, idx *objectIndex) 
 // "1.1B Q8_0 1.1GiB, needs 1.4GiB (limit 1.0GiB)".
 func sizeSummary(s v1alpha1.ModelSize) string {
 	out := fmt.Sprintf("%s %s %s, needs %s", modelsize.Count(s.Parameters), s.WeightType, modelsize.Bytes(s.FileBytes), modelsize.Bytes(s.MemoryBytes))
+	if s.GPUs > 0 {
+		out += fmt.Sprintf(" + %s on each of %d GPU(s)", modelsize.Bytes(s.GPUMemoryBytes), s.GPUs)
+	}
 	if !s.Fits {
-		out += fmt.Sprintf(" (limit %s)", modelsize.Bytes(s.MemoryLimitBytes))
+		var limits []string
+		if s.MemoryLimitBytes > 0 {
+			limits = append(limits, "limit "+modelsize.Bytes(s.MemoryLimitBytes))
+		}
+		if s.GPUProductMemoryBytes > 0 {
+			limits = append(limits, s.GPUProduct+" "+modelsize.Bytes(s.GPUProductMemoryBytes))
+		}
+		out += " (" + strings.Join(limits, ", ") + ")"
 	}
 	return out
 }

@@ -95,7 +95,11 @@ func (t Translator) Translate(ctx context.Context, obj *unstructured.Unstructure
 	if errs := validation.Spec(&mo.Spec); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %s %q: %w", validation.ErrInvalid, v1alpha1.Kind, mo.Name, errs.ToAggregate())
 	}
-	return t.values(mo, resolvePolicies(ctx, plugin.ReaderFrom(ctx), mo))
+	gates, err := sizingGates(ctx, plugin.ReaderFrom(ctx), mo)
+	if err != nil {
+		return nil, err
+	}
+	return t.values(mo, resolvePolicies(ctx, plugin.ReaderFrom(ctx), mo), gates)
 }
 
 // crdDefaults applies the CRD schema's defaults; built once from the
@@ -189,7 +193,9 @@ func Default(mo *v1alpha1.ModelOrchestra) {
 // GGUF file in one pod (llamacpp, ollama): the file, the context and
 // concurrency the engine is configured with, and the engine container's
 // memory limit (none, or a llama.cpp root whose weights are split over
-// RPC workers, publishes the size without a check).
+// RPC workers, publishes the size without a check), and its GPUs: the
+// estimate offloads every layer to runtime.gpu.count GPUs and checks the
+// fullest against runtime.gpu.product's memory where modelsize knows it.
 func sizingValues(app v1alpha1.Application) map[string]any {
 	m, rt := app.Model, app.Runtime
 	if rt.Engine != v1alpha1.EngineLlamaCPP && rt.Engine != v1alpha1.EngineOllama {
@@ -208,6 +214,10 @@ func sizingValues(app v1alpha1.Application) map[string]any {
 			limit = q.Value()
 		}
 	}
+	gpus, product := int64(0), ""
+	if rt.Workers == 0 && rt.GPU.Count > 0 {
+		gpus, product = int64(rt.GPU.Count), rt.GPU.Product
+	}
 	return map[string]any{
 		"file":              m.File,
 		"context":           int64(app.Serving.ContextLength),
@@ -215,6 +225,8 @@ func sizingValues(app v1alpha1.Application) map[string]any {
 		"memoryLimit":       limit,
 		"marginPercent":     margin,
 		"ignoreMemoryLimit": ignore,
+		"gpus":              gpus,
+		"gpuProduct":        product,
 	}
 }
 
@@ -232,7 +244,7 @@ func nativeFormat(e v1alpha1.Engine) v1alpha1.ModelFormat {
 	}
 }
 
-func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[string]any, error) {
+func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies, gates map[string]sizingGate) (map[string]any, error) {
 	getenv := t.Getenv
 	if getenv == nil {
 		getenv = os.Getenv
@@ -279,6 +291,10 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 		}
 		if c, why := ColdS3Location(name, app, sleep); why == "" && c.URL != "" {
 			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldS3"] = c.values()
+		}
+		if g := gates[name]; g.Hold {
+			// No engine pod until the model is known to fit (sizinggate.go).
+			v["engineHold"] = map[string]any{"refused": g.Refused}
 		}
 		apps[name] = v
 	}

@@ -463,14 +463,10 @@ func (o *output) run(ctx context.Context) error {
 	}
 	var sse *sseWriter
 	if g.stream {
+		// The headers go out at once, as vLLM's do; the first chunk waits
+		// for the prefill.
 		sse = newSSEWriter(o.w)
-		if g.chat {
-			// vLLM opens every choice with the assistant role.
-			for i := range g.seeds {
-				sse.event(o.chatChunk(i, chatDelta{Role: "assistant"}, nil))
-			}
-			sse.flush()
-		}
+		sse.flush()
 	}
 	last := time.Now()
 	for step := range steps {
@@ -500,6 +496,13 @@ func (o *output) run(ctx context.Context) error {
 			if sse == nil {
 				o.texts[i] = gen.appendNext(o.texts[i])
 				continue
+			}
+			if step == 0 && g.chat {
+				// vLLM opens every choice with the assistant role, in the
+				// first chunk it sends after the prefill (its first
+				// iteration of the engine's outputs), right before the
+				// first token.
+				sse.event(o.chatChunk(i, chatDelta{Role: "assistant"}, nil))
 			}
 			tok := gen.next()
 			var finish *string
