@@ -29,7 +29,6 @@ var (
 	ollamaHopBench   = flag.Bool("ollama-hop-bench", false, "measure first token and tokens/s of a real Ollama process direct, through a plain reverse proxy and through gateway + JetStream + dispatcher (make bench-dataplane-ollama)")
 	ollamaHopPairs   = flag.Int("ollama-hop-requests", 20, "requests per path of the Ollama hop benchmark")
 	ollamaHopProfile = flag.String("ollama-hop-profile", "", "write a CPU profile of the process over the requests through the queue to this file")
-	ollamaHopWindows = flag.String("ollama-hop-windows", "", "comma-separated streamBatchWindow values of the dispatchers measured (default: 0 and the default window)")
 	ollamaHopDocs    = flag.String("ollama-hop-docs", "", "Markdown file whose bench-dataplane-ollama section receives the table")
 )
 
@@ -57,17 +56,6 @@ func TestOllamaHopBenchmark(t *testing.T) {
 	}
 	simCfg := dataplanetest.FastSim()
 	simCfg.Model = "tiny"
-	windows := []time.Duration{0, dispatch.Default().StreamBatchWindow.Duration}
-	if *ollamaHopWindows != "" {
-		windows = nil
-		for _, f := range strings.Split(*ollamaHopWindows, ",") {
-			w, err := time.ParseDuration(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			windows = append(windows, w)
-		}
-	}
 	target, _ := url.Parse(srv.URL)
 	proxy := httptest.NewServer(&httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
@@ -78,23 +66,19 @@ func TestOllamaHopBenchmark(t *testing.T) {
 		{"direct to Ollama", srv.URL + "/v1/chat/completions", ""},
 		{"plain reverse proxy", proxy.URL + "/v1/chat/completions", ""},
 	}
-	for _, w := range windows {
-		stack, err := dataplanetest.StartStack(dataplanetest.StackConfig{Sim: simCfg, Dispatcher: func(c *dispatch.Config) {
-			c.Apps[0].Endpoints = []string{srv.URL}
-			c.Apps[0].MaxConcurrency = 1
-			c.Health.Path = "/api/version"
-			c.StreamBatchWindow.Duration = w
-		}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer stack.Close()
-		if _, err := stack.StartDispatcher(); err != nil {
-			t.Fatal(err)
-		}
-		paths = append(paths, struct{ name, url, key string }{
-			fmt.Sprintf("gateway + JetStream + dispatcher, streamBatchWindow %v", w), stack.Gateway.URL + "/v1/chat/completions", dataplanetest.APIKey})
+	stack, err := dataplanetest.StartStack(dataplanetest.StackConfig{Sim: simCfg, Dispatcher: func(c *dispatch.Config) {
+		c.Apps[0].Endpoints = []string{srv.URL}
+		c.Apps[0].MaxConcurrency = 1
+		c.Health.Path = "/api/version"
+	}})
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer stack.Close()
+	if _, err := stack.StartDispatcher(); err != nil {
+		t.Fatal(err)
+	}
+	paths = append(paths, struct{ name, url, key string }{"gateway + JetStream + dispatcher", stack.Gateway.URL + "/v1/chat/completions", dataplanetest.APIKey})
 
 	type result struct {
 		ttft []time.Duration

@@ -59,16 +59,8 @@ type Config struct {
 	// all dispatchers.
 	MaxAckPending int `json:"maxAckPending"`
 	// MaxResponseBytes bounds a non-streamed answer.
-	MaxResponseBytes int64 `json:"maxResponseBytes"`
-	// StreamBatchWindow paces the response messages of one stream: the
-	// first one goes out as soon as the engine sends it, and the next ones
-	// at most once per window, each carrying everything the engine sent
-	// meanwhile. An engine slower than one token per window is relayed
-	// token by token, unchanged; a faster one costs one message (and one
-	// wake-up of NATS, the gateway and the client) per window instead of
-	// one per token. 0 relays every read of the engine's answer at once.
-	StreamBatchWindow metav1.Duration `json:"streamBatchWindow,omitempty"`
-	Health            Health          `json:"health"`
+	MaxResponseBytes int64  `json:"maxResponseBytes"`
+	Health           Health `json:"health"`
 	// Lifecycle scales applications with their demand (internal/lifecycle).
 	Lifecycle *lifecycle.Config `json:"lifecycle,omitempty"`
 }
@@ -142,7 +134,6 @@ func Default() Config {
 		Prefetch:          4,
 		MaxAckPending:     1000,
 		MaxResponseBytes:  64 << 20,
-		StreamBatchWindow: metav1.Duration{Duration: 2 * time.Millisecond},
 		Health: Health{
 			FailureThreshold: 3,
 			EjectBase:        metav1.Duration{Duration: time.Second},
@@ -247,9 +238,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxResponseBytes < 1 {
 		add("maxResponseBytes must be positive")
-	}
-	if w := c.StreamBatchWindow.Duration; w < 0 || w > time.Second {
-		add("streamBatchWindow must be between 0 and 1s")
 	}
 	if c.Lifecycle != nil {
 		served := make([]string, 0, len(c.Apps))

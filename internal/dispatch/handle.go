@@ -516,18 +516,12 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt lease, h nats.Header, 
 	// Publishing copies the bytes into the connection's buffer, so one
 	// read buffer serves the whole stream.
 	buf := make([]byte, 32<<10)
-	pace := pacer{window: d.cfg.StreamBatchWindow.Duration}
-	defer pace.stop()
 	for {
-		if err := pace.wait(ctx); err != nil {
-			return 0, context.Cause(ctx)
-		}
 		n, rerr := res.Body.Read(buf)
 		if n > 0 {
 			if err := resp.data(buf[:n], res.StatusCode, ct, false); err != nil {
 				return 0, &attemptError{reason: "publish_failed", err: err}
 			}
-			pace.sent()
 		}
 		if rerr == io.EOF {
 			break
@@ -543,54 +537,6 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt lease, h nats.Header, 
 		return 0, err
 	}
 	return res.StatusCode, nil
-}
-
-// pacer spaces the reads of a stream's answer by a window (StreamBatchWindow):
-// what the engine sends while the dispatcher waits is read, and published,
-// as one message. The first read never waits, nor does a read a window or
-// more after the last message.
-type pacer struct {
-	window time.Duration
-	last   time.Time
-	timer  *time.Timer
-}
-
-// wait returns once a window has passed since the last message, or with
-// ctx's error when ctx ends first (a cancelled request: the engine's answer
-// is closed at once).
-func (p *pacer) wait(ctx context.Context) error {
-	if p.window <= 0 || p.last.IsZero() {
-		return ctx.Err()
-	}
-	left := p.window - time.Since(p.last)
-	if left <= 0 {
-		return ctx.Err()
-	}
-	if p.timer == nil {
-		p.timer = time.NewTimer(left)
-	} else {
-		p.timer.Reset(left)
-	}
-	select {
-	case <-ctx.Done():
-		p.timer.Stop()
-		return ctx.Err()
-	case <-p.timer.C:
-		return nil
-	}
-}
-
-// sent records a message published now.
-func (p *pacer) sent() {
-	if p.window > 0 {
-		p.last = time.Now()
-	}
-}
-
-func (p *pacer) stop() {
-	if p.timer != nil {
-		p.timer.Stop()
-	}
 }
 
 // deadLetter moves a request to the dead-letter stream and tells the
