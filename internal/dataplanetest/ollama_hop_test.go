@@ -27,7 +27,7 @@ import (
 
 var (
 	ollamaHopBench   = flag.Bool("ollama-hop-bench", false, "measure first token and tokens/s of a real Ollama process direct, through a plain reverse proxy and through gateway + JetStream + dispatcher (make bench-dataplane-ollama)")
-	ollamaHopPairs   = flag.Int("ollama-hop-requests", 20, "requests per path of the Ollama hop benchmark")
+	ollamaHopPairs   = flag.Int("ollama-hop-requests", 40, "requests per path of the Ollama hop benchmark")
 	ollamaHopProfile = flag.String("ollama-hop-profile", "", "write a CPU profile of the process over the requests through the queue to this file")
 	ollamaHopDocs    = flag.String("ollama-hop-docs", "", "Markdown file whose bench-dataplane-ollama section receives the table")
 )
