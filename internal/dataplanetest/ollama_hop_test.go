@@ -158,10 +158,32 @@ func median(v []float64) float64 {
 	return s[(len(s)-1)/2]
 }
 
-// streamOnce sends one streamed chat of 64 tokens and returns the time to
+// streamOnce sends one streamed chat of 64 tokens (see streamAttempt), and
+// asks again with the prompt's last character changed, the same length,
+// when the answer had no content: the generated model's weights are
+// random, and now and then a prompt draws the end token first.
+func streamOnce(ctx context.Context, url, key, prompt string) (time.Duration, float64, error) {
+	var err error
+	for k := range 5 {
+		p := prompt
+		if k > 0 {
+			p = prompt[:len(prompt)-1] + string(rune('a'+k))
+		}
+		var first time.Duration
+		var rate float64
+		if first, rate, err = streamAttempt(ctx, url, key, p); !errors.Is(err, errNoContent) {
+			return first, rate, err
+		}
+	}
+	return 0, 0, err
+}
+
+var errNoContent = errors.New("no content before [DONE]")
+
+// streamAttempt sends one streamed chat of 64 tokens and returns the time to
 // its first non-empty content and its tokens per second after the first
 // (completion tokens of the usage over first to last content).
-func streamOnce(ctx context.Context, url, key, prompt string) (time.Duration, float64, error) {
+func streamAttempt(ctx context.Context, url, key, prompt string) (time.Duration, float64, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model": "tiny", "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
 		"messages": []map[string]string{{"role": "user", "content": prompt}},
@@ -221,8 +243,11 @@ func streamOnce(ctx context.Context, url, key, prompt string) (time.Duration, fl
 			}
 		}
 	}
-	if !done || first.IsZero() {
-		return 0, 0, errors.Join(errors.New("no content, or no [DONE]"), sc.Err())
+	if !done {
+		return 0, 0, errors.Join(errors.New("the stream ended without [DONE]"), sc.Err())
+	}
+	if first.IsZero() {
+		return 0, 0, errNoContent
 	}
 	rate := 0.0
 	if tokens > 1 && last.After(first) {
