@@ -101,6 +101,12 @@ type ModelOrchestraSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxProperties=16
 	SeatGroups map[string]SeatGroupSpec `json:"seatGroups,omitempty"`
+
+	// agent places the checkpoint node agent, which runs while an
+	// application sleeps. Defaults to the placement of the sleeping
+	// applications' engines.
+	// +optional
+	Agent *AgentSpec `json:"agent,omitempty"`
 }
 
 // NATSSpec selects the NATS JetStream server.

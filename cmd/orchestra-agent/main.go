@@ -63,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	coldS3 := fs.StringArray("cold-s3", nil, "node: an S3 object the agent may copy as an application's cold copy: name=<app>,url=s3://<bucket>/<key>[,endpoint=<url>][,region=<r>][,credentials=<dir holding AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY>]; repeat for each application")
 	fs.StringVar(&n.RuntimeVersion, "runtime-version", n.RuntimeVersion, "node: the node's containerRuntimeVersion (e.g. containerd://1.6.20), an override; empty reads it from the node --node-name, else asks containerd --version")
 	fs.StringVar(&n.NodeName, "node-name", os.Getenv("NODE_NAME"), "node: this agent's node (default $NODE_NAME, the downward API's spec.nodeName), whose containerRuntimeVersion it reads (get on nodes)")
+	fs.StringVar(&n.Release, "release", n.Release, "node: the agent's Helm release (its pods' app.kubernetes.io/instance): a process snapshot is taken only of a process in a container of this release's pods in --namespace on --node-name")
 	fs.StringVar(&n.CRIU, "criu", n.CRIU, "node: criu binary probed with criu check (empty skips it)")
 	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
 	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")

@@ -103,6 +103,10 @@ type NodeConfig struct {
 	// NODE_NAME environment variable), whose runtime version the agent
 	// reads with its ServiceAccount (get on nodes).
 	NodeName string `json:"nodeName,omitempty"`
+	// Release is the agent's Helm release (the app.kubernetes.io/instance
+	// label of its pods): a process snapshot is taken only of a process in
+	// a container of a pod of this release, in Store.Namespace, on NodeName.
+	Release string `json:"release,omitempty"`
 	// CRIU is the criu binary probed with `criu check` ("" skips it).
 	CRIU string `json:"criu,omitempty"`
 	// MountHotTier mounts a tmpfs with huge=within_size and the hot budget
@@ -222,6 +226,9 @@ func (c Config) Validate() error {
 				bad("cold S3 source %q is given twice", c.Name)
 			}
 			names[c.Name] = true
+		}
+		if n.SnapshotDir != "" && (n.Release == "" || n.Store.Namespace == "" || n.NodeName == "") {
+			bad("process snapshots (snapshot dir %s) need --release, --namespace and --node-name: the agent snapshots only the processes of its release's pods on its node", n.SnapshotDir)
 		}
 		if n.PromoteInterval < 0 || n.PromoteMargin < 0 {
 			bad("promote interval and margin must not be negative, got %v and %v", n.PromoteInterval, n.PromoteMargin)

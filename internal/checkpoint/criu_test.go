@@ -286,6 +286,9 @@ func snapshotAgent(ctx context.Context, t *testing.T, c checkpoint.CRIU) (snapsh
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The snapshotted process runs in no pod here: the release check
+	// (releaseproc.go) is TestNodeAgentRefusesForbiddenCalls's.
+	n.SetProcessOwner(checkpoint.ProcessOwnerFunc(func(context.Context, int) error { return nil }))
 	// The agent's own snapshots need criu only; the report's
 	// processSnapshots (container checkpoints) also needs the runtime.
 	n.Measure(ctx)

@@ -31,7 +31,8 @@
 //	          sleep records, promotion ahead), cold.go (cold sources: model
 //	          cache, S3), tmpfs.go (the hot tier's mount), report.go (the node
 //	          report), noderuntime.go (the node's container runtime),
-//	          criu.go (process snapshots), bandwidth.go (bandwidth probes,
+//	          criu.go (process snapshots), releaseproc.go (only a
+//	          process of the release's pods is snapshotted), bandwidth.go (bandwidth probes,
 //	          also used by the benchmarks)
 //	arena/    memory regions, hashing and the copy path of a restore
 //	enginetest/ fakes of vLLM, Ollama and llama.cpp that quote their APIs

@@ -46,7 +46,15 @@ type Node struct {
 	// nodesErr saying why, without API access).
 	nodes    NodeRuntimeReader
 	nodesErr error
+	// owner tells the processes of the release's engines from others: a
+	// process snapshot of any other process is refused.
+	owner ProcessOwner
 }
+
+// SetProcessOwner sets how the agent checks that a process to snapshot
+// runs in a container of a pod of its release (ReleaseProcesses); until
+// then every process is refused.
+func (n *Node) SetProcessOwner(o ProcessOwner) { n.owner = o }
 
 // SetNodeRuntimeReader sets how Measure reads the container runtime
 // version of cfg.NodeName; err says why there is none.
@@ -73,6 +81,7 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 		return nil, err
 	}
 	n := &Node{cfg: cfg, store: s, log: log, m: newNodeMetrics(reg), hotMount: hotMount,
+		owner:        noProcessOwner{why: "the agent does not know its release's pods (it needs --release, --namespace, --node-name and list on pods)"},
 		verification: VerificationReport{IntervalSeconds: int64(cfg.VerifyInterval / time.Second)},
 		promotion:    PromotionReport{IntervalSeconds: int64(cfg.PromoteInterval / time.Second), MarginSeconds: int64(cfg.PromoteMargin / time.Second)}}
 	if cfg.ColdDir != "" {
@@ -293,7 +302,9 @@ type TiersStatus struct {
 //	POST   /wakes                           WakeRecord: a wake, for the prediction
 //	POST   /sleeps                          SleepRecord: a sleep, for the prediction
 //	POST   /promote-ahead                   plan and make the due promotions now → []PromotionDone
-//	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N
+//	POST   /snapshots/{namespace}/{name}?pid=N  criu dump of process N, an
+//	       engine's serving process in a container of a pod of the release
+//	       on this node (403 otherwise, releaseproc.go)
 //	POST   /snapshots/{namespace}/{name}/restore criu restore → its pid
 //	       (both 501 with the reason where the node cannot snapshot)
 //	GET    /healthz, /metrics
@@ -369,7 +380,11 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	}
 	cold, err := n.coldSource(req.ColdPath, req.ColdS3, req.Digest)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if errors.Is(err, ErrManifestMismatch) {
+			status = http.StatusConflict // the manifest cannot vouch for the file
+		}
+		writeError(w, status, err.Error())
 		return
 	}
 	e, err := n.promote(r.Context(), req.Key, req.To, cold, req.Digest, req.Priority, nil)
@@ -408,7 +423,16 @@ func (n *Node) coldSource(coldPath, coldS3, digest string) (ColdSource, error) {
 		if !filepath.IsLocal(coldPath) {
 			return nil, fmt.Errorf("coldPath %q must be a relative path inside the cold tier", coldPath)
 		}
-		return ColdFile(filepath.Join(n.cfg.ColdDir, coldPath)), nil
+		f := ColdFile(filepath.Join(n.cfg.ColdDir, coldPath))
+		// A file the fetcher's manifest lists is verified against it
+		// (modelfile.go).
+		switch want, listed, err := manifestFile(n.cfg.ColdDir, coldPath); {
+		case err != nil:
+			return nil, err
+		case listed:
+			return manifestVerified{ColdFile: f, want: want}, nil
+		}
+		return f, nil
 	}
 	return nil, nil
 }
@@ -453,7 +477,7 @@ func (n *Node) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wan
 // internal failure (500, "failed").
 func copyErrorStatus(err error) (status int, result string) {
 	switch {
-	case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict):
+	case errors.Is(err, arena.ErrMismatch), errors.Is(err, ErrDigestConflict), errors.Is(err, ErrManifestMismatch):
 		// The bytes do not hash to the digest: nothing was placed.
 		return http.StatusConflict, "mismatch"
 	case errors.Is(err, ErrDigestRequired):
@@ -550,6 +574,15 @@ func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
 		}
 		if err := isEngineProcess(ProcFS{}, pid); err != nil {
 			writeError(w, http.StatusForbidden, err.Error())
+			return
+		}
+		if err := n.owner.CheckProcess(r.Context(), pid); err != nil {
+			status := http.StatusForbidden
+			if !errors.Is(err, ErrNotOfRelease) {
+				status = http.StatusServiceUnavailable // the pod list could not be read
+			}
+			n.log.Warn("process snapshot refused", "key", k.String(), "pid", pid, "err", err)
+			writeError(w, status, err.Error())
 			return
 		}
 	}

@@ -213,7 +213,7 @@ var ErrNotAnEngine = errors.New("not an engine's serving process")
 func isEngineProcess(fs ProcFS, pid int) error {
 	p, err := fs.Proc(pid)
 	if err != nil {
-		return fmt.Errorf("process %d: %w: %v", pid, ErrNotAnEngine, err)
+		return fmt.Errorf("process %d: %w: %w", pid, ErrNotAnEngine, err)
 	}
 	for _, match := range engineMatchers {
 		if match(p.Cmdline) {

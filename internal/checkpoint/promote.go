@@ -277,7 +277,7 @@ func (n *Node) PromoteAhead() []PromotionDone {
 		if err != nil {
 			d.Error = err.Error()
 			result = "failed"
-			if errors.Is(err, arena.ErrMismatch) {
+			if errors.Is(err, arena.ErrMismatch) || errors.Is(err, ErrManifestMismatch) {
 				result = "mismatch"
 			}
 			n.log.Warn("promotion ahead of a predicted wake failed", "key", p.String(), "from", p.From, "to", p.To, "err", err)

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"k8s.io/client-go/rest"
 )
 
 // Run serves the agent in its role until ctx ends.
@@ -47,6 +49,15 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 		}
 		if cfg.Node.NodeName != "" && cfg.Node.RuntimeVersion == "" {
 			node.SetNodeRuntimeReader(inClusterNodes())
+		}
+		if cfg.Node.SnapshotDir != "" {
+			if rc, err := rest.InClusterConfig(); err != nil {
+				log.Warn("process snapshots refused: no API access to list the release's pods", "err", err)
+			} else if pods, err := NewAPIPodLister(rc, cfg.Node.Store.Namespace, cfg.Node.Release, cfg.Node.NodeName); err != nil {
+				log.Warn("process snapshots refused", "err", err)
+			} else {
+				node.SetProcessOwner(ReleaseProcesses{Pods: pods})
+			}
 		}
 		go node.Measure(ctx)
 		go node.Verify(ctx)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -102,6 +105,50 @@ func TestSleepAndWake(t *testing.T) {
 		})
 	})
 
+	var callerToken string
+	t.Run("the release's caller token is generated once, for the agent and the dispatcher", func(t *testing.T) {
+		sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the caller token Secret: %v", err)
+		}
+		if callerToken = string(sec.Data["token"]); len(callerToken) != 48 {
+			t.Fatalf("caller token of %d bytes; want the 48 random characters the chart generates", len(callerToken))
+		}
+		// The parkAfter demotion below is a mutating call of the node
+		// agent by the dispatcher's leader: it passes only with this token.
+		// From outside the release, the agent refuses a mutating call
+		// without it (the NetworkPolicy is not enforced on this cluster,
+		// so the test reaches the agent's pod directly).
+		agents, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=checkpoint-agent"})
+		if err != nil || len(agents.Items) == 0 || agents.Items[0].Status.PodIP == "" {
+			t.Fatalf("the node agent's pod: %v (%d pods)", err, len(agents.Items))
+		}
+		url := "http://" + net.JoinHostPort(agents.Items[0].Status.PodIP, "9301") + nodeapi.PathVerify
+		for _, c := range []struct {
+			token string
+			want  int
+		}{{"", http.StatusUnauthorized}, {"not-the-release-token", http.StatusUnauthorized}, {callerToken, http.StatusOK}} {
+			eventually(t, 30*time.Second, func() error {
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+				if err != nil {
+					return err
+				}
+				if c.token != "" {
+					nodeapi.Authorize(req, c.token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return err
+				}
+				_ = resp.Body.Close()
+				if resp.StatusCode != c.want {
+					return fmt.Errorf("POST %s with token %t: %d, want %d", url, c.token != "", resp.StatusCode, c.want)
+				}
+				return nil
+			})
+		}
+	})
+
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, chatPrompt, 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat through %s: %v", base, err)
 	}
@@ -168,6 +215,10 @@ func TestSleepAndWake(t *testing.T) {
 		logf("awake from the %s tier", tier)
 		if grew := grown(dispatchers, failedDeliveries(ctx, t, ns)); len(grew) > 0 {
 			t.Errorf("the request that woke the demoted engine was not delivered once; the dispatcher counted:\n%s", strings.Join(grew, "\n"))
+		}
+		// The policy's parkAfter was a Helm upgrade: the token stayed.
+		if sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{}); err != nil || string(sec.Data["token"]) != callerToken {
+			t.Errorf("after the upgrade the caller token Secret is %v (err %v); want the token of the install, kept", sec != nil && string(sec.Data["token"]) == callerToken, err)
 		}
 	})
 

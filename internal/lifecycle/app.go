@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -56,10 +55,22 @@ type appState struct {
 	wakeScaled  time.Time // when the wake's replicas were written
 	wakeTrigger string
 	belowSince  time.Time // since when the backlog asked for fewer replicas
-	delivered   uint64    // the consumer's delivered stream sequence at the last look
+	use         usage     // the consumer's use, reading by reading (demand.go)
 	gate        Gate      // the consumer's gate as last set
 	written     string    // the status last persisted
 	writtenAt   time.Time
+	// dirty: the step changed the status in a way that is written at
+	// once (writeStatus); after runs once it is written.
+	dirty bool
+	after []func(context.Context)
+	// drainDecided is when the current drain (or sleep) was decided;
+	// drainForSleep: it ends in a sleep, not at zero.
+	drainDecided  time.Time
+	drainForSleep bool
+	// sidecars are the root pods' sidecars as the step last read them, at
+	// sidecarsAt (observeStep).
+	sidecars   []sidecarResult
+	sidecarsAt time.Time
 	// wrote is the root replica count last written, at wroteAt: the cache
 	// may not show it yet.
 	wrote   int32
@@ -96,8 +107,9 @@ type observation struct {
 	now          time.Time
 	root         *appsv1.StatefulSet
 	specReplicas int32
-	serving      int32         // replicas whose root and workers are ready
-	roots        []*corev1.Pod // the serving root pods (servingRoots)
+	serving      int32           // replicas whose root and workers are ready
+	roots        []*corev1.Pod   // the serving root pods (servingRoots)
+	demand       consumerReading // read when info is asked for
 	pending      uint64
 	ackPending   uint64
 	delivered    uint64
@@ -108,7 +120,7 @@ type observation struct {
 // runApp decides for one application until ctx ends.
 func (c *Controller) runApp(ctx context.Context, a *appState) {
 	defer c.unsubscribe(a)
-	if err := c.initApp(ctx, a); err != nil {
+	if err := errors.Join(c.initApp(ctx, a), c.writeStatus(ctx, a)); err != nil {
 		if ctx.Err() == nil {
 			c.log.Error("starting lifecycle", "app", a.Name, "err", err)
 		}
@@ -122,7 +134,7 @@ func (c *Controller) runApp(ctx context.Context, a *appState) {
 		case <-a.kick:
 		case <-t.C:
 		}
-		if err := c.step(ctx, a); err != nil && ctx.Err() == nil {
+		if err := c.runStep(ctx, a); err != nil && ctx.Err() == nil {
 			c.log.Warn("lifecycle step failed; retrying", "app", a.Name, "state", a.status.State, "err", err)
 		}
 	}
@@ -180,7 +192,8 @@ func (c *Controller) initApp(ctx context.Context, a *appState) error {
 	if a.status.State == v1alpha1.LifecycleZero && obs.infoOK && obs.pending > 0 {
 		return c.wake(ctx, a, obs, triggerBacklog)
 	}
-	return c.persist(ctx, a, true)
+	a.changed()
+	return nil
 }
 
 // observe reads the application's root StatefulSet and pods from the cache
@@ -217,131 +230,15 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 		}
 	}
 	if info {
-		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		cons, err := c.js.Consumer(ictx, c.names.Stream(), c.names.Consumer(a.Name))
-		cancel()
-		if err == nil {
-			ci := cons.CachedInfo()
-			o.pending, o.ackPending, o.delivered, o.paused, o.infoOK = ci.NumPending, uint64(ci.NumAckPending), ci.Delivered.Stream, ci.Paused, true
-			cfg := ci.Config
+		r := c.readConsumer(ctx, a.Name)
+		o.demand = r
+		if r.OK {
+			o.pending, o.ackPending, o.delivered, o.paused, o.infoOK = r.Queued, r.InFlight, r.Delivered, r.Paused, true
+			cfg := r.Config
 			a.consumer, a.consumerAt = &cfg, o.now
 		}
 	}
 	return o
-}
-
-// step looks at the application once and acts.
-func (c *Controller) step(ctx context.Context, a *appState) error {
-	root, err := c.rootSet(a)
-	if apierrors.IsNotFound(err) {
-		return nil // not rendered yet, or being uninstalled
-	}
-	if err != nil {
-		return err
-	}
-	c.applyFirstToken(ctx, a)
-	if done, err := c.stepSleep(ctx, a, root); done || err != nil {
-		return err
-	}
-	switch a.status.State {
-	case v1alpha1.LifecycleZero:
-		// A request seen since the decision to go to zero wakes at once,
-		// without asking JetStream; the tick also looks at the backlog.
-		if time.Unix(0, a.lastRequest.Load()).After(a.zeroAt) {
-			return c.wake(ctx, a, c.observe(ctx, a, root, false), triggerRequest)
-		}
-		obs := c.observe(ctx, a, root, true)
-		c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-		if obs.specReplicas > 0 {
-			// Someone else scaled it up (kubectl scale): follow.
-			c.enter(a, v1alpha1.LifecycleWaking, obs.now)
-			a.wakeStart, a.wakeScaled, a.wakeTrigger = obs.now, obs.now, ""
-			return c.persist(ctx, a, true)
-		}
-		if obs.infoOK && !obs.paused {
-			// A dispatcher provisioned its consumers again, which resets
-			// the pause: close the gate again.
-			if err := c.closeGate(ctx, a); err != nil {
-				return err
-			}
-		}
-		if obs.infoOK && obs.pending+obs.ackPending > 0 {
-			// Queued while this leader watched (a request, seen through
-			// JetStream before its copy reached the subscription), or
-			// handed to a dispatcher in the instant before the consumer
-			// paused: either way it needs a root.
-			return c.wake(ctx, a, obs, triggerRequest)
-		}
-		return c.syncWorkers(ctx, a, 0) // after a drain that did not write them all
-	case v1alpha1.LifecycleWaking:
-		// The cache first: a root that serves opens the gate before
-		// anything is read from JetStream.
-		obs := c.observe(ctx, a, root, false)
-		if obs.serving > 0 && c.rootsConfirmed(ctx, a, obs.roots) {
-			return c.awake(ctx, a, root)
-		}
-		// The pod's and the StatefulSet's every change kicks this step
-		// while the pods start: the consumer is read once a tick, so that
-		// the step the root's Ready kicks does not wait behind a read of
-		// JetStream started for an earlier change.
-		if obs.now.Sub(a.consumerAt) >= c.cfg.Tick.Duration {
-			obs = c.observe(ctx, a, root, true)
-		}
-		if obs.infoOK {
-			c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-		}
-		if obs.infoOK && !obs.paused {
-			if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
-				return err
-			}
-		}
-		if obs.specReplicas == 0 {
-			// Scaled to zero behind our back while waking: wake again.
-			return c.wake(ctx, a, obs, triggerRequest)
-		}
-		msg := wakeProblem(c.appPods(a))
-		if msg != a.status.Message {
-			a.status.Message = msg
-			if msg != "" {
-				c.event(a, corev1.EventTypeWarning, EventWakeFailing, "application %s cannot wake: %s", a.Name, msg)
-			}
-			return c.persist(ctx, a, true)
-		}
-		return nil
-	default: // Awake
-		obs := c.observe(ctx, a, root, true)
-		if !obs.infoOK {
-			return errors.New("reading the consumer's backlog failed")
-		}
-		if obs.pending+obs.ackPending > 0 || obs.delivered != a.delivered {
-			a.status.LastActiveTime = &metav1.Time{Time: obs.now}
-		}
-		a.delivered = obs.delivered
-		c.m.waiting.WithLabelValues(a.Name).Set(0)
-		if obs.specReplicas == 0 {
-			// Scaled to zero by someone else: requests now wait for a wake.
-			if err := c.subscribe(a); err != nil {
-				return err
-			}
-			if err := c.closeGate(ctx, a); err != nil {
-				return err
-			}
-			a.zeroAt = obs.now
-			c.enter(a, v1alpha1.LifecycleZero, obs.now)
-			return c.persist(ctx, a, true)
-		}
-		idle := obs.now.Sub(a.status.LastActiveTime.Time)
-		if c.sleepDue(a, obs, idle) {
-			return c.fallAsleep(ctx, a, root)
-		}
-		if a.MinReplicas == 0 && obs.pending+obs.ackPending == 0 && idle >= a.ZeroAfter.Duration {
-			return c.drain(ctx, a, root)
-		}
-		if err := c.scaleWithBacklog(ctx, a, obs); err != nil {
-			return err
-		}
-		return c.persist(ctx, a, false)
-	}
 }
 
 // scaleWithBacklog runs ceil(load / target) replicas within
@@ -384,6 +281,31 @@ func (c *Controller) scaleWithBacklog(ctx context.Context, a *appState, obs obse
 	}
 }
 
+// beginDrain enters Draining: an idle application goes to zero, or its
+// engines to sleep (forSleep), in the next step (drain, fallAsleep), once
+// its state is out. Requests are seen from here on: one cancels it.
+func (c *Controller) beginDrain(ctx context.Context, a *appState, root *appsv1.StatefulSet, forSleep bool) error {
+	decided := c.now()
+	if forSleep {
+		if refs, err := c.rootSidecars(a, root); err != nil || len(refs) == 0 {
+			if err == nil {
+				err = errors.New("no root pod with an address")
+			}
+			a.sl.retryAt = decided.Add(a.Sleep.After.Duration)
+			c.log.Warn("cannot put the engines to sleep; retrying later", "app", a.Name, "retryIn", a.Sleep.After.Duration, "err", err)
+			return nil
+		}
+	}
+	if err := c.subscribe(a); err != nil {
+		return err
+	}
+	a.drainDecided, a.drainForSleep = decided, forSleep
+	c.enter(a, v1alpha1.LifecycleDraining, decided)
+	a.changed()
+	a.kickNow()
+	return nil
+}
+
 // drain takes an idle application to zero behind a fence: its consumer is
 // paused on the server, so that no dispatcher takes a request from now on;
 // if after that anything is queued or in flight, the drain is cancelled
@@ -391,12 +313,7 @@ func (c *Controller) scaleWithBacklog(ctx context.Context, a *appState, obs obse
 // resumed once the old pods are gone, so that no request can reach a root
 // on its way out.
 func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	decided := c.now()
-	if err := c.subscribe(a); err != nil {
-		return err
-	}
-	c.enter(a, v1alpha1.LifecycleDraining, decided)
-	_ = c.persist(ctx, a, true)
+	decided := a.drainDecided
 	cancelDrain := func(why string) error {
 		if err := c.openGate(ctx, a); err != nil {
 			c.log.Warn("reopening the consumer after a cancelled drain; retrying", "app", a.Name, "err", err)
@@ -407,7 +324,8 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		a.status.LastActiveTime = &metav1.Time{Time: c.now()}
 		c.unsubscribe(a)
 		c.enter(a, v1alpha1.LifecycleAwake, c.now())
-		return c.persist(ctx, a, true)
+		a.changed()
+		return nil
 	}
 	if err := c.closeGate(ctx, a); err != nil {
 		_ = cancelDrain("pausing its consumer failed: " + err.Error())
@@ -440,9 +358,7 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 	c.log.Info("scaled to zero", "app", a.Name, "idle", idle)
 	c.event(a, corev1.EventTypeNormal, EventScaledToZero, "scaled %s to zero pods after %v without requests; the next request wakes it", a.Name, idle)
 	c.enter(a, v1alpha1.LifecycleZero, decided)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
+	a.changed()
 	// A request may have been seen between the check and now.
 	a.kickNow()
 	return nil
@@ -470,7 +386,8 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 	c.log.Info("waking", "app", a.Name, "trigger", trigger, "replicas", want, "decision", scaled.Sub(start))
 	c.event(a, corev1.EventTypeNormal, EventWaking, "waking %s (%s): scaled to %d replicas", a.Name, trigger, want)
 	c.enter(a, v1alpha1.LifecycleWaking, scaled)
-	return c.persist(ctx, a, true)
+	a.changed()
+	return nil
 }
 
 // awake marks a waking application awake: a root is ready, the gate
@@ -504,7 +421,8 @@ func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.Statef
 	c.unsubscribe(a)
 	c.m.waiting.WithLabelValues(a.Name).Set(0)
 	c.enter(a, v1alpha1.LifecycleAwake, now)
-	return c.persist(ctx, a, true)
+	a.changed()
+	return nil
 }
 
 // observeStages records the pod stages of the wake that just ended, from

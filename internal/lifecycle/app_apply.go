@@ -121,6 +121,30 @@ func Scale(ctx context.Context, kube kubernetes.Interface, namespace, name strin
 	return nil
 }
 
+// changed marks the application's status as changed in a way its step
+// writes at once (writeStatus).
+func (a *appState) changed() { a.dirty = true }
+
+// afterStatus runs f once the step's status is written: what must not
+// hold the status up (reports to the node agents, the ModelCheckpoint).
+func (a *appState) afterStatus(f func(context.Context)) { a.after = append(a.after, f) }
+
+// writeStatus is the one write of a step: the application's status, when
+// it changed (a change marked with changed at once; lastActiveTime alone
+// at most once a minute), then what waited for it (afterStatus).
+func (c *Controller) writeStatus(ctx context.Context, a *appState) error {
+	err := c.persist(ctx, a, a.dirty)
+	if err == nil {
+		a.dirty = false
+	}
+	after := a.after
+	a.after = nil
+	for _, f := range after {
+		f(ctx)
+	}
+	return err
+}
+
 // persist publishes the application's state to the bucket (gateways) and
 // to the root StatefulSet's annotation (the operator's status), when it
 // changed; with force false a changed lastActiveTime alone is written at

@@ -1,52 +1,3 @@
-// Package lifecycle scales applications with their demand: it takes an idle
-// application to zero pods, wakes it at once when a request arrives, and
-// scales it between one and maxReplicas replicas with its backlog.
-//
-// It runs inside the dispatcher (see internal/dispatch): every dispatcher
-// replica watches the requests published for the orchestra, and the one
-// holding the lifecycle Lease is the single writer of the replica count of
-// the applications' root and worker StatefulSets, through their scale
-// subresource. Requests never wait in a proxy: they stay in the JetStream
-// stream, and the dispatcher takes them only when a root is ready, so a
-// request for a sleeping application is delayed, never lost.
-//
-// The gate is the application's JetStream consumer, paused on the server
-// (so it holds for every dispatcher replica) from the decision to go to
-// zero until a root serves again. Going to zero: the consumer is paused,
-// and only if then nothing is queued or in flight are the pods scaled to
-// zero; a request that arrives before that cancels the drain, one that
-// arrives after it wakes the application again. While the consumer is
-// paused no dispatcher receives a request of the application, so requests
-// wait in the stream without counting a delivery, however long the pods
-// take to start, and none is sent to a root that is going away.
-//
-// The state of each application (Awake, Waking, Draining, Zero) is
-// published in a JetStream key-value bucket, which gateways watch to bound
-// the wait for a wake (maxWait), and in an annotation on the root
-// StatefulSet, from which the operator reports it in the resource's status.
-// The bucket's codec and watcher are internal/lifecyclestate.
-//
-// Files:
-//
-//	config.go            Config, App, defaults and validation
-//	controller.go        Controller: leader election, informers, the step loop
-//	app.go               one application's step: observe, scale to zero, wake
-//	app_apply.go         what a step applies: state, status, scale, events
-//	gate.go              the consumer pause (the gate)
-//	fence.go             the fence between a scale to zero and the next wake
-//	earlyready.go        a starting root taken the moment its engine answers
-//	firsttoken.go        a wake's first token, published by any dispatcher
-//	sleep.go             sleepAfter: engines sleep in their pods and wake
-//	sleep_config.go      SleepConfig, its defaults and validation
-//	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
-//	sleep_adopt.go       a new leader adopts sleeping engines; restarts
-//	sleep_agents.go      the leader's calls of the sidecars (sidecarapi) and
-//	                     the node agents (nodeapi); ModelCheckpoint status
-//	sleep_wakes.go       wake and sleep records for the node agents
-//	seatgroup_leader.go  seat groups: seatgroup.Executor driven by the leader
-//	seatgroup_pod.go     one group pod: its sidecars, dispatcher and gates
-//	seatserving.go       which pods of a seat group serve an application
-//	metrics.go           the leader's metrics
 package lifecycle
 
 import (
@@ -121,11 +72,11 @@ type SeatMember struct {
 	MinResidency metav1.Duration `json:"minResidency,omitempty"`
 	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
-	// SleepAfter puts it to sleep, freeing its seat, once it held it idle
-	// this long (lifecycle.sleepAfter); 0: it keeps its seat until
+	// SleepAfter puts it to sleep, freeing its sidecar, once it held it idle
+	// this long (lifecycle.sleepAfter); 0: it keeps its sidecar until
 	// another application needs it.
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
-	// SeatPort is its seat agent's port in the group's pod.
+	// SeatPort is its sidecar's port in the group's pod.
 	SeatPort int32 `json:"seatPort"`
 	// AgentSelector selects the node agents' pods (one per node): the
 	// leader reports each swap's sleep and wake of the application to the

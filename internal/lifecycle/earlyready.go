@@ -160,7 +160,7 @@ func containerPort(c *corev1.Container, port intstr.IntOrString) (int, error) {
 // the pod's probes would say now: it is not terminating, every container
 // runs, and it has not been Ready since they started. A pod that was
 // Ready and is not any more (a failing readiness probe, a sleeping
-// engine's seat agent) is the kubelet's alone.
+// engine's sidecar) is the kubelet's alone.
 func earlyProbeable(p *corev1.Pod) bool {
 	if p.DeletionTimestamp != nil || !allRunning(p) {
 		return false

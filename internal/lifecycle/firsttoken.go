@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -94,7 +93,7 @@ func (c *Controller) subscribeFirstTokens() (func(), error) {
 
 // applyFirstToken fills the last wake's firstTokenSeconds from a first
 // token reported for it: the earliest one, from the wake's start.
-func (c *Controller) applyFirstToken(ctx context.Context, a *appState) {
+func (c *Controller) applyFirstToken(a *appState) {
 	ft := a.firstTokens.take()
 	if ft == nil {
 		return
@@ -109,7 +108,5 @@ func (c *Controller) applyFirstToken(ctx context.Context, a *appState) {
 	}
 	lw.FirstTokenSeconds = strconv.FormatFloat(secs, 'f', 3, 64)
 	c.log.Info("first token of the wake", "app", a.Name, "from", lw.FromTier, "seconds", secs)
-	if err := c.persist(ctx, a, true); err != nil {
-		c.log.Warn("publishing the wake's first token", "app", a.Name, "err", err)
-	}
+	a.changed()
 }

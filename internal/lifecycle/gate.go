@@ -32,9 +32,10 @@ import (
 const gateHold = 24 * time.Hour
 
 // Gate is the state of a gate, as the leader set it last: an
-// application's consumer (closeGate, openGate), a seat-group member's
-// consumer, or one pod of a seat group for one application
-// (seatserving.go). One type for every gate.
+// application's or a seat-group member's consumer (appState.gate, written
+// only by closeGate, openGate and gateReset in this file), or one pod of a
+// seat group for one application (seatserving.go). One type for every
+// gate.
 type Gate string
 
 const (
@@ -54,6 +55,11 @@ const (
 	GateClosed Gate = "closed"
 )
 
+// gateReset forgets the consumer's gate: a reading found it open where it
+// was closed (a dispatcher that provisioned the consumer again resets its
+// pause), so the next close is not skipped.
+func (a *appState) gateReset() { a.gate = GateUnknown }
+
 // closeGate pauses the application's consumer on the server: from its
 // answer on, no dispatcher receives a request of the application (requests
 // stay in the stream, counting no delivery, however long the wake takes).
@@ -61,6 +67,7 @@ func (c *Controller) closeGate(ctx context.Context, a *appState) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
+		a.gate = GateUnknown
 		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
 	}
 	a.gate = GateClosed
@@ -75,6 +82,7 @@ func (c *Controller) openGate(ctx context.Context, a *appState) error {
 	defer cancel()
 	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
 	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
+		a.gate = GateUnknown
 		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
 	}
 	a.gate = GateOpen

@@ -2,12 +2,12 @@ package lifecycle
 
 // Seat groups. The applications of a seat group share one accelerator in
 // each of the group's pods (StatefulSet "<release>-seat-<group>", replicas
-// pods, one engine and one seat agent per application in each); in each
+// pods, one engine and one sidecar per application in each); in each
 // pod, activeSeats of them are awake at once. The leader runs one
-// seatgroup.Executor per pod: it reads the pod's seats (GET /state on the
+// seatgroup.Executor per pod: it reads the pod's sidecars (GET /state on the
 // pod's IP at the application's seat port), the demand the queue shows for
 // each application (its consumer's queued and in-flight counts), decides
-// with seatgroup.Decide, and applies the plan through the pod's seats
+// with seatgroup.Decide, and applies the plan through the pod's sidecars
 // (POST /sleep, POST /wake) and two gates (seatserving.go): the pods
 // serving each application (SeatServingAnnotation, which the dispatchers
 // follow), and the application's JetStream consumer, paused on the server
@@ -85,40 +85,37 @@ type swapReport struct {
 // report that finds the queue full is dropped (logged and counted).
 const maxQueuedReports = 64
 
-// seatPodRun is one pod of a group on the leader: its executor, its seats
+// seatPodRun is one pod of a group on the leader: its executor, its sidecars
 // and its gate for each application. Only the group's goroutine touches
 // gates.
 type seatPodRun struct {
-	r     *seatGroupRun
-	name  string
-	exec  *seatgroup.Executor
-	seats map[string]*podSeat
-	gates map[string]Gate
+	r        *seatGroupRun
+	name     string
+	exec     *seatgroup.Executor
+	sidecars map[string]*podSidecar
+	gates    map[string]Gate
 }
 
 // seatMember is one application of a group on the leader.
 type seatMember struct {
 	cfg SeatMember
-	// st carries the name and gate of the application for closeGate and
-	// openGate, and its status for persist. Its gate fields are the
-	// executors' goroutine's; its status fields the status loop's.
+	// st carries the name and the consumer's gate (st.gate, as gate.go
+	// last set it) of the application for closeGate and openGate, and its
+	// status for persist. Its gate is the executors' goroutine's; its
+	// status fields the status loop's.
 	st *appState
 
 	mu sync.Mutex
-	// gate (the consumer's) as last set: unknown, open or closed.
-	gate Gate
 	// holdFailed: a Hold did not get its answer from the server, so a
 	// request may still be handed out; Demand counts one in flight.
-	holdFailed   bool
-	demand       seatgroup.Demand // the last reading
-	delivered    uint64
-	lastUse      time.Time
-	pendingSince time.Time
-	swaps        int64
-	lastSwap     float64
+	holdFailed bool
+	demand     seatgroup.Demand // the last reading
+	use        usage
+	swaps      int64
+	lastSwap   float64
 }
 
-// runSeatGroups runs the executors of every seat group until ctx ends.
+// runSeatGroups runs the executors of every sidecar group until ctx ends.
 func (c *Controller) runSeatGroups(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, g := range c.cfg.SeatGroups {
@@ -142,7 +139,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		r.members[m.Name] = &seatMember{cfg: m, st: st}
 	}
 	for i := range max(g.Replicas, 1) {
-		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), seats: map[string]*podSeat{}, gates: map[string]Gate{}}
+		p := &seatPodRun{r: r, name: fmt.Sprintf("%s-%d", g.StatefulSet, i), sidecars: map[string]*podSidecar{}, gates: map[string]Gate{}}
 		cfg := seatgroup.Default(g.Name)
 		if g.Replicas > 1 {
 			// The executors of a group's pods share the registry's
@@ -153,8 +150,8 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		cfg.Tick = c.cfg.Tick.Duration
 		var members []seatgroup.Member
 		for _, m := range g.Members {
-			seat := &podSeat{p: p, app: m.Name, port: m.SeatPort, client: client}
-			p.seats[m.Name] = seat
+			seat := &podSidecar{p: p, app: m.Name, port: m.SeatPort, client: client}
+			p.sidecars[m.Name] = seat
 			members = append(members, seatgroup.Member{
 				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
 				SleepAfter: m.SleepAfter.Duration,
@@ -164,7 +161,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 				// have slept), and POST /restart, which restarts the
 				// engine in place (the simulator run with --restartable;
 				// other engines refuse).
-				Seat: seat, Memory: seat, Restarter: seat,
+				Sidecar: seat, Memory: seat, Restarter: seat,
 			})
 		}
 		exec, err := seatgroup.NewExecutor(cfg, members, &podDispatcher{p: p}, c.deps.Registry, c.log.With("pod", p.name),
@@ -280,41 +277,33 @@ func (d *seatDispatcher) Demand(app string) seatgroup.Demand {
 	m := d.r.members[app]
 	c := d.r.c
 	now := c.now()
-	ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-	defer cancel()
-	cons, err := c.js.Consumer(ctx, c.names.Stream(), c.names.Consumer(app))
+	r := c.readConsumer(d.ctx, app)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err != nil {
-		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.lastUse}
+	if !r.OK {
+		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.use.lastUse}
 		return m.demand
 	}
-	ci := cons.CachedInfo()
-	if m.gate == GateClosed && !ci.Paused {
+	if m.st.gate == GateClosed && !r.Paused {
 		// A dispatcher provisioned the consumer again, which resets its
 		// pause: the next Hold closes it again, and until then what it
 		// hands out counts.
-		m.gate, m.holdFailed = GateUnknown, true
+		m.st.gateReset()
+		m.holdFailed = true
 	}
-	dm := seatgroup.Demand{InFlight: ci.NumAckPending, Queued: int(ci.NumPending)}
+	dm := seatgroup.Demand{InFlight: int(r.InFlight), Queued: int(r.Queued)}
 	if m.holdFailed {
 		dm.InFlight++
 	}
-	if ci.NumAckPending > 0 || ci.Delivered.Stream != m.delivered {
-		m.lastUse = now
-	}
-	m.delivered = ci.Delivered.Stream
-	dm.LastUse = m.lastUse
+	m.use.update(now, r)
+	dm.LastUse = m.use.lastUse
 	if dm.Queued > 0 {
-		if m.pendingSince.IsZero() {
-			m.pendingSince = now
-		}
-		dm.OldestWait = now.Sub(m.pendingSince)
-		if stored, ok := d.oldestQueued(ctx, app, ci.Delivered.Stream); ok && stored.Before(now) {
+		dm.OldestWait = now.Sub(m.use.pendingSince)
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		if stored, ok := d.oldestQueued(ctx, app, r.Delivered); ok && stored.Before(now) {
 			dm.OldestWait = now.Sub(stored)
 		}
-	} else {
-		m.pendingSince = time.Time{}
+		cancel()
 	}
 	m.demand = dm
 	return dm
@@ -353,7 +342,7 @@ func (d *seatDispatcher) Release(app string) { d.setGate(app, GateOpen, d.r.c.op
 func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Context, *appState) error) {
 	m := d.r.members[app]
 	m.mu.Lock()
-	there := m.gate == want
+	there := m.st.gate == want
 	m.mu.Unlock()
 	if there {
 		return
@@ -362,14 +351,13 @@ func (d *seatDispatcher) setGate(app string, want Gate, apply func(context.Conte
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
-		m.gate = GateUnknown
 		if want == GateClosed {
 			m.holdFailed = true
 		}
 		d.r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", d.r.g.Name, "app", app, "gate", want, "err", err)
 		return
 	}
-	m.gate, m.holdFailed = want, false
+	m.holdFailed = false
 }
 
 // onEvent counts swaps for the status and records what a successful wake,
@@ -381,7 +369,7 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 		return
 	}
 	m := r.members[ev.App]
-	seat := p.seats[ev.App]
+	seat := p.sidecars[ev.App]
 	st, _ := seat.reading()
 	switch ev.Kind {
 	case seatgroup.ActionWake:
@@ -412,8 +400,8 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 // as the leader reports an application's), from which the agent predicts
 // the member's next wake and promotes its weights ahead of it. The
 // executor's goroutine only queues: reportLoop posts, so that an agent
-// that is slow or gone never holds up a swap. st is the seat's reading
-// after the action (a wake's: the seat's answer, with what it restored).
+// that is slow or gone never holds up a swap. st is the sidecar's reading
+// after the action (a wake's: the sidecar's answer, with what it restored).
 //
 // The agent holds the engines of an artifact awake while its last wake
 // came after its last sleep. The times are the actions' starts, so a wake
@@ -425,7 +413,7 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 	if sleep == nil {
 		return
 	}
-	pod, err := p.seats[ev.App].pod()
+	pod, err := p.sidecars[ev.App].pod()
 	if err != nil {
 		return
 	}
@@ -468,11 +456,11 @@ func (r *seatGroupRun) awakeOnNode(p *seatPodRun, app, node string) bool {
 		if q == p {
 			continue
 		}
-		pod, err := q.seats[app].pod()
+		pod, err := q.sidecars[app].pod()
 		if err != nil || pod.Spec.NodeName != node {
 			continue
 		}
-		if st, ok := q.seats[app].reading(); ok && seatHolds(st.State) {
+		if st, ok := q.sidecars[app].reading(); ok && seatHolds(st.State) {
 			return true
 		}
 	}
@@ -487,7 +475,7 @@ func (r *seatGroupRun) reportLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case rep := <-r.reports:
-			r.c.tellAgents(ctx, rep.m.st, []seatRef{{pod: rep.pod}}, rep.kind, rep.rec)
+			r.c.tellAgents(ctx, rep.m.st, []sidecarRef{{pod: rep.pod}}, rep.kind, rep.rec)
 		}
 	}
 }
@@ -515,13 +503,13 @@ func (r *seatGroupRun) statusLoop(ctx context.Context) {
 	}
 }
 
-// seatHolds reports whether a seat in state s holds its seat.
+// seatHolds reports whether a seat in state s holds its sidecar.
 func seatHolds(s sidecarapi.State) bool {
 	return s == sidecarapi.Awake || s == sidecarapi.Waking || s == sidecarapi.Draining || s == sidecarapi.FallingAsleep
 }
 
 // groupSeatState is an application's state across the pods of its group,
-// from the seats' readings (ok false: not read): Awake when one pod has it
+// from the sidecars' readings (ok false: not read): Awake when one pod has it
 // awake, else Waking, else Draining, else Asleep once every pod was read
 // and has it asleep; "" when that cannot be told.
 func groupSeatState(readings []sidecarapi.Status, ok []bool) v1alpha1.LifecycleState {
@@ -557,7 +545,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	var oks []bool
 	var holding []string
 	for _, p := range r.pods {
-		st, ok := p.seats[m.cfg.Name].reading()
+		st, ok := p.sidecars[m.cfg.Name].reading()
 		readings, oks = append(readings, st), append(oks, ok)
 		if ok && seatHolds(st.State) {
 			holding = append(holding, p.name)

@@ -1,6 +1,6 @@
 package lifecycle
 
-// One pod of a seat group: its sidecars (podSeat, the seatgroup.Seat of one
+// One pod of a seat group: its sidecars (podSidecar, the seatgroup.Sidecar of one
 // application in the pod), its executor's dispatcher (podDispatcher) and its
 // gates, from which the leader writes the SeatServingAnnotation.
 
@@ -20,10 +20,10 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// podSeat is a member's seat agent in one pod of the group, found by the
+// podSidecar is a member's sidecar in one pod of the group, found by the
 // pod's current IP. It keeps its last reading for the status and the
 // pod's gate.
-type podSeat struct {
+type podSidecar struct {
 	p      *seatPodRun
 	app    string
 	port   int32
@@ -34,9 +34,9 @@ type podSeat struct {
 	seatOK bool
 }
 
-// pod returns the seat's pod, or an error when it does not serve (gone,
+// pod returns the sidecar's pod, or an error when it does not serve (gone,
 // no address, terminating).
-func (s *podSeat) pod() (*corev1.Pod, error) {
+func (s *podSidecar) pod() (*corev1.Pod, error) {
 	pod, err := s.p.r.c.podLister.Pods(s.p.r.c.deps.Namespace).Get(s.p.name)
 	if err != nil {
 		return nil, fmt.Errorf("the group's pod %s: %w", s.p.name, err)
@@ -47,7 +47,7 @@ func (s *podSeat) pod() (*corev1.Pod, error) {
 	return pod, nil
 }
 
-func (s *podSeat) http() (sidecarapi.Client, error) {
+func (s *podSidecar) http() (sidecarapi.Client, error) {
 	pod, err := s.pod()
 	if err != nil {
 		return sidecarapi.Client{}, err
@@ -55,20 +55,20 @@ func (s *podSeat) http() (sidecarapi.Client, error) {
 	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client}, nil
 }
 
-func (s *podSeat) reading() (sidecarapi.Status, bool) {
+func (s *podSidecar) reading() (sidecarapi.Status, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.seat, s.seatOK
 }
 
-func (s *podSeat) setReading(st sidecarapi.Status, ok bool) {
+func (s *podSidecar) setReading(st sidecarapi.Status, ok bool) {
 	s.mu.Lock()
 	s.seat, s.seatOK = st, ok
 	s.mu.Unlock()
 }
 
-// State implements seatgroup.Seat; it keeps the reading for the status.
-func (s *podSeat) State(ctx context.Context) (sidecarapi.Status, error) {
+// State implements seatgroup.Sidecar; it keeps the reading for the status.
+func (s *podSidecar) State(ctx context.Context) (sidecarapi.Status, error) {
 	h, err := s.http()
 	var st sidecarapi.Status
 	if err == nil {
@@ -78,9 +78,9 @@ func (s *podSeat) State(ctx context.Context) (sidecarapi.Status, error) {
 	return st, err
 }
 
-// Sleep implements seatgroup.Seat; once the engine sleeps, its pod's gate
+// Sleep implements seatgroup.Sidecar; once the engine sleeps, its pod's gate
 // closes (the consumer may open again for the other pods).
-func (s *podSeat) Sleep(ctx context.Context, level int) error {
+func (s *podSidecar) Sleep(ctx context.Context, level int) error {
 	h, err := s.http()
 	if err != nil {
 		return err
@@ -93,7 +93,7 @@ func (s *podSeat) Sleep(ctx context.Context, level int) error {
 }
 
 // asleep records that the engine sleeps and closes its pod's gate.
-func (s *podSeat) asleep() {
+func (s *podSidecar) asleep() {
 	st, _ := s.reading()
 	st.State = sidecarapi.Asleep
 	s.setReading(st, true)
@@ -101,7 +101,7 @@ func (s *podSeat) asleep() {
 }
 
 // ReadMemory implements seatgroup.MemoryReader.
-func (s *podSeat) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, error) {
+func (s *podSidecar) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, error) {
 	st, err := s.State(ctx)
 	if err != nil {
 		return seatgroup.MemoryReading{}, err
@@ -110,7 +110,7 @@ func (s *podSeat) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, erro
 }
 
 // Restart implements seatgroup.Restarter.
-func (s *podSeat) Restart(ctx context.Context) error {
+func (s *podSidecar) Restart(ctx context.Context) error {
 	h, err := s.http()
 	if err != nil {
 		return err
@@ -122,12 +122,12 @@ func (s *podSeat) Restart(ctx context.Context) error {
 	return nil
 }
 
-// Wake implements seatgroup.Seat; it keeps the seat's answer, whose
+// Wake implements seatgroup.Sidecar; it keeps the sidecar's answer, whose
 // lastWake and digest the swap's report to the node agent reads
 // (reportSwap). An answer without the digest (the engine did not report
 // its weights in time) keeps the one of the last reading: the digest is
 // the one recorded at load.
-func (s *podSeat) Wake(ctx context.Context) error {
+func (s *podSidecar) Wake(ctx context.Context) error {
 	h, err := s.http()
 	if err != nil {
 		return err
@@ -186,8 +186,8 @@ func (r *seatGroupRun) servedElsewhere(p *seatPodRun, app string) bool {
 // setGate sets the pod's gate for app (nextPodGate), then the group's
 // SeatServingAnnotation and the application's consumer (seatConsumerOpen).
 func (p *seatPodRun) setGate(app string, open bool) {
-	st, ok := p.seats[app].reading()
-	pod, err := p.seats[app].pod()
+	st, ok := p.sidecars[app].reading()
+	pod, err := p.sidecars[app].pod()
 	gone := err != nil || !RootServes(pod)
 	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == sidecarapi.Asleep, gone)
 	p.r.applyGates(app)

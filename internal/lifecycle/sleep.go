@@ -1,7 +1,7 @@
 package lifecycle
 
 // Sleeping engines. An application with a sleep section keeps its pods when
-// idle and puts their engines to sleep instead, through the seat sidecar in
+// idle and puts their engines to sleep instead, through the sidecar in
 // each root pod (internal/checkpoint): the weights leave the accelerator
 // for the node's hot tier (level 1) or are dropped (level 2), and the next
 // request wakes them in the time it takes to move the bytes back, not a pod
@@ -9,13 +9,13 @@ package lifecycle
 //
 // The gate is the one going to zero uses: the application's consumer is
 // paused on the server before any engine is told to sleep and resumed only
-// once every root's seat reports Awake again, so no dispatcher ever sends a
+// once every root's sidecar reports Awake again, so no dispatcher ever sends a
 // request to an engine that sleeps or is falling asleep. A request that
 // arrives while the engines fall asleep cancels the sleep; one that arrives
 // while they sleep wakes them.
 //
-//	Awake --sleep.after idle--> Draining --seats asleep--> Asleep
-//	Asleep --request--> Waking (seats' POST /wake, retried) --seats Awake--> Awake
+//	Awake --sleep.after idle--> Draining --sidecars asleep--> Asleep
+//	Asleep --request--> Waking (sidecars' POST /wake, retried) --sidecars Awake--> Awake
 //	Asleep --parkAfter--> Asleep in the warm tier (the node agent copies the hot offload to warm, verified; level 2)
 //	Asleep --zeroAfter (minReplicas 0)--> Zero (the pods go; the next wake is a pod start)
 
@@ -36,14 +36,14 @@ import (
 
 // Event reasons of sleeping engines.
 const (
-	EventAsleep          = "Asleep"
-	EventSleepCancelled  = "SleepCancelled"
-	EventSleepFailed     = "SleepFailed"
-	EventDemoted         = "Demoted"
-	EventCopyDropped     = "CheckpointCopyDropped"
-	EventSeatRestarted   = "SeatRestarted"
-	EventEnginesAwake    = "EnginesAwake"
-	EventEngineWakeRetry = "EngineWakeFailing"
+	EventAsleep           = "Asleep"
+	EventSleepCancelled   = "SleepCancelled"
+	EventSleepFailed      = "SleepFailed"
+	EventDemoted          = "Demoted"
+	EventCopyDropped      = "CheckpointCopyDropped"
+	EventSidecarRestarted = "SeatRestarted"
+	EventEnginesAwake     = "EnginesAwake"
+	EventEngineWakeRetry  = "EngineWakeFailing"
 )
 
 // sleepState is one application's sleeping engines, owned by its goroutine
@@ -71,7 +71,7 @@ type sleepState struct {
 	// refreshed is when the resident tier and the ModelCheckpoint were
 	// last refreshed from the node agents.
 	refreshed time.Time
-	// restarted are the pods deleted for a Failed seat.
+	// restarted are the pods deleted for a Failed sidecar.
 	restarted map[string]bool
 	// verifiedCond is the ModelCheckpoint's Verified condition from the
 	// last wake.
@@ -97,80 +97,42 @@ func (a *appState) requestSince(t time.Time) bool {
 	return time.Unix(0, a.lastRequest.Load()).After(t)
 }
 
-// sleepDue reports whether an awake application's engines should sleep now.
-func (c *Controller) sleepDue(a *appState, obs observation, idle time.Duration) bool {
-	return a.Sleep != nil && obs.specReplicas > 0 && obs.pending+obs.ackPending == 0 &&
-		idle >= a.Sleep.After.Duration && !obs.now.Before(a.sl.retryAt)
-}
-
-// stepSleep runs the parts of a step that belong to sleeping engines; it
-// reports whether it handled the step.
-func (c *Controller) stepSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) (bool, error) {
-	if a.Sleep == nil {
-		return false, nil
-	}
-	switch a.status.State {
-	case v1alpha1.LifecycleAsleep:
-		return true, c.stepAsleep(ctx, a, root)
-	case v1alpha1.LifecycleWaking:
-		if a.sl.waking {
-			return true, c.stepSeatWake(ctx, a, root)
-		}
-	case v1alpha1.LifecycleAwake, v1alpha1.LifecycleZero:
-		tier, resume := v1alpha1.TierAccelerator, ""
-		if a.status.State == v1alpha1.LifecycleZero {
-			tier = v1alpha1.TierCold
-		}
-		if a.status.ResidentTier != tier || a.status.ExpectedResumeSeconds != resume {
-			a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
-			return false, c.persist(ctx, a, true)
-		}
-	}
-	return false, nil
-}
-
 // fallAsleep puts every root of an idle application to sleep behind the
 // gate: the consumer is paused first, and only if then nothing is queued,
-// in flight or arriving are the seats told to sleep. A request that arrives
-// while they fall asleep cancels the sleep (the seats abandon their drain,
+// in flight or arriving are the sidecars told to sleep. A request that arrives
+// while they fall asleep cancels the sleep (the sidecars abandon their drain,
 // or are woken at once).
 func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	decided := c.now()
-	seats, err := c.rootSeats(a, root)
-	if err != nil || len(seats) == 0 {
+	decided := a.drainDecided
+	sidecars, err := c.rootSidecars(a, root)
+	if err != nil || len(sidecars) == 0 {
 		if err == nil {
 			err = errors.New("no root pod with an address")
 		}
-		a.sl.retryAt = decided.Add(a.Sleep.After.Duration)
-		c.log.Warn("cannot put the engines to sleep; retrying later", "app", a.Name, "retryIn", a.Sleep.After.Duration, "err", err)
-		return nil
+		a.sl.retryAt = c.now().Add(a.Sleep.After.Duration)
+		return c.cancelSleep(ctx, a, root, sidecars, "no root sidecar to put to sleep: "+err.Error(), false)
 	}
-	if err := c.subscribe(a); err != nil {
-		return err
-	}
-	c.enter(a, v1alpha1.LifecycleDraining, decided)
-	_ = c.persist(ctx, a, true)
 	level := a.Sleep.Level
 	if err := c.closeGate(ctx, a); err != nil {
-		return c.cancelSleep(ctx, a, root, seats, "pausing its consumer failed: "+err.Error(), false)
+		return c.cancelSleep(ctx, a, root, sidecars, "pausing its consumer failed: "+err.Error(), false)
 	}
 	obs := c.observe(ctx, a, root, true)
 	switch {
 	case !obs.infoOK:
-		return c.cancelSleep(ctx, a, root, seats, "its backlog could not be read", false)
+		return c.cancelSleep(ctx, a, root, sidecars, "its backlog could not be read", false)
 	case obs.pending+obs.ackPending > 0:
-		return c.cancelSleep(ctx, a, root, seats, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
+		return c.cancelSleep(ctx, a, root, sidecars, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
 	case a.requestSince(decided):
-		return c.cancelSleep(ctx, a, root, seats, "a request arrived", true)
+		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived", true)
 	}
 
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	done := make(chan []seatResult, 1)
+	done := make(chan []sidecarResult, 1)
 	go func() {
-		done <- c.onSeats(sctx, seats, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
+		done <- c.onSidecars(sctx, sidecars, sleepAt(int(level)), a.Sleep.SleepTimeout.Duration)
 	}()
-	var res []seatResult
+	var res []sidecarResult
 	cancelled := false
 wait:
 	for {
@@ -180,7 +142,7 @@ wait:
 		case <-a.kick:
 			if a.requestSince(decided) && !cancelled {
 				cancelled = true
-				stop() // the seats abandon their drain; the wake below undoes the rest
+				stop() // the sidecars abandon their drain; the wake below undoes the rest
 			}
 		case <-ctx.Done():
 			stop()
@@ -190,11 +152,11 @@ wait:
 	}
 	a.kickNow() // what the loop consumed
 	if cancelled || a.requestSince(decided) {
-		return c.cancelSleep(ctx, a, root, seats, "a request arrived while the engines fell asleep", true)
+		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived while the engines fell asleep", true)
 	}
 	if failed := failures(res); len(failed) > 0 {
 		c.event(a, corev1.EventTypeWarning, EventSleepFailed, "the engines of %s could not be put to sleep: %s", a.Name, joinErrs(failed))
-		return c.cancelSleep(ctx, a, root, seats, "a seat failed to sleep: "+joinErrs(failed), false)
+		return c.cancelSleep(ctx, a, root, sidecars, "a sidecar failed to sleep: "+joinErrs(failed), false)
 	}
 
 	a.sl.level, a.sl.asleepAt = level, decided
@@ -207,22 +169,20 @@ wait:
 	a.status.Message = ""
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(level)), "asleep").Inc()
 	idle := decided.Sub(a.status.LastActiveTime.Time).Round(time.Millisecond)
-	c.log.Info("engines asleep", "app", a.Name, "level", level, "roots", len(seats), "idle", idle, "seconds", c.now().Sub(decided).Seconds())
+	c.log.Info("engines asleep", "app", a.Name, "level", level, "roots", len(sidecars), "idle", idle, "seconds", c.now().Sub(decided).Seconds())
 	c.event(a, corev1.EventTypeNormal, EventAsleep, "the engines of %s sleep at level %d after %v without requests; the next request wakes them", a.Name, level, idle)
 	c.enter(a, v1alpha1.LifecycleAsleep, decided)
-	c.refreshTier(ctx, a, seats)
-	c.reportSleep(ctx, a, seats, decided, level)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
+	c.refreshTier(ctx, a, sidecars)
+	c.reportSleep(ctx, a, sidecars, decided, level)
+	a.changed()
 	a.kickNow() // a request may have been seen meanwhile
 	return nil
 }
 
-// cancelSleep leaves a sleep that did not happen: every seat is woken (a
-// seat still draining abandons its sleep) and the gate reopened. A request
+// cancelSleep leaves a sleep that did not happen: every sidecar is woken (a
+// sidecar still draining abandons its sleep) and the gate reopened. A request
 // resets the idle time; a failure holds off the next attempt for sleep.after.
-func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef, why string, byRequest bool) error {
+func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, sidecars []sidecarRef, why string, byRequest bool) error {
 	now := c.now()
 	outcome := "cancelled"
 	if byRequest {
@@ -234,104 +194,29 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 	c.sm.sleeps.WithLabelValues(a.Name, strconv.Itoa(int(a.Sleep.Level)), outcome).Inc()
 	c.log.Info("sleep cancelled", "app", a.Name, "reason", why)
 	c.event(a, corev1.EventTypeNormal, EventSleepCancelled, "the engines of %s stay awake: %s", a.Name, why)
-	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSidecars(ctx, sidecars, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		// An engine did fall asleep and does not wake: wake it like any
 		// sleeping engine, with retries, the gate still closed.
 		c.log.Warn("waking the engines after a cancelled sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
 		a.sl.level, a.sl.asleepAt = a.Sleep.Level, now
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, true), triggerRequest)
+		return c.beginEngineWake(a, c.observe(ctx, a, root, false), triggerRequest)
 	}
 	if err := c.openGate(ctx, a); err != nil {
 		c.log.Warn("reopening the consumer after a cancelled sleep; retrying", "app", a.Name, "err", err)
 	}
 	c.unsubscribe(a)
 	c.enter(a, v1alpha1.LifecycleAwake, c.now())
-	return c.persist(ctx, a, true)
-}
-
-// stepAsleep looks at a sleeping application once: a request or a backlog
-// wakes it; otherwise it keeps every seat asleep, restarts failed seats,
-// demotes after parkAfter and goes to zero after zeroAfter.
-func (c *Controller) stepAsleep(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
-	}
-	obs := c.observe(ctx, a, root, true)
-	c.m.waiting.WithLabelValues(a.Name).Set(float64(obs.pending))
-	if obs.specReplicas == 0 {
-		// Scaled to zero by someone else: the next request starts pods.
-		a.zeroAt = obs.now
-		c.enter(a, v1alpha1.LifecycleZero, obs.now)
-		a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
-		return c.persist(ctx, a, true)
-	}
-	if obs.infoOK && !obs.paused {
-		if err := c.closeGate(ctx, a); err != nil { // reset by a provisioning dispatcher
-			return err
-		}
-	}
-	if obs.infoOK && obs.pending+obs.ackPending > 0 {
-		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
-	}
-	if a.MinReplicas == 0 && obs.now.Sub(a.status.LastActiveTime.Time) >= a.ZeroAfter.Duration {
-		return c.zeroFromSleep(ctx, a, root, obs)
-	}
-
-	seats, err := c.rootSeats(a, root)
-	if err != nil {
-		return err
-	}
-	states := c.onSeats(ctx, seats, getState, 2*time.Second)
-	var awake []seatRef
-	allAsleep := len(states) > 0
-	for _, r := range states {
-		switch {
-		case r.err != nil:
-			allAsleep = false
-		case r.st.State == sidecarapi.Failed:
-			allAsleep = false
-			c.restartSeat(ctx, a, r)
-		case r.st.State == sidecarapi.Awake:
-			// A root that started (again) while the engines sleep: its
-			// engine loaded the weights; the gate is closed, so it
-			// sleeps like the others.
-			allAsleep = false
-			awake = append(awake, r.seatRef)
-		case r.st.State != sidecarapi.Asleep:
-			allAsleep = false
-		}
-	}
-	if len(awake) > 0 {
-		level := int(a.sl.level)
-		if failed := failures(c.onSeats(ctx, awake, sleepAt(level), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
-			c.log.Warn("putting a started root to sleep failed; retrying", "app", a.Name, "err", joinErrs(failed))
-		} else {
-			c.log.Info("a started root sleeps like the others", "app", a.Name, "roots", len(awake), "level", level)
-		}
-		a.kickNow()
-		return nil
-	}
-	if allAsleep && a.sl.level == 1 && a.Sleep.ParkAfter.Duration > 0 &&
-		obs.now.Sub(a.sl.asleepAt) >= a.Sleep.ParkAfter.Duration && !obs.now.Before(a.sl.parkRetryAt) {
-		return c.demote(ctx, a, root, seats)
-	}
-	before := a.status.ResidentTier
-	if obs.now.Sub(a.sl.refreshed) >= refreshEvery {
-		c.refreshTier(ctx, a, seats)
-	}
-	return c.persist(ctx, a, a.status.ResidentTier != before)
+	a.changed()
+	return nil
 }
 
 // zeroFromSleep takes a sleeping application to zero pods after zeroAfter
 // (minReplicas 0). The gate is already closed; a request seen before the
 // replicas are written wakes the engines instead.
-func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) error {
+func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, obs observation) error {
 	decided := obs.now
-	if !obs.infoOK {
-		return errors.New("reading the consumer's backlog failed")
-	}
 	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, obs, triggerRequest)
+		return c.beginEngineWake(a, obs, triggerRequest)
 	}
 	if err := c.setReplicas(ctx, a, 0); err != nil {
 		return err
@@ -345,17 +230,16 @@ func (c *Controller) zeroFromSleep(ctx context.Context, a *appState, root *appsv
 	a.sl = sleepState{overhead: a.sl.overhead, coldBPS: a.sl.coldBPS, bytes: a.sl.bytes}
 	a.status.ResidentTier, a.status.ExpectedResumeSeconds = v1alpha1.TierCold, ""
 	c.enter(a, v1alpha1.LifecycleZero, decided)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
-	c.writeCheckpoint(ctx, a, nil, nil)
+	a.changed()
+	a.afterStatus(func(ctx context.Context) { c.writeCheckpoint(ctx, a, nil, nil) })
 	a.kickNow()
 	return nil
 }
 
-// beginSeatWake starts waking sleeping engines: state Waking (requests keep
-// waiting in the queue, the gate closed), then the first attempt.
-func (c *Controller) beginSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation, trigger string) error {
+// beginEngineWake starts waking sleeping engines: state Waking (requests
+// keep waiting in the queue, the gate closed), published before the first
+// attempt, which the next step makes (wakeEngines).
+func (c *Controller) beginEngineWake(a *appState, obs observation, trigger string) error {
 	start := obs.now
 	if r := time.Unix(0, a.lastRequest.Load()); trigger == triggerRequest && r.After(a.sl.asleepAt) && r.Before(start) {
 		start = r
@@ -372,39 +256,35 @@ func (c *Controller) beginSeatWake(ctx context.Context, a *appState, root *appsv
 	c.log.Info("waking the engines", "app", a.Name, "trigger", trigger, "from", from)
 	c.event(a, corev1.EventTypeNormal, EventWaking, "waking the engines of %s (%s) from the %s tier", a.Name, trigger, from)
 	c.enter(a, v1alpha1.LifecycleWaking, c.now())
-	if err := c.persist(ctx, a, true); err != nil {
-		c.log.Warn("publishing the wake", "app", a.Name, "err", err)
-	}
-	return c.stepSeatWake(ctx, a, root)
+	a.changed()
+	a.kickNow()
+	return nil
 }
 
-// stepSeatWake makes one attempt to wake every root's seat; the gate opens
-// only once all report Awake. A failed attempt is retried with backoff,
-// with the reason in the status message; a seat in state Failed has its pod
+// wakeEngines makes one attempt to wake every root's engine through its
+// sidecar; the gate opens only once all report Awake. A failed attempt is retried with backoff,
+// with the reason in the status message; a sidecar in state Failed has its pod
 // deleted (its StatefulSet starts it again, awake).
-func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
-	if c.now().Before(a.sl.nextTry) {
-		return nil
-	}
-	seats, err := c.rootSeats(a, root)
+func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
+	sidecars, err := c.rootSidecars(a, root)
 	if err != nil {
 		return err
 	}
-	res := c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)
+	res := c.onSidecars(ctx, sidecars, wake, a.Sleep.WakeTimeout.Duration)
 	if ctx.Err() != nil {
-		return ctx.Err() // leadership lost: the next leader reads the seats and continues
+		return ctx.Err() // leadership lost: the next leader reads the sidecars and continues
 	}
 	failed := failures(res)
-	if len(seats) == 0 {
-		// Every root is (re)starting: wait for one whose seat can answer.
+	if len(sidecars) == 0 {
+		// Every root is (re)starting: wait for one whose sidecar can answer.
 		failed = []error{fmt.Errorf("no root pod of %s is running", a.RootStatefulSet)}
 	}
 	if len(failed) == 0 {
-		return c.seatsAwake(ctx, a, root, res)
+		return c.enginesAwake(ctx, a, root, res)
 	}
-	for _, r := range c.onSeats(ctx, failedRefs(res), getState, 2*time.Second) {
+	for _, r := range c.onSidecars(ctx, failedRefs(res), getState, 2*time.Second) {
 		if r.err == nil && r.st.State == sidecarapi.Failed {
-			c.restartSeat(ctx, a, r)
+			c.restartSidecar(ctx, a, r)
 		}
 	}
 	a.sl.attempts++
@@ -415,15 +295,16 @@ func (c *Controller) stepSeatWake(ctx context.Context, a *appState, root *appsv1
 	a.status.Message = fmt.Sprintf("waking the engines failed (attempt %d, retrying in %v): %s", a.sl.attempts, delay, joinErrs(failed))
 	c.log.Warn("waking the engines failed; retrying", "app", a.Name, "attempt", a.sl.attempts, "retryIn", delay, "err", joinErrs(failed))
 	c.event(a, corev1.EventTypeWarning, EventEngineWakeRetry, "%s: %s", a.Name, a.status.Message)
-	return c.persist(ctx, a, true)
+	a.changed()
+	return nil
 }
 
-// seatsAwake ends a wake: every seat reports Awake, so the gate opens; the
+// enginesAwake ends a wake: every sidecar reports Awake, so the gate opens; the
 // wake's numbers are worked out after that, off the requests' path.
-func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []seatResult) error {
+func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []sidecarResult) error {
 	now := c.now()
 	if err := c.openGate(ctx, a); err != nil {
-		return err // retried on the next step (the seats answer at once)
+		return err // retried on the next step (the sidecars answer at once)
 	}
 	obs := c.observe(ctx, a, root, true)
 	lw := a.status.LastWake
@@ -481,10 +362,10 @@ func (c *Controller) seatsAwake(ctx context.Context, a *appState, root *appsv1.S
 	c.unsubscribe(a)
 	c.m.waiting.WithLabelValues(a.Name).Set(0)
 	c.enter(a, v1alpha1.LifecycleAwake, now)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
-	c.writeCheckpoint(ctx, a, refsOf(res), &verified)
-	c.reportWake(ctx, a, res, lw)
+	a.changed()
+	a.afterStatus(func(ctx context.Context) {
+		c.writeCheckpoint(ctx, a, refsOf(res), &verified)
+		c.reportWake(ctx, a, res, lw)
+	})
 	return nil
 }

@@ -1,7 +1,7 @@
 package lifecycle
 
 // A new leader adopts engines that already sleep (adoptSleep), restarts a
-// sidecar's engine that failed (restartSeat), and reads the tier names the
+// sidecar's engine that failed (restartSidecar), and reads the tier names the
 // sidecars report (tierOf).
 
 import (
@@ -18,7 +18,7 @@ import (
 )
 
 // adoptSleep takes over sleeping or waking engines when this replica
-// becomes the leader: the seats' /state says what the previous leader left
+// becomes the leader: the sidecars' /state says what the previous leader left
 // (asleep, or a wake under way, which it continues). It reports whether it
 // decided the application's state.
 func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.StatefulSet, obs observation) (bool, error) {
@@ -32,12 +32,12 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 	if obs.specReplicas == 0 {
 		return false, nil
 	}
-	seats, err := c.rootSeats(a, root)
+	sidecars, err := c.rootSidecars(a, root)
 	if err != nil {
 		return false, err
 	}
 	level, sleeping, waking := int32(0), false, false
-	for _, r := range c.onSeats(ctx, seats, getState, 2*time.Second) {
+	for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
 		if r.err != nil {
 			continue
 		}
@@ -80,8 +80,9 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 		}
 		c.log.Info("continuing the wake of the engines the previous leader began", "app", a.Name)
 		c.enter(a, v1alpha1.LifecycleWaking, now)
-		_ = c.persist(ctx, a, true)
-		return true, c.stepSeatWake(ctx, a, root)
+		a.changed()
+		a.kickNow() // the next step makes the first attempt
+		return true, nil
 	}
 	if a.status.ResidentTier == "" || a.status.ResidentTier == v1alpha1.TierAccelerator {
 		a.status.ResidentTier = v1alpha1.TierHot
@@ -93,15 +94,16 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 	}
 	a.status.Replicas = obs.specReplicas
 	if ob := c.observe(ctx, a, root, true); ob.infoOK && ob.pending+ob.ackPending > 0 {
-		return true, c.beginSeatWake(ctx, a, root, ob, triggerBacklog)
+		return true, c.beginEngineWake(a, ob, triggerBacklog)
 	}
-	return true, c.persist(ctx, a, true)
+	a.changed()
+	return true, nil
 }
 
-// restartSeat deletes a root pod whose seat is Failed (the engine is in a
-// state the seat cannot tell); its StatefulSet starts it again, awake, and
+// restartSidecar deletes a root pod whose sidecar is Failed (the engine is in a
+// state the sidecar cannot tell); its StatefulSet starts it again, awake, and
 // the application's step puts it back to sleep or takes it into the wake.
-func (c *Controller) restartSeat(ctx context.Context, a *appState, r seatResult) {
+func (c *Controller) restartSidecar(ctx context.Context, a *appState, r sidecarResult) {
 	uid := string(r.pod.UID)
 	if a.sl.restarted == nil {
 		a.sl.restarted = map[string]bool{}
@@ -113,13 +115,13 @@ func (c *Controller) restartSeat(ctx context.Context, a *appState, r seatResult)
 	defer cancel()
 	err := c.deps.Kube.CoreV1().Pods(c.deps.Namespace).Delete(dctx, r.pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &r.pod.UID}})
 	if err != nil {
-		c.log.Warn("restarting the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "err", err)
+		c.log.Warn("restarting the pod of a failed sidecar", "app", a.Name, "pod", r.pod.Name, "err", err)
 		return
 	}
 	a.sl.restarted[uid] = true
 	c.sm.restarts.WithLabelValues(a.Name).Inc()
-	c.log.Warn("restarted the pod of a failed seat", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
-	c.event(a, corev1.EventTypeWarning, EventSeatRestarted, "deleted pod %s of %s: its seat is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
+	c.log.Warn("restarted the pod of a failed sidecar", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
+	c.event(a, corev1.EventTypeWarning, EventSidecarRestarted, "deleted pod %s of %s: its sidecar is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
 }
 
 // tierOf maps an engine's tier name (hot, warm, cold) to the API's.

@@ -29,7 +29,7 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// The leader talks to two agents (internal/checkpoint): the seat sidecar
+// The leader talks to two agents (internal/checkpoint): the sidecar
 // of each root pod (GET /state, POST /sleep?level=, POST /wake) and the
 // node agent on each root's node (GET /tiers, GET /report, POST /demote,
 // POST /promote).
@@ -37,23 +37,23 @@ import (
 // agentHTTP is the client of both; every call carries its own deadline.
 var agentHTTP = &http.Client{}
 
-// seatRef is one root pod's seat.
-type seatRef struct {
+// sidecarRef is one root pod's sidecar.
+type sidecarRef struct {
 	pod *corev1.Pod
 	url string
 }
 
-// seatResult is one seat's answer.
-type seatResult struct {
-	seatRef
+// sidecarResult is one sidecar's answer.
+type sidecarResult struct {
+	sidecarRef
 	st  sidecarapi.Status
 	err error
 }
 
-// rootSeats finds the seats of the application's root pods: the pods of
+// rootSidecars finds the sidecars of the application's root pods: the pods of
 // the root StatefulSet's selector that have an address and are not going
 // away.
-func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef, error) {
+func (c *Controller) rootSidecars(a *appState, root *appsv1.StatefulSet) ([]sidecarRef, error) {
 	if root.Spec.Selector == nil {
 		return nil, fmt.Errorf("root StatefulSet %s has no selector", root.Name)
 	}
@@ -66,25 +66,25 @@ func (c *Controller) rootSeats(a *appState, root *appsv1.StatefulSet) ([]seatRef
 		return nil, fmt.Errorf("listing the pods of %s: %w", root.Name, err)
 	}
 	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
-	var out []seatRef
+	var out []sidecarRef
 	for _, p := range pods {
 		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		out = append(out, seatRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
+		out = append(out, sidecarRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
 	}
 	return out, nil
 }
 
-// seatCall is one call of the sidecar's client that answers its status.
-type seatCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
+// sidecarCall is one call of the sidecar's client that answers its status.
+type sidecarCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
 
-// getState, sleepAt and wake are the calls onSeats makes.
+// getState, sleepAt and wake are the calls onSidecars makes.
 func getState(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 	return c.State(ctx)
 }
 
-func sleepAt(level int) seatCall {
+func sleepAt(level int) sidecarCall {
 	return func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 		return c.SleepStatus(ctx, level)
 	}
@@ -94,19 +94,19 @@ func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
 	return c.WakeStatus(ctx)
 }
 
-// onSeats makes the same call on every root pod's sidecar at once, each
+// onSidecars makes the same call on every root pod's sidecar at once, each
 // within timeout, and keeps each status.
-func (c *Controller) onSeats(ctx context.Context, seats []seatRef, call seatCall, timeout time.Duration) []seatResult {
-	out := make([]seatResult, len(seats))
+func (c *Controller) onSidecars(ctx context.Context, sidecars []sidecarRef, call sidecarCall, timeout time.Duration) []sidecarResult {
+	out := make([]sidecarResult, len(sidecars))
 	var wg sync.WaitGroup
-	for i, s := range seats {
+	for i, s := range sidecars {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			out[i] = seatResult{seatRef: s}
+			out[i] = sidecarResult{sidecarRef: s}
 			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
 			if out[i].err != nil {
-				out[i].err = fmt.Errorf("seat of pod %s: %w", s.pod.Name, out[i].err)
+				out[i].err = fmt.Errorf("sidecar of pod %s: %w", s.pod.Name, out[i].err)
 			}
 		})
 	}
@@ -122,7 +122,7 @@ func (c *Controller) callAgent(ctx context.Context, method, base, path string, b
 	return nodeapi.Client{URL: base, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)}.Call(ctx, method, path, body, out)
 }
 
-func failures(res []seatResult) []error {
+func failures(res []sidecarResult) []error {
 	var errs []error
 	for _, r := range res {
 		if r.err != nil {
@@ -132,20 +132,20 @@ func failures(res []seatResult) []error {
 	return errs
 }
 
-func failedRefs(res []seatResult) []seatRef {
-	var out []seatRef
+func failedRefs(res []sidecarResult) []sidecarRef {
+	var out []sidecarRef
 	for _, r := range res {
 		if r.err != nil {
-			out = append(out, r.seatRef)
+			out = append(out, r.sidecarRef)
 		}
 	}
 	return out
 }
 
-func refsOf(res []seatResult) []seatRef {
-	out := make([]seatRef, len(res))
+func refsOf(res []sidecarResult) []sidecarRef {
+	out := make([]sidecarRef, len(res))
 	for i, r := range res {
-		out[i] = r.seatRef
+		out[i] = r.sidecarRef
 	}
 	return out
 }
@@ -163,10 +163,10 @@ type agentRef struct {
 	node, pod, url string
 }
 
-// agentsOf finds the node agent on each seat's node (one per node).
-func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
+// agentsOf finds the node agent on each sidecar's node (one per node).
+func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
 	sleep := a.Sleep
-	if sleep.AgentSelector == "" || len(seats) == 0 {
+	if sleep.AgentSelector == "" || len(sidecars) == 0 {
 		return nil
 	}
 	sel, err := labels.Parse(sleep.AgentSelector)
@@ -178,7 +178,7 @@ func (c *Controller) agentsOf(a *appState, seats []seatRef) []agentRef {
 		return nil
 	}
 	nodes := map[string]bool{}
-	for _, s := range seats {
+	for _, s := range sidecars {
 		nodes[s.pod.Spec.NodeName] = true
 	}
 	var out []agentRef
@@ -229,10 +229,10 @@ type nodeView struct {
 	err     error
 }
 
-// nodeViews asks the node agents of the seats' nodes for their report and
+// nodeViews asks the node agents of the sidecars' nodes for their report and
 // the application's copies.
-func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef) []nodeView {
-	agents := c.agentsOf(a, seats)
+func (c *Controller) nodeViews(ctx context.Context, a *appState, sidecars []sidecarRef) []nodeView {
+	agents := c.agentsOf(a, sidecars)
 	out := make([]nodeView, len(agents))
 	var wg sync.WaitGroup
 	for i, ag := range agents {
@@ -244,7 +244,7 @@ func (c *Controller) nodeViews(ctx context.Context, a *appState, seats []seatRef
 				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second))
 			for _, e := range tiers.Entries {
 				// The engine's own level-1 offload is placed from the
-				// seats (writeCheckpointFrom), not from the agent's list.
+				// sidecars (writeCheckpointFrom), not from the agent's list.
 				if e.Namespace == c.deps.Namespace && e.Name == a.Sleep.ModelCheckpoint && !e.Offload {
 					v.entries = append(v.entries, e)
 				}
@@ -282,8 +282,8 @@ func (v nodeView) has(t v1alpha1.Tier) (checkpoint.Entry, bool) {
 }
 
 // tierBandwidth is the slowest measured read bandwidth of tier t on the
-// nodes of the seats in res (0: unknown).
-func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatResult, t v1alpha1.Tier) float64 {
+// nodes of the sidecars in res (0: unknown).
+func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []sidecarResult, t v1alpha1.Tier) float64 {
 	if a.Sleep.AgentSelector == "" {
 		return 0
 	}
@@ -300,11 +300,11 @@ func (c *Controller) tierBandwidth(ctx context.Context, a *appState, res []seatR
 // and how long a wake should take. The expected resume is bytes over the slowest node's measured read bandwidth
 // of that tier plus the engines' measured wake overhead. It then writes the
 // ModelCheckpoint's status.
-func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatRef) {
+func (c *Controller) refreshTier(ctx context.Context, a *appState, sidecars []sidecarRef) {
 	a.sl.refreshed = c.now()
 	var views []nodeView
 	if a.Sleep.AgentSelector != "" {
-		views = c.nodeViews(ctx, a, seats)
+		views = c.nodeViews(ctx, a, sidecars)
 	}
 	tier := restingTier(a.sl.level, a.Sleep.usesWarm(), func(t v1alpha1.Tier) bool {
 		for _, v := range views {
@@ -332,7 +332,7 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, seats []seatR
 		resume = strconv.FormatFloat(float64(bytes)/bw+a.sl.overhead, 'f', 3, 64)
 	}
 	a.status.ResidentTier, a.status.ExpectedResumeSeconds = tier, resume
-	c.writeCheckpointFrom(ctx, a, seats, views, nil)
+	c.writeCheckpointFrom(ctx, a, sidecars, views, nil)
 }
 
 // restingTier is where sleeping engines' weights rest: at level 1 the hot
@@ -353,17 +353,17 @@ func restingTier(level int32, warm bool, everyNode func(v1alpha1.Tier) bool) v1a
 }
 
 // writeCheckpoint writes the application's ModelCheckpoint status from the
-// node agents of the seats' nodes; verified is the last wake's
+// node agents of the sidecars' nodes; verified is the last wake's
 // verification, when one just ended.
-func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, seats []seatRef, verified *bool) {
+func (c *Controller) writeCheckpoint(ctx context.Context, a *appState, sidecars []sidecarRef, verified *bool) {
 	var views []nodeView
-	if a.Sleep.AgentSelector != "" && len(seats) > 0 {
-		views = c.nodeViews(ctx, a, seats)
+	if a.Sleep.AgentSelector != "" && len(sidecars) > 0 {
+		views = c.nodeViews(ctx, a, sidecars)
 	}
-	c.writeCheckpointFrom(ctx, a, seats, views, verified)
+	c.writeCheckpointFrom(ctx, a, sidecars, views, verified)
 }
 
-func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats []seatRef, views []nodeView, verified *bool) {
+func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, sidecars []sidecarRef, views []nodeView, verified *bool) {
 	if a.Sleep.ModelCheckpoint == "" || c.checkpoints == nil {
 		return
 	}
@@ -390,7 +390,7 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, seats
 	if a.status.State == v1alpha1.LifecycleAsleep && a.sl.level == 1 {
 		// The engines' own level-1 offload, one per root's node.
 		nodes := map[string]bool{}
-		for _, s := range seats {
+		for _, s := range sidecars {
 			if n := s.pod.Spec.NodeName; !nodes[n] {
 				nodes[n] = true
 				p := v1alpha1.Placement{Node: n, Tier: v1alpha1.TierHot, Bytes: a.sl.bytes}
@@ -510,18 +510,18 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 	const ns = "orchestra_lifecycle"
 	m := &sleepMetrics{
 		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sleeps_total",
-			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a seat could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),
+			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a sidecar could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_wakes_total",
 			Help: "Attempts to wake sleeping engines, by the tier the weights came from (Hot, Warm, Cold) and result (ok, failed: retried with backoff)."}, []string{"app", "tier", "result"}),
 		wakeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "engine_wake_seconds",
-			Help:    "Time from the first request for sleeping engines to every root's seat reporting Awake (the gate opens), by the tier the weights came from.",
+			Help:    "Time from the first request for sleeping engines to every root's sidecar reporting Awake (the gate opens), by the tier the weights came from.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}}, []string{"app", "tier"}),
 		restoredBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "restored_bytes_total",
 			Help: "Weight bytes the engines reported restoring in wakes, by tier."}, []string{"app", "tier"}),
 		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "demotions_total",
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
-			Help: "Root pods deleted because their seat was Failed (the engine in a state the seat cannot tell)."}, []string{"app"}),
+			Help: "Root pods deleted because their sidecar was Failed (the engine in a state the sidecar cannot tell)."}, []string{"app"}),
 		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
 			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),
 	}

@@ -15,8 +15,12 @@ import (
 // none.
 const DefaultAgentPort = 9301
 
+// DefaultSidecarPort is the per-engine sidecar's port in a root pod when
+// the configuration names none (the chart's mo.seatPort).
+const DefaultSidecarPort = 9300
+
 // SleepConfig is the sleep section of an application's lifecycle: when its
-// engines sleep, how, and where the leader finds the seats and node agents
+// engines sleep, how, and where the leader finds the sidecars and node agents
 // that do it. The chart renders it from the application's effective
 // lifecycle (inline fields over its CheckpointPolicy).
 type SleepConfig struct {
@@ -32,7 +36,7 @@ type SleepConfig struct {
 	// demoted: the weights leave the hot tier, and the engines sleep at
 	// level 2 with the node agent holding the warm copy. 0: never.
 	ParkAfter metav1.Duration `json:"parkAfter,omitempty"`
-	// SeatPort is the seat sidecar's port in each root pod. Default 9300.
+	// SeatPort is the sidecar's port in each root pod. Default 9300.
 	SeatPort int32 `json:"seatPort,omitempty"`
 	// AgentSelector selects the node agents' pods (one per node); the
 	// agent on a root pod's node reports its tiers and places warm copies.
@@ -67,9 +71,9 @@ type SleepConfig struct {
 	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
-	// SleepTimeout bounds one seat's sleep (its drain included). Default 3m.
+	// SleepTimeout bounds one sidecar's sleep (its drain included). Default 3m.
 	SleepTimeout metav1.Duration `json:"sleepTimeout,omitempty"`
-	// WakeTimeout bounds one attempt to wake a seat; a failed attempt is
+	// WakeTimeout bounds one attempt to wake a sidecar; a failed attempt is
 	// retried with backoff while requests wait (each bounded by the
 	// gateway's maxWait). Default v1alpha1.WakeCallTimeout (11m): longer
 	// than the sidecar's own bound of the engine's wake, so the leader
@@ -95,7 +99,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.Level = v1alpha1.DefaultSleepLevel
 	}
 	if d.SeatPort == 0 {
-		d.SeatPort = 9300
+		d.SeatPort = DefaultSidecarPort
 	}
 	if d.AgentPort == 0 {
 		d.AgentPort = DefaultAgentPort

@@ -20,13 +20,13 @@ import (
 // the gate closed) and put back to sleep at level 2, which releases the
 // hot copy; the next wake reads the warm copy. A request seen meanwhile
 // ends the demotion as a wake.
-func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, seats []seatRef) error {
+func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, sidecars []sidecarRef) error {
 	start := c.now()
 	// With tiers.warm None the engines mount no warm tier: a warm copy
 	// would only fill the node's disk, so none is asked for.
-	if agents := c.agentsOf(a, seats); len(agents) > 0 && a.Sleep.usesWarm() {
+	if agents := c.agentsOf(a, sidecars); len(agents) > 0 && a.Sleep.usesWarm() {
 		digest := ""
-		for _, r := range c.onSeats(ctx, seats, getState, 2*time.Second) {
+		for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
 			if r.err == nil && r.st.Digest != "" {
 				digest = r.st.Digest
 				break
@@ -49,27 +49,26 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 		c.log.Warn("demotion failed", "app", a.Name, "step", what, "err", joinErrs(failed))
 		c.sm.demotions.WithLabelValues(a.Name, "failed").Inc()
 		a.kickNow()
-		return c.persist(ctx, a, true)
+		a.changed()
+		return nil
 	}
-	if failed := failures(c.onSeats(ctx, seats, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
+	if failed := failures(c.onSidecars(ctx, sidecars, wake, a.Sleep.WakeTimeout.Duration)); len(failed) > 0 {
 		return retry("waking from the hot tier", failed)
 	}
 	if a.requestSince(a.sl.asleepAt) {
-		return c.beginSeatWake(ctx, a, root, c.observe(ctx, a, root, false), triggerRequest)
+		return c.beginEngineWake(a, c.observe(ctx, a, root, false), triggerRequest)
 	}
-	a.sl.level = 2 // a seat that fails to sleep below is put to sleep at level 2 by the next step
-	if failed := failures(c.onSeats(ctx, seats, sleepAt(2), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
+	a.sl.level = 2 // a sidecar that fails to sleep below is put to sleep at level 2 by the next step
+	if failed := failures(c.onSidecars(ctx, sidecars, sleepAt(2), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
 		return retry("sleeping at level 2", failed)
 	}
 	a.status.Message = ""
-	c.refreshTier(ctx, a, seats)
+	c.refreshTier(ctx, a, sidecars)
 	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
 	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
 	c.event(a, corev1.EventTypeNormal, EventDemoted, "the weights of %s left the hot tier after %v asleep; the next wake reads the %s tier",
 		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
-	if err := c.persist(ctx, a, true); err != nil {
-		return err
-	}
+	a.changed()
 	a.kickNow()
 	return nil
 }

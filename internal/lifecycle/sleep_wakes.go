@@ -16,7 +16,7 @@ import (
 // promotes the weights a tier up ahead of it (docs/checkpoint.md). Best
 // effort, after the gate opened: an agent that does not answer only
 // predicts from fewer wakes.
-func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResult, lw *v1alpha1.WakeStatus) {
+func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarResult, lw *v1alpha1.WakeStatus) {
 	if lw == nil || lw.StartTime == nil {
 		return
 	}
@@ -36,9 +36,9 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []seatResu
 // fell asleep (POST /sleeps): with the wakes, the agent then knows the
 // engines are asleep and how long after a sleep the next wake comes, and
 // promotes the weights ahead of it. Best effort, like reportWake.
-func (c *Controller) reportSleep(ctx context.Context, a *appState, seats []seatRef, at time.Time, level int32) {
+func (c *Controller) reportSleep(ctx context.Context, a *appState, sidecars []sidecarRef, at time.Time, level int32) {
 	rec := checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
-	c.tellAgents(ctx, a, seats, reportSleep, rec)
+	c.tellAgents(ctx, a, sidecars, reportSleep, rec)
 }
 
 // The kinds of report to the node agents, the label kind of
@@ -49,14 +49,14 @@ const (
 )
 
 // tellAgents posts rec (a WakeRecord or a SleepRecord, after kind) to the
-// node agent on each seat's node. A failure is logged and counted, never
+// node agent on each sidecar's node. A failure is logged and counted, never
 // returned: the agent only predicts from fewer wakes and sleeps.
-func (c *Controller) tellAgents(ctx context.Context, a *appState, seats []seatRef, kind string, rec any) {
+func (c *Controller) tellAgents(ctx context.Context, a *appState, sidecars []sidecarRef, kind string, rec any) {
 	path := nodeapi.PathWakes
 	if kind == reportSleep {
 		path = nodeapi.PathSleeps
 	}
-	for _, ag := range c.agentsOf(a, seats) {
+	for _, ag := range c.agentsOf(a, sidecars) {
 		result := "ok"
 		if err := c.callAgent(ctx, http.MethodPost, ag.url, path, rec, nil, 2*time.Second); err != nil {
 			result = "failed"

@@ -48,7 +48,7 @@ func (f TokenFile) Read() (string, error) {
 	}
 	b, err := os.ReadFile(string(f))
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrNoToken, err)
+		return "", fmt.Errorf("%w: %w", ErrNoToken, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {

@@ -258,9 +258,13 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 	}
 	apps := map[string]any{}
 	sleeping := false
+	var sleepers []string // the applications the node agent serves
 	for name, app := range s.Applications {
 		sleep := effectiveSleep(app, pols)
-		sleeping = sleeping || sleep.Enabled() || hasSeat(app)
+		if sleep.Enabled() || hasSeat(app) {
+			sleeping = true
+			sleepers = append(sleepers, name)
+		}
 		v, err := applicationValues(app, sleep)
 		if err != nil {
 			return nil, fmt.Errorf("spec.applications[%s]: %w", name, err)
@@ -306,10 +310,15 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies) (map[stri
 	if len(s.SeatGroups) > 0 {
 		global["seatGroups"] = seatGroupValues(s.SeatGroups)
 	}
+	agent, err := agentValues(s, sleepers)
+	if err != nil {
+		return nil, err
+	}
 	return map[string]any{
 		"global":  global,
 		"nats":    natsServer,
 		"gateway": gateway,
+		"agent":   agent,
 		"dispatcher": map[string]any{
 			"replicas":  int64(s.Dispatcher.Replicas),
 			"resources": toMap(orDefault(s.Dispatcher.Resources, defaultDispatcherResource)),

@@ -55,7 +55,7 @@ type Config struct {
 	// more than this fraction of its weights' bytes is restarted before
 	// another application wakes.
 	MaxResidentFraction float64 `json:"maxResidentFraction"`
-	// SeatTimeout bounds one sleep or wake call to a seat agent.
+	// SeatTimeout bounds one sleep or wake call to a sidecar.
 	SeatTimeout time.Duration `json:"seatTimeout"`
 }
 
@@ -110,8 +110,8 @@ func (c Config) Validate(members []Member) error {
 			bad("seat group %s: application %q is listed twice", c.Name, m.Name)
 		}
 		seen[m.Name] = true
-		if m.Seat == nil {
-			bad("seat group %s: application %q has no seat", c.Name, m.Name)
+		if m.Sidecar == nil {
+			bad("seat group %s: application %q has no sidecar", c.Name, m.Name)
 		}
 		if m.SleepLevel != 0 && m.SleepLevel != 1 && m.SleepLevel != 2 {
 			bad("seat group %s: application %q: sleep level must be 1 or 2, got %d", c.Name, m.Name, m.SleepLevel)

@@ -10,7 +10,7 @@ import (
 
 func TestConfigValidate(t *testing.T) {
 	seat := sidecarapi.Client{URL: "http://127.0.0.1:8090"}
-	members := []Member{{Name: "a", Seat: seat}, {Name: "b", Seat: seat}}
+	members := []Member{{Name: "a", Sidecar: seat}, {Name: "b", Sidecar: seat}}
 	if err := Default("g").Validate(members); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
@@ -38,8 +38,8 @@ func TestConfigValidate(t *testing.T) {
 		},
 		{
 			name:    "applications need a unique name, a seat and a sleep level of 1 or 2",
-			members: []Member{{Name: "a", Seat: seat}, {Name: "a", SleepLevel: 3}, {Seat: seat}},
-			want:    []string{`application "a" is listed twice`, `application "a" has no seat`, "sleep level must be 1 or 2, got 3", "application 2 has no name"},
+			members: []Member{{Name: "a", Sidecar: seat}, {Name: "a", SleepLevel: 3}, {Sidecar: seat}},
+			want:    []string{`application "a" is listed twice`, `application "a" has no sidecar`, "sleep level must be 1 or 2, got 3", "application 2 has no name"},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

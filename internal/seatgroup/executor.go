@@ -15,9 +15,9 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// Seat drives one application's engine through its seat agent. sidecarapi.Client
+// Sidecar drives one application's engine through its per-engine sidecar. sidecarapi.Client
 // implements it over the agent's HTTP API.
-type Seat interface {
+type Sidecar interface {
 	State(ctx context.Context) (sidecarapi.Status, error)
 	// Sleep drains the engine (the agent waits until it reports nothing in
 	// flight) and puts it to sleep at level.
@@ -43,11 +43,11 @@ type MemoryReader interface {
 
 // ErrMemoryNotReported is a MemoryReader's answer for an engine that does
 // not report its memory (vLLM, Ollama, llama.cpp: their seats report no
-// residentBytes); the executor then trusts the seat's word that the engine
+// residentBytes); the executor then trusts the sidecar's word that the engine
 // sleeps.
 var ErrMemoryNotReported = errors.New("the engine does not report its memory")
 
-// Restarter stops an engine so that all its memory is returned; its seat
+// Restarter stops an engine so that all its memory is returned; its sidecar
 // then reports it asleep, and its next wake starts it again and loads the
 // weights from the warm or cold tier.
 type Restarter interface {
@@ -94,8 +94,8 @@ type Member struct {
 	WeightsBytes int64
 	// SwapCost estimates the time to swap it in (EstimateSwapCost).
 	SwapCost time.Duration
-	Seat     Seat
-	// Memory reads its engine's memory; nil trusts the seat's word that
+	Sidecar  Sidecar
+	// Memory reads its engine's memory; nil trusts the sidecar's word that
 	// the engine sleeps.
 	Memory MemoryReader
 	// Restarter restarts its engine; nil makes a restart fail (the group
@@ -282,16 +282,16 @@ func (e *Executor) observe(ctx context.Context) Group {
 	for _, m := range e.members {
 		ms := e.st[m.Name]
 		sctx, cancel := context.WithTimeout(ctx, stateTimeout)
-		st, err := m.Seat.State(sctx)
+		st, err := m.Sidecar.State(sctx)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
 			st = sidecarapi.Status{State: sidecarapi.Unknown}
 		}
-		s := fromSeat(st.State)
+		s := fromSidecar(st.State)
 		if s == StateFailed && !ms.restarted.IsZero() && !st.Since.After(ms.restarted) {
 			// Restarted since the seat last changed its mind: the engine
-			// is stopped, its memory freed; the seat's watch catches up.
+			// is stopped, its memory freed; the sidecar's watch catches up.
 			s = StateAsleep
 		}
 		if s == StateAwake {
@@ -316,7 +316,7 @@ func (e *Executor) observe(ctx context.Context) Group {
 			Memory: ms.memory, SleepLevel: m.SleepLevel, MinResidency: m.MinResidency, SleepAfter: m.SleepAfter,
 		})
 	}
-	// A seat that does not answer counts as Unknown (holding its seat),
+	// A sidecar that does not answer counts as Unknown (holding its seat),
 	// which is safe; the decision goes on for the others.
 	if err := errors.Join(errs...); err != nil {
 		e.log.Warn("reading seats", "err", err)
@@ -336,8 +336,8 @@ func (e *Executor) setState(name string, ms *memberState, s State) {
 	e.m.holder.WithLabelValues(e.cfg.Name, name).Set(v)
 }
 
-// fromSeat maps a seat agent's state to the policy's.
-func fromSeat(s sidecarapi.State) State {
+// fromSidecar maps a sidecar's state to the policy's.
+func fromSidecar(s sidecarapi.State) State {
 	switch s {
 	case sidecarapi.Awake:
 		return StateAwake
@@ -372,7 +372,7 @@ func (e *Executor) record(ev Event, result string) {
 func (e *Executor) wake(ctx context.Context, m Member, swapStart time.Time) error {
 	ev := Event{Kind: ActionWake, App: m.Name, Start: e.now()}
 	wctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
-	err := m.Seat.Wake(wctx)
+	err := m.Sidecar.Wake(wctx)
 	cancel()
 	ev.End = e.now()
 	if err != nil {
@@ -432,7 +432,7 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 		e.m.drain.WithLabelValues(e.cfg.Name).Observe(e.now().Sub(ms.drainStart).Seconds())
 	}
 	sctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
-	err := m.Seat.Sleep(sctx, a.Level)
+	err := m.Sidecar.Sleep(sctx, a.Level)
 	cancel()
 	ev.End = e.now()
 	if err != nil {

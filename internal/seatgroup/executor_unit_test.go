@@ -120,7 +120,7 @@ func newUnit(t *testing.T, noRestarter bool) *unitEnv {
 	for _, n := range []string{"a", "b"} {
 		s := &fakeSeat{name: n, log: &u.log, state: sidecarapi.Asleep, since: old, restartable: true}
 		u.seats[n] = s
-		m := Member{Name: n, Seat: s, Memory: s, Restarter: s, WeightsBytes: 100}
+		m := Member{Name: n, Sidecar: s, Memory: s, Restarter: s, WeightsBytes: 100}
 		if noRestarter {
 			m.Restarter = nil
 		}

@@ -52,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "actions_total",
 			Help: "Actions applied, by kind (Wake, Drain, Resume, Sleep, CheckMemory, Restart) and result (ok, failed, retry)."}, []string{"group", "action", "result"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "restarts_total",
-			Help: "Engines restarted, by reason (memory_not_freed: asleep but still holding its memory; failed: its seat reported Failed)."}, []string{"group", "app", "reason"}),
+			Help: "Engines restarted, by reason (memory_not_freed: asleep but still holding its memory; failed: its sidecar reported Failed)."}, []string{"group", "app", "reason"}),
 	}
 	// Several groups, and the executors of successive leaderships in one
 	// process, share a registry: they share its collectors too.

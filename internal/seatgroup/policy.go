@@ -1,23 +1,3 @@
-// Package seatgroup multiplexes several applications onto one accelerator:
-// the applications of a seat group share activeSeats seats, and only the
-// applications holding a seat are awake. The others sleep (their weights in
-// the hot tier, their requests in the queue) until the policy swaps them in.
-//
-// Decide is the policy, a pure function from one observation of the group
-// to an ordered plan of actions. The Executor observes the group, asks
-// Decide for a plan and applies it against the applications' sidecars
-// (through internal/sidecarapi's client), the dispatcher's gate and a
-// memory reading, and exports what it does as Prometheus metrics.
-// docs/checkpoint.md ("Multiplexing") describes the rules.
-//
-// Files:
-//
-//	policy.go    Decide: the pure policy, table-tested
-//	executor.go  Executor: observe, Decide, apply; the Seat interface
-//	config.go    Config, defaults and validation
-//	memory.go    the memory reading over a sidecar's status
-//	metrics.go   the executor's metrics
-//	seatgrouptest/, simengine/  a test harness and a restartable simulator
 package seatgroup
 
 import (
@@ -44,7 +24,7 @@ const (
 	StateAsleep State = "Asleep"
 	// StateWaking: it holds a seat while its engine's wake runs.
 	StateWaking State = "Waking"
-	// StateFailed: a sleep or wake left the engine in a state its seat
+	// StateFailed: a sleep or wake left the engine in a state its sidecar
 	// cannot tell; it holds a seat (its memory is unknown) until restarted.
 	StateFailed State = "Failed"
 	// StateUnknown: the seat has not answered; it holds a seat, since its
@@ -246,7 +226,7 @@ func Decide(g Group, now time.Time) []Action {
 	for _, a := range apps {
 		switch {
 		case a.State == StateFailed:
-			plan = append(plan, Action{Kind: ActionRestart, App: a.Name, Reason: "its seat reports Failed: the engine's state and memory are unknown"})
+			plan = append(plan, Action{Kind: ActionRestart, App: a.Name, Reason: "its sidecar reports Failed: the engine's state and memory are unknown"})
 		case a.State == StateAsleep && a.Memory == MemoryNotFreed:
 			plan = append(plan, Action{Kind: ActionRestart, App: a.Name, Reason: "it sleeps but did not free its memory (vllm-project/vllm#47654)"})
 		case a.State == StateAsleep && a.Memory == MemoryUnchecked:
@@ -357,7 +337,7 @@ func Decide(g Group, now time.Time) []Action {
 	}
 	for _, w := range waiting {
 		if blocked > 0 {
-			wait(w, fmt.Sprintf("the seat agents of %s do not answer; their engines may hold memory", strings.Join(unknown, ", ")))
+			wait(w, fmt.Sprintf("the sidecars of %s do not answer; their engines may hold memory", strings.Join(unknown, ", ")))
 			continue
 		}
 		if free > 0 {

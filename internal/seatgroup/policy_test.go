@@ -209,7 +209,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a failed seat is restarted, and its queued requests wake it",
 			apps: []App{failed("a", queued(2, 0)), asleep("b")},
-			want: []Action{{Kind: ActionRestart, App: "a", Reason: "its seat reports Failed: the engine's state and memory are unknown"}, wakeA("a")},
+			want: []Action{{Kind: ActionRestart, App: "a", Reason: "its sidecar reports Failed: the engine's state and memory are unknown"}, wakeA("a")},
 		},
 		{
 			name: "a waking application holds its seat",
@@ -234,7 +234,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a seat that does not answer keeps its seat: nobody wakes into it, nobody is put to sleep for it",
 			apps: []App{awake("a"), unknown("b"), asleep("c", queued(1, 0))},
-			want: []Action{waitA("c", "the seat agents of b do not answer; their engines may hold memory")},
+			want: []Action{waitA("c", "the sidecars of b do not answer; their engines may hold memory")},
 		},
 		{
 			name:  "activeSeats 2: two waiting applications take the two free seats",

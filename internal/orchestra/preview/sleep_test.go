@@ -385,7 +385,7 @@ func TestNodeAgent(t *testing.T) {
 		t.Errorf("agent pod labels %v: the dispatcher selects instance=%s,component=checkpoint-agent", ds.Spec.Template.Labels, sleepRelease)
 	}
 	agent := container(t, pod, "agent")
-	want := []string{"--role=node", fmt.Sprintf("--addr=:%d", agentPort), "--hot-dir=/var/lib/orchestra-agent/hot", "--warm-dir=/var/lib/orchestra-agent/warm", "--namespace=ns", "--hot-max-bytes=8GiB", "--warm-max-bytes=100GiB", "--measure-bytes=256MiB", "--verify-interval=15m0s"}
+	want := []string{"--role=node", fmt.Sprintf("--addr=:%d", agentPort), "--hot-dir=/var/lib/orchestra-agent/hot", "--warm-dir=/var/lib/orchestra-agent/warm", "--namespace=ns", "--release=x", "--caller-token-file=/etc/orchestra/agent-caller/token", "--hot-max-bytes=8GiB", "--warm-max-bytes=100GiB", "--measure-bytes=256MiB", "--verify-interval=15m0s"}
 	if diff := cmp.Diff(want, agent.Args); diff != "" {
 		t.Errorf("agent args (-want +got):\n%s", diff)
 	}
@@ -444,6 +444,9 @@ func TestNodeAgent(t *testing.T) {
 	}
 	hostPaths := map[string]string{}
 	for _, v := range pod.Volumes {
+		if v.Name == "caller-token" {
+			continue // TestCallerTokenSecret
+		}
 		if v.HostPath == nil {
 			t.Errorf("agent volume %s is not a hostPath", v.Name)
 			continue
@@ -768,6 +771,47 @@ func privileges(pod corev1.PodSpec) []string {
 	return out
 }
 
+// TestCallerTokenSecret: the release's caller token Secret is rendered
+// with the agent, without a token offline (the operator generates it at
+// install), and mounted read-only by exactly the node agent and the
+// dispatcher (whose lifecycle leader calls it, agentTokenFile), by no
+// engine pod.
+func TestCallerTokenSecret(t *testing.T) {
+	objs := renderObjects(t, readValues(t, sleepValues))
+	var sec corev1.Secret
+	objs.get(t, "Secret", "x-agent-caller", &sec)
+	if len(sec.Data) != 0 || len(sec.StringData) != 0 {
+		t.Errorf("offline render of the caller token Secret holds %d keys; want none (a token in a preview would be known to anyone reading it)", len(sec.Data)+len(sec.StringData))
+	}
+	mounts := map[string]string{}
+	for key, pod := range podTemplates(t, objs) {
+		for _, v := range pod.Volumes {
+			if v.Secret == nil || v.Secret.SecretName != "x-agent-caller" {
+				continue
+			}
+			for _, c := range pod.Containers {
+				for _, m := range c.VolumeMounts {
+					if m.Name == v.Name {
+						if !m.ReadOnly {
+							t.Errorf("%s: container %s mounts the caller token writable", key, c.Name)
+						}
+						mounts[key+"/"+c.Name] = m.MountPath
+					}
+				}
+			}
+		}
+	}
+	want := map[string]string{"DaemonSet/x-agent/agent": "/etc/orchestra/agent-caller", "Deployment/x-dispatcher/dispatcher": "/etc/orchestra/agent-caller"}
+	if diff := cmp.Diff(want, mounts); diff != "" {
+		t.Errorf("mounts of the caller token (-want +got):\n%s", diff)
+	}
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-dispatcher", &cm)
+	if !strings.Contains(cm.Data["dispatcher.yaml"], "agentTokenFile: /etc/orchestra/agent-caller/token") {
+		t.Errorf("the dispatcher's lifecycle configuration does not send the caller token:\n%s", cm.Data["dispatcher.yaml"])
+	}
+}
+
 // TestNoPrivilegeUnlessProcessSnapshots: with tiers.processSnapshots off
 // (the default the translator writes), no rendered pod escalates
 // privileges, is privileged, adds a capability or shares a host namespace.
@@ -826,6 +870,22 @@ func TestNoPrivilegeUnlessProcessSnapshots(t *testing.T) {
 		if !found {
 			t.Errorf("agent volumes %+v lack the snapshots hostPath", pod.Volumes)
 		}
+		if pod.ServiceAccountName != "x-agent" {
+			t.Errorf("agent serviceAccountName %q; want x-agent, which lists the release's pods", pod.ServiceAccountName)
+		}
+	}
+	// The agent checks that a process to snapshot is one of the release's
+	// pods': list on pods in the namespace, nothing else.
+	objs := renderObjects(t, vals)
+	var role rbacv1.Role
+	objs.get(t, "Role", "x-agent", &role)
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Resources, []string{"pods"}) || !slices.Equal(role.Rules[0].Verbs, []string{"list"}) {
+		t.Errorf("agent Role rules %+v; want list on pods only", role.Rules)
+	}
+	var rb rbacv1.RoleBinding
+	objs.get(t, "RoleBinding", "x-agent", &rb)
+	if rb.RoleRef.Name != "x-agent" || len(rb.Subjects) != 1 || rb.Subjects[0].Name != "x-agent" {
+		t.Errorf("agent RoleBinding %+v", rb)
 	}
 	if _, ok := on["DaemonSet/x-agent"]; !ok {
 		t.Error("no node agent rendered with process snapshots on")

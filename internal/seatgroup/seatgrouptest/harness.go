@@ -133,8 +133,8 @@ func Start(opts Options) (*Harness, error) {
 			SwapCost: seatgroup.EstimateSwapCost(a.WeightsBytes, opts.HotBandwidth, opts.TTFT),
 			// The memory reading and the restart go through the seat
 			// agent, as in a group pod.
-			Seat:   sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
-			Memory: seatgroup.SidecarMemory{Client: sidecarapi.Client{URL: seatSrv.URL, HTTP: client}}, Restarter: sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
+			Sidecar: sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
+			Memory:  seatgroup.SidecarMemory{Client: sidecarapi.Client{URL: seatSrv.URL, HTTP: client}}, Restarter: sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
 		})
 	}
 	exec, err := seatgroup.NewExecutor(opts.Group, members, h.Dispatcher, h.Registry, opts.Log, seatgroup.WithEvents(h.record))
@@ -147,7 +147,7 @@ func Start(opts Options) (*Harness, error) {
 	// The seats learn their engines' state on their first watch tick.
 	if err := h.waitFor(10*time.Second, "every seat to see its engine awake", func() bool {
 		for _, m := range members {
-			st, err := m.Seat.State(ctx)
+			st, err := m.Sidecar.State(ctx)
 			if err != nil || st.State != sidecarapi.Awake {
 				return false
 			}

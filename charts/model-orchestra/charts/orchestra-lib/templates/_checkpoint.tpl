@@ -104,3 +104,18 @@ the last of a seat group's range when the release has seat groups. */}}
 {{- include "mo.seatPort" . -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the release's caller token (key "token"), which
+the node agent's mutating endpoints require of their callers (the
+dispatcher's lifecycle leader): rendered by the agent part, mounted by the
+agent and the dispatcher at mo.agentCallerTokenDir.
+secretName: {{ include "mo.agentCallerSecret" $ }} */}}
+{{- define "mo.agentCallerSecret" -}}
+{{- printf "%s-agent-caller" (include "mo.fullname" .) -}}
+{{- end -}}
+
+{{/* Where the agent and its callers mount the caller token Secret; the
+token is the file "token" in it. */}}
+{{- define "mo.agentCallerTokenDir" -}}
+/etc/orchestra/agent-caller
+{{- end -}}

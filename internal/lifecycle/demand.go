@@ -1,0 +1,71 @@
+package lifecycle
+
+// Demand: the one reader of a consumer's backlog on the leader, for
+// applications (observe) and seat-group members (seatDispatcher.Demand).
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// consumerReading is one read of an application's JetStream consumer.
+type consumerReading struct {
+	// OK is false when the consumer could not be read; the other fields
+	// are then zero.
+	OK bool
+	// Queued requests are stored and not yet handed to a dispatcher;
+	// InFlight ones were handed out and not acknowledged (which counts the
+	// requests a dispatcher holds for a free slot).
+	Queued, InFlight uint64
+	// Delivered is the stream sequence last handed out.
+	Delivered uint64
+	// Paused: the gate is closed on the server.
+	Paused bool
+	// Config is the consumer's configuration (openGate's nudge writes it
+	// back).
+	Config jetstream.ConsumerConfig
+}
+
+// Busy reports whether anything is queued or in flight.
+func (r consumerReading) Busy() bool { return r.Queued+r.InFlight > 0 }
+
+// readConsumer reads the consumer of app once, within 5 s.
+func (c *Controller) readConsumer(ctx context.Context, app string) consumerReading {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cons, err := c.js.Consumer(ictx, c.names.Stream(), c.names.Consumer(app))
+	if err != nil {
+		return consumerReading{}
+	}
+	ci := cons.CachedInfo()
+	return consumerReading{OK: true, Queued: ci.NumPending, InFlight: uint64(ci.NumAckPending),
+		Delivered: ci.Delivered.Stream, Paused: ci.Paused, Config: ci.Config}
+}
+
+// usage follows one consumer's readings over time: when it was last used
+// (a request handed out or in flight) and since when requests queue.
+type usage struct {
+	delivered    uint64
+	lastUse      time.Time
+	pendingSince time.Time
+}
+
+// update takes reading r, made at now, and reports whether the consumer
+// was used since the last reading.
+func (u *usage) update(now time.Time, r consumerReading) (used bool) {
+	used = r.InFlight > 0 || r.Delivered != u.delivered
+	if used {
+		u.lastUse = now
+	}
+	u.delivered = r.Delivered
+	if r.Queued > 0 {
+		if u.pendingSince.IsZero() {
+			u.pendingSince = now
+		}
+	} else {
+		u.pendingSince = time.Time{}
+	}
+	return used
+}

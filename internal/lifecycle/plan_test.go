@@ -1,0 +1,167 @@
+package lifecycle
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+// TestDecide: every transition of an application's step, from what the
+// step observed to what it does.
+func TestDecide(t *testing.T) {
+	const zeroAfter, sleepAfter = 10 * time.Minute, time.Minute
+	read := func(queued, inFlight uint64, paused bool) consumerReading {
+		return consumerReading{OK: true, Queued: queued, InFlight: inFlight, Paused: paused}
+	}
+	obs := func(st v1alpha1.LifecycleState, mut ...func(*Observation)) Observation {
+		o := Observation{State: st, Replicas: 1, App: AppPolicy{MinReplicas: 0, ZeroAfter: zeroAfter}}
+		if st == v1alpha1.LifecycleAwake {
+			o.Serving, o.RootsConfirmed = 1, true
+		}
+		if st == v1alpha1.LifecycleZero {
+			o.Replicas = 0
+		}
+		o.Demand = read(0, 0, st != v1alpha1.LifecycleAwake)
+		for _, m := range mut {
+			m(&o)
+		}
+		return o
+	}
+	sleeps := func(o *Observation) {
+		tier := v1alpha1.TierAccelerator
+		switch o.State {
+		case v1alpha1.LifecycleZero:
+			tier = v1alpha1.TierCold
+		case v1alpha1.LifecycleAsleep:
+			tier = v1alpha1.TierHot
+		}
+		o.Sleep = &SleepPolicy{After: sleepAfter, Level: 1, ResidentTier: tier}
+	}
+	sidecars := func(states ...sidecarapi.State) func(*Observation) {
+		return func(o *Observation) {
+			for i, s := range states {
+				o.Sidecars = append(o.Sidecars, SidecarReading{Pod: "root-" + string(rune('0'+i)), State: s})
+			}
+		}
+	}
+	act := func(k ActionKind) Action { return Action{Kind: k} }
+	wake := func(k ActionKind, trigger string) Action { return Action{Kind: k, Trigger: trigger} }
+
+	for _, tc := range []struct {
+		name string
+		o    Observation
+		want []Action
+	}{
+		// At zero.
+		{"zero: a request seen wakes it without reading the queue",
+			obs(v1alpha1.LifecycleZero, func(o *Observation) { o.RequestSeen, o.Demand = true, consumerReading{} }),
+			[]Action{wake(ActWake, triggerRequest)}},
+		{"zero: demand arrives in the queue", obs(v1alpha1.LifecycleZero, func(o *Observation) { o.Demand = read(3, 0, true) }),
+			[]Action{wake(ActWake, triggerRequest)}},
+		{"zero: a request handed out as the gate closed", obs(v1alpha1.LifecycleZero, func(o *Observation) { o.Demand = read(0, 1, true) }),
+			[]Action{wake(ActWake, triggerRequest)}},
+		{"zero: a gate a dispatcher reopened is closed again", obs(v1alpha1.LifecycleZero, func(o *Observation) { o.Demand = read(0, 0, false) }),
+			[]Action{act(ActCloseGate), act(ActSyncWorkers)}},
+		{"zero: idle, the workers follow", obs(v1alpha1.LifecycleZero), []Action{act(ActSyncWorkers)}},
+		{"zero: scaled up by someone else", obs(v1alpha1.LifecycleZero, func(o *Observation) { o.Replicas = 1 }),
+			[]Action{act(ActFollowWaking)}},
+		{"zero with sleeping engines: the resident tier is the cold one", obs(v1alpha1.LifecycleZero, sleeps, func(o *Observation) { o.Sleep.ResidentTier = v1alpha1.TierHot }),
+			[]Action{{Kind: ActSetTier, Tier: v1alpha1.TierCold}, act(ActSyncWorkers)}},
+
+		// Waking: pods start.
+		{"waking: a confirmed root serves", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Serving, o.RootsConfirmed, o.Demand = 1, true, consumerReading{} }),
+			[]Action{act(ActAwake)}},
+		{"waking: a serving root the scale to zero deleted is not enough", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Serving = 1 }),
+			nil},
+		{"waking: the pods cannot start", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Problem = "pod x cannot be scheduled" }),
+			[]Action{{Kind: ActReportProblem, Reason: "pod x cannot be scheduled"}}},
+		{"waking: the problem is gone", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Message = "pod x cannot be scheduled" }),
+			[]Action{{Kind: ActReportProblem}}},
+		{"waking: pod lost, scaled to zero behind our back", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Replicas = 0 }),
+			[]Action{wake(ActWake, triggerRequest)}},
+		{"waking: a gate a dispatcher reopened is closed again", obs(v1alpha1.LifecycleWaking, func(o *Observation) { o.Demand = read(2, 0, false) }),
+			[]Action{act(ActCloseGate)}},
+		// Issue 26: a standalone root whose sidecar reports Asleep at pod
+		// start (restarted while the application slept, or an engine that
+		// starts asleep) never turns Ready: its engine is woken.
+		{"waking: a root's sidecar reports Asleep at pod start", obs(v1alpha1.LifecycleWaking, sleeps, sidecars(sidecarapi.Asleep)),
+			[]Action{{Kind: ActWakeSidecars, Pods: []string{"root-0"}}}},
+		{"waking: a root's sidecar still starting", obs(v1alpha1.LifecycleWaking, sleeps, sidecars(sidecarapi.Unknown)), nil},
+
+		// Waking: sleeping engines wake through their sidecars.
+		{"engine wake: an attempt", obs(v1alpha1.LifecycleWaking, sleeps, func(o *Observation) { o.EngineWake = true }),
+			[]Action{act(ActWakeEngines)}},
+		{"engine wake: held off after a failed attempt (wake timeout, backoff)",
+			obs(v1alpha1.LifecycleWaking, sleeps, func(o *Observation) { o.EngineWake, o.Sleep.WakeHeld = true, true }), nil},
+
+		// Awake.
+		{"awake: busy, the backlog sets the replicas", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Demand, o.Idle = read(4, 1, false), time.Hour }),
+			[]Action{act(ActMarkActive), act(ActScale)}},
+		{"awake: used since the last look", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Used, o.Idle = true, time.Hour }),
+			[]Action{act(ActMarkActive), act(ActScale)}},
+		{"awake: idle past zeroAfter drains", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Idle = zeroAfter }),
+			[]Action{act(ActBeginDrain)}},
+		{"awake: minReplicas 1 never drains", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Idle, o.App.MinReplicas = 2*zeroAfter, 1 }),
+			[]Action{act(ActScale)}},
+		{"awake: idle past sleep.after sleeps", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Idle = sleepAfter }),
+			[]Action{act(ActBeginSleep)}},
+		{"awake: a failed sleep holds off the next", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Idle, o.Sleep.SleepHeld = sleepAfter, true }),
+			[]Action{act(ActScale)}},
+		{"awake: scaled to zero by someone else", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Replicas = 0 }),
+			[]Action{act(ActFollowZero)}},
+		{"awake: the queue cannot be read", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Demand = consumerReading{} }),
+			[]Action{{Kind: ActFail, Reason: "reading the consumer's backlog failed"}}},
+		{"awake: a root that restarted with its engine asleep is woken",
+			obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Replicas = 2 }, sidecars(sidecarapi.Awake, sidecarapi.Asleep),
+				func(o *Observation) { o.Sidecars[0].Serving = true }),
+			[]Action{{Kind: ActWakeSidecars, Pods: []string{"root-1"}}, act(ActScale)}},
+		{"awake with sleeping engines: the resident tier is the accelerator", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Sleep.ResidentTier = v1alpha1.TierHot }),
+			[]Action{{Kind: ActSetTier, Tier: v1alpha1.TierAccelerator}, act(ActScale)}},
+
+		// Draining (with requests in flight the drain or sleep is
+		// cancelled by the executor, which reads the queue behind the
+		// closed gate).
+		{"draining to zero", obs(v1alpha1.LifecycleDraining), []Action{act(ActDrain)}},
+		{"draining to sleep", obs(v1alpha1.LifecycleDraining, sleeps, func(o *Observation) { o.DrainForSleep = true }), []Action{act(ActSleep)}},
+
+		// Asleep.
+		{"asleep: a request seen wakes the engines", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) { o.RequestSeen = true }),
+			[]Action{wake(ActBeginEngineWake, triggerRequest)}},
+		{"asleep: demand arrives in the queue", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) { o.Demand = read(1, 0, true) }),
+			[]Action{wake(ActBeginEngineWake, triggerRequest)}},
+		{"asleep: every sidecar asleep, nothing due", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep, sidecarapi.Asleep)), nil},
+		{"asleep: the resident tier is due a refresh", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) { o.Sleep.RefreshDue = true }),
+			[]Action{act(ActRefreshTier)}},
+		{"asleep: a root started awake sleeps like the others", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep, sidecarapi.Awake)),
+			[]Action{{Kind: ActSleepSidecars, Pods: []string{"root-1"}, Level: 1}}},
+		{"asleep: a failed sidecar's pod is restarted", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Failed, sidecarapi.Asleep)),
+			[]Action{{Kind: ActRestartSidecar, Pods: []string{"root-0"}}}},
+		{"asleep: parkAfter parks", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor = time.Minute, time.Minute
+		}), []Action{act(ActPark)}},
+		{"asleep: parked already (level 2)", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level = time.Minute, time.Hour, 2
+		}), nil},
+		{"asleep: not parked while a sidecar does not answer", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep, sidecarapi.Unknown), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor = time.Minute, time.Hour
+		}), nil},
+		{"asleep: zeroAfter takes the pods away", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) { o.Idle = zeroAfter }),
+			[]Action{act(ActZeroFromSleep)}},
+		{"asleep: zeroAfter waits for a readable queue", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) { o.Idle, o.Demand = zeroAfter, consumerReading{} }),
+			[]Action{{Kind: ActFail, Reason: "reading the consumer's backlog failed"}}},
+		{"asleep: scaled to zero by someone else", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) { o.Replicas = 0 }),
+			[]Action{act(ActFollowZero)}},
+		{"asleep: a gate a dispatcher reopened is closed again", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) { o.Demand = read(0, 0, false) }),
+			[]Action{act(ActCloseGate)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, Decide(tc.o)); diff != "" {
+				t.Errorf("Decide(%+v) (-want +got):\n%s", tc.o, diff)
+			}
+		})
+	}
+}
