@@ -156,6 +156,10 @@ bench-fetch: ## Model fetcher throughput vs curl on a 2 GiB loopback repository,
 bench-dataplane: ## Latency the gateway, queue and dispatcher add over the simulator (p50/p99 at concurrency 1, 16, 64) and max requests/s.
 	$(GO) run ./hack/bench-dataplane -docs docs/benchmarks.md
 
+.PHONY: bench-dataplane-ollama
+bench-dataplane-ollama: ## First token and tokens/s of a real ollama serve (the pinned build) direct, through a plain reverse proxy and through gateway + JetStream + dispatcher in one process, interleaved.
+	$(GO) test ./internal/dataplanetest -run TestOllamaHopBenchmark -ollama-hop-bench -ollama-hop-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 10m
+
 .PHONY: bench-routing
 bench-routing: ## Routing (least-loaded, random, CHWBL, prefix; 1 and 2 dispatchers) on 4 simulators with prefix caches: multi-turn chat with shared system prompts and a no-sharing workload, interleaved; TTFT p50/p90, tokens/s, hit rate, imbalance.
 	$(GO) run ./hack/bench-routing -docs docs/benchmarks.md

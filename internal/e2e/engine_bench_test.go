@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -58,6 +59,8 @@ type engineSize struct {
 	wake, baseline, sleepWake []time.Duration
 	gwTTFT, directTTFT        []time.Duration
 	gwRate, directRate        []float64
+	// round trips through the NATS pod: engine idle, engine streaming
+	podIdle, podBusy []time.Duration
 }
 
 // TestEngineBenchmark measures the real Ollama engine on real pods, on the
@@ -257,13 +260,24 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 		return nil
 	})
 	direct := "http://" + net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080") + "/v1/chat/completions"
+	probe := startPodProbe(ctx, t, ns, name)
+	defer probe.close()
 	for i := range benchPairs {
-		for _, via := range []string{"gateway", "direct"} {
+		// Each request has a prompt of its own, of one length, and the
+		// order alternates: neither path gains from Ollama's prompt cache
+		// (an earlier version sent the pair one prompt, gateway first,
+		// which handed the direct request the cached prompt).
+		order := []string{"gateway", "direct"}
+		if i%2 == 1 {
+			order = []string{"direct", "gateway"}
+		}
+		for _, via := range order {
 			url, tok := base+"/chat/completions", token
 			if via == "direct" {
 				url, tok = direct, ""
 			}
-			first, rate, err := streamTimed(ctx, url, tok, s.zero, fmt.Sprintf("pair %d %d", round, i))
+			first, rate, err := streamContent(ctx, url, tok, s.zero, fmt.Sprintf("pair %d %d %s", round, i, via[:1]))
+			t.Logf("%s round %d pair %d: %s first token %v, %.0f tokens/s", s.label, round, i, via, first, rate)
 			if err != nil {
 				t.Fatalf("%s round %d: %s request: %v", s.label, round, via, err)
 			}
@@ -273,7 +287,90 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
 			}
 		}
+		// The floor of a process hop on this node: round trips through
+		// the NATS pod while the engine is idle, and while it streams an
+		// answer (a direct request of its own, not measured above).
+		s.podIdle = append(s.podIdle, probe.rtts(20)...)
+		s.podBusy = append(s.podBusy, probe.during(t, func() {
+			if _, _, err := streamContent(ctx, direct, "", s.zero, fmt.Sprintf("probe %d %d x", round, i)); err != nil {
+				t.Fatalf("%s round %d: probe request: %v", s.label, round, err)
+			}
+		})...)
 	}
+}
+
+// podProbe measures round trips through the orchestra's NATS pod from the
+// test process: a request that the test process answers itself, so each
+// one passes through the pod twice, as a request passes through a data-plane
+// pod on its way to the engine and back.
+type podProbe struct {
+	nc   *nats.Conn
+	subj string
+}
+
+func startPodProbe(ctx context.Context, t *testing.T, ns, name string) *podProbe {
+	t.Helper()
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=nats"})
+	if err != nil || len(pods.Items) == 0 || pods.Items[0].Status.PodIP == "" {
+		t.Fatalf("the NATS pod of %s: %d pods (%v)", name, len(pods.Items), err)
+	}
+	nc, err := nats.Connect("nats://" + net.JoinHostPort(pods.Items[0].Status.PodIP, "4222"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &podProbe{nc: nc, subj: "bench.probe." + nats.NewInbox()[len("_INBOX."):]}
+	if _, err := nc.Subscribe(p.subj, func(m *nats.Msg) { _ = m.Respond(nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p *podProbe) close() { p.nc.Close() }
+
+func (p *podProbe) rtt() (time.Duration, bool) {
+	start := time.Now()
+	_, err := p.nc.Request(p.subj, nil, time.Second)
+	return time.Since(start), err == nil
+}
+
+// rtts measures n round trips, 2 ms apart.
+func (p *podProbe) rtts(n int) []time.Duration {
+	var out []time.Duration
+	for range n {
+		if d, ok := p.rtt(); ok {
+			out = append(out, d)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return out
+}
+
+// during measures round trips, 2 ms apart, while f runs.
+func (p *podProbe) during(t *testing.T, f func()) []time.Duration {
+	t.Helper()
+	done := make(chan struct{})
+	got := make(chan []time.Duration, 1)
+	go func() {
+		var out []time.Duration
+		for {
+			select {
+			case <-done:
+				got <- out
+				return
+			default:
+			}
+			if d, ok := p.rtt(); ok {
+				out = append(out, d)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	f()
+	close(done)
+	return <-got
 }
 
 // benchSleepRound times a wake from sleep through the gateway.
@@ -352,6 +449,28 @@ func rootIP(ctx context.Context, ns, name, app string) string {
 	return ""
 }
 
+// streamContent is streamTimed, asked again with the prompt's last
+// character changed (the same length) when the generated model's first
+// token ends the answer (no content): its weights are random, and now and
+// then a prompt draws the end token first.
+func streamContent(ctx context.Context, url, token, model, prompt string) (time.Duration, float64, error) {
+	var err error
+	for k := range 5 {
+		p := prompt
+		if k > 0 {
+			p = prompt[:len(prompt)-1] + string(rune('a'+k))
+		}
+		var first time.Duration
+		var rate float64
+		if first, rate, err = streamTimed(ctx, url, token, model, p); !errors.Is(err, errNoContent) {
+			return first, rate, err
+		}
+	}
+	return 0, 0, err
+}
+
+var errNoContent = errors.New("no content before [DONE]")
+
 // streamTimed sends one streamed chat of up to 64 tokens and returns the
 // time to its first non-empty content and its tokens per second after the
 // first (usage's completion tokens over first to last content; 0 when it
@@ -413,7 +532,10 @@ func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Du
 		}
 	}
 	if !done || first.IsZero() {
-		return 0, 0, errors.Join(errors.New("no content, or no [DONE]"), sc.Err())
+		if done {
+			return 0, 0, errNoContent
+		}
+		return 0, 0, errors.Join(errors.New("the stream ended without [DONE]"), sc.Err())
 	}
 	rate := 0.0
 	if tokens > 1 && last.After(first) {
@@ -423,9 +545,21 @@ func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Du
 }
 
 func p50(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
+}
+
+func p90(v []time.Duration) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)*9/10]
 }
 
 func maxOf(v []time.Duration) time.Duration { return slices.Max(v) }
@@ -448,12 +582,14 @@ func engineTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 		fmt.Fprintf(&b, "| %s (%d bytes) | %s (max %s) | %s (max %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
 			msd(w), msd(maxOf(s.wake)), msd(bl), msd(maxOf(s.baseline)), float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
 	}
-	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | tokens/s through the gateway | direct |\n| --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | tokens/s through the gateway | direct | round trip through the NATS pod, engine idle | same, engine streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range sizes {
 		g, d := p50(s.gwTTFT), p50(s.directTTFT)
-		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f |\n", s.label, ms(g), ms(d), ms(g-d), p50f(s.gwRate), p50f(s.directRate))
+		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f | %.2f ms (p90 %.2f) | %.2f ms (p90 %.2f) |\n", s.label, ms(g), ms(d), ms(g-d), p50f(s.gwRate), p50f(s.directRate),
+			ms(p50(s.podIdle)), ms(p90(s.podIdle)), ms(p50(s.podBusy)), ms(p90(s.podBusy)))
 	}
-	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d pairs a round, alternating).\n", *benchEngineRounds, benchPairs)
+	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d pairs a round, in alternating order, each request with a prompt of its own of one length; "+
+		"the NATS round trips: 20 a pair with the engine idle, and as many as fit in one more direct stream, 2 ms apart).\n", *benchEngineRounds, benchPairs)
 	return b.String()
 }
 

@@ -154,18 +154,29 @@ func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply 
 	rc := http.NewResponseController(w)
 
 	s := sseRelay{w: w, includeUsage: includeUsage, x: x}
+	poller, _ := reply.(queue.Poller)
 	data := first.Data
 	for {
 		if err := s.feed(data); err != nil {
 			return err
 		}
-		if s.wrote {
-			if err := rc.Flush(); err != nil {
-				return errClientGone
-			}
-			s.wrote = false
+		// What already arrived is written before the flush: one write and
+		// one wake-up of the client for chunks that piled up, none delayed.
+		var c queue.Chunk
+		ready := false
+		var err error
+		if poller != nil {
+			c, ready, err = poller.Poll()
 		}
-		c, err := reply.Next(ctx)
+		if !ready && err == nil {
+			if s.wrote {
+				if err := rc.Flush(); err != nil {
+					return errClientGone
+				}
+				s.wrote = false
+			}
+			c, err = reply.Next(ctx)
+		}
 		if errors.Is(err, io.EOF) {
 			return s.finish()
 		}

@@ -2,6 +2,7 @@ package natsqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -133,6 +134,27 @@ func (r *reply) take() ([]*nats.Msg, error) {
 
 // Next implements queue.Reply.
 func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
+	return r.next(ctx, true)
+}
+
+// errNotReady ends a Poll that would have to wait.
+var errNotReady = errors.New("no chunk ready")
+
+// Poll implements queue.Poller.
+func (r *reply) Poll() (queue.Chunk, bool, error) {
+	c, err := r.next(context.Background(), false)
+	switch {
+	case errors.Is(err, errNotReady):
+		return queue.Chunk{}, false, nil
+	case err != nil:
+		return queue.Chunk{}, false, err
+	}
+	return c, true, nil
+}
+
+// next returns the next chunk; without wait it returns errNotReady
+// instead of waiting for one.
+func (r *reply) next(ctx context.Context, wait bool) (queue.Chunk, error) {
 	var pending []*nats.Msg
 	for {
 		if r.err != nil {
@@ -176,6 +198,9 @@ func (r *reply) Next(ctx context.Context) (queue.Chunk, error) {
 		if failure != nil {
 			r.err = failure
 			continue
+		}
+		if !wait {
+			return queue.Chunk{}, errNotReady
 		}
 		if err := r.checkStall(); err != nil {
 			r.err = err

@@ -223,3 +223,39 @@ func TestReplyEndsAtOnceAfterTheLastChunk(t *testing.T) {
 		t.Fatalf("Next after the last chunk = %v, want io.EOF at once", err)
 	}
 }
+
+// Poll hands out the chunks that already arrived, in order, and says so
+// without waiting when the next one has not: a heartbeat in the inbox is
+// not a chunk.
+func TestReplyPollNeverWaits(t *testing.T) {
+	r := testReply(true, time.Minute)
+	var p queue.Poller = r
+	if _, ok, err := p.Poll(); ok || err != nil {
+		t.Fatalf("Poll of an empty reply = ok %v, %v; want not ready", ok, err)
+	}
+	r.push(msg(KindData, 1, 0, "a", true, false))
+	r.push(msg(KindHeartbeat, 1, -1, "", false, false))
+	r.push(msg(KindData, 1, 1, "b", false, false))
+	var got []string
+	for {
+		c, ok, err := p.Poll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		got = append(got, string(c.Data))
+	}
+	if diff := cmp.Diff([]string{"a", "b"}, got); diff != "" {
+		t.Fatalf("polled chunks (-want +got):\n%s", diff)
+	}
+	r.push(msg(KindHeartbeat, 1, -1, "", false, false))
+	if _, ok, err := p.Poll(); ok || err != nil {
+		t.Fatalf("Poll with only a heartbeat = ok %v, %v; want not ready", ok, err)
+	}
+	r.push(msg(KindData, 1, 2, "", false, true))
+	if _, _, err := p.Poll(); !errors.Is(err, io.EOF) {
+		t.Fatalf("Poll after the end = %v; want io.EOF", err)
+	}
+}

@@ -49,7 +49,7 @@ func Images() []Image {
 		{Key: "llamacpp", Env: "RELATED_IMAGE_LLAMACPP", Default: "ghcr.io/ggml-org/llama.cpp:full"},
 		{Key: "dllama", Env: "RELATED_IMAGE_DLLAMA", Default: "ghcr.io/b4rtaz/distributed-llama:v0.16.2"},
 		{Key: "vllm", Env: "RELATED_IMAGE_VLLM", Default: "docker.io/vllm/vllm-openai:v0.11.0"},
-		{Key: "ollama", Env: "RELATED_IMAGE_OLLAMA", Default: "docker.io/ollama/ollama:0.12.6"},
+		{Key: "ollama", Env: "RELATED_IMAGE_OLLAMA", Default: "docker.io/ollama/ollama:0.17.4"},
 	}
 }
 

@@ -46,6 +46,17 @@ type Reply interface {
 	Close() error
 }
 
+// Poller is implemented by replies that can hand out a chunk that has
+// already arrived without waiting: a relay writing a stream to a client
+// then writes what piled up while the client (or the relay) was slower than
+// the engine before it flushes, so one write and one wake-up of the client
+// carry several chunks, and no chunk waits for one that has not arrived.
+type Poller interface {
+	// Poll is Next without waiting: ok is false, with a nil error, when
+	// the next chunk has not arrived yet.
+	Poll() (c Chunk, ok bool, err error)
+}
+
 // Queue accepts jobs durably: once Submit returns without error the job
 // survives restarts of the gateway, the dispatcher and the queue itself.
 type Queue interface {

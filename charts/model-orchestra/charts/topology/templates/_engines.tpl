@@ -295,12 +295,17 @@ args:
 {{- else if eq $rt.engine "ollama" }}
 {{- /* Ollama serves only models of its own store (OLLAMA_MODELS, in the
 pod's /tmp): once the server answers, the cached GGUF is linked into the
-store's blobs under its sha256 (the fetch manifest's, else computed) so
-that `ollama create` finds the blob and copies nothing, and the model is
-created under the served name; Ollama lists it as "<name>:latest" and
-answers to both. Then it is loaded (`ollama run` without a prompt), as the
-other engines load theirs before they answer: a sleeping root's seat finds
-it awake, and the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
+store's blobs under its sha256 (the fetch manifest's, else computed), and
+the model is created from that blob under the served name; Ollama lists it
+as "<name>:latest" and answers to both. The create is asked of the server's
+API (POST /api/create naming the blob's digest: about 10 ms) with the
+image's wget where it has one (ours: busybox), so that nothing reads the
+whole file again; the `ollama create` CLI, the fallback for images without
+wget (upstream's), hashes the whole file client-side first (about 0.65 s
+for 248 MiB on 2 shared cores), even though the blob is already there.
+Then it is loaded (`ollama run` without a prompt), as the other engines
+load theirs before they answer: a sleeping root's seat finds it awake, and
+the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
 no model references when it starts), the cache stays read-only. A TERM
 reaches the server, and the container ends with it. */}}
 command: ["/bin/sh", "-c"]
@@ -319,8 +324,14 @@ args:
     [ -n "$digest" ] || digest=$(sha256sum "$model" | cut -d' ' -f1)
     mkdir -p "$OLLAMA_MODELS/blobs"
     ln -sf "$model" "$OLLAMA_MODELS/blobs/sha256-$digest"
-    printf 'FROM %s\n' "$model" > "$HOME/Modelfile"
-    ollama create "$SERVED_MODEL_NAME" -f "$HOME/Modelfile"
+    if command -v wget >/dev/null 2>&1; then
+      wget -q -O /dev/null --header 'Content-Type: application/json' \
+        --post-data "{\"model\":\"$SERVED_MODEL_NAME\",\"files\":{\"${MODEL_FILE##*/}\":\"sha256:$digest\"},\"stream\":false}" \
+        "http://127.0.0.1:${OLLAMA_HOST##*:}/api/create"
+    else
+      printf 'FROM %s\n' "$model" > "$HOME/Modelfile"
+      ollama create "$SERVED_MODEL_NAME" -f "$HOME/Modelfile"
+    fi
     ollama run "$SERVED_MODEL_NAME" </dev/null >/dev/null 2>&1 || echo "loading $SERVED_MODEL_NAME failed: the first request loads it"
     status=0
     wait "$server" || status=$?
