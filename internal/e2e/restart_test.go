@@ -64,7 +64,7 @@ func TestRollingRestart(t *testing.T) {
 	must(t, unstructured.SetNestedField(obj.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
 	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--ttft=20ms", "--itl=15ms"}, "spec", "applications", app, "runtime", "args"))
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"replicas": int64(3), "storage": map[string]any{"size": "1Gi"}}, "spec", "nats"))
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"replicas": int64(3), "storage": map[string]any{"size": "2Gi"}}, "spec", "nats"))
 	start := time.Now()
 	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	waitStackPodsReady(ctx, t, ns, name)
@@ -213,13 +213,16 @@ func statefulSetRolledOut(s *appsv1.StatefulSet) error {
 
 // simReference answers chats as the simulator pods do, at once: the
 // answer a client must get, word for word.
-type simReference struct{ h http.Handler }
+type simReference struct {
+	h     http.Handler
+	model string
+}
 
 func newSimReference(model string) simReference {
 	cfg := sim.Default()
 	cfg.Model = model
 	cfg.TimeToFirstToken, cfg.InterTokenLatency = 0, 0
-	return simReference{h: sim.New(cfg).Handler()}
+	return simReference{h: sim.New(cfg).Handler(), model: model}
 }
 
 // chat returns the text of the simulator's answer to a streamed chat of
@@ -229,7 +232,7 @@ func (r simReference) chat(maxTokens int, messages ...string) (string, error) {
 	for i := 0; i+1 < len(messages); i += 2 {
 		msgs = append(msgs, map[string]string{"role": messages[i], "content": messages[i+1]})
 	}
-	body := map[string]any{"model": "m", "stream": true, "messages": msgs}
+	body := map[string]any{"model": r.model, "stream": true, "messages": msgs}
 	if maxTokens > 0 {
 		body["max_tokens"] = maxTokens
 	}
@@ -241,6 +244,9 @@ func (r simReference) chat(maxTokens int, messages ...string) (string, error) {
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(data))
 	req.Header.Set("Content-Type", "application/json")
 	r.h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		return "", fmt.Errorf("the reference simulator answered %d: %s", rec.Code, rec.Body)
+	}
 	res, err := stack.ReadChatStream(rec.Body, nil)
 	if err != nil {
 		return "", err
