@@ -264,6 +264,15 @@ func TestFailedInstallRemovesPartialRelease(t *testing.T) {
 		t.Errorf("Deployed = %+v, want False", c)
 	}
 	waitEvent(t, ns, "broken", "InstallFailed")
+	// Retries back off: each failed install writes and removes release
+	// Secrets, whose watch events must not bring an immediate retry. After
+	// the first failure the waits are 2 s, 4 s, 8 s..., so 9 s hold at
+	// most 3 more attempts (at about 2 s and 6 s, and one of slack).
+	failuresBefore := metricValue(t, "orchestra_helm_actions_total", map[string]string{"kind": "Sample", "action": "install", "result": "failure"})
+	time.Sleep(9 * time.Second)
+	if n := metricValue(t, "orchestra_helm_actions_total", map[string]string{"kind": "Sample", "action": "install", "result": "failure"}) - failuresBefore; n > 3 {
+		t.Errorf("%v failed installs in 9 s after the first: retries do not back off", n)
+	}
 	// Between retries nothing of the failed install stays behind.
 	eventually(t, 20*time.Second, func() error {
 		if n := len(releaseSecrets(t, ns)); n != 0 {

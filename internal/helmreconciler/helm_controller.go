@@ -151,6 +151,8 @@ type Reconciler struct {
 	watched map[schema.GroupVersionKind]bool
 
 	states sync.Map // types.NamespacedName -> *releaseState
+	// failures holds the back-off of failed Helm actions (backoff.go).
+	failures sync.Map // types.NamespacedName -> *failureBackoff
 	// listHistory holds the UIDs of resources whose release history is
 	// always listed from the API server (see mustListHistory).
 	listHistory sync.Map

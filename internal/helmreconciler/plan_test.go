@@ -2,6 +2,7 @@ package helmreconciler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v3/pkg/release"
@@ -39,5 +40,16 @@ func TestPlanRelease(t *testing.T) {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestFailureBackoffDelayDoublesUpToItsMaximum(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{{1, 2 * time.Second}, {2, 4 * time.Second}, {3, 8 * time.Second}, {8, 256 * time.Second}, {9, 5 * time.Minute}, {100, 5 * time.Minute}} {
+		if got := failureBackoffDelay(c.n); got != c.want {
+			t.Errorf("failureBackoffDelay(%d) = %s, want %s", c.n, got, c.want)
+		}
 	}
 }

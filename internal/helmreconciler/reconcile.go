@@ -52,6 +52,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 	if err := r.client.Get(ctx, req.NamespacedName, obj); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.states.Delete(req.NamespacedName)
+			r.failures.Delete(req.NamespacedName)
 			r.live.forget(req.NamespacedName)
 			return reconcile.Result{}, nil
 		}
@@ -152,6 +153,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (resu
 		outcome = "waiting"
 		st.set(TypeDeployed, metav1.ConditionFalse, ReasonPreviousRelease, "%v", err)
 		return reconcile.Result{RequeueAfter: previousReleasePoll}, nil
+	}
+	if bo := (*errBackingOff)(nil); errors.As(err, &bo) {
+		outcome = "backoff"
+		return reconcile.Result{RequeueAfter: bo.wait}, nil
 	}
 	if err != nil {
 		return reconcile.Result{}, err
@@ -256,7 +261,7 @@ func (r *Reconciler) latestRevision(ctx context.Context, obj *unstructured.Unstr
 // inputs, running a Helm action only when the digest differs. It returns
 // the remembered state of the deployed release and the action taken ("" if
 // none).
-func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, fin *finalizerGate, bg *backgroundWrites) (*releaseState, string, error) {
+func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstructured, in render.Inputs, st *status, fin *finalizerGate, bg *backgroundWrites) (_ *releaseState, _ string, retErr error) {
 	latest, cached, err := r.latestRevision(ctx, obj)
 	if err != nil {
 		return nil, "", err
@@ -322,6 +327,12 @@ func (r *Reconciler) ensureRelease(ctx context.Context, obj *unstructured.Unstru
 		}
 	}
 	p := planRelease(infos, want)
+	if p.Step != stepNone {
+		if err := r.backingOff(obj, want, time.Now()); err != nil {
+			return nil, "", err
+		}
+		defer func() { r.noteAction(obj, want, retErr, time.Now()) }()
+	}
 	if p.Recovered != "" {
 		logr.FromContextOrDiscard(ctx).Info("recovering release", "detail", p.Recovered)
 		r.event(obj, corev1.EventTypeWarning, ReasonReleaseRecovered, "Recover", "%s", p.Recovered)

@@ -70,6 +70,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, obj *unstructured.Unst
 		return reconcile.Result{}, false, fmt.Errorf("removing finalizer: %w", err)
 	}
 	r.states.Delete(client.ObjectKeyFromObject(obj))
+	r.failures.Delete(client.ObjectKeyFromObject(obj))
 	r.listHistory.Delete(obj.GetUID())
 	r.live.forget(client.ObjectKeyFromObject(obj))
 	return reconcile.Result{}, false, nil
