@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 
+	"github.com/model-orchestra/operator/internal/batch"
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/gctune"
 	"github.com/model-orchestra/operator/internal/lifecyclestate"
@@ -81,7 +82,20 @@ func run() int {
 		served = wq
 	}
 	store := q.ResponseStore(cfg.Responses.Retention.Duration, cfg.Responses.Replicas)
-	if err := gateway.RunWith(ctx, cfg, served, log, gateway.Options{Responses: store}); err != nil {
+	batches := batch.NewService(q.JetStream(), batch.Config{Orchestra: cfg.Queue.Orchestra, Replicas: cfg.Responses.Replicas,
+		FilesMaxBytes: cfg.Batch.StoreMaxBytes, Log: log})
+	go batches.Run(ctx)
+	opts := gateway.Options{Responses: store, Batches: batches}
+	if hasLifecycle(cfg) {
+		pods, err := q.WatchWakeProgress()
+		if err != nil {
+			log.Error("watching wake progress", "err", err)
+			return 1
+		}
+		defer pods.Close()
+		opts.Pods = pods
+	}
+	if err := gateway.RunWith(ctx, cfg, served, log, opts); err != nil {
 		log.Error("gateway failed", "err", err)
 		return 1
 	}

@@ -64,6 +64,9 @@ type Engine struct {
 	// sees it: nothing of the answer, not even its headers, is sent
 	// before (an engine still loading its queue).
 	Hold atomic.Int64 // nanoseconds
+	// Seen, when set before requests arrive, is called with every POST
+	// body as the engine receives it.
+	Seen func(body []byte)
 }
 
 // StartEngine serves a simulator for cfg.
@@ -78,6 +81,14 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 			e.Requests.Add(1)
 			e.Active.Add(1)
 			defer e.Active.Add(-1)
+			if e.Seen != nil {
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					return
+				}
+				e.Seen(body)
+				r.Body = io.NopCloser(bytes.NewReader(body))
+			}
 			if d := time.Duration(e.Hold.Load()); d > 0 {
 				// Read the request first: the server notices that its
 				// client went away (and ends r's context) only once the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/model-orchestra/operator/internal/batch"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/natsqueue"
@@ -24,8 +26,10 @@ import (
 const (
 	App       = "chat"
 	Orchestra = "e2e"
-	// APIKey is the gateway's one API token.
+	// APIKey is the gateway's API token.
 	APIKey = "sk-e2e-token"
+	// OtherAPIKey is a second token (its own files, batches and responses).
+	OtherAPIKey = "sk-e2e-other"
 )
 
 // StackConfig shapes a data plane under test.
@@ -44,6 +48,13 @@ type StackConfig struct {
 	// fails over to the next (or to a server the cluster told it about).
 	// They place clients on chosen servers of a cluster.
 	GatewayNATS, DispatcherNATS string
+
+	// BatchNow, when set, is the clock of the gateways' batch drivers
+	// (tests move it past a batch's completion window).
+	BatchNow func() time.Time
+	// NoBatchDriver: the stack's first gateway drives no batches (tests
+	// start and kill gateways of their own with StartGatewayProcess).
+	NoBatchDriver bool
 
 	Log *slog.Logger
 }
@@ -123,9 +134,11 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	}
 	s.closers = append(s.closers, s.Queue.Close)
 
-	if s.Gateway, err = s.startGateway(cfg, s.Queue); err != nil {
+	gp, err := s.startGateway(cfg, s.Queue, !cfg.NoBatchDriver)
+	if err != nil {
 		return nil, err
 	}
+	s.Gateway = gp.Server
 	s.cfg, s.qcfg = cfg, qcfg
 	return s, nil
 }
@@ -152,10 +165,54 @@ func (s *Stack) StartGateway() (*httptest.Server, error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, q.Close)
-	return s.startGateway(s.cfg, q)
+	gp, err := s.startGateway(s.cfg, q, true)
+	if err != nil {
+		return nil, err
+	}
+	return gp.Server, nil
 }
 
-func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Server, error) {
+// GatewayProcess is a gateway with its own queue client and batch driver,
+// as one gateway pod.
+type GatewayProcess struct {
+	Server *httptest.Server
+	kill   func()
+}
+
+// Kill stops the gateway abruptly: its NATS connection and its clients'
+// connections drop, its batch driver stops wherever it was.
+func (g *GatewayProcess) Kill() { g.kill() }
+
+// StartGatewayProcess starts another gateway (instance gw<n>) that Kill
+// stops as a process dies.
+func (s *Stack) StartGatewayProcess() (*GatewayProcess, error) {
+	qcfg := s.qcfg
+	s.gateways++
+	qcfg.Instance = fmt.Sprintf("gw%d", s.gateways)
+	urls, opts := s.natsFor(s.cfg.GatewayNATS)
+	q, err := natsqueue.Connect(urls, qcfg, s.log, opts...)
+	if err != nil {
+		return nil, err
+	}
+	gp, err := s.startGateway(s.cfg, q, true)
+	if err != nil {
+		q.Close()
+		return nil, err
+	}
+	var once sync.Once
+	stop := gp.kill
+	gp.kill = func() {
+		once.Do(func() {
+			q.Close()
+			gp.Server.CloseClientConnections()
+			stop()
+		})
+	}
+	s.closers = append(s.closers, gp.kill)
+	return gp, nil
+}
+
+func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client, driveBatches bool) (*GatewayProcess, error) {
 	gcfg := gateway.Default()
 	gcfg.Models = []gateway.ModelConfig{{Name: cfg.Sim.Model, App: App}}
 	gcfg.Limits.Default = gateway.Limits{}
@@ -164,16 +221,28 @@ func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client) (*httptest.Se
 		cfg.Gateway(&gcfg)
 	}
 	tokens := gateway.NewStaticTokens(gateway.NewTokenHasher(nil), map[string]*gateway.Principal{
-		APIKey: {Name: "e2e"},
+		APIKey:      {Name: "e2e"},
+		OtherAPIKey: {Name: "other"},
 	})
 	responses := q.ResponseStore(gcfg.Responses.Retention.Duration, gcfg.Responses.Replicas)
-	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens, Responses: responses})
+	batches := batch.NewService(q.JetStream(), batch.Config{Orchestra: Orchestra, Replicas: gcfg.Responses.Replicas,
+		Interval: 100 * time.Millisecond, Now: cfg.BatchNow, Log: s.log})
+	g, err := gateway.New(gcfg, q, gateway.Options{Logger: s.log, Tokens: tokens, Responses: responses, Batches: batches})
 	if err != nil {
 		return nil, fmt.Errorf("building gateway: %w", err)
 	}
+	bctx, stopBatches := context.WithCancel(context.Background())
+	batchesDone := make(chan struct{})
+	if driveBatches {
+		go func() { batches.Run(bctx); close(batchesDone) }()
+	} else {
+		close(batchesDone)
+	}
 	srv := httptest.NewServer(g.Handler())
-	s.closers = append(s.closers, srv.Close)
-	return srv, nil
+	var once sync.Once
+	stop := func() { once.Do(func() { stopBatches(); <-batchesDone; srv.Close() }) }
+	s.closers = append(s.closers, stop)
+	return &GatewayProcess{Server: srv, kill: stop}, nil
 }
 
 // The names of the NATS connections, as a server lists them (its connz):

@@ -41,6 +41,7 @@ func (d *Dispatcher) runLifecycle(ctx context.Context) error {
 			if v := d.views[app]; v != nil && len(v.app.Endpoints) == 0 {
 				v.setPods(pods)
 			}
+			d.sayProgress(app, pods)
 		},
 		SeatPods: func(app string, pods []lifecycle.SeatPod) {
 			if v := d.views[app]; v != nil && v.seat {
@@ -52,6 +53,7 @@ func (d *Dispatcher) runLifecycle(ctx context.Context) error {
 		return err
 	}
 	d.lifecycle = ctl
+	go d.repeatProgress(ctx)
 	d.wg.Go(func() {
 		if err := ctl.Run(ctx); err != nil {
 			d.log.Error("lifecycle stopped", "err", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/model-orchestra/operator/internal/batch"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
@@ -63,6 +64,12 @@ type Dispatcher struct {
 
 	// id names this dispatcher in shared routing decisions (router.go).
 	id string
+
+	// bm and results serve batch lines (batch.go).
+	bm      *batchMetrics
+	results *batch.Results
+	// progress is the last wake progress said per application (wakeprogress.go).
+	progress wakeProgress
 }
 
 type app struct {
@@ -136,6 +143,8 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 		d.reg = prometheus.NewRegistry()
 	}
 	d.m = newMetrics(d.reg)
+	d.bm = newBatchMetrics(d.reg)
+	d.results = batch.NewResults(js, cfg.Orchestra)
 	routeVecs := newRouteMetrics(d.reg)
 	d.id = strconv.FormatUint(rand.Uint64(), 36)
 	d.engines = &http.Transport{
@@ -278,6 +287,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var feeders sync.WaitGroup
 	for _, a := range d.apps {
 		feeders.Go(func() { d.feed(ctx, work, a) })
+		feeders.Go(func() { d.pumpBatches(ctx, a) })
 	}
 	go d.heartbeats(ctx)
 	// The first reading is taken before the dispatcher reports ready, so
@@ -398,6 +408,10 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
+			if isBatchLine(msg) {
+				d.handleBatchLine(work, a, msg, rt)
+				return
+			}
 			d.handle(work, a, msg, rt)
 		}()
 	}

@@ -35,6 +35,8 @@ type Config struct {
 	Log LogConfig `json:"log"`
 	// Responses configures the stored responses of the Responses API.
 	Responses ResponsesConfig `json:"responses"`
+	// Batch configures the Files and Batch APIs (files.go, batch.go).
+	Batch BatchConfig `json:"batch"`
 	// Queue tells the orchestra-gateway binary how to reach the queue. The
 	// gateway itself only uses the queue.Queue it is given, so Validate
 	// does not check this section; QueueConfig.Validate does.
@@ -207,6 +209,22 @@ type ResponsesConfig struct {
 	Replicas int `json:"replicas"`
 }
 
+// BatchConfig bounds the Files and Batch APIs. Files, batches and line
+// results live in JetStream (an object store and key-value buckets) with
+// the replicas of responses.replicas.
+type BatchConfig struct {
+	// MaxFileBytes is the largest file an upload may carry (default 50 MiB).
+	// An upload is held in memory while it is checked: allow the gateway
+	// about three times this per concurrent upload.
+	MaxFileBytes int64 `json:"maxFileBytes"`
+	// MaxLines is the most lines a batch input file may have (default
+	// 50000, as at OpenAI).
+	MaxLines int `json:"maxLines"`
+	// StoreMaxBytes bounds all files together (0: unbounded; the NATS
+	// server's JetStream storage bounds them).
+	StoreMaxBytes int64 `json:"storeMaxBytes,omitempty"`
+}
+
 // TimeoutsConfig bounds the time a request may take end to end.
 type TimeoutsConfig struct {
 	// Request bounds a non-streaming request.
@@ -260,6 +278,7 @@ func Default() Config {
 			Retention: metav1.Duration{Duration: v1alpha1.DefaultResponsesRetention},
 			Replicas:  1,
 		},
+		Batch: BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
 		Queue: QueueConfig{
 			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},
 			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
@@ -305,6 +324,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Responses.Replicas != 1 && c.Responses.Replicas != 3 {
 		add("responses.replicas must be 1 or 3, got %d", c.Responses.Replicas)
+	}
+	if c.Batch.MaxFileBytes <= 0 || c.Batch.MaxLines <= 0 || c.Batch.StoreMaxBytes < 0 {
+		add("batch.maxFileBytes and batch.maxLines must be positive and batch.storeMaxBytes not negative")
 	}
 	if len(c.Models) == 0 {
 		add("models: at least one model is required")

@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/model-orchestra/operator/internal/queue"
@@ -47,6 +48,11 @@ type Options struct {
 	// Responses keeps stored Responses API responses (store: true); nil:
 	// responses are never stored (their store field says false).
 	Responses ResponseStore
+	// Batches serves the Files and Batch APIs; nil: they answer 404.
+	Batches Batches
+	// Pods says how far a waking application's pods are, for the wake
+	// progress comments (waking.go); nil: the comments say the state only.
+	Pods PodProgress
 }
 
 // Gateway serves the OpenAI API in front of a queue.
@@ -58,6 +64,8 @@ type Gateway struct {
 	wake   WakeStates
 	// responses keeps stored responses; nil: none are stored.
 	responses ResponseStore
+	batches   Batches
+	pods      PodProgress
 	models    map[string]*ModelConfig
 	anon      *Principal
 	limiter   limiter
@@ -97,6 +105,8 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		logger:    logger,
 		wake:      opts.Wake,
 		responses: opts.Responses,
+		batches:   opts.Batches,
+		pods:      opts.Pods,
 		models:    make(map[string]*ModelConfig, len(cfg.Models)),
 		anon:      &Principal{Name: "anonymous", Limits: cfg.Limits.Default},
 		limiter:   limiter{now: time.Now},
@@ -111,6 +121,9 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		}
 		g.models[m.Name] = m
 	}
+	if c, ok := opts.Batches.(interface{ Collectors() []prometheus.Collector }); ok {
+		g.metrics.registry.MustRegister(c.Collectors()...)
+	}
 	if st, ok := opts.Tokens.(*SecretTokens); ok {
 		st.notify(func(n int) { g.metrics.apiTokens.Set(float64(n)) })
 	}
@@ -123,6 +136,15 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 	api.HandleFunc("GET /v1/responses/{id}", g.storedResponse(g.getResponse))
 	api.HandleFunc("DELETE /v1/responses/{id}", g.storedResponse(g.deleteResponse))
 	api.HandleFunc("GET /v1/responses/{id}/input_items", g.storedResponse(g.responseInputItems))
+	api.HandleFunc("POST /v1/files", g.batchAPI(endpointFiles, g.uploadFile))
+	api.HandleFunc("GET /v1/files", g.batchAPI(endpointFiles, g.listFiles))
+	api.HandleFunc("GET /v1/files/{id}", g.batchAPI(endpointFiles, g.getFile))
+	api.HandleFunc("GET /v1/files/{id}/content", g.batchAPI(endpointFiles, g.fileContent))
+	api.HandleFunc("DELETE /v1/files/{id}", g.batchAPI(endpointFiles, g.deleteFile))
+	api.HandleFunc("POST /v1/batches", g.batchAPI(endpointBatches, g.createBatch))
+	api.HandleFunc("GET /v1/batches", g.batchAPI(endpointBatches, g.listBatches))
+	api.HandleFunc("GET /v1/batches/{id}", g.batchAPI(endpointBatches, g.getBatch))
+	api.HandleFunc("POST /v1/batches/{id}/cancel", g.batchAPI(endpointBatches, g.cancelBatch))
 	api.HandleFunc("GET /v1/models", g.listModels)
 	api.HandleFunc("GET /v1/models/{model...}", g.getModel)
 	api.HandleFunc("GET /healthz", g.healthz)

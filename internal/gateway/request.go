@@ -18,6 +18,9 @@ const (
 	endpointResponses
 	// endpointStoredResponses is GET and DELETE /v1/responses/{id}[/input_items].
 	endpointStoredResponses
+	// endpointFiles and endpointBatches are the Files and Batch APIs.
+	endpointFiles
+	endpointBatches
 )
 
 // path is the OpenAI (and engine) path of the endpoint; the engine path for
@@ -44,6 +47,10 @@ func (e endpoint) label() string {
 		return "responses"
 	case endpointStoredResponses:
 		return "stored_responses"
+	case endpointFiles:
+		return "files"
+	case endpointBatches:
+		return "batches"
 	default:
 		return "embeddings"
 	}

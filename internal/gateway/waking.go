@@ -170,6 +170,11 @@ func (g *Gateway) wakeProgress(model *ModelConfig, problem string, waited time.D
 			expected = st.ExpectedResumeSeconds
 		}
 	}
+	if g.pods != nil {
+		if pods := g.pods.PodProgress(model.App); pods != "" {
+			what += "; " + pods
+		}
+	}
 	msg := fmt.Sprintf("waiting for model %s to wake: %s (%s so far", model.Name, what, roundSeconds(waited))
 	if expected != "" {
 		msg += ", expected " + expected + " s"
@@ -179,6 +184,14 @@ func (g *Gateway) wakeProgress(model *ModelConfig, problem string, waited time.D
 		msg += "; it cannot start: " + problem
 	}
 	return msg
+}
+
+// PodProgress says how far an application's pods are on their way to
+// serving, in a sentence ("pod x is scheduled on node n; starting container
+// engine (ContainerCreating)"), or "" when nothing recent is known.
+// natsqueue.WakeProgress implements it from what the dispatchers see.
+type PodProgress interface {
+	PodProgress(app string) string
 }
 
 // progressKey is a progress comment without its running time, to tell a

@@ -206,6 +206,64 @@ func TestWakeProgressComments(t *testing.T) {
 	}
 }
 
+// fakePods is a PodProgress whose sentence the test sets.
+type fakePods struct{ said atomic.Value }
+
+func (f *fakePods) PodProgress(string) string { s, _ := f.said.Load().(string); return s }
+
+// TestWakeProgressSaysWhatThePodsDo: the comments carry what the
+// dispatchers see of the pods, and each change is said at once.
+func TestWakeProgressSaysWhatThePodsDo(t *testing.T) {
+	release := make(chan struct{})
+	h, _ := newWakeHarness(t, time.Minute, heldEngine(release))
+	wake := &statusWake{}
+	wake.waking.Store(true)
+	wake.status.Store(v1alpha1.LifecycleStatus{State: v1alpha1.LifecycleWaking})
+	h.g.wake = wake
+	pods := &fakePods{}
+	pods.said.Store("pod r-0 is waiting to be scheduled")
+	h.g.pods = pods
+	h.g.cfg.Timeouts.WakeKeepAlive.Duration = time.Hour // only changes are said
+
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+aliceToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	r := bufio.NewReader(resp.Body)
+	readComment := func() string {
+		t.Helper()
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("reading comments: %v", err)
+			}
+			if strings.HasPrefix(line, ": ") {
+				return strings.TrimSpace(line)
+			}
+		}
+	}
+	for _, said := range []string{
+		"pod r-0 is waiting to be scheduled",
+		"pod r-0 is scheduled on node a; starting container engine (ContainerCreating)",
+		"pod r-0 is scheduled on node a; the engine is running and loading the model",
+		"pod r-0 is ready",
+	} {
+		pods.said.Store(said)
+		want := ": waiting for model llama-3-8b to wake: the pods are starting and the model is loading; " + said + " ("
+		if c := readComment(); !strings.HasPrefix(c, want) {
+			t.Errorf("comment %q, want it to start with %q", c, want)
+		}
+	}
+	wake.waking.Store(false)
+	close(release)
+	if c := readComment(); !strings.HasPrefix(c, ": model llama-3-8b is ready after ") {
+		t.Errorf("comment when ready %q", c)
+	}
+}
+
 // TestNonStreamedWakeWaitIsInAHeaderAndMetrics checks the
 // X-Orchestra-Wake-Wait header and the wake metrics of a non-streamed
 // request that waited for a wake.
