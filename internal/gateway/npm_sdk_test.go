@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -11,54 +9,16 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/model-orchestra/operator/internal/npmsdk"
 )
 
-// npmSDKDir installs the npm packages of testdata/npm-sdk (the official
-// openai SDK, pinned by its package-lock.json) with npm ci into a cache
-// directory keyed by the lock file, once per lock file, and copies the
-// test scripts next to them. It skips the test without node and npm.
+// npmSDKDir installs the official npm openai SDK of testdata/npm-sdk
+// (pinned by its package-lock.json) and returns the directory with it and
+// the test scripts (internal/npmsdk). It skips the test without node and npm.
 func npmSDKDir(t *testing.T) string {
 	t.Helper()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: skipping the npm openai SDK test", tool)
-		}
-	}
-	src := filepath.Join("testdata", "npm-sdk")
-	lock, err := os.ReadFile(filepath.Join(src, "package-lock.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(lock)
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		cache = os.TempDir()
-	}
-	dir := filepath.Join(cache, "model-orchestra", "npm-sdk-"+hex.EncodeToString(sum[:8]))
-	files, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(filepath.Join(src, f.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		cmd := exec.Command("npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-		}
-	}
-	return dir
+	return npmsdk.Dir(t, filepath.Join("testdata", "npm-sdk"))
 }
 
 // TestNpmSDK drives the Responses API with the official npm openai SDK

@@ -98,6 +98,21 @@ func namespace(configured string) (string, error) {
 	return strings.TrimSpace(string(raw)), nil
 }
 
+// closeWhileDraining answers every request that arrives while the gateway
+// drains with "Connection: close": a client's kept-alive connection to it
+// then ends after an answer, which the client knows, and its next request
+// opens a new connection, which the Service sends to another gateway. The
+// gateway never closes a kept-alive connection that a client may be
+// sending a request on, until the drain delay is over.
+func (g *Gateway) closeWhileDraining(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
 // Serve listens on the configured addresses and serves until ctx is done.
 // Then it drains: /readyz fails at once, the listeners stay open for
 // server.drainDelay so that load balancers notice, then close; in-flight
@@ -135,7 +150,7 @@ func (g *Gateway) serve(ctx context.Context, api, ops net.Listener) error {
 		}
 	}
 
-	servers := []*http.Server{newServer(g.api)}
+	servers := []*http.Server{newServer(g.closeWhileDraining(g.api))}
 	listeners := []net.Listener{api}
 	if ops != nil {
 		servers = append(servers, newServer(g.ops))

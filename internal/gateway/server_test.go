@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"testing"
@@ -134,5 +135,50 @@ func TestDrainTimeoutCancelsStreams(t *testing.T) {
 	case <-reply.engineCtx.Done():
 	default:
 		t.Error("the engine's request was not cancelled")
+	}
+}
+
+// TestDrainClosesKeptAliveConnectionsAfterAnAnswer: during the drain delay
+// a client's kept-alive connection still carries its next request, whose
+// answer says "Connection: close", so that the client opens its next
+// connection elsewhere instead of racing the gateway's close of an idle
+// connection.
+func TestDrainClosesKeptAliveConnectionsAfterAnAnswer(t *testing.T) {
+	cfg := testConfig()
+	cfg.Server.DrainDelay.Duration = 3 * time.Second
+	_, apiURL, opsURL, stop, _ := servedGateway(t, cfg, newEngine(engineOptions{}))
+	client := &http.Client{Transport: &http.Transport{}}
+	get := func() (*http.Response, bool) {
+		t.Helper()
+		reused := false
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", apiURL+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+aliceToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp, reused
+	}
+	if resp, _ := get(); resp.StatusCode != http.StatusOK || resp.Close {
+		t.Fatalf("before the drain: status %d, close %v; want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+	}
+	stop() // SIGTERM
+	eventually(t, 2*time.Second, holds("readyz to fail while draining", func() bool {
+		r, err := http.Get(opsURL + "/readyz")
+		if err != nil {
+			return false
+		}
+		_ = r.Body.Close()
+		return r.StatusCode == http.StatusServiceUnavailable
+	}))
+	resp, reused := get()
+	if resp.StatusCode != http.StatusOK || !reused || !resp.Close {
+		t.Errorf("while draining: status %d on a reused connection %v, Connection: close %v; want 200, true, true", resp.StatusCode, reused, resp.Close)
+	}
+	if _, reused := get(); reused {
+		t.Error("the connection answered with Connection: close was used again")
 	}
 }
