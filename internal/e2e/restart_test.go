@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/npmsdk"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -82,6 +84,10 @@ func TestRollingRestart(t *testing.T) {
 	var stored storedResponse
 	t.Run("the npm openai SDK's Responses API through the gateway Service", func(t *testing.T) {
 		stored = npmResponses(t, ref, base, token, otherToken, served)
+	})
+	t.Run("the npm openai SDK's Files and Batch APIs through the gateway Service", func(t *testing.T) {
+		dir := npmsdk.Dir(t, filepath.Join(env.root, "internal", "gateway", "testdata", "npm-sdk"))
+		npmsdk.Batches(t, dir, base, token, otherToken, served, 12)
 	})
 
 	cases := []struct {
