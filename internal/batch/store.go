@@ -250,28 +250,37 @@ func (s *Store) updateRecord(ctx context.Context, r record, rev uint64) (uint64,
 	return n, err
 }
 
-// activeBatches returns the ids and owners of batches not done.
-func (s *Store) activeBatches(ctx context.Context) (map[string]string, error) {
+// watchActive watches the keys of the batches not done: first each of
+// them, then a nil entry, then every change.
+func (s *Store) watchActive(ctx context.Context) (jetstream.KeyWatcher, error) {
 	if err := s.open(ctx); err != nil {
 		return nil, err
 	}
-	keys, err := keysWith(ctx, s.batches, "a.*")
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, k := range keys {
-		e, err := s.batches.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		out[strings.TrimPrefix(k, "a.")] = string(e.Value())
-	}
-	return out, nil
+	return s.batches.Watch(ctx, activeKey("*"))
 }
 
 func (s *Store) deactivate(ctx context.Context, id string) error {
 	return s.batches.Purge(ctx, activeKey(id))
+}
+
+// orphanAfter is how long an active key without its record is kept: a
+// batch's creation writes the key first, the record right after it.
+const orphanAfter = time.Minute
+
+// deactivateOrphan removes the active key of a batch without a record once
+// the key is older than orphanAfter (a creation that failed half way).
+func (s *Store) deactivateOrphan(ctx context.Context, id string, now time.Time) error {
+	e, err := s.batches.Get(ctx, activeKey(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if now.Sub(e.Created()) < orphanAfter {
+		return nil
+	}
+	return s.deactivate(ctx, id)
 }
 
 // listRecords returns owner's batches, newest first.
