@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -29,35 +27,7 @@ type storedResponse struct{ id, text string }
 func npmResponses(t *testing.T, ref simReference, base, token, otherToken, model string) storedResponse {
 	t.Helper()
 	dir := npmsdk.Dir(t, filepath.Join(env.root, "internal", "gateway", "testdata", "npm-sdk"))
-	cmd := exec.Command("node", "responses.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "BASE_URL="+base, "KEY_A="+token, "KEY_B="+otherToken, "MODEL="+model)
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
-		t.Fatalf("node responses.mjs: %v\n%s\n%s", err, out, stderr)
-	}
-	var got struct {
-		First struct {
-			ID, Status, Text string
-			Usage            map[string]any
-		}
-		Second             struct{ ID, Text, Previous string }
-		Events             []string
-		Deltas             string
-		Retrieved          string
-		InputItems         []string
-		OtherTokenRetrieve any
-		UnsupportedTool    any
-		Deleted            any
-		RetrieveDeleted    any
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("script output %s: %v", out, err)
-	}
+	got := npmsdk.Responses(t, dir, base, token, otherToken, model)
 	// instructions become a system message; a continuation puts the stored
 	// conversation, output included, in front of its input, without the
 	// earlier instructions (docs/gateway.md).

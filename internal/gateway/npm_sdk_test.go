@@ -1,9 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,35 +28,7 @@ func TestNpmSDK(t *testing.T) {
 	}
 	dir := npmSDKDir(t)
 	h := newResponsesHarness(t)
-	cmd := exec.Command("node", "responses.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "BASE_URL="+h.srv.URL+"/v1", "KEY_A="+aliceToken, "KEY_B="+bobToken, "MODEL=llama-3-8b")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr string
-		if ee, ok := err.(*exec.ExitError); ok {
-			stderr = string(ee.Stderr)
-		}
-		t.Fatalf("node responses.mjs: %v\n%s\n%s", err, out, stderr)
-	}
-	var got struct {
-		First struct {
-			ID, Status, Text string
-			Usage            map[string]any
-		}
-		Second             struct{ ID, Text, Previous string }
-		Events             []string
-		Deltas             string
-		Retrieved          string
-		InputItems         []string
-		OtherTokenRetrieve any
-		UnsupportedTool    any
-		Deleted            any
-		RetrieveDeleted    any
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("script output %s: %v", out, err)
-	}
+	got := npmsdk.Responses(t, dir, h.srv.URL+"/v1", aliceToken, bobToken, "llama-3-8b")
 	answer := strings.Join(chatWords, "")
 	if got.First.Status != "completed" || got.First.Text != answer || got.First.Usage["output_tokens"] != float64(fakeCompletionTokens) {
 		t.Errorf("first response = %+v", got.First)
