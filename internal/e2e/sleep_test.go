@@ -504,11 +504,28 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 
 	// The warm copy goes away (as an eviction or a failed re-verification
 	// would take it): the next wake can only read the cold tier.
+	// A mutating call of the node agent needs the release's caller token
+	// (the API server's pod proxy would not pass it on: it takes the
+	// Authorization header for itself), so the test calls the agent's pod
+	// directly, as the dispatcher's leader does.
 	agent := stackPod(ctx, t, ns, name, "checkpoint-agent", 0)
 	artifact := name + "-" + app
-	if err := env.cs.CoreV1().RESTClient().Delete().Namespace(ns).Resource("pods").Name(agent.Name+":9301").
-		SubResource("proxy").Suffix("tiers", "warm", ns, artifact).Do(ctx).Error(); err != nil {
+	sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the caller token Secret: %v", err)
+	}
+	del, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://"+net.JoinHostPort(agent.Status.PodIP, "9301")+"/tiers/warm/"+ns+"/"+artifact, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeapi.Authorize(del, string(sec.Data["token"]))
+	resp, err := http.DefaultClient.Do(del)
+	if err != nil {
 		t.Fatalf("removing the warm copy %s/%s from node agent %s: %v", ns, artifact, agent.Name, err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("removing the warm copy %s/%s from node agent %s: HTTP %d", ns, artifact, agent.Name, resp.StatusCode)
 	}
 	waitAsleep(ctx, t, ns, name, root.Name, func(tier v1alpha1.Tier) bool { return tier == v1alpha1.TierCold })
 	logf("resident tier Cold")
