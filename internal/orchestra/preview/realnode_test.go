@@ -3,6 +3,7 @@ package preview
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/localcluster"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/ociimage"
 )
 
@@ -104,8 +106,14 @@ gateway: {auth: {anonymous: true}}
 	cluster := localcluster.StartForTest(t, localcluster.Options{RealNode: true, Images: tarballs})
 	ctx := context.Background()
 	c := newDryRunClient(cluster)
+	// The offline render leaves the caller token Secret empty (the
+	// operator's render generates the token): the test stands in for it.
+	const callerToken = "preview-test-caller-token"
+	if sec, ok := objs["Secret/x-agent-caller"]; ok {
+		_ = unstructured.SetNestedField(sec.Object, map[string]any{"token": base64.StdEncoding.EncodeToString([]byte(callerToken))}, "data")
+	}
 	// The parts a sleeping root needs; no queue, gateway or dispatcher.
-	for _, key := range []string{"PersistentVolumeClaim/x-sim-model", "StatefulSet/x-sim", "ServiceAccount/x-agent", "DaemonSet/x-agent"} {
+	for _, key := range []string{"PersistentVolumeClaim/x-sim-model", "StatefulSet/x-sim", "ServiceAccount/x-agent", "Secret/x-agent-caller", "DaemonSet/x-agent"} {
 		o, ok := objs[key]
 		if !ok {
 			t.Fatalf("no %s rendered", key)
@@ -237,7 +245,13 @@ gateway: {auth: {anonymous: true}}
 
 	// Cold → warm through the agent's mount of the model cache, verified.
 	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
-	resp, err := http.Post(fmt.Sprintf("http://%s:%d/promote", agentIP, agentPort), "application/json", strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s:%d/promote", agentIP, agentPort), strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	nodeapi.Authorize(req, callerToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
