@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,12 +28,14 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/npmsdk"
 )
 
 // TestScaleToZeroAndWake runs a simulator application with a short
 // zeroAfter on real pods: it reaches zero engine pods, then concurrent
 // requests (half streamed) sent while it is at zero are all answered 2xx,
-// also when the dispatcher (the lifecycle leader) is killed mid-wake, and
+// also when the dispatcher (the lifecycle leader) is killed mid-wake, a
+// batch sent at zero wakes it and completes (the npm openai SDK), and
 // bursts timed to arrive while it scales down are never cut or lost.
 func TestScaleToZeroAndWake(t *testing.T) {
 	requireCluster(t)
@@ -72,6 +75,23 @@ func TestScaleToZeroAndWake(t *testing.T) {
 		}
 		if lc := mo.Status.Applications[app].Lifecycle; lc == nil || lc.Wakes != wakes+1 {
 			t.Errorf("status.applications.%s.lifecycle = %+v; want one more wake than %d", app, lc, wakes)
+		}
+	})
+
+	t.Run("a batch sent at zero pods wakes the application and completes", func(t *testing.T) {
+		otherToken, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-other-token")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := npmsdk.Dir(t, filepath.Join(env.root, "internal", "gateway", "testdata", "npm-sdk"))
+		wakes := waitZeroPods(ctx, t, ns, name)
+		npmsdk.Batches(t, dir, base, token, otherToken, served, 8)
+		mo, err := stack.Get(ctx, env.dyn, ns, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lc := mo.Status.Applications[app].Lifecycle; lc == nil || lc.Wakes != wakes+1 {
+			t.Errorf("status.applications.%s.lifecycle = %+v; want one more wake than %d: the batch's first line wakes it", app, lc, wakes)
 		}
 	})
 
