@@ -24,7 +24,8 @@
 //	          llamacpp.go (one adapter per engine), process.go (an engine's
 //	          processes: restart, the engine matchers), devicemem.go
 //	          (nvidia-smi readings)
-//	node      node.go (the node agent and its HTTP API), store.go (the tiers
+//	node      node.go (the node agent and its HTTP API), node_snapshot.go (its
+//	          process snapshot endpoint), store.go (the tiers
 //	          on disk), store_demote.go (demotion, verification), plan.go
 //	          (pure: admission and eviction), predict.go (pure: wake
 //	          prediction, promotion plans), promote.go (wake and
