@@ -276,6 +276,12 @@ func fillFile(a *Arena, path string, opts FileOptions, hash bool) (d Digest, st 
 	unit := ChunkSize
 	if r.direct != nil {
 		unit = BlockSize
+	} else if opts.Consume {
+		// A hole punched through part of a huge page must split the
+		// page, which fails while another worker still reads its other
+		// part (the kernel then only zeroes the range and the page
+		// stays): a consuming fill frees whole, aligned huge pages.
+		unit = hugeBlock
 	}
 	units := (n + unit - 1) / unit
 	workers := opts.Workers
