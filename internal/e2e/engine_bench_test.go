@@ -45,8 +45,9 @@ const (
 	// benchLargeRepo is the mirror repository of the larger model.
 	benchLargeRepo = "bench/large-gguf"
 	benchLargeFile = "large.gguf"
-	// pairs of gateway and direct requests per size and round
-	benchPairs = 5
+	// sets of requests (through the gateway, direct, through the relays)
+	// per size and round
+	benchPairs = 10
 )
 
 // engineSize is one generated model of the benchmark and its two
@@ -59,6 +60,10 @@ type engineSize struct {
 	wake, baseline, sleepWake []time.Duration
 	gwTTFT, directTTFT        []time.Duration
 	gwRate, directRate        []float64
+	// through three plain relay pods (relaypod): the floor of three
+	// data-plane pods between client and engine
+	relayTTFT []time.Duration
+	relayRate []float64
 	// round trips through the NATS pod: engine idle, engine streaming
 	podIdle, podBusy []time.Duration
 }
@@ -102,6 +107,7 @@ func TestEngineBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	relays := startRelays(ctx, t, ns)
 	for _, s := range sizes {
 		if _, err := stack.StreamChatOnceReachable(ctx, base, token, s.sleep, "hello", 4, nil, time.Minute); err != nil {
 			t.Fatalf("first chat to %s: %v", s.sleep, err)
@@ -110,7 +116,7 @@ func TestEngineBenchmark(t *testing.T) {
 	loadBefore := loadAverage()
 	for round := range *benchEngineRounds {
 		for _, s := range sizes {
-			benchZeroRound(ctx, t, ns, name, base, token, s, round)
+			benchZeroRound(ctx, t, ns, name, base, token, relays, s, round)
 			benchSleepRound(ctx, t, ns, name, base, token, s, round)
 		}
 	}
@@ -211,8 +217,9 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 
 // benchZeroRound times one wake from zero through the gateway and one
 // plain scale 0 -> 1 of the same StatefulSet to its engine's first answer,
-// then pairs of requests through the gateway and straight to that root.
-func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
+// then sets of requests through the gateway, straight to that root and
+// through three plain relay pods to it.
+func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, relays []string, s *engineSize, round int) {
 	t.Helper()
 	sts := name + "-" + s.zero
 	toZero(ctx, t, ns, name, s.zero, sts)
@@ -259,31 +266,38 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 		}
 		return nil
 	})
-	direct := "http://" + net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080") + "/v1/chat/completions"
+	rootAddr := net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080")
+	direct := "http://" + rootAddr + "/v1/chat/completions"
+	relayed := "http://" + relays[0] + "/v1/chat/completions"
+	via := relayVia(relays, rootAddr)
 	probe := startPodProbe(ctx, t, ns, name)
 	defer probe.close()
+	paths := []string{"gateway", "direct", "relays"}
 	for i := range benchPairs {
 		// Each request has a prompt of its own, of one length, and the
-		// order alternates: neither path gains from Ollama's prompt cache
-		// (an earlier version sent the pair one prompt, gateway first,
-		// which handed the direct request the cached prompt).
-		order := []string{"gateway", "direct"}
-		if i%2 == 1 {
-			order = []string{"direct", "gateway"}
-		}
-		for _, via := range order {
-			url, tok := base+"/chat/completions", token
-			if via == "direct" {
+		// order rotates: no path gains from Ollama's prompt cache (an
+		// earlier version sent the pair one prompt, gateway first, which
+		// handed the direct request the cached prompt) or from its place.
+		for k := range paths {
+			path := paths[(i+k)%len(paths)]
+			url, tok, hop := base+"/chat/completions", token, ""
+			switch path {
+			case "direct":
 				url, tok = direct, ""
+			case "relays":
+				url, tok, hop = relayed, "", via
 			}
-			first, rate, err := streamContent(ctx, url, tok, s.zero, fmt.Sprintf("pair %d %d %s", round, i, via[:1]))
-			t.Logf("%s round %d pair %d: %s first token %v, %.0f tokens/s", s.label, round, i, via, first, rate)
+			first, rate, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("pair %d %d %s", round, i, path[:1]))
+			t.Logf("%s round %d set %d: %s first token %v, %.0f tokens/s", s.label, round, i, path, first, rate)
 			if err != nil {
-				t.Fatalf("%s round %d: %s request: %v", s.label, round, via, err)
+				t.Fatalf("%s round %d: %s request: %v", s.label, round, path, err)
 			}
-			if via == "direct" {
+			switch path {
+			case "direct":
 				s.directTTFT, s.directRate = append(s.directTTFT, first), appendRate(s.directRate, rate)
-			} else {
+			case "relays":
+				s.relayTTFT, s.relayRate = append(s.relayTTFT, first), appendRate(s.relayRate, rate)
+			default:
 				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
 			}
 		}
@@ -454,6 +468,12 @@ func rootIP(ctx context.Context, ns, name, app string) string {
 // token ends the answer (no content): its weights are random, and now and
 // then a prompt draws the end token first.
 func streamContent(ctx context.Context, url, token, model, prompt string) (time.Duration, float64, error) {
+	return streamContentVia(ctx, url, token, "", model, prompt)
+}
+
+// streamContentVia is streamContent with the relay pods' X-Relay-Via
+// header (none when via is empty).
+func streamContentVia(ctx context.Context, url, token, via, model, prompt string) (time.Duration, float64, error) {
 	var err error
 	for k := range 5 {
 		p := prompt
@@ -462,7 +482,7 @@ func streamContent(ctx context.Context, url, token, model, prompt string) (time.
 		}
 		var first time.Duration
 		var rate float64
-		if first, rate, err = streamTimed(ctx, url, token, model, p); !errors.Is(err, errNoContent) {
+		if first, rate, err = streamTimedVia(ctx, url, token, via, model, p); !errors.Is(err, errNoContent) {
 			return first, rate, err
 		}
 	}
@@ -476,6 +496,12 @@ var errNoContent = errors.New("no content before [DONE]")
 // first (usage's completion tokens over first to last content; 0 when it
 // had fewer than 2).
 func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Duration, float64, error) {
+	return streamTimedVia(ctx, url, token, "", model, prompt)
+}
+
+// streamTimedVia is streamTimed with the relay pods' X-Relay-Via header
+// (none when via is empty).
+func streamTimedVia(ctx context.Context, url, token, via, model, prompt string) (time.Duration, float64, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model": model, "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
 		"messages": []map[string]string{{"role": "user", "content": prompt}},
@@ -489,6 +515,9 @@ func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Du
 	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if via != "" {
+		req.Header.Set(relayViaHeader, via)
 	}
 	sent := time.Now()
 	resp, err := http.DefaultClient.Do(req)
@@ -582,14 +611,15 @@ func engineTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 		fmt.Fprintf(&b, "| %s (%d bytes) | %s (max %s) | %s (max %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
 			msd(w), msd(maxOf(s.wake)), msd(bl), msd(maxOf(s.baseline)), float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
 	}
-	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | tokens/s through the gateway | direct | round trip through the NATS pod, engine idle | same, engine streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | through three plain relay pods | added by the relays (floor) | tokens/s through the gateway | direct | relays | round trip through the NATS pod, engine idle | same, engine streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range sizes {
-		g, d := p50(s.gwTTFT), p50(s.directTTFT)
-		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f | %.2f ms (p90 %.2f) | %.2f ms (p90 %.2f) |\n", s.label, ms(g), ms(d), ms(g-d), p50f(s.gwRate), p50f(s.directRate),
+		g, d, r := p50(s.gwTTFT), p50(s.directTTFT), p50(s.relayTTFT)
+		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f | %.0f | %.2f ms (p90 %.2f) | %.2f ms (p90 %.2f) |\n", s.label, ms(g), ms(d), ms(g-d), ms(r), ms(r-d),
+			p50f(s.gwRate), p50f(s.directRate), p50f(s.relayRate),
 			ms(p50(s.podIdle)), ms(p90(s.podIdle)), ms(p50(s.podBusy)), ms(p90(s.podBusy)))
 	}
-	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d pairs a round, in alternating order, each request with a prompt of its own of one length; "+
-		"the NATS round trips: 20 a pair with the engine idle, and as many as fit in one more direct stream, 2 ms apart).\n", *benchEngineRounds, benchPairs)
+	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d sets a round of one request through the gateway, one direct and one through the relays, in rotating order, "+
+		"each request with a prompt of its own of one length; the NATS round trips: 20 a set with the engine idle, and as many as fit in one more direct stream, 2 ms apart).\n", *benchEngineRounds, benchPairs)
 	return b.String()
 }
 

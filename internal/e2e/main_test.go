@@ -45,6 +45,7 @@ var env struct {
 	mapper     *restmapper.DeferredDiscoveryRESTMapper
 	hub        string // the mirror's URL, reachable from pods
 	noOllama   string // why the real Ollama engine's tests skip; empty when its image is loaded
+	cluster    *localcluster.Cluster
 }
 
 func TestMain(m *testing.M) {
@@ -127,6 +128,7 @@ func run(m *testing.M) int {
 // setup connects to the cluster, starts the mirror and installs the
 // operator; it returns what stops the mirror.
 func setup(ctx context.Context, cluster *localcluster.Cluster) (func(), error) {
+	env.cluster = cluster
 	rc := cluster.Config()
 	rc.QPS, rc.Burst = 50, 100
 	env.kubeconfig = cluster.KubeconfigFile()
