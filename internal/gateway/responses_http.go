@@ -137,10 +137,14 @@ func (g *Gateway) proxyResponses(ctx context.Context, w http.ResponseWriter, rep
 	return nil
 }
 
-// respEvents writes Responses API server-sent events.
+// respEvents writes Responses API server-sent events. Events are written
+// as they come and flushed by flush: the stream flushes when no more of
+// the answer has arrived (as proxyStream does), so that events that are
+// ready together reach the client in one write.
 type respEvents struct {
-	w   http.ResponseWriter
-	seq int
+	w     http.ResponseWriter
+	seq   int
+	wrote bool // something was written since the last flush
 }
 
 func (e *respEvents) emit(typ string, fields map[string]any) error {
@@ -157,6 +161,16 @@ func (e *respEvents) emit(typ string, fields map[string]any) error {
 	if _, err := e.w.Write(buf); err != nil {
 		return errClientGone
 	}
+	e.wrote = true
+	return nil
+}
+
+// flush sends what was written since the last flush.
+func (e *respEvents) flush() error {
+	if !e.wrote {
+		return nil
+	}
+	e.wrote = false
 	if err := http.NewResponseController(e.w).Flush(); err != nil {
 		return errClientGone
 	}
@@ -254,6 +268,7 @@ func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, re
 		}
 		return nil
 	}
+	poller, _ := reply.(queue.Poller)
 	data := first.Data
 	for {
 		pending = append(pending, data...)
@@ -267,7 +282,21 @@ func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, re
 			}
 			pending = pending[nxt:]
 		}
-		c, err := reply.Next(ctx)
+		// What already arrived is written before the flush: one write and
+		// one wake-up of the client for the opening events and the first
+		// delta, and for chunks that piled up, none delayed.
+		var c queue.Chunk
+		ready := false
+		var err error
+		if poller != nil {
+			c, ready, err = poller.Poll()
+		}
+		if !ready && err == nil {
+			if err := ev.flush(); err != nil {
+				return err
+			}
+			c, err = reply.Next(ctx)
+		}
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -280,6 +309,10 @@ func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, re
 		if err := handle(pending); err != nil {
 			return err
 		}
+	}
+	// The last deltas go out before the answer is stored.
+	if err := ev.flush(); err != nil {
+		return err
 	}
 	rc.resp.finish(rc.msgID, text.String(), finish, x.usage)
 	if err := g.store(ctx, rc); err != nil {
@@ -299,7 +332,7 @@ func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, re
 			return err
 		}
 	}
-	return nil
+	return ev.flush()
 }
 
 // terminalEvent is the last event of a stream whose response has status.

@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -211,5 +213,52 @@ func TestResponsesRefusesWhatItCannotServe(t *testing.T) {
 	// Tokens count as for chat: the engine's usage, for the token's name.
 	if got := testutil.ToFloat64(h.g.metrics.tokens.WithLabelValues("llama-3-8b", "alice", "completion")); got != fakeCompletionTokens {
 		t.Errorf("completion tokens counted for alice = %v, want %d", got, fakeCompletionTokens)
+	}
+}
+
+// flushRecorder records what was written before each flush.
+type flushRecorder struct {
+	header  http.Header
+	status  int
+	pending bytes.Buffer
+	flushes []string
+}
+
+func (r *flushRecorder) Header() http.Header { return r.header }
+func (r *flushRecorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+func (r *flushRecorder) Write(p []byte) (int, error) { return r.pending.Write(p) }
+func (r *flushRecorder) Flush() {
+	if r.pending.Len() > 0 {
+		r.flushes = append(r.flushes, r.pending.String())
+		r.pending.Reset()
+	}
+}
+
+// A streamed response's opening events go to the client in one write with
+// what of the answer is there, not one write each: each write is a
+// wake-up of the client (and of every proxy between), before the first token.
+func TestResponsesStreamOpensInOneWrite(t *testing.T) {
+	h := newResponsesHarness(t)
+	req := httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"model":"llama-3-8b","input":"Hi","stream":true}`))
+	req.Header.Set("Authorization", "Bearer "+aliceToken)
+	req.Header.Set("Content-Type", "application/json")
+	rec := &flushRecorder{header: http.Header{}}
+	h.g.Handler().ServeHTTP(rec, req)
+	rec.Flush()
+	if rec.status != http.StatusOK || len(rec.flushes) == 0 {
+		t.Fatalf("status %d, %d flushes", rec.status, len(rec.flushes))
+	}
+	for _, typ := range []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"} {
+		if !strings.Contains(rec.flushes[0], "event: "+typ+"\n") {
+			t.Errorf("the first write lacks %s:\n%s", typ, rec.flushes[0])
+		}
+	}
+	all := strings.Join(rec.flushes, "")
+	if !strings.Contains(all, "event: response.completed\n") || strings.Count(all, "event: response.output_text.delta\n") != len(chatWords) {
+		t.Errorf("the stream lacks its deltas or its end:\n%s", all)
 	}
 }
