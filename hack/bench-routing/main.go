@@ -32,11 +32,21 @@ func main() {
 	flag.Float64Var(&o.singleRate, "requests", 10, "no-sharing: requests per second (Poisson)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	docs := flag.String("docs", "", "Markdown file whose bench-routing section receives the table")
-	only := flag.String("only", "", "comma-separated routing names to run (default all)")
+	only := flag.String("only", "", "semicolon-separated routing names to run (default all)")
+	logPath := flag.String("log", "", "file that receives one JSON line per measured request (where it went, why, cached tokens)")
 	flag.Parse()
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%v\n", err)
+			os.Exit(1)
+		}
+		defer func() { _ = f.Close() }()
+		o.log = f
+	}
 	if *only != "" {
 		o.only = map[string]bool{}
-		for _, n := range strings.Split(*only, ",") {
+		for _, n := range strings.Split(*only, ";") {
 			o.only[strings.TrimSpace(n)] = true
 		}
 	}

@@ -28,6 +28,8 @@ type options struct {
 	convRate, singleRate float64
 	seed                 uint64
 	only                 map[string]bool
+	// log, when set, receives one JSON line per measured request.
+	log io.Writer
 }
 
 // Workload shape.
@@ -139,6 +141,10 @@ type sample struct {
 	prompt, cache int
 	output        int
 	err           error
+	// Where it went and why (see trace.go).
+	conv, turn int
+	key        uint64 // hash of the request's last message
+	route
 }
 
 type result struct {
@@ -203,14 +209,17 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 		}
 	}()
 	var urls []string
-	for range replicas {
+	tr := newTracer()
+	for i := range replicas {
 		e, err := dataplanetest.StartEngine(cfg)
 		if err != nil {
 			return nil, nil, err
 		}
+		e.Seen = tr.seen(i)
 		engines = append(engines, e)
 		urls = append(urls, e.URL)
 	}
+	r.cfg.Observe = tr.observe
 	stack, err := dataplanetest.StartStack(dataplanetest.StackConfig{Sim: cfg, Dispatcher: func(c *dispatch.Config) {
 		c.Apps[0].Endpoints = urls
 		c.Apps[0].MaxConcurrency = 64
@@ -232,7 +241,7 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 	var mu sync.Mutex
 	var samples []sample
 	var wg sync.WaitGroup
-	for _, c := range w.convs {
+	for ci, c := range w.convs {
 		wg.Go(func() {
 			if !sleepCtx(ctx, c.start-time.Since(began)) {
 				return
@@ -244,6 +253,7 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 			for i, u := range c.users {
 				msgs = append(msgs, map[string]string{"role": "user", "content": u})
 				s, answer := chat(ctx, client, url, msgs, began)
+				s.conv, s.turn, s.key = ci, i+1, lastKey(u)
 				mu.Lock()
 				samples = append(samples, s)
 				mu.Unlock()
@@ -265,12 +275,15 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 	for _, e := range engines {
 		per = append(per, e.Requests.Load())
 	}
+	routes := tr.routes(urls)
 	var measured []sample
 	for _, s := range samples {
 		if s.sent >= o.warmup {
+			s.route = routes[s.key]
 			measured = append(measured, s)
 		}
 	}
+	explain(os.Stderr, o, w.name, r.name, measured)
 	return measured, per, nil
 }
 

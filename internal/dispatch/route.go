@@ -59,6 +59,35 @@ type Routing struct {
 	// the orchestra (core NATS), so that each knows where the others sent
 	// which prefixes. Default true.
 	Share *bool `json:"share,omitempty"`
+	// Observe, when set, is told of every decision (benchmarks). It runs
+	// on the application's dispatch loop: it must return quickly and must
+	// not keep the event's Body.
+	Observe func(RouteEvent) `json:"-"`
+}
+
+// RouteEvent is one routing decision, as Routing.Observe sees it.
+type RouteEvent struct {
+	// Dispatcher is the deciding dispatcher's id.
+	Dispatcher string
+	// Body is the request's body as the dispatcher read it.
+	Body []byte
+	// Root is the chosen root; Outcome is hit, miss or overflow.
+	Root, Outcome string
+	// Match is the chosen root's matched prompt blocks (prefix); Best the
+	// longest match over the roots.
+	Match, Best int
+	// Bound is the load bound (prefix, consistentHash).
+	Bound int
+	// Roots is every candidate root as the decision saw it.
+	Roots []RouteCandidate
+}
+
+// RouteCandidate is one root as a decision saw it.
+type RouteCandidate struct {
+	Root  string
+	Load  int
+	Free  bool
+	Match int
 }
 
 // defaultRouting fills a routing's unset fields.
@@ -282,6 +311,9 @@ type decision struct {
 	root    string
 	outcome string
 	match   int
+	// best and bound are the longest match and the load bound, for
+	// Routing.Observe.
+	best, bound int
 }
 
 // loadBound is the most requests in flight a root may have, the new one
@@ -298,35 +330,40 @@ func loadBound(cands []candidate, factor float64) int {
 	return int(math.Ceil(factor * float64(total) / float64(len(cands))))
 }
 
-// decidePrefix picks the root for a request whose prompt has the given
-// per-root matches (RoutePrefix): among the free roots within the load
-// bound, the one with the longest match, then the least loaded, then the
-// one the request's own hash ranks highest (rendezvous hashing, so that
-// dispatchers that see the same loads agree). When no free root is within
-// the bound, the least loaded free root.
-func decidePrefix(cands []candidate, factor float64, tie uint64) decision {
-	bound := loadBound(cands, factor)
+// decidePrefix picks the root for a request of blocks prompt blocks whose
+// per-root matches are in cands (RoutePrefix): the free root with the
+// lowest cost, the blocks it would have to prefill (not matched there)
+// plus loadCost blocks per request in flight there (the wait behind
+// them), ties to the least loaded, then to the root the request's own
+// hash ranks highest (rendezvous hashing, so that dispatchers that see
+// the same loads agree). A root over the load bound (factor times the
+// mean, rounded up, plus one: so that at a few requests in flight one
+// more than a root's share is not over it) is not a candidate, unless it
+// is the least loaded. The bound guards against a long shared prefix
+// piling its requests on one root; below it, the cost decides.
+func decidePrefix(cands []candidate, blocks int, factor, loadCost float64, tie uint64) decision {
+	bound := loadBound(cands, factor) + 1
 	best := 0
 	for _, c := range cands {
 		best = max(best, c.match)
 	}
-	var pick *candidate
+	least := leastLoaded(cands, tie)
+	if least == nil {
+		return decision{}
+	}
+	cost := func(c *candidate) float64 { return float64(blocks-c.match) + loadCost*float64(c.load) }
+	pick := least
 	for i := range cands {
 		c := &cands[i]
 		if !c.free || c.load+1 > bound {
 			continue
 		}
-		if pick == nil || c.match > pick.match || (c.match == pick.match && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))) {
+		cc, cp := cost(c), cost(pick)
+		if cc < cp || (cc == cp && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))) {
 			pick = c
 		}
 	}
-	if pick == nil {
-		pick = leastLoaded(cands, tie)
-	}
-	if pick == nil {
-		return decision{}
-	}
-	d := decision{root: pick.root, match: pick.match, outcome: outcomeHit}
+	d := decision{root: pick.root, match: pick.match, outcome: outcomeHit, best: best, bound: bound}
 	switch {
 	case best == 0:
 		d.outcome = outcomeMiss
@@ -334,6 +371,21 @@ func decidePrefix(cands []candidate, factor float64, tie uint64) decision {
 		d.outcome = outcomeOverflow
 	}
 	return d
+}
+
+// loadCostAlpha is the weight of a new decision in the moving mean of the
+// blocks each routed request had to prefill (loadCost).
+const loadCostAlpha = 1.0 / 32
+
+// nextLoadCost updates the moving mean of the blocks routed requests had
+// to prefill where they went: what a request in flight costs the requests
+// behind it, as far as the dispatcher can tell. The first decision sets
+// it.
+func nextLoadCost(mean float64, n int, uncached int) float64 {
+	if n == 0 {
+		return float64(uncached)
+	}
+	return mean + loadCostAlpha*(float64(uncached)-mean)
 }
 
 // leastLoaded is the free root with the fewest requests in flight, ties
@@ -428,14 +480,14 @@ func decideConsistent(cands []candidate, order []string, factor float64, tie uin
 		if c == nil || !c.free || c.load+1 > bound {
 			continue
 		}
-		d := decision{root: root, outcome: outcomeHit}
+		d := decision{root: root, outcome: outcomeHit, bound: bound}
 		if i > 0 {
 			d.outcome = outcomeOverflow
 		}
 		return d
 	}
 	if c := leastLoaded(cands, tie); c != nil {
-		return decision{root: c.root, outcome: outcomeOverflow}
+		return decision{root: c.root, outcome: outcomeOverflow, bound: bound}
 	}
 	return decision{}
 }

@@ -29,6 +29,10 @@ type router struct {
 	mu    sync.Mutex
 	index map[string]*rootIndex // by root URL
 	ring  *ring
+	// loadCost is the moving mean of the blocks routed requests had to
+	// prefill (decidePrefix); decisions counts them.
+	loadCost  float64
+	decisions int
 }
 
 func newRouter(cfg Routing, m routeMetrics) *router {
@@ -107,8 +111,9 @@ func (r *router) decide(q routeReq, cands []candidate) decision {
 			cands[i].match = x.match(q.hashes)
 		}
 	}
+	loadCost := r.loadCost
 	r.mu.Unlock()
-	return decidePrefix(cands, r.cfg.LoadFactor, q.tie)
+	return decidePrefix(cands, len(q.hashes), r.cfg.LoadFactor, loadCost, q.tie)
 }
 
 // record notes a decision: its metrics, and for RoutePrefix that the
@@ -120,6 +125,10 @@ func (r *router) record(q routeReq, d decision) {
 		return
 	}
 	r.m.cachedBytes.Add(float64(min(d.match*r.cfg.BlockBytes, q.bytes)))
+	r.mu.Lock()
+	r.loadCost = nextLoadCost(r.loadCost, r.decisions, len(q.hashes)-d.match)
+	r.decisions++
+	r.mu.Unlock()
 	r.remember(d.root, q.hashes)
 	if r.publish != nil && len(q.hashes) > 0 {
 		r.publish(d.root, q.hashes)
@@ -287,7 +296,14 @@ func (d *Dispatcher) nextRouted(ctx context.Context, a *app) (lease, jetstream.M
 			return lease{}, nil, err
 		}
 		q := a.router.prepare(msg.Data())
-		rt, dec, err := a.pool.acquireRouted(ctx, func(c []candidate) decision { return a.router.decide(q, c) })
+		var seen []candidate
+		rt, dec, err := a.pool.acquireRouted(ctx, func(c []candidate) decision {
+			dec := a.router.decide(q, c)
+			if a.router.cfg.Observe != nil && dec.root != "" {
+				seen = slices.Clone(c)
+			}
+			return dec
+		})
 		if err != nil {
 			return lease{}, nil, err
 		}
@@ -296,6 +312,13 @@ func (d *Dispatcher) nextRouted(ctx context.Context, a *app) (lease, jetstream.M
 			continue
 		}
 		a.router.record(q, dec)
+		if obs := a.router.cfg.Observe; obs != nil {
+			ev := RouteEvent{Dispatcher: d.id, Body: msg.Data(), Root: dec.root, Outcome: dec.outcome, Match: dec.match, Best: dec.best, Bound: dec.bound}
+			for _, c := range seen {
+				ev.Roots = append(ev.Roots, RouteCandidate{Root: c.root, Load: c.load, Free: c.free, Match: c.match})
+			}
+			obs(ev)
+		}
 		return rt, msg, nil
 	}
 }
