@@ -45,6 +45,12 @@ type Routing struct {
 	// included, stay within LoadFactor times the mean over the roots
 	// (rounded up). Default 1.25.
 	LoadFactor float64 `json:"loadFactor,omitempty"`
+	// LoadCost is what a request in flight on a root costs a request sent
+	// there, in prompt blocks (prefix): a root is chosen for the blocks it
+	// would prefill plus LoadCost per request in flight. Default (0): the
+	// moving mean of the blocks routed requests had to prefill where they
+	// went, learnt from this dispatcher's decisions.
+	LoadCost float64 `json:"loadCost,omitempty"`
 	// BlockBytes is the size of the blocks the rendered prompt is hashed
 	// in (prefix). Default 64, about the 16 tokens of a vLLM block.
 	BlockBytes int `json:"blockBytes,omitempty"`
@@ -125,8 +131,8 @@ func (r Routing) validate() error {
 	if r.LoadFactor != 0 && r.LoadFactor < 1 {
 		errs = append(errs, fmt.Sprintf("loadFactor %v must be at least 1", r.LoadFactor))
 	}
-	if r.BlockBytes < 0 || r.IndexBlocks < 0 || r.PrefixChars < 0 {
-		errs = append(errs, "blockBytes, indexBlocks and prefixChars must not be negative")
+	if r.BlockBytes < 0 || r.IndexBlocks < 0 || r.PrefixChars < 0 || r.LoadCost < 0 {
+		errs = append(errs, "blockBytes, indexBlocks, prefixChars and loadCost must not be negative")
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -194,18 +195,24 @@ func TestTwoDispatchersAgree(t *testing.T) {
 	roots := []string{"http://r0", "http://r1", "http://r2", "http://r3"}
 	run := func(share bool) (home, overflow, turns int) {
 		a, b := testRouter(), testRouter()
+		// Requests in flight cost next to nothing: what moves a turn here
+		// is only the load bound (the trade-off is TestDecidePrefix's).
+		a.cfg.LoadCost, b.cfg.LoadCost = 0.001, 0.001
 		if share {
 			a.publish = func(root string, h []uint64) { b.remember(root, h) }
 			b.publish = func(root string, h []uint64) { a.remember(root, h) }
 		}
 		last := map[int]string{}
+		rng := rand.New(rand.NewPCG(1, 2))
 		for turn := 1; turn <= 4; turn++ {
 			// Each dispatcher's in-flight requests: a turn's requests
 			// overlap, so they spread the conversations over the roots.
+			// They arrive in another order each turn, each at either
+			// dispatcher.
 			loadA, loadB := map[string]int{}, map[string]int{}
-			for c := range 40 {
+			for _, c := range rng.Perm(40) {
 				r, load := a, loadA
-				if (c+turn)%2 == 1 { // turns alternate between the dispatchers
+				if rng.IntN(2) == 1 {
 					r, load = b, loadB
 				}
 				d := route(r, conversation(c, turn), roots, load)

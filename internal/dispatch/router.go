@@ -112,6 +112,9 @@ func (r *router) decide(q routeReq, cands []candidate) decision {
 		}
 	}
 	loadCost := r.loadCost
+	if r.cfg.LoadCost > 0 {
+		loadCost = r.cfg.LoadCost
+	}
 	r.mu.Unlock()
 	return decidePrefix(cands, len(q.hashes), r.cfg.LoadFactor, loadCost, q.tie)
 }
