@@ -31,6 +31,7 @@ func main() {
 	flag.Float64Var(&o.convRate, "conversations", 3.5, "multi-turn: new conversations per second (Poisson)")
 	flag.Float64Var(&o.singleRate, "requests", 10, "no-sharing: requests per second (Poisson)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	flag.Float64Var(&o.loadCost, "load-cost", 0, "prefix routing's loadCost, blocks per request in flight (0: the dispatcher's learnt default)")
 	docs := flag.String("docs", "", "Markdown file whose bench-routing section receives the table")
 	only := flag.String("only", "", "semicolon-separated routing names to run (default all)")
 	logPath := flag.String("log", "", "file that receives one JSON line per measured request (where it went, why, cached tokens)")

@@ -27,6 +27,7 @@ type options struct {
 	prefillRate          float64
 	convRate, singleRate float64
 	seed                 uint64
+	loadCost             float64
 	only                 map[string]bool
 	// log, when set, receives one JSON line per measured request.
 	log io.Writer
@@ -57,9 +58,9 @@ func routings(o options) []routing {
 		{"least-loaded", dispatch.Routing{Policy: dispatch.RouteLeastLoaded}, 1},
 		{"random", dispatch.Routing{Policy: dispatch.RouteRandom}, 1},
 		{"CHWBL", dispatch.Routing{Policy: dispatch.RouteConsistentHash}, 1},
-		{"prefix", dispatch.Routing{Policy: dispatch.RoutePrefix}, 1},
+		{"prefix", dispatch.Routing{Policy: dispatch.RoutePrefix, LoadCost: o.loadCost}, 1},
 		{"CHWBL, 2 dispatchers", dispatch.Routing{Policy: dispatch.RouteConsistentHash}, 2},
-		{"prefix, 2 dispatchers", dispatch.Routing{Policy: dispatch.RoutePrefix}, 2},
+		{"prefix, 2 dispatchers", dispatch.Routing{Policy: dispatch.RoutePrefix, LoadCost: o.loadCost}, 2},
 	}
 	var out []routing
 	for _, r := range all {

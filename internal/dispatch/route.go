@@ -47,9 +47,9 @@ type Routing struct {
 	LoadFactor float64 `json:"loadFactor,omitempty"`
 	// LoadCost is what a request in flight on a root costs a request sent
 	// there, in prompt blocks (prefix): a root is chosen for the blocks it
-	// would prefill plus LoadCost per request in flight. Default (0): the
-	// moving mean of the blocks routed requests had to prefill where they
-	// went, learnt from this dispatcher's decisions.
+	// would prefill plus LoadCost per request in flight. Default (0): half
+	// the moving mean of the blocks routed requests had to prefill where
+	// they went, learnt from this dispatcher's decisions.
 	LoadCost float64 `json:"loadCost,omitempty"`
 	// BlockBytes is the size of the blocks the rendered prompt is hashed
 	// in (prefix). Default 64, about the 16 tokens of a vLLM block.
@@ -380,19 +380,24 @@ func decidePrefix(cands []candidate, blocks int, factor, loadCost float64, tie u
 }
 
 // loadCostAlpha is the weight of a new decision in the moving mean of the
-// blocks each routed request had to prefill (loadCost).
+// blocks each routed request had to prefill.
 const loadCostAlpha = 1.0 / 32
 
-// nextLoadCost updates the moving mean of the blocks routed requests had
-// to prefill where they went: what a request in flight costs the requests
-// behind it, as far as the dispatcher can tell. The first decision sets
-// it.
-func nextLoadCost(mean float64, n int, uncached int) float64 {
+// nextMeanPrefill updates the moving mean of the blocks routed requests
+// had to prefill where they went; the first decision sets it.
+func nextMeanPrefill(mean float64, n int, uncached int) float64 {
 	if n == 0 {
 		return float64(uncached)
 	}
 	return mean + loadCostAlpha*(float64(uncached)-mean)
 }
+
+// learntLoadCost is what a request in flight costs the requests sent
+// after it, as far as the dispatcher can tell (it does not see a
+// request's stage): half the mean blocks routed requests had to prefill,
+// since a request in flight is on average halfway through its prefill,
+// or past it and decoding, which delays the next prefill little.
+func learntLoadCost(meanPrefill float64) float64 { return meanPrefill / 2 }
 
 // leastLoaded is the free root with the fewest requests in flight, ties
 // broken by rendezvous hashing on tie; nil when none is free.

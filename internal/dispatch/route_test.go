@@ -52,12 +52,15 @@ func TestDecidePrefix(t *testing.T) {
 	}
 }
 
-func TestNextLoadCost(t *testing.T) {
-	if got := nextLoadCost(0, 0, 40); got != 40 {
+func TestLearntLoadCost(t *testing.T) {
+	if got := nextMeanPrefill(0, 0, 40); got != 40 {
 		t.Errorf("first decision: %v, want 40", got)
 	}
-	if got := nextLoadCost(40, 5, 8); got != 39 {
+	if got := nextMeanPrefill(40, 5, 8); got != 39 {
 		t.Errorf("moving mean: %v, want 40 + (8-40)/32 = 39", got)
+	}
+	if got := learntLoadCost(39); got != 19.5 {
+		t.Errorf("load cost: %v, want half the mean prefill", got)
 	}
 }
 

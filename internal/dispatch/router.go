@@ -29,10 +29,10 @@ type router struct {
 	mu    sync.Mutex
 	index map[string]*rootIndex // by root URL
 	ring  *ring
-	// loadCost is the moving mean of the blocks routed requests had to
-	// prefill (decidePrefix); decisions counts them.
-	loadCost  float64
-	decisions int
+	// meanPrefill is the moving mean of the blocks routed requests had to
+	// prefill (decidePrefix's load cost); decisions counts them.
+	meanPrefill float64
+	decisions   int
 }
 
 func newRouter(cfg Routing, m routeMetrics) *router {
@@ -111,7 +111,7 @@ func (r *router) decide(q routeReq, cands []candidate) decision {
 			cands[i].match = x.match(q.hashes)
 		}
 	}
-	loadCost := r.loadCost
+	loadCost := learntLoadCost(r.meanPrefill)
 	if r.cfg.LoadCost > 0 {
 		loadCost = r.cfg.LoadCost
 	}
@@ -129,7 +129,7 @@ func (r *router) record(q routeReq, d decision) {
 	}
 	r.m.cachedBytes.Add(float64(min(d.match*r.cfg.BlockBytes, q.bytes)))
 	r.mu.Lock()
-	r.loadCost = nextLoadCost(r.loadCost, r.decisions, len(q.hashes)-d.match)
+	r.meanPrefill = nextMeanPrefill(r.meanPrefill, r.decisions, len(q.hashes)-d.match)
 	r.decisions++
 	r.mu.Unlock()
 	r.remember(d.root, q.hashes)
