@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,8 +61,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchmark failed: %v\n", err)
 		os.Exit(1)
 	}
-	section := fmt.Sprintf("Measured on %s/%s, %d CPUs, load average %s before and %s after the run; %d rounds, every routing once per round in rotated order, %s of arrivals per run after %s not measured; everything (load generator, gateway, NATS with file-backed JetStream, dispatchers, 4 simulators) in one process.\n\n%s\n%s",
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, loadAverage(), o.rounds, o.duration, o.warmup, describe(o), format(results))
+	lo, hi := loadRange(runLoads)
+	section := fmt.Sprintf("Measured on %s/%s, %d CPUs, load average %s before and %s after the run (%s to %s at the start of a run); %d rounds, every routing once per round in rotated order, %s of arrivals per run after %s not measured; everything (load generator, gateway, NATS with file-backed JetStream, dispatchers, 4 simulators) in one process.\n\n%s\n%s",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, loadAverage(), lo, hi, o.rounds, o.duration, o.warmup, describe(o), format(results))
 	fmt.Print(section)
 	if *docs != "" {
 		if err := writeSection(*docs, section); err != nil {
@@ -112,4 +114,23 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return f[0]
+}
+
+// loadRange is the least and the greatest of load averages.
+func loadRange(loads []string) (string, string) {
+	lo, hi := "", ""
+	var l, h float64
+	for _, s := range loads {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			continue
+		}
+		if lo == "" || v < l {
+			lo, l = s, v
+		}
+		if hi == "" || v > h {
+			hi, h = s, v
+		}
+	}
+	return lo, hi
 }

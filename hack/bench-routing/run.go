@@ -155,6 +155,9 @@ type result struct {
 	perReplica        [][]int64 // requests per replica, per run
 }
 
+// runLoads is the 1-minute load average at the start of each run.
+var runLoads []string
+
 func run(ctx context.Context, o options) ([]*result, error) {
 	workloads := []workload{multiTurn(o), noSharing(o)}
 	rs := routings(o)
@@ -174,7 +177,8 @@ func run(ctx context.Context, o options) ([]*result, error) {
 					byKey[key] = res
 					order = append(order, res)
 				}
-				fmt.Fprintf(os.Stderr, "round %d: %s, %s ... ", round+1, w.name, r.name)
+				runLoads = append(runLoads, loadAverage())
+				fmt.Fprintf(os.Stderr, "round %d: %s, %s (load %s) ... ", round+1, w.name, r.name, runLoads[len(runLoads)-1])
 				samples, per, err := runOne(ctx, o, w, r)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %s: %w", w.name, r.name, err)
@@ -212,7 +216,10 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 	var urls []string
 	tr := newTracer()
 	for i := range replicas {
-		e, err := dataplanetest.StartEngine(cfg)
+		// Each replica keeps its address from run to run, as a pod keeps
+		// its name: ties between equal replicas (rendezvous hashing on
+		// the URL) then break alike in every run.
+		e, err := dataplanetest.StartEngineAt(cfg, fmt.Sprintf("127.77.0.%d:18080", i+1))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -387,7 +394,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 // describe states the workloads and the simulators.
 func describe(o options) string {
-	return fmt.Sprintf("Replicas: %d simulators, prefix cache 262,144 tokens in 16-token blocks, prefill %.0f tokens/s one prompt at a time, first token 10 ms after the prefill, %d output tokens 5 ms apart; dispatcher maxConcurrency 64 per replica, load factor 1.25 for CHWBL and prefix. "+
+	return fmt.Sprintf("Replicas: %d simulators, prefix cache 262,144 tokens in 16-token blocks, prefill %.0f tokens/s one prompt at a time, first token 10 ms after the prefill, %d output tokens 5 ms apart; dispatcher maxConcurrency 64 per replica, load factor 1.25 for CHWBL and prefix; prefix's load cost learnt (half the moving mean of the blocks routed requests had to prefill); replicas at fixed addresses (127.77.0.1-4:18080) in every run. "+
 		"Multi-turn: conversations arrive as a Poisson process (%.1f/s), each opens with one of %d system prompts of %d tokens and has %d-%d turns of %d-token user messages, the answer of each turn in the next turn's prompt, %v mean think time (exponential); prompts grow to about %d tokens. "+
 		"No sharing: single requests of %d unrelated tokens, Poisson (%.0f/s). "+
 		"Hit rate = cached prompt tokens / prompt tokens, as the replicas report them in `usage.prompt_tokens_details.cached_tokens`; load = requests per replica, max ÷ mean over the run's 4 replicas (mean of the runs); output tokens/s over the measured requests' span.\n",
