@@ -184,7 +184,7 @@ func newRouteMetrics(reg prometheus.Registerer) routeMetricVecs {
 	const ns = "orchestra_dispatcher"
 	m := routeMetricVecs{
 		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_total",
-			Help: "Routing decisions of prefix and consistentHash applications, by outcome: hit (to the root with the request's longest recently sent prefix, or its consistent-hashing root), miss (no root had any of it: least loaded), overflow (that root was over the load bound or full)."}, []string{"app", "outcome"}),
+			Help: "Routing decisions of prefix and consistentHash applications, by outcome: hit (to the root with the request's longest recently sent prefix, or its consistent-hashing root), miss (no root had any of it: least loaded), overflow (another root: prefix, one of less cost, as the queue at that root cost more than its prefix saved, or it was over the load bound or full; consistentHash, that root was over the load bound or full)."}, []string{"app", "outcome"}),
 		promptBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_prompt_bytes_total",
 			Help: "Bytes of rendered prompt routed."}, []string{"app"}),
 		cachedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_cached_bytes_total",
