@@ -397,7 +397,7 @@ func describe(o options) string {
 	return fmt.Sprintf("Replicas: %d simulators, prefix cache 262,144 tokens in 16-token blocks, prefill %.0f tokens/s one prompt at a time, first token 10 ms after the prefill, %d output tokens 5 ms apart; dispatcher maxConcurrency 64 per replica, load factor 1.25 for CHWBL and prefix; prefix's load cost learnt (half the moving mean of the blocks routed requests had to prefill); replicas at fixed addresses (127.77.0.1-4:18080) in every run. "+
 		"Multi-turn: conversations arrive as a Poisson process (%.1f/s), each opens with one of %d system prompts of %d tokens and has %d-%d turns of %d-token user messages, the answer of each turn in the next turn's prompt, %v mean think time (exponential); prompts grow to about %d tokens. "+
 		"No sharing: single requests of %d unrelated tokens, Poisson (%.0f/s). "+
-		"Hit rate = cached prompt tokens / prompt tokens, as the replicas report them in `usage.prompt_tokens_details.cached_tokens`; load = requests per replica, max ÷ mean over the run's 4 replicas (mean of the runs); output tokens/s over the measured requests' span.\n",
+		"Hit rate = cached prompt tokens / prompt tokens, as the replicas report them in `usage.prompt_tokens_details.cached_tokens`; load = requests per replica, max ÷ mean over the run's 4 replicas (mean of the runs); output tokens/s over the measured requests' span, mean of the runs.\n",
 		replicas, o.prefillRate, answerTokens, o.convRate, systemPrompts, systemWords, minTurns, maxTurns, userWords, thinkMean,
 		systemWords+maxTurns*(userWords+answerTokens+8), singleWords, o.singleRate)
 }
@@ -427,9 +427,11 @@ func format(results []*result) string {
 			out += s.output
 			first, last = min(first, s.sent), max(last, s.done)
 		}
+		// Sent and done times count from each run's start, so the span
+		// is one run's: the rate is the mean over the runs.
 		rate := 0.0
-		if last > first {
-			rate = float64(out) / (last - first).Seconds()
+		if last > first && len(r.perReplica) > 0 {
+			rate = float64(out) / (last - first).Seconds() / float64(len(r.perReplica))
 		}
 		ratio := "—"
 		if bp := base[r.workload]; bp > 0 && r.routing != "least-loaded" {
