@@ -368,7 +368,8 @@ func ColdS3Location(name string, app v1alpha1.Application, s Sleep) (ColdS3, str
 // wake reads: the simulator and vLLM keep them in RAM (the node agent's hot
 // tier, or vLLM's offload to its own process's memory); Ollama and
 // llama.cpp unload the model completely, and their wake reads the model
-// cache again.
+// cache again, unless they load copies (ModelCopies): then the leader
+// takes the tier from their sidecars, and Cold is the fallback.
 func Level1Tier(e v1alpha1.Engine) v1alpha1.Tier {
 	switch e {
 	case v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP:

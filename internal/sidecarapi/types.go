@@ -60,8 +60,10 @@ type Transition struct {
 	At      time.Time `json:"at"`
 	Seconds float64   `json:"seconds"`
 	Error   string    `json:"error,omitempty"`
-	// Transfer is what the engine reported moving, when it reports it
-	// (the simulator does; vLLM, Ollama and llama.cpp do not).
+	// Transfer is what the engine reported moving, when it reports it:
+	// the simulator does, and for Ollama and llama.cpp with model copies
+	// the sidecar reports the copy of the model file a wake loaded; vLLM
+	// reports nothing.
 	Transfer *Transfer `json:"transfer,omitempty"`
 }
 

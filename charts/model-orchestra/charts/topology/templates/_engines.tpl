@@ -556,8 +556,10 @@ writes them) and the link's directory, an emptyDir the sidecar writes. */}}
 {{/* The seat sidecar of a sleeping application's root (orchestra-agent
 --role=seat): drives the engine's own sleep and wake API on localhost for
 the dispatcher, and is ready only while the engine is Awake, so that a
-sleeping root leaves the Service's EndpointSlice. Restricted Pod Security;
-it reads no file, so it mounts none. */}}
+sleeping root leaves the Service's EndpointSlice. Restricted Pod Security
+and no volume, except with model copies (mo.modelCopies): then it points
+the engine's link at the hottest verified copy of the model file, reading
+the manifest and the node agent's tier directories. */}}
 {{- define "mo.seatContainer" -}}
 {{- $rt := .spec.runtime -}}
 {{- $served := default .app .spec.serving.servedModelName -}}
