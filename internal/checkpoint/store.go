@@ -518,11 +518,7 @@ func (s *Store) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wa
 		return Entry{}, err
 	}
 	defer func() { _ = f.Close() }() // read-only
-	req := PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want}
-	if m, ok := cold.(interface{ SHA256() string }); ok {
-		req.SHA256 = m.SHA256()
-	}
-	return s.put(req, f, keep)
+	return s.put(PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want, SHA256: manifestSHA256(cold)}, f, keep)
 }
 
 // Touch marks every copy of k as used now (LRU).
