@@ -156,7 +156,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		asleepIn(v1alpha1.TierHot, hotPath)
 		// The copy on the node (the hot tier's hostPath), as a bad RAM
 		// page or a stray writer would leave it.
-		onNode := filepath.Join("/dev/shm/model-orchestra", ns, copyName)
+		onNode := filepath.Join(tierDirs(t)[0], ns, copyName)
 		f, err := os.OpenFile(onNode, os.O_RDWR, 0)
 		if err != nil {
 			t.Fatalf("the hot copy on the node: %v", err)
