@@ -224,11 +224,17 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	readProbes := func() (probes, error) {
 		var p probes
 		var err error
-		if p.read, err = probe.Read(); err != nil {
+		if p.read, err = probe.ReadBest(2); err != nil {
 			return p, err
 		}
-		p.write, err = tierprobe.WriteRate("tmpfs", hot, region)
-		return p, err
+		for range 2 {
+			w, err := tierprobe.WriteRate("tmpfs", hot, region)
+			if err != nil {
+				return p, err
+			}
+			p.write = tierprobe.Peak(p.write, w)
+		}
+		return p, nil
 	}
 	o := seatgrouptest.Options{HotDir: hot, KeepOffload: true, TTFT: simTTFT, ITL: simITL, MaxConcurrency: 4}
 	o.DeviceFile = filepath.Join(devDir, "pool")
@@ -283,7 +289,7 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	for i := range swaps {
 		s := &swaps[i]
 		t := min(s.turn, len(all)-2)
-		s.read, s.write = tierprobe.Around(all[t].read, all[t+1].read), tierprobe.Around(all[t].write, all[t+1].write)
+		s.read, s.write = tierprobe.Peak(all[t].read, all[t+1].read), tierprobe.Peak(all[t].write, all[t+1].write)
 		if s.cold {
 			continue
 		}
@@ -447,7 +453,7 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all; %s. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote)
 	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: the engines share one device, a file on a tmpfs (as the group pod's memory-backed emptyDir, `--device-file`) with room for %d engine's weights (`--device-capacity`, the group's `deviceMemory`), so the engines that do not fit start stopped and load their weights at their first wake, and every later wake needs the room a sleep gave back; sleep level 1 writes the weights to the hot tier and gives their region back to the device, or, when the offload its last wake kept is still that same file, writes nothing (`--keep-offload`); every wake maps a region of the device and reads the weights back into it, verifying every byte. ", simTTFT, tokens, simITL, deviceRoom)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each, and a swap's are the reads before and after its turn taken as one. The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options and no hash; the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The tmpfs columns are the medians of the probes. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two reads), and a swap's are the faster of those before and after its turn: a limit is the most the tier delivers, and another process on the shared machine only slows a read down. The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options and no hash; the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The tmpfs columns are the medians of the probes. Bandwidths in GB/s (10^9 bytes/s).\n\n")
 	b.WriteString("| Weights per application | device room (applications) | tmpfs write (probe) | tmpfs read (probe) | bound per hot swap (sleep reused; wrote) | round-robin swaps: hot (sleeps reused), cold starts | hot swap p50 | hot swap max | hot swap ÷ bound p50 (≤ 1.3) | hot swap ÷ bound max | hot swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | cold start p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {

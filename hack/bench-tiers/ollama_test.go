@@ -249,14 +249,10 @@ func ollamaLoadFrom(ctx context.Context, url, blob string, tier ollamaTier, n in
 	if err != nil {
 		return l, err
 	}
-	// The probes of one method before and after, as one; the faster
-	// method is the tier's limit.
-	for i := range before {
-		p := tierprobe.Around(before[i], after[i])
-		if p.BytesPerSecond > l.probe.BytesPerSecond {
-			l.probe, l.probeMethod = p, p.Method
-		}
-	}
+	// The fastest read, of any method, before or after, is the tier's
+	// limit.
+	l.probe = tierprobe.Peak(append(before, after...)...)
+	l.probeMethod = l.probe.Method
 	l.bound = tierprobe.Bound(n, l.probe) + l.awake
 	return l, nil
 }
@@ -365,7 +361,7 @@ func renderOllama(loads []ollamaLoad, tiers []ollamaTier, n int64, cfg modelgen.
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "`make bench-tiers-ollama` on %s, %d CPUs; load average %s before, %s after; %s. ", host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
 	fmt.Fprintf(&b, "The real Ollama engine (`ollama serve` %s, the pinned build, in process, `num_thread` 1) and a generated GGUF model of %s (%d layers, embedding %d), loaded %d times from each tier, the tiers' order rotating each round: Ollama's blob of the model is a symlink to the tier's copy; hot is a copy on a tmpfs (%s), warm a copy on the node's disk, cold the model cache's own file on the node's disk (on this machine the same disk as the warm copy: cold and warm differ only with a PVC or S3 behind the cache), both dropped from the page cache (`fadvise(DONTNEED)`) before each load. ", ollamatest.Version, arena.Size(n), cfg.Layers, cfg.Embedding, len(loads)/len(tiers), hotNote)
-	b.WriteString("Each load: unload the model (`keep_alive` 0, wait until `/api/ps` lists nothing), point the blob at the tier's copy, read the tier probes, drop a disk copy from the page cache, send a streamed chat (Ollama's `/api/chat`, 8 tokens, temperature 0) and time its first non-empty content: the load and the first token (**first token after load**), with Ollama's own `load_duration` from the answer's last chunk; then the same chat again, the model loaded (**TTFT loaded**); then the probes again. The probes (`internal/tierprobe`, shared with bench-tiers and bench-mux) read the same file into one buffer kept for the run, pre-faulted in huge pages, every way it can be read, without hashing: hot with `pread` and a copy out of a populated mapping, warm and cold with `pread` after dropping the file's pages and with `O_DIRECT` (8 readers, 8 MiB blocks); each method's reads before and after the load are taken as one and the fastest method is the tier's limit. The bound is the model's bytes at that rate plus TTFT loaded; Ollama's load is compared with the bytes at that rate alone. Medians of the loads; a ratio's p50 is that of the loads' own ratios.\n\n")
+	b.WriteString("Each load: unload the model (`keep_alive` 0, wait until `/api/ps` lists nothing), point the blob at the tier's copy, read the tier probes, drop a disk copy from the page cache, send a streamed chat (Ollama's `/api/chat`, 8 tokens, temperature 0) and time its first non-empty content: the load and the first token (**first token after load**), with Ollama's own `load_duration` from the answer's last chunk; then the same chat again, the model loaded (**TTFT loaded**); then the probes again. The probes (`internal/tierprobe`, shared with bench-tiers and bench-mux) read the same file into one buffer kept for the run, pre-faulted in huge pages, every way it can be read, without hashing: hot with `pread` and a copy out of a populated mapping, warm and cold with `pread` after dropping the file's pages and with `O_DIRECT` (8 readers, 8 MiB blocks); the fastest read, of any method, before or after the load, is the tier's limit. The bound is the model's bytes at that rate plus TTFT loaded; Ollama's load is compared with the bytes at that rate alone. Medians of the loads; a ratio's p50 is that of the loads' own ratios.\n\n")
 	b.WriteString("| Copy | loads | tier probe (GB/s, fastest method) | first token after load p50 | max | TTFT loaded p50 | bound p50 (bytes ÷ probe + TTFT loaded) | first token after load ÷ bound p50 | min | Ollama load_duration p50 | load ÷ (bytes ÷ probe) p50 |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, tier := range tiers {

@@ -30,7 +30,7 @@ func TestProbeReadsItsFileIntoTheDestination(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.DropCache = true
-	b, err := p.Read()
+	b, err := p.ReadBest(2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,11 +83,14 @@ func TestProbeFailsOnADestinationOfAnotherSize(t *testing.T) {
 }
 
 func TestAroundBoundAndCheck(t *testing.T) {
-	before := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.1}
-	after := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.3}
+	before := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.1, BytesPerSecond: (1 << 30) / 0.1}
+	after := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.3, BytesPerSecond: (1 << 30) / 0.3}
 	got := Around(before, after)
 	if got.Bytes != 2<<30 || got.Seconds != 0.4 || got.BytesPerSecond != float64(2<<30)/0.4 {
 		t.Errorf("Around = %+v", got)
+	}
+	if p := Peak(before, after, checkpoint.Bandwidth{}); p.Seconds != 0.1 {
+		t.Errorf("Peak = %+v, want the read of 0.1 s", p)
 	}
 	if b := Bound(1<<30, got); b != 200*time.Millisecond {
 		t.Errorf("Bound = %v, want 200ms", b)
