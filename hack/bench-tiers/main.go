@@ -141,10 +141,9 @@ func (r row) hotNote() string {
 type hotWake struct {
 	rep                      *sim.StageReport
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
-	// probe is the tier probe around the wake: the faster of the offload
-	// read right before this wake (before, the best of two reads) and
-	// right before the next.
-	probe, before   checkpoint.Bandwidth
+	// probe is the tier probe around the wake: the fastest of two reads
+	// of the offload right before the wake and two right after.
+	probe           checkpoint.Bandwidth
 	ttft, ttftBound time.Duration
 	// huge is the share of the tier file (the level-1 offload) in huge
 	// pages, from ShmemHugePages around the sleep that wrote it.
@@ -548,41 +547,23 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	time.Sleep(servesFor)
 
 	// Hot: hotWakesPerRun times, level 1 offloads to the tmpfs, the
-	// engine sleeps, the tier probe reads the offload, and the wake and
-	// the first token are timed. Each wake's probe is the read right
-	// before it and the read right before the next wake, taken as one;
-	// the last wake's next read comes before one more wake, verified
-	// and not timed. Then once more with the wake straight after the
-	// pause (its probe the read before it).
+	// engine sleeps, and the wake and the first token are timed between
+	// tier probe reads of the same offload. Then once more with the wake
+	// straight after the pause.
 	for range hotWakesPerRun {
 		h, err := measureHot(s, srv.URL, n, src, dst, false)
 		if err != nil {
 			return err
 		}
-		r.hotWakes = append(r.hotWakes, h)
-	}
-	closing, err := measureHot(s, srv.URL, n, src, dst, false)
-	if err != nil {
-		return err
-	}
-	for i := range r.hotWakes {
-		next := closing.before
-		if i+1 < len(r.hotWakes) {
-			next = r.hotWakes[i+1].before
-		}
-		h := &r.hotWakes[i]
-		h.probe = tierprobe.Peak(h.before, next)
-		h.ttftBound = tierprobe.Bound(n, h.probe) + simTTFT
 		took := time.Duration(restoreSeconds(h.rep) * float64(time.Second))
 		if err := tierprobe.Check("hot wake", took, tierprobe.Bound(n, h.probe), 0.05); err != nil {
 			r.hotBeaten = append(r.hotBeaten, err.Error())
 		}
+		r.hotWakes = append(r.hotWakes, h)
 	}
 	if r.idleWake, err = measureHot(s, srv.URL, n, src, dst, true); err != nil {
 		return err
 	}
-	r.idleWake.probe = closing.before
-	r.idleWake.ttftBound = tierprobe.Bound(n, r.idleWake.probe) + simTTFT
 
 	// Warm: level 2, a copy on disk, its page cache dropped. Its raw
 	// reads (the warm tier's probe) land in the probe's region of the
@@ -637,16 +618,17 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 }
 
 // measureHot runs one level-1 sleep and hot wake of s, and times the wake
-// and its first token. After the sleep's pause the tier probe reads the
-// offload the wake will read (the same file, the same pages) into dst, a
-// region of the engine's device, and memcpy is measured; both right
-// before the wake; memcpy again right after the first token, so the
-// copies and the wake run with the cores in the same state: on a VM the
-// first tens of milliseconds after an idle pause run slower (the host's
-// cores ramp up), and the copy before the wake takes that ramp. With
-// idle, the wake comes straight after the pause, with the cores as the
-// pause left them, and memcpy is only measured after it. The caller sets
-// the wake's probe and bound from the reads before this wake and the next.
+// and its first token. After the sleep's pause: memcpy, then the tier
+// probe, two reads of the offload the wake will read (the same file, the
+// same pages) into dst, a region of the engine's device; then the wake and
+// its first token; then the probe again (the offload, which the wake
+// unlinks, is read through a second link the probe holds meanwhile) and
+// memcpy again. The probe's bound is its fastest read. memcpy comes first:
+// on a VM the first tens of milliseconds after an idle pause run slower
+// (the host's cores ramp up), and the copy before the wake takes that ramp
+// (it counts with the copy after the wake). With idle, the wake comes
+// straight after the pause, with the cores as the pause left them, and
+// memcpy and the probe are only measured after it.
 func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, idle bool) (hotWake, error) {
 	var h hotWake
 	huge := meminfo("ShmemHugePages")
@@ -656,12 +638,33 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 	}
 	h.huge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
 	time.Sleep(asleep)
-	var before1, before2 checkpoint.Bandwidth
+	link := sl.Source + ".probe"
+	if err := os.Link(sl.Source, link); err != nil {
+		return h, fmt.Errorf("a second link to the offload for the tier probe: %w", err)
+	}
+	defer func() { _ = os.Remove(link) }()
+	// Both ways to copy out of the tier: a plain copy and the restore's
+	// own copy-and-hash pass (non-temporal stores); the faster is the
+	// limit.
+	probes := []*tierprobe.Probe{tierprobe.Of("tmpfs", link, dst, arena.FileOptions{}), tierprobe.Of("tmpfs", link, dst, arena.FileOptions{})}
+	probes[1].Hash = true
+	read := func() (checkpoint.Bandwidth, error) {
+		var best checkpoint.Bandwidth
+		for _, p := range probes {
+			b, err := p.ReadBest(2)
+			if err != nil {
+				return best, err
+			}
+			best = tierprobe.Peak(best, b)
+		}
+		return best, nil
+	}
+	var before1, before2, before checkpoint.Bandwidth
 	if !idle {
-		if h.before, err = tierprobe.Of("tmpfs", sl.Source, dst, arena.FileOptions{}).ReadBest(2); err != nil {
+		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
+		if before, err = read(); err != nil {
 			return h, err
 		}
-		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
 	}
 	steal0 := cpuSteal()
 	t0 := time.Now()
@@ -674,6 +677,12 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 		return h, err
 	}
 	h.ttft = first.Sub(t0)
+	after, err := read()
+	if err != nil {
+		return h, err
+	}
+	h.probe = tierprobe.Peak(before, after)
+	h.ttftBound = tierprobe.Bound(n, h.probe) + simTTFT
 	h.memcpy1, h.memcpy2 = checkpoint.MeasureMemcpyBetween(dst, src)
 	if !idle {
 		h.memcpy1, h.memcpy2 = tierprobe.Around(before1, h.memcpy1), tierprobe.Around(before2, h.memcpy2)
@@ -835,10 +844,10 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine is up and serving for %v after it loads, before its first sleep, and sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, servesFor, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in. The bounds are tier probes (`internal/tierprobe`, shared with bench-mux and bench-ollama-tiers), each the fastest of the reads right before and right after the wake it bounds (a limit is the most the tier delivers; on a shared machine another process only slows a read down): the tmpfs column reads the hot wake's own tier file (the level-1 offload) after the sleep's pause, into a region of the engine's own device kept for the run, with the restore's read options (a copy out of a populated read-only mapping, 1 MiB chunks, %d threads) and no hash, twice before each wake; the reads before the next wake close the bracket (after the last, before one more wake, verified and not timed). The warm file's raw read is the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks) of the warm copy itself into the same region, once right before and once right after the warm wake, one reader first before it and last after it, the fastest of the four reads. memcpy (a reference, not a bound) copies min(size, %s) from a buffer kept for the run into that region, the peak of 1 and 2 threads, once right before the hot wake and once right after its first token, the two copies taken together; the disk and S3 columns are references read once per run into a buffer as large as the file. ", arena.DefaultWorkers(), arena.DirectWorkers, arena.Size(memcpyBytes))
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in. The bounds are tier probes (`internal/tierprobe`, shared with bench-mux and bench-ollama-tiers), each the fastest of the reads right before and right after the wake it bounds (a limit is the most the tier delivers; on a shared machine another process only slows a read down): the tmpfs column reads the hot wake's own tier file (the level-1 offload) after the sleep's pause, into a region of the engine's own device kept for the run, with the restore's read options (a copy out of a populated read-only mapping, 1 MiB chunks, %d threads), both with a plain copy and with the restore's own copy-and-hash pass (its non-temporal stores skip reading the destination, and can copy faster than a plain copy), each twice right before the wake (after memcpy, which takes the cores' ramp after the pause) and twice right after its first token (through a second link to the offload, which the wake unlinks). The warm file's raw read is the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks) of the warm copy itself into the same region, once right before and once right after the warm wake, one reader first before it and last after it, the fastest of the four reads. memcpy (a reference, not a bound) copies min(size, %s) from a buffer kept for the run into that region, the peak of 1 and 2 threads, once right before the hot wake and once right after its first token, the two copies taken together; the disk and S3 columns are references read once per run into a buffer as large as the file. ", arena.DefaultWorkers(), arena.DirectWorkers, arena.Size(memcpyBytes))
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier. Time to first token is to the first non-empty content delta of a streamed chat sent right after the wake; its bound is the bytes at the tier probe's rate plus the simulator's TTFT (the memcpy-based bound of earlier runs, a stricter one, in parentheses).\n\n")
-	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read (tier probe) | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot ÷ tier probe (≤ 1) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷tier probe + TTFT) (≤ 1.2) | wakes verified |\n")
+	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read (tier probe) | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy | hot ÷ tier probe (≥ 0.8; above 1 the probe is wrong) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷tier probe + TTFT) (≤ 1.2) | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {

@@ -5,8 +5,11 @@
 // filesystem and page size), into the same kind of memory the restore
 // lands in (a pre-faulted region kept across reads, not memory faulted in
 // for the probe), with the restore's own read method (arena.FileOptions:
-// the same workers, chunks, mapping or O_DIRECT), without the restore's
-// hash or any engine work. A benchmark reads it right before and right
+// the same workers, chunks, mapping or O_DIRECT), without any engine work,
+// and either without a hash (a plain copy) or with the restore's own
+// copy-and-hash pass (Hash): on amd64 that pass stores with non-temporal
+// stores, which skip reading the destination's lines, and can copy faster
+// than a plain copy; a bound is the faster of the two. A benchmark reads it right before and right
 // after each measured wake, so the bound and the wake see the same
 // machine, and takes the fastest read (Peak): a limit is the most the tier
 // delivers, and on a shared machine another process taking the core only
@@ -41,6 +44,9 @@ type Probe struct {
 	// Opts are the restore's read options; Consume, Remove and Expect
 	// are ignored (a probe never changes its file).
 	Opts arena.FileOptions
+	// Hash reads with the restore's copy-and-hash pass (arena.FillFile,
+	// no digest to compare) instead of a plain copy (arena.ReadFile).
+	Hash bool
 	// DropCache drops the file's pages from the page cache before each
 	// read: a tier on a disk read without O_DIRECT (an engine that mmaps
 	// or reads its model file) reads from the disk only after a drop.
@@ -79,11 +85,17 @@ func (p *Probe) Read() (checkpoint.Bandwidth, error) {
 			return checkpoint.Bandwidth{}, fmt.Errorf("dropping %s from the page cache: %w", p.Path, err)
 		}
 	}
-	st, err := arena.ReadFile(p.Dst, p.Path, p.Opts)
+	var st arena.FillStats
+	var err error
+	if p.Hash {
+		_, st, err = arena.FillFile(p.Dst, p.Path, p.Opts)
+	} else {
+		st, err = arena.ReadFile(p.Dst, p.Path, p.Opts)
+	}
 	if err != nil {
 		return checkpoint.Bandwidth{}, fmt.Errorf("probe read of %s: %w", p.Path, err)
 	}
-	return bandwidth(p.Tier, method(st, p), st.Bytes, st.Copy), nil
+	return bandwidth(p.Tier, method(st, p), st.Bytes, st.Total()), nil
 }
 
 // bandwidth is a Bandwidth of n bytes in d.
@@ -101,7 +113,11 @@ func method(st arena.FillStats, p *Probe) string {
 	case p.DropCache:
 		how = "pread after fadvise(DONTNEED)"
 	}
-	return fmt.Sprintf("%s, %d threads, no hash", how, st.Workers)
+	hash := "no hash"
+	if p.Hash {
+		hash = "the restore's copy and hash"
+	}
+	return fmt.Sprintf("%s, %d threads, %s", how, st.Workers, hash)
 }
 
 // Close removes the probe file if Write wrote it.

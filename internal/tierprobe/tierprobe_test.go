@@ -3,6 +3,7 @@ package tierprobe
 import (
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,8 +45,17 @@ func TestProbeReadsItsFileIntoTheDestination(t *testing.T) {
 	// A probe of an existing file ignores the options that change it.
 	d := arena.Sum(want)
 	q := Of("tmpfs", p.Path, dst, arena.FileOptions{Consume: true, Remove: true, Expect: &d})
+	clear(dst.Bytes())
 	if _, err := q.Read(); err != nil {
 		t.Fatal(err)
+	}
+	q.Hash = true
+	clear(dst.Bytes())
+	if b, err := q.Read(); err != nil || !strings.Contains(b.Method, "hash") {
+		t.Fatalf("hashed probe read: %v, %+v", err, b)
+	}
+	if string(dst.Bytes()) != string(want) {
+		t.Error("the hashed read does not land the file's bytes")
 	}
 	q.Close()
 	if fi, err := os.Stat(p.Path); err != nil || fi.Size() != n {
