@@ -551,7 +551,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	// tier probe reads of the same offload. Then once more with the wake
 	// straight after the pause.
 	for range hotWakesPerRun {
-		h, err := measureHot(s, srv.URL, n, src, dst, false)
+		h, err := measureHot(s, srv.URL, n, dev, src, dst, false)
 		if err != nil {
 			return err
 		}
@@ -561,7 +561,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 		}
 		r.hotWakes = append(r.hotWakes, h)
 	}
-	if r.idleWake, err = measureHot(s, srv.URL, n, src, dst, true); err != nil {
+	if r.idleWake, err = measureHot(s, srv.URL, n, dev, src, dst, true); err != nil {
 		return err
 	}
 
@@ -629,7 +629,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 // (it counts with the copy after the wake). With idle, the wake comes
 // straight after the pause, with the cores as the pause left them, and
 // memcpy and the probe are only measured after it.
-func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, idle bool) (hotWake, error) {
+func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, dst *arena.Arena, idle bool) (hotWake, error) {
 	var h hotWake
 	huge := meminfo("ShmemHugePages")
 	sl, err := s.Sleep(1)
@@ -645,13 +645,17 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 	defer func() { _ = os.Remove(link) }()
 	// Both ways to copy out of the tier: a plain copy and the restore's
 	// own copy-and-hash pass (non-temporal stores); the faster is the
-	// limit.
-	probes := []*tierprobe.Probe{tierprobe.Of("tmpfs", link, dst, arena.FileOptions{}), tierprobe.Of("tmpfs", link, dst, arena.FileOptions{})}
-	probes[1].Hash = true
-	read := func() (checkpoint.Bandwidth, error) {
+	// limit. Before the wake the probe reads into the engine's own
+	// region (the device's only free region while the engine sleeps, the
+	// very pages the wake fills), after it into the probe's region: on
+	// this VM a region's pages can copy slower for seconds while the host
+	// settles them, and the wake is bounded by the pages it lands in.
+	read := func(into *arena.Arena) (checkpoint.Bandwidth, error) {
 		var best checkpoint.Bandwidth
-		for _, p := range probes {
-			b, err := p.ReadBest(2)
+		for _, hash := range []bool{false, true} {
+			p := tierprobe.Of("tmpfs", link, into, arena.FileOptions{})
+			p.Hash = hash
+			b, err := p.ReadBest(3)
 			if err != nil {
 				return best, err
 			}
@@ -662,7 +666,13 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 	var before1, before2, before checkpoint.Bandwidth
 	if !idle {
 		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
-		if before, err = read(); err != nil {
+		region, err := dev.Alloc(n)
+		if err != nil {
+			return h, err
+		}
+		before, err = read(region)
+		region.Free()
+		if err != nil {
 			return h, err
 		}
 	}
@@ -677,7 +687,7 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 		return h, err
 	}
 	h.ttft = first.Sub(t0)
-	after, err := read()
+	after, err := read(dst)
 	if err != nil {
 		return h, err
 	}
@@ -844,7 +854,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine is up and serving for %v after it loads, before its first sleep, and sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, servesFor, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in. The bounds are tier probes (`internal/tierprobe`, shared with bench-mux and bench-ollama-tiers), each the fastest of the reads right before and right after the wake it bounds (a limit is the most the tier delivers; on a shared machine another process only slows a read down): the tmpfs column reads the hot wake's own tier file (the level-1 offload) after the sleep's pause, into a region of the engine's own device kept for the run, with the restore's read options (a copy out of a populated read-only mapping, 1 MiB chunks, %d threads), both with a plain copy and with the restore's own copy-and-hash pass (its non-temporal stores skip reading the destination, and can copy faster than a plain copy), each twice right before the wake (after memcpy, which takes the cores' ramp after the pause) and twice right after its first token (through a second link to the offload, which the wake unlinks). The warm file's raw read is the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks) of the warm copy itself into the same region, once right before and once right after the warm wake, one reader first before it and last after it, the fastest of the four reads. memcpy (a reference, not a bound) copies min(size, %s) from a buffer kept for the run into that region, the peak of 1 and 2 threads, once right before the hot wake and once right after its first token, the two copies taken together; the disk and S3 columns are references read once per run into a buffer as large as the file. ", arena.DefaultWorkers(), arena.DirectWorkers, arena.Size(memcpyBytes))
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in. The bounds are tier probes (`internal/tierprobe`, shared with bench-mux and bench-ollama-tiers), each the fastest of the reads right before and right after the wake it bounds (a limit is the most the tier delivers; on a shared machine another process only slows a read down): the tmpfs column reads the hot wake's own tier file (the level-1 offload) after the sleep's pause, into a region of the engine's own device kept for the run, with the restore's read options (a copy out of a populated read-only mapping, 1 MiB chunks, %d threads), both with a plain copy and with the restore's own copy-and-hash pass (its non-temporal stores skip reading the destination, and can copy faster than a plain copy), each three times right before the wake (after memcpy, which takes the cores' ramp after the pause), into the engine's own region (the device's only free region while the engine sleeps: the pages the wake fills), and three times right after its first token, into the probe's region (through a second link to the offload, which the wake unlinks). The warm file's raw read is the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks) of the warm copy itself into the same region, once right before and once right after the warm wake, one reader first before it and last after it, the fastest of the four reads. memcpy (a reference, not a bound) copies min(size, %s) from a buffer kept for the run into that region, the peak of 1 and 2 threads, once right before the hot wake and once right after its first token, the two copies taken together; the disk and S3 columns are references read once per run into a buffer as large as the file. ", arena.DefaultWorkers(), arena.DirectWorkers, arena.Size(memcpyBytes))
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
 	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier. Time to first token is to the first non-empty content delta of a streamed chat sent right after the wake; its bound is the bytes at the tier probe's rate plus the simulator's TTFT (the memcpy-based bound of earlier runs, a stricter one, in parentheses).\n\n")
 	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read (tier probe) | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy | hot ÷ tier probe (≥ 0.8; above 1 the probe is wrong) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷tier probe + TTFT) (≤ 1.2) | wakes verified |\n")
