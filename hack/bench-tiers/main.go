@@ -914,13 +914,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Bound of the hot restore as a share of memcpy: into the pool, the tier probe (which reads from the tier into a region of the pool, source and sink at once); returned to the kernel, the slower of the tier probe and fresh memory (fault, then copy): ")
+	b.WriteString("Bound of the hot restore with its memory returned to the kernel, as a share of memcpy: the slower of the tier probe and fresh memory (fault, then copy): ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
 			sink := 1 / (1/r.fresh.BytesPerSecond + 1/r.memcpy.BytesPerSecond) // fault, then copy
-			parts = append(parts, fmt.Sprintf("%s %.2f into the pool, %.2f returned to the kernel (fault then copy %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
-				min(r.memcpy.BytesPerSecond, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond,
+			parts = append(parts, fmt.Sprintf("%s %.2f (fault then copy %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
 				min(sink, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond, gbps(sink), gbps(r.tmpfs.BytesPerSecond)))
 		}
 	}
