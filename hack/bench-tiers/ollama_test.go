@@ -103,16 +103,11 @@ func TestOllamaTiersBenchmark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gguf, err := os.ReadFile(cold)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	if err := srv.Create(ctx, ollamaModel, gguf); err != nil {
+	if err := createFrom(ctx, srv, cold); err != nil {
 		t.Fatal(err)
 	}
-	gguf = nil
 	blob := filepath.Join(srv.Dir, "models", "blobs", "sha256-"+sha)
 	if _, err := os.Stat(blob); err != nil {
 		t.Fatalf("ollama's blob of the model: %v", err)
@@ -211,6 +206,16 @@ func TestOllamaTiersBenchmark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// createFrom creates the benchmark's model in Ollama from the GGUF file
+// at path (the file's bytes are only held while they are pushed).
+func createFrom(ctx context.Context, srv *ollamatest.Server, path string) error {
+	gguf, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return srv.Create(ctx, ollamaModel, gguf)
 }
 
 // ollamaLoadFrom unloads the model, points Ollama's blob at the tier's
