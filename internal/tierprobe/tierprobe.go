@@ -1,6 +1,6 @@
 // Package tierprobe measures the physical limit a restore from a tier is
 // held to, the same way for every benchmark (hack/bench-tiers,
-// hack/bench-mux, hack/bench-ollama-tiers): a read of a file as large as
+// hack/bench-mux, hack/bench-tiers-ollama): a read of a file as large as
 // the restore's, on the same tier (the same directory, so the same
 // filesystem and page size), into the same kind of memory the restore
 // lands in (a pre-faulted region kept across reads, not memory faulted in
