@@ -171,8 +171,13 @@ bench-tiers: ## Wake from the hot (huge-page tmpfs), warm (disk) and cold tiers 
 	@hack/setup-criu.sh --if-root
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-tiers --sizes 0.25GiB,1GiB,4GiB -docs docs/benchmarks.md
 
+.PHONY: bench-tiers-ollama
+bench-tiers-ollama: ## The real Ollama engine's first token after loading a generated GGUF model (BENCH_OLLAMA_TIERS_SIZE, default 256MiB) from a hot, warm and cold copy vs the tier probe of the same file (root mounts the tmpfs).
+	@hack/tools/install.sh ollama
+	flock /tmp/mo-bench.lock $(GO) test ./hack/bench-tiers -run TestOllamaTiersBenchmark -ollama-tiers-bench -ollama-tiers-size $(or $(BENCH_OLLAMA_TIERS_SIZE),256MiB) -ollama-tiers-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
+
 .PHONY: bench-mux
-bench-mux: ## Seat-group swaps (4 applications, 1 seat) vs the hot tier's write + read bandwidth, 0.25/1 GiB; requests lost, swaps with requests in flight.
+bench-mux: ## Seat-group swaps (4 applications, 1 seat, a device with room for 1) vs the hot tier's probes read between turns, 0.25/1 GiB; requests lost, swaps with requests in flight.
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-mux --sizes 0.25GiB,1GiB -docs docs/benchmarks.md
 
 .PHONY: soak

@@ -1,13 +1,15 @@
 // Command bench-mux measures active-seat multiplexing against the
 // hardware: four in-process simulator applications with real weights, each
 // behind a real seat agent, share one seat (activeSeats 1) under the
-// seatgroup executor. For each weight size it measures the hot tier
-// (tmpfs) write and read bandwidth, then drives round-robin traffic (one
-// swap per turn) and bursty traffic, and reports each swap's time against
-// the bound bytes out ÷ write bandwidth + bytes in ÷ read bandwidth (no
-// bytes out when the sleep reused the offload kept since the last wake), the
-// swaps made while the swapped-out application had requests in flight, and
-// the requests lost or cut. With -docs it writes the table between the
+// seatgroup executor, on a device (a shared device file, as in a group
+// pod) with room for fewer engines than the group serves. For each weight
+// size it drives round-robin traffic (one swap per turn) with the tier
+// probes (internal/tierprobe) read between turns, and bursty traffic, and
+// reports each swap's time against the bound bytes out ÷ write rate +
+// bytes in ÷ read rate of the probes around its turn (no bytes out when
+// the sleep reused the offload kept since the last wake), the swaps made
+// while the swapped-out application had requests in flight, and the
+// requests lost or cut. With -docs it writes the table between the
 // <!-- bench-mux:start --> and <!-- bench-mux:end --> markers.
 //
 //	go run ./hack/bench-mux --sizes 0.25GiB,1GiB
@@ -20,17 +22,21 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/seatgrouptest"
-	"github.com/model-orchestra/operator/internal/sim"
+	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
 const (
@@ -54,22 +60,38 @@ type swap struct {
 	// wrote is true when the sleep wrote the offload; false when it reused
 	// the one kept since the engine's last wake (sim.Sleep.KeepOffload).
 	wrote bool
+	// cold is true when the wake started an engine that had not loaded
+	// yet (it started stopped: the device had no room for it): it
+	// generated and hashed its weights, it read no tier.
+	cold bool
+	// turn is the round-robin turn the swap served; read and write are
+	// the tier probes around it (the reads before and after the turn
+	// taken as one).
+	turn        int
+	read, write checkpoint.Bandwidth
 }
 
 // bound is the swap's physical bound: the bytes the sleep wrote ÷ the
-// write bandwidth + the bytes the wake read ÷ the read bandwidth.
-func (r row) bound(s swap) float64 {
-	b := float64(r.size) / r.read.BytesPerSecond
+// write rate + the bytes the wake read ÷ the read rate, of the probes
+// around its turn.
+func (s swap) bound(n int64) float64 {
+	b := tierprobe.Bound(n, s.read).Seconds()
 	if s.wrote {
-		b += float64(r.size) / r.write.BytesPerSecond
+		b += tierprobe.Bound(n, s.write).Seconds()
 	}
 	return b
 }
 
 type row struct {
-	size              int64
-	write, read       checkpoint.Bandwidth
-	swaps             []swap
+	size int64
+	// capacity is the shared device's size: room for capacity ÷ size
+	// engines' weights.
+	capacity int64
+	// write and read are the median of the probes read between turns.
+	write, read checkpoint.Bandwidth
+	swaps       []swap
+	// beaten lists the swaps or wakes that ran faster than their bound.
+	beaten            []string
 	burstySwaps       int
 	burstyDrains      int
 	inFlightSwaps     int
@@ -79,12 +101,24 @@ type row struct {
 	skipped, checkErr string
 }
 
+var (
+	// deviceRoom is how many engines' weights the shared device holds.
+	deviceRoom int
+	deviceDir  string
+)
+
 func main() {
 	sizes := flag.String("sizes", "0.25GiB,1GiB", "comma-separated weight sizes per application")
-	hotRoot := flag.String("hot-dir", "/dev/shm", "a directory on a tmpfs (the hot tier)")
+	hotRoot := flag.String("hot-dir", "", "a directory on a tmpfs, the hot tier (empty: mount a huge-page tmpfs as the node agent does, or /dev/shm when that fails)")
+	flag.StringVar(&deviceDir, "device-dir", "/dev/shm", "a directory on a tmpfs for the shared device file, as a group pod's memory-backed emptyDir")
+	flag.IntVar(&deviceRoom, "device-room", 1, "engines' weights the shared device has room for (fewer than the 4 applications it serves)")
 	rounds := flag.Int("rounds", 3, "round-robin rounds (each a turn per application)")
 	docs := flag.String("docs", "", "markdown file to update between the bench-mux markers")
 	flag.Parse()
+	if deviceRoom < 1 || deviceRoom >= apps {
+		fmt.Fprintf(os.Stderr, "bench-mux: --device-room %d: want 1 to %d (room for fewer engines than the %d applications)\n", deviceRoom, apps-1, apps)
+		os.Exit(2)
+	}
 	if err := run(*sizes, *hotRoot, *docs, *rounds); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-mux:", err)
 		os.Exit(1)
@@ -100,6 +134,25 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 		}
 		sizes = append(sizes, int64(n))
 	}
+	hotNote := ""
+	if hotRoot == "" {
+		// The hot tier as the node agent mounts it (a group pod's
+		// engines offload into the agent's hot tier): sized for every
+		// engine's kept offload, the probe file and a write probe.
+		mnt, err := os.MkdirTemp("", "mo-bench-mux-hotmnt-")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = os.Remove(mnt) }()
+		if _, err := checkpoint.MountHotTier(mnt, int64(apps+2)*slices.Max(sizes)+(64<<20)); err != nil {
+			hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
+			hotRoot = "/dev/shm"
+		} else {
+			defer func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) }()
+			hotRoot = mnt
+		}
+	}
+	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hotRoot), "(not a tmpfs)"), hotNote)
 	loadBefore := loadavg()
 	start := time.Now()
 	var rows []row
@@ -111,7 +164,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 		}
 		rows = append(rows, r)
 	}
-	table := render(rows, rounds, loadBefore, loadavg(), time.Since(start))
+	table := render(rows, rounds, loadBefore, loadavg(), time.Since(start), hotNote)
 	fmt.Print(table)
 	if docs != "" {
 		if err := updateDocs(docs, table); err != nil {
@@ -126,12 +179,14 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 	return nil
 }
 
+// probes is the tier probe pair read between two round-robin turns.
+type probes struct{ read, write checkpoint.Bandwidth }
+
 func measure(n int64, hotRoot string, rounds int) (row, error) {
 	r := row{size: n}
-	// The seat's device pool keeps every engine's region (each loads its
-	// weights at start, as a real engine does), and the sleeping engines'
-	// hot copies sit beside it.
-	need := int64(2*apps)*n + 2<<30
+	// Every engine's kept offload, the shared device, the probe's region
+	// and file, and a write probe.
+	need := int64(apps+deviceRoom+3)*n + 2<<30
 	if avail := memAvailable(); avail < need {
 		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(avail), arena.Size(need))
 		return r, nil
@@ -141,32 +196,118 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 		return r, err
 	}
 	defer func() { _ = os.RemoveAll(hot) }()
-	// The shared machine's bandwidth moves from one second to the next:
-	// each side is the median of three probes.
-	var writes, reads []checkpoint.Bandwidth
-	for range 3 {
-		w, err := measureWrite(hot, n)
-		if err != nil {
-			return r, err
-		}
-		rd, err := checkpoint.MeasureRead("tmpfs", hot, n, arena.FileOptions{})
-		if err != nil {
-			return r, err
-		}
-		writes, reads = append(writes, w), append(reads, rd)
+	devDir, err := os.MkdirTemp(deviceDir, "mo-bench-mux-device-")
+	if err != nil {
+		return r, err
 	}
-	r.write, r.read = medianBW(writes), medianBW(reads)
+	defer func() { _ = os.RemoveAll(devDir) }()
+	// The group's device has room for deviceRoom engines' weights; the
+	// probe reads into a region of a device of its own of the same kind
+	// (a file on the same tmpfs, mapped shared and pre-faulted), kept for
+	// the run as the group's device keeps its pages.
+	probeDev, err := arena.OpenSharedDevice(filepath.Join(devDir, "probe"), n, "probe")
+	if err != nil {
+		return r, err
+	}
+	defer probeDev.Close()
+	region, err := probeDev.Alloc(n)
+	if err != nil {
+		return r, err
+	}
+	defer region.Free()
+	arena.Synthesize(region.Bytes(), 3)
+	probe, err := tierprobe.Write("tmpfs", hot, region, arena.FileOptions{})
+	if err != nil {
+		return r, err
+	}
+	defer probe.Close()
+	readProbes := func() (probes, error) {
+		var p probes
+		var err error
+		if p.read, err = probe.ReadBest(2); err != nil {
+			return p, err
+		}
+		probe.Hash = true
+		h, err := probe.ReadBest(2)
+		probe.Hash = false
+		if err != nil {
+			return p, err
+		}
+		p.read = tierprobe.Peak(p.read, h)
+		for range 2 {
+			w, err := tierprobe.WriteRate("tmpfs", hot, region)
+			if err != nil {
+				return p, err
+			}
+			p.write = tierprobe.Peak(p.write, w)
+		}
+		return p, nil
+	}
+	o := seatgrouptest.Options{HotDir: hot, KeepOffload: true, TTFT: simTTFT, ITL: simITL, MaxConcurrency: 4}
+	o.DeviceFile = filepath.Join(devDir, "pool")
+	o.DeviceCapacity = int64(deviceRoom) * n
+	r.capacity = o.DeviceCapacity
+	for _, name := range names() {
+		o.Apps = append(o.Apps, seatgrouptest.AppOptions{Name: name, WeightsBytes: n})
+	}
 	runtime.GC()
 
 	// Round-robin: every turn swaps; minResidency 0, so a swap waits only
-	// for the turn before it to finish.
-	g := seatgroup.Default("bench")
-	g.MinResidency, g.MaxSwapWait, g.Tick = 0, time.Minute, 10*time.Millisecond
-	swaps, rs, h, err := runHarness(n, hot, g, func(h *seatgrouptest.Harness) []seatgrouptest.Result {
-		return h.RoundRobin(names(), rounds, 2, tokens)
+	// for the turn before it to finish. The probes are read before the
+	// first turn and after each.
+	o.Group = seatgroup.Default("bench")
+	o.Group.MinResidency, o.Group.MaxSwapWait, o.Group.Tick = 0, time.Minute, 10*time.Millisecond
+	var turn atomic.Int64
+	var all []probes
+	swaps, rs, h, err := runHarness(o, &turn, func(h *seatgrouptest.Harness) ([]seatgrouptest.Result, error) {
+		var out []seatgrouptest.Result
+		p, err := readProbes()
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p)
+		for range rounds {
+			for _, app := range names() {
+				var chans []<-chan seatgrouptest.Result
+				for range 2 {
+					chans = append(chans, h.Dispatcher.Submit(app, tokens))
+				}
+				out = append(out, seatgrouptest.Collect(chans)...)
+				if p, err = readProbes(); err != nil {
+					return out, err
+				}
+				all = append(all, p)
+				turn.Add(1)
+			}
+		}
+		return out, nil
 	})
 	if err != nil {
+		if h != nil {
+			h.Close()
+		}
 		return r, err
+	}
+	var reads, writes []checkpoint.Bandwidth
+	for _, p := range all {
+		reads, writes = append(reads, p.read), append(writes, p.write)
+	}
+	r.read, r.write = medianBW(reads), medianBW(writes)
+	for i := range swaps {
+		s := &swaps[i]
+		t := min(s.turn, len(all)-2)
+		s.read, s.write = tierprobe.Peak(all[t].read, all[t+1].read), tierprobe.Peak(all[t].write, all[t+1].write)
+		if s.cold {
+			continue
+		}
+		sec := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+		what := fmt.Sprintf("turn %d's swap", s.turn)
+		if err := tierprobe.Check(what, sec(s.seconds), sec(s.bound(n)), 0.05); err != nil {
+			r.beaten = append(r.beaten, err.Error())
+		}
+		if err := tierprobe.Check(what+"'s engine wake", sec(s.engineWake), tierprobe.Bound(n, s.read), 0.05); err != nil {
+			r.beaten = append(r.beaten, err.Error())
+		}
 	}
 	r.swaps = swaps
 	r.note(h, rs)
@@ -175,11 +316,14 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 
 	// Bursty: bursts to random applications overlap, so holders are busy
 	// when others wait: swaps happen by draining.
-	g.MinResidency, g.MaxSwapWait = 300*time.Millisecond, time.Second
-	_, rs, h, err = runHarness(n, hot, g, func(h *seatgrouptest.Harness) []seatgrouptest.Result {
-		return h.Bursty(names(), 7, 40, 4, tokens, 100*time.Millisecond)
+	o.Group.MinResidency, o.Group.MaxSwapWait = 300*time.Millisecond, time.Second
+	_, rs, h, err = runHarness(o, &turn, func(h *seatgrouptest.Harness) ([]seatgrouptest.Result, error) {
+		return h.Bursty(names(), 7, 40, 4, tokens, 100*time.Millisecond), nil
 	})
 	if err != nil {
+		if h != nil {
+			h.Close()
+		}
 		return r, err
 	}
 	for _, ev := range h.Events() {
@@ -192,8 +336,6 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	}
 	r.note(h, rs)
 	h.Close()
-	// The next size maps regions of its own size.
-	sim.ProcessDevice().Trim()
 	return r, nil
 }
 
@@ -227,17 +369,14 @@ func names() []string {
 	return out
 }
 
-// runHarness starts a group of four applications of n bytes, runs load,
-// and returns the swaps it timed.
-func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptest.Harness) []seatgrouptest.Result) ([]swap, []seatgrouptest.Result, *seatgrouptest.Harness, error) {
+// runHarness starts a group of four applications as o says, runs load,
+// and returns the swaps it timed, each with the round-robin turn it
+// served (turn, as the load sets it).
+func runHarness(o seatgrouptest.Options, turn *atomic.Int64, load func(*seatgrouptest.Harness) ([]seatgrouptest.Result, error)) ([]swap, []seatgrouptest.Result, *seatgrouptest.Harness, error) {
 	var mu sync.Mutex
 	var swaps []swap
 	var cur swap
 	var h *seatgrouptest.Harness
-	o := seatgrouptest.Options{Group: g, HotDir: hot, KeepOffload: true, TTFT: simTTFT, ITL: simITL, MaxConcurrency: 4}
-	for _, name := range names() {
-		o.Apps = append(o.Apps, seatgrouptest.AppOptions{Name: name, WeightsBytes: n})
-	}
 	o.OnEvent = func(ev seatgroup.Event) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -253,6 +392,14 @@ func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptes
 			cur.seconds = ev.SwapSeconds
 			cur.engineWake = st.LastWake.TotalSeconds
 			cur.wakeAlloc = st.LastWake.AllocSeconds
+			cur.turn = int(turn.Load())
+			swaps = append(swaps, cur)
+			cur = swap{}
+		case ev.Kind == seatgroup.ActionWake && ev.SwapSeconds > 0 && st.Load != nil:
+			// An engine stopped for want of room started on this wake.
+			cur.seconds, cur.cold = ev.SwapSeconds, true
+			cur.engineWake, cur.wakeAlloc = st.Load.TotalSeconds, st.Load.AllocSeconds
+			cur.turn = int(turn.Load())
 			swaps = append(swaps, cur)
 			cur = swap{}
 		}
@@ -264,30 +411,10 @@ func runHarness(n int64, hot string, g seatgroup.Config, load func(*seatgrouptes
 	mu.Lock()
 	h = hh
 	mu.Unlock()
-	rs := load(hh)
+	rs, err := load(hh)
 	mu.Lock()
 	defer mu.Unlock()
-	return slices.Clone(swaps), rs, hh, nil
-}
-
-// measureWrite writes n bytes to a new file on the tmpfs, as a level-1
-// sleep does.
-func measureWrite(dir string, n int64) (checkpoint.Bandwidth, error) {
-	a, err := arena.New(n, arena.Options{})
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	defer a.Free()
-	arena.Synthesize(a.Bytes(), 3)
-	path := dir + "/.write-probe"
-	t := time.Now()
-	err = arena.WriteFile(path, a.Bytes(), false)
-	d := time.Since(t)
-	_ = os.Remove(path)
-	if err != nil {
-		return checkpoint.Bandwidth{}, err
-	}
-	return checkpoint.Bandwidth{What: "tmpfs write", Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / d.Seconds(), Method: "write"}, nil
+	return slices.Clone(swaps), rs, hh, err
 }
 
 func medianBW(bs []checkpoint.Bandwidth) checkpoint.Bandwidth {
@@ -328,23 +455,29 @@ func quantile(v []float64, q float64) float64 {
 	return s[min(int(q*float64(len(s))), len(s)-1)]
 }
 
-func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Duration) string {
+func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Duration, hotNote string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
-	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: sleep level 1 gives the weights' memory back to the seat's device pool after writing them to a tmpfs (the hot tier), or, when the offload its last wake kept is still that same file, without writing anything (`--keep-offload`); every wake reads them back into a region of the pool (already faulted in, as GPU memory stays on the device) and verifies every byte. The four engines share the process's one device pool, which keeps a region per engine from its start (each loads its weights at start). ", simTTFT, tokens, simITL)
+	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all; %s. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote)
+	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: the engines share one device, a file on a tmpfs (as the group pod's memory-backed emptyDir, `--device-file`) with room for %d engine's weights (`--device-capacity`, the group's `deviceMemory`), so the engines that do not fit start stopped and load their weights at their first wake, and every later wake needs the room a sleep gave back; sleep level 1 writes the weights to the hot tier and gives their region back to the device, or, when the offload its last wake kept is still that same file, writes nothing (`--keep-offload`); every wake maps a region of the device and reads the weights back into it, verifying every byte. ", simTTFT, tokens, simITL, deviceRoom)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (take a region, read, hash) and the rest (seat agents, drain check, memory reading); its bound is the bytes the wake read ÷ the tmpfs read bandwidth, plus, for a sleep that wrote, the bytes written ÷ the tmpfs write bandwidth, each bandwidth the median of three probes just before the runs. Bandwidths in GB/s (10^9 bytes/s).\n\n")
-	b.WriteString("| Weights per application | tmpfs write | tmpfs read | bound per swap (sleep reused; wrote) | round-robin swaps (sleeps reused) | swap p50 | swap max | swap ÷ bound p50 (≤ 1.3) | swap ÷ bound max | swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two reads), and a swap's are the faster of those before and after its turn: a limit is the most the tier delivers, and another process on the shared machine only slows a read down. The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options, with a plain copy and with the wake's own copy-and-hash pass (the faster is the limit); the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The tmpfs columns are the medians of the probes. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("| Weights per application | device room (applications) | tmpfs write (probe) | tmpfs read (probe) | bound per hot swap (sleep reused; wrote) | round-robin swaps: hot (sleeps reused), cold starts | hot swap p50 | hot swap max | hot swap ÷ bound p50 (≤ 1.3) | hot swap ÷ bound max | hot swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | cold start p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 15))
+			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 17))
 			continue
 		}
-		var secs, ratios, reusedRatios, sl, wk, alloc, rest []float64
+		var secs, ratios, reusedRatios, sl, wk, alloc, rest, cold []float64
+		hot := 0
 		for _, s := range r.swaps {
+			if s.cold {
+				cold = append(cold, s.seconds)
+				continue
+			}
+			hot++
 			secs = append(secs, s.seconds)
-			ratio := s.seconds / r.bound(s)
+			ratio := s.seconds / s.bound(r.size)
 			ratios = append(ratios, ratio)
 			if !s.wrote {
 				reusedRatios = append(reusedRatios, ratio)
@@ -354,10 +487,12 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 			alloc = append(alloc, s.wakeAlloc)
 			rest = append(rest, s.seconds-s.engineSleep-s.engineWake)
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.3f s; %.3f s | %d (%d) | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
-			arena.Size(r.size), r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9, r.bound(swap{}), r.bound(swap{wrote: true}), len(r.swaps), len(reusedRatios),
+		readBound := tierprobe.Bound(r.size, r.read).Seconds()
+		fmt.Fprintf(&b, "| %s | %s (%d of %d) | %.2f | %.2f | %.3f s; %.3f s | %d (%d), %d | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
+			arena.Size(r.size), arena.Size(r.capacity), r.capacity/r.size, apps, r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9,
+			readBound, readBound+tierprobe.Bound(r.size, r.write).Seconds(), hot, len(reusedRatios), len(cold),
 			quantile(secs, 0.5), quantile(secs, 1), quantile(ratios, 0.5), quantile(ratios, 1), quantile(reusedRatios, 0.5),
-			quantile(sl, 0.5), quantile(wk, 0.5), quantile(alloc, 0.5), quantile(rest, 0.5),
+			quantile(sl, 0.5), quantile(wk, 0.5), quantile(alloc, 0.5), quantile(rest, 0.5), quantile(cold, 0.5),
 			r.burstySwaps, r.burstyDrains, r.inFlightSwaps, r.lost, r.requests, r.verified, r.wakes)
 	}
 	var notes []string
@@ -368,9 +503,12 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 		if r.checkErr != "" {
 			notes = append(notes, fmt.Sprintf("%s: %s", arena.Size(r.size), r.checkErr))
 		}
+		for _, x := range r.beaten {
+			notes = append(notes, fmt.Sprintf("%s: beat its bound by more than 5 %% (the probe is then not the limit): %s", arena.Size(r.size), strings.TrimPrefix(x, tierprobe.ErrBeaten.Error()+": ")))
+		}
 	}
 	if len(notes) > 0 {
-		b.WriteString("\n" + strings.Join(notes, "\n") + "\n")
+		b.WriteString("\n" + strings.Join(notes, "\n\n") + "\n")
 	}
 	return b.String()
 }

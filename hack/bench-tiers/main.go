@@ -39,6 +39,7 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/sim"
+	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
 var (
@@ -74,10 +75,12 @@ type row struct {
 	// from a source as fast as memory.
 	hashedCopy checkpoint.Bandwidth
 	fresh, s3  checkpoint.Bandwidth
-	// tmpfs is the peak of the tier's two raw reads: pread, and a copy
-	// out of a populated mapping.
-	tmpfs, tmpfsPread, tmpfsMapped checkpoint.Bandwidth
-	disk, disk1, disk2             checkpoint.Bandwidth
+	// tmpfs is the tier probe of the hot wake whose ratio is the median
+	// (hotWake.probe): the offload itself read, without a hash, into a
+	// region of the engine's device kept for the run, right before that
+	// wake and right before the next (tierprobe).
+	tmpfs              checkpoint.Bandwidth
+	disk, disk1, disk2 checkpoint.Bandwidth
 	// warmRaw is the O_DIRECT read of the warm copy itself, right before
 	// and right after the warm wake (both reads as one): the shared
 	// disk's bandwidth moves by 3× from one minute to the next, so the
@@ -90,8 +93,12 @@ type row struct {
 	// device pool.
 	hotKernel *sim.StageReport
 	// ttftHot is the time to first token after the hot wake, ttftBound
-	// what the bytes and the simulator's TTFT alone would take.
+	// what the bytes at the tier probe's rate and the simulator's TTFT
+	// alone would take.
 	ttftHot, ttftBound time.Duration
+	// warmBeaten and hotBeaten count the wakes that ran faster than
+	// their probe (tierprobe.Check): the probe is then not the limit.
+	hotBeaten, warmBeaten []string
 	// hotWakes are the run's hot sleeps and wakes, in order; hot,
 	// memcpy and the hot ratio are those of the wake whose ratio is the
 	// median, the time to first token and its bound likewise.
@@ -118,11 +125,11 @@ func (r row) hotNote() string {
 	var hot, ttft []string
 	huge, steal := 1.0, 0.0
 	for _, h := range r.hotWakes {
-		hot = append(hot, fmt.Sprintf("%.2f", h.ratio()))
+		hot = append(hot, fmt.Sprintf("%.2f/%.2f", h.ratio(), h.probeRatio()))
 		ttft = append(ttft, fmt.Sprintf("%.2f", h.ttftRatio()))
 		huge, steal = min(huge, h.huge), max(steal, h.steal)
 	}
-	out := fmt.Sprintf("hot %s, TTFT %s (%.0f %% huge, %.0f %% stolen)", strings.Join(hot, " "), strings.Join(ttft, " "), 100*huge, 100*steal)
+	out := fmt.Sprintf("hot ÷ memcpy/÷ probe %s, TTFT %s (%.0f %% huge, %.0f %% stolen)", strings.Join(hot, " "), strings.Join(ttft, " "), 100*huge, 100*steal)
 	if i := r.idleWake; i.rep != nil {
 		out += fmt.Sprintf(", straight after the pause hot %.2f, TTFT %.2f", i.ratio(), i.ttftRatio())
 	}
@@ -134,7 +141,10 @@ func (r row) hotNote() string {
 type hotWake struct {
 	rep                      *sim.StageReport
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
-	ttft, ttftBound          time.Duration
+	// probe is the tier probe around the wake: the fastest of two reads
+	// of the offload right before the wake and two right after.
+	probe           checkpoint.Bandwidth
+	ttft, ttftBound time.Duration
 	// huge is the share of the tier file (the level-1 offload) in huge
 	// pages, from ShmemHugePages around the sleep that wrote it.
 	huge float64
@@ -147,6 +157,17 @@ func (h hotWake) ratio() float64 { return restoreBW(h.rep) / h.memcpy.BytesPerSe
 
 func (h hotWake) ttftRatio() float64 { return float64(h.ttft) / float64(h.ttftBound) }
 
+// probeRatio is the wake's restore over the tier probe around it: at most
+// 1 where the probe is the limit.
+func (h hotWake) probeRatio() float64 { return restoreBW(h.rep) / h.probe.BytesPerSecond }
+
+// ttftMemcpyRatio is the time to first token over bytes ÷ memcpy + the
+// simulator's TTFT, the bound of earlier runs (memcpy is no slower than
+// the tier probe: a stricter bound, not a physical one).
+func (h hotWake) ttftMemcpyRatio() float64 {
+	return float64(h.ttft) / float64(time.Duration(float64(h.rep.Bytes)/h.memcpy.BytesPerSecond*float64(time.Second))+simTTFT)
+}
+
 // medianBy is the element of xs whose key is the median (the upper one
 // of an even count).
 func medianBy[T any](xs []T, key func(T) float64) T {
@@ -158,8 +179,12 @@ func medianBy[T any](xs []T, key func(T) float64) T {
 // ratios are one run's figures against the targets.
 type ratios struct {
 	hot, kernel, warm, ttft float64
+	// probe is the hot restore over its tier probe; ttftMemcpy the time
+	// to first token over the memcpy-based bound of earlier runs.
+	probe, ttftMemcpy float64
 	// snapshot is the process snapshot's restore over the hot restore
-	// (0 without one).
+	// with memory returned to the kernel, both into fresh memory (0
+	// without one).
 	snapshot float64
 }
 
@@ -168,16 +193,19 @@ type ratios struct {
 func (r row) withRatios() row {
 	h := medianBy(r.hotWakes, hotWake.ratio)
 	r.hot, r.memcpy, r.memcpy1, r.memcpy2 = h.rep, h.memcpy, h.memcpy1, h.memcpy2
+	r.tmpfs = medianBy(r.hotWakes, hotWake.probeRatio).probe
 	f := medianBy(r.hotWakes, hotWake.ttftRatio)
 	r.ttftHot, r.ttftBound = f.ttft, f.ttftBound
 	r.ratio = ratios{
-		hot:    h.ratio(),
-		kernel: restoreBW(r.hotKernel) / r.memcpy.BytesPerSecond,
-		warm:   restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
-		ttft:   f.ttftRatio(),
+		hot:        h.ratio(),
+		probe:      medianBy(r.hotWakes, hotWake.probeRatio).probeRatio(),
+		kernel:     restoreBW(r.hotKernel) / r.memcpy.BytesPerSecond,
+		warm:       restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
+		ttft:       f.ttftRatio(),
+		ttftMemcpy: medianBy(r.hotWakes, hotWake.ttftMemcpyRatio).ttftMemcpyRatio(),
 	}
 	if r.snap != nil {
-		r.ratio.snapshot = r.snap.bytesPerSecond(r.size) / restoreBW(r.hot)
+		r.ratio.snapshot = r.snap.bytesPerSecond(r.size) / restoreBW(r.hotKernel)
 	}
 	return r
 }
@@ -342,22 +370,29 @@ func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
 	// so the hot tier's offload finds the free huge pages the node would
 	// give it.
 	m := min(n, memcpyBytes)
-	// At most the memcpy pair and two copies of the weights are held at
-	// once: the engine's region and its offload, or a read's destination.
-	if need := 2*m + 2*n + (2 << 30); memAvailable() < need {
+	// At most memcpy's source and three copies of the weights are held
+	// at once: the engine's region, its offload and the probe's region.
+	if need := m + 3*n + (2 << 30); memAvailable() < need {
 		r.skipped = fmt.Sprintf("skipped: %s available, %s needed", arena.Size(memAvailable()), arena.Size(need))
 		return r, nil
 	}
+	// The engine's own device: its memory is mapped and faulted in when
+	// first used, kept while the engine sleeps, and unmapped when it is
+	// done. Its first region, kept for the run, is the tier probe's
+	// destination (a restore lands in a region of the same device) and
+	// memcpy's.
+	dev := arena.NewDevice(0)
+	defer dev.Trim()
+	dst, err := dev.Alloc(n)
+	if err != nil {
+		return r, err
+	}
+	defer dst.Free()
 	src, err := arena.New(m, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return r, err
 	}
 	defer src.Free()
-	dst, err := arena.New(m, arena.Options{Pages: arena.PagesHuge})
-	if err != nil {
-		return r, err
-	}
-	defer dst.Free()
 	arena.Synthesize(src.Bytes(), 2)
 	r.hashedCopy = measureHashedCopy(dst, src)
 	// Fresh memory as a wake finds it: freed, then left alone as long as
@@ -368,11 +403,11 @@ func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
 	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
 		return r, err
 	}
-	if err := measureReads(&r, n, hot, disk); err != nil {
+	if err := measureReads(&r, n, disk); err != nil {
 		return r, err
 	}
 	runtime.GC()
-	if err := measureSim(&r, n, hot, disk, src, dst); err != nil {
+	if err := measureSim(&r, n, hot, disk, dev, src, dst); err != nil {
 		return r, err
 	}
 	if criu.Report.CheckPassed {
@@ -385,53 +420,21 @@ func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
 	return r.withRatios(), nil
 }
 
-// measureReads measures the hot tier's read, the disk's and the S3 fake's,
-// each into one arena of n bytes in huge pages.
-func measureReads(r *row, n int64, hot, disk string) error {
+// measureReads measures the disk's read and the S3 fake's, each into one
+// arena of n bytes in huge pages (reference columns, not bounds: the
+// bounds are the tier probes around each wake).
+func measureReads(r *row, n int64, disk string) error {
 	dst, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
 	if err != nil {
 		return err
 	}
 	defer dst.Free()
-	if r.tmpfsPread, r.tmpfsMapped, err = measureTierRead(hot, dst); err != nil {
-		return err
-	}
-	r.tmpfs = checkpoint.Peak(r.tmpfsPread, r.tmpfsMapped)
 	if r.disk1, r.disk2, err = measureDisk(disk, dst); err != nil {
 		return err
 	}
 	r.disk = checkpoint.Peak(r.disk1, r.disk2)
 	r.s3, err = measureS3(dst)
 	return err
-}
-
-// measureTierRead reads a probe file on the hot tier into a, as large as
-// the probe, both ways a restore can (2 workers, 1 MiB chunks, no hash):
-// pread, and a copy out of a populated read-only mapping of the file. The
-// faster is the tier's raw read, the source side of the physical bound.
-func measureTierRead(dir string, a *arena.Arena) (pread, mapped checkpoint.Bandwidth, err error) {
-	n := a.Len()
-	path, err := checkpoint.WriteProbe(dir, n)
-	if err != nil {
-		return pread, mapped, fmt.Errorf("writing a %d-byte probe in %s: %w", n, dir, err)
-	}
-	defer func() { _ = os.Remove(path) }()
-	for _, m := range []struct {
-		method arena.ReadMethod
-		name   string
-		out    *checkpoint.Bandwidth
-	}{{arena.ReadPread, "pread", &pread}, {arena.ReadMapped, "mapped copy", &mapped}} {
-		st, err := arena.ReadFile(a, path, arena.FileOptions{Method: m.method})
-		if err != nil {
-			return pread, mapped, err
-		}
-		if m.method == arena.ReadMapped && !st.Mapped {
-			return pread, mapped, fmt.Errorf("the tier file %s could not be mapped", path)
-		}
-		*m.out = checkpoint.Bandwidth{What: "tmpfs", Bytes: n, Seconds: st.Copy.Seconds(), BytesPerSecond: float64(n) / st.Copy.Seconds(),
-			Method: fmt.Sprintf("%s, 1 MiB chunks, %d threads", m.name, st.Workers)}
-	}
-	return pread, mapped, nil
 }
 
 // measureHashedCopy copies src into dst with arena.VerifiedCopy, the hot
@@ -505,7 +508,7 @@ func measureS3(dst *arena.Arena) (checkpoint.Bandwidth, error) {
 // The cold tier is the weights file the simulator loaded at start (on disk,
 // as the model cache is); the warm tier is a copy in the disk directory; the
 // hot tier is the level-1 offload on the tmpfs.
-func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error {
+func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *arena.Arena) error {
 	model := filepath.Join(disk, "model.bin")
 	w, err := arena.New(n, arena.Options{})
 	if err != nil {
@@ -529,10 +532,6 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	cfg.TimeToFirstToken, cfg.InterTokenLatency, cfg.OutputTokens = simTTFT, 0, 4
 	cfg.Weights = sim.Weights{File: model}
 	cfg.Sleep = sim.Sleep{Enabled: true, HotDir: hot, WarmDir: warmDir}
-	// The engine's own device: its memory is mapped and faulted in at
-	// load, kept while the engine sleeps, and unmapped when it is done.
-	dev := arena.NewDevice(0)
-	defer dev.Trim()
 	s := sim.New(cfg, sim.WithLogger(slog.New(slog.DiscardHandler)), sim.WithDevice(dev))
 	if err := s.LoadWeights(); err != nil {
 		return err
@@ -548,29 +547,31 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	time.Sleep(servesFor)
 
 	// Hot: hotWakesPerRun times, level 1 offloads to the tmpfs, the
-	// engine sleeps, and the wake and the first token are timed; then
-	// once more with the wake straight after the pause.
+	// engine sleeps, and the wake and the first token are timed between
+	// tier probe reads of the same offload. Then once more with the wake
+	// straight after the pause.
 	for range hotWakesPerRun {
-		h, err := measureHot(s, srv.URL, n, src, dst, false)
+		h, err := measureHot(s, srv.URL, n, dev, src, dst, false)
 		if err != nil {
 			return err
 		}
+		took := time.Duration(restoreSeconds(h.rep) * float64(time.Second))
+		if err := tierprobe.Check("hot wake", took, tierprobe.Bound(n, h.probe), 0.05); err != nil {
+			r.hotBeaten = append(r.hotBeaten, err.Error())
+		}
 		r.hotWakes = append(r.hotWakes, h)
 	}
-	if r.idleWake, err = measureHot(s, srv.URL, n, src, dst, true); err != nil {
+	if r.idleWake, err = measureHot(s, srv.URL, n, dev, src, dst, true); err != nil {
 		return err
 	}
 
 	// Warm: level 2, a copy on disk, its page cache dropped. Its raw
-	// reads land in an arena as large as the file.
+	// reads (the warm tier's probe) land in the probe's region of the
+	// engine's device, as the restore lands in the engine's.
 	if _, err := s.Sleep(2); err != nil {
 		return err
 	}
-	rd, err := arena.New(n, arena.Options{Pages: arena.PagesHuge})
-	if err != nil {
-		return err
-	}
-	defer rd.Free()
+	rd := dst
 	warm := filepath.Join(warmDir, cfg.WeightsName())
 	if err := copyFile(model, warm); err != nil {
 		return err
@@ -591,9 +592,11 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	if err != nil {
 		return err
 	}
-	r.warmRaw1, r.warmRaw2 = together(before1, after1), together(before2, after2)
+	r.warmRaw1, r.warmRaw2 = tierprobe.Peak(before1, after1), tierprobe.Peak(before2, after2)
 	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
-	rd.Free()
+	if err := tierprobe.Check("warm wake", time.Duration(restoreSeconds(r.warm)*float64(time.Second)), tierprobe.Bound(n, r.warmRaw), 0.05); err != nil {
+		r.warmBeaten = append(r.warmBeaten, err.Error())
+	}
 
 	// Cold: level 2, no copy in hot or warm: the model file.
 	if err := os.Remove(warm); err != nil {
@@ -611,33 +614,70 @@ func measureSim(r *row, n int64, hot, disk string, src, dst *arena.Arena) error 
 	r.wakes, r.verified = st.Wakes, st.Verified
 	srv.Close()
 	s.Close()
-	dev.Trim()
 	return measureHotKernel(r, n, hot)
 }
 
 // measureHot runs one level-1 sleep and hot wake of s, and times the wake
-// and its first token. memcpy is measured after the sleep's pause, right
-// before the wake, and again right after the first token, so the copies
-// and the wake run with the cores in the same state: on a VM the first
-// tens of milliseconds after an idle pause run slower (the host's cores
-// ramp up), and the copy before the wake takes that ramp. With idle, the
-// wake comes straight after the pause, with the cores as the pause left
-// them, and memcpy is only measured after it.
-func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, idle bool) (hotWake, error) {
+// and its first token. After the sleep's pause: memcpy, then the tier
+// probe, two reads of the offload the wake will read (the same file, the
+// same pages) into dst, a region of the engine's device; then the wake and
+// its first token; then the probe again (the offload, which the wake
+// unlinks, is read through a second link the probe holds meanwhile) and
+// memcpy again. The probe's bound is its fastest read. memcpy comes first:
+// on a VM the first tens of milliseconds after an idle pause run slower
+// (the host's cores ramp up), and the copy before the wake takes that ramp
+// (it counts with the copy after the wake). With idle, the wake comes
+// straight after the pause, with the cores as the pause left them, and
+// memcpy and the probe are only measured after it.
+func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, dst *arena.Arena, idle bool) (hotWake, error) {
 	var h hotWake
 	huge := meminfo("ShmemHugePages")
-	if _, err := s.Sleep(1); err != nil {
+	sl, err := s.Sleep(1)
+	if err != nil {
 		return h, err
 	}
 	h.huge = float64(meminfo("ShmemHugePages")-huge) / float64(n)
 	time.Sleep(asleep)
-	var before1, before2 checkpoint.Bandwidth
+	link := sl.Source + ".probe"
+	if err := os.Link(sl.Source, link); err != nil {
+		return h, fmt.Errorf("a second link to the offload for the tier probe: %w", err)
+	}
+	defer func() { _ = os.Remove(link) }()
+	// Both ways to copy out of the tier: a plain copy and the restore's
+	// own copy-and-hash pass (non-temporal stores); the faster is the
+	// limit. Before the wake the probe reads into the engine's own
+	// region (the device's only free region while the engine sleeps, the
+	// very pages the wake fills), after it into the probe's region: on
+	// this VM a region's pages can copy slower for seconds while the host
+	// settles them, and the wake is bounded by the pages it lands in.
+	read := func(into *arena.Arena) (checkpoint.Bandwidth, error) {
+		var best checkpoint.Bandwidth
+		for _, hash := range []bool{false, true} {
+			p := tierprobe.Of("tmpfs", link, into, arena.FileOptions{})
+			p.Hash = hash
+			b, err := p.ReadBest(3)
+			if err != nil {
+				return best, err
+			}
+			best = tierprobe.Peak(best, b)
+		}
+		return best, nil
+	}
+	var before1, before2, before checkpoint.Bandwidth
 	if !idle {
 		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
+		region, err := dev.Alloc(n)
+		if err != nil {
+			return h, err
+		}
+		before, err = read(region)
+		region.Free()
+		if err != nil {
+			return h, err
+		}
 	}
 	steal0 := cpuSteal()
 	t0 := time.Now()
-	var err error
 	if h.rep, err = wake(url); err != nil {
 		return h, err
 	}
@@ -647,12 +687,17 @@ func measureHot(s *sim.Simulator, url string, n int64, src, dst *arena.Arena, id
 		return h, err
 	}
 	h.ttft = first.Sub(t0)
+	after, err := read(dst)
+	if err != nil {
+		return h, err
+	}
+	h.probe = tierprobe.Peak(before, after)
+	h.ttftBound = tierprobe.Bound(n, h.probe) + simTTFT
 	h.memcpy1, h.memcpy2 = checkpoint.MeasureMemcpyBetween(dst, src)
 	if !idle {
-		h.memcpy1, h.memcpy2 = together(before1, h.memcpy1), together(before2, h.memcpy2)
+		h.memcpy1, h.memcpy2 = tierprobe.Around(before1, h.memcpy1), tierprobe.Around(before2, h.memcpy2)
 	}
 	h.memcpy = checkpoint.Peak(h.memcpy1, h.memcpy2)
-	h.ttftBound = time.Duration(float64(n)/h.memcpy.BytesPerSecond*float64(time.Second)) + simTTFT
 	return h, nil
 }
 
@@ -750,8 +795,9 @@ func median(runs []row) row {
 	out.memcpy, out.memcpy1, out.memcpy2, out.hot = h.memcpy, h.memcpy1, h.memcpy2, h.hot
 	out.hashedCopy = pick(func(r row) float64 { return r.hashedCopy.BytesPerSecond }).hashedCopy
 	out.fresh = pick(func(r row) float64 { return r.fresh.BytesPerSecond }).fresh
-	t := pick(func(r row) float64 { return r.tmpfs.BytesPerSecond })
-	out.tmpfs, out.tmpfsPread, out.tmpfsMapped = t.tmpfs, t.tmpfsPread, t.tmpfsMapped
+	// The tier probe is that of the run whose hot ÷ probe is the median.
+	p := pick(func(r row) float64 { return r.ratio.probe })
+	out.tmpfs = p.tmpfs
 	d := pick(func(r row) float64 { return r.disk.BytesPerSecond })
 	out.disk, out.disk1, out.disk2 = d.disk, d.disk1, d.disk2
 	out.s3 = pick(func(r row) float64 { return r.s3.BytesPerSecond }).s3
@@ -768,11 +814,18 @@ func median(runs []row) row {
 	out.snap = sn.snap
 	// Each ratio is the median of the runs' own ratios.
 	out.ratio = ratios{
-		hot:      h.ratio.hot,
-		kernel:   pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
-		warm:     w.ratio.warm,
-		ttft:     f.ratio.ttft,
-		snapshot: sn.ratio.snapshot,
+		hot:        h.ratio.hot,
+		kernel:     pick(func(r row) float64 { return r.ratio.kernel }).ratio.kernel,
+		warm:       w.ratio.warm,
+		ttft:       f.ratio.ttft,
+		probe:      p.ratio.probe,
+		ttftMemcpy: pick(func(r row) float64 { return r.ratio.ttftMemcpy }).ratio.ttftMemcpy,
+		snapshot:   sn.ratio.snapshot,
+	}
+	out.hotBeaten, out.warmBeaten = nil, nil
+	for _, r := range runs {
+		out.hotBeaten = append(out.hotBeaten, r.hotBeaten...)
+		out.warmBeaten = append(out.warmBeaten, r.warmBeaten...)
 	}
 	out.wakes, out.verified = 0, 0
 	for _, r := range runs {
@@ -785,8 +838,10 @@ func median(runs []row) row {
 
 func gbps(b float64) string { return fmt.Sprintf("%.2f", b/1e9) }
 
-func restoreBW(r *sim.StageReport) float64 {
-	return float64(r.Bytes) / (r.AllocSeconds + r.CopySeconds + r.VerifySeconds)
+func restoreBW(r *sim.StageReport) float64 { return float64(r.Bytes) / restoreSeconds(r) }
+
+func restoreSeconds(r *sim.StageReport) float64 {
+	return r.AllocSeconds + r.CopySeconds + r.VerifySeconds
 }
 
 func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNote string, criu checkpoint.CRIUReport) string {
@@ -799,31 +854,40 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 	fmt.Fprintf(&b, "`go run ./hack/bench-tiers` on %s, %d CPUs; load average %s before, %s after; %s; %s; the engine is up and serving for %v after it loads, before its first sleep, and sleeps %v before each wake; %s.\n\n",
 		host, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, servesFor, asleep, fpr)
 	fmt.Fprintf(&b, "Each bandwidth column is the median of %d runs, interleaved (every run measures every column, in order); each ratio column is the median of the runs' own ratios, each of a restore and the bandwidth measured around it in the same run; the warm restore and its raw read, and the time to first token and its bound, are those of the run whose ratio is the median; every wake of every run is counted in the last column. ", rows[0].runs)
-	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in: memcpy and the verified copy copy min(size, %s) between one pair of buffers kept for the run, reads land in a buffer as large as the file. memcpy is the peak of 1 and 2 threads, each copying once after the sleep's pause right before the hot wake and once right after the wake's first token, the two copies taken together; disk and the warm file's raw read are the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks; the warm file read once right before and once right after the warm wake, one reader first before it and last after it, the two reads taken together); tmpfs is the peak of the two ways the hot tier can be read, pread and a copy out of a populated read-only mapping (1 MiB chunks, 2 threads, no hash); each pair is in the notes below. ", arena.Size(memcpyBytes), arena.DirectWorkers)
+	fmt.Fprintf(&b, "Bandwidths in GB/s (10^9 bytes/s), into pre-faulted memory in huge pages, the kind a restore lands in. The bounds are tier probes (`internal/tierprobe`, shared with bench-mux and bench-tiers-ollama), each the fastest of the reads right before and right after the wake it bounds (a limit is the most the tier delivers; on a shared machine another process only slows a read down): the tmpfs column reads the hot wake's own tier file (the level-1 offload) after the sleep's pause, into a region of the engine's own device kept for the run, with the restore's read options (a copy out of a populated read-only mapping, 1 MiB chunks, %d threads), both with a plain copy and with the restore's own copy-and-hash pass (its non-temporal stores skip reading the destination, and can copy faster than a plain copy), each three times right before the wake (after memcpy, which takes the cores' ramp after the pause), into the engine's own region (the device's only free region while the engine sleeps: the pages the wake fills), and three times right after its first token, into the probe's region (through a second link to the offload, which the wake unlinks). The warm file's raw read is the peak of 1 and of the warm restore's %d O_DIRECT readers (8 MiB blocks) of the warm copy itself into the same region, once right before and once right after the warm wake, one reader first before it and last after it, the fastest of the four reads. memcpy (a reference, not a bound) copies min(size, %s) from a buffer kept for the run into that region, the peak of 1 and 2 threads, once right before the hot wake and once right after its first token, the two copies taken together; the disk and S3 columns are references read once per run into a buffer as large as the file. ", arena.DefaultWorkers(), arena.DirectWorkers, arena.Size(memcpyBytes))
 	fmt.Fprintf(&b, "A restore is the whole wake of the weights: take the engine's region of its device pool (mapped and faulted in when it loaded, kept while it slept, as GPU memory stays on the device), fill it, then combine the chunk digests and compare. The hot tier's file, in huge pages, is mapped read-only with MAP_POPULATE and 2 workers copy 1 MiB chunks out of the mapping into the region, each copying and hashing (XXH3) a chunk in one pass, every 64 bytes loaded once, stored and hashed; the warm and cold tiers are read with O_DIRECT by %d readers in 8 MiB blocks, each hashing the block it read. ", arena.DirectWorkers)
-	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier.\n\n")
-	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy (≥ 0.8) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷memcpy + TTFT) (≤ 1.2) | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("The kernel column is the same hot wake by an engine whose sleep returns its memory to the kernel (`--device-memory=kernel`, the model before the pool): map, fault each chunk in just before copying into it, copy, hash. Fresh memory: mmap + MADV_POPULATE_WRITE of memory freed one sleep earlier. Time to first token is to the first non-empty content delta of a streamed chat sent right after the wake; its bound is the bytes at the tier probe's rate plus the simulator's TTFT (the memcpy-based bound of earlier runs, a stricter one, in parentheses).\n\n")
+	b.WriteString("| Weights | memcpy | fresh memory | tmpfs read (tier probe) | disk O_DIRECT | S3 fake | hot restore (alloc+copy+verify s) | hot restore, memory returned to the kernel | warm restore | cold restore | hot ÷ memcpy | hot ÷ tier probe (≥ 0.8; above 1 the probe is wrong) | hot, returned to the kernel, ÷ memcpy | warm ÷ raw read of the same file (≥ 0.8) | TTFT after hot wake ÷ (bytes÷tier probe + TTFT) (≤ 1.2) | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 13))
+			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 14))
 			continue
 		}
 		hotBW, kernelBW, warmBW, coldBW := restoreBW(r.hot), restoreBW(r.hotKernel), restoreBW(r.warm), restoreBW(r.cold)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v) | %d/%d |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s (%.3f+%.3f+%.3f) | %s (%.3f+%.3f+%.3f) | %s | %s | %.2f | %.2f | %.2f | %.2f (%s) | %.2f (%v ÷ %v; %.2f) | %d/%d |\n",
 			arena.Size(r.size), gbps(r.memcpy.BytesPerSecond), gbps(r.fresh.BytesPerSecond), gbps(r.tmpfs.BytesPerSecond), gbps(r.disk.BytesPerSecond), gbps(r.s3.BytesPerSecond),
 			gbps(hotBW), r.hot.AllocSeconds, r.hot.CopySeconds, r.hot.VerifySeconds,
 			gbps(kernelBW), r.hotKernel.AllocSeconds, r.hotKernel.CopySeconds, r.hotKernel.VerifySeconds, gbps(warmBW), gbps(coldBW),
-			r.ratio.hot, r.ratio.kernel, r.ratio.warm, gbps(r.warmRaw.BytesPerSecond),
-			r.ratio.ttft, r.ttftHot.Round(time.Millisecond), r.ttftBound.Round(time.Millisecond),
+			r.ratio.hot, r.ratio.probe, r.ratio.kernel, r.ratio.warm, gbps(r.warmRaw.BytesPerSecond),
+			r.ratio.ttft, r.ttftHot.Round(time.Millisecond), r.ttftBound.Round(time.Millisecond), r.ratio.ttftMemcpy,
 			r.verified, r.wakes)
 	}
-	fmt.Fprintf(&b, "\nPeaks: memcpy 1 thread / 2 threads, tmpfs pread / mapped copy, disk and warm file 1 reader / %d readers: ", arena.DirectWorkers)
+	var beaten []string
+	for _, r := range rows {
+		for _, x := range append(slices.Clone(r.hotBeaten), r.warmBeaten...) {
+			beaten = append(beaten, fmt.Sprintf("%s: %s", arena.Size(r.size), strings.TrimPrefix(x, tierprobe.ErrBeaten.Error()+": ")))
+		}
+	}
+	if len(beaten) > 0 {
+		fmt.Fprintf(&b, "\n**Wakes that beat their tier probe by more than 5 %% (the probe is then not the limit):** %s.\n", strings.Join(beaten, "; "))
+	}
+	fmt.Fprintf(&b, "\nPeaks: memcpy 1 thread / 2 threads, disk and warm file 1 reader / %d readers: ", arena.DirectWorkers)
 	var parts []string
 	for _, r := range rows {
 		if r.skipped == "" {
-			parts = append(parts, fmt.Sprintf("%s memcpy %s / %s, tmpfs %s / %s, disk %s / %s, warm file %s / %s", arena.Size(r.size),
-				gbps(r.memcpy1.BytesPerSecond), gbps(r.memcpy2.BytesPerSecond), gbps(r.tmpfsPread.BytesPerSecond), gbps(r.tmpfsMapped.BytesPerSecond),
+			parts = append(parts, fmt.Sprintf("%s memcpy %s / %s, disk %s / %s, warm file %s / %s", arena.Size(r.size),
+				gbps(r.memcpy1.BytesPerSecond), gbps(r.memcpy2.BytesPerSecond),
 				gbps(r.disk1.BytesPerSecond), gbps(r.disk2.BytesPerSecond),
 				gbps(r.warmRaw1.BytesPerSecond), gbps(r.warmRaw2.BytesPerSecond)))
 		}
@@ -838,7 +902,7 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	fmt.Fprintf(&b, "Each run in order, its %d hot wakes in order: the wake's ratio to memcpy and its time to first token's to the bound, with the least share of a tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the most CPU time the hypervisor took (steal, /proc/stat) while a wake ran; then one more wake straight after the pause, with the cores as the pause left them (memcpy only after it; not in the table): ", hotWakesPerRun)
+	fmt.Fprintf(&b, "Each run in order, its %d hot wakes in order: the wake's ratio to memcpy and to its tier probe, and its time to first token's to its bound, with the least share of a tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the most CPU time the hypervisor took (steal, /proc/stat) while a wake ran; then one more wake straight after the pause, with the cores as the pause left them (memcpy only after it; not in the table): ", hotWakesPerRun)
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
@@ -850,13 +914,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	b.WriteString("Physical bound of the hot restore, bytes ÷ the slower of source (the tmpfs column) and sink, as a share of memcpy; the sink is the device pool's memory, already faulted in (memcpy), or, returned to the kernel, fresh memory (fault, then copy): ")
+	b.WriteString("Bound of the hot restore with its memory returned to the kernel, as a share of memcpy: the slower of the tier probe and fresh memory (fault, then copy): ")
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
 			sink := 1 / (1/r.fresh.BytesPerSecond + 1/r.memcpy.BytesPerSecond) // fault, then copy
-			parts = append(parts, fmt.Sprintf("%s %.2f into the pool, %.2f returned to the kernel (fault then copy %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
-				min(r.memcpy.BytesPerSecond, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond,
+			parts = append(parts, fmt.Sprintf("%s %.2f (fault then copy %s GB/s; tmpfs %s GB/s)", arena.Size(r.size),
 				min(sink, r.tmpfs.BytesPerSecond)/r.memcpy.BytesPerSecond, gbps(sink), gbps(r.tmpfs.BytesPerSecond)))
 		}
 	}
@@ -865,12 +928,12 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		fmt.Fprintf(&b, "Process snapshot (criu): unsupported on this node: %s.\n", strings.TrimSuffix(criu.Reason, "."))
 		return b.String()
 	}
-	fmt.Fprintf(&b, "Process snapshot (criu %s), the optional tier that keeps the whole process rather than its weights: a simulator process (orchestra-sim's code, the weights in its device pool), up and serving for %v, is dumped by the agent's code (`criu dump --tcp-close --file-locks`, the process ends) into the hot tier's tmpfs and, after the same %v pause, restored (`criu restore --restore-detached`); the restored simulator then sleeps at level 1 and wakes, which hashes the weights it holds against the digest it took at its load. The restore's bandwidth is the weights over criu's restore, compared with the hot restore of the same run (the wake whose ratio is the median); the verification (that sleep and wake) comes after it: ", criu.Version, servesFor, asleep)
+	fmt.Fprintf(&b, "Process snapshot (criu %s), the optional tier that keeps the whole process rather than its weights: a simulator process (orchestra-sim's code, the weights in its device pool), up and serving for %v, is dumped by the agent's code (`criu dump --tcp-close --file-locks`, the process ends) into the hot tier's tmpfs and, after the same %v pause, restored (`criu restore --restore-detached`); the restored simulator then sleeps at level 1 and wakes, which hashes the weights it holds against the digest it took at its load. The restore's bandwidth is the weights over criu's restore, compared like for like with the hot wake of the same run whose memory was returned to the kernel: both read the weights from the hot tier's tmpfs into fresh memory (criu maps the restored process's memory anew); the verification (that sleep and wake) comes after it: ", criu.Version, servesFor, asleep)
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" && r.snap != nil {
 			s := r.snap
-			parts = append(parts, fmt.Sprintf("%s dump %.2f s, restore %.2f s (%s GB/s, %.2f × the hot restore), %.0f MiB of images, verified by a sleep and wake in %.2f s",
+			parts = append(parts, fmt.Sprintf("%s dump %.2f s, restore %.2f s (%s GB/s, %.2f × the hot wake into fresh memory), %.0f MiB of images, verified by a sleep and wake in %.2f s",
 				arena.Size(r.size), s.dump.Seconds, s.restore.Seconds, gbps(s.bytesPerSecond(r.size)), r.ratio.snapshot, float64(s.dump.Bytes)/(1<<20), s.verify.Seconds()))
 		}
 	}
@@ -897,11 +960,11 @@ func updateDocs(path, table string) error {
 // wake, in reverse: each way then sits on average as close to the wake.
 func rawReads(a *arena.Arena, what, path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
 	readOne := func() error {
-		one, err = checkpoint.MeasureReadInto(a, what, path, arena.FileOptions{Direct: true, Workers: 1})
+		one, err = tierprobe.Of(what, path, a, arena.FileOptions{Direct: true, Workers: 1}).Read()
 		return err
 	}
 	readRestore := func() error {
-		restore, err = checkpoint.MeasureReadInto(a, what, path, arena.FileOptions{Direct: true})
+		restore, err = tierprobe.Of(what, path, a, arena.FileOptions{Direct: true}).Read()
 		return err
 	}
 	order := []func() error{readOne, readRestore}
@@ -914,15 +977,4 @@ func rawReads(a *arena.Arena, what, path string, reverse bool) (one, restore che
 		}
 	}
 	return one, restore, nil
-}
-
-// together is two reads of the same method as one: their bytes over their
-// seconds.
-func together(a, b checkpoint.Bandwidth) checkpoint.Bandwidth {
-	out := a
-	out.Bytes, out.Seconds = a.Bytes+b.Bytes, a.Seconds+b.Seconds
-	if out.Seconds > 0 {
-		out.BytesPerSecond = float64(out.Bytes) / out.Seconds
-	}
-	return out
 }

@@ -3,6 +3,7 @@ package seatgroup_test
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,36 @@ func TestRoundRobinSwapsEveryTurnAndLosesNothing(t *testing.T) {
 	// The holder after settling serves its first turn without a swap.
 	if swaps := check(t, h, rs); swaps < 7 {
 		t.Errorf("%d swaps for 8 turns, want at least 7; wakes: %v", swaps, wakes(h))
+	}
+}
+
+// TestADeviceWithRoomForOneEngineSwapsTheWeightsThrough: the four engines
+// share a device file with room for one engine's weights, as a group pod's
+// engines share --device-file with --device-capacity: three start stopped
+// (nothing resident), every wake needs the room the holder's sleep gave
+// back, and round-robin traffic still loses nothing and breaks no rule.
+func TestADeviceWithRoomForOneEngineSwapsTheWeightsThrough(t *testing.T) {
+	h := start(t, func(o *seatgrouptest.Options) {
+		o.DeviceFile = filepath.Join(t.TempDir(), "pool")
+		o.DeviceCapacity = weights
+	})
+	stopped := 0
+	for _, e := range h.Engines {
+		if _, ok := e.Status(); !ok {
+			stopped++
+		}
+	}
+	if stopped != 3 {
+		t.Fatalf("%d engines started stopped on a device with room for one, want 3", stopped)
+	}
+	rs := h.RoundRobin(apps, 2, 2, 8)
+	if swaps := check(t, h, rs); swaps < 7 {
+		t.Errorf("%d swaps for 8 turns, want at least 7; wakes: %v", swaps, wakes(h))
+	}
+	for name, e := range h.Engines {
+		if st, ok := e.Status(); ok && st.Wakes > 0 && st.Verified != st.Wakes {
+			t.Errorf("%s: %d of %d wakes verified", name, st.Verified, st.Wakes)
+		}
 	}
 }
 

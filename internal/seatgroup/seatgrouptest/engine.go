@@ -39,8 +39,8 @@ type Engine struct {
 	bytes      int64
 }
 
-func newEngine(name string, cfg sim.Config, b *budget, log *slog.Logger) (*Engine, error) {
-	e, err := simengine.New(cfg, log)
+func newEngine(name string, cfg sim.Config, b *budget, log *slog.Logger, opts ...sim.Option) (*Engine, error) {
+	e, err := simengine.New(cfg, log, opts...)
 	if err != nil {
 		return nil, err
 	}

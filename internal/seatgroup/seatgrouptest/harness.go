@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
@@ -47,7 +48,15 @@ type Options struct {
 	// HotBandwidth (bytes/s) estimates the swap cost; 0 counts only the
 	// TTFT.
 	HotBandwidth float64
-	Log          *slog.Logger
+	// DeviceFile, when set, is the device pool the engines share, as the
+	// engine containers of a group pod share one (orchestra-sim
+	// --device-file): each engine opens it (arena.OpenSharedDevice). With
+	// DeviceCapacity (bytes, 0: no limit) smaller than the engines'
+	// weights together, the engines that do not fit start stopped (asleep,
+	// nothing resident) and load their weights at their first wake.
+	DeviceFile     string
+	DeviceCapacity int64
+	Log            *slog.Logger
 	// OnEvent, if set, is called after each applied action (from the
 	// executor's goroutine; it must not block).
 	OnEvent func(seatgroup.Event)
@@ -68,6 +77,8 @@ type Harness struct {
 
 	mu     sync.Mutex
 	events []seatgroup.Event
+	// devices are the engines' handles on a shared device (DeviceFile).
+	devices []*arena.Device
 }
 
 // Start starts the engines, their seats, the dispatcher and the executor,
@@ -101,7 +112,17 @@ func Start(opts Options) (*Harness, error) {
 			h.Close()
 			return nil, fmt.Errorf("simulator %s: %w", a.Name, err)
 		}
-		eng, err := newEngine(a.Name, sc, h.budget, opts.Log.With("engine", a.Name))
+		var simOpts []sim.Option
+		if opts.DeviceFile != "" {
+			dev, err := arena.OpenSharedDevice(opts.DeviceFile, opts.DeviceCapacity, a.Name)
+			if err != nil {
+				h.Close()
+				return nil, fmt.Errorf("engine %s: %w", a.Name, err)
+			}
+			h.devices = append(h.devices, dev)
+			simOpts = append(simOpts, sim.WithDevice(dev))
+		}
+		eng, err := newEngine(a.Name, sc, h.budget, opts.Log.With("engine", a.Name), simOpts...)
 		if err != nil {
 			h.Close()
 			return nil, err
@@ -144,11 +165,17 @@ func Start(opts Options) (*Harness, error) {
 	}
 	h.Exec = exec
 	h.Dispatcher.kick = exec.Kick
-	// The seats learn their engines' state on their first watch tick.
-	if err := h.waitFor(10*time.Second, "every seat to see its engine awake", func() bool {
+	// The seats learn their engines' state on their first watch tick:
+	// awake, or asleep for an engine that started stopped on a full
+	// shared device.
+	if err := h.waitFor(10*time.Second, "every seat to see its engine awake (or asleep, stopped on a full device)", func() bool {
 		for _, m := range members {
 			st, err := m.Sidecar.State(ctx)
-			if err != nil || st.State != sidecarapi.Awake {
+			want := sidecarapi.Awake
+			if e := h.Engines[m.Name]; e.e.Simulator() == nil {
+				want = sidecarapi.Asleep
+			}
+			if err != nil || st.State != want {
 				return false
 			}
 		}
@@ -232,6 +259,9 @@ func (h *Harness) Close() {
 	}
 	for _, e := range h.Engines {
 		e.close()
+	}
+	for _, d := range h.devices {
+		d.Close()
 	}
 }
 
