@@ -113,8 +113,8 @@ type Controller struct {
 
 	mu       sync.Mutex
 	kv       jetstream.KeyValue
-	labeller *nodeLabeller // the node labels, while this replica leads (placement.go)
-	states *lifecyclestate.States // every replica's view of the bucket
+	labeller *nodeLabeller          // the node labels, while this replica leads (placement.go)
+	states   *lifecyclestate.States // every replica's view of the bucket
 }
 
 // RootPod is a root pod of an application with a lifecycle, and whether it
