@@ -49,6 +49,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&s.PollInterval, "poll-interval", s.PollInterval, "seat: pace of drain checks")
 	fs.BoolVar(&s.RestartProcess, "restart-process", s.RestartProcess, "seat: POST /restart stops the engine container's processes (found by the port of --engine-url) for the kubelet to start it again; needs shareProcessNamespace and the engine's user")
 	fs.DurationVar(&s.RestartGrace, "restart-grace", s.RestartGrace, "seat: wait between SIGTERM and SIGKILL of a process restart")
+	fs.StringVar(&s.Model.Link, "model-link", s.Model.Link, "seat: symlink the engine opens as its model file (in a directory shared with the engine); the seat points it at the hottest verified copy at start and before each wake (ollama, llamacpp); empty: not pointed")
+	fs.StringVar(&s.Model.ModelDir, "model-dir", s.Model.ModelDir, "seat: the model cache (e.g. /models), with the fetcher's .orchestra/manifest.json (--model-link)")
+	fs.StringVar(&s.Model.File, "model-file", s.Model.File, "seat: the model file inside --model-dir (--model-link)")
+	fs.StringVar(&s.Model.HotDir, "copy-hot-dir", s.Model.HotDir, "seat: the node agent's hot tier directory of the namespace (--model-link); empty: not used")
+	fs.StringVar(&s.Model.WarmDir, "copy-warm-dir", s.Model.WarmDir, "seat: the node agent's warm tier directory of the namespace (--model-link); empty: not used")
+	fs.StringVar(&s.Model.Name, "copy-name", s.Model.Name, "seat: the copies' name in the tiers (the ModelCheckpoint's) (--model-link)")
 	fs.StringVar(&s.NvidiaSMI, "nvidia-smi", s.NvidiaSMI, "seat: nvidia-smi binary to read the engine's device memory with (by its processes' PIDs; needs shareProcessNamespace); empty: the engine's own report")
 
 	n := &cfg.Node

@@ -210,3 +210,6 @@ func (c *coldRead) Open(ctx context.Context) (io.ReadCloser, int64, error) {
 	c.opened = time.Now()
 	return c.ColdSource.Open(ctx)
 }
+
+// SHA256 is the manifest sha256 the source verifies against, if any.
+func (c *coldRead) SHA256() string { return manifestSHA256(c.ColdSource) }

@@ -56,6 +56,9 @@ type SeatConfig struct {
 	// device memory with, attributed by the PIDs of the engine container's
 	// processes (needs shareProcessNamespace); empty: not read.
 	NvidiaSMI string `json:"nvidiaSMI,omitempty"`
+	// Model points the engine at the hottest verified copy of its model
+	// file on the node (modelcopy.go); zero: not pointed.
+	Model ModelCopiesConfig `json:"model,omitzero"`
 	// Proc is the procfs the seat reads processes from (default /proc).
 	Proc ProcFS `json:"-"`
 }
@@ -192,6 +195,7 @@ func (c Config) Validate() error {
 				bad("restart grace must be positive, got %v", s.RestartGrace)
 			}
 		}
+		errs = append(errs, s.Model.validate(s.Engine.Kind)...)
 		for name, d := range map[string]time.Duration{"drain timeout": s.DrainTimeout, "sleep timeout": s.SleepTimeout, "wake timeout": s.WakeTimeout, "poll interval": s.PollInterval} {
 			if d <= 0 {
 				bad("%s must be positive, got %v", name, d)

@@ -79,6 +79,18 @@ func (m manifestVerified) Open(ctx context.Context) (io.ReadCloser, int64, error
 	return &sha256Reader{ReadCloser: rc, h: sha256.New(), want: m.want.SHA256, name: string(m.ColdFile)}, n, nil
 }
 
+// SHA256 is the manifest's sha256 of the file, which the copy records.
+func (m manifestVerified) SHA256() string { return strings.ToLower(m.want.SHA256) }
+
+// manifestSHA256 is the manifest sha256 a cold source verifies its bytes
+// against (a model file the fetcher's manifest lists), or "".
+func manifestSHA256(c ColdSource) string {
+	if m, ok := c.(interface{ SHA256() string }); ok {
+		return m.SHA256()
+	}
+	return ""
+}
+
 func (m manifestVerified) String() string {
 	return string(m.ColdFile) + " (sha256 of the fetcher's manifest)"
 }

@@ -107,8 +107,8 @@ func TestPromoteVerifiesModelFilesAgainstTheManifest(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.Bytes != int64(len(model)) || string(e.Tier) != to || !strings.HasPrefix(e.Digest, "xxh3c:") {
-			t.Errorf("copy to %s: entry %+v; want the model's %d bytes with the copy's own digest", to, e, len(model))
+		if e.Bytes != int64(len(model)) || string(e.Tier) != to || !strings.HasPrefix(e.Digest, "xxh3c:") || e.SHA256 != file.SHA256 {
+			t.Errorf("copy to %s: entry %+v; want the model's %d bytes with the copy's own digest and the manifest's sha256 %s", to, e, len(model), file.SHA256)
 		}
 	}
 }

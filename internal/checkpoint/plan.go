@@ -39,6 +39,13 @@ type Entry struct {
 	LastUsed time.Time `json:"lastUsed"`
 	// VerifiedAt is when the copy last hashed to Digest.
 	VerifiedAt time.Time `json:"verifiedAt"`
+	// SHA256 is the fetcher's manifest sha256 the copy's bytes hashed to
+	// when it was made from a model file of the cold tier (and carried by
+	// every copy between tiers since): the model file it is, byte for
+	// byte. Empty for copies of anything else (the simulator's weights).
+	// The sidecar points an engine only at a copy whose SHA256 is the
+	// manifest's sha256 of its model file (ModelTiers).
+	SHA256 string `json:"sha256,omitempty"`
 	// Pinned copies are being read or written and are never evicted.
 	Pinned bool `json:"pinned,omitempty"`
 	// Offload marks an engine's level-1 offload (EngineOffloadName) in

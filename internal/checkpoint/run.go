@@ -39,7 +39,19 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 		if err != nil {
 			return nil, err
 		}
-		seat := NewSeat(cfg.Seat, engine, reg, log.With("role", RoleSeat, "engine", engine.Name()))
+		slog := log.With("role", RoleSeat, "engine", engine.Name())
+		if cfg.Seat.Model.Enabled() {
+			// The link exists before the API answers: the engine's start
+			// waits for it and loads through it.
+			copies := NewModelCopies(cfg.Seat.Model)
+			c, err := copies.Point()
+			if err != nil {
+				return nil, err
+			}
+			slog.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Seat.Model.Link)
+			engine = withModelCopies(engine, copies)
+		}
+		seat := NewSeat(cfg.Seat, engine, reg, slog)
 		go seat.Watch(ctx, max(cfg.Seat.PollInterval, time.Second))
 		return seat.Handler(reg), nil
 	case RoleNode:

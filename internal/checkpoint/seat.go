@@ -80,6 +80,9 @@ func (s *Seat) state(ctx context.Context) sidecarapi.Status {
 			st.ResidentBytes, st.MemorySource = &b, MemorySourceNvidiaSMI
 		}
 	}
+	if r, ok := s.engine.(ModelCopyReporter); ok {
+		st.Model = r.ModelCopy(st.State == sidecarapi.Awake)
+	}
 	return s.withWeights(ctx, st)
 }
 
@@ -616,6 +619,16 @@ func (s *Seat) Watch(ctx context.Context, every time.Duration) {
 	defer t.Stop()
 	for {
 		s.Sync(ctx)
+		if e, ok := s.engine.(*copyEngine); ok && e.copies.Gone() {
+			// The node agent evicted or dropped the copy the link points
+			// at: a load the engine starts on its own (Ollama after its
+			// idle keep_alive) must find a file.
+			if c, err := e.copies.Point(); err != nil {
+				s.log.Warn("re-pointing the model link", "err", err)
+			} else {
+				s.log.Info("the copy the model link pointed at went away; re-pointed", "tier", c.Tier, "path", c.Path)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -75,6 +75,7 @@ type meta struct {
 	Priority   int32     `json:"priority"`
 	LastUsed   time.Time `json:"lastUsed"`
 	VerifiedAt time.Time `json:"verifiedAt"`
+	SHA256     string    `json:"sha256,omitempty"`
 }
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -194,7 +195,7 @@ func (s *Store) scan(t Tier) error {
 				_ = os.Remove(s.metaPath(k, t))
 				continue
 			}
-			s.entries[entryID{k, t}] = &Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt}
+			s.entries[entryID{k, t}] = &Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt, SHA256: m.SHA256}
 		}
 	}
 	return nil
@@ -325,6 +326,10 @@ type PutRequest struct {
 	// Digest, when set, must match the bytes written; otherwise the
 	// digest of the bytes is recorded.
 	Digest string
+	// SHA256 is the manifest sha256 the source verified the bytes against
+	// (a cold model file), recorded in the copy's metadata; the source
+	// fails the copy when they do not match.
+	SHA256 string
 }
 
 // Put writes size bytes from src into a tier, making room by the budget
@@ -393,7 +398,7 @@ func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
 		return fail(fmt.Errorf("closing %s: %w", tmp, err))
 	}
 	now := s.now()
-	e := Entry{Key: req.Key, Tier: req.Tier, Bytes: n, Digest: d.String(), Priority: req.Priority, LastUsed: now, VerifiedAt: now}
+	e := Entry{Key: req.Key, Tier: req.Tier, Bytes: n, Digest: d.String(), Priority: req.Priority, LastUsed: now, VerifiedAt: now, SHA256: req.SHA256}
 	if err := s.writeMeta(e); err != nil {
 		_ = os.Remove(tmp)
 		return Entry{}, err
@@ -410,7 +415,7 @@ func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
 }
 
 func (s *Store) writeMeta(e Entry) error {
-	b, _ := json.Marshal(meta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt})
+	b, _ := json.Marshal(meta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt, SHA256: e.SHA256})
 	return arena.WriteFile(s.metaPath(e.Key, e.Tier), b, e.Tier == TierWarm)
 }
 
@@ -445,7 +450,7 @@ func (s *Store) copyTier(e Entry, to Tier) (Entry, error) {
 		return Entry{}, err
 	}
 	defer func() { _ = f.Close() }()
-	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest}, f)
+	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest, SHA256: e.SHA256}, f)
 }
 
 // Remove deletes the copy of k in t.
@@ -513,7 +518,7 @@ func (s *Store) promote(ctx context.Context, k Key, to Tier, cold ColdSource, wa
 		return Entry{}, err
 	}
 	defer func() { _ = f.Close() }() // read-only
-	return s.put(PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want}, f, keep)
+	return s.put(PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want, SHA256: manifestSHA256(cold)}, f, keep)
 }
 
 // Touch marks every copy of k as used now (LRU).

@@ -116,7 +116,11 @@ func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource,
 	if err := s.apply(plan); err != nil {
 		return Entry{}, "", err
 	}
-	e, err := s.write(PutRequest{Key: k, Tier: TierWarm, Bytes: fi.Size(), Priority: priority, Digest: want}, f)
+	req := PutRequest{Key: k, Tier: TierWarm, Bytes: fi.Size(), Priority: priority, Digest: want}
+	if haveHot {
+		req.SHA256 = hot.SHA256 // the model file the hot copy is, if it is one
+	}
+	e, err := s.write(req, f)
 	if err != nil {
 		return Entry{}, "", fmt.Errorf("demoting %s from %s: %w", k, src, err)
 	}

@@ -77,6 +77,9 @@ type sleepState struct {
 	// last wake.
 	verifiedCond *metav1.Condition
 	written      string // the ModelCheckpoint status last written
+	// copying is closed when the last placement of a model copy
+	// (placeCopies) ended; nil: none started.
+	copying chan struct{}
 }
 
 // wakeBackoff is the delay before retry n (1-based) of a failed wake.
@@ -174,6 +177,7 @@ wait:
 	c.enter(a, v1alpha1.LifecycleAsleep, decided)
 	c.refreshTier(ctx, a, sidecars)
 	c.reportSleep(ctx, a, sidecars, decided, level)
+	c.placeCopies(ctx, a, sidecars)
 	a.changed()
 	a.kickNow() // a request may have been seen meanwhile
 	return nil

@@ -320,6 +320,12 @@ func (c *Controller) refreshTier(ctx context.Context, a *appState, sidecars []si
 		return len(views) > 0
 	})
 	bytes := a.sl.bytes
+	if a.Sleep.ModelCopies {
+		// The sidecars know which copy the next wake loads.
+		if t, b, ok := c.sidecarsTier(ctx, sidecars); ok {
+			tier, bytes = t, b
+		}
+	}
 	bw := 0.0
 	for _, v := range views {
 		if e, ok := v.has(tier); ok && bytes == 0 {
@@ -396,8 +402,9 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, sidec
 			}
 		}
 	}
-	if a.status.State == v1alpha1.LifecycleAsleep && a.sl.level == 1 {
-		// The engines' own level-1 offload, one per root's node.
+	if a.status.State == v1alpha1.LifecycleAsleep && a.sl.level == 1 && a.Sleep.Level1Tier != v1alpha1.TierCold {
+		// The engines' own level-1 offload, one per root's node (Ollama
+		// and llama.cpp keep none: they unload the model).
 		nodes := map[string]bool{}
 		for _, s := range sidecars {
 			if n := s.pod.Spec.NodeName; !nodes[n] {

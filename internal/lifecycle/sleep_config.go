@@ -72,6 +72,16 @@ type SleepConfig struct {
 	// warm copy from the cold tier instead. Without either, a demoted
 	// engine wakes from the cold tier.
 	ColdPath string `json:"coldPath,omitempty"`
+	// ModelCopies: the engines load the hottest verified copy of their
+	// model file on their node (orchestra.ModelCopies: Ollama and
+	// llama.cpp whose model cache the node agent reads at ColdPath). The
+	// leader asks each root's node agent for a copy of ColdPath when the
+	// engines fall asleep and demotes it to warm after ParkAfter
+	// (sleep_copies.go); the sidecars point the engines at it.
+	ModelCopies bool `json:"modelCopies,omitempty"`
+	// HotTier is the application's tiers.hot, resolved by the operator:
+	// empty (RAM), or None when no copy is placed in the hot tier.
+	HotTier v1alpha1.HotTier `json:"hotTier,omitempty"`
 	// ColdS3 names the node agent's S3 cold source holding the weights
 	// (its --cold-s3, the application's name), when the application's
 	// cold tier is S3; it stands for ColdPath (exclusive with it).
@@ -186,6 +196,12 @@ func (s *SleepConfig) validate(i int, a App) []error {
 	}
 	if s.ColdPath != "" && s.AgentSelector == "" {
 		add("coldPath needs agentSelector: the node agent places the warm copy")
+	}
+	if s.ModelCopies && s.ColdPath == "" {
+		add("modelCopies needs coldPath: the node agent copies the model file from the model cache")
+	}
+	if s.HotTier != "" && s.HotTier != v1alpha1.HotTierRAM && s.HotTier != v1alpha1.HotTierNone {
+		add("hotTier must be RAM or None, got %q", s.HotTier)
 	}
 	if s.ColdS3 != "" && s.AgentSelector == "" {
 		add("coldS3 needs agentSelector: the node agent places the warm copy")

@@ -21,6 +21,9 @@ import (
 // hot copy; the next wake reads the warm copy. A request seen meanwhile
 // ends the demotion as a wake.
 func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, sidecars []sidecarRef) error {
+	if a.Sleep.ModelCopies {
+		return c.demoteCopies(ctx, a, sidecars)
+	}
 	start := c.now()
 	// With tiers.warm None the engines mount no warm tier: a warm copy
 	// would only fill the node's disk, so none is asked for.

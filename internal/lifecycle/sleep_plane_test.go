@@ -104,6 +104,10 @@ type planeOptions struct {
 	// coldS3 makes the agent's cold tier the model file in an S3 fake (its
 	// source named for the application), instead of the model cache.
 	coldS3 bool
+	// ollama makes the seat drive an Ollama engine that loads copies of
+	// its model file (sleep_copies_test.go); the simulator still answers
+	// the requests.
+	ollama *copyLoader
 }
 
 func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
@@ -184,6 +188,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}
 	t.Cleanup(p.sim.Close)
 	eh := p.sim.Handler()
+	if o.ollama != nil {
+		eh = o.ollama.handler(t, eh, cold, w)
+	}
 	p.engine = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.broken.Load() {
 			http.Error(w, `{"error":{"message":"injected: the engine is broken"}}`, http.StatusInternalServerError)
@@ -201,6 +208,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	scfg := checkpoint.Default()
 	scfg.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
 	scfg.Seat.PollInterval, scfg.Seat.DrainTimeout = 5*time.Millisecond, 5*time.Second
+	if o.ollama != nil {
+		o.ollama.seat(&scfg.Seat, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
+	}
 	sh, err := checkpoint.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
 	if err != nil {
 		t.Fatal(err)

@@ -225,9 +225,12 @@ func seatValues(seat *v1alpha1.SeatSpec) map[string]any {
 // the cold tier:
 //   - the application does not sleep, or its cold tier is not the model
 //     cache;
-//   - the engine's weights are not a file of the cache: only a simulator
-//     with --weights-file=/models/<file> loads the weights the agent
-//     keeps (the tiers hold the simulator's weights, not a GPU engine's);
+//   - the engine's weights are not one file of the cache: a simulator
+//     with --weights-file=/models/<file>, or an Ollama or llama.cpp
+//     application outside a seat group, whose GGUF (model.file) its
+//     sidecar points it at in the hottest tier holding a verified copy
+//     (ModelCopies); vLLM loads a directory of safetensors shards, which
+//     the tiers (one file per application) do not hold;
 //   - the cache is not a claim of the chart's that every node can mount
 //     (accessMode ReadWriteMany): the agent runs on every node, and a
 //     ReadWriteOnce claim attached to one node would keep the agent pods
@@ -237,18 +240,39 @@ func ColdPath(name string, app v1alpha1.Application, s Sleep) string {
 	if app.Lifecycle == nil || (!s.Enabled() && app.Lifecycle.Seat == nil) {
 		return ""
 	}
-	if s.Tiers.Cold != v1alpha1.ColdTierModelCache || app.Runtime.Engine != v1alpha1.EngineSimulator {
+	if s.Tiers.Cold != v1alpha1.ColdTierModelCache {
 		return ""
 	}
 	c := app.Model.Cache
 	if strings.HasPrefix(app.Model.Source, "pvc://") || c == nil || c.ExistingClaim != "" || c.AccessMode != corev1.ReadWriteMany {
 		return ""
 	}
-	file := weightsFile(app)
+	var file string
+	switch app.Runtime.Engine {
+	case v1alpha1.EngineSimulator:
+		file = weightsFile(app)
+	case v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP:
+		if !hasSeat(app) {
+			file = cacheFile(app.Model.File)
+		}
+	}
 	if file == "" {
 		return ""
 	}
 	return path.Join(name, file)
+}
+
+// cacheFile is a model file inside the cache, cleaned; empty when it is
+// none or leaves the cache.
+func cacheFile(f string) string {
+	if f == "" {
+		return ""
+	}
+	f = path.Clean(f)
+	if f == "." || f == ".." || strings.HasPrefix(f, "../") || strings.HasPrefix(f, "/") {
+		return ""
+	}
+	return f
 }
 
 // weightsFile is the simulator's --weights-file inside the model cache
@@ -344,7 +368,8 @@ func ColdS3Location(name string, app v1alpha1.Application, s Sleep) (ColdS3, str
 // wake reads: the simulator and vLLM keep them in RAM (the node agent's hot
 // tier, or vLLM's offload to its own process's memory); Ollama and
 // llama.cpp unload the model completely, and their wake reads the model
-// cache again.
+// cache again, unless they load copies (ModelCopies): then the leader
+// takes the tier from their sidecars, and Cold is the fallback.
 func Level1Tier(e v1alpha1.Engine) v1alpha1.Tier {
 	switch e {
 	case v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP:

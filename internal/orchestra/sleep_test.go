@@ -254,6 +254,18 @@ func TestColdPath(t *testing.T) {
 		{"existing claim", app(func(a *v1alpha1.Application) { a.Model.Cache = &v1alpha1.CacheSpec{ExistingClaim: "mine"} }), ""},
 		{"pvc source", app(func(a *v1alpha1.Application) { a.Model.Source, a.Model.Cache = "pvc://claim/dir", nil }), ""},
 		{"vllm", app(func(a *v1alpha1.Application) { a.Runtime.Engine = v1alpha1.EngineVLLM }), ""},
+		{"ollama: its model file", app(func(a *v1alpha1.Application) { a.Runtime.Engine, a.Runtime.Args = v1alpha1.EngineOllama, nil }), "chat/m.gguf"},
+		{"llama.cpp: its model file in a directory", app(func(a *v1alpha1.Application) {
+			a.Runtime.Engine, a.Runtime.Args, a.Model.File = v1alpha1.EngineLlamaCPP, nil, "q4/m.gguf"
+		}), "chat/q4/m.gguf"},
+		{"ollama without a model file", app(func(a *v1alpha1.Application) { a.Runtime.Engine, a.Model.File = v1alpha1.EngineOllama, "" }), ""},
+		{"ollama, a model file outside the cache", app(func(a *v1alpha1.Application) { a.Runtime.Engine, a.Model.File = v1alpha1.EngineOllama, "../x.gguf" }), ""},
+		{"ollama in a seat group", app(func(a *v1alpha1.Application) {
+			a.Runtime.Engine, a.Lifecycle.Seat = v1alpha1.EngineOllama, &v1alpha1.SeatSpec{Group: "g"}
+		}), ""},
+		{"ollama, ReadWriteOnce cache", app(func(a *v1alpha1.Application) {
+			a.Runtime.Engine, a.Model.Cache.AccessMode = v1alpha1.EngineOllama, corev1.ReadWriteOnce
+		}), ""},
 		{"does not sleep", app(func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), ""},
 		{"no lifecycle", app(func(a *v1alpha1.Application) { a.Lifecycle = nil }), ""},
 		{"seat without sleepAfter", app(func(a *v1alpha1.Application) {
@@ -266,6 +278,45 @@ func TestColdPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ColdPath("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil)); got != tc.want {
 				t.Errorf("ColdPath = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestModelCopies pins which engines load the hottest verified copy of
+// their model file: Ollama and llama.cpp that sleep outside a seat group
+// with a model file the node agent can read.
+func TestModelCopies(t *testing.T) {
+	app := func(engine v1alpha1.Engine, mutate func(*v1alpha1.Application)) v1alpha1.Application {
+		a := v1alpha1.Application{
+			Model:     v1alpha1.ModelSpec{Source: "hf://org/repo", File: "m.gguf", Cache: &v1alpha1.CacheSpec{AccessMode: corev1.ReadWriteMany}},
+			Runtime:   v1alpha1.RuntimeSpec{Engine: engine},
+			Lifecycle: &v1alpha1.LifecycleSpec{SleepAfter: &metav1.Duration{Duration: time.Minute}},
+		}
+		if mutate != nil {
+			mutate(&a)
+		}
+		return a
+	}
+	for _, tc := range []struct {
+		name string
+		app  v1alpha1.Application
+		want bool
+	}{
+		{"ollama", app(v1alpha1.EngineOllama, nil), true},
+		{"llama.cpp", app(v1alpha1.EngineLlamaCPP, nil), true},
+		{"the simulator reads the tiers itself", app(v1alpha1.EngineSimulator, func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/m.gguf"} }), false},
+		{"vllm", app(v1alpha1.EngineVLLM, nil), false},
+		{"ollama, ReadWriteOnce cache: the agent cannot read it", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Cache.AccessMode = corev1.ReadWriteOnce }), false},
+		{"ollama in a seat group", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.Seat = &v1alpha1.SeatSpec{Group: "g"} }), false},
+		{"ollama that does not sleep", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), false},
+		{"ollama, cold tier S3", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) {
+			a.Lifecycle.Tiers = &v1alpha1.CheckpointTiers{Cold: v1alpha1.ColdTierS3}
+		}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ModelCopies("chat", tc.app, EffectiveSleep(tc.app.Lifecycle, nil)); got != tc.want {
+				t.Errorf("ModelCopies = %v, want %v", got, tc.want)
 			}
 		})
 	}

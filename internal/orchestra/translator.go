@@ -234,6 +234,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies, gates map
 		if p := ColdPath(name, app, sleep); p != "" {
 			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldPath"] = p
 		}
+		if ModelCopies(name, app, sleep) {
+			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["modelCopies"] = true
+		}
 		if c, why := ColdS3Location(name, app, sleep); why == "" && c.URL != "" {
 			v["lifecycle"].(map[string]any)["sleep"].(map[string]any)["coldS3"] = c.values()
 		}

@@ -18,7 +18,7 @@
 //	GET  /healthz        200 while the sidecar runs
 //
 // Files:
-//   - types.go: State, Status, Transition, Transfer, RestartReport, StopReport.
+//   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
 //   - client.go: Client, Error, ErrConflict.
 package sidecarapi
 
@@ -60,8 +60,10 @@ type Transition struct {
 	At      time.Time `json:"at"`
 	Seconds float64   `json:"seconds"`
 	Error   string    `json:"error,omitempty"`
-	// Transfer is what the engine reported moving, when it reports it
-	// (the simulator does; vLLM, Ollama and llama.cpp do not).
+	// Transfer is what the engine reported moving, when it reports it:
+	// the simulator does, and for Ollama and llama.cpp with model copies
+	// the sidecar reports the copy of the model file a wake loaded; vLLM
+	// reports nothing.
 	Transfer *Transfer `json:"transfer,omitempty"`
 }
 
@@ -112,10 +114,30 @@ type Status struct {
 	// this answer, when the seat reads it (--nvidia-smi); ResidentBytes
 	// then falls back to the engine's report.
 	DeviceMemoryError string `json:"deviceMemoryError,omitempty"`
+	// Model is the copy of the model file the engine loads, when the
+	// sidecar points the engine at the hottest verified copy on its node
+	// (Ollama, llama.cpp): while Awake the copy the engine loaded last,
+	// otherwise the copy its next wake will load. Omitted for engines the
+	// sidecar does not point (the simulator, vLLM).
+	Model *ModelCopy `json:"model,omitempty"`
 	// Restarts counts the engine restarts this seat made (POST /restart).
 	Restarts int `json:"restarts,omitempty"`
 	// LastRestart is how the last restart went.
 	LastRestart *RestartReport `json:"lastRestart,omitempty"`
+}
+
+// ModelCopy is one copy of an engine's model file on its node.
+type ModelCopy struct {
+	// Tier is hot (the node agent's RAM tier), warm (its disk tier) or
+	// cold (the model cache).
+	Tier string `json:"tier"`
+	// Path is the file as the engine container sees it.
+	Path string `json:"path"`
+	// Bytes is the file's size.
+	Bytes int64 `json:"bytes"`
+	// SHA256 is the fetcher's manifest sha256 the copy was verified
+	// against (empty when the manifest lists none).
+	SHA256 string `json:"sha256,omitempty"`
 }
 
 // Restart routes (RestartReport.Via).

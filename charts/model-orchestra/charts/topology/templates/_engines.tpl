@@ -186,7 +186,12 @@ lifecycle:
 name: {{ default "engine" .engineContainer }}
 image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
-{{- if eq $rt.engine "llamacpp" }}
+{{- if and (eq $rt.engine "llamacpp") (include "mo.modelCopies" .) }}
+{{- /* The preset's model path is the sidecar's link to the hottest verified
+copy of the model file (mo.modelCopies): the server starts once the link
+exists. */}}
+command: ["/bin/sh", "-c", "until [ -e /var/run/model-orchestra/link/model ]; do sleep 0.2; done; exec /app/llama-server \"$@\"", "llama-server"]
+{{- else if eq $rt.engine "llamacpp" }}
 command: ["/app/llama-server"]
 {{- /* llama.cpp's argument parser takes each value as the next argument:
 it refuses --flag=value ("invalid argument"). A sleeping application's
@@ -307,7 +312,11 @@ Then it is loaded (`ollama run` without a prompt), as the other engines
 load theirs before they answer: a sleeping root's seat finds it awake, and
 the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
 no model references when it starts), the cache stays read-only. A TERM
-reaches the server, and the container ends with it. */}}
+reaches the server, and the container ends with it. With model copies
+(mo.modelCopies) the blob links to the sidecar's link instead, which the
+sidecar points at the hottest verified copy of the file on the node before
+each load (Ollama opens the blob again at each load); the script waits for
+the sidecar to place it. */}}
 command: ["/bin/sh", "-c"]
 args:
   - |
@@ -323,7 +332,13 @@ args:
     digest=$(awk -v f="$MODEL_FILE" '$1 == "\"path\":" { p = ($2 == "\"" f "\",") } p && $1 == "\"sha256\":" { gsub(/[",]/, "", $2); print $2; exit }' /models/.orchestra/manifest.json 2>/dev/null || true)
     [ -n "$digest" ] || digest=$(sha256sum "$model" | cut -d' ' -f1)
     mkdir -p "$OLLAMA_MODELS/blobs"
-    ln -sf "$model" "$OLLAMA_MODELS/blobs/sha256-$digest"
+    if [ -n "${MODEL_LINK:-}" ]; then
+      [ -e "$MODEL_LINK" ] || echo "waiting for the sidecar to point $MODEL_LINK at a copy of the model"
+      until [ -e "$MODEL_LINK" ]; do sleep 0.2; done
+      ln -sf "$MODEL_LINK" "$OLLAMA_MODELS/blobs/sha256-$digest"
+    else
+      ln -sf "$model" "$OLLAMA_MODELS/blobs/sha256-$digest"
+    fi
     if command -v wget >/dev/null 2>&1; then
       wget -q -O /dev/null --header 'Content-Type: application/json' \
         --post-data "{\"model\":\"$SERVED_MODEL_NAME\",\"files\":{\"${MODEL_FILE##*/}\":\"sha256:$digest\"},\"stream\":false}" \
@@ -409,6 +424,10 @@ env:
   {{- end }}
   - name: MODEL_FILE
     value: {{ $m.file | quote }}
+  {{- if include "mo.modelCopies" . }}
+  - name: MODEL_LINK
+    value: /var/run/model-orchestra/link/model
+  {{- end }}
   - name: SERVED_MODEL_NAME
     value: {{ $served | quote }}
   {{- end }}
@@ -498,6 +517,34 @@ volumeMounts:
     mountPath: /etc/orchestra/llama
     readOnly: true
   {{- end }}
+  {{- if include "mo.modelCopies" . }}
+  {{- include "mo.modelCopyMounts" . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/* "true" when the engine loads the hottest verified copy of its model
+file on its node (the operator's lifecycle.sleep.modelCopies: Ollama and
+llama.cpp outside seat groups, with a model cache the node agent reads):
+the sidecar points the link /var/run/model-orchestra/link/model at the node
+agent's hot copy, else its warm copy, else the model cache. Empty otherwise. */}}
+{{- define "mo.modelCopies" -}}
+{{- if and .sleep .sleep.modelCopies (not .seatGroup) }}true{{ end -}}
+{{- end -}}
+
+{{/* The mounts of the engine and its sidecar with model copies: the
+namespace's directories of the node agent's tiers (read-only: the agent
+writes them) and the link's directory, an emptyDir the sidecar writes. */}}
+{{- define "mo.modelCopyMounts" -}}
+- name: hot
+  mountPath: /var/run/model-orchestra/hot
+  readOnly: true
+{{- if include "mo.usesWarmTier" . }}
+- name: warm
+  mountPath: /var/run/model-orchestra/warm
+  readOnly: true
+{{- end }}
+- name: model-link
+  mountPath: /var/run/model-orchestra/link
 {{- end -}}
 
 {{/* "true" when a sleeping application's weights may rest in the warm tier
@@ -509,8 +556,10 @@ volumeMounts:
 {{/* The seat sidecar of a sleeping application's root (orchestra-agent
 --role=seat): drives the engine's own sleep and wake API on localhost for
 the dispatcher, and is ready only while the engine is Awake, so that a
-sleeping root leaves the Service's EndpointSlice. Restricted Pod Security;
-it reads no file, so it mounts none. */}}
+sleeping root leaves the Service's EndpointSlice. Restricted Pod Security
+and no volume, except with model copies (mo.modelCopies): then it points
+the engine's link at the hottest verified copy of the model file, reading
+the manifest and the node agent's tier directories. */}}
 {{- define "mo.seatContainer" -}}
 {{- $rt := .spec.runtime -}}
 {{- $served := default .app .spec.serving.servedModelName -}}
@@ -529,6 +578,16 @@ args:
   {{- end }}
   {{- if and (eq $rt.engine "ollama") .sleep.after }}
   - --keep-alive={{ .sleep.after }}
+  {{- end }}
+  {{- if include "mo.modelCopies" . }}
+  - --model-link=/var/run/model-orchestra/link/model
+  - --model-dir=/models
+  - --model-file={{ .spec.model.file }}
+  - --copy-hot-dir=/var/run/model-orchestra/hot
+  {{- if include "mo.usesWarmTier" . }}
+  - --copy-warm-dir=/var/run/model-orchestra/warm
+  {{- end }}
+  - --copy-name={{ .name }}
   {{- end }}
   {{- if and .seatGroup (ne $rt.engine "simulator") }}
   {{- /* In a seat group's pod (shareProcessNamespace) the seat restarts an
@@ -561,11 +620,19 @@ livenessProbe:
 resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
-{{- if and .seatGroup (ne $rt.engine "simulator") }}
+{{- if include "mo.modelCopies" . }}
+volumeMounts:
+  - name: model
+    mountPath: /models
+    readOnly: true
+  {{- include "mo.modelCopyMounts" . | nindent 2 }}
+{{- end }}
+{{- if or (and .seatGroup (ne $rt.engine "simulator")) (include "mo.modelCopies" .) }}
 {{- /* The seat signals its engine's processes and reads their open files,
-which the kernel allows a process of the same user without any capability:
-the seat runs as the engine images' user, root, with every capability
-dropped, like the engine. */}}
+which the kernel allows a process of the same user without any capability;
+with model copies it reads the node agent's tier directories (root's, mode
+0700) and the copies' metadata: the seat runs as the engine images' user,
+root, with every capability dropped, like the engine. */}}
 securityContext:
   runAsUser: 0
   runAsGroup: 0
@@ -586,7 +653,7 @@ models.ini: | {{- include "mo.llamaCppPreset" $ctx | nindent 4 }} */}}
 {{- define "mo.llamaCppPreset" -}}
 version = 1
 [{{ default .app .spec.serving.servedModelName }}]
-model = /models/{{ .spec.model.file }}
+model = {{ if include "mo.modelCopies" . }}/var/run/model-orchestra/link/model{{ else }}/models/{{ .spec.model.file }}{{ end }}
 load-on-startup = true
 {{- end -}}
 

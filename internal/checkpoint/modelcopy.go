@@ -1,0 +1,293 @@
+package checkpoint
+
+// The engine loads the hottest verified copy of its model file on its
+// node. Engines that open their model file at each load (Ollama re-opens
+// its blob, llama.cpp's router re-opens the preset's model path) are
+// pointed at a symlink, the link, in a directory the engine container
+// and the sidecar share (an emptyDir). The sidecar is the link's one
+// writer: at its start, before each wake and whenever the copy it points
+// at goes away, it points the link at the first of
+//
+//	hot:  <hot dir>/<name>   the node agent's copy in RAM
+//	warm: <warm dir>/<name>  the node agent's copy on disk
+//	cold: <model dir>/<file> the model cache
+//
+// that qualifies. A hot or warm copy qualifies only when the node agent's
+// metadata beside it (.<name>.meta.json) records the same size and the
+// same sha256 as the fetcher's manifest lists for the model file: the
+// agent writes a copy under a temporary name, verifies it against the
+// manifest while copying, writes the metadata and only then renames it
+// into place, so a partly written or unverified copy is never pointed
+// at. The node agent owns the copies (placement, budgets, eviction,
+// periodic re-verification, which drops a copy that no longer matches);
+// the sidecar owns which one the engine opens. The link is replaced
+// atomically (a new symlink renamed over it): a load that runs meanwhile
+// opens the old or the new copy, never a missing file.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+// ModelCopiesConfig places the copies of an engine's model file, as the
+// sidecar's container sees them (the same paths as the engine's).
+type ModelCopiesConfig struct {
+	// Link is the symlink the engine opens as its model file; its
+	// directory is shared with the engine. Empty: the sidecar points the
+	// engine at no copy (the engine reads its model where it was told).
+	Link string `json:"link,omitempty"`
+	// ModelDir is the model cache (/models), holding the fetcher's
+	// .orchestra/manifest.json.
+	ModelDir string `json:"modelDir,omitempty"`
+	// File is the model file inside ModelDir.
+	File string `json:"file,omitempty"`
+	// HotDir and WarmDir are the node agent's namespace directories of
+	// the hot and warm tiers; empty: the tier is not used.
+	HotDir  string `json:"hotDir,omitempty"`
+	WarmDir string `json:"warmDir,omitempty"`
+	// Name is the copies' name in the tiers (the ModelCheckpoint's).
+	Name string `json:"name,omitempty"`
+}
+
+// Enabled reports whether the sidecar points the engine at a copy.
+func (c ModelCopiesConfig) Enabled() bool { return c.Link != "" }
+
+// validate reports every invalid field of an enabled configuration.
+func (c ModelCopiesConfig) validate(engine string) []error {
+	if !c.Enabled() {
+		return nil
+	}
+	var errs []error
+	if engine != EngineOllama && engine != EngineLlamaCPP {
+		errs = append(errs, fmt.Errorf("model link: the sidecar points only Ollama and llama.cpp at a copy of their model file (they re-open it at each load), not %s", engine))
+	}
+	if !filepath.IsAbs(c.Link) || !filepath.IsAbs(c.ModelDir) {
+		errs = append(errs, fmt.Errorf("model link %q and model dir %q must be absolute paths", c.Link, c.ModelDir))
+	}
+	if f := filepath.Clean(c.File); c.File == "" || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
+		errs = append(errs, fmt.Errorf("model file %q must be a path inside the model dir", c.File))
+	}
+	if (c.HotDir != "" || c.WarmDir != "") && (c.Name == "" || strings.ContainsAny(c.Name, "/\x00") || strings.HasPrefix(c.Name, ".")) {
+		errs = append(errs, fmt.Errorf("copy name %q must be a plain file name not starting with a dot", c.Name))
+	}
+	return errs
+}
+
+// ModelCopies chooses the copy an engine loads and points the link at it.
+type ModelCopies struct {
+	cfg ModelCopiesConfig
+
+	mu      sync.Mutex
+	current *sidecarapi.ModelCopy // what the link points at
+}
+
+// NewModelCopies returns the chooser of cfg (which must be Enabled).
+func NewModelCopies(cfg ModelCopiesConfig) *ModelCopies { return &ModelCopies{cfg: cfg} }
+
+// Choose is the hottest qualifying copy now, without pointing at it. The
+// model cache's file qualifies when it exists; an error says why none
+// does.
+func (m *ModelCopies) Choose() (sidecarapi.ModelCopy, error) {
+	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
+	want, listed, err := m.manifest()
+	if err != nil {
+		return sidecarapi.ModelCopy{}, err
+	}
+	if listed {
+		for _, t := range []struct {
+			tier Tier
+			dir  string
+		}{{TierHot, m.cfg.HotDir}, {TierWarm, m.cfg.WarmDir}} {
+			if t.dir == "" {
+				continue
+			}
+			if c, ok := tierCopy(t.dir, m.cfg.Name, want); ok {
+				c.Tier = string(t.tier)
+				return c, nil
+			}
+		}
+	}
+	fi, err := os.Stat(cold)
+	if err != nil {
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
+	}
+	return sidecarapi.ModelCopy{Tier: string(TierCold), Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, nil
+}
+
+// manifest is the fetcher's entry of the model file; listed is false when
+// the cache has no complete manifest listing it with a sha256 (then only
+// the cache's file qualifies: nothing vouches for a copy).
+func (m *ModelCopies) manifest() (fetch.ManifestFile, bool, error) {
+	man, err := fetch.ReadManifest(m.cfg.ModelDir)
+	if err != nil {
+		return fetch.ManifestFile{}, false, err
+	}
+	if man == nil || !man.Complete {
+		return fetch.ManifestFile{}, false, nil
+	}
+	rel := filepath.ToSlash(filepath.Clean(m.cfg.File))
+	for _, f := range man.Files {
+		if f.Path == rel && f.SHA256 != "" {
+			return f, true, nil
+		}
+	}
+	return fetch.ManifestFile{}, false, nil
+}
+
+// tierCopy is the node agent's copy name in dir when its metadata records
+// the manifest's size and sha256 and the file has that size.
+func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "."+name+".meta.json"))
+	if err != nil {
+		return sidecarapi.ModelCopy{}, false
+	}
+	var md meta
+	if json.Unmarshal(b, &md) != nil || md.Bytes != want.Size || md.SHA256 == "" || !strings.EqualFold(md.SHA256, want.SHA256) {
+		return sidecarapi.ModelCopy{}, false
+	}
+	p := filepath.Join(dir, name)
+	fi, err := os.Stat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != md.Bytes {
+		return sidecarapi.ModelCopy{}, false
+	}
+	return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, SHA256: strings.ToLower(md.SHA256)}, true
+}
+
+// Point points the link at the hottest qualifying copy and returns it.
+func (m *ModelCopies) Point() (sidecarapi.ModelCopy, error) {
+	c, err := m.Choose()
+	if err != nil {
+		return c, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if target, err := os.Readlink(m.cfg.Link); err != nil || target != c.Path {
+		tmp := fmt.Sprintf("%s.tmp-%d", m.cfg.Link, os.Getpid())
+		_ = os.Remove(tmp)
+		if err := os.Symlink(c.Path, tmp); err != nil {
+			return c, fmt.Errorf("pointing the model link: %w", err)
+		}
+		if err := os.Rename(tmp, m.cfg.Link); err != nil {
+			_ = os.Remove(tmp)
+			return c, fmt.Errorf("pointing the model link: %w", err)
+		}
+	}
+	m.current = &c
+	return c, nil
+}
+
+// Current is the copy the link points at (nil before the first Point).
+func (m *ModelCopies) Current() *sidecarapi.ModelCopy {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.current == nil {
+		return nil
+	}
+	c := *m.current
+	return &c
+}
+
+// Gone reports whether the copy the link points at no longer exists (the
+// node agent evicted or dropped it), so that a load would fail.
+func (m *ModelCopies) Gone() bool {
+	c := m.Current()
+	if c == nil {
+		return true
+	}
+	_, err := os.Stat(c.Path)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// copyEngine is an engine that loads its model file through the link:
+// each wake first points it at the hottest qualifying copy, and reports
+// that copy as what the wake read.
+type copyEngine struct {
+	Engine
+	copies *ModelCopies
+
+	mu   sync.Mutex
+	last *sidecarapi.Transfer
+}
+
+// withModelCopies wraps engine when cfg points it at copies.
+func withModelCopies(engine Engine, copies *ModelCopies) Engine {
+	if copies == nil {
+		return engine
+	}
+	return &copyEngine{Engine: engine, copies: copies}
+}
+
+// Wake points the link, then wakes the engine. When the load fails
+// because the copy went away meanwhile (an eviction between the choice
+// and the engine's open), it points again and retries once.
+func (e *copyEngine) Wake(ctx context.Context) error {
+	c, err := e.copies.Point()
+	if err != nil {
+		return err
+	}
+	err = e.Engine.Wake(ctx)
+	if err != nil && e.copies.Gone() {
+		if c, err = e.copies.Point(); err != nil {
+			return err
+		}
+		err = e.Engine.Wake(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	// Every candidate was verified against the fetcher's manifest sha256:
+	// a hot or warm copy by the node agent as it copied it (and by its
+	// periodic re-hash since), the cache's file by the fetcher.
+	e.last = &sidecarapi.Transfer{Tier: c.Tier, Bytes: c.Bytes, Verified: c.SHA256 != ""}
+	e.mu.Unlock()
+	return nil
+}
+
+// Sleep unloads the model; the copy it loaded stays where it is.
+func (e *copyEngine) Sleep(ctx context.Context, level int) error {
+	err := e.Engine.Sleep(ctx, level)
+	e.mu.Lock()
+	e.last = nil // a sleep moves no bytes of the model file
+	e.mu.Unlock()
+	return err
+}
+
+// LastTransfer implements TransferReporter.
+func (e *copyEngine) LastTransfer() *sidecarapi.Transfer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.last == nil {
+		return nil
+	}
+	t := *e.last
+	return &t
+}
+
+// ModelCopy implements ModelCopyReporter: awake, the copy the engine
+// loaded; otherwise the copy its next wake will load.
+func (e *copyEngine) ModelCopy(awake bool) *sidecarapi.ModelCopy {
+	if awake {
+		return e.copies.Current()
+	}
+	c, err := e.copies.Choose()
+	if err != nil {
+		return e.copies.Current()
+	}
+	return &c
+}
+
+// ModelCopyReporter is implemented by engines the sidecar points at a
+// copy of their model file.
+type ModelCopyReporter interface {
+	ModelCopy(awake bool) *sidecarapi.ModelCopy
+}

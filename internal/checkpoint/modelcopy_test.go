@@ -1,0 +1,178 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/model-orchestra/operator/internal/fetch"
+)
+
+// linkReader is an engine that, like Ollama and llama.cpp's router, opens
+// its model file at each load: its wake reads the link and keeps the bytes.
+type linkReader struct {
+	link   string
+	loaded []byte
+	asleep bool
+}
+
+func (e *linkReader) Name() string                           { return EngineOllama }
+func (e *linkReader) InFlight(context.Context) (int, error)  { return 0, nil }
+func (e *linkReader) Sleep(context.Context, int) error       { e.asleep, e.loaded = true, nil; return nil }
+func (e *linkReader) Sleeping(context.Context) (bool, error) { return e.asleep, nil }
+func (e *linkReader) Wake(context.Context) (err error) {
+	e.loaded, err = os.ReadFile(e.link)
+	e.asleep = err != nil
+	return err
+}
+
+// TestTheEngineLoadsTheHottestVerifiedCopy points an engine that opens its
+// model file at each load through the sidecar's link: at the model cache
+// while the node agent holds no copy, at the agent's hot copy once it
+// placed one from the cache (verified against the fetcher's manifest),
+// at the warm copy once the hot copy is evicted, and never at a partly
+// written copy or at one whose recorded sha256 is not the manifest's. A
+// cold copy that does not match the manifest is refused by the agent and
+// never becomes visible. Each wake reports the tier it read and the bytes.
+func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
+	cache := t.TempDir()
+	model := blob(3<<20+17, 7)
+	if err := os.WriteFile(filepath.Join(cache, "tiny.gguf"), model, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(model)
+	want := fetch.ManifestFile{Path: "tiny.gguf", Size: int64(len(model)), SHA256: hex.EncodeToString(sum[:])}
+	writeManifest(t, cache, fetch.Manifest{Version: fetch.ManifestVersion, Complete: true, Files: []fetch.ManifestFile{want}})
+
+	s, cfg := testStore(t, Budgets{Hot: 8 << 20, Warm: 8 << 20})
+	k := Key{Namespace: "ns", Name: "rel-chat"}
+	linkDir := t.TempDir()
+	copies := NewModelCopies(ModelCopiesConfig{
+		Link: filepath.Join(linkDir, "model"), ModelDir: cache, File: "tiny.gguf",
+		HotDir: filepath.Join(cfg.HotDir, "ns"), WarmDir: filepath.Join(cfg.WarmDir, "ns"), Name: k.Name,
+	})
+	if errs := copies.cfg.validate(EngineOllama); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	inner := &linkReader{link: copies.cfg.Link}
+	e := withModelCopies(inner, copies).(*copyEngine)
+	ctx := context.Background()
+	wake := func(wantTier Tier, wantPath string) {
+		t.Helper()
+		if next := e.ModelCopy(false); next == nil || next.Tier != string(wantTier) || next.Path != wantPath {
+			t.Errorf("asleep, the next wake would load %+v; want the %s copy %s", next, wantTier, wantPath)
+		}
+		if err := e.Wake(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if string(inner.loaded) != string(model) {
+			t.Errorf("the engine loaded %d bytes that are not the model file", len(inner.loaded))
+		}
+		if target, _ := os.Readlink(copies.cfg.Link); target != wantPath {
+			t.Errorf("the link points at %s; want %s", target, wantPath)
+		}
+		tr := e.LastTransfer()
+		if tr == nil || tr.Tier != string(wantTier) || tr.Bytes != int64(len(model)) || !tr.Verified {
+			t.Errorf("the wake reported %+v; want %d verified bytes from %s", tr, len(model), wantTier)
+		}
+		if cur := e.ModelCopy(true); cur == nil || cur.Path != wantPath {
+			t.Errorf("awake, the loaded copy is %+v; want %s", cur, wantPath)
+		}
+		if err := e.Sleep(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	coldPath := filepath.Join(cache, "tiny.gguf")
+	hotPath, warmPath := s.Path(k, TierHot), s.Path(k, TierWarm)
+
+	// No copy yet: the cache.
+	wake(TierCold, coldPath)
+
+	// A cold file whose bytes are not the manifest's is refused, and
+	// nothing is visible.
+	bad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, "tiny.gguf"), blob(len(model), 8), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Promote(ctx, k, TierHot, manifestVerified{ColdFile: ColdFile(filepath.Join(bad, "tiny.gguf")), want: want}, "", 0); !errors.Is(err, ErrManifestMismatch) {
+		t.Fatalf("promoting a mismatching cold copy: %v; want ErrManifestMismatch", err)
+	}
+	if _, err := os.Stat(hotPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after the refused copy %s exists (%v)", hotPath, err)
+	}
+	wake(TierCold, coldPath)
+
+	// A partly written copy (the agent's temporary name) is never used.
+	if err := os.MkdirAll(filepath.Dir(hotPath), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(hotPath), "."+k.Name+".tmp-1"), model[:1<<20], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wake(TierCold, coldPath)
+
+	// The agent's verified copies: hot first, then warm.
+	cold := manifestVerified{ColdFile: ColdFile(coldPath), want: want}
+	if e, err := s.Promote(ctx, k, TierWarm, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
+		t.Fatalf("promoting to warm: %+v, %v; want the manifest's sha256 recorded", e, err)
+	}
+	wake(TierWarm, warmPath)
+	if e, err := s.Promote(ctx, k, TierHot, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
+		t.Fatalf("promoting to hot (from warm): %+v, %v; want the sha256 carried", e, err)
+	}
+	wake(TierHot, hotPath)
+
+	// The hot copy goes (an eviction) while the engine is awake: the link
+	// is re-pointed, and the next wake loads the warm copy.
+	if err := e.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(k, TierHot); err != nil {
+		t.Fatal(err)
+	}
+	if !copies.Gone() {
+		t.Error("the removed hot copy is not reported gone")
+	}
+	if err := e.Sleep(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	wake(TierWarm, warmPath)
+
+	// A copy whose metadata records another sha256 (another model file
+	// under the same name) is not the engine's.
+	mp := s.metaPath(k, TierWarm)
+	b, err := os.ReadFile(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var md meta
+	if err := json.Unmarshal(b, &md); err != nil {
+		t.Fatal(err)
+	}
+	md.SHA256 = hex.EncodeToString(make([]byte, 32))
+	b, _ = json.Marshal(md)
+	if err := os.WriteFile(mp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wake(TierCold, coldPath)
+}
+
+func writeManifest(t *testing.T, dir string, m fetch.Manifest) {
+	t.Helper()
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := fetch.ManifestPath(dir)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

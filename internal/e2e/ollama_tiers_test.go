@@ -1,0 +1,281 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+// TestOllamaWakesFromAVerifiedHotCopy runs the real Ollama engine as a
+// sleeping application whose model cache the node agent reads
+// (ReadWriteMany): the sidecar points Ollama's blob at the hottest
+// verified copy of the GGUF on its node. Idle, Ollama unloads the model
+// and the leader asks the node agent for a hot copy, which the agent
+// verifies against the fetcher's manifest sha256: the status says Hot, and
+// the chat that wakes it loads the copy in RAM (lastWake.fromTier Hot, the
+// GGUF's bytes). A byte of that copy then flips on the node: the agent's
+// verification drops it, the status says Cold, and the next wake loads
+// the model cache, answered as before. With parkAfter the hot copy moves
+// to the warm tier, and the wake after it loads the disk copy.
+func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
+	requireOllama(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-ollama-tiers")
+	const name, app = "tiers", "ollama"
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := ollamaTiersResource(t, ns, name, app, nil)
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	logf("Ready")
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := ollamaServed(app)
+	gguf := stack.TinyModelFiles()[stack.DemoFile]
+	sum := sha256.Sum256(gguf)
+	sha, size := hex.EncodeToString(sum[:]), int64(len(gguf))
+	copyName := name + "-" + app // the ModelCheckpoint's name
+	root := appRoot(ctx, t, ns, name, app)
+	agentURL := nodeAgentURL(ctx, t, ns, name, root.Spec.NodeName)
+	sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	callerToken := string(sec.Data["token"])
+
+	if st, err := seatState(ctx, ns, root.Name); err != nil || st.Model == nil || st.Model.Tier != "cold" || st.Model.Path != "/models/"+stack.DemoFile {
+		t.Fatalf("at start the sidecar pointed Ollama at %+v (%v); want the model cache's %s (no copy on the node yet)", st, err, stack.DemoFile)
+	}
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat: %v", err)
+	}
+
+	// asleepIn waits until the application sleeps with its model file
+	// resting in tier, as the status and the sidecar say.
+	asleepIn := func(tier v1alpha1.Tier, path string) {
+		t.Helper()
+		eventually(t, 90*time.Second, func() error {
+			st, err := appStatus(ctx, ns, name, app)
+			if err != nil {
+				return err
+			}
+			if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep || lc.ResidentTier != tier {
+				return fmt.Errorf("lifecycle %s; want Asleep with residentTier %s", lifecycleJSON(st.Lifecycle), tier)
+			}
+			seat, err := seatState(ctx, ns, root.Name)
+			if err != nil {
+				return err
+			}
+			if seat.State != sidecarapi.Asleep || seat.Model == nil || seat.Model.Path != path || seat.Model.Bytes != size {
+				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", seat.State, seat.Model, path, size)
+			}
+			if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 0 {
+				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)
+			}
+			return nil
+		})
+		logf("asleep, the model file in the %s tier", tier)
+	}
+	// wakeFrom sends a chat and checks that the wake loaded tier.
+	wakeFrom := func(tier v1alpha1.Tier, path string) {
+		t.Helper()
+		st, _ := appStatus(ctx, ns, name, app)
+		wakes := st.Lifecycle.Wakes
+		sent := time.Now()
+		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
+		if err != nil || !res.Done || res.Content == "" {
+			t.Fatalf("the chat sent to the sleeping engine: %+v, %v", res, err)
+		}
+		logf("the chat that woke Ollama from the %s tier was answered in %s", tier, time.Since(sent).Round(time.Millisecond))
+		eventually(t, 30*time.Second, func() error {
+			st, err := appStatus(ctx, ns, name, app)
+			if err != nil {
+				return err
+			}
+			lc := st.Lifecycle
+			if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Wakes != wakes+1 || lc.LastWake == nil {
+				return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(lc), wakes+1)
+			}
+			if lc.LastWake.FromTier != tier || lc.LastWake.Bytes != size {
+				return fmt.Errorf("lastWake %s; want fromTier %s with the GGUF's %d bytes", jsonOf(lc.LastWake), tier, size)
+			}
+			return nil
+		})
+		seat, err := seatState(ctx, ns, root.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seat.Model == nil || seat.Model.Path != path || seat.LastWake == nil || seat.LastWake.Transfer == nil || seat.LastWake.Transfer.Tier != string(tierName(tier)) || !seat.LastWake.Transfer.Verified {
+			t.Errorf("the sidecar says the engine loaded %+v, its last wake %s; want %s, verified", seat.Model, jsonOf(seat.LastWake), path)
+		}
+		if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 1 {
+			t.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)
+		}
+	}
+
+	hotPath := "/var/run/model-orchestra/hot/" + copyName
+	t.Run("asleep, the node agent holds a verified hot copy and the wake loads it", func(t *testing.T) {
+		asleepIn(v1alpha1.TierHot, hotPath)
+		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot)
+		if !ok || e.SHA256 != sha || e.Bytes != size {
+			t.Fatalf("the node agent's hot copy %+v (%v); want %d bytes verified against the manifest's sha256 %s", e, ok, size, sha)
+		}
+		wakeFrom(v1alpha1.TierHot, hotPath)
+	})
+
+	t.Run("a hot copy that no longer verifies is dropped and never loaded", func(t *testing.T) {
+		asleepIn(v1alpha1.TierHot, hotPath)
+		// The copy on the node (the hot tier's hostPath), as a bad RAM
+		// page or a stray writer would leave it.
+		onNode := filepath.Join(tierDirs(t)[0], ns, copyName)
+		f, err := os.OpenFile(onNode, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatalf("the hot copy on the node: %v", err)
+		}
+		b := make([]byte, 1)
+		if _, err := f.ReadAt(b, size/2); err != nil {
+			t.Fatal(err)
+		}
+		b[0] ^= 0xff
+		if _, err := f.WriteAt(b, size/2); err != nil {
+			t.Fatal(err)
+		}
+		_ = f.Close()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, agentURL+nodeapi.PathVerify, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeapi.Authorize(req, callerToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST /verify: %d %s", resp.StatusCode, body)
+		}
+		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
+			t.Fatalf("the node agent kept the hot copy that no longer matches its digest: %s", body)
+		}
+		asleepIn(v1alpha1.TierCold, "/models/"+stack.DemoFile)
+		wakeFrom(v1alpha1.TierCold, "/models/"+stack.DemoFile)
+	})
+
+	t.Run("after parkAfter the copy moves to the warm tier and the wake loads it", func(t *testing.T) {
+		obj := ollamaTiersResource(t, ns, name, app, map[string]any{"parkAfter": "4s"})
+		if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+			t.Fatal(err)
+		}
+		warmPath := "/var/run/model-orchestra/warm/" + copyName
+		asleepIn(v1alpha1.TierWarm, warmPath)
+		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
+			t.Error("the hot copy stayed after the demotion")
+		}
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierWarm); !ok || e.SHA256 != sha {
+			t.Fatalf("the warm copy %+v (%v); want the manifest's sha256 carried from the hot copy", e, ok)
+		}
+		wakeFrom(v1alpha1.TierWarm, warmPath)
+		if p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{}); err != nil || p.UID != root.UID {
+			t.Errorf("the root pod was replaced (%v)", err)
+		} else {
+			for _, s := range p.Status.ContainerStatuses {
+				if s.RestartCount > 0 {
+					t.Errorf("container %s restarted %d times", s.Name, s.RestartCount)
+				}
+			}
+		}
+	})
+}
+
+// tierName is the sidecar's and agent's name of a tier.
+func tierName(t v1alpha1.Tier) checkpoint.Tier {
+	switch t {
+	case v1alpha1.TierHot:
+		return checkpoint.TierHot
+	case v1alpha1.TierWarm:
+		return checkpoint.TierWarm
+	}
+	return checkpoint.TierCold
+}
+
+// ollamaTiersResource is one sleeping Ollama application on the mirrored
+// model with a ReadWriteMany cache, which the node agent mounts.
+func ollamaTiersResource(t *testing.T, ns, name, app string, lifecycle map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	obj := ollamaResource(t, ns, name)
+	spec, _, _ := unstructured.NestedMap(obj.Object, "spec", "applications", ollamaSleepy)
+	lc := map[string]any{"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "4s", "maxWait": "2m"}
+	for k, v := range lifecycle {
+		lc[k] = v
+	}
+	spec["lifecycle"] = lc
+	spec["serving"].(map[string]any)["servedModelName"] = ollamaServed(app)
+	spec["model"].(map[string]any)["cache"] = map[string]any{"size": "1Gi", "accessMode": "ReadWriteMany"}
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{app: spec}, "spec", "applications"))
+	return obj
+}
+
+// nodeAgentURL is the base URL of the release's node agent on node.
+func nodeAgentURL(ctx context.Context, t *testing.T, ns, release, node string) string {
+	t.Helper()
+	var url string
+	eventually(t, time.Minute, func() error {
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component=checkpoint-agent"})
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.Spec.NodeName == node && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				url = "http://" + net.JoinHostPort(p.Status.PodIP, "9301")
+				return nil
+			}
+		}
+		return fmt.Errorf("no running node agent on %s", node)
+	})
+	return url
+}
+
+// agentCopy is the node agent's copy of name in tier, if it holds one.
+func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tier checkpoint.Tier) (checkpoint.Entry, bool) {
+	t.Helper()
+	var st checkpoint.TiersStatus
+	if err := (nodeapi.Client{URL: agentURL, HTTP: http.DefaultClient}).Call(ctx, http.MethodGet, nodeapi.PathTiers, nil, &st); err != nil {
+		t.Fatalf("GET /tiers of the node agent: %v", err)
+	}
+	for _, e := range st.Entries {
+		if e.Namespace == ns && e.Name == name && e.Tier == tier && !e.Offload {
+			return e, true
+		}
+	}
+	return checkpoint.Entry{}, false
+}

@@ -1,0 +1,153 @@
+package lifecycle
+
+// Model copies: engines that load the hottest verified copy of their model
+// file on their node (Ollama, llama.cpp; SleepConfig.ModelCopies). Their
+// sidecar points the engine at the node agent's hot copy, else its warm
+// copy, else the model cache, at start and before each wake; the leader
+// asks the node agents for the copies on the same ladder as the
+// simulator's weights:
+//
+//	fall asleep        --> POST /promote {to: hot, coldPath} on each root's node
+//	                       (from the agent's warm copy, else the model cache;
+//	                       verified against the fetcher's manifest, within the
+//	                       hot budget and its eviction rules)
+//	parkAfter asleep   --> POST /demote (the agent's hot copy to warm, verified);
+//	                       POST /promote {to: warm} from the cache when that fails
+//	wake               --> the sidecar points the engine at the hottest copy;
+//	                       lastWake.fromTier is the tier it loaded
+//
+// The engine unloads the model completely when it sleeps, so no engine
+// call is needed to move between tiers: the next wake opens the copy the
+// sidecar points it at. The resident tier while asleep is the tier the
+// sidecars say the next wake will load (GET /state's model).
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
+)
+
+// EventCopyNotPlaced is the warning event of a copy of a sleeping
+// engine's model file the node agent could not place.
+const EventCopyNotPlaced = "CopyNotPlaced"
+
+// copyTarget is the tier a sleeping engine's copy is asked for: hot,
+// unless the application's hot tier is None; then warm, unless its warm
+// tier is None too (empty: none).
+func (s *SleepConfig) copyTarget() checkpoint.Tier {
+	switch {
+	case s.HotTier != v1alpha1.HotTierNone:
+		return checkpoint.TierHot
+	case s.usesWarm():
+		return checkpoint.TierWarm
+	}
+	return ""
+}
+
+// placeCopies asks the node agent on each root's node for a copy of the
+// model file in the hottest tier the application uses, so that the next
+// wake reads RAM, not the model cache. It runs beside the application's
+// loop (a copy of a large model takes seconds to minutes, and a request
+// must not wait for it): a wake that starts before the copy is in place
+// loads the tier below, and the next one the copy. One placement at a
+// time per application.
+func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []sidecarRef) {
+	to := a.Sleep.copyTarget()
+	if !a.Sleep.ModelCopies || a.Sleep.ColdPath == "" || to == "" {
+		return
+	}
+	if a.sl.copying != nil {
+		select {
+		case <-a.sl.copying:
+		default:
+			return // the last placement still runs
+		}
+	}
+	agents := c.agentsOf(a, sidecars)
+	if len(agents) == 0 {
+		return
+	}
+	done := make(chan struct{})
+	a.sl.copying = done
+	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: to, ColdPath: a.Sleep.ColdPath}
+	name, timeout := a.Name, a.Sleep.WakeTimeout.Duration
+	go func() {
+		defer close(done)
+		for _, ag := range agents {
+			start := time.Now()
+			var e checkpoint.Entry
+			if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, timeout); err != nil {
+				c.log.Warn("placing a copy of the model file for the next wake failed; it reads the tier below", "app", name, "node", ag.node, "tier", to, "err", err)
+				c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, "no %s copy of the model file of %s on %s: %v; the next wake reads the tier below", to, name, ag.node, err)
+				continue
+			}
+			c.log.Info("copy of the model file placed for the next wake", "app", name, "node", ag.node, "tier", e.Tier,
+				"bytes", e.Bytes, "sha256", e.SHA256, "seconds", time.Since(start).Seconds())
+		}
+		a.kickNow() // the next step refreshes the resident tier
+	}()
+}
+
+// demoteCopies is the parkAfter demotion of engines that load copies:
+// each node agent moves its hot copy to the warm tier (POST /demote,
+// verified), or places a warm copy from the cache when it has none; the
+// engines, unloaded, need no call. With tiers.warm None the hot copy
+// stays (the agent's budget may still evict it).
+func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []sidecarRef) error {
+	start := c.now()
+	if a.Sleep.usesWarm() {
+		for _, ag := range c.agentsOf(a, sidecars) {
+			err := c.demoteWarm(ctx, a, ag, "")
+			if err != nil && a.Sleep.ColdPath != "" {
+				c.log.Info("no hot copy to demote; placing a warm copy from the model cache", "app", a.Name, "agent", ag.pod, "err", err)
+				err = c.promoteWarm(ctx, a, ag, "")
+			}
+			if err != nil {
+				c.log.Warn("placing a warm copy failed (the next wake reads the tier below)", "app", a.Name, "agent", ag.pod, "err", err)
+			}
+		}
+	}
+	a.sl.level = 2
+	a.status.Message = ""
+	c.refreshTier(ctx, a, sidecars)
+	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
+	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
+	c.event(a, corev1.EventTypeNormal, EventDemoted, "the model file of %s left the hot tier after %v asleep; the next wake reads the %s tier",
+		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
+	a.changed()
+	a.kickNow()
+	return nil
+}
+
+// sidecarsTier is where the sidecars say the engines' next wake reads the
+// model file: the slowest of their copies (every root must find it there
+// for the wake to read that tier). ok is false when a sidecar does not
+// answer or does not point its engine at copies.
+func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v1alpha1.Tier, int64, bool) {
+	if len(sidecars) == 0 {
+		return "", 0, false
+	}
+	rank := map[v1alpha1.Tier]int{v1alpha1.TierHot: 0, v1alpha1.TierWarm: 1, v1alpha1.TierCold: 2}
+	var tier v1alpha1.Tier
+	var bytes int64
+	for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
+		if r.err != nil || r.st.Model == nil {
+			return "", 0, false
+		}
+		t := tierOf(r.st.Model.Tier)
+		if t == "" {
+			return "", 0, false
+		}
+		if tier == "" || rank[t] > rank[tier] {
+			tier = t
+		}
+		bytes = r.st.Model.Bytes
+	}
+	return tier, bytes, true
+}

@@ -1,0 +1,121 @@
+package preview
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestEnginesLoadTheHottestCopy checks what the chart renders when the
+// operator sets lifecycle.sleep.modelCopies (and coldPath) for Ollama and
+// llama.cpp: the node agent mounts their model caches; each root's sidecar
+// gets the link, the model file and the namespace's tier directories
+// (read-only) and runs as root without any capability to read them; the
+// engine mounts the same directories read-only and the link's emptyDir,
+// Ollama's start script links its blob to the link and llama.cpp's preset
+// loads the link; the leader's configuration says modelCopies. Without
+// the value nothing of it is rendered.
+func TestEnginesLoadTheHottestCopy(t *testing.T) {
+	vals := readValues(t, sleepValues)
+	apps := vals["global"].(map[string]any)["applications"].(map[string]any)
+	files := map[string]string{"ollama": "qwen2.5-0.5b-instruct-q4_k_m.gguf", "llama": "tinyllama.Q4_K_M.gguf"}
+
+	before := renderObjects(t, vals)
+	for app := range files {
+		var sts appsv1.StatefulSet
+		before.get(t, "StatefulSet", "x-"+app, &sts)
+		for _, c := range sts.Spec.Template.Spec.Containers {
+			for _, m := range c.VolumeMounts {
+				if m.Name == "hot" || m.Name == "model-link" {
+					t.Errorf("%s: container %s mounts %s without modelCopies", app, c.Name, m.Name)
+				}
+			}
+		}
+	}
+
+	for app, file := range files {
+		s := apps[app].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)
+		s["coldPath"], s["modelCopies"] = app+"/"+file, true
+	}
+	objs := renderObjects(t, vals)
+
+	var ds appsv1.DaemonSet
+	objs.get(t, "DaemonSet", "x-agent", &ds)
+	agent := container(t, ds.Spec.Template.Spec, "agent")
+	for app := range files {
+		want := corev1.VolumeMount{Name: "cold-" + app, MountPath: "/var/lib/orchestra-agent/cold/" + app, ReadOnly: true}
+		if !slices.Contains(agent.VolumeMounts, want) {
+			t.Errorf("agent mounts %+v, want %+v", agent.VolumeMounts, want)
+		}
+	}
+
+	tierMounts := []corev1.VolumeMount{
+		{Name: "hot", MountPath: "/var/run/model-orchestra/hot", ReadOnly: true},
+		{Name: "warm", MountPath: "/var/run/model-orchestra/warm", ReadOnly: true},
+		{Name: "model-link", MountPath: "/var/run/model-orchestra/link"},
+	}
+	for app, file := range files {
+		var sts appsv1.StatefulSet
+		objs.get(t, "StatefulSet", "x-"+app, &sts)
+		pod := sts.Spec.Template.Spec
+		engine, seat := container(t, pod, "engine"), container(t, pod, "seat")
+		for _, m := range tierMounts {
+			if !slices.Contains(engine.VolumeMounts, m) || !slices.Contains(seat.VolumeMounts, m) {
+				t.Errorf("%s: engine mounts %+v, seat %+v; want both %+v", app, engine.VolumeMounts, seat.VolumeMounts, m)
+			}
+		}
+		if !slices.Contains(seat.VolumeMounts, corev1.VolumeMount{Name: "model", MountPath: "/models", ReadOnly: true}) {
+			t.Errorf("%s: seat mounts %+v; want the model cache read-only at /models", app, seat.VolumeMounts)
+		}
+		for _, a := range []string{"--model-link=/var/run/model-orchestra/link/model", "--model-dir=/models", "--model-file=" + file,
+			"--copy-hot-dir=/var/run/model-orchestra/hot", "--copy-warm-dir=/var/run/model-orchestra/warm", "--copy-name=x-" + app} {
+			if !slices.Contains(seat.Args, a) {
+				t.Errorf("%s: seat args %q; want %s", app, seat.Args, a)
+			}
+		}
+		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: seat security context %+v; want root (the tier directories are root's, 0700) with every capability dropped and a read-only root", app, sc)
+		}
+		if why := privileges(pod); len(why) > 0 {
+			t.Errorf("%s: the root pod gained privileges: %v", app, why)
+		}
+		vols := map[string]corev1.Volume{}
+		for _, v := range pod.Volumes {
+			vols[v.Name] = v
+		}
+		if v := vols["hot"]; v.HostPath == nil || v.HostPath.Path != "/dev/shm/model-orchestra/ns" {
+			t.Errorf("%s: volume hot %+v; want the hot tier's namespace directory", app, v)
+		}
+		if v := vols["model-link"]; v.EmptyDir == nil {
+			t.Errorf("%s: volume model-link %+v; want an emptyDir", app, v)
+		}
+	}
+
+	var sts appsv1.StatefulSet
+	objs.get(t, "StatefulSet", "x-ollama", &sts)
+	engine := container(t, sts.Spec.Template.Spec, "engine")
+	if env := envOf(engine); env["MODEL_LINK"] != "/var/run/model-orchestra/link/model" {
+		t.Errorf("ollama env %v; want MODEL_LINK", env)
+	}
+	if script := strings.Join(engine.Args, "\n"); !strings.Contains(script, `ln -sf "$MODEL_LINK" "$OLLAMA_MODELS/blobs/sha256-$digest"`) {
+		t.Errorf("ollama's start script does not link its blob to the sidecar's link:\n%s", script)
+	}
+	var cm corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-llama-llama", &cm)
+	if !strings.Contains(cm.Data["models.ini"], "model = /var/run/model-orchestra/link/model") {
+		t.Errorf("llama.cpp preset %q; want the model at the link", cm.Data["models.ini"])
+	}
+	objs.get(t, "StatefulSet", "x-llama", &sts)
+	if llama := container(t, sts.Spec.Template.Spec, "engine"); len(llama.Command) < 3 || !strings.Contains(llama.Command[2], "until [ -e /var/run/model-orchestra/link/model ]") {
+		t.Errorf("llama.cpp command %q; want it to wait for the link", llama.Command)
+	}
+
+	var cfgMap corev1.ConfigMap
+	objs.get(t, "ConfigMap", "x-dispatcher", &cfgMap)
+	if cfg := cfgMap.Data["dispatcher.yaml"]; strings.Count(cfg, "modelCopies: true") != 2 {
+		t.Errorf("dispatcher configuration has %d modelCopies; want one per application:\n%s", strings.Count(cfg, "modelCopies: true"), cfg)
+	}
+}
