@@ -25,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -213,8 +214,7 @@ func (c *Controller) labelNodes(ctx context.Context, lb *nodeLabeller, apps []*a
 	lb.mu.Lock()
 	defer lb.mu.Unlock()
 	for _, p := range PlanNodeLabels(nodes, keys, lb.written) {
-		body, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": p.Labels}})
-		_, err := c.deps.Kube.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "orchestra-lifecycle"})
+		err := PatchNodeLabels(ctx, c.deps.Kube, p)
 		switch {
 		case err == nil:
 			w := lb.written[p.Node]
@@ -250,6 +250,18 @@ func (c *Controller) labelNodes(ctx context.Context, lb *nodeLabeller, apps []*a
 			c.log.Warn("patching a node's weights labels; retrying", "node", p.Node, "err", err)
 		}
 	}
+}
+
+// PatchNodeLabels applies one node's label patch: a JSON merge patch of
+// its labels (null removes one), which touches no other label or field
+// and needs only the patch verb on nodes.
+func PatchNodeLabels(ctx context.Context, kube kubernetes.Interface, p LabelPatch) error {
+	body, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": p.Labels}})
+	if err != nil {
+		return err
+	}
+	_, err = kube.CoreV1().Nodes().Patch(ctx, p.Node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: "orchestra-lifecycle"})
+	return err
 }
 
 func labelsText(l map[string]*string) map[string]string {

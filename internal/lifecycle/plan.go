@@ -80,11 +80,16 @@ type SleepPolicy struct {
 	ParkAfter time.Duration
 	// Level the engines sleep at now (1, or 2 once demoted).
 	Level int32
-	// Offloads: the engines' level-1 sleep leaves their weights in the
-	// hot tier (the simulator's offload, vLLM's own RAM), which parking
-	// demotes first; engines that unload completely (Ollama, llama.cpp)
-	// have nothing to demote.
+	// Offloads: the engines' level-1 sleep leaves their weights in an
+	// offload of their own (the simulator's file in the hot tier, vLLM's
+	// own RAM), which parking demotes before the pods go; engines that
+	// unload completely (Ollama, llama.cpp) have none.
 	Offloads bool
+	// HotCopies: the node agents keep a hot copy of the model file the
+	// engines load (Ollama, llama.cpp with model copies): parking with
+	// minReplicas above 0 demotes it to warm, parking to zero keeps it
+	// hot for the next wake.
+	HotCopies bool
 	// AsleepFor is the time since the engines were decided asleep.
 	AsleepFor time.Duration
 	// SleepHeld and ParkHeld: a failed sleep or park holds off the next
@@ -303,7 +308,7 @@ func Decide(o Observation) []Action {
 		if len(awake) > 0 {
 			return append(plan, Action{Kind: ActSleepSidecars, Pods: awake, Level: o.Sleep.Level})
 		}
-		if allAsleep && parkDue && o.Sleep.Level == 1 && o.Sleep.Offloads {
+		if allAsleep && parkDue && o.Sleep.Level == 1 && (o.Sleep.Offloads || o.Sleep.HotCopies && o.App.MinReplicas > 0) {
 			return append(plan, Action{Kind: ActPark})
 		}
 		if o.Sleep.RefreshDue {

@@ -165,6 +165,15 @@ func TestDecide(t *testing.T) {
 		{"asleep: parkAfter with minReplicas 1 still demotes the offload", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
 			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.App.MinReplicas = time.Minute, time.Hour, true, 1
 		}), []Action{act(ActPark)}},
+		{"asleep: parkAfter with hot copies of the model file (Ollama) scales away, the hot copy kept", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.Sleep.HotCopies = time.Minute, time.Hour, false, true
+		}), []Action{act(ActParkPods)}},
+		{"asleep: parkAfter with hot copies and minReplicas 1 demotes the copy to warm", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.Sleep.HotCopies, o.App.MinReplicas = time.Minute, time.Hour, false, true, 1
+		}), []Action{act(ActPark)}},
+		{"asleep: parkAfter, an engine that unloads without copies and minReplicas 1: nothing to do", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.App.MinReplicas = time.Minute, time.Hour, false, 1
+		}), nil},
 		{"asleep: not parked before parkAfter", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
 			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level = time.Minute, time.Minute-time.Second, 2
 		}), nil},
