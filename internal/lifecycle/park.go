@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -160,6 +161,25 @@ func (c *Controller) parkedWakeLanded(a *appState) {
 		c.pm.parkedWakes.WithLabelValues(a.Name, placementElsewhere).Inc()
 		c.log.Info("woken from park onto a node without a copy", "app", a.Name, "pod", p.Name, "node", p.Spec.NodeName, "copies", copiesText(copies))
 		c.event(a, corev1.EventTypeNormal, EventWokeFromPark, "pod %s of %s was woken from zero on node %s, which holds no copy of its weights (%s)", p.Name, a.Name, p.Spec.NodeName, copiesSentence(copies))
+	}
+}
+
+// podStartTier names, after a wake from zero of engines that load a copy
+// of their model file (ModelCopies), the tier the new roots' engines were
+// pointed at, as their sidecars report it (the slowest of them), and its
+// bytes: lastWake.fromTier is then true for a wake from zero too.
+func (c *Controller) podStartTier(ctx context.Context, a *appState, root *appsv1.StatefulSet) {
+	if a.Sleep == nil || !a.Sleep.ModelCopies || a.status.LastWake == nil {
+		return
+	}
+	sidecars, err := c.rootSidecars(a, root)
+	if err != nil {
+		return
+	}
+	if tier, bytes, ok := c.sidecarsTier(ctx, sidecars); ok {
+		a.status.LastWake.FromTier, a.status.LastWake.Bytes = tier, bytes
+		c.log.Info("woken from zero: the engines loaded their model file's copy", "app", a.Name, "tier", tier, "bytes", bytes)
+		a.changed()
 	}
 }
 

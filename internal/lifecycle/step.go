@@ -185,6 +185,7 @@ func (c *Controller) apply(ctx context.Context, a *appState, root *appsv1.Statef
 			return err
 		}
 		c.parkedWakeLanded(a)
+		c.podStartTier(ctx, a, root)
 	case ActReportProblem:
 		a.status.Message = act.Reason
 		if act.Reason != "" {
