@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -152,6 +153,15 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
 		if err != nil || !res.Done || res.Content == "" {
+			// The whole start of the woken root's containers: why it did
+			// not serve (the diagnosis shows their last lines only).
+			pods, _ := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+			for _, p := range pods.Items {
+				for _, c := range []string{"engine", "seat"} {
+					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(ctx)
+					t.Logf("pod %s container %s (%v), first lines:\n%s", p.Name, c, lerr, logs)
+				}
+			}
 			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
 		}
 		logf("the chat that woke it from zero was answered in %s", time.Since(sent).Round(time.Millisecond))
