@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -168,21 +169,40 @@ func (m *ModelCopies) Point() (sidecarapi.ModelCopy, error) {
 	if err != nil {
 		return c, err
 	}
+	return c, m.point(c)
+}
+
+// PointCold points the link at the model cache's file, whatever the tiers
+// hold: the fallback of a wake that could not load a tier's copy.
+func (m *ModelCopies) PointCold() (sidecarapi.ModelCopy, error) {
+	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
+	fi, err := os.Stat(cold)
+	if err != nil {
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
+	}
+	c := sidecarapi.ModelCopy{Tier: string(TierCold), Path: cold, Bytes: fi.Size()}
+	if want, listed, err := m.manifest(); err == nil && listed {
+		c.SHA256 = strings.ToLower(want.SHA256)
+	}
+	return c, m.point(c)
+}
+
+func (m *ModelCopies) point(c sidecarapi.ModelCopy) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if target, err := os.Readlink(m.cfg.Link); err != nil || target != c.Path {
 		tmp := fmt.Sprintf("%s.tmp-%d", m.cfg.Link, os.Getpid())
 		_ = os.Remove(tmp)
 		if err := os.Symlink(c.Path, tmp); err != nil {
-			return c, fmt.Errorf("pointing the model link: %w", err)
+			return fmt.Errorf("pointing the model link: %w", err)
 		}
 		if err := os.Rename(tmp, m.cfg.Link); err != nil {
 			_ = os.Remove(tmp)
-			return c, fmt.Errorf("pointing the model link: %w", err)
+			return fmt.Errorf("pointing the model link: %w", err)
 		}
 	}
 	m.current = &c
-	return c, nil
+	return nil
 }
 
 // Current is the copy the link points at (nil before the first Point).
@@ -213,33 +233,41 @@ func (m *ModelCopies) Gone() bool {
 type copyEngine struct {
 	Engine
 	copies *ModelCopies
+	log    *slog.Logger
 
 	mu   sync.Mutex
 	last *sidecarapi.Transfer
 }
 
 // withModelCopies wraps engine when cfg points it at copies.
-func withModelCopies(engine Engine, copies *ModelCopies) Engine {
+func withModelCopies(engine Engine, copies *ModelCopies, log *slog.Logger) Engine {
 	if copies == nil {
 		return engine
 	}
-	return &copyEngine{Engine: engine, copies: copies}
+	return &copyEngine{Engine: engine, copies: copies, log: log}
 }
 
-// Wake points the link, then wakes the engine. When the load fails
-// because the copy went away meanwhile (an eviction between the choice
-// and the engine's open), it points again and retries once.
+// Wake points the link, then wakes the engine. When the engine cannot
+// load a tier's copy (it went away between the choice and the engine's
+// open, or the engine cannot read it), the wake is retried once from the
+// model cache: a copy never keeps an engine from waking.
 func (e *copyEngine) Wake(ctx context.Context) error {
 	c, err := e.copies.Point()
 	if err != nil {
 		return err
 	}
 	err = e.Engine.Wake(ctx)
-	if err != nil && e.copies.Gone() {
-		if c, err = e.copies.Point(); err != nil {
-			return err
+	if err != nil && c.Tier != string(TierCold) && ctx.Err() == nil {
+		first, tier, path := err, c.Tier, c.Path
+		if c, err = e.copies.PointCold(); err != nil {
+			return errors.Join(first, err)
 		}
-		err = e.Engine.Wake(ctx)
+		if err = e.Engine.Wake(ctx); err != nil {
+			return fmt.Errorf("loading the %s copy %s: %w; then the model cache: %w", tier, path, first, err)
+		}
+		if e.log != nil {
+			e.log.Warn("the engine could not load the "+tier+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
+		}
 	}
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/model-orchestra/operator/internal/fetch"
@@ -19,6 +20,9 @@ type linkReader struct {
 	link   string
 	loaded []byte
 	asleep bool
+	// refuse fails a load of a file whose path contains it (an engine
+	// that cannot read a copy).
+	refuse string
 }
 
 func (e *linkReader) Name() string                           { return EngineOllama }
@@ -26,6 +30,9 @@ func (e *linkReader) InFlight(context.Context) (int, error)  { return 0, nil }
 func (e *linkReader) Sleep(context.Context, int) error       { e.asleep, e.loaded = true, nil; return nil }
 func (e *linkReader) Sleeping(context.Context) (bool, error) { return e.asleep, nil }
 func (e *linkReader) Wake(context.Context) (err error) {
+	if target, _ := os.Readlink(e.link); e.refuse != "" && strings.Contains(target, e.refuse) {
+		return errors.New("permission denied: " + target)
+	}
 	e.loaded, err = os.ReadFile(e.link)
 	e.asleep = err != nil
 	return err
@@ -60,7 +67,7 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		t.Fatal(errs)
 	}
 	inner := &linkReader{link: copies.cfg.Link}
-	e := withModelCopies(inner, copies).(*copyEngine)
+	e := withModelCopies(inner, copies, nil).(*copyEngine)
 	ctx := context.Background()
 	wake := func(wantTier Tier, wantPath string) {
 		t.Helper()
@@ -126,6 +133,20 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		t.Fatalf("promoting to hot (from warm): %+v, %v; want the sha256 carried", e, err)
 	}
 	wake(TierHot, hotPath)
+
+	// An engine that cannot load the hot copy (its permissions, a bad
+	// file) is not kept asleep: the wake loads the model cache, and says so.
+	inner.refuse = "/hot/"
+	if err := e.Wake(ctx); err != nil {
+		t.Fatalf("a wake whose hot copy the engine cannot load: %v; want it loaded from the model cache", err)
+	}
+	if tr := e.LastTransfer(); tr == nil || tr.Tier != string(TierCold) || string(inner.loaded) != string(model) {
+		t.Errorf("after a failed load of the hot copy the wake reported %+v; want the model cache", tr)
+	}
+	if err := e.Sleep(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	inner.refuse = ""
 
 	// The hot copy goes (an eviction) while the engine is awake: the link
 	// is re-pointed, and the next wake loads the warm copy.

@@ -49,7 +49,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 				return nil, err
 			}
 			slog.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Seat.Model.Link)
-			engine = withModelCopies(engine, copies)
+			engine = withModelCopies(engine, copies, slog)
 		}
 		seat := NewSeat(cfg.Seat, engine, reg, slog)
 		go seat.Watch(ctx, max(cfg.Seat.PollInterval, time.Second))

@@ -79,6 +79,9 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 			t.Errorf("%s: seat security context %+v; want root (the tier directories are root's, 0700) with every capability dropped and a read-only root", app, sc)
 		}
+		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: engine security context %+v; want root (to open the agent's copies) with every capability dropped", app, sc)
+		}
 		if why := privileges(pod); len(why) > 0 {
 			t.Errorf("%s: the root pod gained privileges: %v", app, why)
 		}

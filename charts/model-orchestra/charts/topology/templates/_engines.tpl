@@ -482,6 +482,15 @@ securityContext:
 {{- else if eq $rt.engine "simulator" }}
 securityContext:
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
+{{- else if include "mo.modelCopies" . }}
+{{- /* The engine opens the node agent's copies, root's files in
+directories of mode 0700 (see the agent part): it runs as root without any
+capability, as upstream's images do (ours runs Ollama as 65532 otherwise). */}}
+securityContext:
+  runAsUser: 0
+  runAsGroup: 0
+  runAsNonRoot: false
+  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 {{- else }}
 securityContext:
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
