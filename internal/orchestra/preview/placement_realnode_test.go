@@ -109,9 +109,26 @@ gateway: {auth: {anonymous: true}}
 	// Parked: the lifecycle left it at zero replicas (the chart renders
 	// none, so that the API server's default of 1 would start it).
 	sts.Object["spec"].(map[string]any)["replicas"] = int64(0)
-	for _, o := range []string{"PersistentVolumeClaim/x-sim-model"} {
-		create(ctx, t, c, objs[o])
+	create(ctx, t, c, objs["PersistentVolumeClaim/x-sim-model"])
+	// A parked application's model cache exists and is bound (its fetch
+	// Job filled it): bind it here with a pod of its own on the real node,
+	// so that no wake below waits for a volume to be provisioned (the
+	// local provisioner serves the real node only).
+	binder := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bind-model-cache", Namespace: sleepNS},
+		Spec: corev1.PodSpec{NodeName: realNode, RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "sim", Image: simRef, ImagePullPolicy: corev1.PullNever, Args: []string{"--version"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "model", MountPath: "/models"}}}},
+			Volumes: []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "x-sim-model"}}}}}}
+	if _, err := c.cs.CoreV1().Pods(sleepNS).Create(ctx, binder, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
+	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		pvc, err := c.cs.CoreV1().PersistentVolumeClaims(sleepNS).Get(ctx, "x-sim-model", metav1.GetOptions{})
+		return err == nil && pvc.Status.Phase == corev1.ClaimBound, nil
+	}); err != nil {
+		t.Fatalf("binding the model cache: %v\n%s", err, podReport(ctx, c, sleepNS))
+	}
+	_ = c.cs.CoreV1().Pods(sleepNS).Delete(ctx, binder.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
 	create(ctx, t, c, sts)
 
 	// label moves the weights labels as the leader does: the plan from
