@@ -10,7 +10,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
@@ -109,26 +111,33 @@ gateway: {auth: {anonymous: true}}
 	// Parked: the lifecycle left it at zero replicas (the chart renders
 	// none, so that the API server's default of 1 would start it).
 	sts.Object["spec"].(map[string]any)["replicas"] = int64(0)
-	create(ctx, t, c, objs["PersistentVolumeClaim/x-sim-model"])
-	// A parked application's model cache exists and is bound (its fetch
-	// Job filled it): bind it here with a pod of its own on the real node,
-	// so that no wake below waits for a volume to be provisioned (the
-	// local provisioner serves the real node only).
-	binder := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bind-model-cache", Namespace: sleepNS},
-		Spec: corev1.PodSpec{NodeName: realNode, RestartPolicy: corev1.RestartPolicyNever,
-			Containers: []corev1.Container{{Name: "sim", Image: simRef, ImagePullPolicy: corev1.PullNever, Args: []string{"--version"},
-				VolumeMounts: []corev1.VolumeMount{{Name: "model", MountPath: "/models"}}}},
-			Volumes: []corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "x-sim-model"}}}}}}
-	if _, err := c.cs.CoreV1().Pods(sleepNS).Create(ctx, binder, metav1.CreateOptions{}); err != nil {
+	// A parked application's model cache exists, bound, and reachable from
+	// every node (ReadWriteMany: NFS, a CSI file system): here a volume on
+	// this machine's disk without the node affinity the local provisioner
+	// gives its volumes (they pin a pod to the real node), bound to the
+	// claim before the claim exists. The kwok nodes never mount it.
+	hostPath := corev1.HostPathDirectoryOrCreate
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "x-sim-model-everywhere"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+			StorageClassName:              "", // no class: no provisioner races the binding
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: sleepNS, Name: "x-sim-model"},
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: filepath.Join(dir, "model-cache"), Type: &hostPath}},
+		}}
+	if _, err := c.cs.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	pvc := objs["PersistentVolumeClaim/x-sim-model"]
+	_ = unstructured.SetNestedField(pvc.Object, "", "spec", "storageClassName")
+	create(ctx, t, c, pvc)
 	if err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		pvc, err := c.cs.CoreV1().PersistentVolumeClaims(sleepNS).Get(ctx, "x-sim-model", metav1.GetOptions{})
-		return err == nil && pvc.Status.Phase == corev1.ClaimBound, nil
+		return err == nil && pvc.Status.Phase == corev1.ClaimBound && pvc.Spec.VolumeName == pv.Name, nil
 	}); err != nil {
-		t.Fatalf("binding the model cache: %v\n%s", err, podReport(ctx, c, sleepNS))
+		t.Fatalf("binding the model cache to a volume every node reaches: %v", err)
 	}
-	_ = c.cs.CoreV1().Pods(sleepNS).Delete(ctx, binder.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))})
 	create(ctx, t, c, sts)
 
 	// label moves the weights labels as the leader does: the plan from
