@@ -162,9 +162,9 @@ bench-dataplane-ollama: ## First token and tokens/s of a real ollama serve (the 
 
 .PHONY: bench-routing
 bench-routing: ## Routing (least-loaded, random, CHWBL, prefix; 1 and 2 dispatchers) on 4 simulators with prefix caches: multi-turn chat with shared system prompts and a no-sharing workload, interleaved; TTFT p50/p90, tokens/s, hit rate, imbalance.
-	$(GO) run ./hack/bench-routing -docs docs/benchmarks.md
-	$(GO) test ./internal/dataplanetest -run TestOllamaRoutingBenchmark -ollama-routing-bench -ollama-routing-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
-	$(GO) test ./internal/dataplanetest -run TestOllamaRoutingBenchmark -ollama-routing-bench -ollama-routing-conversations 6 -ollama-routing-marker bench-routing-ollama-light -ollama-routing-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
+	$(GO) run ./hack/bench-routing -rounds 3 -docs docs/benchmarks.md
+	$(GO) test ./internal/dataplanetest -run TestOllamaRoutingBenchmark -ollama-routing-bench -ollama-routing-rounds 4 -ollama-routing-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
+	$(GO) test ./internal/dataplanetest -run TestOllamaRoutingBenchmark -ollama-routing-bench -ollama-routing-rounds 8 -ollama-routing-conversations 6 -ollama-routing-marker bench-routing-ollama-light -ollama-routing-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
 
 .PHONY: bench-tiers
 bench-tiers: ## Wake from the hot (huge-page tmpfs), warm (disk) and cold tiers vs memcpy, fresh memory, tmpfs, O_DIRECT disk and S3-fake bandwidth, 0.25/1/4 GiB (root mounts the tmpfs).

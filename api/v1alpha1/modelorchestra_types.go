@@ -772,11 +772,12 @@ type ServingSpec struct {
 	WarmupPrompts []string `json:"warmupPrompts,omitempty"`
 
 	// routing is how the dispatcher picks the replica of each request.
-	// PrefixCache: the replica it most recently sent the longest prefix
-	// of the request's prompt to (whose engine most likely still holds
-	// that prefix in its prefix cache, so it prefills only the rest),
-	// unless that replica has more than 1.25 times the mean load; then,
-	// or when no replica has any of the prefix, the least loaded.
+	// PrefixCache: the replica where the request costs least, the part
+	// of its prompt that replica's engine would have to prefill (what was
+	// recently sent there it most likely still holds in its prefix cache)
+	// plus the wait behind the requests already in flight there; a
+	// replica over 1.25 times the mean load (plus one) is left out. With
+	// no prefix cached anywhere, that is the least loaded.
 	// LeastLoaded: the replica with the fewest requests in flight.
 	// +optional
 	// +kubebuilder:default=PrefixCache

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -31,12 +32,23 @@ func main() {
 	flag.Float64Var(&o.convRate, "conversations", 3.5, "multi-turn: new conversations per second (Poisson)")
 	flag.Float64Var(&o.singleRate, "requests", 10, "no-sharing: requests per second (Poisson)")
 	flag.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	flag.Float64Var(&o.loadCost, "load-cost", 0, "prefix routing's loadCost, blocks per request in flight (0: the dispatcher's learnt default)")
 	docs := flag.String("docs", "", "Markdown file whose bench-routing section receives the table")
-	only := flag.String("only", "", "comma-separated routing names to run (default all)")
+	only := flag.String("only", "", "semicolon-separated routing names to run (default all)")
+	logPath := flag.String("log", "", "file that receives one JSON line per measured request (where it went, why, cached tokens)")
 	flag.Parse()
+	if *logPath != "" {
+		f, err := os.Create(*logPath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%v\n", err)
+			os.Exit(1)
+		}
+		defer func() { _ = f.Close() }()
+		o.log = f
+	}
 	if *only != "" {
 		o.only = map[string]bool{}
-		for _, n := range strings.Split(*only, ",") {
+		for _, n := range strings.Split(*only, ";") {
 			o.only[strings.TrimSpace(n)] = true
 		}
 	}
@@ -49,8 +61,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "benchmark failed: %v\n", err)
 		os.Exit(1)
 	}
-	section := fmt.Sprintf("Measured on %s/%s, %d CPUs, load average %s before and %s after the run; %d rounds, every routing once per round in rotated order, %s of arrivals per run after %s not measured; everything (load generator, gateway, NATS with file-backed JetStream, dispatchers, 4 simulators) in one process.\n\n%s\n%s",
-		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, loadAverage(), o.rounds, o.duration, o.warmup, describe(o), format(results))
+	lo, hi := loadRange(runLoads)
+	section := fmt.Sprintf("Measured on %s/%s, %d CPUs, load average %s before and %s after the run (%s to %s at the start of a run); %d rounds, every routing once per round in rotated order, %s of arrivals per run after %s not measured; everything (load generator, gateway, NATS with file-backed JetStream, dispatchers, 4 simulators) in one process.\n\n%s\n%s",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadBefore, loadAverage(), lo, hi, o.rounds, o.duration, o.warmup, describe(o), format(results))
 	fmt.Print(section)
 	if *docs != "" {
 		if err := writeSection(*docs, section); err != nil {
@@ -101,4 +114,23 @@ func loadAverage() string {
 		return "unknown"
 	}
 	return f[0]
+}
+
+// loadRange is the least and the greatest of load averages.
+func loadRange(loads []string) (string, string) {
+	lo, hi := "", ""
+	var l, h float64
+	for _, s := range loads {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			continue
+		}
+		if lo == "" || v < l {
+			lo, l = s, v
+		}
+		if hi == "" || v > h {
+			hi, h = s, v
+		}
+	}
+	return lo, hi
 }

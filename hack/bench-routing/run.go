@@ -27,7 +27,10 @@ type options struct {
 	prefillRate          float64
 	convRate, singleRate float64
 	seed                 uint64
+	loadCost             float64
 	only                 map[string]bool
+	// log, when set, receives one JSON line per measured request.
+	log io.Writer
 }
 
 // Workload shape.
@@ -55,9 +58,9 @@ func routings(o options) []routing {
 		{"least-loaded", dispatch.Routing{Policy: dispatch.RouteLeastLoaded}, 1},
 		{"random", dispatch.Routing{Policy: dispatch.RouteRandom}, 1},
 		{"CHWBL", dispatch.Routing{Policy: dispatch.RouteConsistentHash}, 1},
-		{"prefix", dispatch.Routing{Policy: dispatch.RoutePrefix}, 1},
+		{"prefix", dispatch.Routing{Policy: dispatch.RoutePrefix, LoadCost: o.loadCost}, 1},
 		{"CHWBL, 2 dispatchers", dispatch.Routing{Policy: dispatch.RouteConsistentHash}, 2},
-		{"prefix, 2 dispatchers", dispatch.Routing{Policy: dispatch.RoutePrefix}, 2},
+		{"prefix, 2 dispatchers", dispatch.Routing{Policy: dispatch.RoutePrefix, LoadCost: o.loadCost}, 2},
 	}
 	var out []routing
 	for _, r := range all {
@@ -139,6 +142,10 @@ type sample struct {
 	prompt, cache int
 	output        int
 	err           error
+	// Where it went and why (see trace.go).
+	conv, turn int
+	key        uint64 // hash of the request's last message
+	route
 }
 
 type result struct {
@@ -147,6 +154,9 @@ type result struct {
 	samples           []sample
 	perReplica        [][]int64 // requests per replica, per run
 }
+
+// runLoads is the 1-minute load average at the start of each run.
+var runLoads []string
 
 func run(ctx context.Context, o options) ([]*result, error) {
 	workloads := []workload{multiTurn(o), noSharing(o)}
@@ -167,7 +177,8 @@ func run(ctx context.Context, o options) ([]*result, error) {
 					byKey[key] = res
 					order = append(order, res)
 				}
-				fmt.Fprintf(os.Stderr, "round %d: %s, %s ... ", round+1, w.name, r.name)
+				runLoads = append(runLoads, loadAverage())
+				fmt.Fprintf(os.Stderr, "round %d: %s, %s (load %s) ... ", round+1, w.name, r.name, runLoads[len(runLoads)-1])
 				samples, per, err := runOne(ctx, o, w, r)
 				if err != nil {
 					return nil, fmt.Errorf("%s, %s: %w", w.name, r.name, err)
@@ -203,14 +214,20 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 		}
 	}()
 	var urls []string
-	for range replicas {
-		e, err := dataplanetest.StartEngine(cfg)
+	tr := newTracer()
+	for i := range replicas {
+		// Each replica keeps its address from run to run, as a pod keeps
+		// its name: ties between equal replicas (rendezvous hashing on
+		// the URL) then break alike in every run.
+		e, err := dataplanetest.StartEngineAt(cfg, fmt.Sprintf("127.77.0.%d:18080", i+1))
 		if err != nil {
 			return nil, nil, err
 		}
+		e.Seen = tr.seen(i)
 		engines = append(engines, e)
 		urls = append(urls, e.URL)
 	}
+	r.cfg.Observe = tr.observe
 	stack, err := dataplanetest.StartStack(dataplanetest.StackConfig{Sim: cfg, Dispatcher: func(c *dispatch.Config) {
 		c.Apps[0].Endpoints = urls
 		c.Apps[0].MaxConcurrency = 64
@@ -232,7 +249,7 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 	var mu sync.Mutex
 	var samples []sample
 	var wg sync.WaitGroup
-	for _, c := range w.convs {
+	for ci, c := range w.convs {
 		wg.Go(func() {
 			if !sleepCtx(ctx, c.start-time.Since(began)) {
 				return
@@ -244,6 +261,7 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 			for i, u := range c.users {
 				msgs = append(msgs, map[string]string{"role": "user", "content": u})
 				s, answer := chat(ctx, client, url, msgs, began)
+				s.conv, s.turn, s.key = ci, i+1, lastKey(u)
 				mu.Lock()
 				samples = append(samples, s)
 				mu.Unlock()
@@ -265,12 +283,15 @@ func runOne(ctx context.Context, o options, w workload, r routing) ([]sample, []
 	for _, e := range engines {
 		per = append(per, e.Requests.Load())
 	}
+	routes := tr.routes(urls)
 	var measured []sample
 	for _, s := range samples {
 		if s.sent >= o.warmup {
+			s.route = routes[s.key]
 			measured = append(measured, s)
 		}
 	}
+	explain(os.Stderr, o, w.name, r.name, measured)
 	return measured, per, nil
 }
 
@@ -373,10 +394,10 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 // describe states the workloads and the simulators.
 func describe(o options) string {
-	return fmt.Sprintf("Replicas: %d simulators, prefix cache 262,144 tokens in 16-token blocks, prefill %.0f tokens/s one prompt at a time, first token 10 ms after the prefill, %d output tokens 5 ms apart; dispatcher maxConcurrency 64 per replica, load factor 1.25 for CHWBL and prefix. "+
+	return fmt.Sprintf("Replicas: %d simulators, prefix cache 262,144 tokens in 16-token blocks, prefill %.0f tokens/s one prompt at a time, first token 10 ms after the prefill, %d output tokens 5 ms apart; dispatcher maxConcurrency 64 per replica, load factor 1.25 for CHWBL and prefix; prefix's load cost learnt (half the moving mean of the blocks routed requests had to prefill); replicas at fixed addresses (127.77.0.1-4:18080) in every run. "+
 		"Multi-turn: conversations arrive as a Poisson process (%.1f/s), each opens with one of %d system prompts of %d tokens and has %d-%d turns of %d-token user messages, the answer of each turn in the next turn's prompt, %v mean think time (exponential); prompts grow to about %d tokens. "+
 		"No sharing: single requests of %d unrelated tokens, Poisson (%.0f/s). "+
-		"Hit rate = cached prompt tokens / prompt tokens, as the replicas report them in `usage.prompt_tokens_details.cached_tokens`; load = requests per replica, max ÷ mean over the run's 4 replicas (mean of the runs); output tokens/s over the measured requests' span.\n",
+		"Hit rate = cached prompt tokens / prompt tokens, as the replicas report them in `usage.prompt_tokens_details.cached_tokens`; load = requests per replica, max ÷ mean over the run's 4 replicas (mean of the runs); output tokens/s over the measured requests' span, mean of the runs.\n",
 		replicas, o.prefillRate, answerTokens, o.convRate, systemPrompts, systemWords, minTurns, maxTurns, userWords, thinkMean,
 		systemWords+maxTurns*(userWords+answerTokens+8), singleWords, o.singleRate)
 }
@@ -406,9 +427,11 @@ func format(results []*result) string {
 			out += s.output
 			first, last = min(first, s.sent), max(last, s.done)
 		}
+		// Sent and done times count from each run's start, so the span
+		// is one run's: the rate is the mean over the runs.
 		rate := 0.0
-		if last > first {
-			rate = float64(out) / (last - first).Seconds()
+		if last > first && len(r.perReplica) > 0 {
+			rate = float64(out) / (last - first).Seconds() / float64(len(r.perReplica))
 		}
 		ratio := "—"
 		if bp := base[r.workload]; bp > 0 && r.routing != "least-loaded" {

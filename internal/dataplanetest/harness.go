@@ -70,13 +70,18 @@ type Engine struct {
 }
 
 // StartEngine serves a simulator for cfg.
-func StartEngine(cfg sim.Config) (*Engine, error) {
+func StartEngine(cfg sim.Config) (*Engine, error) { return StartEngineAt(cfg, "") }
+
+// StartEngineAt serves a simulator for cfg on addr (host:port; "" for a
+// free port on the loopback), so that a replica keeps its URL from one
+// run to the next, as a pod keeps its name.
+func StartEngineAt(cfg sim.Config, addr string) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("simulator config: %w", err)
 	}
 	e := &Engine{Sim: sim.New(cfg), Config: cfg}
 	h := e.Sim.Handler()
-	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			e.Requests.Add(1)
 			e.Active.Add(1)
@@ -107,6 +112,15 @@ func StartEngine(cfg sim.Config) (*Engine, error) {
 		}
 		h.ServeHTTP(w, r)
 	}))
+	if addr != "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = e.Server.Listener.Close()
+		e.Server.Listener = ln
+	}
+	e.Server.Start()
 	return e, nil
 }
 

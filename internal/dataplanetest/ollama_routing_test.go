@@ -33,6 +33,7 @@ var (
 	// engines' 8 slots saturates them (the bench-routing-ollama table);
 	// 6 leaves every conversation a slot (bench-routing-ollama-light).
 	ollamaConvs  = flag.Int("ollama-routing-conversations", 12, "conversations of the Ollama routing benchmark (the engines have 8 slots)")
+	ollamaRounds = flag.Int("ollama-routing-rounds", 2, "rounds of the Ollama routing benchmark (each routing once per round)")
 	ollamaMarker = flag.String("ollama-routing-marker", "bench-routing-ollama", "the marked section of -ollama-routing-docs that receives the table")
 )
 
@@ -67,7 +68,7 @@ func TestOllamaRoutingBenchmark(t *testing.T) {
 	}
 	rows := []*row{{name: "least-loaded", policy: dispatch.RouteLeastLoaded}, {name: "prefix", policy: dispatch.RoutePrefix}}
 	load := loadAvg()
-	const rounds = 2
+	rounds := *ollamaRounds
 	for round := range rounds {
 		for i := range rows {
 			r := rows[(i+round)%len(rows)]
@@ -119,13 +120,19 @@ func TestOllamaRoutingBenchmark(t *testing.T) {
 		"Workload: %d conversations started 300 ms apart, each opening with one of 2 system prompts of %d words and %d turns of %d-word user messages (answers of %d tokens in the next turn's prompt), 200 ms think time. "+
 		"Reused = prompt tokens the engines took from a cache slot ÷ prompt tokens, as their runners log them.\n\n",
 		ollamatest.Version, rounds, load, loadAvg(), *ollamaConvs, ollamaSystemWords, ollamaTurns, ollamaUserWords, ollamaAnswer)
-	b.WriteString("| Routing | Requests | TTFT p50 | TTFT p90 | Prompt tokens reused by the engines | Errors |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| Routing | Requests | TTFT p50 | TTFT p90 | Prompt tokens reused by the engines | Prompt tokens per engine, max ÷ mean | Errors |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		reuse := 0.0
 		if r.prompt > 0 {
 			reuse = 100 * float64(r.used) / float64(r.prompt)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f ms | %.0f ms | %.1f %% (%d of %d) | %d |\n", r.name, len(r.ttft), msOf(pct(r.ttft, 0.5)), msOf(pct(r.ttft, 0.9)), reuse, r.used, r.prompt, r.errs)
+		imbalance := 0.0
+		for _, per := range r.perReplica {
+			if sum := per[0] + per[1]; sum > 0 {
+				imbalance += float64(max(per[0], per[1])) / (float64(sum) / 2) / float64(len(r.perReplica))
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f ms | %.0f ms | %.1f %% (%d of %d) | %.2f | %d |\n", r.name, len(r.ttft), msOf(pct(r.ttft, 0.5)), msOf(pct(r.ttft, 0.9)), reuse, r.used, r.prompt, imbalance, r.errs)
 	}
 	t.Log("\n" + b.String())
 	for _, r := range rows {

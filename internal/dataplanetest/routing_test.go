@@ -37,9 +37,10 @@ func TestPrefixRoutingWithTwoDispatchers(t *testing.T) {
 		s := startStack(t, simCfg, func(c *dataplanetest.StackConfig) {
 			c.Dispatcher = func(d *dispatch.Config) {
 				d.Apps[0].Endpoints = engines
-				// A generous load bound: the bounded-load fallback is
-				// TestDecidePrefix's; here every turn should find its root.
-				d.Apps[0].Routing = dispatch.Routing{Policy: policy, LoadFactor: 8}
+				// A generous load bound and a negligible cost per request
+				// in flight: the load trade-off is TestDecidePrefix's;
+				// here every turn should find its root.
+				d.Apps[0].Routing = dispatch.Routing{Policy: policy, LoadFactor: 8, LoadCost: 0.001}
 			}
 		})
 		dispatcher(t, s)

@@ -45,6 +45,12 @@ type Routing struct {
 	// included, stay within LoadFactor times the mean over the roots
 	// (rounded up). Default 1.25.
 	LoadFactor float64 `json:"loadFactor,omitempty"`
+	// LoadCost is what a request in flight on a root costs a request sent
+	// there, in prompt blocks (prefix): a root is chosen for the blocks it
+	// would prefill plus LoadCost per request in flight. Default (0): half
+	// the moving mean of the blocks routed requests had to prefill where
+	// they went, learnt from this dispatcher's decisions.
+	LoadCost float64 `json:"loadCost,omitempty"`
 	// BlockBytes is the size of the blocks the rendered prompt is hashed
 	// in (prefix). Default 64, about the 16 tokens of a vLLM block.
 	BlockBytes int `json:"blockBytes,omitempty"`
@@ -59,6 +65,35 @@ type Routing struct {
 	// the orchestra (core NATS), so that each knows where the others sent
 	// which prefixes. Default true.
 	Share *bool `json:"share,omitempty"`
+	// Observe, when set, is told of every decision (benchmarks). It runs
+	// on the application's dispatch loop: it must return quickly and must
+	// not keep the event's Body.
+	Observe func(RouteEvent) `json:"-"`
+}
+
+// RouteEvent is one routing decision, as Routing.Observe sees it.
+type RouteEvent struct {
+	// Dispatcher is the deciding dispatcher's id.
+	Dispatcher string
+	// Body is the request's body as the dispatcher read it.
+	Body []byte
+	// Root is the chosen root; Outcome is hit, miss or overflow.
+	Root, Outcome string
+	// Match is the chosen root's matched prompt blocks (prefix); Best the
+	// longest match over the roots.
+	Match, Best int
+	// Bound is the load bound (prefix, consistentHash).
+	Bound int
+	// Roots is every candidate root as the decision saw it.
+	Roots []RouteCandidate
+}
+
+// RouteCandidate is one root as a decision saw it.
+type RouteCandidate struct {
+	Root  string
+	Load  int
+	Free  bool
+	Match int
 }
 
 // defaultRouting fills a routing's unset fields.
@@ -96,8 +131,8 @@ func (r Routing) validate() error {
 	if r.LoadFactor != 0 && r.LoadFactor < 1 {
 		errs = append(errs, fmt.Sprintf("loadFactor %v must be at least 1", r.LoadFactor))
 	}
-	if r.BlockBytes < 0 || r.IndexBlocks < 0 || r.PrefixChars < 0 {
-		errs = append(errs, "blockBytes, indexBlocks and prefixChars must not be negative")
+	if r.BlockBytes < 0 || r.IndexBlocks < 0 || r.PrefixChars < 0 || r.LoadCost < 0 {
+		errs = append(errs, "blockBytes, indexBlocks, prefixChars and loadCost must not be negative")
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%s", strings.Join(errs, "; "))
@@ -282,6 +317,9 @@ type decision struct {
 	root    string
 	outcome string
 	match   int
+	// best and bound are the longest match and the load bound, for
+	// Routing.Observe.
+	best, bound int
 }
 
 // loadBound is the most requests in flight a root may have, the new one
@@ -298,35 +336,40 @@ func loadBound(cands []candidate, factor float64) int {
 	return int(math.Ceil(factor * float64(total) / float64(len(cands))))
 }
 
-// decidePrefix picks the root for a request whose prompt has the given
-// per-root matches (RoutePrefix): among the free roots within the load
-// bound, the one with the longest match, then the least loaded, then the
-// one the request's own hash ranks highest (rendezvous hashing, so that
-// dispatchers that see the same loads agree). When no free root is within
-// the bound, the least loaded free root.
-func decidePrefix(cands []candidate, factor float64, tie uint64) decision {
-	bound := loadBound(cands, factor)
+// decidePrefix picks the root for a request of blocks prompt blocks whose
+// per-root matches are in cands (RoutePrefix): the free root with the
+// lowest cost, the blocks it would have to prefill (not matched there)
+// plus loadCost blocks per request in flight there (the wait behind
+// them), ties to the least loaded, then to the root the request's own
+// hash ranks highest (rendezvous hashing, so that dispatchers that see
+// the same loads agree). A root over the load bound (factor times the
+// mean, rounded up, plus one: so that at a few requests in flight one
+// more than a root's share is not over it) is not a candidate, unless it
+// is the least loaded. The bound guards against a long shared prefix
+// piling its requests on one root; below it, the cost decides.
+func decidePrefix(cands []candidate, blocks int, factor, loadCost float64, tie uint64) decision {
+	bound := loadBound(cands, factor) + 1
 	best := 0
 	for _, c := range cands {
 		best = max(best, c.match)
 	}
-	var pick *candidate
+	least := leastLoaded(cands, tie)
+	if least == nil {
+		return decision{}
+	}
+	cost := func(c *candidate) float64 { return float64(blocks-c.match) + loadCost*float64(c.load) }
+	pick := least
 	for i := range cands {
 		c := &cands[i]
 		if !c.free || c.load+1 > bound {
 			continue
 		}
-		if pick == nil || c.match > pick.match || (c.match == pick.match && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))) {
+		cc, cp := cost(c), cost(pick)
+		if cc < cp || (cc == cp && (c.load < pick.load || (c.load == pick.load && rank(tie, c.root) > rank(tie, pick.root)))) {
 			pick = c
 		}
 	}
-	if pick == nil {
-		pick = leastLoaded(cands, tie)
-	}
-	if pick == nil {
-		return decision{}
-	}
-	d := decision{root: pick.root, match: pick.match, outcome: outcomeHit}
+	d := decision{root: pick.root, match: pick.match, outcome: outcomeHit, best: best, bound: bound}
 	switch {
 	case best == 0:
 		d.outcome = outcomeMiss
@@ -335,6 +378,26 @@ func decidePrefix(cands []candidate, factor float64, tie uint64) decision {
 	}
 	return d
 }
+
+// loadCostAlpha is the weight of a new decision in the moving mean of the
+// blocks each routed request had to prefill.
+const loadCostAlpha = 1.0 / 32
+
+// nextMeanPrefill updates the moving mean of the blocks routed requests
+// had to prefill where they went; the first decision sets it.
+func nextMeanPrefill(mean float64, n int, uncached int) float64 {
+	if n == 0 {
+		return float64(uncached)
+	}
+	return mean + loadCostAlpha*(float64(uncached)-mean)
+}
+
+// learntLoadCost is what a request in flight costs the requests sent
+// after it, as far as the dispatcher can tell (it does not see a
+// request's stage): half the mean blocks routed requests had to prefill,
+// since a request in flight is on average halfway through its prefill,
+// or past it and decoding, which delays the next prefill little.
+func learntLoadCost(meanPrefill float64) float64 { return meanPrefill / 2 }
 
 // leastLoaded is the free root with the fewest requests in flight, ties
 // broken by rendezvous hashing on tie; nil when none is free.
@@ -428,14 +491,14 @@ func decideConsistent(cands []candidate, order []string, factor float64, tie uin
 		if c == nil || !c.free || c.load+1 > bound {
 			continue
 		}
-		d := decision{root: root, outcome: outcomeHit}
+		d := decision{root: root, outcome: outcomeHit, bound: bound}
 		if i > 0 {
 			d.outcome = outcomeOverflow
 		}
 		return d
 	}
 	if c := leastLoaded(cands, tie); c != nil {
-		return decision{root: c.root, outcome: outcomeOverflow}
+		return decision{root: c.root, outcome: outcomeOverflow, bound: bound}
 	}
 	return decision{}
 }

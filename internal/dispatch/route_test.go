@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -12,35 +13,54 @@ func TestDecidePrefix(t *testing.T) {
 	c := func(root string, load int, free bool, match int) candidate {
 		return candidate{root: root, load: load, free: free, match: match}
 	}
+	// A prompt of 20 blocks; a request in flight costs 4 blocks.
 	tests := []struct {
 		name  string
 		cands []candidate
 		want  decision
 	}{
 		{"longest prefix wins", []candidate{c("a", 1, true, 2), c("b", 1, true, 9), c("c", 0, true, 0)},
-			decision{root: "b", outcome: outcomeHit, match: 9}},
+			decision{root: "b", outcome: outcomeHit, match: 9, best: 9, bound: 3}},
 		{"nothing cached anywhere: least loaded", []candidate{c("a", 2, true, 0), c("b", 1, true, 0), c("c", 3, true, 0)},
-			decision{root: "b", outcome: outcomeMiss}},
-		// 6 in flight + this one over 3 roots, factor 1.25: bound ceil(2.92) = 3.
-		{"longest prefix over the bound: next longest within it", []candidate{c("a", 3, true, 9), c("b", 2, true, 4), c("c", 1, true, 0)},
-			decision{root: "b", outcome: outcomeOverflow, match: 4}},
-		{"longest prefix over the bound, nothing else cached: least loaded", []candidate{c("a", 4, true, 9), c("b", 2, true, 0), c("c", 1, true, 0)},
-			decision{root: "c", outcome: outcomeOverflow}},
+			decision{root: "b", outcome: outcomeMiss, bound: 4}},
+		// Costs: a 11 + 3*4 = 23, b 16 + 0 = 16.
+		{"the queue outweighs the saving: elsewhere", []candidate{c("a", 3, true, 9), c("b", 0, true, 4)},
+			decision{root: "b", outcome: outcomeOverflow, match: 4, best: 9, bound: 4}},
+		// Costs: a 2 + 2*4 = 10, b 20 + 0 = 20.
+		{"the saving outweighs the queue: stays", []candidate{c("a", 2, true, 18), c("b", 0, true, 0)},
+			decision{root: "a", outcome: outcomeHit, match: 18, best: 18, bound: 3}},
+		// 1 in flight + this one over 4 roots: ceil(1.25*0.5) + 1 = 2, so
+		// a root with one request in flight is not over the bound.
+		{"one request in flight is not over the bound", []candidate{c("a", 1, true, 18), c("b", 0, true, 0), c("c", 0, true, 0), c("d", 0, true, 0)},
+			decision{root: "a", outcome: outcomeHit, match: 18, best: 18, bound: 2}},
+		// 7 in flight + 1 over 2 roots: ceil(1.25*4) + 1 = 6.
+		{"over the bound: least loaded, however long the prefix", []candidate{c("a", 6, true, 20), c("b", 1, true, 0)},
+			decision{root: "b", outcome: outcomeOverflow, best: 20, bound: 6}},
 		{"longest prefix without a free slot", []candidate{c("a", 1, false, 9), c("b", 1, true, 0)},
-			decision{root: "b", outcome: outcomeOverflow}},
-		{"every root over the bound or full: least loaded free", []candidate{c("a", 4, false, 9), c("b", 3, true, 0)},
-			decision{root: "b", outcome: outcomeOverflow}},
-		{"equal prefixes: least loaded of them", []candidate{c("a", 2, true, 5), c("b", 1, true, 5), c("c", 0, true, 1)},
-			decision{root: "b", outcome: outcomeHit, match: 5}},
+			decision{root: "b", outcome: outcomeOverflow, best: 9, bound: 3}},
+		{"equal prefixes: least loaded of them", []candidate{c("a", 2, true, 5), c("b", 1, true, 5), c("c", 0, true, 0)},
+			decision{root: "b", outcome: outcomeHit, match: 5, best: 5, bound: 3}},
 		{"no free root", []candidate{c("a", 4, false, 9)}, decision{}},
 		{"no root", nil, decision{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := decidePrefix(tt.cands, 1.25, 42); got != tt.want {
+			if got := decidePrefix(tt.cands, 20, 1.25, 4, 42); got != tt.want {
 				t.Errorf("decidePrefix = %+v, want %+v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestLearntLoadCost(t *testing.T) {
+	if got := nextMeanPrefill(0, 0, 40); got != 40 {
+		t.Errorf("first decision: %v, want 40", got)
+	}
+	if got := nextMeanPrefill(40, 5, 8); got != 39 {
+		t.Errorf("moving mean: %v, want 40 + (8-40)/32 = 39", got)
+	}
+	if got := learntLoadCost(39); got != 19.5 {
+		t.Errorf("load cost: %v, want half the mean prefill", got)
 	}
 }
 
@@ -51,9 +71,9 @@ func TestDecideConsistent(t *testing.T) {
 		order []string
 		want  decision
 	}{
-		{"its root within the bound", []string{"c", "a", "b"}, decision{root: "c", outcome: outcomeHit}},
+		{"its root within the bound", []string{"c", "a", "b"}, decision{root: "c", outcome: outcomeHit, bound: 3}},
 		// 4 in flight + 1 over 3 roots, factor 1.25: bound ceil(2.08) = 3.
-		{"its root over the bound: the next clockwise", []string{"a", "c", "b"}, decision{root: "c", outcome: outcomeOverflow}},
+		{"its root over the bound: the next clockwise", []string{"a", "c", "b"}, decision{root: "c", outcome: outcomeOverflow, bound: 3}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -178,18 +198,24 @@ func TestTwoDispatchersAgree(t *testing.T) {
 	roots := []string{"http://r0", "http://r1", "http://r2", "http://r3"}
 	run := func(share bool) (home, overflow, turns int) {
 		a, b := testRouter(), testRouter()
+		// Requests in flight cost next to nothing: what moves a turn here
+		// is only the load bound (the trade-off is TestDecidePrefix's).
+		a.cfg.LoadCost, b.cfg.LoadCost = 0.001, 0.001
 		if share {
 			a.publish = func(root string, h []uint64) { b.remember(root, h) }
 			b.publish = func(root string, h []uint64) { a.remember(root, h) }
 		}
 		last := map[int]string{}
+		rng := rand.New(rand.NewPCG(1, 2))
 		for turn := 1; turn <= 4; turn++ {
 			// Each dispatcher's in-flight requests: a turn's requests
 			// overlap, so they spread the conversations over the roots.
+			// They arrive in another order each turn, each at either
+			// dispatcher.
 			loadA, loadB := map[string]int{}, map[string]int{}
-			for c := range 40 {
+			for _, c := range rng.Perm(40) {
 				r, load := a, loadA
-				if (c+turn)%2 == 1 { // turns alternate between the dispatchers
+				if rng.IntN(2) == 1 {
 					r, load = b, loadB
 				}
 				d := route(r, conversation(c, turn), roots, load)

@@ -29,6 +29,10 @@ type router struct {
 	mu    sync.Mutex
 	index map[string]*rootIndex // by root URL
 	ring  *ring
+	// meanPrefill is the moving mean of the blocks routed requests had to
+	// prefill (decidePrefix's load cost); decisions counts them.
+	meanPrefill float64
+	decisions   int
 }
 
 func newRouter(cfg Routing, m routeMetrics) *router {
@@ -107,8 +111,12 @@ func (r *router) decide(q routeReq, cands []candidate) decision {
 			cands[i].match = x.match(q.hashes)
 		}
 	}
+	loadCost := learntLoadCost(r.meanPrefill)
+	if r.cfg.LoadCost > 0 {
+		loadCost = r.cfg.LoadCost
+	}
 	r.mu.Unlock()
-	return decidePrefix(cands, r.cfg.LoadFactor, q.tie)
+	return decidePrefix(cands, len(q.hashes), r.cfg.LoadFactor, loadCost, q.tie)
 }
 
 // record notes a decision: its metrics, and for RoutePrefix that the
@@ -120,6 +128,10 @@ func (r *router) record(q routeReq, d decision) {
 		return
 	}
 	r.m.cachedBytes.Add(float64(min(d.match*r.cfg.BlockBytes, q.bytes)))
+	r.mu.Lock()
+	r.meanPrefill = nextMeanPrefill(r.meanPrefill, r.decisions, len(q.hashes)-d.match)
+	r.decisions++
+	r.mu.Unlock()
 	r.remember(d.root, q.hashes)
 	if r.publish != nil && len(q.hashes) > 0 {
 		r.publish(d.root, q.hashes)
@@ -172,7 +184,7 @@ func newRouteMetrics(reg prometheus.Registerer) routeMetricVecs {
 	const ns = "orchestra_dispatcher"
 	m := routeMetricVecs{
 		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_total",
-			Help: "Routing decisions of prefix and consistentHash applications, by outcome: hit (to the root with the request's longest recently sent prefix, or its consistent-hashing root), miss (no root had any of it: least loaded), overflow (that root was over the load bound or full)."}, []string{"app", "outcome"}),
+			Help: "Routing decisions of prefix and consistentHash applications, by outcome: hit (to the root with the request's longest recently sent prefix, or its consistent-hashing root), miss (no root had any of it: least loaded), overflow (another root: prefix, one of less cost, as the queue at that root cost more than its prefix saved, or it was over the load bound or full; consistentHash, that root was over the load bound or full)."}, []string{"app", "outcome"}),
 		promptBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_prompt_bytes_total",
 			Help: "Bytes of rendered prompt routed."}, []string{"app"}),
 		cachedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "routed_cached_bytes_total",
@@ -287,7 +299,14 @@ func (d *Dispatcher) nextRouted(ctx context.Context, a *app) (lease, jetstream.M
 			return lease{}, nil, err
 		}
 		q := a.router.prepare(msg.Data())
-		rt, dec, err := a.pool.acquireRouted(ctx, func(c []candidate) decision { return a.router.decide(q, c) })
+		var seen []candidate
+		rt, dec, err := a.pool.acquireRouted(ctx, func(c []candidate) decision {
+			dec := a.router.decide(q, c)
+			if a.router.cfg.Observe != nil && dec.root != "" {
+				seen = slices.Clone(c)
+			}
+			return dec
+		})
 		if err != nil {
 			return lease{}, nil, err
 		}
@@ -296,6 +315,13 @@ func (d *Dispatcher) nextRouted(ctx context.Context, a *app) (lease, jetstream.M
 			continue
 		}
 		a.router.record(q, dec)
+		if obs := a.router.cfg.Observe; obs != nil {
+			ev := RouteEvent{Dispatcher: d.id, Body: msg.Data(), Root: dec.root, Outcome: dec.outcome, Match: dec.match, Best: dec.best, Bound: dec.bound}
+			for _, c := range seen {
+				ev.Roots = append(ev.Roots, RouteCandidate{Root: c.root, Load: c.load, Free: c.free, Match: c.match})
+			}
+			obs(ev)
+		}
 		return rt, msg, nil
 	}
 }
