@@ -72,10 +72,13 @@ type CheckpointTriggers struct {
 	// +kubebuilder:validation:Maximum=604800
 	IdleSeconds *int32 `json:"idleSeconds,omitempty"`
 
-	// parkSeconds asleep in the hot tier before the weights are demoted to
-	// the warm tier (node-local disk), freeing the node's RAM. Unset: the
-	// weights stay hot until the node agent evicts them for a copy of
-	// higher priority or more recent use.
+	// parkSeconds asleep before the application is parked: an engine's
+	// level-1 offload is demoted to the warm tier (node-local disk),
+	// freeing the node's RAM, and with minReplicas 0 the pods are scaled
+	// away while the node agents keep their copies (the lifecycle's
+	// parkAfter, which overrides it). Unset: never parked; the weights
+	// stay hot until the node agent evicts them for a copy of higher
+	// priority or more recent use.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=2592000

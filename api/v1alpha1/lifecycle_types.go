@@ -106,10 +106,16 @@ type LifecycleSpec struct {
 	// +kubebuilder:validation:Maximum=2
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
 
-	// parkAfter is how long the engine stays asleep with its weights in
-	// the hot tier before they are demoted to the warm tier (node-local
-	// disk), freeing the node's RAM. Overrides the policy's
-	// triggers.parkSeconds.
+	// parkAfter is how long the engines stay asleep before the
+	// application is parked. Parking first moves an engine's own level-1
+	// offload out of the hot tier into the node agent's warm tier
+	// (node-local disk), verified, freeing the node's RAM; then, with
+	// minReplicas 0, it scales the application's pods away, freeing their
+	// accelerators, while the node agents keep their copies of the
+	// weights: the next request is a wake from zero, and its root pods
+	// prefer the nodes holding a hot or warm copy. With minReplicas above
+	// 0 the pods stay (the demotion only). Counted from the sleep; unset,
+	// never. Overrides the policy's triggers.parkSeconds.
 	// +optional
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$`
@@ -322,6 +328,11 @@ type LifecycleStatus struct {
 	// seat is the application's standing in its seat group.
 	// +optional
 	Seat *SeatStatus `json:"seat,omitempty"`
+
+	// parked is set while the application is parked (state Zero after
+	// parkAfter asleep): where the node agents keep its weights.
+	// +optional
+	Parked *ParkedStatus `json:"parked,omitempty"`
 }
 
 // SeatStatus is an application's standing in its seat group.

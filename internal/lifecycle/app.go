@@ -32,6 +32,9 @@ const (
 type appState struct {
 	App
 	kick chan struct{}
+	// parkedWake: the copies a parked application had when a wake from
+	// zero began (park.go); nil: not a wake from park.
+	parkedWake []v1alpha1.NodeCopy
 	// lastRequest is when a request for the application was last seen
 	// published (unix nanoseconds), while it was not awake.
 	lastRequest atomic.Int64

@@ -95,6 +95,7 @@ type Controller struct {
 	log   *slog.Logger
 	m     *metrics
 	sm    *sleepMetrics
+	pm    *parkMetrics
 	now   func() time.Time
 	apps  []*appState
 
@@ -110,9 +111,10 @@ type Controller struct {
 	// early runs the probes of starting root pods (earlyready.go).
 	early *earlyReady
 
-	mu     sync.Mutex
-	kv     jetstream.KeyValue
-	states *lifecyclestate.States // every replica's view of the bucket
+	mu       sync.Mutex
+	kv       jetstream.KeyValue
+	labeller *nodeLabeller          // the node labels, while this replica leads (placement.go)
+	states   *lifecyclestate.States // every replica's view of the bucket
 }
 
 // RootPod is a root pod of an application with a lifecycle, and whether it
@@ -156,6 +158,7 @@ func New(cfg Config, deps Deps) (*Controller, error) {
 		log:   deps.Log.With("component", "lifecycle"),
 		m:     newMetrics(deps.Registry),
 		sm:    newSleepMetrics(deps.Registry),
+		pm:    newParkMetrics(deps.Registry),
 		now:   deps.Clock,
 	}
 	c.early = newEarlyReady(c.log, c.now, c.podAnswered)
@@ -362,6 +365,7 @@ func (c *Controller) lead(ctx context.Context) {
 	if len(c.cfg.SeatGroups) > 0 {
 		wg.Go(func() { c.runSeatGroups(ctx) })
 	}
+	wg.Go(func() { c.runNodeLabels(ctx) })
 	wg.Wait()
 }
 

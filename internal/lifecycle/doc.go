@@ -61,6 +61,8 @@
 //	sleep.go             sleepAfter: engines fall asleep in their pods and wake
 //	sleep_config.go      SleepConfig, its defaults and validation
 //	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
+//	park.go              parkAfter: the pods scaled away, the copies kept (parked)
+//	placement.go         the weights node labels a woken root pod prefers
 //	sleep_adopt.go       a new leader adopts sleeping engines; restarts
 //	sleep_agents.go      the calls of the sidecars (sidecarapi) and the node
 //	                     agents (nodeapi); the ModelCheckpoint status
@@ -73,6 +75,7 @@
 // Tests: plan_test.go (Decide's table), lifecycle_env_test.go (the
 // scale-to-zero fake cluster) with lifecycle_test.go, sleep_plane_test.go
 // (a root with a real sidecar and node agent) with sleep_test.go and
-// sleep_tiers_test.go, seatgroup_plane_test.go (a group pod) with
+// sleep_tiers_test.go and park_test.go, placement_internal_test.go (the
+// node labels), seatgroup_plane_test.go (a group pod) with
 // seatgroup_leader_test.go and seatgroup_agent_test.go.
 package lifecycle

@@ -12,8 +12,10 @@ package lifecycle
 //	Awake    --idle sleep.after-->                Draining --the sidecars sleep--> Asleep
 //	Draining --a request-->                       Awake (the drain or sleep is cancelled)
 //	Asleep   --request or backlog-->              Waking (the sidecars' engines wake) --all Awake--> Awake
-//	Asleep   --parkAfter-->                       Asleep at level 2 (parked)
+//	Asleep   --parkAfter, a level-1 offload-->    Asleep at level 2 (the offload demoted to warm)
+//	Asleep   --parkAfter (minReplicas 0)-->       Zero, parked (pods scaled away, the node agents keep the copies)
 //	Asleep   --zeroAfter (minReplicas 0)-->       Zero
+//	Zero, parked --every refreshEvery-->          the copies and the resident tier read again
 //	any      --scaled by someone else-->          Waking or Zero (followed)
 
 import (
@@ -54,6 +56,9 @@ type Observation struct {
 	// Problem explains why starting pods do not start; Message is the
 	// status message now.
 	Problem, Message string
+	// Parked: state Zero is a parked application's (its pods were scaled
+	// away after parkAfter asleep; the node agents keep its copies).
+	Parked bool
 	// Sidecars are the root pods' sidecars, read while the engines sleep
 	// or wake and while a root of an application with sleeping engines
 	// does not serve; nil: not read.
@@ -73,8 +78,18 @@ type AppPolicy struct {
 type SleepPolicy struct {
 	After     time.Duration
 	ParkAfter time.Duration
-	// Level the engines sleep at now (1, or 2 once parked).
+	// Level the engines sleep at now (1, or 2 once demoted).
 	Level int32
+	// Offloads: the engines' level-1 sleep leaves their weights in an
+	// offload of their own (the simulator's file in the hot tier, vLLM's
+	// own RAM), which parking demotes before the pods go; engines that
+	// unload completely (Ollama, llama.cpp) have none.
+	Offloads bool
+	// HotCopies: the node agents keep a hot copy of the model file the
+	// engines load (Ollama, llama.cpp with model copies): parking with
+	// minReplicas above 0 demotes it to warm, parking to zero keeps it
+	// hot for the next wake.
+	HotCopies bool
 	// AsleepFor is the time since the engines were decided asleep.
 	AsleepFor time.Duration
 	// SleepHeld and ParkHeld: a failed sleep or park holds off the next
@@ -147,6 +162,12 @@ const (
 	ActSleepSidecars ActionKind = "SleepSidecars"
 	// ActPark moves sleeping engines' weights out of the hot tier.
 	ActPark ActionKind = "Park"
+	// ActParkPods scales a sleeping application's pods away after
+	// parkAfter (minReplicas 0), the node agents keeping its copies: state
+	// Zero, parked.
+	ActParkPods ActionKind = "ParkPods"
+	// ActRefreshParked reads a parked application's copies again.
+	ActRefreshParked ActionKind = "RefreshParked"
 	// ActZeroFromSleep takes sleeping engines' pods to zero.
 	ActZeroFromSleep ActionKind = "ZeroFromSleep"
 	// ActRefreshTier works out where sleeping weights rest.
@@ -169,7 +190,7 @@ func Decide(o Observation) []Action {
 	var plan []Action
 	add := func(a ...Action) { plan = append(plan, a...) }
 	d := o.Demand
-	if o.Sleep != nil && (o.State == v1alpha1.LifecycleAwake || o.State == v1alpha1.LifecycleZero) {
+	if o.Sleep != nil && (o.State == v1alpha1.LifecycleAwake || o.State == v1alpha1.LifecycleZero && !o.Parked) {
 		tier := v1alpha1.TierAccelerator
 		if o.State == v1alpha1.LifecycleZero {
 			tier = v1alpha1.TierCold
@@ -194,6 +215,9 @@ func Decide(o Observation) []Action {
 			// Queued while this leader watched, or handed to a dispatcher
 			// in the instant before the consumer paused: it needs a root.
 			return append(plan, Action{Kind: ActWake, Trigger: triggerRequest})
+		}
+		if o.Parked && o.Sleep != nil && o.Sleep.RefreshDue {
+			add(Action{Kind: ActRefreshParked})
 		}
 		return append(plan, Action{Kind: ActSyncWorkers}) // after a drain that did not write them all
 
@@ -247,9 +271,17 @@ func Decide(o Observation) []Action {
 		if d.OK && d.Busy() {
 			return append(plan, Action{Kind: ActBeginEngineWake, Trigger: triggerRequest})
 		}
-		if o.App.MinReplicas == 0 && o.Idle >= o.App.ZeroAfter {
+		parkDue := o.Sleep.ParkAfter > 0 && o.Sleep.AsleepFor >= o.Sleep.ParkAfter && !o.Sleep.ParkHeld
+		// Parking scales the pods away once nothing of the weights is left
+		// in an engine's own hot offload (demoted first, below: a pod
+		// deleted with its offload would leave it in the node's RAM).
+		parkPods := parkDue && o.App.MinReplicas == 0 && (o.Sleep.Level == 2 || !o.Sleep.Offloads)
+		if parkPods || o.App.MinReplicas == 0 && o.Idle >= o.App.ZeroAfter {
 			if !d.OK {
 				return append(plan, Action{Kind: ActFail, Reason: "reading the consumer's backlog failed"})
+			}
+			if parkPods {
+				return append(plan, Action{Kind: ActParkPods})
 			}
 			return append(plan, Action{Kind: ActZeroFromSleep})
 		}
@@ -276,7 +308,7 @@ func Decide(o Observation) []Action {
 		if len(awake) > 0 {
 			return append(plan, Action{Kind: ActSleepSidecars, Pods: awake, Level: o.Sleep.Level})
 		}
-		if allAsleep && o.Sleep.Level == 1 && o.Sleep.ParkAfter > 0 && o.Sleep.AsleepFor >= o.Sleep.ParkAfter && !o.Sleep.ParkHeld {
+		if allAsleep && parkDue && o.Sleep.Level == 1 && (o.Sleep.Offloads || o.Sleep.HotCopies && o.App.MinReplicas > 0) {
 			return append(plan, Action{Kind: ActPark})
 		}
 		if o.Sleep.RefreshDue {

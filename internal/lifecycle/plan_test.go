@@ -39,7 +39,8 @@ func TestDecide(t *testing.T) {
 		case v1alpha1.LifecycleAsleep:
 			tier = v1alpha1.TierHot
 		}
-		o.Sleep = &SleepPolicy{After: sleepAfter, Level: 1, ResidentTier: tier}
+		// The simulator's: its level-1 sleep offloads to the hot tier.
+		o.Sleep = &SleepPolicy{After: sleepAfter, Level: 1, ResidentTier: tier, Offloads: true}
 	}
 	sidecars := func(states ...sidecarapi.State) func(*Observation) {
 		return func(o *Observation) {
@@ -143,9 +144,63 @@ func TestDecide(t *testing.T) {
 		{"asleep: parkAfter parks", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
 			o.Sleep.ParkAfter, o.Sleep.AsleepFor = time.Minute, time.Minute
 		}), []Action{act(ActPark)}},
-		{"asleep: parked already (level 2)", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+		// Parking (issue 27 §4): the pods go away once no engine keeps an
+		// offload of its own in the hot tier; the node agents keep the
+		// copies.
+		{"asleep: parkAfter with the offload demoted (level 2) scales the pods away", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Sleep.Offloads = time.Minute, time.Hour, 2, true
+		}), []Action{act(ActParkPods)}},
+		{"asleep: parkAfter demotes an engine's own offload before the pods go", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads = time.Minute, time.Hour, true
+		}), []Action{act(ActPark)}},
+		{"asleep: parkAfter, an engine that unloads completely (nothing to demote) is parked at once", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads = time.Minute, time.Minute, false
+		}), []Action{act(ActParkPods)}},
+		{"asleep: parking does not wait for a sidecar that does not answer", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep, sidecarapi.Unknown), func(o *Observation) {
 			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level = time.Minute, time.Hour, 2
+		}), []Action{act(ActParkPods)}},
+		{"asleep: parkAfter with minReplicas 1 keeps the pods (demoted already)", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Sleep.Offloads, o.App.MinReplicas = time.Minute, time.Hour, 2, true, 1
 		}), nil},
+		{"asleep: parkAfter with minReplicas 1 still demotes the offload", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.App.MinReplicas = time.Minute, time.Hour, true, 1
+		}), []Action{act(ActPark)}},
+		{"asleep: parkAfter with hot copies of the model file (Ollama) scales away, the hot copy kept", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.Sleep.HotCopies = time.Minute, time.Hour, false, true
+		}), []Action{act(ActParkPods)}},
+		{"asleep: parkAfter with hot copies and minReplicas 1 demotes the copy to warm", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.Sleep.HotCopies, o.App.MinReplicas = time.Minute, time.Hour, false, true, 1
+		}), []Action{act(ActPark)}},
+		{"asleep: parkAfter, an engine that unloads without copies and minReplicas 1: nothing to do", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Offloads, o.App.MinReplicas = time.Minute, time.Hour, false, 1
+		}), nil},
+		{"asleep: not parked before parkAfter", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level = time.Minute, time.Minute-time.Second, 2
+		}), nil},
+		{"asleep: a failed park holds off the next", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep), func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Sleep.ParkHeld = time.Minute, time.Hour, 2, true
+		}), nil},
+		{"asleep: a request wins over a due park", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.RequestSeen = time.Minute, time.Hour, 2, true
+		}), []Action{wake(ActBeginEngineWake, triggerRequest)}},
+		{"asleep: demand in the queue wins over a due park", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Demand = time.Minute, time.Hour, 2, read(1, 0, true)
+		}), []Action{wake(ActBeginEngineWake, triggerRequest)}},
+		{"asleep: parking waits for a readable queue", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Demand = time.Minute, time.Hour, 2, consumerReading{}
+		}), []Action{{Kind: ActFail, Reason: "reading the consumer's backlog failed"}}},
+		{"asleep: parking wins over zeroAfter due at once (the copies stay)", obs(v1alpha1.LifecycleAsleep, sleeps, func(o *Observation) {
+			o.Sleep.ParkAfter, o.Sleep.AsleepFor, o.Sleep.Level, o.Idle = time.Minute, time.Hour, 2, zeroAfter
+		}), []Action{act(ActParkPods)}},
+		{"zero, parked: the resident tier is the copies', read again when due", obs(v1alpha1.LifecycleZero, sleeps, func(o *Observation) {
+			o.Parked, o.Sleep.ResidentTier, o.Sleep.RefreshDue = true, v1alpha1.TierWarm, true
+		}), []Action{act(ActRefreshParked), act(ActSyncWorkers)}},
+		{"zero, parked: nothing due", obs(v1alpha1.LifecycleZero, sleeps, func(o *Observation) {
+			o.Parked, o.Sleep.ResidentTier = true, v1alpha1.TierHot
+		}), []Action{act(ActSyncWorkers)}},
+		{"zero, parked: a request wakes it from zero", obs(v1alpha1.LifecycleZero, sleeps, func(o *Observation) {
+			o.Parked, o.Sleep.ResidentTier, o.RequestSeen, o.Demand = true, v1alpha1.TierWarm, true, consumerReading{}
+		}), []Action{wake(ActWake, triggerRequest)}},
 		{"asleep: not parked while a sidecar does not answer", obs(v1alpha1.LifecycleAsleep, sleeps, sidecars(sidecarapi.Asleep, sidecarapi.Unknown), func(o *Observation) {
 			o.Sleep.ParkAfter, o.Sleep.AsleepFor = time.Minute, time.Hour
 		}), nil},

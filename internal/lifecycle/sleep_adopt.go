@@ -30,6 +30,9 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 		a.status.Sleeps, a.status.ResidentTier, a.status.ExpectedResumeSeconds = prev.Sleeps, prev.ResidentTier, prev.ExpectedResumeSeconds
 	}
 	if obs.specReplicas == 0 {
+		if known && prev.State == v1alpha1.LifecycleZero {
+			a.status.Parked = prev.Parked // still parked: its copies stay
+		}
 		return false, nil
 	}
 	sidecars, err := c.rootSidecars(a, root)

@@ -232,7 +232,12 @@ type nodeView struct {
 // nodeViews asks the node agents of the sidecars' nodes for their report and
 // the application's copies.
 func (c *Controller) nodeViews(ctx context.Context, a *appState, sidecars []sidecarRef) []nodeView {
-	agents := c.agentsOf(a, sidecars)
+	return c.viewsOf(ctx, a, c.agentsOf(a, sidecars))
+}
+
+// viewsOf asks the given node agents for their report and the
+// application's copies.
+func (c *Controller) viewsOf(ctx context.Context, a *appState, agents []agentRef) []nodeView {
 	out := make([]nodeView, len(agents))
 	var wg sync.WaitGroup
 	for i, ag := range agents {

@@ -2,10 +2,12 @@ package lifecycle
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
@@ -37,10 +39,17 @@ type SleepConfig struct {
 	// Cold for engines that unload completely (Ollama, llama.cpp). Empty
 	// is Hot (a configuration rendered before the field existed).
 	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
-	// ParkAfter is how long engines sleep at level 1 before they are
-	// demoted: the weights leave the hot tier, and the engines sleep at
-	// level 2 with the node agent holding the warm copy. 0: never.
+	// ParkAfter is how long engines sleep before the application is
+	// parked: an engine's own level-1 offload is demoted (the weights leave
+	// the hot tier, and the engines sleep at level 2 with the node agent
+	// holding the warm copy), then, with minReplicas 0, the pods are
+	// scaled to zero while the node agents keep their copies. 0: never.
 	ParkAfter metav1.Duration `json:"parkAfter,omitempty"`
+	// NodeLabel is the node label the leader keeps on the nodes whose node
+	// agent holds a copy of the weights (hot or warm), which the root
+	// pods' preferred node affinity names (placement.go). Empty: no
+	// labels.
+	NodeLabel string `json:"nodeLabel,omitempty"`
 	// SeatPort is the sidecar's port in each root pod. Default 9300.
 	SeatPort int32 `json:"seatPort,omitempty"`
 	// AgentSelector selects the node agents' pods (one per node); the
@@ -167,8 +176,10 @@ func (s *SleepConfig) validate(i int, a App) []error {
 	if s.ParkAfter.Duration < 0 {
 		add("parkAfter must not be negative, got %v", s.ParkAfter.Duration)
 	}
-	if s.ParkAfter.Duration > 0 && s.Level == 2 {
-		add("parkAfter demotes level-1 sleepers to the warm tier; with level 2 the weights never sit in the hot tier: leave parkAfter unset")
+	if s.NodeLabel != "" {
+		if errs := validation.IsQualifiedName(s.NodeLabel); len(errs) > 0 || !strings.HasPrefix(s.NodeLabel, v1alpha1.WeightsNodeLabelPrefix) {
+			add("nodeLabel %q must be a label key under %s: %s", s.NodeLabel, v1alpha1.WeightsNodeLabelPrefix, strings.Join(errs, "; "))
+		}
 	}
 	for name, p := range map[string]int32{"seatPort": s.SeatPort, "agentPort": s.AgentPort} {
 		if p < 1 || p > 65535 {

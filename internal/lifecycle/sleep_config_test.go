@@ -74,8 +74,14 @@ func TestSleepConfigValidation(t *testing.T) {
 			want: []string{"sleep.after (10m0s) must be shorter than zeroAfter (10m0s)"}},
 		{name: "after above zeroAfter is fine with minReplicas 1", mut: func(a *lifecycle.App) { a.MinReplicas = 1; a.Sleep.After.Duration = time.Hour }},
 		{name: "level", mut: func(a *lifecycle.App) { a.Sleep.Level = 3 }, want: []string{"sleep.level must be 1 or 2, got 3"}},
-		{name: "parkAfter with level 2", mut: func(a *lifecycle.App) { a.Sleep.Level = 2; a.Sleep.ParkAfter.Duration = time.Hour },
-			want: []string{"parkAfter demotes level-1 sleepers"}},
+		// Parking a level-2 sleeper scales its pods away (minReplicas 0);
+		// there is nothing to demote.
+		{name: "parkAfter with level 2", mut: func(a *lifecycle.App) { a.Sleep.Level = 2; a.Sleep.ParkAfter.Duration = time.Hour }},
+		{name: "nodeLabel", mut: func(a *lifecycle.App) { a.Sleep.NodeLabel = "weights.modelorchestra.io/ns.x-chat" }},
+		{name: "nodeLabel not a label key", mut: func(a *lifecycle.App) { a.Sleep.NodeLabel = "weights.modelorchestra.io/" + strings.Repeat("x", 64) },
+			want: []string{"sleep.nodeLabel"}},
+		{name: "nodeLabel of another prefix", mut: func(a *lifecycle.App) { a.Sleep.NodeLabel = "example.com/weights" },
+			want: []string{"must be a label key under weights.modelorchestra.io/"}},
 		{name: "ports", mut: func(a *lifecycle.App) { a.Sleep.SeatPort = 70000; a.Sleep.AgentPort = -1 },
 			want: []string{"sleep.seatPort must be a port", "sleep.agentPort must be a port"}},
 		{name: "selector", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector = "a in (b" }, want: []string{`sleep.agentSelector "a in (b"`}},

@@ -86,7 +86,10 @@ func (c *Controller) observeStep(ctx context.Context, a *appState, root *appsv1.
 		o.Sleep = &SleepPolicy{After: a.Sleep.After.Duration, ParkAfter: a.Sleep.ParkAfter.Duration, Level: a.sl.level,
 			AsleepFor: obs.now.Sub(a.sl.asleepAt), SleepHeld: obs.now.Before(a.sl.retryAt), ParkHeld: obs.now.Before(a.sl.parkRetryAt),
 			WakeHeld: obs.now.Before(a.sl.nextTry), RefreshDue: obs.now.Sub(a.sl.refreshed) >= refreshEvery,
-			ResidentTier: a.status.ResidentTier, ExpectedResume: a.status.ExpectedResumeSeconds}
+			ResidentTier: a.status.ResidentTier, ExpectedResume: a.status.ExpectedResumeSeconds,
+			Offloads:  !a.Sleep.ModelCopies && (a.Sleep.Level1Tier == "" || a.Sleep.Level1Tier == v1alpha1.TierHot),
+			HotCopies: a.Sleep.ModelCopies}
+		o.Parked = st == v1alpha1.LifecycleZero && a.status.Parked != nil
 		if c.sidecarsNeeded(a, o, obs) {
 			o.Sidecars = c.readSidecars(ctx, a, root, obs)
 		}
@@ -163,8 +166,13 @@ func (c *Controller) apply(ctx context.Context, a *appState, root *appsv1.Statef
 	case ActCloseGate:
 		return c.closeGate(ctx, a)
 	case ActWake:
-		return c.wake(ctx, a, obs, act.Trigger)
+		parked := a.status.Parked
+		if err := c.wake(ctx, a, obs, act.Trigger); err != nil {
+			return err
+		}
+		c.wokeFromPark(a, parked)
 	case ActFollowWaking:
+		c.wokeFromPark(a, a.status.Parked)
 		c.enter(a, v1alpha1.LifecycleWaking, obs.now)
 		a.wakeStart, a.wakeScaled, a.wakeTrigger = obs.now, obs.now, ""
 		a.changed()
@@ -173,7 +181,11 @@ func (c *Controller) apply(ctx context.Context, a *appState, root *appsv1.Statef
 	case ActSyncWorkers:
 		return c.syncWorkers(ctx, a, obs.specReplicas)
 	case ActAwake:
-		return c.awake(ctx, a, root)
+		if err := c.awake(ctx, a, root); err != nil {
+			return err
+		}
+		c.parkedWakeLanded(a)
+		c.podStartTier(ctx, a, root)
 	case ActReportProblem:
 		a.status.Message = act.Reason
 		if act.Reason != "" {
@@ -212,6 +224,10 @@ func (c *Controller) apply(ctx context.Context, a *appState, root *appsv1.Statef
 		return c.demote(ctx, a, root, refsOf(a.sidecars))
 	case ActZeroFromSleep:
 		return c.zeroFromSleep(ctx, a, obs)
+	case ActParkPods:
+		return c.parkPods(ctx, a, obs)
+	case ActRefreshParked:
+		c.refreshParked(ctx, a)
 	case ActRefreshTier:
 		before := a.status.ResidentTier
 		c.refreshTier(ctx, a, refsOf(a.sidecars))

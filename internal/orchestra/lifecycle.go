@@ -3,6 +3,7 @@ package orchestra
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 
@@ -97,6 +98,9 @@ func lifecycleStatus(st *v1alpha1.ApplicationStatus, name string, app v1alpha1.A
 		st.Lifecycle = &ls
 	}
 	switch {
+	case st.Replicas == 0 && st.Lifecycle != nil && st.Lifecycle.Parked != nil:
+		st.Phase = v1alpha1.PhaseIdle
+		st.Message = parkedMessage(st.Lifecycle.Parked)
 	case st.Replicas == 0:
 		st.Phase = v1alpha1.PhaseIdle
 		st.Message = fmt.Sprintf("at zero pods after %v without requests; the next request wakes it", app.Lifecycle.ZeroAfter.Duration)
@@ -120,4 +124,18 @@ func tierOrUnknown(t v1alpha1.Tier) string {
 		return "(not yet reported)"
 	}
 	return string(t)
+}
+
+// parkedMessage is the message of a parked application: where its copies
+// are, and where its next wake prefers to run.
+func parkedMessage(p *v1alpha1.ParkedStatus) string {
+	msg := "parked: its pods were scaled away after parkAfter asleep, freeing their accelerators; "
+	if len(p.Copies) == 0 {
+		return msg + "no node agent holds a copy of its weights; the next request wakes it from zero and reads the cold tier"
+	}
+	copies := make([]string, len(p.Copies))
+	for i, c := range p.Copies {
+		copies[i] = string(c.Tier) + " on " + c.Node
+	}
+	return msg + "the node agents keep its weights (" + strings.Join(copies, ", ") + "); the next request wakes it from zero, preferring those nodes"
 }

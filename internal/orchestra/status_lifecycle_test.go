@@ -66,6 +66,14 @@ func TestLifecycleStatus(t *testing.T) {
 			wantMessage: "the next request wakes it",
 		},
 		{
+			name: "parked is idle, ready, and says where the copies are",
+			root: lifecycleRoot(t, 0, 0, `{"state":"Zero","replicas":0,"residentTier":"Warm","parked":{"since":"2026-11-28T10:00:00Z",
+				"copies":[{"node":"gpu-2","tier":"Warm"}],"nodeLabel":"weights.modelorchestra.io/ns.demo-chat"}}`),
+			wantPhase: v1alpha1.PhaseIdle, wantState: v1alpha1.LifecycleZero, wantReplicas: 0,
+			wantReady: "True", wantTopo: "True", wantAwake: "0/1", wantTopoReason: v1alpha1.ReasonTopologyAvailable,
+			wantMessage: "parked: its pods were scaled away after parkAfter asleep, freeing their accelerators; the node agents keep its weights (Warm on gpu-2); the next request wakes it from zero, preferring those nodes",
+		},
+		{
 			name:      "waking is ready: requests wait in the queue",
 			root:      lifecycleRoot(t, 1, 0, `{"state":"Waking","replicas":1}`),
 			wantPhase: v1alpha1.PhaseWaking, wantState: v1alpha1.LifecycleWaking, wantReplicas: 1,

@@ -591,6 +591,7 @@ func TestDispatcherSleepWiring(t *testing.T) {
 		AgentSelector   string `json:"agentSelector"`
 		AgentPort       int    `json:"agentPort"`
 		ModelCheckpoint string `json:"modelCheckpoint"`
+		NodeLabel       string `json:"nodeLabel"`
 		ColdPath        string `json:"coldPath,omitempty"`
 		WarmTier        string `json:"warmTier"`
 		SLO             slo    `json:"slo"`
@@ -612,10 +613,10 @@ func TestDispatcherSleepWiring(t *testing.T) {
 	}
 	selector := "app.kubernetes.io/instance=x,app.kubernetes.io/component=checkpoint-agent"
 	want := map[string]*sleep{
-		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", WarmTier: "Disk", SLO: slo{1, 5}},
-		"vllm":   {After: "10m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", WarmTier: "Disk", SLO: slo{2, 10}},
-		"ollama": {After: "15m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", WarmTier: "Disk", SLO: slo{1, 5}},
-		"llama":  {After: "5m0s", Level: 1, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", WarmTier: "Disk", SLO: slo{1, 5}},
+		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", NodeLabel: "weights.modelorchestra.io/ns.x-sim", WarmTier: "Disk", SLO: slo{1, 5}},
+		"vllm":   {After: "10m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", NodeLabel: "weights.modelorchestra.io/ns.x-vllm", WarmTier: "Disk", SLO: slo{2, 10}},
+		"ollama": {After: "15m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", NodeLabel: "weights.modelorchestra.io/ns.x-ollama", WarmTier: "Disk", SLO: slo{1, 5}},
+		"llama":  {After: "5m0s", Level: 1, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", NodeLabel: "weights.modelorchestra.io/ns.x-llama", WarmTier: "Disk", SLO: slo{1, 5}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("dispatcher lifecycle sleep blocks (-want +got):\n%s", diff)

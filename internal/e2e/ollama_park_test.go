@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/e2e/stack"
+)
+
+// TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy (issue 27 §3 and §4)
+// runs a sleeping Ollama application with minReplicas 0 and a short
+// parkAfter on the real node, with the dispatcher granted patch on nodes
+// as the cluster administrator does (docs/lifecycle.md, "Parking"). It
+// sleeps with a verified hot copy of its GGUF on the node, is parked (its
+// root pod deleted, freeing the node, the node agent keeping the hot copy,
+// the node labelled hot for it, status parked naming the copy), and a chat
+// then wakes it from zero onto that node: the new root's engine loads the
+// hot copy, and lastWake names the Hot tier with the GGUF's bytes.
+func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
+	requireOllama(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	ns := newNamespace(ctx, t, "e2e-ollama-park")
+	const name, app = "park", "ollama"
+	start := time.Now()
+	logf := func(format string, args ...any) {
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	// The administrator's grant: patch on nodes for the release's
+	// dispatcher, and nothing else.
+	grant := "e2e-park-nodes-" + ns
+	_, err := env.cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: grant},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"patch"}}}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	_, err = env.cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: grant},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: grant},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name + "-dispatcher", Namespace: ns}}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	key := v1alpha1.WeightsNodeLabelPrefix + ns + "." + name + "-" + app
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = env.cs.RbacV1().ClusterRoleBindings().Delete(ctx, grant, metav1.DeleteOptions{})
+		_ = env.cs.RbacV1().ClusterRoles().Delete(ctx, grant, metav1.DeleteOptions{})
+		nodes, _ := env.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		for _, n := range nodes.Items {
+			if _, ok := n.Labels[key]; ok {
+				_, _ = env.cs.CoreV1().Nodes().Patch(ctx, n.Name, "application/merge-patch+json", fmt.Appendf(nil, `{"metadata":{"labels":{%q:null}}}`, key), metav1.PatchOptions{})
+			}
+		}
+	})
+
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Parked 20s after it fell asleep: time to see it asleep first.
+	obj := ollamaTiersResource(t, ns, name, app, map[string]any{"minReplicas": int64(0), "zeroAfter": "30m", "parkAfter": "20s"})
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	logf("Ready")
+	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := ollamaServed(app)
+	gguf := stack.TinyModelFiles()[stack.DemoFile]
+	sum := sha256.Sum256(gguf)
+	sha, size := hex.EncodeToString(sum[:]), int64(len(gguf))
+	copyName := name + "-" + app
+	root := appRoot(ctx, t, ns, name, app)
+	node := root.Spec.NodeName
+	agentURL := nodeAgentURL(ctx, t, ns, name, node)
+	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
+		t.Fatalf("first chat: %v", err)
+	}
+
+	t.Run("asleep, then parked: the pod is gone, the hot copy stays and its node is labelled", func(t *testing.T) {
+		eventually(t, 90*time.Second, func() error {
+			st, err := appStatus(ctx, ns, name, app)
+			if err != nil {
+				return err
+			}
+			if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep || lc.ResidentTier != v1alpha1.TierHot {
+				return fmt.Errorf("lifecycle %s; want Asleep in the Hot tier", lifecycleJSON(st.Lifecycle))
+			}
+			return nil
+		})
+		logf("asleep in the hot tier")
+		var st v1alpha1.ApplicationStatus
+		eventually(t, 90*time.Second, func() error {
+			st, err = appStatus(ctx, ns, name, app)
+			if err != nil {
+				return err
+			}
+			lc := st.Lifecycle
+			if lc == nil || lc.State != v1alpha1.LifecycleZero || lc.Parked == nil {
+				return fmt.Errorf("lifecycle %s; want Zero, parked", lifecycleJSON(lc))
+			}
+			return nil
+		})
+		logf("parked: %s", st.Message)
+		lc := st.Lifecycle
+		if len(lc.Parked.Copies) != 1 || lc.Parked.Copies[0] != (v1alpha1.NodeCopy{Node: node, Tier: v1alpha1.TierHot}) || lc.ResidentTier != v1alpha1.TierHot || lc.Parked.NodeLabel != key {
+			t.Errorf("parked %s, resident tier %s; want the hot copy on %s, the node label %s", jsonOf(lc.Parked), lc.ResidentTier, node, key)
+		}
+		if st.Phase != v1alpha1.PhaseIdle || !strings.Contains(st.Message, "parked") || !strings.Contains(st.Message, "Hot on "+node) {
+			t.Errorf("phase %s, message %q; want Idle, saying it is parked with the hot copy on %s", st.Phase, st.Message, node)
+		}
+		eventually(t, time.Minute, func() error {
+			pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+			if err != nil {
+				return err
+			}
+			if len(pods.Items) != 0 {
+				return fmt.Errorf("%d root pods after parking, want none", len(pods.Items))
+			}
+			return nil
+		})
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
+			t.Fatalf("the node agent's hot copy after parking %+v (%v); want %d bytes with the manifest's sha256", e, ok, size)
+		}
+		eventually(t, 30*time.Second, func() error {
+			n, err := env.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if v := n.Labels[key]; v != v1alpha1.WeightsOnNodeHot {
+				return fmt.Errorf("node %s has %s=%q, want hot", node, key, v)
+			}
+			return nil
+		})
+	})
+
+	t.Run("a chat wakes it from zero onto the node, loading the hot copy", func(t *testing.T) {
+		sent := time.Now()
+		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
+		if err != nil || !res.Done || res.Content == "" {
+			// The whole start of the woken root's containers: why it did
+			// not serve (the diagnosis shows their last lines only).
+			pods, _ := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+			for _, p := range pods.Items {
+				for _, c := range []string{"engine", "seat"} {
+					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(ctx)
+					t.Logf("pod %s container %s (%v), first lines:\n%s", p.Name, c, lerr, logs)
+				}
+			}
+			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
+		}
+		logf("the chat that woke it from zero was answered in %s", time.Since(sent).Round(time.Millisecond))
+		eventually(t, 30*time.Second, func() error {
+			st, err := appStatus(ctx, ns, name, app)
+			if err != nil {
+				return err
+			}
+			lc := st.Lifecycle
+			if lc == nil || lc.State != v1alpha1.LifecycleAwake || lc.Parked != nil || lc.LastWake == nil {
+				return fmt.Errorf("lifecycle %s; want Awake, no longer parked", lifecycleJSON(lc))
+			}
+			if lc.LastWake.FromTier != v1alpha1.TierHot || lc.LastWake.Bytes != size {
+				return fmt.Errorf("lastWake %s; want fromTier Hot with the GGUF's %d bytes", jsonOf(lc.LastWake), size)
+			}
+			return nil
+		})
+		woken := appRoot(ctx, t, ns, name, app)
+		if woken.UID == root.UID || woken.Spec.NodeName != node {
+			t.Errorf("the woken root %s (uid %s) on %s; want a new pod on %s", woken.Name, woken.UID, woken.Spec.NodeName, node)
+		}
+		seat, err := seatState(ctx, ns, woken.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seat.Model == nil || seat.Model.Path != "/var/run/model-orchestra/hot/"+copyName || seat.Model.Bytes != size {
+			t.Errorf("the new root's sidecar points Ollama at %+v; want the hot copy %s", seat.Model, copyName)
+		}
+		if loaded, err := ollamaLoaded(ctx, woken); err != nil || len(loaded) != 1 {
+			t.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)
+		}
+		events, _ := env.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		var parked, landed bool
+		for _, e := range events.Items {
+			switch e.Reason {
+			case "Parked":
+				parked = true
+			case "WokeFromPark":
+				landed = landed || strings.Contains(e.Message, "which holds a Hot copy")
+			}
+		}
+		if !parked || !landed {
+			t.Errorf("events Parked %v, WokeFromPark on the node holding the hot copy %v; want both", parked, landed)
+		}
+	})
+}
