@@ -20,6 +20,8 @@
 //	both      config.go (Config, defaults, Validate), run.go (Run, Start),
 //	          metrics.go (metrics, JSON answers)
 //	sidecar   seat.go (the sidecar's state machine and HTTP API),
+//	          seat_restart.go (restarting an engine in place), modelcopy.go
+//	          (pointing the engine at the hottest verified model file),
 //	          engine.go (the Engine interface, NewEngine), vllm.go, ollama.go,
 //	          llamacpp.go (one adapter per engine), process.go (an engine's
 //	          processes: restart, the engine matchers), devicemem.go
