@@ -249,15 +249,19 @@ func withModelCopies(engine Engine, copies *ModelCopies, log *slog.Logger) Engin
 
 // Wake points the link, then wakes the engine. When the engine cannot
 // load a tier's copy (it went away between the choice and the engine's
-// open, or the engine cannot read it), the wake is retried once from the
-// model cache: a copy never keeps an engine from waking.
+// open, or the engine answered that it could not load it), the wake is
+// retried once from the model cache: a copy never keeps an engine from
+// waking. An engine that did not answer (not started yet, restarting, a
+// timeout) says nothing about the copy: that wake fails as it is, the link
+// stays on the copy, and the caller's next attempt loads it.
 func (e *copyEngine) Wake(ctx context.Context) error {
 	c, err := e.copies.Point()
 	if err != nil {
 		return err
 	}
 	err = e.Engine.Wake(ctx)
-	if err != nil && c.Tier != string(TierCold) && ctx.Err() == nil {
+	var answered *EngineError
+	if err != nil && c.Tier != string(TierCold) && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
 		first, tier, path := err, c.Tier, c.Path
 		if c, err = e.copies.PointCold(); err != nil {
 			return errors.Join(first, err)

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/model-orchestra/operator/internal/fetch"
@@ -23,6 +25,9 @@ type linkReader struct {
 	// refuse fails a load of a file whose path contains it (an engine
 	// that cannot read a copy).
 	refuse string
+	// down fails every load without an answer (the engine is not
+	// listening yet, or restarts).
+	down bool
 }
 
 func (e *linkReader) Name() string                           { return EngineOllama }
@@ -30,8 +35,12 @@ func (e *linkReader) InFlight(context.Context) (int, error)  { return 0, nil }
 func (e *linkReader) Sleep(context.Context, int) error       { e.asleep, e.loaded = true, nil; return nil }
 func (e *linkReader) Sleeping(context.Context) (bool, error) { return e.asleep, nil }
 func (e *linkReader) Wake(context.Context) (err error) {
+	if e.down {
+		return fmt.Errorf("POST /api/generate: %w", syscall.ECONNREFUSED)
+	}
 	if target, _ := os.Readlink(e.link); e.refuse != "" && strings.Contains(target, e.refuse) {
-		return errors.New("permission denied: " + target)
+		// Ollama answers a load it cannot do with a 500 and its error.
+		return &EngineError{Method: "POST", Path: "/api/generate", Status: 500, Body: `{"error":"open ` + target + `: permission denied"}`}
 	}
 	e.loaded, err = os.ReadFile(e.link)
 	e.asleep = err != nil
@@ -147,6 +156,19 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner.refuse = ""
+
+	// An engine that does not answer (not listening yet, restarting) says
+	// nothing about the copy: that wake fails, the link stays on the hot
+	// copy, and the next wake loads it.
+	inner.down = true
+	if err := e.Wake(ctx); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a wake of an engine that does not answer: %v; want its error", err)
+	}
+	if target, _ := os.Readlink(copies.cfg.Link); target != hotPath {
+		t.Errorf("after a wake the engine did not answer, the link points at %s; want the hot copy %s", target, hotPath)
+	}
+	inner.down = false
+	wake(TierHot, hotPath)
 
 	// The hot copy goes (an eviction) while the engine is awake: the link
 	// is re-pointed, and the next wake loads the warm copy.

@@ -150,18 +150,24 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 	})
 
 	t.Run("a chat wakes it from zero onto the node, loading the hot copy", func(t *testing.T) {
-		sent := time.Now()
-		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
-		if err != nil || !res.Done || res.Content == "" {
-			// The whole start of the woken root's containers: why it did
-			// not serve (the diagnosis shows their last lines only).
-			pods, _ := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+		// On failure, the whole start of the woken root's containers: which
+		// copy the sidecar pointed the engine at, and why (the diagnosis
+		// shows their last lines only).
+		defer func() {
+			if !t.Failed() {
+				return
+			}
+			pods, _ := env.cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
 			for _, p := range pods.Items {
 				for _, c := range []string{"engine", "seat"} {
-					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(ctx)
+					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(context.Background())
 					t.Logf("pod %s container %s (%v), first lines:\n%s", p.Name, c, lerr, logs)
 				}
 			}
+		}()
+		sent := time.Now()
+		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
+		if err != nil || !res.Done || res.Content == "" {
 			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
 		}
 		logf("the chat that woke it from zero was answered in %s", time.Since(sent).Round(time.Millisecond))
