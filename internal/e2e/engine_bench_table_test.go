@@ -63,13 +63,16 @@ var firstTokenRows = []struct{ path, what, pods string }{
 
 // added is the median of the per-set differences between path and direct
 // (the sets are interleaved, so each difference is taken at one load).
-func (s *engineSize) added(path string) time.Duration {
+func (s *engineSize) added(path string) time.Duration { return p50(s.diffs(path)) }
+
+// diffs are the per-set differences of path's first token to direct's.
+func (s *engineSize) diffs(path string) []time.Duration {
 	d, p := s.first[pathDirect], s.first[path]
 	diff := make([]time.Duration, 0, len(p))
 	for i := range min(len(d), len(p)) {
 		diff = append(diff, p[i]-d[i])
 	}
-	return p50(diff)
+	return diff
 }
 
 // firstTokenTable is the first-token table: each path's first token, what
@@ -82,7 +85,7 @@ func firstTokenTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 		cmd, flags = "make bench-engine BENCH_ENGINE_TTFT=1", fmt.Sprintf("-engine-bench-rounds %d -engine-bench-ttft", *benchEngineRounds)
 	}
 	sets := *benchEngineRounds * benchPairs
-	fmt.Fprintf(&b, "Measured by `%s` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n%s`) on the real-node local cluster (%d CPUs; load average %s before,\n%s after), real Ollama (the pinned build, CPU only); %d sets a model of one streamed chat (up to 64 tokens)\na path, in rotating order, each with a prompt of its own of one length.\n\n",
+	fmt.Fprintf(&b, "Measured by `%s` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n%s`) on the real-node local cluster (%d CPUs; load average %s before,\n%s after), real Ollama (the pinned build, CPU only); %d sets a model of one streamed chat (up to 64 tokens)\na path, in rotating order, each with a prompt of its own of one length, after one warm-up set a round.\n\n",
 		cmd, flags, runtime.NumCPU(), loadBefore, loadAfter, sets)
 	b.WriteString("| Model | Path | pods between client and engine | first token p50 | p10 – p90 | added to first token (median of per-set differences to direct) | tokens/s p50 |\n| --- | --- | --- | ---: | ---: | ---: | ---: |\n")
 	for _, s := range sizes {
@@ -90,7 +93,8 @@ func firstTokenTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 			v := s.first[r.path]
 			added := "—"
 			if r.path != pathDirect {
-				added = fmt.Sprintf("%.2f ms", ms(s.added(r.path)))
+				diff := s.diffs(r.path)
+				added = fmt.Sprintf("%.2f ms (IQR %.2f – %.2f)", ms(p50(diff)), ms(quantile(diff, 25)), ms(quantile(diff, 75)))
 			}
 			fmt.Fprintf(&b, "| %s | %s | %s | %.1f ms | %.1f – %.1f ms | %s | %.0f |\n", s.label, r.what, r.pods,
 				ms(p50(v)), ms(quantile(v, 10)), ms(quantile(v, 90)), added, p50f(s.rate[r.path]))

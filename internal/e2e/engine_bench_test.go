@@ -324,6 +324,27 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 	probe := startPodProbe(ctx, t, ns, name)
 	defer probe.close()
 	paths := firstTokenPaths
+	// target is a path's URL, token and X-Relay-Via header.
+	target := func(path string) (url, tok, hop string) {
+		switch path {
+		case pathDirect:
+			return direct, "", ""
+		case pathRelay:
+			return relayed, "", rootAddr // the first relay pod straight to the engine
+		case pathRelays:
+			return relayed, "", relayVia(relays, rootAddr)
+		}
+		return base + "/chat/completions", token, ""
+	}
+	// One set first, not counted: the first requests after a wake or a
+	// pause stream at a fraction of the usual rate (cold caches) on every
+	// path.
+	for _, path := range paths {
+		url, tok, hop := target(path)
+		if _, _, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("warm %d %s", round, pathCode[path])); err != nil {
+			t.Fatalf("%s round %d: %s warm-up request: %v", s.label, round, path, err)
+		}
+	}
 	for i := range benchPairs {
 		// Each request has a prompt of its own, of one length, and the
 		// order rotates: no path gains from Ollama's prompt cache (an
@@ -331,16 +352,7 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 		// handed the direct request the cached prompt) or from its place.
 		for k := range paths {
 			path := paths[(i+k)%len(paths)]
-			url, tok, hop := base+"/chat/completions", token, ""
-			switch path {
-			case pathDirect:
-				url, tok = direct, ""
-			case pathRelay:
-				// The first relay pod straight to the engine.
-				url, tok, hop = relayed, "", rootAddr
-			case pathRelays:
-				url, tok, hop = relayed, "", relayVia(relays, rootAddr)
-			}
+			url, tok, hop := target(path)
 			first, rate, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("pair %d %d %s", round, i, pathCode[path]))
 			t.Logf("%s round %d set %d: %s first token %v, %.0f tokens/s", s.label, round, i, path, first, rate)
 			if err != nil {
