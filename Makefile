@@ -194,7 +194,7 @@ bench-lifecycle: tools images ## Wake from zero (real-node cluster, root; BENCH_
 
 .PHONY: bench-engine
 bench-engine: tools images ## The real Ollama engine on two generated models (real-node cluster, root): wake from zero vs a plain scale, sleep -> wake vs cold, gateway + queue vs direct. BENCH_ENGINE_ROUNDS (default 3), BENCH_ENGINE_LARGE (default 256MiB), BENCH_ENGINE_TTFT=1 (first token only).
-	$(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-ttft=$(BENCH_ENGINE_TTFT) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
+	flock /tmp/mo-bench.lock $(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-ttft=$(BENCH_ENGINE_TTFT) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.
