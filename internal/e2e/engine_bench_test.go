@@ -314,7 +314,7 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 	sts := name + "-" + s.zero
 	eventually(t, time.Minute, func() error {
 		if state := lifecycleState(ctx, ns, sts); state != string(v1alpha1.LifecycleAwake) {
-			return fmt.Errorf("%s: lifecycle %q after the plain scale; want Awake", s.zero, state)
+			return fmt.Errorf("%s: lifecycle %q; want Awake", s.zero, state)
 		}
 		return nil
 	})
