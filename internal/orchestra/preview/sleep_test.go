@@ -385,7 +385,7 @@ func TestNodeAgent(t *testing.T) {
 		t.Errorf("agent pod labels %v: the dispatcher selects instance=%s,component=checkpoint-agent", ds.Spec.Template.Labels, sleepRelease)
 	}
 	agent := container(t, pod, "agent")
-	want := []string{"--role=node", fmt.Sprintf("--addr=:%d", agentPort), "--hot-dir=/var/lib/orchestra-agent/hot", "--warm-dir=/var/lib/orchestra-agent/warm", "--namespace=ns", "--release=x", "--caller-token-file=/etc/orchestra/agent-caller/token", "--hot-max-bytes=8GiB", "--warm-max-bytes=100GiB", "--measure-bytes=256MiB", "--verify-interval=15m0s"}
+	want := []string{"--role=node", fmt.Sprintf("--addr=:%d", agentPort), "--hot-dir=/var/lib/orchestra-agent/hot", "--warm-dir=/var/lib/orchestra-agent/warm", "--namespace=ns", "--copy-group=64000", "--release=x", "--caller-token-file=/etc/orchestra/agent-caller/token", "--hot-max-bytes=8GiB", "--warm-max-bytes=100GiB", "--measure-bytes=256MiB", "--verify-interval=15m0s"}
 	if diff := cmp.Diff(want, agent.Args); diff != "" {
 		t.Errorf("agent args (-want +got):\n%s", diff)
 	}
