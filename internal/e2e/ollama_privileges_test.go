@@ -39,6 +39,7 @@ type proc struct {
 	pid    int
 	name   string
 	uid    int
+	gid    int64
 	groups []int64
 }
 
@@ -65,7 +66,7 @@ func podProcesses(t *testing.T, podUID string) []proc {
 		if err != nil {
 			continue // ended meanwhile
 		}
-		p := proc{pid: pid, uid: -1}
+		p := proc{pid: pid, uid: -1, gid: -1}
 		for _, line := range strings.Split(string(status), "\n") {
 			key, val, _ := strings.Cut(line, ":")
 			fields := strings.Fields(val)
@@ -75,6 +76,10 @@ func podProcesses(t *testing.T, podUID string) []proc {
 			case "Uid":
 				if len(fields) > 1 {
 					p.uid, _ = strconv.Atoi(fields[1]) // effective
+				}
+			case "Gid":
+				if len(fields) > 1 {
+					p.gid, _ = strconv.ParseInt(fields[1], 10, 64) // effective
 				}
 			case "Groups":
 				for _, f := range fields {
@@ -92,7 +97,8 @@ func podProcesses(t *testing.T, podUID string) []proc {
 // copies runs its engine and sidecar as non-root: the pod spec (the copies'
 // group as the pod's supplementary group, the sidecar as 65532, every
 // capability dropped) and the processes themselves on the node (Ollama and
-// the sidecar as uid 65532 with the group, no process of the pod as root);
+// the sidecar as uid 65532 with the group and without root's group, no
+// process of the pod as root);
 // and that the copies on the node are the agent's, readable by the group
 // only (directory 0750, copy 0640, of the group).
 func wantCopyReadersNonRoot(t *testing.T, root *corev1.Pod, hotCopy string) {
@@ -113,14 +119,14 @@ func wantCopyReadersNonRoot(t *testing.T, root *corev1.Pod, hotCopy string) {
 	procs := podProcesses(t, string(root.UID))
 	seen := map[string]bool{}
 	for _, p := range procs {
-		t.Logf("root pod process %d %s: uid %d, groups %v", p.pid, p.name, p.uid, p.groups)
+		t.Logf("root pod process %d %s: uid %d, gid %d, groups %v", p.pid, p.name, p.uid, p.gid, p.groups)
 		if p.uid == 0 {
 			t.Errorf("process %d (%s) of the root pod runs as root", p.pid, p.name)
 		}
 		if p.name == "ollama" || p.name == "orchestra-agent" {
 			seen[p.name] = true
-			if p.uid != 65532 || !slices.Contains(p.groups, group) {
-				t.Errorf("process %d (%s): uid %d, groups %v; want uid 65532 with the copies' group %d", p.pid, p.name, p.uid, p.groups, group)
+			if p.uid != 65532 || p.gid == 0 || slices.Contains(p.groups, 0) || !slices.Contains(p.groups, group) {
+				t.Errorf("process %d (%s): uid %d, gid %d, groups %v; want uid 65532 with the copies' group %d and not root's group", p.pid, p.name, p.uid, p.gid, p.groups, group)
 			}
 		}
 	}

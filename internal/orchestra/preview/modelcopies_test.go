@@ -87,8 +87,8 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 			t.Errorf("%s: seat security context %+v; want our image's user 65532, non-root, with every capability dropped and a read-only root", app, sc)
 		}
-		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser != nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
-			t.Errorf("%s: engine security context %+v; want its image's user with every capability dropped", app, sc)
+		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser != nil || sc.RunAsGroup == nil || *sc.RunAsGroup != group || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: engine security context %+v; want its image's user, the copies' group %d (not root's, which containerd would give it), every capability dropped", app, sc, group)
 		}
 		if psc := pod.SecurityContext; psc == nil || !slices.Equal(psc.SupplementalGroups, []int64{group}) || psc.RunAsUser != nil {
 			t.Errorf("%s: pod security context %+v; want the copies' group %d as the one supplementary group", app, psc, group)

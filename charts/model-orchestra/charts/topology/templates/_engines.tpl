@@ -485,10 +485,15 @@ securityContext:
 securityContext:
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
 {{- else }}
-{{- /* With model copies the engine reads the node agent's copies as a
-member of their group (global.agent.copyGroup, a supplementary group of the
-pod), as the user its image runs as (ours runs Ollama as 65532). */}}
 securityContext:
+  {{- if include "mo.modelCopies" . }}
+  {{- /* With model copies the engine reads the node agent's copies as a
+  member of their group (global.agent.copyGroup), as the user its image
+  runs as (ours runs Ollama as 65532). The group is its primary group too:
+  the kubelet passes the runtime the image's user but not its group, so
+  containerd would run it with group 0, root's (containerd issue 11607). */}}
+  runAsGroup: {{ .root.Values.global.agent.copyGroup }}
+  {{- end }}
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 {{- end }}
 volumeMounts:
