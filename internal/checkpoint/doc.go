@@ -18,7 +18,7 @@
 // Files, by role:
 //
 //	both      config.go (Config, defaults, Validate), run.go (Run, Start),
-//	          metrics.go (metrics, JSON answers)
+//	          metrics.go (metrics, JSON requests and answers)
 //	sidecar   seat.go (the sidecar's state machine and HTTP API),
 //	          seat_restart.go (restarting an engine in place), modelcopy.go
 //	          (pointing the engine at the hottest verified model file),
