@@ -32,7 +32,8 @@
 //	          (pure: admission and eviction), predict.go (pure: wake
 //	          prediction, promotion plans), promote.go (wake and
 //	          sleep records, promotion ahead), cold.go (cold sources: model
-//	          cache, S3), tmpfs.go (the hot tier's mount), report.go (the node
+//	          cache, S3), modelfile.go (a cold model file verified against
+//	          the fetcher's manifest), tmpfs.go (the hot tier's mount), report.go (the node
 //	          report), noderuntime.go (the node's container runtime),
 //	          criu.go (process snapshots), releaseproc.go (only a
 //	          process of the release's pods is snapshotted), bandwidth.go (bandwidth probes,
