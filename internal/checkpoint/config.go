@@ -161,7 +161,7 @@ func Default() Config {
 			},
 			MeasureBytes:    256 << 20,
 			CRIU:            "criu",
-			VerifyInterval:  15 * time.Minute,
+			VerifyInterval:  v1alpha1.DefaultVerifyInterval,
 			PromoteInterval: 10 * time.Second,
 			PromoteMargin:   30 * time.Second,
 		},
