@@ -138,6 +138,9 @@ gateway: {auth: {anonymous: true}}
 	}); err != nil {
 		t.Fatalf("binding the model cache to a volume every node reaches: %v", err)
 	}
+	// The seat mounts the release's caller token Secret (the offline
+	// render's, without a token: nothing here calls the seat).
+	create(ctx, t, c, objs["Secret/x-agent-caller"])
 	create(ctx, t, c, sts)
 
 	// label moves the weights labels as the leader does: the plan from

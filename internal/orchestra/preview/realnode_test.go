@@ -192,6 +192,9 @@ gateway: {auth: {anonymous: true}}
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The seat's sleep and wake take the release's caller token, as
+		// the leader sends it.
+		nodeapi.Authorize(req, callerToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("%s %s: %v", method, url, err)
