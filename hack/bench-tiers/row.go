@@ -7,6 +7,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/sim"
+	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
 type row struct {
@@ -20,13 +21,14 @@ type row struct {
 	// hashedCopy is the hot restore's verified copy between two
 	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied and
 	// hashed with XXH3 in one pass): the most a verified restore can do
-	// from a source as fast as memory.
+	// from a source as fast as memory. It is the fastest of the copies
+	// right before and right after every hot wake of the run (one copy
+	// at the run's start was a single moment of a shared machine, which a
+	// wake in a quieter moment beat).
 	hashedCopy checkpoint.Bandwidth
 	fresh, s3  checkpoint.Bandwidth
-	// tmpfs is the tier probe of the hot wake whose ratio is the median
-	// (hotWake.probe): the offload itself read, without a hash, into a
-	// region of the engine's device kept for the run, right before that
-	// wake and right before the next (tierprobe).
+	// tmpfs is the run's tier probe (tierProbe): the fastest read of
+	// the hot tier of the whole run, every hot wake's bound.
 	tmpfs              checkpoint.Bandwidth
 	disk, disk1, disk2 checkpoint.Bandwidth
 	// warmRaw is the O_DIRECT read of the warm copy itself, right before
@@ -71,9 +73,18 @@ type row struct {
 type hotWake struct {
 	rep                      *sim.StageReport
 	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
-	// probe is the tier probe around the wake: the fastest of two reads
-	// of the offload right before the wake and two right after.
-	probe           checkpoint.Bandwidth
+	// around is the tier probe around the wake: the fastest of the
+	// reads of the offload right before the wake and right after. probe
+	// is the run's tier probe, the fastest of every wake's around: the
+	// tier's limit does not change from one wake to the next, only the
+	// load of the machine does, and a bound taken from the reads of one
+	// wake's window alone was beaten by single wakes that ran in a
+	// quieter moment than the reads around them.
+	around, probe checkpoint.Bandwidth
+	// hashed is the verified copy (arena.VerifiedCopy) of memcpy's
+	// source into the probe's region, the fastest of one right before
+	// the wake and one right after.
+	hashed          checkpoint.Bandwidth
 	ttft, ttftBound time.Duration
 	// huge is the share of the tier file (the level-1 offload) in huge
 	// pages, from ShmemHugePages around the sleep that wrote it.
@@ -87,9 +98,34 @@ func (h hotWake) ratio() float64 { return restoreBW(h.rep) / h.memcpy.BytesPerSe
 
 func (h hotWake) ttftRatio() float64 { return float64(h.ttft) / float64(h.ttftBound) }
 
-// probeRatio is the wake's restore over the tier probe around it: at most
-// 1 where the probe is the limit.
+// probeRatio is the wake's restore over the run's tier probe: at most 1
+// where the probe is the limit.
 func (h hotWake) probeRatio() float64 { return restoreBW(h.rep) / h.probe.BytesPerSecond }
+
+// load is the tier probe around the wake over the run's: below 1 where
+// the machine's load slowed the reads around this wake.
+func (h hotWake) load() float64 { return h.around.BytesPerSecond / h.probe.BytesPerSecond }
+
+// boundByRunPeak sets every hot wake's bound to the run's tier probe,
+// the fastest read around any of them (the idle wake's too), and the
+// run's verified copy to the fastest of theirs.
+func (r *row) boundByRunPeak(n int64) {
+	all := append(slices.Clone(r.hotWakes), r.idleWake)
+	var peak checkpoint.Bandwidth
+	for _, h := range all {
+		peak = tierprobe.Peak(peak, h.around)
+		r.hashedCopy = tierprobe.Peak(r.hashedCopy, h.hashed)
+	}
+	set := func(h *hotWake) {
+		h.probe = peak
+		h.ttftBound = tierprobe.Bound(n, peak) + simTTFT
+	}
+	for i := range r.hotWakes {
+		set(&r.hotWakes[i])
+	}
+	set(&r.idleWake)
+	r.tmpfs = peak
+}
 
 // ttftMemcpyRatio is the time to first token over bytes ÷ memcpy + the
 // simulator's TTFT, the bound of earlier runs (memcpy is no slower than
@@ -123,7 +159,6 @@ type ratios struct {
 func (r row) withRatios() row {
 	h := medianBy(r.hotWakes, hotWake.ratio)
 	r.hot, r.memcpy, r.memcpy1, r.memcpy2 = h.rep, h.memcpy, h.memcpy1, h.memcpy2
-	r.tmpfs = medianBy(r.hotWakes, hotWake.probeRatio).probe
 	f := medianBy(r.hotWakes, hotWake.ttftRatio)
 	r.ttftHot, r.ttftBound = f.ttft, f.ttftBound
 	r.ratio = ratios{
