@@ -32,17 +32,18 @@ import (
 )
 
 var (
-	zeroCopyBench  = flag.Bool("zero-copy-bench", false, "measure a parked real Ollama application's wake from zero with the node agent holding its verified hot copy vs after its copies were dropped (make bench-tiers-ollama-zero)")
+	zeroCopyBench  = flag.Bool("zero-copy-bench", false, "measure a parked real Ollama application's wake from zero with the node agent holding its verified hot copy, its warm copy, or no copy (make bench-tiers-ollama-zero)")
 	zeroCopySize   = flag.String("zero-copy-size", "256MiB", "size of the generated GGUF model")
-	zeroCopyRounds = flag.Int("zero-copy-rounds", 3, "rounds; each wakes the parked application once with its copy and once without, the order alternating")
+	zeroCopyRounds = flag.Int("zero-copy-rounds", 3, "rounds; each wakes the parked application once with its hot copy, once with its warm copy and once without a copy, the order rotating")
 	zeroCopyDocs   = flag.String("zero-copy-docs", "", "Markdown file whose bench-tiers-ollama-zero section receives the table")
 )
 
 const (
 	zeroCopyStart = "<!-- bench-tiers-ollama-zero:start -->"
 	zeroCopyEnd   = "<!-- bench-tiers-ollama-zero:end -->"
-	// zeroCopyWith and zeroCopyWithout name the two cases.
+	// zeroCopyWith, zeroCopyWarm and zeroCopyWithout name the cases.
 	zeroCopyWith    = "hot copy on the node"
+	zeroCopyWarm    = "warm copy on the node (hot moved down)"
 	zeroCopyWithout = "no copy (dropped)"
 )
 
@@ -129,6 +130,7 @@ func TestZeroCopyBenchmark(t *testing.T) {
 	agent := nodeapi.Client{URL: nodeAgentURL(ctx, t, ns, name, node), HTTP: http.DefaultClient, Token: agentCallerToken(ctx, t, ns, name)}
 	copyName := name + "-" + app
 	hotFile := filepath.Join(tierDirs(t)[0], ns, copyName)
+	warmFile := filepath.Join(tierDirs(t)[1], ns, copyName)
 	coldFile := modelCacheFile(ctx, t, ns, benchLargeFile, n)
 
 	// Every probe reads into one region kept for the run, as large as the
@@ -143,22 +145,42 @@ func TestZeroCopyBenchmark(t *testing.T) {
 		tierprobe.Of("hot", hotFile, dst, arena.FileOptions{Method: arena.ReadMapped}),
 		tierprobe.Of("hot", hotFile, dst, arena.FileOptions{Method: arena.ReadPread}),
 	}
-	buffered := tierprobe.Of("cold", coldFile, dst, arena.FileOptions{Method: arena.ReadPread})
-	buffered.DropCache = true
-	coldProbes := []*tierprobe.Probe{buffered, tierprobe.Of("cold", coldFile, dst, arena.FileOptions{Direct: true})}
+	diskProbes := func(tier, path string) []*tierprobe.Probe {
+		buffered := tierprobe.Of(tier, path, dst, arena.FileOptions{Method: arena.ReadPread})
+		buffered.DropCache = true
+		return []*tierprobe.Probe{buffered, tierprobe.Of(tier, path, dst, arena.FileOptions{Direct: true})}
+	}
+	warmProbes, coldProbes := diskProbes("warm", warmFile), diskProbes("cold", coldFile)
 
 	loadBefore := loadAverage()
 	var wakes []zeroWake
-	kinds := []string{zeroCopyWith, zeroCopyWithout}
+	kinds := []string{zeroCopyWith, zeroCopyWarm, zeroCopyWithout}
 	for round := range *zeroCopyRounds {
 		for k := range kinds {
 			kind := kinds[(round+k)%len(kinds)]
 			waitParked(ctx, t, ns, name, app, node)
 			probes := hotProbes
-			if kind == zeroCopyWithout {
+			switch kind {
+			case zeroCopyWithout:
 				dropCopies(ctx, t, agent, ns, copyName)
 				probes = coldProbes
-			} else if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierHot); !ok {
+			case zeroCopyWarm:
+				// The agent moves its hot copy down to the warm tier
+				// (verified, the hot copy released), as it does when
+				// the hot budget needs the room.
+				var res checkpoint.DemoteResult
+				if err := agent.Call(ctx, http.MethodPost, nodeapi.PathDemote, checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: ns, Name: copyName}}, &res); err != nil {
+					logf("round %d: moving the hot copy to the warm tier: %v", round+1, err)
+				}
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierHot); ok {
+					_ = agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, checkpoint.TierHot, ns, copyName), nil, nil)
+				}
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierWarm); !ok {
+					logf("round %d: no warm copy on %s", round+1, node)
+				}
+				probes = warmProbes
+			}
+			if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierHot); kind == zeroCopyWith && !ok {
 				// The table's "from" column says which tier it woke from.
 				logf("round %d: parked without a hot copy on %s", round+1, node)
 			}
@@ -166,10 +188,14 @@ func TestZeroCopyBenchmark(t *testing.T) {
 			if err != nil {
 				logf("round %d, %s: the probe before the wake: %v", round+1, kind, err)
 			}
-			// The model cache's file is read from the disk, not from the
-			// page cache, in both cases, as a node without a copy finds it.
+			// The model cache's file and a warm copy are read from the
+			// disk, not from the page cache, in every case, as a node
+			// finds them after a while.
 			if err := checkpoint.DropCache(coldFile); err != nil {
 				t.Fatal(err)
+			}
+			if kind == zeroCopyWarm {
+				_ = checkpoint.DropCache(warmFile)
 			}
 			w := zeroWake{kind: kind}
 			sent := time.Now()
@@ -417,12 +443,12 @@ func zeroCopyPrompt(ctx context.Context, base, token, model string) (string, err
 func zeroCopyTable(wakes []zeroWake, n int64, loadBefore, loadAfter string, took time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "`make bench-tiers-ollama-zero` (`go test ./internal/e2e -run TestZeroCopyBenchmark -zero-copy-bench -zero-copy-rounds %d -zero-copy-size %s`) on the real-node local cluster, %d CPUs; load average %s before, %s after; %s. ", *zeroCopyRounds, *zeroCopySize, runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second))
-	fmt.Fprintf(&b, "One parked Ollama application (the pinned build, CPU only; `minReplicas` 0, `sleepAfter` 4s, `parkAfter` 10s, the dispatcher granted patch on nodes) with a generated GGUF model of %.0f MiB in a ReadWriteMany model cache on the node's disk, woken from zero by a streamed chat through the gateway, the two cases alternating each round: with the node agent holding its verified hot copy (made when it slept, kept when it was parked), and after both its copies were removed through the agent's API (`DELETE /tiers/{tier}/{namespace}/{name}`), so the new pod's engine loads the model cache's file, dropped from the page cache (`fadvise(DONTNEED)`) before every wake in both cases. ", float64(n)/(1<<20))
-	b.WriteString("**First token** is the wake's chat to its first non-empty content (the pod's start, the engine's start, the load and the first token); **loaded** the same chat right after; **ready** the status's `lastWake.seconds` (first request to a ready root); **from** the status's `lastWake.fromTier`. The physical part is the model's bytes at the tier probe's rate (`internal/tierprobe`, shared with bench-tiers and bench-mux) of the very file the wake loads, read into one region kept for the run, pre-faulted in huge pages, right before and right after the wake: the hot copy with `pread` and a copy out of a populated mapping, the model cache's file with `pread` after dropping its pages and with `O_DIRECT`; the fastest read is the tier's limit. Medians of the wakes, with their range.\n\n")
+	fmt.Fprintf(&b, "One parked Ollama application (the pinned build, CPU only; `minReplicas` 0, `sleepAfter` 4s, `parkAfter` 10s, the dispatcher granted patch on nodes) with a generated GGUF model of %.0f MiB in a ReadWriteMany model cache on the node's disk, woken from zero by a streamed chat through the gateway, the three cases rotating each round: with the node agent holding its verified hot copy (made when it slept, kept when it was parked); with a warm copy only (the agent's hot copy moved down to the warm tier on the node's disk, `POST /demote`, verified); and after its copies were removed through the agent's API (`DELETE /tiers/{tier}/{namespace}/{name}`), so the new pod's engine loads the model cache's file. The model cache's file and the warm copy are dropped from the page cache (`fadvise(DONTNEED)`) before every wake. ", float64(n)/(1<<20))
+	b.WriteString("**First token** is the wake's chat to its first non-empty content (the pod's start, the engine's start, the load and the first token); **loaded** the same chat right after; **ready** the status's `lastWake.seconds` (first request to a ready root); **from** the status's `lastWake.fromTier`. The physical part is the model's bytes at the tier probe's rate (`internal/tierprobe`, shared with bench-tiers and bench-mux) of the very file the wake loads, read into one region kept for the run, pre-faulted in huge pages, right before and right after the wake: the hot copy with `pread` and a copy out of a populated mapping, the warm copy and the model cache's file with `pread` after dropping their pages and with `O_DIRECT`; the fastest read is the tier's limit. Medians of the wakes, with their range.\n\n")
 	b.WriteString("| Wake from zero | wakes | from (status) | tier probe GB/s p50 | physical part (bytes ÷ probe) p50 | first token p50 (min–max) | ready p50 | loaded p50 |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	p50 := map[string]zeroWake{}
-	for _, kind := range []string{zeroCopyWith, zeroCopyWithout} {
+	for _, kind := range []string{zeroCopyWith, zeroCopyWarm, zeroCopyWithout} {
 		var ws []zeroWake
 		tiers := map[v1alpha1.Tier]int{}
 		for _, w := range wakes {
@@ -449,19 +475,24 @@ func zeroCopyTable(wakes []zeroWake, n int64, loadBefore, loadAfter string, took
 		hi := slices.MaxFunc(ws, func(a, b zeroWake) int { return int(a.ttft - b.ttft) })
 		probe := med(func(w zeroWake) time.Duration { return time.Duration(w.probe.BytesPerSecond) })
 		phys := med(zeroWake.physical)
-		p50[kind] = zeroWake{ttft: first.ttft, probe: probe.probe, bytes: phys.bytes}
+		p50[kind] = zeroWake{ttft: first.ttft, probe: phys.probe, bytes: phys.bytes}
 		fmt.Fprintf(&b, "| %s | %d | %s | %.2f (%s) | %v | %v (%v–%v) | %v | %v |\n", kind, len(ws), strings.Join(from, ", "),
 			probe.probe.BytesPerSecond/1e9, probe.probe.Method, phys.physical().Round(time.Millisecond),
 			first.ttft.Round(time.Millisecond), lo.ttft.Round(time.Millisecond), hi.ttft.Round(time.Millisecond),
 			med(func(w zeroWake) time.Duration { return w.ready }).ready, med(func(w zeroWake) time.Duration { return w.loaded }).loaded.Round(time.Millisecond))
 	}
-	with, okW := p50[zeroCopyWith]
-	without, okO := p50[zeroCopyWithout]
-	if okW && okO {
-		saved := without.ttft - with.ttft
-		physSaved := without.physical() - with.physical()
-		fmt.Fprintf(&b, "\nThe hot copy's wake from zero ÷ the wake without a copy: %.2f (p50s). What the copy saved, %v, against what it can save at most, the difference of the physical parts, %v (%.2f of it; the rest of a wake from zero, the pod's and the engine's start, is the same in both cases, and the spread of the wakes above is the noise of this comparison).\n",
-			float64(with.ttft)/float64(without.ttft), saved.Round(time.Millisecond), physSaved.Round(time.Millisecond), float64(saved)/float64(max(physSaved, 1)))
+	if without, ok := p50[zeroCopyWithout]; ok {
+		var parts []string
+		for _, kind := range []string{zeroCopyWith, zeroCopyWarm} {
+			with, ok := p50[kind]
+			if !ok {
+				continue
+			}
+			saved, physSaved := without.ttft-with.ttft, without.physical()-with.physical()
+			parts = append(parts, fmt.Sprintf("with a %s copy %.2f × the wake without a copy; it saved %v, against %v the copy can save at most (the difference of the physical parts)",
+				strings.Fields(kind)[0], float64(with.ttft)/float64(without.ttft), saved.Round(time.Millisecond), physSaved.Round(time.Millisecond)))
+		}
+		fmt.Fprintf(&b, "\nLike for like (p50s): %s. The rest of a wake from zero, the pod's and the engine's start, is the same in every case; the spread of the wakes above is the noise of this comparison.\n", strings.Join(parts, "; "))
 	}
 	return b.String()
 }
