@@ -81,6 +81,10 @@ type hotWake struct {
 	// wake's window alone was beaten by single wakes that ran in a
 	// quieter moment than the reads around them.
 	around, probe checkpoint.Bandwidth
+	// aroundMedian is the median of the reads around the wake (bytes/s):
+	// a typical read of the same file at the same moment, which the
+	// restore, the same read with a hash, should match.
+	aroundMedian float64
 	// hashed is the verified copy (arena.VerifiedCopy) of memcpy's
 	// source into the probe's region, the fastest of one right before
 	// the wake and one right after.
@@ -101,6 +105,10 @@ func (h hotWake) ttftRatio() float64 { return float64(h.ttft) / float64(h.ttftBo
 // probeRatio is the wake's restore over the run's tier probe: at most 1
 // where the probe is the limit.
 func (h hotWake) probeRatio() float64 { return restoreBW(h.rep) / h.probe.BytesPerSecond }
+
+// typicalRatio is the wake's restore over the median read around it:
+// about 1 where the restore costs no more than a read of its tier.
+func (h hotWake) typicalRatio() float64 { return restoreBW(h.rep) / h.aroundMedian }
 
 // load is the tier probe around the wake over the run's: below 1 where
 // the machine's load slowed the reads around this wake.
@@ -152,6 +160,9 @@ type ratios struct {
 	// with memory returned to the kernel, both into fresh memory (0
 	// without one).
 	snapshot float64
+	// typical is the hot restore over the median read around it
+	// (hotWake.typicalRatio), the median of the run's wakes.
+	typical float64
 }
 
 // withRatios sets the run's ratios from its measurements: the hot ratio
@@ -168,6 +179,7 @@ func (r row) withRatios() row {
 		warm:       restoreBW(r.warm) / r.warmRaw.BytesPerSecond,
 		ttft:       f.ttftRatio(),
 		ttftMemcpy: medianBy(r.hotWakes, hotWake.ttftMemcpyRatio).ttftMemcpyRatio(),
+		typical:    medianBy(r.hotWakes, hotWake.typicalRatio).typicalRatio(),
 	}
 	if r.snap != nil {
 		r.ratio.snapshot = r.snap.bytesPerSecond(r.size) / restoreBW(r.hotKernel)
@@ -221,6 +233,7 @@ func median(runs []row) row {
 		ttft:       f.ratio.ttft,
 		probe:      p.ratio.probe,
 		ttftMemcpy: pick(func(r row) float64 { return r.ratio.ttftMemcpy }).ratio.ttftMemcpy,
+		typical:    pick(func(r row) float64 { return r.ratio.typical }).ratio.typical,
 		snapshot:   sn.ratio.snapshot,
 	}
 	out.hotBeaten, out.warmBeaten = nil, nil

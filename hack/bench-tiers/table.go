@@ -20,11 +20,11 @@ func (r row) hotNote() string {
 	var hot, ttft []string
 	huge, steal := 1.0, 0.0
 	for _, h := range r.hotWakes {
-		hot = append(hot, fmt.Sprintf("%.2f/%.2f/%.2f", h.ratio(), h.probeRatio(), h.load()))
+		hot = append(hot, fmt.Sprintf("%.2f/%.2f/%.2f/%.2f", h.ratio(), h.probeRatio(), h.load(), h.typicalRatio()))
 		ttft = append(ttft, fmt.Sprintf("%.2f", h.ttftRatio()))
 		huge, steal = min(huge, h.huge), max(steal, h.steal)
 	}
-	out := fmt.Sprintf("hot ÷ memcpy/÷ probe/probe around ÷ probe %s, TTFT %s (%.0f %% huge, %.0f %% stolen)", strings.Join(hot, " "), strings.Join(ttft, " "), 100*huge, 100*steal)
+	out := fmt.Sprintf("hot ÷ memcpy/÷ probe/probe around ÷ probe/hot ÷ median read around %s, TTFT %s (%.0f %% huge, %.0f %% stolen)", strings.Join(hot, " "), strings.Join(ttft, " "), 100*huge, 100*steal)
 	if i := r.idleWake; i.rep != nil {
 		out += fmt.Sprintf(", straight after the pause hot %.2f, TTFT %.2f", i.ratio(), i.ttftRatio())
 	}
@@ -89,7 +89,15 @@ func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNot
 		}
 	}
 	b.WriteString(strings.Join(parts, "; ") + ".\n\n")
-	fmt.Fprintf(&b, "Each run in order, its %d hot wakes in order: the wake's ratio to memcpy and to the run's tier probe, and the reads around it as a share of the run's tier probe (below 1: the load slowed the reads around this wake), and its time to first token's to its bound, with the least share of a tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the most CPU time the hypervisor took (steal, /proc/stat) while a wake ran; then one more wake straight after the pause, with the cores as the pause left them (memcpy only after it; not in the table): ", hotWakesPerRun)
+	b.WriteString("The hot restore against a typical read of its own tier file at the same moment (the median of the twelve reads around each wake; the median of the wakes, the median run): ")
+	parts = parts[:0]
+	for _, r := range rows {
+		if r.skipped == "" {
+			parts = append(parts, fmt.Sprintf("%s %.2f", arena.Size(r.size), r.ratio.typical))
+		}
+	}
+	b.WriteString(strings.Join(parts, ", ") + " (about 1 where the verified restore costs no more than a read of its tier; the table's bound is the fastest read of the run, the tier's limit).\n\n")
+	fmt.Fprintf(&b, "Each run in order, its %d hot wakes in order: the wake's ratio to memcpy and to the run's tier probe, the fastest read around it as a share of the run's tier probe (below 1: the load slowed the reads around this wake), and the wake's ratio to the median of the twelve reads around it (a typical read of the same file at the same moment: about 1 where the verified restore costs no more than a read of its tier), and its time to first token's to its bound, with the least share of a tier file (the level-1 offload) in huge pages, from ShmemHugePages around the sleep that wrote it, and the most CPU time the hypervisor took (steal, /proc/stat) while a wake ran; then one more wake straight after the pause, with the cores as the pause left them (memcpy only after it; not in the table): ", hotWakesPerRun)
 	parts = parts[:0]
 	for _, r := range rows {
 		if r.skipped == "" {
