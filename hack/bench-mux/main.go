@@ -7,8 +7,8 @@
 // weight size it drives round-robin traffic (one swap per turn) with the
 // probes (internal/tierprobe) read between turns, and bursty traffic, and
 // reports each swap's time against the bound: mapping a region of the
-// device + bytes in ÷ read rate + bytes out ÷ write rate of the probes
-// around its turn (no bytes out when the sleep reused the offload kept
+// device + bytes in ÷ read rate + bytes out ÷ write rate of the run's
+// fastest probes (no bytes out when the sleep reused the offload kept
 // since the last wake), the swaps made
 // while the swapped-out application had requests in flight, and the
 // requests lost or cut. With -docs it writes the table between the
@@ -66,19 +66,18 @@ type swap struct {
 	// yet (it started stopped: the device had no room for it): it
 	// generated and hashed its weights, it read no tier.
 	cold bool
-	// turn is the round-robin turn the swap served; read and write are
-	// the tier probes around it (the reads before and after the turn
-	// taken as one).
+	// turn is the round-robin turn the swap served; read, write and
+	// mapRegion are its bounds' probes: the run's fastest read, write and
+	// mapping of a device region (taking a region of a device of the same
+	// kind, as the wake's alloc does).
 	turn        int
 	read, write checkpoint.Bandwidth
-	// mapRegion is the map probe around its turn: taking a region of a
-	// device of the same kind, as the wake's alloc does.
-	mapRegion time.Duration
+	mapRegion   time.Duration
 }
 
 // bound is the swap's physical bound: mapping the wake's region of the
 // device + the bytes the sleep wrote ÷ the write rate + the bytes the wake
-// read ÷ the read rate, of the probes around its turn.
+// read ÷ the read rate, of the run's fastest probes.
 func (s swap) bound(n int64) float64 {
 	b := s.wakeBound(n).Seconds()
 	if s.wrote {
@@ -96,8 +95,9 @@ type row struct {
 	// capacity is the shared device's size: room for capacity ÷ size
 	// engines' weights.
 	capacity int64
-	// write and read are the median of the probes read between turns,
-	// mapRegion the median of the map probes.
+	// write, read and mapRegion are the run's probes: the fastest of
+	// those read between its turns (the hardware does not change from
+	// one turn to the next, only the shared machine's load does).
 	write, read checkpoint.Bandwidth
 	mapRegion   time.Duration
 	swaps       []swap
@@ -336,19 +336,14 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 		}
 		return r, err
 	}
-	var reads, writes []checkpoint.Bandwidth
-	var maps []float64
+	r.mapRegion = all[0].mapRegion
 	for _, p := range all {
-		reads, writes = append(reads, p.read), append(writes, p.write)
-		maps = append(maps, p.mapRegion.Seconds())
+		r.read, r.write = tierprobe.Peak(r.read, p.read), tierprobe.Peak(r.write, p.write)
+		r.mapRegion = min(r.mapRegion, p.mapRegion)
 	}
-	r.read, r.write = medianBW(reads), medianBW(writes)
-	r.mapRegion = time.Duration(quantile(maps, 0.5) * float64(time.Second))
 	for i := range swaps {
 		s := &swaps[i]
-		t := min(s.turn, len(all)-2)
-		s.read, s.write = tierprobe.Peak(all[t].read, all[t+1].read), tierprobe.Peak(all[t].write, all[t+1].write)
-		s.mapRegion = min(all[t].mapRegion, all[t+1].mapRegion)
+		s.read, s.write, s.mapRegion = r.read, r.write, r.mapRegion
 		if s.cold {
 			continue
 		}
@@ -469,11 +464,6 @@ func runHarness(o seatgrouptest.Options, turn *atomic.Int64, load func(*seatgrou
 	return slices.Clone(swaps), rs, hh, err
 }
 
-func medianBW(bs []checkpoint.Bandwidth) checkpoint.Bandwidth {
-	slices.SortFunc(bs, func(a, b checkpoint.Bandwidth) int { return cmp.Compare(a.BytesPerSecond, b.BytesPerSecond) })
-	return bs[len(bs)/2]
-}
-
 func memAvailable() int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
@@ -512,7 +502,7 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all; %s; %s. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, deviceNote)
 	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: the engines share one device, a file on a tmpfs (`--device-file`, as the group pod's memory-backed emptyDir; here in huge pages, as an accelerator maps its memory in large pages and as bench-tiers' device is, unless the header says otherwise) with room for %d engine's weights (`--device-capacity`, the group's `deviceMemory`), so the engines that do not fit start stopped and load their weights at their first wake, and every later wake needs the room a sleep gave back; sleep level 1 writes the weights to the hot tier and gives their region back to the device, or, when the offload its last wake kept is still that same file, writes nothing (`--keep-offload`); every wake maps a region of the device and reads the weights back into it, verifying every byte. ", simTTFT, tokens, simITL, deviceRoom)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the mapping of a device region at the map probe's time, plus the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two), and a swap's are the faster of those before and after its turn: a limit is the most the hardware delivers, and another process on the shared machine only slows a probe down. The map probe gives a region of a device of the same kind (a file on the same tmpfs as the group's device) back and takes it again, as a sleep and a wake do (mmap of the device file, populating its pages). The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options, with a plain copy and with the wake's own copy-and-hash pass (the faster is the limit); the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The tmpfs columns are the medians of the probes. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the mapping of a device region at the map probe's time, plus the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two), and every swap's bound uses the fastest of the run: a limit is the most the hardware delivers, the hardware does not change from one turn to the next, and another process on the shared machine only slows a probe down (a bound from the probes around one turn alone samples that turn's load). The map probe gives a region of a device of the same kind (a file on the same tmpfs as the group's device) back and takes it again, as a sleep and a wake do (mmap of the device file, populating its pages). The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options, with a plain copy and with the wake's own copy-and-hash pass (the faster is the limit); the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The probe columns are the run's fastest. Bandwidths in GB/s (10^9 bytes/s).\n\n")
 	b.WriteString("| Weights per application | device room (applications) | tmpfs write (probe) | tmpfs read (probe) | map a device region (probe) | bound per hot swap (sleep reused; wrote) | round-robin swaps: hot (sleeps reused), cold starts | hot swap p50 | hot swap max | hot swap ÷ bound p50 (≤ 1.3) | hot swap ÷ bound max | hot swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | cold start p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
