@@ -14,6 +14,13 @@ const (
 	// long an application keeps a seat once woken before another may take
 	// it.
 	DefaultSeatMinResidency = 30 * time.Second
+	// DefaultVerifyInterval is triggers.intervalSeconds' default: the
+	// period at which the node agent re-hashes the copies it keeps.
+	DefaultVerifyInterval = 900 * time.Second
+	// DefaultResumeRAMSeconds is slo.resumeRamSeconds' default.
+	DefaultResumeRAMSeconds int32 = 1
+	// DefaultResumeNVMeSeconds is slo.resumeNvmeSeconds' default.
+	DefaultResumeNVMeSeconds int32 = 5
 )
 
 // The wake timeouts, one rule for every path. The per-engine sidecar

@@ -61,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&n.Store.HotDir, "hot-dir", n.Store.HotDir, "node: hot tier directory (a tmpfs)")
 	fs.StringVar(&n.Store.WarmDir, "warm-dir", n.Store.WarmDir, "node: warm tier directory (node-local disk)")
 	fs.StringVar(&n.Store.Namespace, "namespace", n.Store.Namespace, "node: keep only this namespace's copies (<dir>/<namespace>) and refuse other namespaces' keys; empty keeps every namespace's")
+	fs.IntVar(&n.Store.Group, "copy-group", n.Store.Group, "node: group id of the namespace directories (0750), copies and metadata (0640) the agent writes, for engines running as non-root with it as a supplementary group; the agent must run with it too; 0 keeps them private to the agent (0700, 0600)")
 	hot, warm, probe := arena.Size(n.Store.Budgets.Hot), arena.Size(n.Store.Budgets.Warm), arena.Size(n.MeasureBytes)
 	fs.Var(&hot, "hot-max-bytes", "node: hot tier budget (e.g. 8GiB)")
 	fs.Var(&warm, "warm-max-bytes", "node: warm tier budget")

@@ -161,7 +161,7 @@ func Default() Config {
 			},
 			MeasureBytes:    256 << 20,
 			CRIU:            "criu",
-			VerifyInterval:  15 * time.Minute,
+			VerifyInterval:  v1alpha1.DefaultVerifyInterval,
 			PromoteInterval: 10 * time.Second,
 			PromoteMargin:   30 * time.Second,
 		},
@@ -211,6 +211,9 @@ func (c Config) Validate() error {
 		}
 		if ns := n.Store.Namespace; ns != "" && !dnsLabel.MatchString(ns) {
 			bad("namespace %q must be a Kubernetes namespace name (a DNS label)", ns)
+		}
+		if n.Store.Group < 0 {
+			bad("copy group must be a group id (0 for none), got %d", n.Store.Group)
 		}
 		if n.Store.Budgets.Hot < 0 || n.Store.Budgets.Warm < 0 {
 			bad("budgets must not be negative")

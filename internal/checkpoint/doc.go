@@ -18,7 +18,7 @@
 // Files, by role:
 //
 //	both      config.go (Config, defaults, Validate), run.go (Run, Start),
-//	          metrics.go (metrics, JSON answers)
+//	          metrics.go (metrics, JSON requests and answers)
 //	sidecar   seat.go (the sidecar's state machine and HTTP API),
 //	          seat_restart.go (restarting an engine in place), modelcopy.go
 //	          (pointing the engine at the hottest verified model file),
@@ -32,7 +32,8 @@
 //	          (pure: admission and eviction), predict.go (pure: wake
 //	          prediction, promotion plans), promote.go (wake and
 //	          sleep records, promotion ahead), cold.go (cold sources: model
-//	          cache, S3), tmpfs.go (the hot tier's mount), report.go (the node
+//	          cache, S3), modelfile.go (a cold model file verified against
+//	          the fetcher's manifest), tmpfs.go (the hot tier's mount), report.go (the node
 //	          report), noderuntime.go (the node's container runtime),
 //	          criu.go (process snapshots), releaseproc.go (only a
 //	          process of the release's pods is snapshotted), bandwidth.go (bandwidth probes,

@@ -2,6 +2,8 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -120,4 +122,18 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	var e apiError
 	e.Error.Message, e.Error.Code = msg, status
 	writeJSON(w, status, e)
+}
+
+// readBody decodes a request's JSON body (at most 1 MiB) into v, answering
+// 400 when it cannot.
+func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(body, v)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+		return false
+	}
+	return true
 }

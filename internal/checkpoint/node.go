@@ -2,10 +2,8 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -360,12 +358,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 
 func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 	var req PromoteRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err == nil {
-		err = json.Unmarshal(body, &req)
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+	if !readBody(w, r, &req) {
 		return
 	}
 	if err := req.Validate(); err != nil {
@@ -501,12 +494,7 @@ func keyErrorStatus(err error) int {
 
 func (n *Node) handleDemote(w http.ResponseWriter, r *http.Request) {
 	var req DemoteRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err == nil {
-		err = json.Unmarshal(body, &req)
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
+	if !readBody(w, r, &req) {
 		return
 	}
 	if err := req.Validate(); err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -319,30 +318,16 @@ func (n *Node) Promote(ctx context.Context) {
 
 func (n *Node) handleWake(w http.ResponseWriter, r *http.Request) {
 	var rec WakeRecord
-	if readRecord(w, r, &rec) {
+	if readBody(w, r, &rec) {
 		answerRecord(w, n.RecordWake(rec))
 	}
 }
 
 func (n *Node) handleSleep(w http.ResponseWriter, r *http.Request) {
 	var rec SleepRecord
-	if readRecord(w, r, &rec) {
+	if readBody(w, r, &rec) {
 		answerRecord(w, n.RecordSleep(rec))
 	}
-}
-
-// readRecord decodes a POST /wakes or /sleeps body into rec, answering 400
-// when it cannot.
-func readRecord(w http.ResponseWriter, r *http.Request, rec any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err == nil {
-		err = json.Unmarshal(body, rec)
-	}
-	if err != nil {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("invalid JSON body: %v", err))
-		return false
-	}
-	return true
 }
 
 func answerRecord(w http.ResponseWriter, err error) {

@@ -35,6 +35,11 @@ type StoreConfig struct {
 	// namespaces share a node's tier directories without touching each
 	// other's copies.
 	Namespace string `json:"namespace,omitempty"`
+	// Group, when positive, is the group of the namespace directories
+	// (mode 0750), the copies and their metadata (0640): the engines and
+	// sidecars that load the copies read them as members of the group
+	// (store_perm.go). 0 keeps them private to the agent (0700, 0600).
+	Group int `json:"group,omitempty"`
 }
 
 // ErrNotFound means no tier holds the artifact.
@@ -45,7 +50,8 @@ var ErrNotFound = errors.New("artifact not found in any tier")
 var ErrOtherNamespace = errors.New("not this agent's namespace")
 
 // Store is the node agent's hot and warm tiers: one directory per namespace
-// (mode 0700) holding one file per artifact and a metadata file beside it.
+// (mode 0750 and StoreConfig.Group, or 0700 without a group) holding one
+// file per artifact and a metadata file beside it (0640 or 0600).
 // Every copy into or out of the store is hashed and compared with the
 // digest recorded when the artifact entered the node. Store is safe for
 // concurrent use; admissions are serialised so budgets hold.
@@ -133,6 +139,13 @@ func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
 		if err := os.MkdirAll(root, 0o711); err != nil {
 			return nil, fmt.Errorf("creating the %s tier %s: %w", t, root, err)
 		}
+		if cfg.Namespace != "" {
+			// Before any pod of the namespace mounts it: the kubelet
+			// would create it root's, 0755 (repaired here if it did).
+			if _, err := s.namespaceDir(t, cfg.Namespace); err != nil {
+				return nil, err
+			}
+		}
 		if err := s.scan(t); err != nil {
 			return nil, err
 		}
@@ -168,6 +181,9 @@ func (s *Store) scan(t Tier) error {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", filepath.Join(root, ns), err)
 		}
+		if err := s.share(filepath.Join(root, ns), s.dirMode()); err != nil {
+			s.log.Warn("the namespace directory keeps its mode and group; engines running as non-root may not read its copies", "tier", t, "err", err)
+		}
 		for _, f := range files {
 			name := f.Name()
 			if strings.HasPrefix(name, ".") {
@@ -194,6 +210,12 @@ func (s *Store) scan(t Tier) error {
 				_ = os.Remove(s.Path(k, t))
 				_ = os.Remove(s.metaPath(k, t))
 				continue
+			}
+			// A copy an earlier agent version wrote private (0600).
+			for _, p := range []string{s.Path(k, t), s.metaPath(k, t)} {
+				if err := s.share(p, s.fileMode()); err != nil {
+					s.log.Warn("a copy keeps its mode and group; engines running as non-root may not read it", "tier", t, "key", k.String(), "err", err)
+				}
 			}
 			s.entries[entryID{k, t}] = &Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt, SHA256: m.SHA256}
 		}
@@ -355,12 +377,9 @@ func (s *Store) put(req PutRequest, src io.Reader, keep map[Key]bool) (Entry, er
 }
 
 func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
-	dir := filepath.Join(s.dir(req.Tier), req.Key.Namespace)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Entry{}, fmt.Errorf("creating %s: %w", dir, err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return Entry{}, fmt.Errorf("chmod %s: %w", dir, err)
+	dir, err := s.namespaceDir(req.Tier, req.Key.Namespace)
+	if err != nil {
+		return Entry{}, err
 	}
 	path := s.Path(req.Key, req.Tier)
 	f, err := os.CreateTemp(dir, "."+req.Key.Name+".tmp-*")
@@ -372,6 +391,9 @@ func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
 		_ = f.Close()
 		_ = os.Remove(tmp)
 		return Entry{}, err
+	}
+	if err := s.shareFile(f); err != nil {
+		return fail(err)
 	}
 	d, n, err := arena.CopyHash(f, io.LimitReader(src, req.Bytes+1))
 	if err != nil {
@@ -416,7 +438,7 @@ func (s *Store) write(req PutRequest, src io.Reader) (Entry, error) {
 
 func (s *Store) writeMeta(e Entry) error {
 	b, _ := json.Marshal(meta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt, SHA256: e.SHA256})
-	return arena.WriteFile(s.metaPath(e.Key, e.Tier), b, e.Tier == TierWarm)
+	return s.writeShared(s.metaPath(e.Key, e.Tier), b, e.Tier == TierWarm)
 }
 
 // apply carries out a plan: demotions copy hot to warm (verified), then

@@ -8,23 +8,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
-// eventually calls f every second until it returns nil, and fails the test
-// when within has passed; the last error says what was missing.
+// eventually polls f every second until it passes (polltest.Eventually).
 func eventually(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", within, err)
-		}
-		time.Sleep(time.Second)
-	}
+	polltest.Eventually(t, within, time.Second, f)
 }
 
 // simulatorResource is config/samples/simulator.yaml as ns/name, with its

@@ -34,7 +34,9 @@ import (
 // GGUF's bytes). A byte of that copy then flips on the node: the agent's
 // verification drops it, the status says Cold, and the next wake loads
 // the model cache, answered as before. With parkAfter the hot copy moves
-// to the warm tier, and the wake after it loads the disk copy.
+// to the warm tier, and the wake after it loads the disk copy. Ollama and
+// its sidecar run as uid 65532, reading the copies as members of their
+// group (global.agent.copyGroup).
 func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	requireOllama(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -150,6 +152,9 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			t.Fatalf("the node agent's hot copy %+v (%v); want %d bytes verified against the manifest's sha256 %s", e, ok, size, sha)
 		}
 		wakeFrom(v1alpha1.TierHot, hotPath)
+		// It loaded the copy as non-root: the engine and the sidecar read
+		// the agent's copies as members of their group.
+		wantCopyReadersNonRoot(t, root, filepath.Join(tierDirs(t)[0], ns, copyName))
 	})
 
 	t.Run("a hot copy that no longer verifies is dropped and never loaded", func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
 // repoFixture is a small model repository: LFS weights, a nested file and
@@ -218,20 +219,9 @@ func newBufLogger(b *bytes.Buffer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(&syncWriter{w: b}, nil))
 }
 
-// eventually calls f every few milliseconds until it returns nil, and fails
-// the test when within has passed; the last error says what was missing.
-// The interval is short because the waits here race a download on loopback.
+// eventually polls f every 5 ms until it passes (polltest.Eventually): the
+// interval is short because the waits here race a download on loopback.
 func eventually(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", within, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	polltest.Eventually(t, within, 5*time.Millisecond, f)
 }

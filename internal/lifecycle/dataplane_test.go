@@ -80,20 +80,7 @@ func (e *env) dataPlane(cfgLC func(*dispatch.Config)) (*natsqueue.Client, *prome
 // sum adds up every series of a metric family in reg.
 func sum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			total += value(m)
-		}
-	}
-	return total
+	return counter(t, reg, name, nil)
 }
 
 func value(m *dto.Metric) float64 {

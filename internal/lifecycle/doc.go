@@ -61,6 +61,8 @@
 //	sleep.go             sleepAfter: engines fall asleep in their pods and wake
 //	sleep_config.go      SleepConfig, its defaults and validation
 //	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
+//	sleep_copies.go      model copies: the node agents asked for the hot and
+//	                     warm copies of engines that load their model file
 //	park.go              parkAfter: the pods scaled away, the copies kept (parked)
 //	placement.go         the weights node labels a woken root pod prefers
 //	sleep_adopt.go       a new leader adopts sleeping engines; restarts

@@ -10,16 +10,13 @@ package lifecycle
 import (
 	"context"
 	"fmt"
-	"net"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 )
@@ -181,33 +178,6 @@ func (c *Controller) podStartTier(ctx context.Context, a *appState, root *appsv1
 		c.log.Info("woken from zero: the engines loaded their model file's copy", "app", a.Name, "tier", tier, "bytes", bytes)
 		a.changed()
 	}
-}
-
-// allAgents lists the node agents (one per node) that sleep selects.
-func (c *Controller) allAgents(sleep *SleepConfig) []agentRef {
-	if sleep == nil || sleep.AgentSelector == "" {
-		return nil
-	}
-	sel, err := labels.Parse(sleep.AgentSelector)
-	if err != nil {
-		return nil
-	}
-	pods, err := c.podLister.Pods(c.deps.Namespace).List(sel)
-	if err != nil {
-		return nil
-	}
-	var out []agentRef
-	seen := map[string]bool{}
-	for _, p := range pods {
-		n := p.Spec.NodeName
-		if n == "" || seen[n] || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
-			continue
-		}
-		seen[n] = true
-		out = append(out, agentRef{node: n, pod: p.Name, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(sleep.AgentPort)))})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].node < out[j].node })
-	return out
 }
 
 func copiesText(cs []v1alpha1.NodeCopy) string {

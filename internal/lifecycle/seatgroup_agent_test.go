@@ -150,7 +150,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 	}
 
 	// An agent that answers no report holds no swap up.
-	if c := sumLabeled(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"app": "alpha", "result": "failed"}); c != 0 {
+	if c := counter(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"app": "alpha", "result": "failed"}); c != 0 {
 		t.Errorf("%v reports of alpha's swaps failed while the agent answered", c)
 	}
 	p.agentHangs.Store(true)
@@ -169,7 +169,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, func() error {
-		if c := sumLabeled(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"result": "failed"}); c < 2 {
+		if c := counter(t, p.reg, "orchestra_lifecycle_agent_reports_total", map[string]string{"result": "failed"}); c < 2 {
 			return fmt.Errorf("orchestra_lifecycle_agent_reports_total{result=failed} = %v, want the reports the agent did not answer counted", c)
 		}
 		return nil

@@ -152,7 +152,7 @@ func TestSeatGroupLeaderRestartsAnEngineThatKeptItsMemory(t *testing.T) {
 	p := newSeatGroupPlane(t, []string{"alpha", "beta"}, map[string]int32{"alpha": 10}, 1,
 		func(o *seatPlaneOptions) { o.leak = map[string]bool{"beta": true} })
 	restarts := func() float64 {
-		return sumLabeled(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "beta", "reason": "memory_not_freed"})
+		return counter(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "beta", "reason": "memory_not_freed"})
 	}
 	// Every engine starts awake; beta, put to sleep to bring the group
 	// within its seat, kept its memory and is restarted.
@@ -208,7 +208,7 @@ func TestSeatGroupLeaderRestartsAnEngineThatKeptItsMemory(t *testing.T) {
 	if st, err := p.engines["beta"].seatState(); err != nil || st.Restarts != 3 || st.State != sidecarapi.Asleep {
 		t.Errorf("beta's seat: %+v (%v), want Asleep after 3 restarts", st, err)
 	}
-	if got := sumLabeled(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "alpha"}); got != 0 {
+	if got := counter(t, p.reg, "orchestra_seatgroup_restarts_total", map[string]string{"app": "alpha"}); got != 0 {
 		t.Errorf("alpha, which frees its memory, was restarted %v times", got)
 	}
 	if got := sum(t, p.reg, "orchestra_dispatcher_failed_total"); got != 0 {

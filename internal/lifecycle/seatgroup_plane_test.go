@@ -435,36 +435,6 @@ func (p *seatGroupPlane) send(app string, round, n, tokens int) error {
 	return nil
 }
 
-// sumLabeled adds up the series of a metric family in reg whose labels
-// include every one of labels.
-func sumLabeled(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			total += value(m)
-		}
-	}
-	return total
-}
-
 // startSeatEngine starts app i's engine (a restartable simulator with
 // 4 MiB of weights, its hot tier in hot) and its real seat agent on addr,
 // at random ports, or at like's ports when like is set (another pod's).

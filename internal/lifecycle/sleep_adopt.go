@@ -1,8 +1,9 @@
 package lifecycle
 
-// A new leader adopts engines that already sleep (adoptSleep), restarts a
-// sidecar's engine that failed (restartSidecar), and reads the tier names the
-// sidecars report (tierOf).
+// A new leader adopts engines that already sleep (adoptSleep) and asks for
+// the copy of their model file the sleep would have asked for
+// (adoptsCopies), restarts a sidecar's engine that failed (restartSidecar),
+// and reads the tier names the sidecars report (tierOf).
 
 import (
 	"context"
@@ -99,8 +100,30 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 	if ob := c.observe(ctx, a, root, true); ob.infoOK && ob.pending+ob.ackPending > 0 {
 		return true, c.beginEngineWake(a, ob, triggerBacklog)
 	}
+	// The previous leader may have gone before it asked the node agents
+	// for the copy of the model file (or before the agent placed it, or
+	// the agent restarted without it): ask again, as falling asleep does.
+	// An agent that holds the copy only marks it used.
+	if a.Sleep.adoptsCopies(now.Sub(a.sl.asleepAt)) {
+		c.log.Info("asking the node agents for the copy of the model file of the engines taken over", "app", a.Name, "tier", a.Sleep.copyTarget())
+		c.placeCopies(ctx, a, sidecars)
+	}
 	a.changed()
 	return true, nil
+}
+
+// adoptsCopies tells whether a new leader asks the node agents for the
+// copy of the model file of engines it takes over asleep (for asleepFor):
+// with model copies and a cold copy to place it from, when the
+// application uses a tier for it (copyTarget), unless the engines have
+// slept parkAfter already: then the previous leader demoted the copy to
+// the warm tier, or the next step does, and a hot copy would be evicted
+// as soon as it is placed.
+func (s *SleepConfig) adoptsCopies(asleepFor time.Duration) bool {
+	if !s.ModelCopies || s.ColdPath == "" || s.copyTarget() == "" {
+		return false
+	}
+	return s.ParkAfter.Duration <= 0 || asleepFor < s.ParkAfter.Duration
 }
 
 // restartSidecar deletes a root pod whose sidecar is Failed (the engine is in a

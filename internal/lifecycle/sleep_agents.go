@@ -163,10 +163,9 @@ type agentRef struct {
 	node, pod, url string
 }
 
-// agentsOf finds the node agent on each sidecar's node (one per node).
-func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
-	sleep := a.Sleep
-	if sleep.AgentSelector == "" || len(sidecars) == 0 {
+// allAgents lists the node agents (one per node) that sleep selects.
+func (c *Controller) allAgents(sleep *SleepConfig) []agentRef {
+	if sleep == nil || sleep.AgentSelector == "" {
 		return nil
 	}
 	sel, err := labels.Parse(sleep.AgentSelector)
@@ -177,21 +176,35 @@ func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
 	if err != nil {
 		return nil
 	}
-	nodes := map[string]bool{}
-	for _, s := range sidecars {
-		nodes[s.pod.Spec.NodeName] = true
-	}
 	var out []agentRef
 	seen := map[string]bool{}
 	for _, p := range pods {
 		n := p.Spec.NodeName
-		if !nodes[n] || seen[n] || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+		if n == "" || seen[n] || p.DeletionTimestamp != nil || p.Status.PodIP == "" {
 			continue
 		}
 		seen[n] = true
 		out = append(out, agentRef{node: n, pod: p.Name, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(sleep.AgentPort)))})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].node < out[j].node })
+	return out
+}
+
+// agentsOf finds the node agent on each sidecar's node (one per node).
+func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
+	if len(sidecars) == 0 {
+		return nil
+	}
+	nodes := map[string]bool{}
+	for _, s := range sidecars {
+		nodes[s.pod.Spec.NodeName] = true
+	}
+	var out []agentRef
+	for _, ag := range c.allAgents(a.Sleep) {
+		if nodes[ag.node] {
+			out = append(out, ag)
+		}
+	}
 	return out
 }
 

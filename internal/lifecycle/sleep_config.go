@@ -129,10 +129,10 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.AgentPort = DefaultAgentPort
 	}
 	if d.SLO.ResumeRAMSeconds == 0 {
-		d.SLO.ResumeRAMSeconds = 1
+		d.SLO.ResumeRAMSeconds = v1alpha1.DefaultResumeRAMSeconds
 	}
 	if d.SLO.ResumeNVMeSeconds == 0 {
-		d.SLO.ResumeNVMeSeconds = 5
+		d.SLO.ResumeNVMeSeconds = v1alpha1.DefaultResumeNVMeSeconds
 	}
 	if d.SleepTimeout.Duration == 0 {
 		d.SleepTimeout.Duration = 3 * time.Minute

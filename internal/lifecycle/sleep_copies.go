@@ -114,15 +114,7 @@ func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []s
 		}
 	}
 	a.sl.level = 2
-	a.status.Message = ""
-	c.refreshTier(ctx, a, sidecars)
-	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
-	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
-	c.event(a, corev1.EventTypeNormal, EventDemoted, "the model file of %s left the hot tier after %v asleep; the next wake reads the %s tier",
-		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
-	a.changed()
-	a.kickNow()
-	return nil
+	return c.demoted(ctx, a, sidecars, start, "the model file")
 }
 
 // sidecarsTier is where the sidecars say the engines' next wake reads the

@@ -65,12 +65,20 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 	if failed := failures(c.onSidecars(ctx, sidecars, sleepAt(2), a.Sleep.SleepTimeout.Duration)); len(failed) > 0 {
 		return retry("sleeping at level 2", failed)
 	}
+	return c.demoted(ctx, a, sidecars, start, "the weights")
+}
+
+// demoted records a demotion begun at start that succeeded: the resident
+// tier read again from the sidecars, the metric, the log line and the
+// Demoted event, which names what left the hot tier (what: "the weights",
+// or "the model file" of engines that load copies).
+func (c *Controller) demoted(ctx context.Context, a *appState, sidecars []sidecarRef, start time.Time, what string) error {
 	a.status.Message = ""
 	c.refreshTier(ctx, a, sidecars)
 	c.sm.demotions.WithLabelValues(a.Name, "ok").Inc()
 	c.log.Info("demoted", "app", a.Name, "tier", a.status.ResidentTier, "seconds", c.now().Sub(start).Seconds())
-	c.event(a, corev1.EventTypeNormal, EventDemoted, "the weights of %s left the hot tier after %v asleep; the next wake reads the %s tier",
-		a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
+	c.event(a, corev1.EventTypeNormal, EventDemoted, "%s of %s left the hot tier after %v asleep; the next wake reads the %s tier",
+		what, a.Name, start.Sub(a.sl.asleepAt).Round(time.Second), a.status.ResidentTier)
 	a.changed()
 	a.kickNow()
 	return nil

@@ -544,7 +544,8 @@ func (p *sleepPlane) lastWake(want string, ok func(*v1alpha1.WakeStatus) bool) {
 	}
 }
 
-// counter sums the series of a metric family with the given labels.
+// counter sums the series of a metric family in reg whose labels include
+// every one of want (all of them when want is empty).
 func counter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()

@@ -183,9 +183,14 @@ func TestControlPlane(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := sa.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); err != nil {
-			t.Errorf("listing configmaps as the ServiceAccount: %v; want allowed", err)
-		}
+		// The API server's RBAC authorizer learns the new binding from its
+		// informer a moment after the create returns.
+		eventually(t, 30*time.Second, func() error {
+			if _, err := sa.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); err != nil {
+				return fmt.Errorf("listing configmaps as the ServiceAccount: %w; want allowed", err)
+			}
+			return nil
+		})
 		_, err = sa.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
 		if !apierrors.IsForbidden(err) {
 			t.Errorf("listing secrets as the ServiceAccount: err = %v; want Forbidden", err)

@@ -3,21 +3,12 @@ package localcluster_test
 import (
 	"testing"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
-// eventually calls f every 250 ms until it returns nil, and fails the test
-// when within has passed; the last error says what was missing.
+// eventually polls f every 250 ms until it passes (polltest.Eventually).
 func eventually(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still failing after %s: %v", within, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	polltest.Eventually(t, within, 250*time.Millisecond, f)
 }

@@ -18,23 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
-// eventually calls f until it returns nil, and fails the test with f's last
-// error, which says what was missing, if within passes first.
+// eventually polls f every 50 ms until it passes (polltest.Eventually).
 func eventually(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	polltest.Eventually(t, within, 50*time.Millisecond, f)
 }
 
 // origWD is the package directory, where the tests start.

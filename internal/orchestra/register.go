@@ -1,6 +1,3 @@
-// Package orchestra holds the ModelOrchestra domain plugins: the values
-// translator, the post-renderers and the status plugin that watches.yaml
-// names for the ModelOrchestra kind.
 package orchestra
 
 import "github.com/model-orchestra/operator/internal/plugin"

@@ -13,18 +13,19 @@ import (
 )
 
 // The defaults of sleeping engines and accelerator seats, documented on the
-// API fields (those several binaries apply, the sleep level and the seat's
-// minimum residency, are api/v1alpha1's). EffectiveSleep and effectiveSeat are the only places that
+// API fields (those several binaries apply, the sleep level, the seat's
+// minimum residency, the verify interval and the resume SLO, are
+// api/v1alpha1's). EffectiveSleep and effectiveSeat are the only places that
 // apply them; the chart and the dispatcher receive the resolved values.
 const (
-	DefaultVerifyInterval          = 900 * time.Second
-	DefaultPreemption              = true
-	DefaultHotTier                 = v1alpha1.HotTierRAM
-	DefaultWarmTier                = v1alpha1.WarmTierDisk
-	DefaultColdTier                = v1alpha1.ColdTierModelCache
-	DefaultProcessSnapshots        = false
-	DefaultResumeRAMSeconds  int32 = 1
-	DefaultResumeNVMeSeconds int32 = 5
+	DefaultVerifyInterval    = v1alpha1.DefaultVerifyInterval
+	DefaultPreemption        = true
+	DefaultHotTier           = v1alpha1.HotTierRAM
+	DefaultWarmTier          = v1alpha1.WarmTierDisk
+	DefaultColdTier          = v1alpha1.ColdTierModelCache
+	DefaultProcessSnapshots  = false
+	DefaultResumeRAMSeconds  = v1alpha1.DefaultResumeRAMSeconds
+	DefaultResumeNVMeSeconds = v1alpha1.DefaultResumeNVMeSeconds
 )
 
 // Sleep is the effective sleep of one application: its inline lifecycle

@@ -447,26 +447,23 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 	ms.draining = false
 	e.setState(m.Name, ms, StateAsleep)
 	res, check, err := e.readMemory(ctx, m)
-	ms.memory, ev.ResidentBytes = check, res
-	if err != nil {
-		ev.Err = err.Error()
-		e.record(ev, resultFailed)
-		return err
-	}
-	if check == MemoryNotFreed {
-		ev.Err = fmt.Sprintf("asleep but still holds %d bytes", res)
-		e.record(ev, resultRetry)
-		return errReplan
-	}
-	e.record(ev, resultOK)
-	return nil
+	ms.memory = check
+	return e.recordMemory(ev, res, check, err)
 }
 
 func (e *Executor) checkMemory(ctx context.Context, m Member, a Action) error {
 	ev := Event{Kind: ActionCheckMemory, App: m.Name, Start: e.now(), Reason: a.Reason}
 	res, check, err := e.readMemory(ctx, m)
-	ev.End, ev.ResidentBytes = e.now(), res
+	ev.End = e.now()
 	e.st[m.Name].memory = check
+	return e.recordMemory(ev, res, check, err)
+}
+
+// recordMemory records ev with what reading an asleep engine's memory
+// found: failed when it could not be read, a retry (errReplan) when the
+// engine still holds its weights.
+func (e *Executor) recordMemory(ev Event, res int64, check MemoryCheck, err error) error {
+	ev.ResidentBytes = res
 	if err != nil {
 		ev.Err = err.Error()
 		e.record(ev, resultFailed)

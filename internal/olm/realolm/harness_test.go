@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/localcluster"
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
 // repoRoot is the module root, relative to this package.
@@ -186,37 +187,17 @@ func selfSignedTLS(t *testing.T, dir string) (cert, key string) {
 	return cert, key
 }
 
-// eventually calls f until it returns nil, and fails the test with f's last
-// error, which says what was missing, if within passes first.
+// eventually polls f every 500 ms until it passes (polltest.Eventually).
 func eventually(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", within, err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	polltest.Eventually(t, within, 500*time.Millisecond, f)
 }
 
-// consistently calls f until within passes, and fails the test as soon as
-// f returns an error, which says what happened.
+// consistently calls f every 500 ms for the whole of within and fails the
+// test at its first error (polltest.Consistently).
 func consistently(t testing.TB, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		if err := f(); err != nil {
-			t.Fatalf("within %s: %v", within, err)
-		}
-		if time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	polltest.Consistently(t, within, 500*time.Millisecond, f)
 }
 
 // startOLM starts the local control plane, OLM v0's CRDs and namespace,

@@ -13,8 +13,11 @@ import (
 // operator sets lifecycle.sleep.modelCopies (and coldPath) for Ollama and
 // llama.cpp: the node agent mounts their model caches; each root's sidecar
 // gets the link, the model file and the namespace's tier directories
-// (read-only) and runs as root without any capability to read them; the
-// engine mounts the same directories read-only and the link's emptyDir,
+// (read-only) and runs as our image's non-root user without any capability,
+// reading them as a member of their group (global.agent.copyGroup, which
+// the node agent runs with and gives its copies); the engine runs as its
+// image's user with the same group, mounts the same directories read-only
+// and the link's emptyDir,
 // Ollama's start script links its blob to the link and llama.cpp's preset
 // loads the link; the leader's configuration says modelCopies. Without
 // the value nothing of it is rendered.
@@ -40,11 +43,16 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		s := apps[app].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)
 		s["coldPath"], s["modelCopies"] = app+"/"+file, true
 	}
+	const group = 5005 // global.agent.copyGroup, not the default
+	vals["global"].(map[string]any)["agent"].(map[string]any)["copyGroup"] = group
 	objs := renderObjects(t, vals)
 
 	var ds appsv1.DaemonSet
 	objs.get(t, "DaemonSet", "x-agent", &ds)
 	agent := container(t, ds.Spec.Template.Spec, "agent")
+	if !slices.Contains(agent.Args, "--copy-group=5005") || ds.Spec.Template.Spec.SecurityContext == nil || !slices.Equal(ds.Spec.Template.Spec.SecurityContext.SupplementalGroups, []int64{group}) {
+		t.Errorf("agent args %q, pod security context %+v; want the copies' group as --copy-group and a supplementary group", agent.Args, ds.Spec.Template.Spec.SecurityContext)
+	}
 	for app := range files {
 		want := corev1.VolumeMount{Name: "cold-" + app, MountPath: "/var/lib/orchestra-agent/cold/" + app, ReadOnly: true}
 		if !slices.Contains(agent.VolumeMounts, want) {
@@ -76,11 +84,14 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 				t.Errorf("%s: seat args %q; want %s", app, seat.Args, a)
 			}
 		}
-		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-			t.Errorf("%s: seat security context %+v; want root (the tier directories are root's, 0700) with every capability dropped and a read-only root", app, sc)
+		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+			t.Errorf("%s: seat security context %+v; want our image's user 65532, non-root, with every capability dropped and a read-only root", app, sc)
 		}
-		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
-			t.Errorf("%s: engine security context %+v; want root (to open the agent's copies) with every capability dropped", app, sc)
+		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser != nil || sc.RunAsGroup == nil || *sc.RunAsGroup != group || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: engine security context %+v; want its image's user, the copies' group %d (not root's, which containerd would give it), every capability dropped", app, sc, group)
+		}
+		if psc := pod.SecurityContext; psc == nil || !slices.Equal(psc.SupplementalGroups, []int64{group}) || psc.RunAsUser != nil {
+			t.Errorf("%s: pod security context %+v; want the copies' group %d as the one supplementary group", app, psc, group)
 		}
 		if why := privileges(pod); len(why) > 0 {
 			t.Errorf("%s: the root pod gained privileges: %v", app, why)

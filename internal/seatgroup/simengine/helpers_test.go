@@ -3,20 +3,12 @@ package simengine_test
 import (
 	"testing"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
-// eventually polls f until it returns nil or within passes.
+// eventually polls f every 10 ms until it passes (polltest.Eventually).
 func eventually(t *testing.T, within time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %v", within, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	polltest.Eventually(t, within, 10*time.Millisecond, f)
 }

@@ -470,8 +470,10 @@ ports:
 resources:
   {{- include "mo.resources" (dict "resources" $rt.resources "default" $defaultResources) | nindent 2 }}
 {{- if and (eq $rt.engine "simulator") .sleep }}
-{{- /* The tier directories on the node belong to root (see the agent
-part); like the other engines, the simulator then runs as root without any
+{{- /* A sleeping simulator writes its level-1 offload into the
+namespace's hot directory and removes it on waking, and the node agent
+reads it back to demote it: it writes where only the directories' owner,
+root, may write (see the agent part), so it runs as root without any
 capability. */}}
 securityContext:
   runAsUser: 0
@@ -482,17 +484,16 @@ securityContext:
 {{- else if eq $rt.engine "simulator" }}
 securityContext:
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
-{{- else if include "mo.modelCopies" . }}
-{{- /* The engine opens the node agent's copies, root's files in
-directories of mode 0700 (see the agent part): it runs as root without any
-capability, as upstream's images do (ours runs Ollama as 65532 otherwise). */}}
-securityContext:
-  runAsUser: 0
-  runAsGroup: 0
-  runAsNonRoot: false
-  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 {{- else }}
 securityContext:
+  {{- if include "mo.modelCopies" . }}
+  {{- /* With model copies the engine reads the node agent's copies as a
+  member of their group (global.agent.copyGroup), as the user its image
+  runs as (ours runs Ollama as 65532). The group is its primary group too:
+  the kubelet passes the runtime the image's user but not its group, so
+  containerd would run it with group 0, root's (containerd issue 11607). */}}
+  runAsGroup: {{ .root.Values.global.agent.copyGroup }}
+  {{- end }}
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
 {{- end }}
 volumeMounts:
@@ -636,12 +637,14 @@ volumeMounts:
     readOnly: true
   {{- include "mo.modelCopyMounts" . | nindent 2 }}
 {{- end }}
-{{- if or (and .seatGroup (ne $rt.engine "simulator")) (include "mo.modelCopies" .) }}
-{{- /* The seat signals its engine's processes and reads their open files,
-which the kernel allows a process of the same user without any capability;
-with model copies it reads the node agent's tier directories (root's, mode
-0700) and the copies' metadata: the seat runs as the engine images' user,
-root, with every capability dropped, like the engine. */}}
+{{- if and .seatGroup (ne $rt.engine "simulator") }}
+{{- /* In a seat group the seat signals its engine's processes and reads
+their open files, which the kernel allows a process of the same user
+without any capability: the seat runs as the engine images' user, root,
+with every capability dropped, like the engine. With model copies (never
+in a seat group) it runs as our image's user and reads the node agent's
+tier directories and the copies' metadata as a member of their group
+(global.agent.copyGroup, a supplementary group of the pod). */}}
 securityContext:
   runAsUser: 0
   runAsGroup: 0
