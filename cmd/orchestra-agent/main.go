@@ -75,7 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
 	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")
 	fs.DurationVar(&n.PromoteInterval, "promote-interval", n.PromoteInterval, "node: predict the artifacts' next wakes from the reported ones (POST /wakes) and promote the due ones a tier up at this period; 0 never")
-	fs.StringVar(&n.CallerTokenFile, "caller-token-file", n.CallerTokenFile, "node: file holding the release's caller token (a mounted Secret key): the mutating endpoints accept only requests carrying it (Authorization: Bearer); empty accepts any caller the network lets through")
+	callerToken := fs.String("caller-token-file", "", "seat and node: file holding the release's caller token (a mounted Secret key): the mutating endpoints accept only requests carrying it (Authorization: Bearer); empty accepts any caller the network lets through")
 	fs.DurationVar(&n.PromoteMargin, "promote-margin", n.PromoteMargin, "node: start a promotion this much before its copy time says it must")
 
 	verify := fs.DurationSlice("verify-interval", []time.Duration{n.VerifyInterval}, "node: re-hash every kept copy at this period and drop one that no longer matches its digest; given several times (one per application), the shortest wins; 0 never")
@@ -94,6 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	n.Store.Budgets.Hot, n.Store.Budgets.Warm, n.MeasureBytes = int64(hot), int64(warm), int64(probe)
+	s.CallerTokenFile, n.CallerTokenFile = *callerToken, *callerToken
 	if fs.Changed("verify-interval") && len(*verify) > 0 {
 		n.VerifyInterval = slices.Min(*verify)
 	}

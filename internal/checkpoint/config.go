@@ -59,6 +59,11 @@ type SeatConfig struct {
 	// Model points the engine at the hottest verified copy of its model
 	// file on the node (modelcopy.go); zero: not pointed.
 	Model ModelCopiesConfig `json:"model,omitzero"`
+	// CallerTokenFile holds the release's caller token (a mounted Secret
+	// key, --caller-token-file), as for the node agent: the sidecar's
+	// mutating endpoints (sleep, wake, restart) accept only requests
+	// carrying it; empty accepts any caller the network lets through.
+	CallerTokenFile string `json:"callerTokenFile,omitempty"`
 	// Proc is the procfs the seat reads processes from (default /proc).
 	Proc ProcFS `json:"-"`
 }

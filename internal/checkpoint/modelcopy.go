@@ -89,6 +89,7 @@ type ModelCopies struct {
 
 	mu      sync.Mutex
 	current *sidecarapi.ModelCopy // what the link points at
+	passed  []string              // why the last Point passed over the faster tiers
 }
 
 // NewModelCopies returns the chooser of cfg (which must be Enabled).
@@ -98,30 +99,41 @@ func NewModelCopies(cfg ModelCopiesConfig) *ModelCopies { return &ModelCopies{cf
 // model cache's file qualifies when it exists; an error says why none
 // does.
 func (m *ModelCopies) Choose() (sidecarapi.ModelCopy, error) {
+	c, _, err := m.choose()
+	return c, err
+}
+
+// choose is Choose, with why each faster tier did not qualify.
+func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
 	want, listed, err := m.manifest()
 	if err != nil {
-		return sidecarapi.ModelCopy{}, err
+		return sidecarapi.ModelCopy{}, nil, err
 	}
-	if listed {
-		for _, t := range []struct {
-			tier Tier
-			dir  string
-		}{{TierHot, m.cfg.HotDir}, {TierWarm, m.cfg.WarmDir}} {
-			if t.dir == "" {
-				continue
-			}
-			if c, ok := tierCopy(t.dir, m.cfg.Name, want); ok {
-				c.Tier = string(t.tier)
-				return c, nil
-			}
+	var passed []string
+	for _, t := range []struct {
+		tier Tier
+		dir  string
+	}{{TierHot, m.cfg.HotDir}, {TierWarm, m.cfg.WarmDir}} {
+		if t.dir == "" {
+			continue
 		}
+		if !listed {
+			passed = append(passed, fmt.Sprintf("%s: the cache's manifest does not list %s complete with a sha256, so nothing vouches for a copy", t.tier, m.cfg.File))
+			continue
+		}
+		c, err := tierCopy(t.dir, m.cfg.Name, want)
+		if err == nil {
+			c.Tier = string(t.tier)
+			return c, passed, nil
+		}
+		passed = append(passed, fmt.Sprintf("%s: %v", t.tier, err))
 	}
 	fi, err := os.Stat(cold)
 	if err != nil {
-		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
+		return sidecarapi.ModelCopy{}, passed, fmt.Errorf("the model file in the cache: %w", err)
 	}
-	return sidecarapi.ModelCopy{Tier: string(TierCold), Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, nil
+	return sidecarapi.ModelCopy{Tier: string(TierCold), Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, passed, nil
 }
 
 // manifest is the fetcher's entry of the model file; listed is false when
@@ -145,31 +157,53 @@ func (m *ModelCopies) manifest() (fetch.ManifestFile, bool, error) {
 }
 
 // tierCopy is the node agent's copy name in dir when its metadata records
-// the manifest's size and sha256 and the file has that size.
-func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, bool) {
+// the manifest's size and sha256 and the file has that size; the error
+// says why it does not qualify.
+func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "."+name+".meta.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return sidecarapi.ModelCopy{}, errors.New("the node agent holds no copy")
+	}
 	if err != nil {
-		return sidecarapi.ModelCopy{}, false
+		return sidecarapi.ModelCopy{}, fmt.Errorf("reading the copy's metadata: %w", err)
 	}
 	var md meta
-	if json.Unmarshal(b, &md) != nil || md.Bytes != want.Size || md.SHA256 == "" || !strings.EqualFold(md.SHA256, want.SHA256) {
-		return sidecarapi.ModelCopy{}, false
+	switch err := json.Unmarshal(b, &md); {
+	case err != nil:
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata: %w", err)
+	case md.Bytes != want.Size || md.SHA256 == "" || !strings.EqualFold(md.SHA256, want.SHA256):
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata records %d bytes with sha256 %q, the manifest %d bytes with %q", md.Bytes, md.SHA256, want.Size, want.SHA256)
 	}
 	p := filepath.Join(dir, name)
 	fi, err := os.Stat(p)
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() != md.Bytes {
-		return sidecarapi.ModelCopy{}, false
+	switch {
+	case err != nil:
+		return sidecarapi.ModelCopy{}, err
+	case !fi.Mode().IsRegular() || fi.Size() != md.Bytes:
+		return sidecarapi.ModelCopy{}, fmt.Errorf("%s is not a regular file of %d bytes", p, md.Bytes)
 	}
-	return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, SHA256: strings.ToLower(md.SHA256)}, true
+	return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, SHA256: strings.ToLower(md.SHA256)}, nil
 }
 
 // Point points the link at the hottest qualifying copy and returns it.
 func (m *ModelCopies) Point() (sidecarapi.ModelCopy, error) {
-	c, err := m.Choose()
+	c, passed, err := m.choose()
 	if err != nil {
 		return c, err
 	}
+	m.mu.Lock()
+	m.passed = passed
+	m.mu.Unlock()
 	return c, m.point(c)
+}
+
+// PassedOver says why the last Point passed over each faster tier (empty
+// when it pointed at the hot copy): what a user asks when a wake read a
+// slower tier than expected.
+func (m *ModelCopies) PassedOver() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return strings.Join(m.passed, "; ")
 }
 
 // PointCold points the link at the model cache's file, whatever the tiers
@@ -258,6 +292,9 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 	c, err := e.copies.Point()
 	if err != nil {
 		return err
+	}
+	if why := e.copies.PassedOver(); why != "" && e.log != nil {
+		e.log.Info("the wake loads the "+c.Tier+" copy of the model file", "path", c.Path, "passedOver", why)
 	}
 	err = e.Engine.Wake(ctx)
 	var answered *EngineError

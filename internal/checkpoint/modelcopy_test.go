@@ -203,6 +203,10 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	wake(TierCold, coldPath)
+	// The sidecar says why it passed over each faster tier.
+	if why := copies.PassedOver(); !strings.Contains(why, "hot: the node agent holds no copy") || !strings.Contains(why, "warm: the copy's metadata records") || !strings.Contains(why, want.SHA256) {
+		t.Errorf("passed over the hot and warm copies because %q; want the missing hot copy and the warm copy's sha256 against the manifest's", why)
+	}
 }
 
 func writeManifest(t *testing.T, dir string, m fetch.Manifest) {

@@ -48,7 +48,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, err
 			if err != nil {
 				return nil, err
 			}
-			slog.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Seat.Model.Link)
+			slog.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Seat.Model.Link, "passedOver", copies.PassedOver())
 			engine = withModelCopies(engine, copies, slog)
 		}
 		seat := NewSeat(cfg.Seat, engine, reg, slog)

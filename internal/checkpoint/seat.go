@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -405,6 +406,11 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 //	                     restarted in place; 500 when the restart failed
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the agent runs
+//
+// With a caller token (--caller-token-file) every POST requires it, as
+// the node agent's mutating endpoints do (internal/nodeapi): 401 without
+// it or with another, 503 while the token file is missing or empty. The
+// reads stay open to what the NetworkPolicy admits.
 func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.state(r.Context())) })
@@ -467,7 +473,11 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", metricsHandler(reg))
-	return mux
+	if s.cfg.CallerTokenFile == "" {
+		s.log.Warn("no --caller-token-file: the sidecar's mutating endpoints accept any caller the network lets through")
+		return mux
+	}
+	return nodeapi.RequireCaller(nodeapi.TokenFile(s.cfg.CallerTokenFile), mux, writeError)
 }
 
 // Watch keeps the seat in step with the engine until ctx ends.
@@ -483,7 +493,7 @@ func (s *Seat) Watch(ctx context.Context, every time.Duration) {
 			if c, err := e.copies.Point(); err != nil {
 				s.log.Warn("re-pointing the model link", "err", err)
 			} else {
-				s.log.Info("the copy the model link pointed at went away; re-pointed", "tier", c.Tier, "path", c.Path)
+				s.log.Info("the copy the model link pointed at went away; re-pointed", "tier", c.Tier, "path", c.Path, "passedOver", e.copies.PassedOver())
 			}
 		}
 		select {

@@ -10,10 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
-	"runtime"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,19 +33,40 @@ var (
 	benchEngine       = flag.Bool("engine-bench", false, "run the real-engine benchmark (make bench-engine) instead of skipping it")
 	benchEngineRounds = flag.Int("engine-bench-rounds", 3, "rounds of the real-engine benchmark")
 	benchEngineLarge  = flag.String("engine-bench-large", "256MiB", "size of the larger generated model of the real-engine benchmark")
-	benchEngineDocs   = flag.String("engine-bench-docs", "", "write the real-engine benchmark's table between the bench-engine markers of this file (relative to the module root)")
+	benchEngineDocs   = flag.String("engine-bench-docs", "", "write the real-engine benchmark's tables between the bench-engine markers of this file (relative to the module root)")
+	benchEngineTTFT   = flag.Bool("engine-bench-ttft", false, "measure only the first token (tiny model: direct, one relay pod, three relay pods, gateway + queue), no wakes and no larger model")
 )
 
 const (
 	engineStartMarker = "<!-- bench-engine:start -->"
 	engineEndMarker   = "<!-- bench-engine:end -->"
+	// The first-token table has a block of its own, which the TTFT-only
+	// mode (-engine-bench-ttft) rewrites alone.
+	firstTokenStartMarker = "<!-- bench-engine-first-token:start -->"
+	firstTokenEndMarker   = "<!-- bench-engine-first-token:end -->"
 	// benchLargeRepo is the mirror repository of the larger model.
 	benchLargeRepo = "bench/large-gguf"
 	benchLargeFile = "large.gguf"
-	// sets of requests (through the gateway, direct, through the relays)
-	// per size and round
+	// sets of requests (one a path of firstTokenPaths) per size and round
 	benchPairs = 10
 )
+
+// The paths of the first-token sets: straight to the engine's pod IP,
+// through one plain relay pod (the floor of any design with a pod between
+// client and engine), through three (the hop count of gateway, NATS and
+// dispatcher) and through the gateway and queue.
+const (
+	pathDirect  = "direct"
+	pathRelay   = "relay"
+	pathRelays  = "relays"
+	pathGateway = "gateway"
+)
+
+var firstTokenPaths = []string{pathGateway, pathDirect, pathRelay, pathRelays}
+
+// pathCode ends each path's prompts: a code of one length per path, so
+// that every prompt is different and all have one length.
+var pathCode = map[string]string{pathGateway: "gw", pathDirect: "dx", pathRelay: "r1", pathRelays: "r3"}
 
 // engineSize is one generated model of the benchmark and its two
 // applications: one that scales to zero, one that sleeps.
@@ -58,12 +76,9 @@ type engineSize struct {
 	zero, sleep string // applications
 	// measured
 	wake, baseline, sleepWake []time.Duration
-	gwTTFT, directTTFT        []time.Duration
-	gwRate, directRate        []float64
-	// through three plain relay pods (relaypod): the floor of three
-	// data-plane pods between client and engine
-	relayTTFT []time.Duration
-	relayRate []float64
+	// first token and tokens/s by path (firstTokenPaths), in set order
+	first map[string][]time.Duration
+	rate  map[string][]float64
 	// round trips through the NATS pod: engine idle, engine streaming
 	podIdle, podBusy []time.Duration
 }
@@ -74,7 +89,8 @@ type engineSize struct {
 // the same StatefulSet to its engine's first answer; a wake from sleep
 // (the seat unloads with keep_alive 0 and reloads) against that cold
 // start; and the first token and tokens/s through the gateway and queue
-// against straight to the engine.
+// against straight to the engine, through one and three plain relay pods.
+// With -engine-bench-ttft only the first-token sets run, on the tiny model.
 func TestEngineBenchmark(t *testing.T) {
 	if !*benchEngine {
 		t.Skip("the real-engine benchmark runs with -engine-bench (make bench-engine)")
@@ -85,14 +101,19 @@ func TestEngineBenchmark(t *testing.T) {
 	ns := newNamespace(ctx, t, "bench-engine")
 	const name = "bench"
 
-	large, err := modelgen.ParseSize(*benchEngineLarge)
-	if err != nil {
-		t.Fatal(err)
+	sizes := []*engineSize{{label: "tiny", bytes: int64(len(stack.TinyModelFiles()[stack.DemoFile])), zero: "tiny-zero", sleep: "tiny-sleep"}}
+	hub := ""
+	if !*benchEngineTTFT {
+		large, err := modelgen.ParseSize(*benchEngineLarge)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var largeBytes int64
+		hub, largeBytes = startLargeMirror(t, large)
+		sizes = append(sizes, &engineSize{label: modelgen.FormatSize(uint64(largeBytes)), bytes: largeBytes, zero: "large-zero", sleep: "large-sleep"})
 	}
-	hub, largeBytes := startLargeMirror(t, large)
-	sizes := []*engineSize{
-		{label: "tiny", bytes: int64(len(stack.TinyModelFiles()[stack.DemoFile])), zero: "tiny-zero", sleep: "tiny-sleep"},
-		{label: modelgen.FormatSize(uint64(largeBytes)), bytes: largeBytes, zero: "large-zero", sleep: "large-sleep"},
+	for _, s := range sizes {
+		s.first, s.rate = map[string][]time.Duration{}, map[string][]float64{}
 	}
 	token, err := stack.EnsureToken(ctx, env.cs, ns, "bench-token")
 	if err != nil {
@@ -109,26 +130,46 @@ func TestEngineBenchmark(t *testing.T) {
 	}
 	relays := startRelays(ctx, t, ns)
 	for _, s := range sizes {
-		if _, err := stack.StreamChatOnceReachable(ctx, base, token, s.sleep, "hello", 4, nil, time.Minute); err != nil {
-			t.Fatalf("first chat to %s: %v", s.sleep, err)
+		// The TTFT-only mode's one application wakes here, from zero.
+		app := s.sleep
+		if *benchEngineTTFT {
+			app = s.zero
+		}
+		if _, err := stack.StreamChatOnceReachable(ctx, base, token, app, "hello", 4, nil, 2*time.Minute); err != nil {
+			t.Fatalf("first chat to %s: %v", app, err)
 		}
 	}
 	loadBefore := loadAverage()
 	for round := range *benchEngineRounds {
 		for _, s := range sizes {
+			if *benchEngineTTFT {
+				benchFirstTokens(ctx, t, ns, name, base, token, relays, s, round)
+				continue
+			}
 			benchZeroRound(ctx, t, ns, name, base, token, relays, s, round)
 			benchSleepRound(ctx, t, ns, name, base, token, s, round)
 		}
 	}
-	table := engineTable(sizes, loadBefore, loadAverage())
-	t.Log("\n" + table)
+	loadAfter := loadAverage()
+	first := firstTokenTable(sizes, loadBefore, loadAfter)
+	t.Log("\n" + first)
+	var wake string
+	if !*benchEngineTTFT {
+		wake = engineTable(sizes, loadBefore, loadAfter)
+		t.Log("\n" + wake)
+	}
 	if *benchEngineDocs != "" {
 		path := *benchEngineDocs
 		if !filepath.IsAbs(path) {
 			path = filepath.Join(env.root, path)
 		}
-		if err := writeMarked(path, engineStartMarker, engineEndMarker, table); err != nil {
+		if err := writeMarked(path, firstTokenStartMarker, firstTokenEndMarker, first); err != nil {
 			t.Error(err)
+		}
+		if wake != "" {
+			if err := writeMarked(path, engineStartMarker, engineEndMarker, wake); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 }
@@ -173,13 +214,18 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 	}
 	apps := map[string]any{}
 	for _, s := range sizes {
-		for _, a := range []struct {
+		type application struct {
 			name      string
 			lifecycle map[string]any
-		}{
+		}
+		list := []application{
 			{s.zero, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "1h", "maxWait": "5m"}},
 			{s.sleep, map[string]any{"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "6s", "maxWait": "5m"}},
-		} {
+		}
+		if *benchEngineTTFT {
+			list = list[:1] // the first-token sets use the zero application only
+		}
+		for _, a := range list {
 			apps[a.name] = map[string]any{
 				"runtime": map[string]any{
 					"engine": "ollama", "image": image,
@@ -217,8 +263,7 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 
 // benchZeroRound times one wake from zero through the gateway and one
 // plain scale 0 -> 1 of the same StatefulSet to its engine's first answer,
-// then sets of requests through the gateway, straight to that root and
-// through three plain relay pods to it.
+// then the first-token sets on that root (benchFirstTokens).
 func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, relays []string, s *engineSize, round int) {
 	t.Helper()
 	sts := name + "-" + s.zero
@@ -256,23 +301,50 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 	}
 	s.baseline = append(s.baseline, first)
 	t.Logf("%s round %d: wake -> first token %v (sent %s); plain scale -> first answer %v", s.label, round, ttft, sent.UTC().Format(time.StampMilli), first)
+	benchFirstTokens(ctx, t, ns, name, base, token, relays, s, round)
+}
 
-	// Gateway + queue against direct, on the awake root of the plain
-	// scale (no seat: direct requests, which the lifecycle does not see,
-	// cannot make it fall asleep in the middle).
+// benchFirstTokens runs benchPairs sets of streamed chats to the awake
+// root of the zero application, one a path of firstTokenPaths in rotating
+// order, and round trips through the NATS pod between them. The root has
+// no seat: direct requests, which the lifecycle does not see, cannot make
+// it fall asleep in the middle.
+func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token string, relays []string, s *engineSize, round int) {
+	t.Helper()
+	sts := name + "-" + s.zero
 	eventually(t, time.Minute, func() error {
 		if state := lifecycleState(ctx, ns, sts); state != string(v1alpha1.LifecycleAwake) {
-			return fmt.Errorf("%s: lifecycle %q after the plain scale; want Awake", s.zero, state)
+			return fmt.Errorf("%s: lifecycle %q; want Awake", s.zero, state)
 		}
 		return nil
 	})
 	rootAddr := net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080")
 	direct := "http://" + rootAddr + "/v1/chat/completions"
 	relayed := "http://" + relays[0] + "/v1/chat/completions"
-	via := relayVia(relays, rootAddr)
 	probe := startPodProbe(ctx, t, ns, name)
 	defer probe.close()
-	paths := []string{"gateway", "direct", "relays"}
+	paths := firstTokenPaths
+	// target is a path's URL, token and X-Relay-Via header.
+	target := func(path string) (url, tok, hop string) {
+		switch path {
+		case pathDirect:
+			return direct, "", ""
+		case pathRelay:
+			return relayed, "", rootAddr // the first relay pod straight to the engine
+		case pathRelays:
+			return relayed, "", relayVia(relays, rootAddr)
+		}
+		return base + "/chat/completions", token, ""
+	}
+	// One set first, not counted: the first requests after a wake or a
+	// pause stream at a fraction of the usual rate (cold caches) on every
+	// path.
+	for _, path := range paths {
+		url, tok, hop := target(path)
+		if _, _, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("warm %d %s", round, pathCode[path])); err != nil {
+			t.Fatalf("%s round %d: %s warm-up request: %v", s.label, round, path, err)
+		}
+	}
 	for i := range benchPairs {
 		// Each request has a prompt of its own, of one length, and the
 		// order rotates: no path gains from Ollama's prompt cache (an
@@ -280,26 +352,14 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 		// handed the direct request the cached prompt) or from its place.
 		for k := range paths {
 			path := paths[(i+k)%len(paths)]
-			url, tok, hop := base+"/chat/completions", token, ""
-			switch path {
-			case "direct":
-				url, tok = direct, ""
-			case "relays":
-				url, tok, hop = relayed, "", via
-			}
-			first, rate, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("pair %d %d %s", round, i, path[:1]))
+			url, tok, hop := target(path)
+			first, rate, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("pair %d %d %s", round, i, pathCode[path]))
 			t.Logf("%s round %d set %d: %s first token %v, %.0f tokens/s", s.label, round, i, path, first, rate)
 			if err != nil {
 				t.Fatalf("%s round %d: %s request: %v", s.label, round, path, err)
 			}
-			switch path {
-			case "direct":
-				s.directTTFT, s.directRate = append(s.directTTFT, first), appendRate(s.directRate, rate)
-			case "relays":
-				s.relayTTFT, s.relayRate = append(s.relayTTFT, first), appendRate(s.relayRate, rate)
-			default:
-				s.gwTTFT, s.gwRate = append(s.gwTTFT, first), appendRate(s.gwRate, rate)
-			}
+			s.first[path] = append(s.first[path], first)
+			s.rate[path] = appendRate(s.rate[path], rate)
 		}
 		// The floor of a process hop on this node: round trips through
 		// the NATS pod while the engine is idle, and while it streams an
@@ -571,70 +631,4 @@ func streamTimedVia(ctx context.Context, url, token, via, model, prompt string) 
 		rate = float64(tokens-1) / last.Sub(first).Seconds()
 	}
 	return first.Sub(sent), rate, nil
-}
-
-func p50(v []time.Duration) time.Duration {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[(len(s)-1)/2]
-}
-
-func p90(v []time.Duration) time.Duration {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[len(s)*9/10]
-}
-
-func maxOf(v []time.Duration) time.Duration { return slices.Max(v) }
-
-func p50f(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[(len(s)-1)/2]
-}
-
-func engineTable(sizes []*engineSize, loadBefore, loadAfter string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "Measured by `make bench-engine` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n-engine-bench-rounds %d -engine-bench-large %s`) on the real-node local cluster (%d CPUs; load\naverage %s before, %s after), real Ollama (the pinned build, CPU only) on two generated models.\n\n", *benchEngineRounds, *benchEngineLarge, runtime.NumCPU(), loadBefore, loadAfter)
-	b.WriteString("| Model | wake from zero -> first token | plain scale 0 -> 1 -> first answer | ratio (target <= 1.1) | sleep -> wake -> first token | sleep wake / wake from zero |\n| --- | --- | --- | --- | --- | --- |\n")
-	for _, s := range sizes {
-		w, bl, sw := p50(s.wake), p50(s.baseline), p50(s.sleepWake)
-		fmt.Fprintf(&b, "| %s (%d bytes) | %s (max %s) | %s (max %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
-			msd(w), msd(maxOf(s.wake)), msd(bl), msd(maxOf(s.baseline)), float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
-	}
-	b.WriteString("\n| Model | first token through gateway + queue | direct to the engine | added (target <= 1 ms) | through three plain relay pods | added by the relays (floor) | tokens/s through the gateway | direct | relays | round trip through the NATS pod, engine idle | same, engine streaming |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, s := range sizes {
-		g, d, r := p50(s.gwTTFT), p50(s.directTTFT), p50(s.relayTTFT)
-		fmt.Fprintf(&b, "| %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.0f | %.0f | %.0f | %.2f ms (p90 %.2f) | %.2f ms (p90 %.2f) |\n", s.label, ms(g), ms(d), ms(g-d), ms(r), ms(r-d),
-			p50f(s.gwRate), p50f(s.directRate), p50f(s.relayRate),
-			ms(p50(s.podIdle)), ms(p90(s.podIdle)), ms(p50(s.podBusy)), ms(p90(s.podBusy)))
-	}
-	fmt.Fprintf(&b, "\nMedians of %d rounds (first token and tokens/s: %d sets a round of one request through the gateway, one direct and one through the relays, in rotating order, "+
-		"each request with a prompt of its own of one length; the NATS round trips: 20 a set with the engine idle, and as many as fit in one more direct stream, 2 ms apart).\n", *benchEngineRounds, benchPairs)
-	return b.String()
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// writeMarked replaces the block between start and end of the file at path.
-func writeMarked(path, start, end, content string) error {
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	doc := string(raw)
-	i, j := strings.Index(doc, start), strings.Index(doc, end)
-	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %s ... %s block", path, start, end)
-	}
-	return os.WriteFile(path, []byte(doc[:i+len(start)]+"\n"+content+doc[j:]), 0o644)
 }

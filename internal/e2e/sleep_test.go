@@ -106,7 +106,7 @@ func TestSleepAndWake(t *testing.T) {
 	})
 
 	var callerToken string
-	t.Run("the release's caller token is generated once, for the agent and the dispatcher", func(t *testing.T) {
+	t.Run("the release's caller token is generated once, for the agent, the dispatcher and the sidecars", func(t *testing.T) {
 		sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("the caller token Secret: %v", err)
@@ -146,6 +146,34 @@ func TestSleepAndWake(t *testing.T) {
 				}
 				return nil
 			})
+		}
+		// The engine's sidecar refuses a sleep from outside the release
+		// too: without the token, or with another, the engine stays awake.
+		roots, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+		if err != nil || len(roots.Items) == 0 || roots.Items[0].Status.PodIP == "" {
+			t.Fatalf("the root pod: %v (%d pods)", err, len(roots.Items))
+		}
+		seat := "http://" + net.JoinHostPort(roots.Items[0].Status.PodIP, "9300")
+		for _, tok := range []string{"", "not-the-release-token"} {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, seat+"/sleep", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tok != "" {
+				nodeapi.Authorize(req, tok)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("POST %s/sleep: %v", seat, err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("POST %s/sleep with token %t: %d, want 401", seat, tok != "", resp.StatusCode)
+			}
+		}
+		st, err := (sidecarapi.Client{URL: seat}).State(ctx)
+		if err != nil || st.State != sidecarapi.Awake {
+			t.Errorf("after the refused sleeps the sidecar reports %+v (%v); want the engine Awake", st, err)
 		}
 	})
 

@@ -32,9 +32,10 @@ type Config struct {
 	// applications are not in Apps: the lifecycle does not scale a group's
 	// pods.
 	SeatGroups []SeatGroup `json:"seatGroups,omitempty"`
-	// AgentTokenFile holds the release's caller token, which the node
-	// agents' mutating endpoints require (internal/nodeapi); empty: the
-	// leader calls them without one.
+	// AgentTokenFile holds the release's caller token, which the
+	// mutating endpoints of the node agents and of the engines' sidecars
+	// require (internal/nodeapi); empty: the leader calls them without
+	// one.
 	AgentTokenFile string `json:"agentTokenFile,omitempty"`
 }
 

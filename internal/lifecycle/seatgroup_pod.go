@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -52,7 +53,7 @@ func (s *podSidecar) http() (sidecarapi.Client, error) {
 	if err != nil {
 		return sidecarapi.Client{}, err
 	}
-	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client}, nil
+	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client, Token: nodeapi.TokenFile(s.p.r.c.cfg.AgentTokenFile)}, nil
 }
 
 func (s *podSidecar) reading() (sidecarapi.Status, bool) {

@@ -104,7 +104,7 @@ func (c *Controller) onSidecars(ctx context.Context, sidecars []sidecarRef, call
 			cctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			out[i] = sidecarResult{sidecarRef: s}
-			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP})
+			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)})
 			if out[i].err != nil {
 				out[i].err = fmt.Errorf("sidecar of pod %s: %w", s.pod.Name, out[i].err)
 			}

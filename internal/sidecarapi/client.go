@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // Client is the client of one engine's sidecar. Its zero Client is not
@@ -18,6 +20,10 @@ type Client struct {
 	// HTTP makes the calls; nil means http.DefaultClient. The sidecar
 	// bounds its own engine calls; ctx bounds the wait.
 	HTTP *http.Client
+	// Token is the file of the release's caller token, which the
+	// sidecar's mutating endpoints require (the node agent's, internal/
+	// nodeapi); empty: the calls carry none.
+	Token nodeapi.TokenFile
 }
 
 // Error is a non-2xx answer of a sidecar.
@@ -91,6 +97,13 @@ func (c Client) call(ctx context.Context, method, path, op string, out any) erro
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.URL, "/")+path, nil)
 	if err != nil {
 		return err
+	}
+	if c.Token != "" && method != http.MethodGet && method != http.MethodHead {
+		tok, err := c.Token.Read()
+		if err != nil {
+			return fmt.Errorf("sidecar %s: %w", op, err)
+		}
+		nodeapi.Authorize(req, tok)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -93,7 +93,9 @@ func TestSleepingRootsGetASeat(t *testing.T) {
 			objs.get(t, "StatefulSet", "x-"+tc.app, &sts)
 			pod := sts.Spec.Template.Spec
 			seat := container(t, pod, "seat")
-			want := append([]string{"--role=seat", "--engine=" + tc.engine, "--engine-url=http://127.0.0.1:8080", fmt.Sprintf("--addr=:%d", seatPort)}, tc.seatArgs...)
+			// After the sleep level: the release's caller token, which its
+			// sleep, wake and restart require.
+			want := append([]string{"--role=seat", "--engine=" + tc.engine, "--engine-url=http://127.0.0.1:8080", fmt.Sprintf("--addr=:%d", seatPort), tc.seatArgs[0], "--caller-token-file=/etc/orchestra/agent-caller/token"}, tc.seatArgs[1:]...)
 			if diff := cmp.Diff(want, seat.Args); diff != "" {
 				t.Errorf("seat args (-want +got):\n%s", diff)
 			}
@@ -109,8 +111,8 @@ func TestSleepingRootsGetASeat(t *testing.T) {
 			if why := restricted(seat); why != "" {
 				t.Errorf("the seat is not restricted: %s", why)
 			}
-			if len(seat.VolumeMounts) != 0 {
-				t.Errorf("the seat mounts %v; it reads no file", seat.VolumeMounts)
+			if len(seat.VolumeMounts) != 1 || seat.VolumeMounts[0].Name != "caller-token" || !seat.VolumeMounts[0].ReadOnly {
+				t.Errorf("the seat mounts %v; it reads only the caller token", seat.VolumeMounts)
 			}
 			engine := container(t, pod, "engine")
 			if sc := engine.SecurityContext; sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {

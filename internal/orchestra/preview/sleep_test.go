@@ -429,9 +429,10 @@ func privileges(pod corev1.PodSpec) []string {
 
 // TestCallerTokenSecret: the release's caller token Secret is rendered
 // with the agent, without a token offline (the operator generates it at
-// install), and mounted read-only by exactly the node agent and the
-// dispatcher (whose lifecycle leader calls it, agentTokenFile), by no
-// engine pod.
+// install), and mounted read-only by exactly the node agent, the
+// dispatcher (whose lifecycle leader calls it and the sidecars,
+// agentTokenFile) and the seat sidecar of each sleeping root, by no
+// engine container.
 func TestCallerTokenSecret(t *testing.T) {
 	objs := renderObjects(t, readValues(t, sleepValues))
 	var sec corev1.Secret
@@ -458,6 +459,9 @@ func TestCallerTokenSecret(t *testing.T) {
 		}
 	}
 	want := map[string]string{"DaemonSet/x-agent/agent": "/etc/orchestra/agent-caller", "Deployment/x-dispatcher/dispatcher": "/etc/orchestra/agent-caller"}
+	for _, app := range []string{"llama", "ollama", "sim", "vllm"} {
+		want["StatefulSet/x-"+app+"/seat"] = "/etc/orchestra/agent-caller"
+	}
 	if diff := cmp.Diff(want, mounts); diff != "" {
 		t.Errorf("mounts of the caller token (-want +got):\n%s", diff)
 	}

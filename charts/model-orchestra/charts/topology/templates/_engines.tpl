@@ -566,10 +566,12 @@ writes them) and the link's directory, an emptyDir the sidecar writes. */}}
 {{/* The seat sidecar of a sleeping application's root (orchestra-agent
 --role=seat): drives the engine's own sleep and wake API on localhost for
 the dispatcher, and is ready only while the engine is Awake, so that a
-sleeping root leaves the Service's EndpointSlice. Restricted Pod Security
-and no volume, except with model copies (mo.modelCopies): then it points
-the engine's link at the hottest verified copy of the model file, reading
-the manifest and the node agent's tier directories. */}}
+sleeping root leaves the Service's EndpointSlice. Its sleep, wake and
+restart accept only the release's caller token (mo.seatCallerTokenVolume),
+which only the dispatcher's lifecycle leader holds. Restricted Pod Security
+and no other volume, except with model copies (mo.modelCopies): then it
+points the engine's link at the hottest verified copy of the model file,
+reading the manifest and the node agent's tier directories. */}}
 {{- define "mo.seatContainer" -}}
 {{- $rt := .spec.runtime -}}
 {{- $served := default .app .spec.serving.servedModelName -}}
@@ -583,6 +585,9 @@ args:
   - --engine-url=http://127.0.0.1:{{ default 8080 .port }}
   - --addr=:{{ $seatPort }}
   - --sleep-level={{ .sleep.level }}
+  {{- if .root.Values.global.agent.enabled }}
+  - --caller-token-file={{ include "mo.agentCallerTokenDir" .root }}/token
+  {{- end }}
   {{- if has $rt.engine (list "ollama" "llamacpp") }}
   - --model={{ $served }}
   {{- end }}
@@ -630,12 +635,19 @@ livenessProbe:
 resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
-{{- if include "mo.modelCopies" . }}
+{{- if or .root.Values.global.agent.enabled (include "mo.modelCopies" .) }}
 volumeMounts:
+  {{- if .root.Values.global.agent.enabled }}
+  - name: caller-token
+    mountPath: {{ include "mo.agentCallerTokenDir" .root }}
+    readOnly: true
+  {{- end }}
+  {{- if include "mo.modelCopies" . }}
   - name: model
     mountPath: /models
     readOnly: true
   {{- include "mo.modelCopyMounts" . | nindent 2 }}
+  {{- end }}
 {{- end }}
 {{- if and .seatGroup (ne $rt.engine "simulator") }}
 {{- /* In a seat group the seat signals its engine's processes and reads
@@ -657,6 +669,19 @@ securityContext:
   runAsGroup: 65532
   {{- include "mo.containerSecurityContext" .root | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* The pod volume of the release's caller token (the node agent part's
+Secret, mo.agentCallerSecret) for the seat sidecars: only they mount it in
+the pod, so it is readable by any user (0444), whatever user the seat runs
+as. Rendered where the release has the node agent (global.agent.enabled),
+which every sleeping application and seat group has.
+volumes: {{- include "mo.seatCallerTokenVolume" $ | nindent 2 }} */}}
+{{- define "mo.seatCallerTokenVolume" -}}
+- name: caller-token
+  secret:
+    secretName: {{ include "mo.agentCallerSecret" . }}
+    defaultMode: 0444
 {{- end -}}
 
 {{/* llama-server's model preset in router mode: the application's model,
