@@ -352,7 +352,10 @@ func modelCacheFile(ctx context.Context, t *testing.T, ns, base string, n int64)
 		}
 		var found string
 		_ = filepath.WalkDir(pv.Spec.HostPath.Path, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || d.Name() != base {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() || d.Name() != base {
 				return nil
 			}
 			if fi, err := d.Info(); err == nil && fi.Size() == n {
