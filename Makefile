@@ -179,6 +179,10 @@ bench-tiers-ollama: ## The real Ollama engine's first token after loading a gene
 	@hack/tools/install.sh ollama
 	flock /tmp/mo-bench.lock $(GO) test ./hack/bench-tiers -run TestOllamaTiersBenchmark -ollama-tiers-bench -ollama-tiers-size $(or $(BENCH_OLLAMA_TIERS_SIZE),256MiB) -ollama-tiers-docs $(CURDIR)/docs/benchmarks.md -v -count=1 -timeout 30m
 
+.PHONY: bench-tiers-ollama-zero
+bench-tiers-ollama-zero: tools images ## A parked real Ollama application woken from zero with its verified hot copy, a warm copy, or no copy on the node (real-node cluster, root), interleaved; BENCH_ZERO_COPY_ROUNDS (default 3), BENCH_OLLAMA_TIERS_SIZE (default 256MiB).
+	$(GO) test ./internal/e2e -run TestZeroCopyBenchmark -zero-copy-bench -zero-copy-rounds $(or $(BENCH_ZERO_COPY_ROUNDS),3) -zero-copy-size $(or $(BENCH_OLLAMA_TIERS_SIZE),256MiB) -zero-copy-docs docs/benchmarks.md -v -count=1 -timeout 60m
+
 .PHONY: bench-mux
 bench-mux: ## Seat-group swaps (4 applications, 1 seat, a device with room for 1) vs the hot tier's probes read between turns, 0.25/1 GiB; requests lost, swaps with requests in flight.
 	flock /tmp/mo-bench.lock $(GO) run ./hack/bench-mux --sizes 0.25GiB,1GiB -docs docs/benchmarks.md

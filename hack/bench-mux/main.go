@@ -2,12 +2,14 @@
 // hardware: four in-process simulator applications with real weights, each
 // behind a real seat agent, share one seat (activeSeats 1) under the
 // seatgroup executor, on a device (a shared device file, as in a group
-// pod) with room for fewer engines than the group serves. For each weight
-// size it drives round-robin traffic (one swap per turn) with the tier
+// pod, on a huge-page tmpfs as an accelerator maps its memory in large
+// pages) with room for fewer engines than the group serves. For each
+// weight size it drives round-robin traffic (one swap per turn) with the
 // probes (internal/tierprobe) read between turns, and bursty traffic, and
-// reports each swap's time against the bound bytes out ÷ write rate +
-// bytes in ÷ read rate of the probes around its turn (no bytes out when
-// the sleep reused the offload kept since the last wake), the swaps made
+// reports each swap's time against the bound: mapping a region of the
+// device + bytes in ÷ read rate + bytes out ÷ write rate of the run's
+// fastest probes (no bytes out when the sleep reused the offload kept
+// since the last wake), the swaps made
 // while the swapped-out application had requests in flight, and the
 // requests lost or cut. With -docs it writes the table between the
 // <!-- bench-mux:start --> and <!-- bench-mux:end --> markers.
@@ -64,31 +66,40 @@ type swap struct {
 	// yet (it started stopped: the device had no room for it): it
 	// generated and hashed its weights, it read no tier.
 	cold bool
-	// turn is the round-robin turn the swap served; read and write are
-	// the tier probes around it (the reads before and after the turn
-	// taken as one).
+	// turn is the round-robin turn the swap served; read, write and
+	// mapRegion are its bounds' probes: the run's fastest read, write and
+	// mapping of a device region (taking a region of a device of the same
+	// kind, as the wake's alloc does).
 	turn        int
 	read, write checkpoint.Bandwidth
+	mapRegion   time.Duration
 }
 
-// bound is the swap's physical bound: the bytes the sleep wrote ÷ the
-// write rate + the bytes the wake read ÷ the read rate, of the probes
-// around its turn.
+// bound is the swap's physical bound: mapping the wake's region of the
+// device + the bytes the sleep wrote ÷ the write rate + the bytes the wake
+// read ÷ the read rate, of the run's fastest probes.
 func (s swap) bound(n int64) float64 {
-	b := tierprobe.Bound(n, s.read).Seconds()
+	b := s.wakeBound(n).Seconds()
 	if s.wrote {
 		b += tierprobe.Bound(n, s.write).Seconds()
 	}
 	return b
 }
 
+// wakeBound is the engine wake's part of the bound: map a region, read
+// the bytes into it.
+func (s swap) wakeBound(n int64) time.Duration { return s.mapRegion + tierprobe.Bound(n, s.read) }
+
 type row struct {
 	size int64
 	// capacity is the shared device's size: room for capacity ÷ size
 	// engines' weights.
 	capacity int64
-	// write and read are the median of the probes read between turns.
+	// write, read and mapRegion are the run's probes: the fastest of
+	// those read between its turns (the hardware does not change from
+	// one turn to the next, only the shared machine's load does).
 	write, read checkpoint.Bandwidth
+	mapRegion   time.Duration
 	swaps       []swap
 	// beaten lists the swaps or wakes that ran faster than their bound.
 	beaten            []string
@@ -105,12 +116,14 @@ var (
 	// deviceRoom is how many engines' weights the shared device holds.
 	deviceRoom int
 	deviceDir  string
+	// deviceNote says what the device file's tmpfs is.
+	deviceNote string
 )
 
 func main() {
 	sizes := flag.String("sizes", "0.25GiB,1GiB", "comma-separated weight sizes per application")
 	hotRoot := flag.String("hot-dir", "", "a directory on a tmpfs, the hot tier (empty: mount a huge-page tmpfs as the node agent does, or /dev/shm when that fails)")
-	flag.StringVar(&deviceDir, "device-dir", "/dev/shm", "a directory on a tmpfs for the shared device file, as a group pod's memory-backed emptyDir")
+	flag.StringVar(&deviceDir, "device-dir", "", "a directory on a tmpfs for the shared device file (empty: mount a huge-page tmpfs, as an accelerator maps its memory in large pages, or /dev/shm when that fails; /dev/shm is a plain tmpfs in 4 KiB pages, as a group pod's memory-backed emptyDir is today)")
 	flag.IntVar(&deviceRoom, "device-room", 1, "engines' weights the shared device has room for (fewer than the 4 applications it serves)")
 	rounds := flag.Int("rounds", 3, "round-robin rounds (each a turn per application)")
 	docs := flag.String("docs", "", "markdown file to update between the bench-mux markers")
@@ -153,6 +166,22 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 		}
 	}
 	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hotRoot), "(not a tmpfs)"), hotNote)
+	if deviceDir == "" {
+		// The device and the probe's device of the largest size.
+		mnt, err := os.MkdirTemp("", "mo-bench-mux-devmnt-")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = os.Remove(mnt) }()
+		if _, err := checkpoint.MountHotTier(mnt, int64(deviceRoom+1)*slices.Max(sizes)+(64<<20)); err != nil {
+			deviceNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
+			deviceDir = "/dev/shm"
+		} else {
+			defer func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) }()
+			deviceDir = mnt
+		}
+	}
+	deviceNote = fmt.Sprintf("device file: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(deviceDir), "never (plain tmpfs, 4 KiB pages)"), deviceNote)
 	loadBefore := loadavg()
 	start := time.Now()
 	var rows []row
@@ -179,8 +208,12 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 	return nil
 }
 
-// probes is the tier probe pair read between two round-robin turns.
-type probes struct{ read, write checkpoint.Bandwidth }
+// probes are the probes read between two round-robin turns: the hot
+// tier's read and write, and the mapping of a device region.
+type probes struct {
+	read, write checkpoint.Bandwidth
+	mapRegion   time.Duration
+}
 
 func measure(n int64, hotRoot string, rounds int) (row, error) {
 	r := row{size: n}
@@ -214,7 +247,7 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	if err != nil {
 		return r, err
 	}
-	defer region.Free()
+	defer func() { region.Free() }()
 	arena.Synthesize(region.Bytes(), 3)
 	probe, err := tierprobe.Write("tmpfs", hot, region, arena.FileOptions{})
 	if err != nil {
@@ -224,6 +257,21 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 	readProbes := func() (probes, error) {
 		var p probes
 		var err error
+		// Take a region of the probe's device as a wake takes one of the
+		// group's: give the region back and map it again (mmap of the
+		// device file and populating its pages, the bytes kept in the
+		// file), the best of two.
+		for k := range 2 {
+			region.Free()
+			t := time.Now()
+			if region, err = probeDev.Alloc(n); err != nil {
+				return p, err
+			}
+			if d := time.Since(t); k == 0 || d < p.mapRegion {
+				p.mapRegion = d
+			}
+		}
+		probe.Dst = region
 		if p.read, err = probe.ReadBest(2); err != nil {
 			return p, err
 		}
@@ -288,15 +336,14 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 		}
 		return r, err
 	}
-	var reads, writes []checkpoint.Bandwidth
+	r.mapRegion = all[0].mapRegion
 	for _, p := range all {
-		reads, writes = append(reads, p.read), append(writes, p.write)
+		r.read, r.write = tierprobe.Peak(r.read, p.read), tierprobe.Peak(r.write, p.write)
+		r.mapRegion = min(r.mapRegion, p.mapRegion)
 	}
-	r.read, r.write = medianBW(reads), medianBW(writes)
 	for i := range swaps {
 		s := &swaps[i]
-		t := min(s.turn, len(all)-2)
-		s.read, s.write = tierprobe.Peak(all[t].read, all[t+1].read), tierprobe.Peak(all[t].write, all[t+1].write)
+		s.read, s.write, s.mapRegion = r.read, r.write, r.mapRegion
 		if s.cold {
 			continue
 		}
@@ -305,7 +352,7 @@ func measure(n int64, hotRoot string, rounds int) (row, error) {
 		if err := tierprobe.Check(what, sec(s.seconds), sec(s.bound(n)), 0.05); err != nil {
 			r.beaten = append(r.beaten, err.Error())
 		}
-		if err := tierprobe.Check(what+"'s engine wake", sec(s.engineWake), tierprobe.Bound(n, s.read), 0.05); err != nil {
+		if err := tierprobe.Check(what+"'s engine wake", sec(s.engineWake), s.wakeBound(n), 0.05); err != nil {
 			r.beaten = append(r.beaten, err.Error())
 		}
 	}
@@ -417,11 +464,6 @@ func runHarness(o seatgrouptest.Options, turn *atomic.Int64, load func(*seatgrou
 	return slices.Clone(swaps), rs, hh, err
 }
 
-func medianBW(bs []checkpoint.Bandwidth) checkpoint.Bandwidth {
-	slices.SortFunc(bs, func(a, b checkpoint.Bandwidth) int { return cmp.Compare(a.BytesPerSecond, b.BytesPerSecond) })
-	return bs[len(bs)/2]
-}
-
 func memAvailable() int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
@@ -457,15 +499,15 @@ func quantile(v []float64, q float64) float64 {
 
 func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Duration, hotNote string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all; %s. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote)
-	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: the engines share one device, a file on a tmpfs (as the group pod's memory-backed emptyDir, `--device-file`) with room for %d engine's weights (`--device-capacity`, the group's `deviceMemory`), so the engines that do not fit start stopped and load their weights at their first wake, and every later wake needs the room a sleep gave back; sleep level 1 writes the weights to the hot tier and gives their region back to the device, or, when the offload its last wake kept is still that same file, writes nothing (`--keep-offload`); every wake maps a region of the device and reads the weights back into it, verifying every byte. ", simTTFT, tokens, simITL, deviceRoom)
+	fmt.Fprintf(&b, "`go run ./hack/bench-mux`: %d CPUs, load average %s before and %s after, %s in all; %s; %s. ", runtime.NumCPU(), loadBefore, loadAfter, took.Round(time.Second), hotNote, deviceNote)
+	fmt.Fprintf(&b, "Four in-process simulator applications per size (real synthetic weights of that size each, TTFT %v, %d tokens per request at %v each), each behind a real seat agent, share one seat (activeSeats 1) under the seatgroup executor, with the flags the chart renders for a seat group: the engines share one device, a file on a tmpfs (`--device-file`, as the group pod's memory-backed emptyDir; here in huge pages, as an accelerator maps its memory in large pages and as bench-tiers' device is, unless the header says otherwise) with room for %d engine's weights (`--device-capacity`, the group's `deviceMemory`), so the engines that do not fit start stopped and load their weights at their first wake, and every later wake needs the room a sleep gave back; sleep level 1 writes the weights to the hot tier and gives their region back to the device, or, when the offload its last wake kept is still that same file, writes nothing (`--keep-offload`); every wake maps a region of the device and reads the weights back into it, verifying every byte. ", simTTFT, tokens, simITL, deviceRoom)
 	fmt.Fprintf(&b, "Round-robin: %d rounds of a turn per application, 2 requests a turn, minResidency 0. Bursty: 40 bursts of 1–4 requests to random applications, 0–100 ms apart, minResidency 300 ms, maxSwapWait 1 s. ", rounds)
-	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two reads), and a swap's are the faster of those before and after its turn: a limit is the most the tier delivers, and another process on the shared machine only slows a read down. The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options, with a plain copy and with the wake's own copy-and-hash pass (the faster is the limit); the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The tmpfs columns are the medians of the probes. Bandwidths in GB/s (10^9 bytes/s).\n\n")
-	b.WriteString("| Weights per application | device room (applications) | tmpfs write (probe) | tmpfs read (probe) | bound per hot swap (sleep reused; wrote) | round-robin swaps: hot (sleeps reused), cold starts | hot swap p50 | hot swap max | hot swap ÷ bound p50 (≤ 1.3) | hot swap ÷ bound max | hot swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | cold start p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("A swap is timed by the executor from the start of the sleep to the end of the wake, and split into the simulators' own sleep (write to tmpfs unless reused, release the region) and wake (map a region, read, hash) and the rest (seat agents, drain check, memory reading). Its bound is the mapping of a device region at the map probe's time, plus the bytes the wake read at the tier probe's read rate, plus, for a sleep that wrote, the bytes written at the probe's write rate: the probes (`internal/tierprobe`, shared with bench-tiers) are read before the first turn and after each (each the best of two), and every swap's bound uses the fastest of the run: a limit is the most the hardware delivers, the hardware does not change from one turn to the next, and another process on the shared machine only slows a probe down (a bound from the probes around one turn alone samples that turn's load). The map probe gives a region of a device of the same kind (a file on the same tmpfs as the group's device) back and takes it again, as a sleep and a wake do (mmap of the device file, populating its pages). The read probe reads a file as large as the weights, written on the hot tier as an offload is, into a region of a device of the same kind (a file on the same tmpfs, mapped shared, pre-faulted and kept), with the wake's read options, with a plain copy and with the wake's own copy-and-hash pass (the faster is the limit); the write probe writes that region into a new file on the hot tier as a sleep does. A cold start (an engine stopped for want of room loading its weights, generated from a seed, at its first wake) reads no tier and has no bound. The probe columns are the run's fastest. Bandwidths in GB/s (10^9 bytes/s).\n\n")
+	b.WriteString("| Weights per application | device room (applications) | tmpfs write (probe) | tmpfs read (probe) | map a device region (probe) | bound per hot swap (sleep reused; wrote) | round-robin swaps: hot (sleeps reused), cold starts | hot swap p50 | hot swap max | hot swap ÷ bound p50 (≤ 1.3) | hot swap ÷ bound max | hot swap ÷ bound p50, sleeps that reused | engine sleep p50 | engine wake p50 (of which alloc) | rest p50 | cold start p50 | bursty swaps (drains) | swaps with requests in flight | requests lost or cut | wakes verified |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		if r.skipped != "" {
-			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 17))
+			fmt.Fprintf(&b, "| %s | %s |%s\n", arena.Size(r.size), r.skipped, strings.Repeat("  |", 18))
 			continue
 		}
 		var secs, ratios, reusedRatios, sl, wk, alloc, rest, cold []float64
@@ -487,9 +529,9 @@ func render(rows []row, rounds int, loadBefore, loadAfter string, took time.Dura
 			alloc = append(alloc, s.wakeAlloc)
 			rest = append(rest, s.seconds-s.engineSleep-s.engineWake)
 		}
-		readBound := tierprobe.Bound(r.size, r.read).Seconds()
-		fmt.Fprintf(&b, "| %s | %s (%d of %d) | %.2f | %.2f | %.3f s; %.3f s | %d (%d), %d | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
-			arena.Size(r.size), arena.Size(r.capacity), r.capacity/r.size, apps, r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9,
+		readBound := (r.mapRegion + tierprobe.Bound(r.size, r.read)).Seconds()
+		fmt.Fprintf(&b, "| %s | %s (%d of %d) | %.2f | %.2f | %.1f ms | %.3f s; %.3f s | %d (%d), %d | %.3f s | %.3f s | %.2f | %.2f | %.2f | %.3f s | %.3f s (%.3f s) | %.3f s | %.3f s | %d (%d) | %d | %d of %d | %d/%d |\n",
+			arena.Size(r.size), arena.Size(r.capacity), r.capacity/r.size, apps, r.write.BytesPerSecond/1e9, r.read.BytesPerSecond/1e9, float64(r.mapRegion)/float64(time.Millisecond),
 			readBound, readBound+tierprobe.Bound(r.size, r.write).Seconds(), hot, len(reusedRatios), len(cold),
 			quantile(secs, 0.5), quantile(secs, 1), quantile(ratios, 0.5), quantile(ratios, 1), quantile(reusedRatios, 0.5),
 			quantile(sl, 0.5), quantile(wk, 0.5), quantile(alloc, 0.5), quantile(rest, 0.5), quantile(cold, 0.5),
