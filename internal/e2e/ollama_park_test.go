@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy (issue 27 §3 and §4)
@@ -150,23 +152,32 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 	})
 
 	t.Run("a chat wakes it from zero onto the node, loading the hot copy", func(t *testing.T) {
-		// On failure, the whole start of the woken root's containers: which
-		// copy the sidecar pointed the engine at, and why (the diagnosis
-		// shows their last lines only).
-		defer func() {
-			if !t.Failed() {
-				return
-			}
-			pods, _ := env.cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=root"})
+		// On failure, the start of the woken root's containers (which copy
+		// the sidecar pointed the engine at, and why: its passedOver) and
+		// the node agent's log, read right after the chat: the application
+		// may be parked again, its pod gone, by the time a check fails.
+		var woke strings.Builder
+		capture := func() {
+			pods, _ := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name})
 			for _, p := range pods.Items {
-				for _, c := range []string{"engine", "seat"} {
-					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(context.Background())
-					t.Logf("pod %s container %s (%v), first lines:\n%s", p.Name, c, lerr, logs)
+				containers := map[string][]string{"root": {"seat", "engine"}, "checkpoint-agent": {"agent"}}[p.Labels["app.kubernetes.io/component"]]
+				for _, c := range containers {
+					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(ctx)
+					fmt.Fprintf(&woke, "pod %s container %s (%v), first lines:\n%s\n", p.Name, c, lerr, logs)
 				}
+			}
+			var tiers checkpoint.TiersStatus
+			err := (nodeapi.Client{URL: agentURL, HTTP: http.DefaultClient}).Call(ctx, http.MethodGet, nodeapi.PathTiers, nil, &tiers)
+			fmt.Fprintf(&woke, "the node agent's copies (%v): %+v\n", err, tiers.Entries)
+		}
+		defer func() {
+			if t.Failed() {
+				t.Logf("right after the chat that woke it:\n%s", woke.String())
 			}
 		}()
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
+		capture()
 		if err != nil || !res.Done || res.Content == "" {
 			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
 		}
