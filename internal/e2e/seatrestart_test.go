@@ -89,17 +89,24 @@ func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 	// its start keeps its weights too, which the leader would see and
 	// restart again (docs/checkpoint.md); what the restart freed is the old
 	// process's memory, which ended with it.
-	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, "group", metav1.GetOptions{})
-	must(t, err)
-	for _, cs := range p.Status.ContainerStatuses {
-		want := int32(0)
-		if cs.Name == "engine" {
-			want = 1
+	// The kubelet reports the restart in the pod's status a moment after
+	// the new engine answers the seat.
+	eventually(t, 30*time.Second, func() error {
+		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, "group", metav1.GetOptions{})
+		if err != nil {
+			return err
 		}
-		if cs.RestartCount != want {
-			t.Errorf("container %s restarted %d times, want %d", cs.Name, cs.RestartCount, want)
+		for _, cs := range p.Status.ContainerStatuses {
+			want := int32(0)
+			if cs.Name == "engine" {
+				want = 1
+			}
+			if cs.RestartCount != want {
+				return fmt.Errorf("container %s restarted %d times, want %d", cs.Name, cs.RestartCount, want)
+			}
 		}
-	}
+		return nil
+	})
 	must(t, seatPost(ctx, ns, "group", "wake"))
 }
 
