@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -189,11 +191,28 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("POST /verify: %d %s", resp.StatusCode, body)
 		}
-		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
-			t.Fatalf("the node agent kept the hot copy that no longer matches its digest: %s", body)
+		var verified []checkpoint.Verification
+		if err := json.Unmarshal(body, &verified); err != nil || !slices.ContainsFunc(verified, func(v checkpoint.Verification) bool {
+			return v.Namespace == ns && v.Name == copyName && v.Tier == checkpoint.TierHot && v.Dropped
+		}) {
+			t.Fatalf("POST /verify answered %s (%v); want the hot copy that no longer matches its digest dropped", body, err)
 		}
-		asleepIn(v1alpha1.TierCold, "/models/"+stack.DemoFile)
-		wakeFrom(v1alpha1.TierCold, "/models/"+stack.DemoFile)
+		// The corrupted copy is gone. The next wake loads the model cache,
+		// unless a leader placed a new hot copy from the cache meanwhile
+		// (a leader that takes the sleeping engine over asks for it, as
+		// falling asleep does): then that fresh copy, verified against the
+		// manifest's sha256. Either way the corrupted bytes are never
+		// loaded.
+		tier, path := v1alpha1.TierCold, "/models/"+stack.DemoFile
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
+			if e.SHA256 != sha || e.Bytes != size || !e.VerifiedAt.After(time.Now().Add(-2*time.Minute)) {
+				t.Fatalf("after the drop the node agent lists the hot copy %+v; want none, or a new one verified against the manifest", e)
+			}
+			tier, path = v1alpha1.TierHot, hotPath
+			logf("a new hot copy was placed from the model cache after the drop")
+		}
+		asleepIn(tier, path)
+		wakeFrom(tier, path)
 	})
 
 	t.Run("after parkAfter the copy moves to the warm tier and the wake loads it", func(t *testing.T) {
