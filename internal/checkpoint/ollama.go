@@ -49,7 +49,11 @@ func (o *Ollama) Sleep(ctx context.Context, _ int) error {
 	})
 }
 
-// Wake preloads the model. The load runs on a context that the caller's
+// Wake preloads the model once Ollama has it: the engine's start creates the
+// model from its file after the server answers (the chart's ollama script),
+// so a wake that comes first (a pod woken from zero, an engine restart)
+// waits for the create instead of reading Ollama's "model not found" as a
+// copy it cannot load. The load runs on a context that the caller's
 // cancellation does not reach, with its own bound: Ollama aborts a load when
 // its client disconnects (ollama/ollama#7408), and a half-done wake must
 // not leave the engine unloaded.
@@ -60,6 +64,9 @@ func (o *Ollama) Wake(ctx context.Context) error {
 	}
 	lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
+	if err := o.waitFor(lctx, "ollama to have the model "+o.model+" (the engine creates it from its model file as it starts)", func() (bool, error) { return o.created(lctx) }); err != nil {
+		return err
+	}
 	body := map[string]any{"model": o.model, "keep_alive": keepAliveValue(o.keepAlive)}
 	if err := o.call(lctx, http.MethodPost, "/api/generate", body, nil); err != nil {
 		return fmt.Errorf("preloading %s: %w", o.model, err)
@@ -74,24 +81,13 @@ func (o *Ollama) Wake(ctx context.Context) error {
 	return nil
 }
 
-// Sleeping is true when /api/ps does not list the model.
+// Sleeping is true when /api/ps (the loaded models) does not list the model.
 func (o *Ollama) Sleeping(ctx context.Context) (bool, error) {
-	var ps struct {
-		Models []struct {
-			Name  string `json:"name"`
-			Model string `json:"model"`
-		} `json:"models"`
-	}
-	if err := o.call(ctx, http.MethodGet, "/api/ps", nil, &ps); err != nil {
+	loaded, err := o.lists(ctx, "/api/ps")
+	if err != nil {
 		return false, err
 	}
-	want := ollamaName(o.model)
-	for _, m := range ps.Models {
-		if strings.EqualFold(ollamaName(m.Name), want) || strings.EqualFold(ollamaName(m.Model), want) {
-			return false, nil
-		}
-	}
-	return true, nil
+	return !loaded, nil
 }
 
 // ollamaName is a model name as Ollama lists it in /api/ps (types/model:
@@ -118,4 +114,30 @@ func ollamaName(name string) string {
 		return ns + "/" + model + ":" + tag
 	}
 	return model + ":" + tag
+}
+
+// created is true when GET /api/tags lists the model (Ollama's list of the
+// models it has, loaded or not; it reads no model file).
+func (o *Ollama) created(ctx context.Context) (bool, error) {
+	return o.lists(ctx, "/api/tags")
+}
+
+// lists is true when the model list at path names the model.
+func (o *Ollama) lists(ctx context.Context, path string) (bool, error) {
+	var list struct {
+		Models []struct {
+			Name  string `json:"name"`
+			Model string `json:"model"`
+		} `json:"models"`
+	}
+	if err := o.call(ctx, http.MethodGet, path, nil, &list); err != nil {
+		return false, err
+	}
+	want := ollamaName(o.model)
+	for _, m := range list.Models {
+		if strings.EqualFold(ollamaName(m.Name), want) || strings.EqualFold(ollamaName(m.Model), want) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,10 +71,13 @@ func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
 		}
 	}
 
-	// A model Ollama does not have: the wake fails with Ollama's answer.
-	absent, _ := checkpoint.NewEngine(checkpoint.EngineConfig{Kind: checkpoint.EngineOllama, URL: s.URL, Model: "absent"}, nil)
-	if err := absent.Wake(ctx); err == nil {
-		t.Error("the wake of a model Ollama does not have succeeded")
+	// A model Ollama does not have: the wake waits for it to be created
+	// (as the engine's start does) and fails at its deadline, saying so.
+	absent, _ := checkpoint.NewEngine(checkpoint.EngineConfig{Kind: checkpoint.EngineOllama, URL: s.URL, Model: "absent", PollInterval: 50 * time.Millisecond}, nil)
+	actx, acancel := context.WithTimeout(ctx, time.Second)
+	defer acancel()
+	if err := absent.Wake(actx); err == nil || !strings.Contains(err.Error(), "ollama to have the model absent") {
+		t.Errorf("the wake of a model Ollama does not have: %v; want it to wait for the model and fail", err)
 	}
 }
 
@@ -82,6 +86,7 @@ func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
 func TestOllamaAdapterUntaggedName(t *testing.T) {
 	f := enginetest.NewOllama()
 	defer f.Close()
+	f.Create("tiny")
 	e := newEngine(t, checkpoint.EngineConfig{Kind: "ollama", URL: f.URL(), Model: "tiny", KeepAlive: "-1"})
 	ctx := ctxT(t)
 	if err := e.Wake(ctx); err != nil {
@@ -112,4 +117,29 @@ func psNames(t *testing.T, base string) []string {
 		names = append(names, m.Name)
 	}
 	return names
+}
+
+// A wake that comes before the engine's start created the model (a pod
+// woken from zero: its seat asks at once, the chart's script creates the
+// model a moment later) waits for the create and then loads it, instead of
+// failing on Ollama's "model not found".
+func TestOllamaWakeWaitsForTheModelToBeCreated(t *testing.T) {
+	f := enginetest.NewOllama()
+	defer f.Close()
+	e := newEngine(t, checkpoint.EngineConfig{Kind: "ollama", URL: f.URL(), Model: "tiny", KeepAlive: "-1", PollInterval: 10 * time.Millisecond})
+	ctx := ctxT(t)
+	woke := make(chan error, 1)
+	go func() { woke <- e.Wake(ctx) }()
+	select {
+	case err := <-woke:
+		t.Fatalf("the wake ended before the model existed: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	f.Create("tiny")
+	if err := <-woke; err != nil {
+		t.Fatalf("wake after the create: %v", err)
+	}
+	if asleep, err := e.Sleeping(ctx); err != nil || asleep {
+		t.Fatalf("after the wake: Sleeping = %v, %v; want false", asleep, err)
+	}
 }

@@ -82,7 +82,9 @@ func runFakeEngine(kind string) int {
 			models = []string{fakeModel}
 			child = []string{"ollama", "runner", "--model", "/models/blobs/sha256-m", "--port", "40001"}
 		}
-		h = enginetest.NewOllama(models...).Handler()
+		o := enginetest.NewOllama(models...)
+		o.Create(fakeModel) // the chart's script created it as the engine started
+		h = o.Handler()
 	case checkpoint.EngineLlamaCPP:
 		h = enginetest.NewLlamaCPP(fakeModel).Handler() // load-on-startup
 	case checkpoint.EngineSimulator:

@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,8 +12,10 @@ import (
 
 // Ollama fakes Ollama's model residency API: POST /api/generate without a
 // prompt loads a model (keep_alive 0 unloads it), GET /api/ps lists the
-// loaded models. As in Ollama, a load is aborted when its client
-// disconnects (ollama/ollama#7408).
+// loaded models, GET /api/tags the created ones. As in Ollama, a load is
+// aborted when its client disconnects (ollama/ollama#7408), and a model
+// that was not created answers 404 (server/routes.go GenerateHandler,
+// v0.17.4: {"error":"model 'NAME' not found"}).
 type Ollama struct {
 	srv *httptest.Server
 	// LoadDelay is how long a load takes.
@@ -20,15 +23,17 @@ type Ollama struct {
 
 	mu        sync.Mutex
 	loaded    map[string]any // model -> keep_alive
+	created   map[string]bool
 	aborted   int
 	loadStart chan string
 }
 
 // NewOllama starts a fake with the given models loaded.
 func NewOllama(loaded ...string) *Ollama {
-	o := &Ollama{loaded: map[string]any{}, loadStart: make(chan string, 16)}
+	o := &Ollama{loaded: map[string]any{}, created: map[string]bool{}, loadStart: make(chan string, 16)}
 	for _, m := range loaded {
 		o.loaded[m] = -1
+		o.created[m] = true
 	}
 	o.srv = httptest.NewServer(http.HandlerFunc(o.serve))
 	return o
@@ -43,6 +48,25 @@ func (o *Ollama) Handler() http.Handler { return http.HandlerFunc(o.serve) }
 
 // Close stops the server.
 func (o *Ollama) Close() { o.srv.Close() }
+
+// Create makes models known to the fake, as `ollama create` does, without
+// loading them.
+func (o *Ollama) Create(models ...string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, m := range models {
+		o.created[m] = true
+	}
+}
+
+// tagged is a name as Ollama lists it: `ollama create tiny` is
+// "tiny:latest" (server/routes.go PsHandler, model.ShortName, v0.17.4).
+func tagged(m string) string {
+	if i := strings.LastIndex(m, ":"); i <= strings.LastIndex(m, "/") {
+		return m + ":latest"
+	}
+	return m
+}
 
 // LoadStarted receives a model name when a load begins.
 func (o *Ollama) LoadStarted() <-chan string { return o.loadStart }
@@ -63,13 +87,16 @@ func (o *Ollama) serve(w http.ResponseWriter, r *http.Request) {
 		o.mu.Lock()
 		models := []map[string]any{}
 		for m := range o.loaded {
-			// Ollama lists the model's full short name: `ollama create
-			// tiny` is "tiny:latest" (server/routes.go PsHandler,
-			// model.ShortName, v0.17.4).
-			if i := strings.LastIndex(m, ":"); i <= strings.LastIndex(m, "/") {
-				m += ":latest"
-			}
+			m = tagged(m)
 			models = append(models, map[string]any{"name": m, "model": m, "size": 1 << 30, "size_vram": 0, "expires_at": "2318-01-01T00:00:00Z"})
+		}
+		o.mu.Unlock()
+		writeJSON(w, map[string]any{"models": models})
+	case r.Method == "GET" && r.URL.Path == "/api/tags":
+		o.mu.Lock()
+		models := []map[string]any{}
+		for m := range o.created {
+			models = append(models, map[string]any{"name": tagged(m), "model": tagged(m), "size": 1 << 30})
 		}
 		o.mu.Unlock()
 		writeJSON(w, map[string]any{"models": models})
@@ -88,6 +115,18 @@ func (o *Ollama) serve(w http.ResponseWriter, r *http.Request) {
 			delete(o.loaded, req.Model)
 			o.mu.Unlock()
 			writeJSON(w, map[string]any{"model": req.Model, "response": "", "done": true, "done_reason": "unload"})
+			return
+		}
+		o.mu.Lock()
+		known := false
+		for m := range o.created {
+			known = known || strings.EqualFold(tagged(m), tagged(req.Model))
+		}
+		o.mu.Unlock()
+		if !known {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = fmt.Fprintf(w, `{"error":"model '%s' not found"}`, req.Model)
 			return
 		}
 		o.loadStart <- req.Model
