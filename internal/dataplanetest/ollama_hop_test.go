@@ -1,14 +1,11 @@
 package dataplanetest_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -23,6 +20,7 @@ import (
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/ollamatest"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 var (
@@ -180,78 +178,19 @@ func streamOnce(ctx context.Context, url, key, prompt string) (time.Duration, fl
 
 var errNoContent = errors.New("no content before [DONE]")
 
-// streamAttempt sends one streamed chat of 64 tokens and returns the time to
-// its first non-empty content and its tokens per second after the first
-// (completion tokens of the usage over first to last content).
+// streamAttempt sends one streamed chat of 64 tokens and returns the time
+// to its first non-empty content and its tokens per second after the first
+// (ssetest.Result.TokensPerSecond).
 func streamAttempt(ctx context.Context, url, key, prompt string) (time.Duration, float64, error) {
-	body, _ := json.Marshal(map[string]any{
+	sent, res, err := ssetest.Post(ctx, url, key, nil, map[string]any{
 		"model": "tiny", "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
 		"messages": []map[string]string{{"role": "user", "content": prompt}},
-	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	}, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	sent := time.Now()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("HTTP %d", resp.StatusCode)
-	}
-	var first, last time.Time
-	tokens, done := 0, false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data:")
-		if !ok {
-			continue
-		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
-			done = true
-			break
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return 0, 0, err
-		}
-		if ev.Usage != nil {
-			tokens = ev.Usage.CompletionTokens
-		}
-		for _, c := range ev.Choices {
-			if c.Delta.Content != "" {
-				if first.IsZero() {
-					first = time.Now()
-				}
-				last = time.Now()
-			}
-		}
-	}
-	if !done {
-		return 0, 0, errors.Join(errors.New("the stream ended without [DONE]"), sc.Err())
-	}
-	if first.IsZero() {
+	if res.FirstContent.IsZero() {
 		return 0, 0, errNoContent
 	}
-	rate := 0.0
-	if tokens > 1 && last.After(first) {
-		rate = float64(tokens-1) / last.Sub(first).Seconds()
-	}
-	return first.Sub(sent), rate, nil
+	return res.FirstContent.Sub(sent), res.TokensPerSecond(), nil
 }

@@ -1,15 +1,12 @@
 package dataplanetest_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,6 +21,7 @@ import (
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/ollamatest"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 var (
@@ -209,48 +207,15 @@ var vocabulary = strings.Fields("the orchestra plays a quiet tune while tokens f
 // streamChat sends a streamed chat completion and returns the time to the
 // first non-empty content and the answer.
 func streamChat(gateway string, msgs []map[string]string) (time.Duration, string, error) {
-	body, _ := json.Marshal(map[string]any{"model": "tiny", "messages": msgs, "stream": true, "max_tokens": ollamaAnswer, "seed": 1})
-	req, _ := http.NewRequest(http.MethodPost, gateway+"/v1/chat/completions", bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	res, err := http.DefaultClient.Do(req)
+	sent, res, err := ssetest.Post(context.Background(), gateway+"/v1/chat/completions", dataplanetest.APIKey, nil,
+		map[string]any{"model": "tiny", "messages": msgs, "stream": true, "max_tokens": ollamaAnswer, "seed": 1}, nil)
 	if err != nil {
 		return 0, "", err
 	}
-	defer func() { _ = res.Body.Close() }()
-	if res.StatusCode != http.StatusOK {
-		return 0, "", fmt.Errorf("status %d", res.StatusCode)
-	}
-	var ttft time.Duration
-	var answer strings.Builder
-	sc := bufio.NewScanner(res.Body)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		if json.Unmarshal([]byte(line), &ev) != nil {
-			continue
-		}
-		for _, c := range ev.Choices {
-			if c.Delta.Content != "" && ttft == 0 {
-				ttft = time.Since(start)
-			}
-			answer.WriteString(c.Delta.Content)
-		}
-	}
-	if ttft == 0 {
+	if res.FirstContent.IsZero() {
 		return 0, "", errors.New("no content")
 	}
-	return ttft, answer.String(), sc.Err()
+	return res.FirstContent.Sub(sent), res.Content, nil
 }
 
 var cacheSlotLine = regexp.MustCompile(`loading cache slot.* prompt=(\d+) used=(\d+)`)

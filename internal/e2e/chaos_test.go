@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // The chaos load: chaosTotal requests, chaosConcurrency at a time, every
@@ -528,7 +529,7 @@ func (l chaosLoad) one(ctx context.Context, base, prompt string, stream bool, on
 		o.tokens, o.done, o.started = c.Usage.CompletionTokens, c.Choices[0].FinishReason != "", true
 		return o
 	}
-	res, err := stack.ReadChatStream(resp.Body, func(string) {
+	res, err := ssetest.Read(resp.Body, func(string) {
 		if o.tokens++; o.tokens == 1 {
 			onStreaming()
 		}

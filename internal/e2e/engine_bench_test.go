@@ -1,17 +1,13 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +23,7 @@ import (
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 var (
@@ -553,8 +550,7 @@ var errNoContent = errors.New("no content before [DONE]")
 
 // streamTimed sends one streamed chat of up to 64 tokens and returns the
 // time to its first non-empty content and its tokens per second after the
-// first (usage's completion tokens over first to last content; 0 when it
-// had fewer than 2).
+// first (ssetest.Result.TokensPerSecond).
 func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Duration, float64, error) {
 	return streamTimedVia(ctx, url, token, "", model, prompt)
 }
@@ -562,73 +558,21 @@ func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Du
 // streamTimedVia is streamTimed with the relay pods' X-Relay-Via header
 // (none when via is empty).
 func streamTimedVia(ctx context.Context, url, token, via, model, prompt string) (time.Duration, float64, error) {
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
-		"messages": []map[string]string{{"role": "user", "content": prompt}},
-	})
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return 0, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
+	header := http.Header{}
 	if via != "" {
-		req.Header.Set(relayViaHeader, via)
+		header.Set(relayViaHeader, via)
 	}
-	sent := time.Now()
-	resp, err := http.DefaultClient.Do(req)
+	sent, res, err := ssetest.Post(rctx, url, token, header, map[string]any{
+		"model": model, "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
+		"messages": []map[string]string{{"role": "user", "content": prompt}},
+	}, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("HTTP %d", resp.StatusCode)
+	if res.FirstContent.IsZero() {
+		return 0, 0, errNoContent
 	}
-	var first, last time.Time
-	tokens, done := 0, false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data:")
-		if !ok {
-			continue
-		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
-			done = true
-			break
-		}
-		var ev streamEvent
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return 0, 0, err
-		}
-		if ev.Error != nil {
-			return 0, 0, fmt.Errorf("error event: %s", ev.Error.Message)
-		}
-		if ev.Usage != nil {
-			tokens = ev.Usage.CompletionTokens
-		}
-		for _, c := range ev.Choices {
-			if c.Delta.Content != "" {
-				if first.IsZero() {
-					first = time.Now()
-				}
-				last = time.Now()
-			}
-		}
-	}
-	if !done || first.IsZero() {
-		if done {
-			return 0, 0, errNoContent
-		}
-		return 0, 0, errors.Join(errors.New("the stream ended without [DONE]"), sc.Err())
-	}
-	rate := 0.0
-	if tokens > 1 && last.After(first) {
-		rate = float64(tokens-1) / last.Sub(first).Seconds()
-	}
-	return first.Sub(sent), rate, nil
+	return res.FirstContent.Sub(sent), res.TokensPerSecond(), nil
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,6 +21,7 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // The applications of TestOllama's ModelOrchestra: the real Ollama engine
@@ -107,30 +107,17 @@ func TestOllama(t *testing.T) {
 	})
 
 	t.Run("streamed chat: content chunks, a usage chunk and [DONE]", func(t *testing.T) {
-		events, done, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
+		res, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
 			"model": served, "stream": true, "max_tokens": 16, "stream_options": map[string]any{"include_usage": true},
 			"messages": []map[string]string{{"role": "user", "content": chatPrompt}},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !done {
-			t.Fatalf("the stream ended without [DONE] after %d events", len(events))
-		}
-		var content, finish string
-		var usage *openAIUsage
-		for _, ev := range events {
-			if ev.Usage != nil {
-				usage = ev.Usage
-			}
-			for _, c := range ev.Choices {
-				content += c.Delta.Content
-				if c.FinishReason != nil {
-					finish = *c.FinishReason
-				}
-			}
-			if ev.Model != "" && ev.Model != served {
-				t.Errorf("event model %q; want %q", ev.Model, served)
+		content, finish, usage := res.Content, res.FinishReason, res.Usage
+		for _, m := range res.Models {
+			if m != served {
+				t.Errorf("event model %q; want %q", m, served)
 			}
 		}
 		if content == "" || finish == "" {
@@ -148,7 +135,7 @@ func TestOllama(t *testing.T) {
 				Message      struct{ Content string } `json:"message"`
 				FinishReason string                   `json:"finish_reason"`
 			} `json:"choices"`
-			Usage openAIUsage `json:"usage"`
+			Usage ssetest.Usage `json:"usage"`
 		}
 		status, body := postJSON(ctx, t, base, token, "/chat/completions", map[string]any{
 			"model": served, "max_tokens": 12, "messages": []map[string]string{{"role": "user", "content": chatPrompt}},
@@ -165,7 +152,7 @@ func TestOllama(t *testing.T) {
 				Text         string `json:"text"`
 				FinishReason string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage openAIUsage `json:"usage"`
+			Usage ssetest.Usage `json:"usage"`
 		}
 		status, body := postJSON(ctx, t, base, token, "/completions", map[string]any{
 			"model": served, "max_tokens": 12, "prompt": "Once upon a time",
@@ -443,67 +430,11 @@ func ollamaLoaded(ctx context.Context, p *corev1.Pod) ([]string, error) {
 	return names, nil
 }
 
-type openAIUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-}
-
-type streamEvent struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Delta struct {
-			Content string `json:"content"`
-		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
-	} `json:"choices"`
-	Usage *openAIUsage `json:"usage"`
-	Error *struct {
-		Message string `json:"message"`
-		Code    any    `json:"code"`
-	} `json:"error"`
-}
-
-// rawStream posts a streamed request through the gateway and returns its
-// events and whether [DONE] ended it.
-func rawStream(ctx context.Context, base, token, path string, body map[string]any) ([]streamEvent, bool, error) {
-	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(b))
-	if err != nil {
-		return nil, false, err
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, false, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(resp.Body)
-		return nil, false, fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
-	}
-	var events []streamEvent
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data:")
-		if !ok {
-			continue
-		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
-			return events, true, nil
-		}
-		var ev streamEvent
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return events, false, fmt.Errorf("event %q: %w", data, err)
-		}
-		if ev.Error != nil {
-			return events, false, fmt.Errorf("error event: %s (%v)", ev.Error.Message, ev.Error.Code)
-		}
-		events = append(events, ev)
-	}
-	return events, false, sc.Err()
+// rawStream posts a streamed request through the gateway to base+path and
+// reads its answer (ssetest.Post).
+func rawStream(ctx context.Context, base, token, path string, body map[string]any) (*ssetest.Result, error) {
+	_, res, err := ssetest.Post(ctx, base+path, token, nil, body, nil)
+	return res, err
 }
 
 // postJSON posts body through the gateway and decodes a 200 answer into out.

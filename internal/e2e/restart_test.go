@@ -26,6 +26,7 @@ import (
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/npmsdk"
 	"github.com/model-orchestra/operator/internal/sim"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // The restart load: restartStreams streamed chats at a time, without a
@@ -253,7 +254,7 @@ func (r simReference) chat(maxTokens int, messages ...string) (string, error) {
 	if rec.Code != http.StatusOK {
 		return "", fmt.Errorf("the reference simulator answered %d: %s", rec.Code, rec.Body)
 	}
-	res, err := stack.ReadChatStream(rec.Body, nil)
+	res, err := ssetest.Read(rec.Body, nil)
 	if err != nil {
 		return "", err
 	}

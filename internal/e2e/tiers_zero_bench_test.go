@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +26,7 @@ import (
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/ssetest"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
@@ -393,40 +392,19 @@ var errZeroCopyNoContent = errors.New("the answer had no content")
 // temperature 0, a fixed seed) and returns the time to its first
 // non-empty content.
 func zeroCopyChat(ctx context.Context, base, token, model, prompt string) (time.Duration, error) {
-	body, _ := json.Marshal(map[string]any{
-		"model": model, "stream": true, "max_tokens": 8, "temperature": 0, "seed": 1,
-		"messages": []map[string]string{{"role": "user", "content": prompt}},
-	})
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, strings.TrimSuffix(base, "/")+"/chat/completions", bytes.NewReader(body))
+	sent, res, err := ssetest.Post(rctx, strings.TrimSuffix(base, "/")+"/chat/completions", token, nil, map[string]any{
+		"model": model, "stream": true, "max_tokens": 8, "temperature": 0, "seed": 1,
+		"messages": []map[string]string{{"role": "user", "content": prompt}},
+	}, nil)
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token)
-	sent := time.Now()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("HTTP %d", resp.StatusCode)
-	}
-	var first time.Time
-	res, err := stack.ReadChatStream(resp.Body, func(delta string) {
-		if delta != "" && first.IsZero() {
-			first = time.Now()
-		}
-	})
-	if err != nil {
-		return 0, err
-	}
-	if first.IsZero() || !res.Done {
+	if res.FirstContent.IsZero() {
 		return 0, errZeroCopyNoContent
 	}
-	return first.Sub(sent), nil
+	return res.FirstContent.Sub(sent), nil
 }
 
 // zeroCopyPrompt finds a prompt whose answer starts with content: the

@@ -1,7 +1,6 @@
 package ollamatest_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/ollamatest"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 func tinyModel(t *testing.T) []byte {
@@ -95,40 +95,8 @@ func TestRealOllamaServesTheGeneratedModel(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("/v1/chat/completions: %d", resp.StatusCode)
 	}
-	var chunks, usage int
-	done := false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
-			done = true
-			break
-		}
-		var c struct {
-			Model   string `json:"model"`
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			t.Fatalf("chunk %q: %v", data, err)
-		}
-		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
-			chunks++
-		}
-		if c.Usage != nil {
-			usage = c.Usage.CompletionTokens
-		}
-	}
-	if chunks == 0 || usage == 0 || !done {
-		t.Errorf("streamed chat: %d content chunks, %d completion tokens in usage, [DONE] %v", chunks, usage, done)
+	res, err := ssetest.Read(resp.Body, nil)
+	if err != nil || res.Chunks == 0 || res.Usage == nil || res.Usage.CompletionTokens == 0 {
+		t.Errorf("streamed chat: %+v, %v; want content chunks, completion tokens in usage and [DONE]", res, err)
 	}
 }

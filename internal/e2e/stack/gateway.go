@@ -1,15 +1,11 @@
 package stack
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -18,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // TokenLabel selects the API token Secrets the gateway accepts by default
@@ -72,29 +70,10 @@ func GatewayURL(ctx context.Context, cs kubernetes.Interface, namespace, name st
 }
 
 // ChatResult is what a streamed chat completion produced.
-type ChatResult struct {
-	Content      string
-	FinishReason string
-	// Chunks is the number of SSE events with a content delta.
-	Chunks int
-	// Events is the number of SSE events of the answer (the role, content
-	// and finish events; not an error event, not [DONE]).
-	Events int
-	// Done is true when the stream ended with "data: [DONE]".
-	Done bool
-}
+type ChatResult = ssetest.Result
 
 // APIError is an OpenAI-style error answer.
-type APIError struct {
-	Status  int
-	Message string
-	Type    string
-	Code    string
-}
-
-func (e *APIError) Error() string {
-	return fmt.Sprintf("HTTP %d %s (%s): %s", e.Status, e.Code, e.Type, e.Message)
-}
+type APIError = ssetest.APIError
 
 // StreamChatOnceReachable is StreamChat for the first request after a
 // stack turns Ready: Ready means the gateway has ready endpoints, but
@@ -130,107 +109,11 @@ func StreamChatOnceReachable(ctx context.Context, baseURL, token, model, prompt 
 // each piece of the answer as it arrives. An error event inside the stream,
 // or a stream without [DONE], is an error.
 func StreamChat(ctx context.Context, baseURL, token, model, prompt string, maxTokens int, onDelta func(string)) (*ChatResult, error) {
-	body, _ := json.Marshal(map[string]any{
+	_, res, err := ssetest.Post(ctx, strings.TrimSuffix(baseURL, "/")+"/chat/completions", token, nil, map[string]any{
 		"model":      model,
 		"stream":     true,
 		"max_tokens": maxTokens,
 		"messages":   []map[string]string{{"role": "user", "content": prompt}},
-	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(baseURL, "/")+"/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("POST %s: %w", req.URL, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return nil, readAPIError(resp)
-	}
-	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
-		return nil, fmt.Errorf("expected an event stream, got Content-Type %q", ct)
-	}
-	return ReadChatStream(resp.Body, onDelta)
-}
-
-// ReadChatStream reads a chat completion event stream to its end, calling
-// onDelta (if set) with each piece of the answer. An error event, or a
-// stream without [DONE], is an error; an error event is an *APIError with
-// Status 200.
-func ReadChatStream(body io.Reader, onDelta func(string)) (*ChatResult, error) {
-	res := &ChatResult{}
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data:")
-		if !ok {
-			continue
-		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
-			res.Done = true
-			break
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Error *struct {
-				Message string `json:"message"`
-				Type    string `json:"type"`
-				Code    any    `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return res, fmt.Errorf("decoding stream event %q: %w", data, err)
-		}
-		if ev.Error != nil {
-			return res, &APIError{Status: http.StatusOK, Message: ev.Error.Message, Type: ev.Error.Type, Code: fmt.Sprint(ev.Error.Code)}
-		}
-		res.Events++
-		for _, c := range ev.Choices {
-			if c.Delta.Content != "" {
-				res.Content += c.Delta.Content
-				res.Chunks++
-				if onDelta != nil {
-					onDelta(c.Delta.Content)
-				}
-			}
-			if c.FinishReason != nil {
-				res.FinishReason = *c.FinishReason
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return res, fmt.Errorf("reading the stream: %w", err)
-	}
-	if !res.Done {
-		return res, fmt.Errorf("the stream ended without [DONE] after %d chunks", res.Chunks)
-	}
-	return res, nil
-}
-
-func readAPIError(resp *http.Response) error {
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    any    `json:"code"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(data, &e) != nil || e.Error.Message == "" {
-		return &APIError{Status: resp.StatusCode, Message: strings.TrimSpace(string(data))}
-	}
-	return &APIError{Status: resp.StatusCode, Message: e.Error.Message, Type: e.Error.Type, Code: fmt.Sprint(e.Error.Code)}
+	}, onDelta)
+	return res, err
 }
