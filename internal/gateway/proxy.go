@@ -123,33 +123,37 @@ func usageOfDecoded(body []byte) usage {
 	return *v.Usage
 }
 
+// openStream waits for the first chunk of a streamed answer (keep-alives
+// may go out meanwhile while a model wakes, waking.go) and starts the
+// client's event stream. done is true when the request needs nothing more:
+// no first chunk came (err says why), or the engine refused the request
+// with a JSON error, not a stream, and the refusal was relayed.
+func (g *Gateway) openStream(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, next firstFunc) (first queue.Chunk, done bool, err error) {
+	first, err = next(ctx, w, x)
+	if errors.Is(err, io.EOF) {
+		return first, true, errEmptyReply
+	}
+	if err != nil {
+		return first, true, fmt.Errorf("waiting for the first chunk: %w", err)
+	}
+	if first.Status != 0 && first.Status != http.StatusOK {
+		if x.started {
+			return first, true, refusalInStream(ctx, w, reply, x, first)
+		}
+		return first, true, g.relayRefusal(ctx, w, reply, x, first)
+	}
+	startStream(w, x)
+	return first, false, nil
+}
+
 // proxyStream relays a streaming answer event by event. The engine is
 // always asked for the usage chunk; it is counted, and dropped unless the
 // client asked for it. An error after the first event is sent as an SSE
 // error event by fail.
 func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, includeUsage bool, next firstFunc) error {
-	first, err := next(ctx, w, x) // may send keep-alives while a model wakes (waking.go)
-	if errors.Is(err, io.EOF) {
-		return errEmptyReply
-	}
-	if err != nil {
-		return fmt.Errorf("waiting for the first chunk: %w", err)
-	}
-	if first.Status != 0 && first.Status != http.StatusOK {
-		// The engine refused the request with a JSON error, not a stream.
-		if x.started {
-			return refusalInStream(ctx, w, reply, x, first)
-		}
-		return g.relayRefusal(ctx, w, reply, x, first)
-	}
-
-	if !x.started {
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream; charset=utf-8")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		x.status, x.started = http.StatusOK, true
-		w.WriteHeader(http.StatusOK)
+	first, done, err := g.openStream(ctx, w, reply, x, next)
+	if done {
+		return err
 	}
 	rc := http.NewResponseController(w)
 

@@ -185,26 +185,9 @@ func (e *respEvents) flush() error {
 // response.output_item.done and response.completed (stored first, when
 // asked, so that a continuation can follow at once).
 func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, rc *responsesCall, next firstFunc) error {
-	first, err := next(ctx, w, x)
-	if errors.Is(err, io.EOF) {
-		return errEmptyReply
-	}
-	if err != nil {
-		return fmt.Errorf("waiting for the first chunk: %w", err)
-	}
-	if first.Status != 0 && first.Status != http.StatusOK {
-		if x.started {
-			return refusalInStream(ctx, w, reply, x, first)
-		}
-		return g.relayRefusal(ctx, w, reply, x, first)
-	}
-	if !x.started {
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream; charset=utf-8")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		x.status, x.started = http.StatusOK, true
-		w.WriteHeader(http.StatusOK)
+	first, done, err := g.openStream(ctx, w, reply, x, next)
+	if done {
+		return err
 	}
 	ev := &respEvents{w: w}
 	item := respItem{ID: rc.msgID, Type: "message", Status: "in_progress", Role: "assistant", Content: []respPart{}}

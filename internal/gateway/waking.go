@@ -211,17 +211,25 @@ func roundSeconds(d time.Duration) string {
 	return strconv.FormatFloat(d.Seconds(), 'f', 1, 64) + " s"
 }
 
+// startStream sends the headers of a streamed (SSE) answer, once: the
+// first of the keep-alive comments, the chat stream and the Responses API
+// stream to start the answer does it.
+func startStream(w http.ResponseWriter, x *exchange) {
+	if x.started {
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	x.status, x.started = http.StatusOK, true
+	w.WriteHeader(http.StatusOK)
+}
+
 // comment starts a streamed response, if not yet started, and sends one
 // SSE comment line, which clients ignore.
 func (g *Gateway) comment(w http.ResponseWriter, x *exchange, text string) error {
-	if !x.started {
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream; charset=utf-8")
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-		x.status, x.started = http.StatusOK, true
-		w.WriteHeader(http.StatusOK)
-	}
+	startStream(w, x)
 	if _, err := io.WriteString(w, ": "+strings.ReplaceAll(text, "\n", " ")+"\n\n"); err != nil {
 		return errClientGone
 	}
