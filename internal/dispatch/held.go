@@ -26,6 +26,24 @@ func (h *held) notifyLocked() {
 	h.changed = make(chan struct{})
 }
 
+// await calls ready under h.mu until it returns true, waiting for a
+// change of the held messages between calls; it returns ctx's error when
+// ctx ends first.
+func (h *held) await(ctx context.Context, ready func() bool) error {
+	for {
+		h.mu.Lock()
+		ok := ready()
+		changed := h.changed
+		h.mu.Unlock()
+		if ok {
+			return nil
+		}
+		if err := waitChange(ctx, changed, 0); err != nil {
+			return err
+		}
+	}
+}
+
 func (h *held) push(m jetstream.Msg) {
 	h.mu.Lock()
 	h.msgs = append(h.msgs, m)
@@ -35,61 +53,37 @@ func (h *held) push(m jetstream.Msg) {
 
 // pop takes the oldest message, waiting for one until ctx ends.
 func (h *held) pop(ctx context.Context) (jetstream.Msg, error) {
-	for {
-		h.mu.Lock()
-		if len(h.msgs) > 0 {
-			m := h.msgs[0]
-			h.msgs[0] = nil
-			h.msgs = h.msgs[1:]
-			h.notifyLocked()
-			h.mu.Unlock()
-			return m, nil
+	var m jetstream.Msg
+	err := h.await(ctx, func() bool {
+		if len(h.msgs) == 0 {
+			return false
 		}
-		changed := h.changed
-		h.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-changed:
-		}
-	}
+		m = h.msgs[0]
+		h.msgs[0] = nil
+		h.msgs = h.msgs[1:]
+		h.notifyLocked()
+		return true
+	})
+	return m, err
 }
 
 // wait waits until a message is held or ctx ends.
 func (h *held) wait(ctx context.Context) error {
-	for {
-		h.mu.Lock()
-		n := len(h.msgs)
-		changed := h.changed
-		h.mu.Unlock()
-		if n > 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-changed:
-		}
-	}
+	return h.await(ctx, func() bool { return len(h.msgs) > 0 })
 }
 
 // space waits until fewer than limit messages are held and returns how
 // many more may be fetched.
 func (h *held) space(ctx context.Context, limit int) (int, error) {
-	for {
-		h.mu.Lock()
-		n := limit - len(h.msgs)
-		changed := h.changed
-		h.mu.Unlock()
-		if n > 0 {
-			return n, nil
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-changed:
-		}
+	var n int
+	err := h.await(ctx, func() bool {
+		n = limit - len(h.msgs)
+		return n > 0
+	})
+	if err != nil {
+		return 0, err
 	}
+	return n, nil
 }
 
 // len is the number of messages held.

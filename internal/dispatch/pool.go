@@ -156,21 +156,11 @@ func (p *pool) acquire(ctx context.Context) (lease, error) {
 		}
 		changed := p.changed
 		p.mu.Unlock()
-		var timer <-chan time.Time
-		var t *time.Timer
+		var after time.Duration
 		if !wake.IsZero() {
-			t = time.NewTimer(wake.Sub(now))
-			timer = t.C
+			after = wake.Sub(now)
 		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-timer:
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if err := ctx.Err(); err != nil {
+		if err := waitChange(ctx, changed, after); err != nil {
 			return lease{}, err
 		}
 	}

@@ -234,21 +234,11 @@ func (p *pool) acquireRouted(ctx context.Context, decide func([]candidate) decis
 		}
 		changed := p.changed
 		p.mu.Unlock()
-		var timer <-chan time.Time
-		var t *time.Timer
+		var after time.Duration
 		if !wake.IsZero() {
-			t = time.NewTimer(wake.Sub(now))
-			timer = t.C
+			after = wake.Sub(now)
 		}
-		select {
-		case <-ctx.Done():
-		case <-changed:
-		case <-timer:
-		}
-		if t != nil {
-			t.Stop()
-		}
-		if err := ctx.Err(); err != nil {
+		if err := waitChange(ctx, changed, after); err != nil {
 			return lease{}, decision{}, err
 		}
 	}
@@ -257,21 +247,15 @@ func (p *pool) acquireRouted(ctx context.Context, decide func([]candidate) decis
 // peek returns the oldest held message without taking it, waiting for one
 // until ctx ends.
 func (h *held) peek(ctx context.Context) (jetstream.Msg, error) {
-	for {
-		h.mu.Lock()
-		if len(h.msgs) > 0 {
-			m := h.msgs[0]
-			h.mu.Unlock()
-			return m, nil
+	var m jetstream.Msg
+	err := h.await(ctx, func() bool {
+		if len(h.msgs) == 0 {
+			return false
 		}
-		changed := h.changed
-		h.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-changed:
-		}
-	}
+		m = h.msgs[0]
+		return true
+	})
+	return m, err
 }
 
 // take removes m from the held messages; false when it is no longer held
