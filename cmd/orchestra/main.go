@@ -81,6 +81,27 @@ func (f *resourceFlags) open(cmd *cobra.Command, stdinOK bool) (io.ReadCloser, e
 	return os.Open(f.file)
 }
 
+// render is the body of the preview commands: it opens the resource input
+// (open), runs render with the operator's renderer over it and writes what
+// render returns to standard output.
+func (f *resourceFlags) render(cmd *cobra.Command, stdinOK bool, render func(p *preview.Renderer, in io.Reader) ([]byte, error)) error {
+	in, err := f.open(cmd, stdinOK)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = in.Close() }() // opened read-only
+	p, err := preview.New()
+	if err != nil {
+		return err
+	}
+	out, err := render(p, in)
+	if err != nil {
+		return err
+	}
+	_, err = cmd.OutOrStdout().Write(out)
+	return err
+}
+
 func newTemplateCommand() *cobra.Command {
 	var f resourceFlags
 	cmd := &cobra.Command{
@@ -97,21 +118,10 @@ checksums of external Secrets are placeholders.`,
   cat cr.yaml | orchestra template -f -`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			in, err := f.open(cmd, true)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = in.Close() }() // opened read-only
-			p, err := preview.New()
-			if err != nil {
-				return err
-			}
-			out, err := p.Template(cmd.Context(), in, f.opts)
-			if err != nil {
-				return err
-			}
-			_, err = io.WriteString(cmd.OutOrStdout(), out)
-			return err
+			return f.render(cmd, true, func(p *preview.Renderer, in io.Reader) ([]byte, error) {
+				out, err := p.Template(cmd.Context(), in, f.opts)
+				return []byte(out), err
+			})
 		},
 	}
 	f.bind(cmd.Flags(), `file holding ModelOrchestra resources ("-" reads standard input)`)
@@ -135,21 +145,9 @@ Helm's post-renderer, helm template then prints what the operator applies.`,
     --post-renderer-args -f --post-renderer-args cr.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			in, err := f.open(cmd, true)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = in.Close() }() // opened read-only
-			p, err := preview.New()
-			if err != nil {
-				return err
-			}
-			out, err := p.Values(cmd.Context(), in, f.opts)
-			if err != nil {
-				return err
-			}
-			_, err = cmd.OutOrStdout().Write(out)
-			return err
+			return f.render(cmd, true, func(p *preview.Renderer, in io.Reader) ([]byte, error) {
+				return p.Values(cmd.Context(), in, f.opts)
+			})
 		},
 	}
 	f.bind(cmd.Flags(), `file holding one ModelOrchestra resource ("-" reads standard input)`)
@@ -177,25 +175,13 @@ of external Secrets are placeholders, as with orchestra template.`,
     --post-renderer-args -f --post-renderer-args cr.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			in, err := f.open(cmd, false)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = in.Close() }() // opened read-only
-			var manifest bytes.Buffer
-			if _, err := manifest.ReadFrom(cmd.InOrStdin()); err != nil {
-				return fmt.Errorf("reading the manifests from standard input: %w", err)
-			}
-			p, err := preview.New()
-			if err != nil {
-				return err
-			}
-			out, err := p.PostRender(cmd.Context(), in, manifest.Bytes(), f.opts)
-			if err != nil {
-				return err
-			}
-			_, err = cmd.OutOrStdout().Write(out)
-			return err
+			return f.render(cmd, false, func(p *preview.Renderer, in io.Reader) ([]byte, error) {
+				var manifest bytes.Buffer
+				if _, err := manifest.ReadFrom(cmd.InOrStdin()); err != nil {
+					return nil, fmt.Errorf("reading the manifests from standard input: %w", err)
+				}
+				return p.PostRender(cmd.Context(), in, manifest.Bytes(), f.opts)
+			})
 		},
 	}
 	f.bind(cmd.Flags(), "file holding the one ModelOrchestra resource the manifests were rendered for")
