@@ -84,8 +84,9 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	}
 
 	// asleepIn waits until the application sleeps with its model file
-	// resting in tier, as the status and the sidecar say.
-	asleepIn := func(tier v1alpha1.Tier, path string) {
+	// resting in tier, as the status and the sidecar say. It fails t, the
+	// subtest that calls it.
+	asleepIn := func(t *testing.T, tier v1alpha1.Tier, path string) {
 		t.Helper()
 		eventually(t, 90*time.Second, func() error {
 			st, err := appStatus(ctx, ns, name, app)
@@ -109,8 +110,9 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		})
 		logf("asleep, the model file in the %s tier", tier)
 	}
-	// wakeFrom sends a chat and checks that the wake loaded tier.
-	wakeFrom := func(tier v1alpha1.Tier, path string) {
+	// wakeFrom sends a chat and checks that the wake loaded tier. It fails
+	// t, the subtest that calls it.
+	wakeFrom := func(t *testing.T, tier v1alpha1.Tier, path string) {
 		t.Helper()
 		st, _ := appStatus(ctx, ns, name, app)
 		wakes := st.Lifecycle.Wakes
@@ -148,19 +150,19 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 
 	hotPath := "/var/run/model-orchestra/hot/" + copyName
 	t.Run("asleep, the node agent holds a verified hot copy and the wake loads it", func(t *testing.T) {
-		asleepIn(v1alpha1.TierHot, hotPath)
+		asleepIn(t, v1alpha1.TierHot, hotPath)
 		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot)
 		if !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy %+v (%v); want %d bytes verified against the manifest's sha256 %s", e, ok, size, sha)
 		}
-		wakeFrom(v1alpha1.TierHot, hotPath)
+		wakeFrom(t, v1alpha1.TierHot, hotPath)
 		// It loaded the copy as non-root: the engine and the sidecar read
 		// the agent's copies as members of their group.
 		wantCopyReadersNonRoot(t, root, filepath.Join(tierDirs(t)[0], ns, copyName))
 	})
 
 	t.Run("a hot copy that no longer verifies is dropped and never loaded", func(t *testing.T) {
-		asleepIn(v1alpha1.TierHot, hotPath)
+		asleepIn(t, v1alpha1.TierHot, hotPath)
 		// The copy on the node (the hot tier's hostPath), as a bad RAM
 		// page or a stray writer would leave it.
 		onNode := filepath.Join(tierDirs(t)[0], ns, copyName)
@@ -211,8 +213,8 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			tier, path = v1alpha1.TierHot, hotPath
 			logf("a new hot copy was placed from the model cache after the drop")
 		}
-		asleepIn(tier, path)
-		wakeFrom(tier, path)
+		asleepIn(t, tier, path)
+		wakeFrom(t, tier, path)
 	})
 
 	t.Run("after parkAfter the copy moves to the warm tier and the wake loads it", func(t *testing.T) {
@@ -221,14 +223,14 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			t.Fatal(err)
 		}
 		warmPath := "/var/run/model-orchestra/warm/" + copyName
-		asleepIn(v1alpha1.TierWarm, warmPath)
+		asleepIn(t, v1alpha1.TierWarm, warmPath)
 		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
 			t.Error("the hot copy stayed after the demotion")
 		}
 		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierWarm); !ok || e.SHA256 != sha {
 			t.Fatalf("the warm copy %+v (%v); want the manifest's sha256 carried from the hot copy", e, ok)
 		}
-		wakeFrom(v1alpha1.TierWarm, warmPath)
+		wakeFrom(t, v1alpha1.TierWarm, warmPath)
 		if p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{}); err != nil || p.UID != root.UID {
 			t.Errorf("the root pod was replaced (%v)", err)
 		} else {

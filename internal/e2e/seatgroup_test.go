@@ -158,8 +158,9 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		return h
 	}
 	// wantHolders waits until exactly want hold the seat (none or one)
-	// and every other application is Asleep.
-	wantHolders := func(within time.Duration, want ...string) {
+	// and every other application is Asleep. It fails t, the subtest
+	// that calls it.
+	wantHolders := func(t *testing.T, within time.Duration, want ...string) {
 		t.Helper()
 		eventually(t, within, func() error {
 			st, err := status()
@@ -275,7 +276,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 	t.Run("start", func(t *testing.T) {
 		// The leader brings the group within its one seat: alpha, the
 		// highest priority, keeps it.
-		wantHolders(time.Minute, "alpha")
+		wantHolders(t, time.Minute, "alpha")
 		logf("alpha holds the seat; the others are Asleep")
 		// The engines share one device with room for one application's
 		// weights, alpha's now: a wake behind the leader's back fails and
@@ -303,7 +304,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 			}
 		}
 		wantAllAnswered(t)
-		wantHolders(30*time.Second, "gamma") // the last asked
+		wantHolders(t, 30*time.Second, "gamma") // the last asked
 		logf("round-robin: %d chats in %.1fs", 2*len(apps), time.Since(began).Seconds())
 	})
 
@@ -419,8 +420,8 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 		ask("beta", 16)
 		answered := time.Now()
 		wantAllAnswered(t)
-		wantHolders(seatSleepAfter, "beta")
-		wantHolders(seatSleepAfter + 30*time.Second) // nobody
+		wantHolders(t, seatSleepAfter, "beta")
+		wantHolders(t, seatSleepAfter+30*time.Second) // nobody
 		idle := time.Since(answered)
 		logf("sleepAfter: beta gave the seat up after %.1fs idle", idle.Seconds())
 		if idle < seatSleepAfter-time.Second {
