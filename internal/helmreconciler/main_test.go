@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,20 +40,12 @@ func TestMain(m *testing.M) {
 		logOut = os.Stderr
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(logOut), zap.UseDevMode(true)))
-	code := m.Run()
-	if testCluster != nil {
-		if err := testCluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(cluster.Run(m))
 }
 
 var (
-	clusterOnce sync.Once
+	cluster     = localcluster.Shared{Options: localcluster.Options{ControllerManager: true}, Setup: setupCluster}
 	testCluster *localcluster.Cluster
-	clusterErr  error
 )
 
 // needCluster starts the package's control plane on first use (so that the
@@ -62,23 +53,17 @@ var (
 // cannot start.
 func needCluster(t *testing.T) {
 	t.Helper()
-	localcluster.SkipUnderShort(t)
-	clusterOnce.Do(func() { clusterErr = startCluster() })
-	if clusterErr != nil {
-		t.Fatalf("local control plane: %v", clusterErr)
-	}
+	cluster.Get(t)
 }
 
-func startCluster() error {
+// setupCluster fills the package's variables from the started cluster and
+// installs the test CRDs.
+func setupCluster(c *localcluster.Cluster) error {
 	root, err := localcluster.ModuleRoot()
 	if err != nil {
 		return err
 	}
 	moduleRoot = root
-	c, err := localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
-	if err != nil {
-		return fmt.Errorf("starting: %w", err)
-	}
 	testCluster = c
 	restCfg = c.Config()
 	restCfg.QPS, restCfg.Burst = 200, 400

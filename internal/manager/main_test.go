@@ -1,11 +1,8 @@
 package manager_test
 
 import (
-	"context"
-	"fmt"
 	"io"
 	"os"
-	"sync"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -23,32 +20,15 @@ func TestMain(m *testing.M) {
 		out = os.Stderr
 	}
 	ctrl.SetLogger(zap.New(zap.WriteTo(out), zap.UseDevMode(true)))
-	code := m.Run()
-	if testCluster != nil {
-		if err := testCluster.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "stopping the local control plane: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(cluster.Run(m))
 }
 
-var (
-	clusterOnce sync.Once
-	testCluster *localcluster.Cluster
-	clusterErr  error
-)
+// cluster is the package's one control plane (with
+// kube-controller-manager), started on first use.
+var cluster = localcluster.Shared{Options: localcluster.Options{ControllerManager: true}}
 
-// needCluster starts the package's one control plane (with
-// kube-controller-manager) on first use.
+// needCluster starts the package's one control plane on first use.
 func needCluster(t *testing.T) *rest.Config {
 	t.Helper()
-	localcluster.SkipUnderShort(t)
-	clusterOnce.Do(func() {
-		testCluster, clusterErr = localcluster.Start(context.Background(), localcluster.Options{ControllerManager: true})
-	})
-	if clusterErr != nil {
-		t.Fatalf("local control plane: %v", clusterErr)
-	}
-	return testCluster.Config()
+	return cluster.Get(t).Config()
 }
