@@ -50,10 +50,7 @@ func TestChaos(t *testing.T) {
 	ns := newNamespace(ctx, t, "e2e-chaos")
 	const name = "chaos"
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	obj := simulatorResource(t, ns, name)
 	must(t, unstructured.SetNestedField(obj.Object, int64(2), "spec", "gateway", "replicas"))
 	must(t, unstructured.SetNestedField(obj.Object, int64(2), "spec", "dispatcher", "replicas"))

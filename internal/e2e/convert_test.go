@@ -36,10 +36,7 @@ func TestConvert(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-convert")
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	const fits, tooLarge = "tiny-hf", "too-large"
 	// Every root pod the refused orchestra ever gets, watched from before
 	// it is created: a pod deleted again soon would still be seen.

@@ -45,10 +45,7 @@ func TestLifecycle(t *testing.T) {
 	ns := newNamespace(ctx, t, "e2e-lifecycle")
 	const name = "life"
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	obj := simulatorResource(t, ns, name)
 	must(t, unstructured.SetNestedField(obj.Object, int64(1), "spec", "applications", app, "scaling", "replicas"))
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
@@ -65,6 +62,7 @@ func TestLifecycle(t *testing.T) {
 		requireRealPods(ctx, t, ns, name)
 		requireFetchedFromMirror(ctx, t, ns, name, mo.Status.Applications[app].Model)
 
+		var err error
 		base, err = stack.GatewayURL(ctx, env.cs, ns, name)
 		if err != nil {
 			t.Fatal(err)
@@ -358,6 +356,27 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// apiToken returns the API token of the Secret e2e-token in ns, which the
+// stacks' gateways accept (created on first use).
+func apiToken(ctx context.Context, t *testing.T, ns string) string {
+	t.Helper()
+	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token
+}
+
+// stepLogf returns t.Logf with each line stamped with the seconds since
+// the call, so that a test's log reads as a timeline.
+func stepLogf(t *testing.T) func(format string, args ...any) {
+	start := time.Now()
+	return func(format string, args ...any) {
+		t.Helper()
+		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
 	}
 }
 

@@ -44,10 +44,7 @@ func TestScaleToZeroAndWake(t *testing.T) {
 	ns := newNamespace(ctx, t, "e2e-zero")
 	const name, zeroAfter = "zero", 5 * time.Second
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	obj := simulatorResource(t, ns, name)
 	// The bursts come from one token: no per-token limits.
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
@@ -397,10 +394,7 @@ func TestScaleOutAndBackInOnBacklog(t *testing.T) {
 	ns := newNamespace(ctx, t, "e2e-backlog")
 	const name, clients, maxReplicas = "backlog", 24, 3
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	obj := simulatorResource(t, ns, name)
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
 	// Answers of 40 tokens 50 ms apart (2 s each): 24 clients keep one
@@ -634,10 +628,7 @@ func TestAWakeThatCannotStart(t *testing.T) {
 	const name, maxWait = "wakefail", 20 * time.Second
 	const image = "registry.invalid/model-orchestra/missing:v0"
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	obj := simulatorResource(t, ns, name)
 	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{

@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
@@ -11,8 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
@@ -36,29 +32,13 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-ollama-park")
 	const name, app = "park", "ollama"
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
+	logf := stepLogf(t)
 	// The administrator's grant: patch on nodes for the release's
 	// dispatcher, and nothing else.
-	grant := "e2e-park-nodes-" + ns
-	_, err := env.cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: grant},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"patch"}}}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	_, err = env.cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: grant},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: grant},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name + "-dispatcher", Namespace: ns}}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	grantOnNodes(ctx, t, "e2e-park-nodes-"+ns, "patch", ns, name+"-dispatcher")
 	key := v1alpha1.WeightsNodeLabelPrefix + ns + "." + name + "-" + app
 	t.Cleanup(func() {
 		ctx := context.Background()
-		_ = env.cs.RbacV1().ClusterRoleBindings().Delete(ctx, grant, metav1.DeleteOptions{})
-		_ = env.cs.RbacV1().ClusterRoles().Delete(ctx, grant, metav1.DeleteOptions{})
 		nodes, _ := env.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 		for _, n := range nodes.Items {
 			if _, ok := n.Labels[key]; ok {
@@ -67,29 +47,10 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		}
 	})
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Parked 20s after it fell asleep: time to see it asleep first.
-	obj := ollamaTiersResource(t, ns, name, app, map[string]any{"minReplicas": int64(0), "zeroAfter": "30m", "parkAfter": "20s"})
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	logf("Ready")
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := ollamaServed(app)
-	gguf := stack.TinyModelFiles()[stack.DemoFile]
-	sum := sha256.Sum256(gguf)
-	sha, size := hex.EncodeToString(sum[:]), int64(len(gguf))
-	copyName := name + "-" + app
-	root := appRoot(ctx, t, ns, name, app)
+	o := deployOllamaTiers(ctx, t, ns, name, app, map[string]any{"minReplicas": int64(0), "zeroAfter": "30m", "parkAfter": "20s"}, logf)
+	token, base, served, sha, size, copyName, root, agentURL := o.token, o.base, o.served, o.sha, o.size, o.copyName, o.root, o.agentURL
 	node := root.Spec.NodeName
-	agentURL := nodeAgentURL(ctx, t, ns, name, node)
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat: %v", err)
 	}
@@ -108,6 +69,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		logf("asleep in the hot tier")
 		var st v1alpha1.ApplicationStatus
 		eventually(t, 90*time.Second, func() error {
+			var err error
 			st, err = appStatus(ctx, ns, name, app)
 			if err != nil {
 				return err

@@ -51,14 +51,8 @@ func TestOllama(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-ollama")
 	const name = "engines"
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	logf := stepLogf(t)
+	token := apiToken(ctx, t, ns)
 	if _, err := stack.Apply(ctx, env.dyn, ollamaResource(t, ns, name)); err != nil {
 		t.Fatal(err)
 	}

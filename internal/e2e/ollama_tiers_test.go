@@ -45,31 +45,9 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-ollama-tiers")
 	const name, app = "tiers", "ollama"
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := ollamaTiersResource(t, ns, name, app, nil)
-	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
-		t.Fatal(err)
-	}
-	waitReady(ctx, t, ns, name)
-	logf("Ready")
-	base, err := stack.GatewayURL(ctx, env.cs, ns, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := ollamaServed(app)
-	gguf := stack.TinyModelFiles()[stack.DemoFile]
-	sum := sha256.Sum256(gguf)
-	sha, size := hex.EncodeToString(sum[:]), int64(len(gguf))
-	copyName := name + "-" + app // the ModelCheckpoint's name
-	root := appRoot(ctx, t, ns, name, app)
-	agentURL := nodeAgentURL(ctx, t, ns, name, root.Spec.NodeName)
+	logf := stepLogf(t)
+	o := deployOllamaTiers(ctx, t, ns, name, app, nil, logf)
+	token, base, served, sha, size, copyName, root, agentURL := o.token, o.base, o.served, o.sha, o.size, o.copyName, o.root, o.agentURL
 	sec, err := env.cs.CoreV1().Secrets(ns).Get(ctx, name+"-agent-caller", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -252,6 +230,39 @@ func tierName(t v1alpha1.Tier) checkpoint.Tier {
 		return checkpoint.TierWarm
 	}
 	return checkpoint.TierCold
+}
+
+// ollamaTiers is a sleeping Ollama application (ollamaTiersResource),
+// Ready, and what its tests read.
+type ollamaTiers struct {
+	token, base, served string // the API token, the gateway's base URL, the served model
+	sha                 string // the GGUF's sha256, hex
+	size                int64  // the GGUF's bytes
+	copyName            string // the ModelCheckpoint's name: the copies' name
+	root                *corev1.Pod
+	agentURL            string // the node agent on the root's node
+}
+
+// deployOllamaTiers applies ollamaTiersResource(lifecycle) in ns, waits
+// for it to be Ready and reads what its tests need. It sends no chat.
+func deployOllamaTiers(ctx context.Context, t *testing.T, ns, name, app string, lifecycle map[string]any, logf func(string, ...any)) ollamaTiers {
+	t.Helper()
+	o := ollamaTiers{token: apiToken(ctx, t, ns), served: ollamaServed(app), copyName: name + "-" + app}
+	if _, err := stack.Apply(ctx, env.dyn, ollamaTiersResource(t, ns, name, app, lifecycle)); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(ctx, t, ns, name)
+	logf("Ready")
+	var err error
+	if o.base, err = stack.GatewayURL(ctx, env.cs, ns, name); err != nil {
+		t.Fatal(err)
+	}
+	gguf := stack.TinyModelFiles()[stack.DemoFile]
+	sum := sha256.Sum256(gguf)
+	o.sha, o.size = hex.EncodeToString(sum[:]), int64(len(gguf))
+	o.root = appRoot(ctx, t, ns, name, app)
+	o.agentURL = nodeAgentURL(ctx, t, ns, name, o.root.Spec.NodeName)
+	return o
 }
 
 // ollamaTiersResource is one sleeping Ollama application on the mirrored

@@ -53,10 +53,7 @@ func TestRollingRestart(t *testing.T) {
 	ns := newNamespace(ctx, t, "e2e-restart")
 	const name = "roll"
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token := apiToken(ctx, t, ns)
 	otherToken, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-other-token")
 	if err != nil {
 		t.Fatal(err)

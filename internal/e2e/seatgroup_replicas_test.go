@@ -43,10 +43,7 @@ func TestSeatGroupServesFromTwoPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-seatreplicas")
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
+	logf := stepLogf(t)
 	apps := []string{"alpha", "beta", "gamma"} // in name order: engine i on 8080+i
 	port := map[string]string{}
 	name, token := applySeatSample(ctx, t, ns, "simulator-seatgroup-replicas.yaml", func(obj *unstructured.Unstructured) {

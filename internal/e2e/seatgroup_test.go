@@ -72,9 +72,7 @@ func TestSeatGroupMultiplexesFourApplications(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-seatgroup")
 	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
+	logf := stepLogf(t)
 
 	apps := []string{"alpha", "beta", "delta", "gamma"} // in name order: engine i on 8080+i
 	port := map[string]int{}
@@ -561,10 +559,7 @@ func seatDeliveryFailures(ctx context.Context, t *testing.T, ns string, apps []s
 // waits until the orchestra is Ready and returns its name and a token.
 func applySeatSample(ctx context.Context, t *testing.T, ns, sample string, edit func(obj *unstructured.Unstructured)) (name, token string) {
 	t.Helper()
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
+	token = apiToken(ctx, t, ns)
 	obj, err := stack.LoadResource(filepath.Join(env.root, "config", "samples", sample))
 	if err != nil {
 		t.Fatal(err)

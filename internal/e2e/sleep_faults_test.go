@@ -11,6 +11,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -43,24 +44,11 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		weights = 64 << 20
 		waiting = 6
 	)
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := simulatorResource(t, ns, name)
-	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
-	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=64Mi", "--fault-wake-delay=10s", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
-		"requests": map[string]any{"cpu": "50m", "memory": "192Mi"},
-		"limits":   map[string]any{"memory": "512Mi"},
-	}, "spec", "applications", app, "runtime", "resources"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+	logf := stepLogf(t)
+	token := apiToken(ctx, t, ns)
+	obj := sleepySimulator(t, ns, name, []string{"--weights-bytes=64Mi", "--fault-wake-delay=10s", "--ttft=20ms", "--itl=5ms"}, "192Mi", "512Mi", map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "maxWait": "2m",
-	}, "spec", "applications", app, "lifecycle"))
+	})
 	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)}, "spec", "gateway", "limits"))
 	grantNodeRead(ctx, t, ns, name+"-agent")
 	base, served := deployAndChat(ctx, t, ns, name, token, obj)
@@ -186,23 +174,30 @@ var modelCheckpointGVR = schema.GroupVersionResource{Group: v1alpha1.GroupVersio
 // ends.
 func grantNodeRead(ctx context.Context, t *testing.T, ns, sa string) {
 	t.Helper()
-	name := "e2e-agent-nodes-" + ns
+	grantOnNodes(ctx, t, "e2e-agent-nodes-"+ns, "get", ns, sa)
+}
+
+// grantOnNodes grants ServiceAccount ns/sa verb on nodes through the
+// ClusterRole and ClusterRoleBinding role, as the cluster administrator
+// does, and removes both when t ends.
+func grantOnNodes(ctx context.Context, t *testing.T, role, verb, ns, sa string) {
+	t.Helper()
 	rbac := env.cs.RbacV1()
 	if _, err := rbac.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}}},
-	}, metav1.CreateOptions{}); err != nil {
+		ObjectMeta: metav1.ObjectMeta{Name: role},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{verb}}},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = rbac.ClusterRoles().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() { _ = rbac.ClusterRoles().Delete(context.Background(), role, metav1.DeleteOptions{}) })
 	if _, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		ObjectMeta: metav1.ObjectMeta{Name: role},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
-	}, metav1.CreateOptions{}); err != nil {
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = rbac.ClusterRoleBindings().Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() { _ = rbac.ClusterRoleBindings().Delete(context.Background(), role, metav1.DeleteOptions{}) })
 }
 
 // TestProcessSnapshotsAreRefusedWhereTheNodeCannot turns
@@ -220,17 +215,11 @@ func TestProcessSnapshotsAreRefusedWhereTheNodeCannot(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-snapshots")
 	const name = "snap"
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := simulatorResource(t, ns, name)
-	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
-	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=16Mi", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+	token := apiToken(ctx, t, ns)
+	obj := sleepySimulator(t, ns, name, []string{"--weights-bytes=16Mi", "--ttft=20ms", "--itl=5ms"}, "", "", map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "maxWait": "2m",
 		"tiers": map[string]any{"processSnapshots": true},
-	}, "spec", "applications", app, "lifecycle"))
+	})
 	grantNodeRead(ctx, t, ns, name+"-agent")
 	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	root := stackPod(ctx, t, ns, name, "root", 0)

@@ -57,26 +57,13 @@ func TestSleepAndWake(t *testing.T) {
 	defer cancel()
 	ns := newNamespace(ctx, t, "e2e-sleep")
 	const name = "sleepy"
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
+	logf := stepLogf(t)
 
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := simulatorResource(t, ns, name)
-	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
-	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{sleepWeightsFlag, "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
-		"requests": map[string]any{"cpu": "50m", "memory": sleepMemRequest},
-		"limits":   map[string]any{"memory": sleepMemLimit},
-	}, "spec", "applications", app, "runtime", "resources"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+	token := apiToken(ctx, t, ns)
+	obj := sleepySimulator(t, ns, name, []string{sleepWeightsFlag, "--ttft=20ms", "--itl=5ms"}, sleepMemRequest, sleepMemLimit, map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "4s", "maxWait": "2m",
 		"checkpointPolicy": sleepPolicy,
-	}, "spec", "applications", app, "lifecycle"))
+	})
 	served, _, _ := unstructured.NestedString(obj.Object, "spec", "applications", app, "serving", "servedModelName")
 	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
 		t.Fatal(err)
@@ -503,24 +490,11 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 		name    = "coldwake"
 		weights = 256 << 20
 	)
-	start := time.Now()
-	logf := func(format string, args ...any) {
-		t.Logf("[%3.0fs] "+format, append([]any{time.Since(start).Seconds()}, args...)...)
-	}
-	token, err := stack.EnsureToken(ctx, env.cs, ns, "e2e-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	obj := simulatorResource(t, ns, name)
-	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
-	must(t, unstructured.SetNestedStringSlice(obj.Object, []string{"--weights-bytes=256Mi", "--fault-wake-delay=15s", "--ttft=20ms", "--itl=5ms"}, "spec", "applications", app, "runtime", "args"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
-		"requests": map[string]any{"cpu": "50m", "memory": "384Mi"},
-		"limits":   map[string]any{"memory": "1Gi"},
-	}, "spec", "applications", app, "runtime", "resources"))
-	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+	logf := stepLogf(t)
+	token := apiToken(ctx, t, ns)
+	obj := sleepySimulator(t, ns, name, []string{"--weights-bytes=256Mi", "--fault-wake-delay=15s", "--ttft=20ms", "--itl=5ms"}, "384Mi", "1Gi", map[string]any{
 		"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "3s", "parkAfter": "4s", "maxWait": "4m",
-	}, "spec", "applications", app, "lifecycle"))
+	})
 	base, served := deployAndChat(ctx, t, ns, name, token, obj)
 	logf("Ready, first chat answered")
 	root := stackPod(ctx, t, ns, name, "root", 0)
@@ -630,4 +604,23 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 		}
 	}
 	logf("done")
+}
+
+// sleepySimulator is simulatorResource with a lifecycle instead of a fixed
+// replica count, the simulator's args (its weights, faults and timings)
+// and, when memRequest is set, 50m of CPU and memRequest (limit memLimit)
+// of memory.
+func sleepySimulator(t *testing.T, ns, name string, args []string, memRequest, memLimit string, lifecycle map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	obj := simulatorResource(t, ns, name)
+	unstructured.RemoveNestedField(obj.Object, "spec", "applications", app, "scaling")
+	must(t, unstructured.SetNestedStringSlice(obj.Object, args, "spec", "applications", app, "runtime", "args"))
+	if memRequest != "" {
+		must(t, unstructured.SetNestedMap(obj.Object, map[string]any{
+			"requests": map[string]any{"cpu": "50m", "memory": memRequest},
+			"limits":   map[string]any{"memory": memLimit},
+		}, "spec", "applications", app, "runtime", "resources"))
+	}
+	must(t, unstructured.SetNestedMap(obj.Object, lifecycle, "spec", "applications", app, "lifecycle"))
+	return obj
 }
