@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -71,5 +72,25 @@ func TestAnErrorEventIsAnAPIErrorOfStatus200(t *testing.T) {
 	var ev *APIError
 	if !errors.As(err, &ev) || ev.Status != 200 || ev.Code != "model_waking_timeout" {
 		t.Errorf("err = %#v, want an *APIError of status 200 with code model_waking_timeout", err)
+	}
+}
+
+func TestTokensPerSecondCountsTheTokensAfterTheFirst(t *testing.T) {
+	first := time.Unix(100, 0)
+	for _, tc := range []struct {
+		name string
+		res  Result
+		want float64
+	}{
+		{"5 tokens over 2 s after the first", Result{Usage: &Usage{CompletionTokens: 5}, FirstContent: first, LastContent: first.Add(2 * time.Second)}, 2},
+		{"no usage chunk", Result{FirstContent: first, LastContent: first.Add(time.Second)}, 0},
+		{"one token", Result{Usage: &Usage{CompletionTokens: 1}, FirstContent: first, LastContent: first}, 0},
+		{"all content in one read", Result{Usage: &Usage{CompletionTokens: 8}, FirstContent: first, LastContent: first}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.res.TokensPerSecond(); got != tc.want {
+				t.Errorf("TokensPerSecond() = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
