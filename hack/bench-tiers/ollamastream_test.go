@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // TestOllamaChatStream: over a streamed /api/chat answer (the shape of
@@ -17,9 +19,9 @@ func TestOllamaChatStream(t *testing.T) {
 		`{"model":"bench","created_at":"2026-11-28T19:00:00Z","message":{"role":"assistant","content":" hold"},"done":false}`,
 		`{"model":"bench","created_at":"2026-11-28T19:00:00Z","message":{"role":"assistant","content":""},"done":true,"done_reason":"length","total_duration":1500000000,"load_duration":1200000000,"prompt_eval_count":12,"prompt_eval_duration":200000000,"eval_count":8,"eval_duration":100000000}`,
 	}, "\n") + "\n"
-	r := &lineReader{lines: strings.Split(strings.TrimRight(stream, "\n"), "\n")}
+	r := &ssetest.LineReader{Lines: strings.Split(strings.TrimRight(stream, "\n"), "\n")}
 	var at int
-	first, done, err := ollamaChatStream(r, func() time.Time { at = r.read; return time.Unix(int64(r.read), 0) })
+	first, done, err := ollamaChatStream(r, func() time.Time { at = r.Handed; return time.Unix(int64(r.Handed), 0) })
 	if err != nil {
 		t.Fatal(err)
 	}

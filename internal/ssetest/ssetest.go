@@ -200,3 +200,20 @@ func Read(body io.Reader, onDelta func(string)) (*Result, error) {
 	}
 	return res, nil
 }
+
+// LineReader hands out one line of a recorded stream per Read, as an
+// engine flushes one chunk at a time, and counts the lines handed out in
+// Handed: a test reads it at the moment a reader took the first token.
+type LineReader struct {
+	Lines  []string
+	Handed int
+}
+
+func (l *LineReader) Read(p []byte) (int, error) {
+	if l.Handed == len(l.Lines) {
+		return 0, io.EOF
+	}
+	n := copy(p, l.Lines[l.Handed]+"\n")
+	l.Handed++
+	return n, nil
+}

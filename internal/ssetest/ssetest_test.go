@@ -2,6 +2,8 @@ package ssetest
 
 import (
 	"errors"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +28,10 @@ func TestRead(t *testing.T) {
 			"data: [DONE]\n\n",
 		want:   Result{Content: "Hello", FinishReason: "stop", Chunks: 2, Events: 4, Done: true, Usage: &Usage{PromptTokens: 3, CompletionTokens: 2}, Models: []string{"m"}},
 		deltas: []string{"Hel", "lo"},
+	}, {
+		name:   "a stream of only the role chunk has no first token",
+		stream: "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\ndata: [DONE]\n\n",
+		want:   Result{Events: 1, Done: true},
 	}, {
 		name:    "an error event after content",
 		stream:  "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"engine gone\",\"type\":\"server_error\",\"code\":\"stream_interrupted\"}}\n\n",
@@ -92,5 +98,34 @@ func TestTokensPerSecondCountsTheTokensAfterTheFirst(t *testing.T) {
 				t.Errorf("TokensPerSecond() = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTheFirstTokenOfARecordedSimulatorStream: over a stream recorded from
+// the simulator (testdata/sim-chat-stream.txt: the role chunk with empty
+// content, flushed before the time to first token, then the tokens), the
+// first content is taken when the first non-empty delta ("Tune") has
+// arrived, not at the role chunk and not later.
+func TestTheFirstTokenOfARecordedSimulatorStream(t *testing.T) {
+	b, err := os.ReadFile("testdata/sim-chat-stream.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &LineReader{Lines: strings.Split(strings.TrimRight(string(b), "\n"), "\n")}
+	if !strings.Contains(r.Lines[0], `"role":"assistant","content":""`) {
+		t.Fatalf("the recording does not start with the role chunk: %s", r.Lines[0])
+	}
+	linesAtFirst := -1
+	res, err := Read(r, func(string) {
+		if linesAtFirst < 0 {
+			linesAtFirst = r.Handed
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.IndexFunc(r.Lines, func(l string) bool { return strings.Contains(l, `"content":"Tune"`) }) + 1
+	if linesAtFirst != want || res.FirstContent.IsZero() {
+		t.Errorf("first content taken after %d lines of the stream (at %v), want %d (the first non-empty delta)", linesAtFirst, res.FirstContent, want)
 	}
 }
