@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,6 +18,7 @@ import (
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/sim"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 type options struct {
@@ -310,8 +310,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // chat sends one streamed chat completion through the gateway and returns
-// its sample and the answer's text. The time to first token is the time to
-// the first non-empty content.
+// its sample and the answer's text. The time to first token is ssetest's:
+// to the first non-empty content.
 func chat(ctx context.Context, client *http.Client, url string, msgs []map[string]string, began time.Time) (sample, string) {
 	body, _ := json.Marshal(map[string]any{
 		"model": "sim-model", "messages": msgs, "stream": true, "max_tokens": answerTokens,
@@ -333,54 +333,24 @@ func chat(ctx context.Context, client *http.Client, url string, msgs []map[strin
 		s.err = fmt.Errorf("status %d: %s", res.StatusCode, b)
 		return s, ""
 	}
-	var answer strings.Builder
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens        int `json:"prompt_tokens"`
-				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails *struct {
-					CachedTokens int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal([]byte(line), &ev) != nil {
-			continue
-		}
-		for _, c := range ev.Choices {
-			if c.Delta.Content != "" {
-				if s.ttft == 0 {
-					s.ttft = time.Since(start)
-				}
-				answer.WriteString(c.Delta.Content)
-			}
-		}
-		if u := ev.Usage; u != nil {
-			s.prompt, s.output = u.PromptTokens, u.CompletionTokens
-			if u.PromptTokensDetails != nil {
-				s.cache = u.PromptTokensDetails.CachedTokens
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
+	r, err := ssetest.Read(res.Body, nil)
+	if err != nil {
 		s.err = err
+	}
+	if !r.FirstContent.IsZero() {
+		s.ttft = r.FirstContent.Sub(start)
+	}
+	if u := r.Usage; u != nil {
+		s.prompt, s.output = u.PromptTokens, u.CompletionTokens
+		if u.PromptTokensDetails != nil {
+			s.cache = u.PromptTokensDetails.CachedTokens
+		}
 	}
 	if s.ttft == 0 && s.err == nil {
 		s.err = fmt.Errorf("no content")
 	}
 	s.done = time.Since(began)
-	return s, answer.String()
+	return s, r.Content
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {

@@ -47,6 +47,11 @@ type Result struct {
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
+	// PromptTokensDetails is set by engines that report prompt tokens
+	// served from their prefix cache.
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details,omitempty"`
 }
 
 // TokensPerSecond is the decode rate after the first token: the usage's
