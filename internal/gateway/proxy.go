@@ -196,16 +196,8 @@ func (g *Gateway) relayRefusal(ctx context.Context, w http.ResponseWriter, reply
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bufPool.Put(buf)
-	buf.Write(head.Data)
-	for {
-		c, err := reply.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("reading error answer: %w", err)
-		}
-		buf.Write(c.Data)
+	if err := readRefusal(ctx, reply, head, buf); err != nil {
+		return err
 	}
 	copyHeaders(w, head.Header, "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
@@ -215,6 +207,22 @@ func (g *Gateway) relayRefusal(ctx context.Context, w http.ResponseWriter, reply
 		return errClientGone
 	}
 	return nil
+}
+
+// readRefusal reads an engine's refusal of a request, head and the rest of
+// the reply, into buf.
+func readRefusal(ctx context.Context, reply queue.Reply, head queue.Chunk, buf *bytes.Buffer) error {
+	buf.Write(head.Data)
+	for {
+		c, err := reply.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading error answer: %w", err)
+		}
+		buf.Write(c.Data)
+	}
 }
 
 // sseRelay splits the engine's bytes into server-sent events, which chunks
@@ -308,16 +316,7 @@ func (s *sseRelay) event(text, raw []byte) error {
 // parseUsageEvent reads the usage of a chunk event. usageOnly is true for
 // the final usage chunk, which has no choices.
 func parseUsageEvent(text []byte) (u usage, usageOnly, ok bool) {
-	var data []byte
-	for line := range bytes.Lines(text) {
-		line = bytes.TrimRight(line, "\r\n")
-		if rest, found := bytes.CutPrefix(line, []byte("data:")); found {
-			if data != nil {
-				data = append(data, '\n')
-			}
-			data = append(data, bytes.TrimPrefix(rest, []byte(" "))...)
-		}
-	}
+	data := sseData(text)
 	var chunk struct {
 		Choices []json.RawMessage `json:"choices"`
 		Usage   *usage            `json:"usage"`

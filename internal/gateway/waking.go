@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -243,19 +242,12 @@ func (g *Gateway) comment(w http.ResponseWriter, x *exchange, text string) error
 // headers were already sent as keep-alives: its JSON error as one SSE
 // event, without [DONE].
 func refusalInStream(ctx context.Context, w http.ResponseWriter, reply queue.Reply, x *exchange, head queue.Chunk) error {
-	body := append([]byte(nil), head.Data...)
-	for {
-		c, err := reply.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("reading error answer: %w", err)
-		}
-		body = append(body, c.Data...)
+	var body bytes.Buffer
+	if err := readRefusal(ctx, reply, head, &body); err != nil {
+		return err
 	}
 	var ev []byte
-	for line := range bytes.Lines(bytes.TrimSpace(body)) {
+	for line := range bytes.Lines(bytes.TrimSpace(body.Bytes())) {
 		ev = append(append(ev, "data: "...), bytes.TrimRight(line, "\r\n")...)
 		ev = append(ev, '\n')
 	}
