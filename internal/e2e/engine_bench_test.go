@@ -233,20 +233,7 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 			}
 		}
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       v1alpha1.Kind,
-		"metadata":   map[string]any{"name": name, "namespace": ns},
-		"spec": map[string]any{
-			"gateway": map[string]any{
-				"replicas": int64(1),
-				"service":  map[string]any{"type": "NodePort"},
-				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)},
-			},
-			"applications": apps,
-		},
-	}}
-	must(t, stack.MirrorModel(obj, env.hub))
+	obj := mirroredOrchestra(t, ns, name, apps)
 	for _, s := range sizes[1:] {
 		for _, a := range []string{s.zero, s.sleep} {
 			must(t, unstructured.SetNestedMap(obj.Object, map[string]any{

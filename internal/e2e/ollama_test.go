@@ -302,6 +302,28 @@ func TestOllama(t *testing.T) {
 	})
 }
 
+// mirroredOrchestra is a ModelOrchestra of apps behind one gateway on a
+// NodePort without request limits, its models fetched from the test
+// mirror.
+func mirroredOrchestra(t *testing.T, ns, name string, apps map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       v1alpha1.Kind,
+		"metadata":   map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{
+			"gateway": map[string]any{
+				"replicas": int64(1),
+				"service":  map[string]any{"type": "NodePort"},
+				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)},
+			},
+			"applications": apps,
+		},
+	}}
+	must(t, stack.MirrorModel(obj, env.hub))
+	return obj
+}
+
 // ollamaResource is TestOllama's ModelOrchestra: three Ollama applications
 // on the mirrored generated model, each small enough to share the node.
 func ollamaResource(t *testing.T, ns, name string) *unstructured.Unstructured {
@@ -338,20 +360,7 @@ func ollamaResource(t *testing.T, ns, name string) *unstructured.Unstructured {
 	for a, spec := range apps {
 		spec.(map[string]any)["serving"].(map[string]any)["servedModelName"] = ollamaServed(a)
 	}
-	obj := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       v1alpha1.Kind,
-		"metadata":   map[string]any{"name": name, "namespace": ns},
-		"spec": map[string]any{
-			"gateway": map[string]any{
-				"replicas": int64(1),
-				"service":  map[string]any{"type": "NodePort"},
-				"limits":   map[string]any{"maxConcurrent": int64(0), "requestsPerMinute": int64(0)},
-			},
-			"applications": apps,
-		},
-	}}
-	must(t, stack.MirrorModel(obj, env.hub))
+	obj := mirroredOrchestra(t, ns, name, apps)
 	return obj
 }
 

@@ -152,18 +152,7 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		}
 		return fmt.Errorf("container nats of %s has not restarted and become ready: %+v", natsPod.Name, p.Status.ContainerStatuses)
 	})
-	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.UID != root.UID {
-		t.Errorf("root pod %s was replaced: a wake must keep the pod", root.Name)
-	}
-	for _, s := range p.Status.ContainerStatuses {
-		if s.RestartCount > 0 {
-			t.Errorf("container %s of root %s restarted %d times: a NATS kill during the wake must not reach the engine", s.Name, root.Name, s.RestartCount)
-		}
-	}
+	wantRootKept(ctx, t, ns, root, "a NATS kill during the wake must not reach the engine")
 	logf("done")
 }
 

@@ -591,6 +591,15 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 			return fmt.Errorf("container %s of %s has not restarted and become ready: %+v", k.container, k.pod, p.Status.ContainerStatuses)
 		})
 	}
+	wantRootKept(ctx, t, ns, root, "the kills around the wake must not reach the engine")
+	logf("done")
+}
+
+// wantRootKept checks that the root pod is still root (a wake keeps the
+// pod) and that none of its containers restarted; why says what must not
+// have reached the engine.
+func wantRootKept(ctx context.Context, t *testing.T, ns string, root *corev1.Pod, why string) {
+	t.Helper()
 	p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -600,10 +609,9 @@ func TestColdWakeSurvivesKills(t *testing.T) {
 	}
 	for _, s := range p.Status.ContainerStatuses {
 		if s.RestartCount > 0 {
-			t.Errorf("container %s of root %s restarted %d times: the kills around the wake must not reach the engine", s.Name, root.Name, s.RestartCount)
+			t.Errorf("container %s of root %s restarted %d times: %s", s.Name, root.Name, s.RestartCount, why)
 		}
 	}
-	logf("done")
 }
 
 // sleepySimulator is simulatorResource with a lifecycle instead of a fixed
