@@ -43,6 +43,15 @@ type Result struct {
 	FirstContent, LastContent time.Time
 }
 
+// Answered is true when the stream ended with [DONE] after a finish reason:
+// the engine generated an answer. Its text may be empty with the generated
+// test models: their random weights sometimes draw only tokens that decode
+// to no text within max_tokens (bytes of an unfinished UTF-8 sequence,
+// which Ollama holds back, or the end token first).
+func (r *Result) Answered() bool {
+	return r != nil && r.Done && r.FinishReason != ""
+}
+
 // Usage is the token count of a usage chunk.
 type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`

@@ -129,3 +129,20 @@ func TestTheFirstTokenOfARecordedSimulatorStream(t *testing.T) {
 		t.Errorf("first content taken after %d lines of the stream (at %v), want %d (the first non-empty delta)", linesAtFirst, res.FirstContent, want)
 	}
 }
+
+func TestAnsweredNeedsAFinishReasonAndDONENotText(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  *Result
+		want bool
+	}{
+		{"finished with [DONE], no text", &Result{Done: true, FinishReason: "length"}, true},
+		{"no finish reason", &Result{Done: true, Content: "a"}, false},
+		{"cut before [DONE]", &Result{FinishReason: "stop", Content: "a"}, false},
+		{"no result", nil, false},
+	} {
+		if got := tc.res.Answered(); got != tc.want {
+			t.Errorf("%s: Answered() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
