@@ -3,7 +3,9 @@ package manager_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -180,33 +183,24 @@ func startOperator(t *testing.T, ns string) *operatorHarness {
 // readSample reads the documents of config/samples/<name>.
 func readSample(t *testing.T, name string) []*unstructured.Unstructured {
 	t.Helper()
-	data, err := os.ReadFile(origWD + "/../../config/samples/" + name)
+	f, err := os.Open(origWD + "/../../config/samples/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = f.Close() }()
 	var out []*unstructured.Unstructured
-	for _, doc := range splitYAML(data) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
 		o := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &o.Object); err != nil {
-			t.Fatal(err)
+		if err := dec.Decode(&o.Object); errors.Is(err, io.EOF) {
+			return out
+		} else if err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
 		if len(o.Object) > 0 {
 			out = append(out, o)
 		}
 	}
-	return out
-}
-
-func splitYAML(data []byte) [][]byte {
-	var docs [][]byte
-	start := 0
-	for i := 0; i+4 <= len(data); i++ {
-		if (i == 0 || data[i-1] == '\n') && string(data[i:i+4]) == "---\n" {
-			docs = append(docs, data[start:i])
-			start = i + 4
-		}
-	}
-	return append(docs, data[start:])
 }
 
 // create creates o, retrying while the API server's discovery does not
