@@ -32,10 +32,9 @@ import (
 const gateHold = 24 * time.Hour
 
 // Gate is the state of a gate, as the leader set it last: an
-// application's or a seat-group member's consumer (appState.gate, written
-// only by closeGate, openGate and gateReset in this file), or one pod of a
-// seat group for one application (seatserving.go). One type for every
-// gate.
+// application's or a seat-group member's consumer (consumerGate, written
+// only in this file), or one pod of a seat group for one application
+// (seatserving.go). One type for every gate.
 type Gate string
 
 const (
@@ -55,46 +54,82 @@ const (
 	GateClosed Gate = "closed"
 )
 
-// gateReset forgets the consumer's gate: a reading found it open where it
-// was closed (a dispatcher that provisioned the consumer again resets its
-// pause), so the next close is not skipped.
-func (a *appState) gateReset() { a.gate = GateUnknown }
+// consumerGate is one application's consumer as its gate: an
+// application's (appState) or a seat-group member's (seatMember). Only
+// this file writes its gate; the step that reads the consumer keeps its
+// configuration.
+type consumerGate struct {
+	// app names the consumer's application.
+	app string
+	// gate is the gate as last set: GateOpen, GateClosed or GateUnknown.
+	gate Gate
+	// holdFailed: the last close did not get the server's answer (or a
+	// reading found the pause reset), so requests may still be handed out
+	// until a close succeeds.
+	holdFailed bool
+	// consumer is the consumer's configuration as last read, at
+	// consumerAt: openGate writes it back resumed.
+	consumer   *jetstream.ConsumerConfig
+	consumerAt time.Time
+}
+
+// observeGate takes a reading of the consumer: a consumer found open where
+// the gate was closed had its pause reset (a dispatcher that provisioned
+// the consumer again resets it), so the gate is unknown, and the next close
+// is not skipped.
+func observeGate(g *consumerGate, r consumerReading) {
+	if r.OK && g.gate == GateClosed && !r.Paused {
+		g.gate, g.holdFailed = GateUnknown, true
+	}
+}
+
+// setGate brings the gate to want (GateClosed or GateOpen), unless it
+// knows the gate is there already.
+func (c *Controller) setGate(ctx context.Context, g *consumerGate, want Gate) error {
+	if g.gate == want {
+		return nil
+	}
+	if want == GateOpen {
+		return c.openGate(ctx, g)
+	}
+	return c.closeGate(ctx, g)
+}
 
 // closeGate pauses the application's consumer on the server: from its
 // answer on, no dispatcher receives a request of the application (requests
 // stay in the stream, counting no delivery, however long the wake takes).
-func (c *Controller) closeGate(ctx context.Context, a *appState) error {
+func (c *Controller) closeGate(ctx context.Context, g *consumerGate) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(a.Name), c.now().Add(gateHold)); err != nil {
-		a.gate = GateUnknown
-		return fmt.Errorf("pausing the consumer of %s: %w", a.Name, err)
+	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.Consumer(g.app), c.now().Add(gateHold)); err != nil {
+		g.gate, g.holdFailed = GateUnknown, true
+		return fmt.Errorf("pausing the consumer of %s: %w", g.app, err)
 	}
-	a.gate = GateClosed
+	g.gate, g.holdFailed = GateClosed, false
 	return nil
 }
 
 // openGate resumes the application's consumer and has the server serve
 // the pull requests that waited while it was paused (serveWaitingPulls);
 // the update of MaxAckPending (nudge) runs after it returns.
-func (c *Controller) openGate(ctx context.Context, a *appState) error {
+func (c *Controller) openGate(ctx context.Context, g *consumerGate) error {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	stream, consumer := c.names.Stream(), c.names.Consumer(a.Name)
+	stream, consumer := c.names.Stream(), c.names.Consumer(g.app)
 	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
-		a.gate = GateUnknown
-		return fmt.Errorf("resuming the consumer of %s: %w", a.Name, err)
+		g.gate = GateUnknown
+		return fmt.Errorf("resuming the consumer of %s: %w", g.app, err)
 	}
-	a.gate = GateOpen
+	g.gate, g.holdFailed = GateOpen, false
 	if err := serveWaitingPulls(c.deps.NC, stream, consumer); err != nil {
-		c.log.Warn("asking the consumer to serve its waiting pull requests", "app", a.Name, "err", err)
+		c.log.Warn("asking the consumer to serve its waiting pull requests", "app", g.app, "err", err)
 	}
 	var cfg *jetstream.ConsumerConfig
-	if a.consumer != nil && c.now().Sub(a.consumerAt) <= consumerFresh {
-		read := *a.consumer
+	if g.consumer != nil && c.now().Sub(g.consumerAt) <= consumerFresh {
+		read := *g.consumer
 		cfg = &read
 	}
-	go c.nudge(ctx, a.Name, cfg)
+	go c.nudge(ctx, g.app, cfg)
 	return nil
 }
 

@@ -1,38 +1,36 @@
 package lifecycle
 
 // One pod of a seat group: its sidecars (podSidecar, the seatgroup.Sidecar of one
-// application in the pod), its executor's dispatcher (podDispatcher) and its
-// gates, from which the leader writes the SeatServingAnnotation.
+// application in the pod, called through sidecars.go), its executor's one
+// Dispatcher adapter (podDispatcher: the members' demand and gates), and
+// the gates, from which the leader writes the SeatServingAnnotation and
+// opens or closes each member's consumer.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // podSidecar is a member's sidecar in one pod of the group, found by the
 // pod's current IP. It keeps its last reading for the status and the
-// pod's gate.
+// pod's gate. Only the group's goroutine uses it.
 type podSidecar struct {
-	p      *seatPodRun
-	app    string
-	port   int32
-	client *http.Client
+	p    *seatPodRun
+	app  string
+	port int32
 
-	mu     sync.Mutex
-	seat   sidecarapi.Status // the last reading
-	seatOK bool
+	last   sidecarapi.Status // the last reading
+	lastOK bool
 }
 
 // pod returns the sidecar's pod, or an error when it does not serve (gone,
@@ -48,33 +46,22 @@ func (s *podSidecar) pod() (*corev1.Pod, error) {
 	return pod, nil
 }
 
-func (s *podSidecar) http() (sidecarapi.Client, error) {
+// call makes one call on the sidecar (callSidecar), within ctx.
+func (s *podSidecar) call(ctx context.Context, call sidecarCall) (sidecarapi.Status, error) {
 	pod, err := s.pod()
 	if err != nil {
-		return sidecarapi.Client{}, err
+		return sidecarapi.Status{}, err
 	}
-	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client, Token: nodeapi.TokenFile(s.p.r.c.cfg.AgentTokenFile)}, nil
+	return s.p.r.c.callSidecar(ctx, sidecarOf(pod, s.port), call)
 }
 
-func (s *podSidecar) reading() (sidecarapi.Status, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.seat, s.seatOK
-}
+func (s *podSidecar) reading() (sidecarapi.Status, bool) { return s.last, s.lastOK }
 
-func (s *podSidecar) setReading(st sidecarapi.Status, ok bool) {
-	s.mu.Lock()
-	s.seat, s.seatOK = st, ok
-	s.mu.Unlock()
-}
+func (s *podSidecar) setReading(st sidecarapi.Status, ok bool) { s.last, s.lastOK = st, ok }
 
 // State implements seatgroup.Sidecar; it keeps the reading for the status.
 func (s *podSidecar) State(ctx context.Context) (sidecarapi.Status, error) {
-	h, err := s.http()
-	var st sidecarapi.Status
-	if err == nil {
-		st, err = h.State(ctx)
-	}
+	st, err := s.call(ctx, getState)
 	s.setReading(st, err == nil)
 	return st, err
 }
@@ -82,11 +69,7 @@ func (s *podSidecar) State(ctx context.Context) (sidecarapi.Status, error) {
 // Sleep implements seatgroup.Sidecar; once the engine sleeps, its pod's gate
 // closes (the consumer may open again for the other pods).
 func (s *podSidecar) Sleep(ctx context.Context, level int) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Sleep(ctx, level); err != nil {
+	if _, err := s.call(ctx, sleepAt(level)); err != nil {
 		return err
 	}
 	s.asleep()
@@ -112,11 +95,7 @@ func (s *podSidecar) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, e
 
 // Restart implements seatgroup.Restarter.
 func (s *podSidecar) Restart(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Restart(ctx); err != nil {
+	if _, err := s.call(ctx, restart); err != nil {
 		return err
 	}
 	s.asleep()
@@ -129,11 +108,7 @@ func (s *podSidecar) Restart(ctx context.Context) error {
 // its weights in time) keeps the one of the last reading: the digest is
 // the one recorded at load.
 func (s *podSidecar) Wake(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	st, err := h.WakeStatus(ctx)
+	st, err := s.call(ctx, wake)
 	if err != nil {
 		return err
 	}
@@ -144,15 +119,69 @@ func (s *podSidecar) Wake(ctx context.Context) error {
 	return nil
 }
 
-// podDispatcher implements seatgroup.Dispatcher for one pod's executor:
-// its gates are the pod's, its demand the application's (seatPodDemand).
+// podDispatcher implements seatgroup.Dispatcher for one pod's executor,
+// the leader's one adapter for it: its gates are the pod's (and through
+// them the member's consumer, applyGates), its demand the application's
+// as this pod sees it (seatPodDemand).
 type podDispatcher struct{ p *seatPodRun }
 
 // Demand implements seatgroup.Dispatcher.
 func (d *podDispatcher) Demand(app string) seatgroup.Demand {
 	r := d.p.r
-	dm := r.disp.Demand(app)
-	return seatPodDemand(dm, r.servedElsewhere(d.p, app), seatgroup.DefaultMaxSwapWait)
+	return seatPodDemand(r.memberDemand(app), r.servedElsewhere(d.p, app), d.p.maxSwapWait)
+}
+
+// memberDemand reads the member's consumer (readConsumer): queued
+// (pending), in flight (taken by a dispatcher and not acknowledged, which
+// counts requests a dispatcher holds for a free slot) and the age of the
+// oldest queued request. A consumer that cannot be read counts one request
+// in flight, so that nothing is put to sleep on a guess; so does one whose
+// gate may not hold (consumerGate.holdFailed: the last close failed, or a
+// dispatcher that provisioned the consumer again reset its pause) until a
+// close succeeds.
+func (r *seatGroupRun) memberDemand(app string) seatgroup.Demand {
+	m := r.members[app]
+	now := r.c.now()
+	cr := r.c.readConsumer(r.ctx, app)
+	if !cr.OK {
+		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.use.lastUse}
+		return m.demand
+	}
+	observeGate(&m.consumerGate, cr)
+	dm := seatgroup.Demand{InFlight: int(cr.InFlight), Queued: int(cr.Queued)}
+	if m.holdFailed {
+		dm.InFlight++
+	}
+	m.use.update(now, cr)
+	dm.LastUse = m.use.lastUse
+	if dm.Queued > 0 {
+		dm.OldestWait = now.Sub(m.use.pendingSince)
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		if stored, ok := r.oldestQueued(ctx, app, cr.Delivered); ok && stored.Before(now) {
+			dm.OldestWait = now.Sub(stored)
+		}
+		cancel()
+	}
+	m.demand = dm
+	return dm
+}
+
+// oldestQueued returns when the member's first request not yet delivered
+// was stored.
+func (r *seatGroupRun) oldestQueued(ctx context.Context, app string, delivered uint64) (time.Time, bool) {
+	c := r.c
+	if r.stream == nil {
+		s, err := c.js.Stream(ctx, c.names.Stream())
+		if err != nil {
+			return time.Time{}, false
+		}
+		r.stream = s
+	}
+	msg, err := r.stream.GetMsg(ctx, delivered+1, jetstream.WithGetMsgSubject(c.names.Request(app)))
+	if err != nil {
+		return time.Time{}, false
+	}
+	return msg.Time, true
 }
 
 // Hold implements seatgroup.Dispatcher: the pod stops serving app.
@@ -232,10 +261,13 @@ func (r *seatGroupRun) applyGates(app string) {
 	for _, p := range r.pods {
 		gates[p.name] = p.gates[app]
 	}
+	consumer := GateClosed
 	if seatConsumerOpen(r.written.Pods(app), gates) {
-		r.disp.Release(app)
-	} else {
-		r.disp.Hold(app)
+		consumer = GateOpen
+	}
+	// After a failure the gate is unknown and the next step tries again.
+	if err := r.c.setGate(r.ctx, &r.members[app].consumerGate, consumer); err != nil {
+		r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", r.g.Name, "app", app, "gate", consumer, "err", err)
 	}
 }
 
@@ -245,7 +277,7 @@ func (r *seatGroupRun) writeServing(s SeatServing) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(r.disp.ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
 	defer cancel()
 	_, err = r.c.deps.Kube.AppsV1().StatefulSets(r.c.deps.Namespace).Patch(ctx, r.g.StatefulSet, types.MergePatchType, ann,
 		metav1.PatchOptions{FieldManager: FieldManager})
@@ -260,7 +292,7 @@ func (r *seatGroupRun) writeServing(s SeatServing) error {
 func (r *seatGroupRun) awaitServing(s SeatServing) {
 	want := s.String()
 	deadline := time.Now().Add(servingFence)
-	for time.Now().Before(deadline) && r.disp.ctx.Err() == nil {
+	for time.Now().Before(deadline) && r.ctx.Err() == nil {
 		sts, err := r.c.stsLister.StatefulSets(r.c.deps.Namespace).Get(r.g.StatefulSet)
 		if err == nil && ParseSeatServing(sts.Annotations[SeatServingAnnotation]).String() == want {
 			return
