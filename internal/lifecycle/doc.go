@@ -58,7 +58,9 @@
 //	plan.go              Observation, Action, Decide: the pure step
 //	step.go              observeStep, execute: one step of an application
 //	demand.go            readConsumer: the one reader of a consumer's demand
-//	gate.go              the consumer pause (the gate): consumerGate, Gate
+//	gate.go              the gates, their one owner: the consumer pause
+//	                     (consumerGate), a group pod's gates and the
+//	                     SeatServingAnnotation (applyGates)
 //	sidecars.go          the one driver of the sidecars: callSidecar,
 //	                     onSidecars, readStates, rootSidecars
 //	fence.go             the fence between a scale to zero and the next wake

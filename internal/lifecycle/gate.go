@@ -8,9 +8,19 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// The gate is an application's JetStream consumer, paused on the server
+// The gates, and their one owner. An application's gate is its JetStream
+// consumer (consumerGate). A seat group adds one gate per pod and member
+// (seatPodRun.gates), from which this file writes the group's
+// SeatServingAnnotation and opens or closes the member's consumer
+// (applyGates; the rules are seatserving.go's).
+//
+// The consumer gate is an application's JetStream consumer, paused on the server
 // while no root serves: requests wait in the stream, counting no delivery,
 // and the dispatchers' pull requests wait on the consumer. nats-server
 // cannot be relied on to serve the pull requests that wait on a consumer
@@ -198,4 +208,99 @@ func pullNothing(nc *nats.Conn, stream, consumer, reply string) error {
 		return fmt.Errorf("publishing a pull request to %s: %w", consumer, err)
 	}
 	return nil
+}
+
+// setPodGate sets the pod's gate for app (nextPodGate), then the group's
+// SeatServingAnnotation and the application's consumer (seatConsumerOpen).
+func (p *seatPodRun) setPodGate(app string, open bool) {
+	st, ok := p.sidecars[app].reading()
+	pod, err := p.sidecars[app].pod()
+	gone := err != nil || !RootServes(pod)
+	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == sidecarapi.Asleep, gone)
+	p.r.applyGates(app)
+}
+
+// servingFence bounds how long the leader waits, after it took a pod out
+// of an application's SeatServingAnnotation, for its own cache of the
+// StatefulSet to show it (the dispatchers' caches follow the same watch)
+// before it counts the application's requests in flight.
+const servingFence = 2 * time.Second
+
+// applyGates writes the SeatServingAnnotation the pods' gates make, when it
+// changed, then opens or closes app's consumer. A draining pod stays in the
+// annotation, so that the requests dispatchers already hold reach its
+// engine, which is still awake; the paused consumer hands out nothing new.
+// A pod leaves the annotation once its engine sleeps, and the leader waits
+// for its own cache to show that (servingFence) before the consumer
+// resumes for the other pods. While the annotation cannot be written, the
+// consumer stays closed for every application whose written pods no
+// longer all serve it.
+func (r *seatGroupRun) applyGates(app string) {
+	want := SeatServing{}
+	for _, p := range r.pods {
+		for a, g := range p.gates {
+			if g == GateOpen || g == GateDraining {
+				want[p.name] = append(want[p.name], a)
+			}
+		}
+	}
+	if want.String() != r.written.String() {
+		removed := false
+		for pod := range r.written {
+			for _, a := range r.written[pod] {
+				removed = removed || !want.Serves(pod, a)
+			}
+		}
+		if err := r.writeServing(want); err != nil {
+			r.c.log.Warn("seat group: writing where applications are served; retrying", "seatGroup", r.g.Name, "err", err)
+		} else {
+			r.written = want
+			if removed {
+				r.awaitServing(want)
+			}
+		}
+	}
+	gates := map[string]Gate{}
+	for _, p := range r.pods {
+		gates[p.name] = p.gates[app]
+	}
+	consumer := GateClosed
+	if seatConsumerOpen(r.written.Pods(app), gates) {
+		consumer = GateOpen
+	}
+	// After a failure the gate is unknown and the next step tries again.
+	if err := r.c.setGate(r.ctx, &r.members[app].consumerGate, consumer); err != nil {
+		r.c.log.Warn("seat group: setting the gate; retrying", "seatGroup", r.g.Name, "app", app, "gate", consumer, "err", err)
+	}
+}
+
+// writeServing patches the group StatefulSet's SeatServingAnnotation.
+func (r *seatGroupRun) writeServing(s SeatServing) error {
+	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SeatServingAnnotation: s.String()}}})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	_, err = r.c.deps.Kube.AppsV1().StatefulSets(r.c.deps.Namespace).Patch(ctx, r.g.StatefulSet, types.MergePatchType, ann,
+		metav1.PatchOptions{FieldManager: FieldManager})
+	if err != nil {
+		return fmt.Errorf("annotating StatefulSet %s: %w", r.g.StatefulSet, err)
+	}
+	return nil
+}
+
+// awaitServing waits, at most servingFence, until the leader's cache of the
+// group's StatefulSet shows s.
+func (r *seatGroupRun) awaitServing(s SeatServing) {
+	want := s.String()
+	deadline := time.Now().Add(servingFence)
+	for time.Now().Before(deadline) && r.ctx.Err() == nil {
+		sts, err := r.c.stsLister.StatefulSets(r.c.deps.Namespace).Get(r.g.StatefulSet)
+		if err == nil && ParseSeatServing(sts.Annotations[SeatServingAnnotation]).String() == want {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.c.log.Warn("seat group: the StatefulSet's cache did not show where applications are served in time", "seatGroup", r.g.Name, "within", servingFence)
 }

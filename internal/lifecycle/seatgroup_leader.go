@@ -47,12 +47,6 @@ import (
 // leader cannot multiplex.
 const EventSeatGroupRefused = "SeatGroupRefused"
 
-// servingFence bounds how long the leader waits, after it took a pod out
-// of an application's SeatServingAnnotation, for its own cache of the
-// StatefulSet to show it (the dispatchers' caches follow the same watch)
-// before it counts the application's requests in flight.
-const servingFence = 2 * time.Second
-
 // seatGroupRun is one group on the leader.
 type seatGroupRun struct {
 	c *Controller
