@@ -14,6 +14,12 @@ const (
 	// long an application keeps a seat once woken before another may take
 	// it.
 	DefaultSeatMinResidency = 30 * time.Second
+	// DefaultActiveSeats is spec.seatGroups.<group>.activeSeats' default:
+	// one application of the group awake at a time in each pod.
+	DefaultActiveSeats int32 = 1
+	// DefaultSeatGroupReplicas is spec.seatGroups.<group>.replicas'
+	// default: one pod.
+	DefaultSeatGroupReplicas int32 = 1
 	// DefaultVerifyInterval is triggers.intervalSeconds' default: the
 	// period at which the node agent re-hashes the copies it keeps.
 	DefaultVerifyInterval = 900 * time.Second

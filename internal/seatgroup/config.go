@@ -12,7 +12,7 @@ import (
 // each.
 const (
 	// DefaultActiveSeats: one application awake at a time.
-	DefaultActiveSeats = 1
+	DefaultActiveSeats = int(v1alpha1.DefaultActiveSeats)
 	// DefaultMinResidency: a level-1 swap of a large model costs 3–6 s on
 	// vLLM (0.3–0.8 s on small ones); holding a seat at least 30 s keeps
 	// swaps under about a sixth of the seat's time however hard the
