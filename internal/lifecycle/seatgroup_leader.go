@@ -139,18 +139,18 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		cfg.Tick = c.cfg.Tick.Duration
 		var members []seatgroup.Member
 		for _, m := range g.Members {
-			seat := &podSidecar{p: p, app: m.Name, port: m.SeatPort}
-			p.sidecars[m.Name] = seat
+			sc := &podSidecar{p: p, app: m.Name, port: m.SeatPort}
+			p.sidecars[m.Name] = sc
 			members = append(members, seatgroup.Member{
 				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
 				SleepAfter: m.SleepAfter.Duration,
-				// The memory reading and the restart go through the seat
-				// agent: the residentBytes its GET /state reports (the
+				// The memory reading and the restart go through the
+				// sidecar: the residentBytes its GET /state reports (the
 				// simulator; an engine that reports none is trusted to
 				// have slept), and POST /restart, which restarts the
 				// engine in place (the simulator run with --restartable;
 				// other engines refuse).
-				Sidecar: seat, Memory: seat, Restarter: seat,
+				Sidecar: sc, Memory: sc, Restarter: sc,
 			})
 		}
 		exec, err := seatgroup.NewExecutor(cfg, members, &podDispatcher{p: p}, c.deps.Registry, c.log.With("pod", p.name),
@@ -250,7 +250,7 @@ func (c *Controller) seatGroupReplicasMatch(ctx context.Context, g SeatGroup) bo
 }
 
 // onEvent counts swaps for the status and records what a successful wake,
-// sleep or restart did to the pod's seat, so that the status written
+// sleep or restart did to the member's sidecar in the pod, so that the status written
 // after the step does not show the reading taken before it (from the
 // group's goroutine).
 func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
@@ -258,8 +258,8 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 		return
 	}
 	m := r.members[ev.App]
-	seat := p.sidecars[ev.App]
-	st, _ := seat.reading()
+	sc := p.sidecars[ev.App]
+	st, _ := sc.reading()
 	switch ev.Kind {
 	case seatgroup.ActionWake:
 		m.swaps++
@@ -274,7 +274,7 @@ func (r *seatGroupRun) onEvent(p *seatPodRun, ev seatgroup.Event) {
 	default:
 		return
 	}
-	seat.setReading(st, true)
+	sc.setReading(st, true)
 	r.reportSwap(p, m, ev, st)
 }
 
