@@ -23,6 +23,7 @@ import (
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -359,12 +360,12 @@ func TestNodeSnapshotsASimulator(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	_, post := snapshotAgent(ctx, t, workingCRIU(ctx, t))
-	port := freePort(t)
+	port := enginetest.FreePort(t)
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	cmd := exec.Command(selfExe())
-	cmd.Args = fakeArgs(sidecarapi.EngineSimulator, port)
-	cmd.Env = append(os.Environ(), fakeEngineEnv+"="+sidecarapi.EngineSimulator, fakePortEnv+"="+strconv.Itoa(port),
-		fakeHotDirEnv+"="+t.TempDir(), fakeLoadedEnv+"=1")
+	cmd := exec.Command(enginetest.SelfExe())
+	cmd.Args = enginetest.Args(sidecarapi.EngineSimulator, port)
+	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+sidecarapi.EngineSimulator, enginetest.PortEnv+"="+strconv.Itoa(port),
+		enginetest.HotDirEnv+"="+t.TempDir(), enginetest.LoadedEnv+"=1")
 	cmd.SysProcAttr = ownSession()
 	if err := cmd.Start(); err != nil { // stdio: /dev/null, nothing criu must reconnect
 		t.Fatal(err)

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,140 +17,20 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/sys/unix"
 
 	"github.com/model-orchestra/operator/internal/engineproc"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
-	"github.com/model-orchestra/operator/internal/sim"
 )
 
-// The tests below run fake engines as real processes, re-executing the
-// test binary with the command line of the engine they mimic (argv[0] and
-// the arguments are what /proc/<pid>/cmdline shows) and its API on a port
-// of their own:
-//
-//	vllm serve <model> --port N        with a child VLLM::EngineCore (vLLM v1's engine process)
-//	ollama serve                       with a child `ollama runner` while its model is loaded
-//	llama-server --port N --models-preset …
-//
-// A fake kubelet starts a fake again when it ends, as restartPolicy Always
-// does for a container.
-
-const (
-	fakeEngineEnv = "ORCHESTRA_FAKE_ENGINE" // the kind to run, or "child"
-	fakePortEnv   = "ORCHESTRA_FAKE_PORT"
-	fakeLoadedEnv = "ORCHESTRA_FAKE_LOADED" // "1": the model is loaded at start
-	fakeNoTermEnv = "ORCHESTRA_FAKE_IGNORE_SIGTERM"
-	fakeHotDirEnv = "ORCHESTRA_FAKE_HOT_DIR" // the simulator's hot tier
-	fakeFirstEnv  = "ORCHESTRA_FAKE_FIRST"   // "1": the container's first start
-	fakeModel     = "m"
-)
+// The tests below run fake engines as real processes (enginetest.RunFakeEngine)
+// under a fake kubelet, which starts a fake again when it ends, as
+// restartPolicy Always does for a container.
 
 func TestMain(m *testing.M) {
-	// Descriptors the test binary inherited (CI's flock holds one on its
-	// lock file) stay out of the processes the tests start: criu refuses
-	// to dump a process holding a file lock.
-	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
-	if kind := os.Getenv(fakeEngineEnv); kind != "" {
-		os.Exit(runFakeEngine(kind))
-	}
+	enginetest.MainIfFakeEngine()
 	os.Exit(m.Run())
-}
-
-// runFakeEngine is the fake engine process's main.
-func runFakeEngine(kind string) int {
-	if os.Getenv(fakeNoTermEnv) == "1" {
-		signal.Ignore(syscall.SIGTERM)
-	}
-	if kind == "child" {
-		select {} // an engine's worker: holds its memory until it is killed
-	}
-	var h http.Handler
-	var child []string
-	loaded := os.Getenv(fakeLoadedEnv) == "1"
-	switch kind {
-	case sidecarapi.EngineVLLM:
-		v := enginetest.NewVLLM() // vLLM starts awake, its weights loaded
-		h, child = v.Handler(), []string{"VLLM::EngineCore"}
-	case sidecarapi.EngineOllama:
-		var models []string
-		if loaded {
-			models = []string{fakeModel}
-			child = []string{"ollama", "runner", "--model", "/models/blobs/sha256-m", "--port", "40001"}
-		}
-		o := enginetest.NewOllama(models...)
-		o.Create(fakeModel) // the chart's script created it as the engine started
-		h = o.Handler()
-	case sidecarapi.EngineLlamaCPP:
-		h = enginetest.NewLlamaCPP(fakeModel).Handler() // load-on-startup
-	case sidecarapi.EngineSimulator:
-		// The simulator itself, without --restartable, leaking its memory
-		// on every sleep of its first start (vllm#47654).
-		sc := sim.Default()
-		sc.Weights.Bytes = 1 << 20
-		sc.Sleep = sim.Sleep{Enabled: true, HotDir: os.Getenv(fakeHotDirEnv)}
-		sc.Faults.SleepLeak = os.Getenv(fakeFirstEnv) == "1"
-		s := sim.New(sc, sim.WithLogger(slog.New(slog.DiscardHandler)))
-		if err := s.LoadWeights(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		h = s.Handler()
-	default:
-		fmt.Fprintln(os.Stderr, "unknown fake engine", kind)
-		return 2
-	}
-	if child != nil {
-		cmd := exec.Command(selfExe())
-		cmd.Args = child
-		cmd.Env = append(os.Environ(), fakeEngineEnv+"=child")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer func() { _ = cmd.Process.Kill() }()
-	}
-	ln, err := sim.Listen(context.Background(), "127.0.0.1:"+os.Getenv(fakePortEnv)) // snapshottable (TestNodeSnapshotsASimulator)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	if os.Getenv(fakeNoTermEnv) == "1" {
-		select {} // only SIGKILL ends it
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	<-ctx.Done()
-	_ = srv.Close()
-	return 0
-}
-
-func selfExe() string {
-	p, err := os.Executable()
-	if err != nil {
-		panic(err)
-	}
-	return p
-}
-
-// fakeArgs is each kind's command line on port.
-func fakeArgs(kind string, port int) []string {
-	p := strconv.Itoa(port)
-	switch kind {
-	case sidecarapi.EngineVLLM:
-		return []string{"/usr/bin/python3", "/usr/local/bin/vllm", "serve", "/models/m", "--port", p, "--enable-sleep-mode"}
-	case sidecarapi.EngineOllama:
-		return []string{"ollama", "serve"}
-	case sidecarapi.EngineSimulator:
-		return []string{"/orchestra-sim", "--addr=:" + p, "--enable-sleep-mode", "--fault-sleep-leak"}
-	default:
-		return []string{"/app/llama-server", "--host", "0.0.0.0", "--port", p, "--models-preset", "/etc/llama/models.ini"}
-	}
 }
 
 // kubelet runs one fake engine "container" and starts it again whenever it
@@ -172,21 +48,11 @@ type kubelet struct {
 	stopped bool
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // runEngine starts a fake engine of kind on a free port under a kubelet
 // and waits until it answers.
 func runEngine(t *testing.T, kind string, env ...string) *kubelet {
 	t.Helper()
-	k := &kubelet{t: t, kind: kind, port: freePort(t), env: env}
+	k := &kubelet{t: t, kind: kind, port: enginetest.FreePort(t), env: env}
 	k.start(true)
 	go k.supervise()
 	t.Cleanup(func() {
@@ -202,19 +68,19 @@ func runEngine(t *testing.T, kind string, env ...string) *kubelet {
 }
 
 func (k *kubelet) start(first bool) {
-	cmd := exec.Command(selfExe())
-	cmd.Args = fakeArgs(k.kind, k.port)
-	cmd.Env = append(os.Environ(), fakeEngineEnv+"="+k.kind, fakePortEnv+"="+strconv.Itoa(k.port))
+	cmd := exec.Command(enginetest.SelfExe())
+	cmd.Args = enginetest.Args(k.kind, k.port)
+	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+k.kind, enginetest.PortEnv+"="+strconv.Itoa(k.port))
 	if k.kind == sidecarapi.EngineOllama {
 		cmd.Env = append(cmd.Env, "OLLAMA_HOST=127.0.0.1:"+strconv.Itoa(k.port))
 	}
 	// A first start loads the model; a restarted Ollama has none loaded, and
 	// llama.cpp's router loads it again (load-on-startup).
 	if first || k.kind != sidecarapi.EngineOllama {
-		cmd.Env = append(cmd.Env, fakeLoadedEnv+"=1")
+		cmd.Env = append(cmd.Env, enginetest.LoadedEnv+"=1")
 	}
 	if first {
-		cmd.Env = append(cmd.Env, fakeFirstEnv+"=1")
+		cmd.Env = append(cmd.Env, enginetest.FirstEnv+"=1")
 	}
 	cmd.Env = append(cmd.Env, k.env...)
 	cmd.Stderr = os.Stderr
@@ -377,7 +243,7 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 	}
 	// A port where nothing listens: the engine is not running, and there
 	// is nothing to stop.
-	p, _ = sidecar.NewEngineProcess(sidecarapi.EngineVLLM, freePort(t), time.Second)
+	p, _ = sidecar.NewEngineProcess(sidecarapi.EngineVLLM, enginetest.FreePort(t), time.Second)
 	if _, err := p.PIDs(); !errors.Is(err, sidecar.ErrEngineNotRunning) {
 		t.Errorf("a free port: want ErrEngineNotRunning, got %v", err)
 	}
@@ -408,7 +274,7 @@ func TestEngineProcessStopTermsThenKillsTheWholeTree(t *testing.T) {
 		wantKilled bool
 	}{
 		{"ends on SIGTERM", nil, false},
-		{"ignores SIGTERM", []string{fakeNoTermEnv + "=1"}, true},
+		{"ignores SIGTERM", []string{enginetest.NoTermEnv + "=1"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := runEngine(t, sidecarapi.EngineVLLM, tc.env...)

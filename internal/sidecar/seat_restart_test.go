@@ -9,6 +9,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/sidecar"
+	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -18,7 +19,7 @@ func startProcessSeat(t *testing.T, k *kubelet, mut func(*agent.Config)) *seatEn
 	ac := agent.Default()
 	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 10*time.Millisecond, 5*time.Second
 	ac.Seat.WakeTimeout, ac.Seat.RestartGrace = 20*time.Second, time.Second
-	ac.Seat.Engine = sidecar.EngineConfig{Kind: k.kind, URL: k.url(), Model: fakeModel}
+	ac.Seat.Engine = sidecar.EngineConfig{Kind: k.kind, URL: k.url(), Model: enginetest.Model}
 	ac.Seat.RestartProcess = true
 	if mut != nil {
 		mut(&ac)
@@ -135,7 +136,7 @@ func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 // restarts it by its process. The restarted simulator loads its weights
 // awake, the seat puts it to sleep at level 2, and its memory reads freed.
 func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
-	k := runEngine(t, sidecarapi.EngineSimulator, fakeHotDirEnv+"="+t.TempDir())
+	k := runEngine(t, sidecarapi.EngineSimulator, enginetest.HotDirEnv+"="+t.TempDir())
 	e := startProcessSeat(t, k, nil)
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
