@@ -177,7 +177,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
 		capture()
-		if err != nil || !res.Done || res.Content == "" {
+		if err != nil || !res.Answered() {
 			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
 		}
 		logf("the chat that woke it from zero was answered in %s", time.Since(sent).Round(time.Millisecond))

@@ -115,7 +115,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		wakes := st.Lifecycle.Wakes
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
-		if err != nil || !res.Done || res.Content == "" {
+		if err != nil || !res.Answered() {
 			t.Fatalf("the chat sent to the sleeping engine: %+v, %v", res, err)
 		}
 		logf("the chat that woke Ollama from the %s tier was answered in %s", tier, time.Since(sent).Round(time.Millisecond))
