@@ -76,8 +76,8 @@ func DefaultSeatConfig() SeatConfig {
 	return SeatConfig{
 		Engine:       EngineConfig{Kind: sidecarapi.EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
 		SleepLevel:   int(v1alpha1.DefaultSleepLevel),
-		DrainTimeout: 30 * time.Second,
-		SleepTimeout: 2 * time.Minute,
+		DrainTimeout: v1alpha1.EngineDrainTimeout,
+		SleepTimeout: v1alpha1.EngineSleepTimeout,
 		WakeTimeout:  v1alpha1.EngineWakeTimeout,
 		PollInterval: 100 * time.Millisecond,
 		RestartGrace: 30 * time.Second,
