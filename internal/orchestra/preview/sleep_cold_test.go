@@ -102,7 +102,7 @@ func TestAgentReadsTheS3ColdTier(t *testing.T) {
 	for _, it := range pod.Volumes[i].Secret.Items {
 		keys = append(keys, it.Key+"→"+it.Path)
 	}
-	// The agent reads the files the fetcher names (checkpoint.ColdS3Source).
+	// The agent reads the files the fetcher names (nodeagent.ColdS3Source).
 	if want := []string{s3cred.AccessKeyName + "→" + s3cred.AccessKeyName, s3cred.SecretKeyName + "→" + s3cred.SecretKeyName}; !slices.Equal(keys, want) {
 		t.Errorf("Secret keys mounted (key→file) %v, want %v: the two the fetcher reads", keys, want)
 	}

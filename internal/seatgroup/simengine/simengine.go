@@ -10,7 +10,7 @@
 // resident, and its next wake starts a new simulated engine, which loads
 // its weights from their source (the cold tier) and verifies them as at
 // any start. The seat agent asks for a restart over localhost
-// (POST /orchestra/restart, checkpoint.Restarter); no signal, shared
+// (POST /orchestra/restart, sidecar.Restarter); no signal, shared
 // process namespace or privilege is involved.
 package simengine
 
@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
