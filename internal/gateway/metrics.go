@@ -44,7 +44,7 @@ func newMetrics() *metrics {
 		}, []string{"model", "endpoint", "stream"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "time_to_first_token_seconds",
-			Help:    "Time from receiving a streaming request to sending its first event.",
+			Help:    "Time from receiving a streaming request to sending its first non-empty text (a chat delta's content, a completion's text).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"model", "endpoint"}),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{

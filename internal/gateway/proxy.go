@@ -303,7 +303,7 @@ func (s *sseRelay) event(text, raw []byte) error {
 			}
 		}
 	}
-	if s.x.ttft == 0 {
+	if s.x.ttft == 0 && carriesText(text) {
 		s.x.ttft = time.Since(s.x.start)
 	}
 	if _, err := s.w.Write(raw); err != nil {
@@ -311,6 +311,35 @@ func (s *sseRelay) event(text, raw []byte) error {
 	}
 	s.wrote = true
 	return nil
+}
+
+// textKeys name a chunk's text: a chat delta's "content", a legacy
+// completion's "text".
+var textKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`)}
+
+// carriesText reports whether an event has a non-empty content or text
+// string. The role chunk (content "") and finish and usage chunks do not:
+// time to first token is the first text a client sees. It scans bytes, not
+// JSON: a key inside a string is escaped (\"content\") and never matches.
+func carriesText(text []byte) bool {
+	for _, key := range textKeys {
+		rest := text
+		for {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(key):]
+			j := skipSpace(rest, 0)
+			if j < len(rest) && rest[j] == ':' {
+				j = skipSpace(rest, j+1)
+				if j+1 < len(rest) && rest[j] == '"' && rest[j+1] != '"' {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // parseUsageEvent reads the usage of a chunk event. usageOnly is true for
