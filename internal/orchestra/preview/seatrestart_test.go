@@ -81,10 +81,17 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 		if !slices.Contains(seat.Args, "--restart-process") || !slices.Contains(seat.Args, "--nvidia-smi=nvidia-smi") {
 			t.Errorf("seat-%s args %v: want --restart-process and --nvidia-smi=nvidia-smi", app, seat.Args)
 		}
-		sc := seat.SecurityContext
-		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || engine.SecurityContext.RunAsUser != nil {
-			t.Errorf("seat-%s must run as its engine's user (the image's root): seat %+v, engine %+v", app, sc, engine.SecurityContext)
+		// The seat runs as its engine's user and group: our Ollama image's
+		// 65532 (code), the upstream images' root (chat: vLLM, summarise:
+		// llama.cpp), whose user the engine container leaves to its image.
+		sc, esc := seat.SecurityContext, engine.SecurityContext
+		wantUser := map[string]int64{"code": 65532}[app]
+		if sc == nil || !cmp.Equal(sc.RunAsUser, &wantUser) || !cmp.Equal(sc.RunAsGroup, &wantUser) {
+			t.Errorf("seat-%s must run as its engine's user and group %d: seat %+v", app, wantUser, sc)
 			continue
+		}
+		if wantUser == 0 && (esc.RunAsUser != nil || esc.RunAsGroup != nil) || wantUser != 0 && (!cmp.Equal(esc.RunAsUser, &wantUser) || !cmp.Equal(esc.RunAsGroup, &wantUser)) {
+			t.Errorf("engine-%s runs as user %v group %v; want its seat's %d (unset: the image's root)", app, esc.RunAsUser, esc.RunAsGroup, wantUser)
 		}
 		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
 			t.Errorf("seat-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
