@@ -44,22 +44,24 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* "true" when the engine runs the chart's own image (Ollama or the
-simulator without runtime.image), whose user is 65532 and which needs no
-writable root filesystem. Empty otherwise. */}}
-{{- define "mo.ownEngineImage" -}}
-{{- if and (not .spec.runtime.image) (has .spec.runtime.engine (list "ollama" "simulator")) }}true{{ end -}}
+{{/* "true" for the engines that need no root and write only their /tmp
+(HOME, OLLAMA_MODELS): Ollama and the simulator. They run as 65532 (the
+user of the images this project builds; the upstream Ollama image, the
+chart's default, names root but needs none of it) with a read-only root
+filesystem. Empty otherwise. */}}
+{{- define "mo.nonRootEngine" -}}
+{{- if has .spec.runtime.engine (list "ollama" "simulator") }}true{{ end -}}
 {{- end -}}
 
-{{/* The user id an engine container runs as, where the chart knows it:
-runtime.runAsUser, else 65532 for the chart's own images. Empty for the
-upstream images of vLLM, llama.cpp and distributed-llama (they run as
-root) and a replaced image: they run as the user their image names. */}}
+{{/* The user id an engine container runs as, where the chart sets it:
+runtime.runAsUser, else 65532 for Ollama and the simulator
+(mo.nonRootEngine). Empty for vLLM, llama.cpp and distributed-llama: they
+run as the user their image names (the upstream images': root). */}}
 {{- define "mo.engineUser" -}}
 {{- $rt := .spec.runtime -}}
 {{- if hasKey $rt "runAsUser" -}}
 {{- int64 $rt.runAsUser -}}
-{{- else if include "mo.ownEngineImage" . -}}
+{{- else if include "mo.nonRootEngine" . -}}
 65532
 {{- end -}}
 {{- end -}}
@@ -94,9 +96,9 @@ issue 11607). */}}
 
 {{/* The security context of an engine container (and, in a seat group, of
 its seat, which must run as the same user and group to signal the engine's
-processes): the user and group where known (mo.engineUser,
-mo.engineGroup), not root where the user is known and is not 0, and the
-chart's own images with a read-only root filesystem; no capability and no
+processes): the user and group where the chart sets them (mo.engineUser,
+mo.engineGroup), not root where that user is not 0, and Ollama and the
+simulator with a read-only root filesystem; no capability and no
 privilege escalation in every case. */}}
 {{- define "mo.engineUserContext" -}}
 {{- $user := include "mo.engineUser" . -}}
@@ -109,7 +111,7 @@ runAsGroup: {{ . }}
 {{- if and $user (ne $user "0") }}
 runAsNonRoot: true
 {{- end }}
-{{- if include "mo.ownEngineImage" . }}
+{{- if include "mo.nonRootEngine" . }}
 readOnlyRootFilesystem: true
 {{- end }}
 {{ include "mo.engineSecurityContext" .root }}
@@ -700,16 +702,15 @@ volumeMounts:
 {{- /* In a seat group the seat signals its engine's processes and reads
 their open files, which the kernel allows without any capability only to a
 process of the same user and group: the seat runs as the engine's user and
-group (mo.engineUserContext: 65532 for the chart's Ollama image, or
-runtime.runAsUser and runAsGroup), with every capability dropped like the
-engine. Where the chart does not know the engine's user (the upstream vLLM
-and llama.cpp images, which run as root, or a replaced image without
-runtime.runAsUser), the seat runs as root, root's group, without any
-capability either. */}}
+group (mo.engineUserContext: 65532 for Ollama, or runtime.runAsUser and
+runAsGroup), with every capability dropped like the engine. Where the
+engine runs as its image's user (vLLM and llama.cpp without
+runtime.runAsUser: the upstream images' root), the seat runs as root,
+root's group, without any capability either. */}}
 securityContext:
   {{- if $engineUser }}
   {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec) | trim | nindent 2 }}
-  {{- if not (include "mo.ownEngineImage" .) }}
+  {{- if not (include "mo.nonRootEngine" .) }}
   readOnlyRootFilesystem: true
   {{- end }}
   {{- else }}
