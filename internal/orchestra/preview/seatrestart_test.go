@@ -57,7 +57,8 @@ func simSeatGroupPod(t *testing.T) corev1.PodSpec {
 // TestSeatGroupSeatsCanRestartTheirEngines: the group pod shares its
 // process namespace; the seat of each engine that cannot restart itself is
 // told to restart it through its processes and runs as the engine's user
-// (root, the images' user) with no capability and no privilege escalation;
+// and group (Ollama's 65532; root, the upstream vLLM and llama.cpp images'
+// user) with no capability and no privilege escalation;
 // on a GPU every seat reads nvidia-smi and holds the pod's claim, so that
 // the DRA driver gives it the tool. The simulator's seat keeps the
 // simulator's in-place restart and the restricted user.
@@ -136,9 +137,10 @@ func podSecurity(t *testing.T, level psapi.Level, spec *corev1.PodSpec) []string
 
 // TestSeatGroupPodSecurity: sharing the process namespace changes no Pod
 // Security verdict (the restricted level allows it). What keeps the group
-// pods from the restricted level is known and unchanged: their engines,
-// and the seats that restart them, run as the images' root user (with
-// every capability dropped), and the simulators mount the node agent's
+// pods from the restricted level is known and unchanged: the vLLM and
+// llama.cpp engines, and the seats that restart them, run as the upstream
+// images' root user (with every capability dropped; Ollama and its seat
+// run as 65532), and the simulators mount the node agent's
 // tier directories (hostPath, which also rules out baseline). The same pod
 // with every container run as a non-root user passes the restricted level
 // but for those volumes.
