@@ -36,6 +36,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/seatgrouptest"
 	"github.com/model-orchestra/operator/internal/tierprobe"
@@ -71,7 +72,7 @@ type swap struct {
 	// mapping of a device region (taking a region of a device of the same
 	// kind, as the wake's alloc does).
 	turn        int
-	read, write checkpoint.Bandwidth
+	read, write nodeapi.Bandwidth
 	mapRegion   time.Duration
 }
 
@@ -98,7 +99,7 @@ type row struct {
 	// write, read and mapRegion are the run's probes: the fastest of
 	// those read between its turns (the hardware does not change from
 	// one turn to the next, only the shared machine's load does).
-	write, read checkpoint.Bandwidth
+	write, read nodeapi.Bandwidth
 	mapRegion   time.Duration
 	swaps       []swap
 	// beaten lists the swaps or wakes that ran faster than their bound.
@@ -211,7 +212,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 // probes are the probes read between two round-robin turns: the hot
 // tier's read and write, and the mapping of a device region.
 type probes struct {
-	read, write checkpoint.Bandwidth
+	read, write nodeapi.Bandwidth
 	mapRegion   time.Duration
 }
 

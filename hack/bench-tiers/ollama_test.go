@@ -21,6 +21,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/ollamatest"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
@@ -53,7 +54,7 @@ type ollamaTier struct {
 type ollamaLoad struct {
 	tier         string
 	first, awake time.Duration
-	probe        checkpoint.Bandwidth
+	probe        nodeapi.Bandwidth
 	probeMethod  string
 	bound        time.Duration
 	// load is Ollama's own load_duration of the first request.
@@ -263,8 +264,8 @@ func ollamaLoadFrom(ctx context.Context, url, blob string, tier ollamaTier, n in
 }
 
 // probePeak reads each probe once.
-func probePeak(ps []*tierprobe.Probe) ([]checkpoint.Bandwidth, error) {
-	var out []checkpoint.Bandwidth
+func probePeak(ps []*tierprobe.Probe) ([]nodeapi.Bandwidth, error) {
+	var out []nodeapi.Bandwidth
 	for _, p := range ps {
 		b, err := p.Read()
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
@@ -98,18 +99,18 @@ func measureReads(r *row, n int64, disk string) error {
 
 // measureHashedCopy copies src into dst with arena.VerifiedCopy, the hot
 // restore's copy and hash of each chunk.
-func measureHashedCopy(dst, src *arena.Arena) checkpoint.Bandwidth {
+func measureHashedCopy(dst, src *arena.Arena) nodeapi.Bandwidth {
 	n := src.Len()
 	start := time.Now()
 	_ = arena.VerifiedCopy(dst.Bytes(), src.Bytes())
 	t := time.Since(start)
-	return checkpoint.Bandwidth{What: "memcpy + XXH3", Bytes: n, Seconds: t.Seconds(), BytesPerSecond: float64(n) / t.Seconds(),
+	return nodeapi.Bandwidth{What: "memcpy + XXH3", Bytes: n, Seconds: t.Seconds(), BytesPerSecond: float64(n) / t.Seconds(),
 		Method: fmt.Sprintf("copy and hash each 1 MiB chunk (arena.VerifiedCopy), %d threads", arena.DefaultWorkers())}
 }
 
 // measureDisk writes a probe as large as a on the disk and reads it as
 // rawReads does.
-func measureDisk(dir string, a *arena.Arena) (one, restore checkpoint.Bandwidth, err error) {
+func measureDisk(dir string, a *arena.Arena) (one, restore nodeapi.Bandwidth, err error) {
 	path, err := checkpoint.WriteProbe(dir, a.Len())
 	if err != nil {
 		return one, restore, fmt.Errorf("writing a %d-byte probe in %s: %w", a.Len(), dir, err)
@@ -132,11 +133,11 @@ func freeAndWait(n int64) error {
 
 // measureS3 GETs an object as large as dst from the in-repo S3 fake over
 // loopback into dst.
-func measureS3(dst *arena.Arena) (checkpoint.Bandwidth, error) {
+func measureS3(dst *arena.Arena) (nodeapi.Bandwidth, error) {
 	n := dst.Len()
 	src, err := arena.New(n, arena.Options{})
 	if err != nil {
-		return checkpoint.Bandwidth{}, err
+		return nodeapi.Bandwidth{}, err
 	}
 	defer src.Free()
 	arena.Synthesize(src.Bytes(), 5)
@@ -147,26 +148,26 @@ func measureS3(dst *arena.Arena) (checkpoint.Bandwidth, error) {
 	t := time.Now()
 	resp, err := http.Get(s.URL() + "/models/w.bin")
 	if err != nil {
-		return checkpoint.Bandwidth{}, err
+		return nodeapi.Bandwidth{}, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return checkpoint.Bandwidth{}, fmt.Errorf("s3 fake answered %d", resp.StatusCode)
+		return nodeapi.Bandwidth{}, fmt.Errorf("s3 fake answered %d", resp.StatusCode)
 	}
 	if _, err := io.ReadFull(resp.Body, dst.Bytes()); err != nil {
-		return checkpoint.Bandwidth{}, err
+		return nodeapi.Bandwidth{}, err
 	}
 	d := time.Since(t)
 	if !bytes.Equal(dst.Bytes()[:4096], src.Bytes()[:4096]) {
-		return checkpoint.Bandwidth{}, errors.New("s3 fake returned other bytes")
+		return nodeapi.Bandwidth{}, errors.New("s3 fake returned other bytes")
 	}
-	return checkpoint.Bandwidth{What: "s3 fake", Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / d.Seconds(), Method: "HTTP GET over loopback"}, nil
+	return nodeapi.Bandwidth{What: "s3 fake", Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / d.Seconds(), Method: "HTTP GET over loopback"}, nil
 }
 
 // rawReads reads the file at path with O_DIRECT, without hashing, with one
 // reader and with the restore's readers, in that order or, after the
 // wake, in reverse: each way then sits on average as close to the wake.
-func rawReads(a *arena.Arena, what, path string, reverse bool) (one, restore checkpoint.Bandwidth, err error) {
+func rawReads(a *arena.Arena, what, path string, reverse bool) (one, restore nodeapi.Bandwidth, err error) {
 	readOne := func() error {
 		one, err = tierprobe.Of(what, path, a, arena.FileOptions{Direct: true, Workers: 1}).Read()
 		return err

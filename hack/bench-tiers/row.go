@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
@@ -17,7 +17,7 @@ type row struct {
 	// (hotWake): this VM's memory bandwidth moves by half from one minute
 	// to the next, so the hot ratios compare a wake with copies that
 	// bracket it. disk is the peak of its two O_DIRECT reads likewise.
-	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
+	memcpy, memcpy1, memcpy2 nodeapi.Bandwidth
 	// hashedCopy is the hot restore's verified copy between two
 	// pre-faulted arenas (arena.VerifiedCopy: each 1 MiB chunk copied and
 	// hashed with XXH3 in one pass): the most a verified restore can do
@@ -25,18 +25,18 @@ type row struct {
 	// right before and right after every hot wake of the run (one copy
 	// at the run's start was a single moment of a shared machine, which a
 	// wake in a quieter moment beat).
-	hashedCopy checkpoint.Bandwidth
-	fresh, s3  checkpoint.Bandwidth
+	hashedCopy nodeapi.Bandwidth
+	fresh, s3  nodeapi.Bandwidth
 	// tmpfs is the run's tier probe (tierProbe): the fastest read of
 	// the hot tier of the whole run, every hot wake's bound.
-	tmpfs              checkpoint.Bandwidth
-	disk, disk1, disk2 checkpoint.Bandwidth
+	tmpfs              nodeapi.Bandwidth
+	disk, disk1, disk2 nodeapi.Bandwidth
 	// warmRaw is the O_DIRECT read of the warm copy itself, right before
 	// and right after the warm wake (both reads as one): the shared
 	// disk's bandwidth moves by 3× from one minute to the next, so the
 	// ratio compares the wake with reads that bracket it. warmRaw1 is
 	// one reader, warmRaw2 the restore's readers; warmRaw the faster.
-	warmRaw, warmRaw1, warmRaw2 checkpoint.Bandwidth
+	warmRaw, warmRaw1, warmRaw2 nodeapi.Bandwidth
 	hot, warm, cold             *sim.StageReport
 	// hotKernel is the hot wake of a simulator whose sleep returns the
 	// memory to the kernel (--device-memory=kernel), the model before the
@@ -72,7 +72,7 @@ type row struct {
 // around the wake (measureHot).
 type hotWake struct {
 	rep                      *sim.StageReport
-	memcpy, memcpy1, memcpy2 checkpoint.Bandwidth
+	memcpy, memcpy1, memcpy2 nodeapi.Bandwidth
 	// around is the tier probe around the wake: the fastest of the
 	// reads of the offload right before the wake and right after. probe
 	// is the run's tier probe, the fastest of every wake's around: the
@@ -80,7 +80,7 @@ type hotWake struct {
 	// load of the machine does, and a bound taken from the reads of one
 	// wake's window alone was beaten by single wakes that ran in a
 	// quieter moment than the reads around them.
-	around, probe checkpoint.Bandwidth
+	around, probe nodeapi.Bandwidth
 	// aroundMedian is the median of the reads around the wake (bytes/s):
 	// a typical read of the same file at the same moment, which the
 	// restore, the same read with a hash, should match.
@@ -88,7 +88,7 @@ type hotWake struct {
 	// hashed is the verified copy (arena.VerifiedCopy) of memcpy's
 	// source into the probe's region, the fastest of one right before
 	// the wake and one right after.
-	hashed          checkpoint.Bandwidth
+	hashed          nodeapi.Bandwidth
 	ttft, ttftBound time.Duration
 	// huge is the share of the tier file (the level-1 offload) in huge
 	// pages, from ShmemHugePages around the sleep that wrote it.
@@ -119,7 +119,7 @@ func (h hotWake) load() float64 { return h.around.BytesPerSecond / h.probe.Bytes
 // run's verified copy to the fastest of theirs.
 func (r *row) boundByRunPeak(n int64) {
 	all := append(slices.Clone(r.hotWakes), r.idleWake)
-	var peak checkpoint.Bandwidth
+	var peak nodeapi.Bandwidth
 	for _, h := range all {
 		peak = tierprobe.Peak(peak, h.around)
 		r.hashedCopy = tierprobe.Peak(r.hashedCopy, h.hashed)

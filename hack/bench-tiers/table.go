@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
@@ -31,7 +31,7 @@ func (r row) hotNote() string {
 	return out
 }
 
-func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNote string, criu checkpoint.CRIUReport) string {
+func render(rows []row, loadBefore, loadAfter string, took time.Duration, hotNote string, criu nodeapi.CRIUReport) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fpr := "no free page reporting"

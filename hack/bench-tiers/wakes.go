@@ -16,6 +16,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
@@ -173,8 +174,8 @@ func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, d
 	// this VM a region's pages can copy slower for seconds while the host
 	// settles them, and the wake is bounded by the pages it lands in.
 	var reads []float64
-	read := func(into *arena.Arena) (checkpoint.Bandwidth, error) {
-		var best checkpoint.Bandwidth
+	read := func(into *arena.Arena) (nodeapi.Bandwidth, error) {
+		var best nodeapi.Bandwidth
 		for _, hash := range []bool{false, true} {
 			p := tierprobe.Of("tmpfs", link, into, arena.FileOptions{})
 			p.Hash = hash
@@ -189,7 +190,7 @@ func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, d
 		}
 		return best, nil
 	}
-	var before1, before2, before, hashed checkpoint.Bandwidth
+	var before1, before2, before, hashed nodeapi.Bandwidth
 	if !idle {
 		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
 		hashed = measureHashedCopy(dst, src)

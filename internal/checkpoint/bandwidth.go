@@ -10,18 +10,6 @@ import (
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
 )
 
-// Bandwidth is one measured transfer.
-type Bandwidth struct {
-	// What was measured: memcpy, or a read from a tier directory.
-	What           string  `json:"what"`
-	Bytes          int64   `json:"bytes"`
-	Seconds        float64 `json:"seconds"`
-	BytesPerSecond float64 `json:"bytesPerSecond"`
-	// Method: "copy", "read" (page cache or tmpfs), "O_DIRECT", or
-	// "read after fadvise(DONTNEED)".
-	Method string `json:"method"`
-}
-
 func bw(what, method string, n int64, d time.Duration) Bandwidth {
 	return Bandwidth{What: what, Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / max(d.Seconds(), 1e-9), Method: method}
 }

@@ -15,16 +15,6 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/s3cred"
 )
 
-// Kinds of cold tier the node agent reads.
-const (
-	// ColdModelCache is a file of an application's model cache, mounted
-	// read-only under the agent's --cold-dir.
-	ColdModelCache = "modelCache"
-	// ColdS3 is an object of an S3-compatible store (--cold-s3), read with
-	// the fetcher's S3 client.
-	ColdS3 = "s3"
-)
-
 // ColdSource is where a promotion reads an artifact's cold copy.
 type ColdSource interface {
 	// Open returns the cold copy's bytes and their number.
@@ -172,21 +162,6 @@ func (c ColdS3Source) String() string {
 		return c.URL
 	}
 	return o.String()
-}
-
-// ColdReport is one cold source in the node report: the model cache mount
-// or an S3 object, and the rate of the last copy the agent read from it.
-type ColdReport struct {
-	// Source is ColdModelCache for --cold-dir, else the S3 source's name.
-	Source string `json:"source"`
-	Kind   string `json:"kind"`
-	// Location is the directory or s3://bucket/key (endpoint).
-	Location string `json:"location"`
-	// Read is the last copy from it (bytes, seconds, bytes/s), LastTime
-	// when it began; LastError is set when it failed (nothing placed).
-	Read      *Bandwidth `json:"read,omitempty"`
-	LastTime  *time.Time `json:"lastTime,omitempty"`
-	LastError string     `json:"lastError,omitempty"`
 }
 
 // coldReport is the node report's entry for c, before any copy: the

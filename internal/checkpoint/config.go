@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // Roles of orchestra-agent.
@@ -214,7 +215,7 @@ func (c Config) Validate() error {
 		if n.Store.HotDir == n.Store.WarmDir && n.Store.HotDir != "" {
 			bad("hot and warm directories must differ, both are %s", n.Store.HotDir)
 		}
-		if ns := n.Store.Namespace; ns != "" && !dnsLabel.MatchString(ns) {
+		if ns := n.Store.Namespace; ns != "" && !nodeapi.ValidNamespace(ns) {
 			bad("namespace %q must be a Kubernetes namespace name (a DNS label)", ns)
 		}
 		if n.Store.Group < 0 {

@@ -9,16 +9,17 @@
 //     (disk) tiers within byte budgets, copies and verifies the weights
 //     between them and the cold tier (the model cache or S3), predicts
 //     wakes and promotes ahead of them, reports what the node can do, and
-//     takes process snapshots where criu works. Its callers authenticate
-//     with the release's caller token (internal/nodeapi, which also holds
-//     its client).
+//     takes process snapshots where criu works. Its wire types (the
+//     tiers, keys and copies, its requests, records and report), the
+//     authentication of its callers and its client are internal/nodeapi.
 //
 // docs/checkpoint.md is the reference of both roles.
 //
 // Files, by role:
 //
 //	both      config.go (Config, defaults, Validate), run.go (Run, Start),
-//	          metrics.go (metrics, JSON requests and answers)
+//	          metrics.go (metrics, JSON requests and answers), wire.go
+//	          (nodeapi's wire types under their old names)
 //	sidecar   seat.go (the sidecar's state machine and HTTP API),
 //	          seat_restart.go (restarting an engine in place), modelcopy.go
 //	          (pointing the engine at the hottest verified model file),

@@ -242,51 +242,6 @@ func repeat(ctx context.Context, d time.Duration, f func()) {
 	}
 }
 
-// PromoteRequest is the body of POST /promote.
-type PromoteRequest struct {
-	Key
-	// To is hot or warm.
-	To Tier `json:"to"`
-	// ColdPath is the artifact inside the cold tier (the model cache
-	// mount), used when no faster tier holds it.
-	ColdPath string `json:"coldPath,omitempty"`
-	// ColdS3 names the agent's S3 cold source (--cold-s3) to read instead,
-	// the application's; exclusive with ColdPath.
-	ColdS3 string `json:"coldS3,omitempty"`
-	// Digest, when set, must match the cold bytes (xxh3c:…); required
-	// with ColdS3.
-	Digest   string `json:"digest,omitempty"`
-	Priority int32  `json:"priority,omitempty"`
-}
-
-// DemoteRequest is the body of POST /demote: move an artifact's weights
-// from the hot tier to the warm tier (Store.Demote).
-type DemoteRequest struct {
-	Key
-	// Digest is the digest the engine recorded when it loaded the weights
-	// (xxh3c:…); the warm copy must hash to it. Required when the source is
-	// the engine's level-1 offload rather than a copy the agent holds.
-	Digest   string `json:"digest,omitempty"`
-	Priority int32  `json:"priority,omitempty"`
-}
-
-// DemoteResult is the answer of POST /demote.
-type DemoteResult struct {
-	// Entry is the verified warm copy.
-	Entry
-	// Source is what was copied: store (the agent's hot copy, now
-	// released), engine (the engine's level-1 offload, which the engine
-	// releases) or warm (the warm tier held the digest already).
-	Source DemoteSource `json:"source"`
-}
-
-// TiersStatus is the body of GET /tiers.
-type TiersStatus struct {
-	Budgets Budgets        `json:"budgets"`
-	Used    map[Tier]int64 `json:"used"`
-	Entries []Entry        `json:"entries"`
-}
-
 // Handler serves the node API:
 //
 //	GET    /report                          the NodeReport
@@ -327,7 +282,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}/restore", n.handleSnapshot)
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
 		t := Tier(r.PathValue("tier"))
-		k := Key{r.PathValue("namespace"), r.PathValue("name")}
+		k := Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
 		if t != TierHot && t != TierWarm {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>, got tier %q", t))
 			return

@@ -35,7 +35,7 @@ func (n *Node) criu() CRIU {
 }
 
 func (n *Node) handleSnapshot(w http.ResponseWriter, r *http.Request) {
-	k := Key{r.PathValue("namespace"), r.PathValue("name")}
+	k := Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
 	if err := n.store.CheckKey(k); err != nil {
 		writeError(w, keyErrorStatus(err), err.Error())
 		return

@@ -5,90 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 )
 
-// Tier is where a copy of the weights sits on a node. Hot is RAM (a tmpfs),
-// warm is node-local disk, cold is the application's model cache (or S3)
-// and is not owned by the agent.
-type Tier string
-
-// The tiers, fastest first.
-const (
-	TierHot  Tier = "hot"
-	TierWarm Tier = "warm"
-	TierCold Tier = "cold"
-)
-
-// Key names one weights artifact: a namespace (one directory per namespace,
-// mode 0700) and a file name within it.
-type Key struct {
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-}
-
-func (k Key) String() string { return k.Namespace + "/" + k.Name }
-
-// Entry is one copy of an artifact in one tier.
-type Entry struct {
-	Key
-	Tier     Tier      `json:"tier"`
-	Bytes    int64     `json:"bytes"`
-	Digest   string    `json:"digest"`
-	Priority int32     `json:"priority"`
-	LastUsed time.Time `json:"lastUsed"`
-	// VerifiedAt is when the copy last hashed to Digest.
-	VerifiedAt time.Time `json:"verifiedAt"`
-	// SHA256 is the fetcher's manifest sha256 the copy's bytes hashed to
-	// when it was made from a model file of the cold tier (and carried by
-	// every copy between tiers since): the model file it is, byte for
-	// byte. Empty for copies of anything else (the simulator's weights).
-	// The sidecar points an engine only at a copy whose SHA256 is the
-	// manifest's sha256 of its model file (ModelTiers).
-	SHA256 string `json:"sha256,omitempty"`
-	// Pinned copies are being read or written and are never evicted.
-	Pinned bool `json:"pinned,omitempty"`
-	// Offload marks an engine's level-1 offload (EngineOffloadName) in
-	// the hot directory: the engine wrote it and releases it (its wake, or
-	// a sleep at level 2), so it counts against the hot budget but the
-	// agent never evicts it (it is also Pinned). Its Bytes are the bytes
-	// the tmpfs holds for it, which a wake lowers block by block.
-	Offload bool `json:"offload,omitempty"`
-	// NoWarm marks a copy of an application without a warm tier
-	// (tiers.warm None, Store.SetNoWarm): evicted from the hot tier, it
-	// is dropped, never demoted.
-	NoWarm bool `json:"noWarm,omitempty"`
-}
-
-// Budgets bound the bytes the agent keeps per tier.
-type Budgets struct {
-	Hot  int64 `json:"hot"`
-	Warm int64 `json:"warm"`
-}
-
-func (b Budgets) of(t Tier) int64 {
+func budgetOf(b Budgets, t Tier) int64 {
 	if t == TierHot {
 		return b.Hot
 	}
 	return b.Warm
-}
-
-// ActionKind is what a planned action does to a copy.
-type ActionKind string
-
-const (
-	// Demote moves a hot copy to the warm tier (demote before you drop).
-	Demote ActionKind = "demote"
-	// Drop deletes a copy from its tier; a lower tier still has the bytes.
-	Drop ActionKind = "drop"
-)
-
-// Action is one step of a plan, applied in order.
-type Action struct {
-	Kind  ActionKind `json:"kind"`
-	Key   Key        `json:"key"`
-	From  Tier       `json:"from"`
-	Bytes int64      `json:"bytes"`
 }
 
 // ErrNoRoom means a copy cannot be admitted without evicting pinned copies
@@ -167,7 +90,7 @@ func evictionOrder(entries []Entry, t Tier, in Entry) []Entry {
 }
 
 func (p *planner) makeRoom(in Entry, depth int) error {
-	budget := p.budgets.of(in.Tier)
+	budget := budgetOf(p.budgets, in.Tier)
 	if in.Bytes > budget {
 		return fmt.Errorf("%w: %s is %d bytes, the %s budget is %d", ErrNoRoom, in.Key, in.Bytes, in.Tier, budget)
 	}

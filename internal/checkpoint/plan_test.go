@@ -14,11 +14,11 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // entry builds a copy: name in namespace "ns", tier, size, priority, and
 // the minute it was last used.
 func entry(name string, tier Tier, bytes int64, prio int32, minute int) Entry {
-	return Entry{Key: Key{"ns", name}, Tier: tier, Bytes: bytes, Priority: prio, LastUsed: t0.Add(time.Duration(minute) * time.Minute)}
+	return Entry{Key: Key{Namespace: "ns", Name: name}, Tier: tier, Bytes: bytes, Priority: prio, LastUsed: t0.Add(time.Duration(minute) * time.Minute)}
 }
 
 func act(kind ActionKind, name string, from Tier, bytes int64) Action {
-	return Action{Kind: kind, Key: Key{"ns", name}, From: from, Bytes: bytes}
+	return Action{Kind: kind, Key: Key{Namespace: "ns", Name: name}, From: from, Bytes: bytes}
 }
 
 // offloadEntry is an engine's level-1 offload as Store.Entries lists it.

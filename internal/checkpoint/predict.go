@@ -13,22 +13,6 @@ import (
 // wake and sleep history, the store's entries and the measured bandwidths, and
 // return what to copy, so that the IO stays in Node.PromoteAhead.
 
-// Patterns a wake prediction is based on.
-const (
-	// PatternPeriodic: the last intervals between wakes agree; the next
-	// wake is the last one plus their median.
-	PatternPeriodic = "periodic"
-	// PatternDaily: wakes on at least two different days came at the same
-	// time of day; the next wake is that time's next occurrence.
-	PatternDaily = "daily"
-	// PatternAfterSleep: the last times from falling asleep to the next
-	// wake agree; the next wake is when the engines last fell asleep plus
-	// their median. It sees
-	// an application that is asked for again a steady time after it
-	// falls idle, however long it was busy.
-	PatternAfterSleep = "after-sleep"
-)
-
 // Prediction tuning. One owner for each number: these constants.
 const (
 	// maxWakeHistory bounds the wakes kept per artifact (a week of four
@@ -186,14 +170,6 @@ func agreeingMedian(ds []time.Duration) (time.Duration, bool) {
 	return median, true
 }
 
-// Prediction is the next expected wake of an artifact.
-type Prediction struct {
-	Next    time.Time `json:"next"`
-	Pattern string    `json:"pattern"`
-	// Period is the periodic pattern's interval (0 for daily).
-	Period time.Duration `json:"period,omitempty"`
-}
-
 // PredictWake predicts the next wake after now from wakes (oldest first):
 // the periodic pattern when the last intervals agree, else the daily one;
 // false when neither holds. A periodic wake whose time passed without a
@@ -300,27 +276,6 @@ type PromotionInput struct {
 	// Margin is added to the copy time: a promotion starts that long
 	// before it strictly has to.
 	Margin time.Duration
-}
-
-// Promotion is one planned copy up a tier ahead of a predicted wake.
-type Promotion struct {
-	Key
-	From  Tier  `json:"from"`
-	To    Tier  `json:"to"`
-	Bytes int64 `json:"bytes"`
-	// Wake is the predicted wake it is for; Lead how long before it the
-	// copies up to the hot tier take (with the margin).
-	Wake Prediction    `json:"wake"`
-	Lead time.Duration `json:"lead"`
-	// Evictions are what admitting the copy takes (PlanAdmit).
-	Evictions []Action `json:"evictions,omitempty"`
-}
-
-// Deferred is a due promotion that cannot happen now, and why.
-type Deferred struct {
-	Key
-	To     Tier   `json:"to"`
-	Reason string `json:"reason"`
 }
 
 // ErrNoBandwidth means a tier's read bandwidth is not measured, so the time

@@ -191,7 +191,7 @@ func TestPlanPromotions(t *testing.T) {
 	now := at(10 * time.Hour)
 	// hourly is a history whose next wake is in `in`.
 	hourly := func(name string, bytes int64, prio int32, in time.Duration) WakeHistory {
-		return WakeHistory{Key: Key{"ns", name}, Bytes: bytes, Priority: prio, Wakes: every(now.Add(in-3*time.Hour), time.Hour, 3), ColdPath: name + "/weights.bin"}
+		return WakeHistory{Key: Key{Namespace: "ns", Name: name}, Bytes: bytes, Priority: prio, Wakes: every(now.Add(in-3*time.Hour), time.Hour, 3), ColdPath: name + "/weights.bin"}
 	}
 	bps := map[Tier]float64{TierHot: 8e9, TierWarm: 1e9}
 	budgets := Budgets{Hot: 2 * gb, Warm: 10 * gb}
@@ -218,7 +218,7 @@ func TestPlanPromotions(t *testing.T) {
 			name:      "a warm copy whose wake is closer than its copy time goes hot",
 			entries:   []Entry{entry("a", TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{hourly("a", gb, 0, 4*time.Second)},
-			want:      []Promotion{{Key: Key{"ns", "a"}, From: TierWarm, To: TierHot, Bytes: gb, Wake: predicted(4 * time.Second), Lead: warmLead}},
+			want:      []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierWarm, To: TierHot, Bytes: gb, Wake: predicted(4 * time.Second), Lead: warmLead}},
 		},
 		{
 			name:      "a wake further than the copy time waits",
@@ -238,12 +238,12 @@ func TestPlanPromotions(t *testing.T) {
 		{
 			name:      "only a cold copy: cold to warm first, with the time of both copies",
 			histories: []WakeHistory{hourly("a", gb, 0, 10*time.Second)},
-			want:      []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldLead}},
+			want:      []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldLead}},
 		},
 		{
 			name:      "no warm tier (tiers.warm: None), only a cold copy: cold straight to hot, with the time of that one copy",
 			histories: []WakeHistory{noWarm(hourly("a", gb, 0, 10*time.Second))},
-			want:      []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierHot, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldHotLead}},
+			want:      []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierCold, To: TierHot, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldHotLead}},
 		},
 		{
 			// Due for cold → warm → hot (coldLead), not yet for the one
@@ -271,7 +271,7 @@ func TestPlanPromotions(t *testing.T) {
 				return h
 			}()},
 			noCold: true, // no --cold-dir: S3 alone
-			want: []Promotion{{Key: Key{"ns", "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second),
+			want: []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierCold, To: TierWarm, Bytes: gb, Wake: predicted(10 * time.Second),
 				Lead: time.Duration((g/50e6+g/1e9)*float64(time.Second)) + margin}},
 		},
 		{
@@ -294,7 +294,7 @@ func TestPlanPromotions(t *testing.T) {
 			name:      "the hot budget: the least recently used copy of no higher priority is demoted",
 			entries:   []Entry{entry("a", TierWarm, gb, 0, 1), entry("old", TierHot, gb, 0, 1), entry("recent", TierHot, gb, 0, 5)},
 			histories: []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			want: []Promotion{{Key: Key{"ns", "a"}, From: TierWarm, To: TierHot, Bytes: gb, Wake: predicted(3 * time.Second), Lead: warmLead,
+			want: []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierWarm, To: TierHot, Bytes: gb, Wake: predicted(3 * time.Second), Lead: warmLead,
 				Evictions: []Action{act(Demote, "old", TierHot, gb)}}},
 		},
 		{
@@ -315,7 +315,7 @@ func TestPlanPromotions(t *testing.T) {
 			name:      "two due, room for one: the earlier wake wins",
 			entries:   []Entry{entry("late", TierWarm, 2*gb, 0, 1), entry("early", TierWarm, 2*gb, 0, 1)},
 			histories: []WakeHistory{hourly("late", 2*gb, 0, 4*time.Second), hourly("early", 2*gb, 0, 3*time.Second)},
-			want: []Promotion{{Key: Key{"ns", "early"}, From: TierWarm, To: TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
+			want: []Promotion{{Key: Key{Namespace: "ns", Name: "early"}, From: TierWarm, To: TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
 				Lead: time.Duration(2*g/1e9*float64(time.Second)) + margin}},
 			wantDeferred: []string{"ns/late→hot: no room in the tier"},
 		},
@@ -324,10 +324,10 @@ func TestPlanPromotions(t *testing.T) {
 			// after each sleep: the wakes are irregular, the sleeps tell.
 			name:    "just went to sleep: the after-sleep pattern promotes ahead",
 			entries: []Entry{entry("a", TierWarm, gb, 0, 1)},
-			histories: []WakeHistory{{Key: Key{"ns", "a"}, Bytes: gb,
+			histories: []WakeHistory{{Key: Key{Namespace: "ns", Name: "a"}, Bytes: gb,
 				Wakes:  []time.Time{now.Add(-140 * time.Minute), now.Add(-115 * time.Minute), now.Add(-55 * time.Minute)},
 				Sleeps: []time.Time{now.Add(-135 * time.Minute), now.Add(-75 * time.Minute), now.Add(-20*time.Minute + 3*time.Second)}}},
-			want: []Promotion{{Key: Key{"ns", "a"}, From: TierWarm, To: TierHot, Bytes: gb,
+			want: []Promotion{{Key: Key{Namespace: "ns", Name: "a"}, From: TierWarm, To: TierHot, Bytes: gb,
 				Wake: Prediction{Next: now.Add(3 * time.Second), Pattern: PatternAfterSleep, Period: 20 * time.Minute}, Lead: warmLead}},
 		},
 		{
@@ -342,7 +342,7 @@ func TestPlanPromotions(t *testing.T) {
 		{
 			name:      "no prediction, no promotion",
 			entries:   []Entry{entry("a", TierWarm, gb, 0, 1)},
-			histories: []WakeHistory{{Key: Key{"ns", "a"}, Bytes: gb, Wakes: []time.Time{now.Add(-time.Hour)}}},
+			histories: []WakeHistory{{Key: Key{Namespace: "ns", Name: "a"}, Bytes: gb, Wakes: []time.Time{now.Add(-time.Hour)}}},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

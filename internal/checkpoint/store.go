@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // StoreConfig places the agent's tiers on the node.
@@ -84,20 +84,6 @@ type meta struct {
 	SHA256     string    `json:"sha256,omitempty"`
 }
 
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
-// Validate checks that k is safe to use as a path.
-func (k Key) Validate() error {
-	var errs []error
-	if !dnsLabel.MatchString(k.Namespace) {
-		errs = append(errs, fmt.Errorf("namespace %q is not a DNS label", k.Namespace))
-	}
-	if k.Name == "" || k.Name == "." || k.Name == ".." || strings.ContainsAny(k.Name, "/\x00") || strings.HasPrefix(k.Name, ".") {
-		errs = append(errs, fmt.Errorf("name %q must be a plain file name not starting with a dot", k.Name))
-	}
-	return errors.Join(errs...)
-}
-
 // CheckKey checks that k is safe to use as a path and is in the store's
 // namespace, if it has one.
 func (s *Store) CheckKey(k Key) error {
@@ -123,7 +109,7 @@ func (s *Store) namespaces(t Tier) ([]string, error) {
 	}
 	var out []string
 	for _, ns := range nss {
-		if ns.IsDir() && dnsLabel.MatchString(ns.Name()) {
+		if ns.IsDir() && nodeapi.ValidNamespace(ns.Name()) {
 			out = append(out, ns.Name())
 		}
 	}
@@ -192,7 +178,7 @@ func (s *Store) scan(t Tier) error {
 				}
 				continue
 			}
-			k := Key{ns, name}
+			k := Key{Namespace: ns, Name: name}
 			var m meta
 			b, err := os.ReadFile(s.metaPath(k, t))
 			if err == nil {
@@ -300,7 +286,7 @@ func (s *Store) engineOffloads() []Entry {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 				bytes = min(bytes, st.Blocks*512)
 			}
-			out = append(out, Entry{Key: Key{ns, name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
+			out = append(out, Entry{Key: Key{Namespace: ns, Name: name}, Tier: TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
 		}
 	}
 	return out
@@ -309,7 +295,7 @@ func (s *Store) engineOffloads() []Entry {
 // offloadOf is the weights name of an engine's level-1 offload file name.
 func offloadOf(file string) (string, bool) {
 	name, ok := strings.CutSuffix(strings.TrimPrefix(file, "."), ".level1")
-	if !ok || !strings.HasPrefix(file, ".") || (Key{"ns", name}).Validate() != nil {
+	if !ok || !strings.HasPrefix(file, ".") || (Key{Namespace: "ns", Name: name}).Validate() != nil {
 		return "", false
 	}
 	return name, true

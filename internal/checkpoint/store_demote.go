@@ -9,30 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
-)
-
-// EngineOffloadName is the file name under which an engine offloads the
-// weights named name at sleep level 1, in its namespace's hot directory:
-// a dot file ("."+name+".level1", internal/sim), so it never collides with
-// a copy the store keeps under name. The store counts it against the hot
-// budget and lists it (Entry.Offload) but never evicts it.
-func EngineOffloadName(name string) string { return "." + name + ".level1" }
-
-// DemoteSource says what a demotion copied into the warm tier.
-type DemoteSource string
-
-const (
-	// DemoteFromStore: the store's own hot copy (released once the warm
-	// copy verified).
-	DemoteFromStore DemoteSource = "store"
-	// DemoteFromEngine: the engine's level-1 offload in the hot directory
-	// (released by the engine: its next wake or a sleep at level 2).
-	DemoteFromEngine DemoteSource = "engine"
-	// DemoteWarmHeld: the warm tier already held a copy with the digest.
-	DemoteWarmHeld DemoteSource = "warm"
 )
 
 // ErrDigestRequired refuses to demote an engine's offload without the
@@ -131,21 +109,6 @@ func (s *Store) Demote(k Key, want string, priority int32) (Entry, DemoteSource,
 	}
 	s.log.Info("demoted to the warm tier", "key", k.String(), "from", source, "bytes", e.Bytes, "digest", e.Digest)
 	return e, source, nil
-}
-
-// Verification is the outcome of re-hashing one copy (Store.Verify).
-type Verification struct {
-	Key
-	Tier Tier `json:"tier"`
-	// Digest is the digest recorded for the copy; Got what its bytes hash
-	// to now (empty when they could not be read).
-	Digest string `json:"digest"`
-	Got    string `json:"got,omitempty"`
-	// Dropped is true when the copy no longer verified and was removed:
-	// the next wake reads the tier below.
-	Dropped bool      `json:"dropped"`
-	Error   string    `json:"error,omitempty"`
-	Time    time.Time `json:"time"`
 }
 
 // Verify re-hashes every copy the store keeps (not the engines' offloads,

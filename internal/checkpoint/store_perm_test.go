@@ -46,7 +46,7 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := blob(4096, 1)
-	k := Key{"team-a", "old"}
+	k := Key{Namespace: "team-a", Name: "old"}
 	if _, err := old.Put(PutRequest{Key: k, Tier: TierWarm, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 
 	// New copies: put, promoted, touched (the metadata is rewritten),
 	// demoted.
-	n := Key{"team-a", "new"}
+	n := Key{Namespace: "team-a", Name: "new"}
 	if _, err := s.Put(PutRequest{Key: n, Tier: TierHot, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func blob(n int, seed uint64) []byte {
 
 func put(t *testing.T, s *Store, name string, tier Tier, b []byte, prio int32) Entry {
 	t.Helper()
-	e, err := s.Put(PutRequest{Key: Key{"team-a", name}, Tier: tier, Bytes: int64(len(b)), Priority: prio}, bytes.NewReader(b))
+	e, err := s.Put(PutRequest{Key: Key{Namespace: "team-a", Name: name}, Tier: tier, Bytes: int64(len(b)), Priority: prio}, bytes.NewReader(b))
 	if err != nil {
 		t.Fatalf("put %s: %v", name, err)
 	}
@@ -61,7 +61,7 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 	a, b, c := blob(1<<10, 1), blob(1<<10, 2), blob(2<<10, 3)
 	put(t, s, "a", TierHot, a, 0)
 	put(t, s, "b", TierHot, b, 5)
-	s.Touch(Key{"team-a", "a"}) // a is now more recent, but b has the higher priority
+	s.Touch(Key{Namespace: "team-a", Name: "a"}) // a is now more recent, but b has the higher priority
 	put(t, s, "c", TierHot, c, 5)
 	// c needs 1 KiB more: a (priority 0) goes first, demoted to warm.
 	if diff := cmp.Diff([]placed{{"b", TierHot}, {"c", TierHot}, {"a", TierWarm}}, placement(s)); diff != "" {
@@ -70,11 +70,11 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 	if s.Used(TierHot) > cfg.Budgets.Hot {
 		t.Fatalf("hot tier holds %d bytes over its %d budget", s.Used(TierHot), cfg.Budgets.Hot)
 	}
-	got, err := os.ReadFile(s.Path(Key{"team-a", "a"}, TierWarm))
+	got, err := os.ReadFile(s.Path(Key{Namespace: "team-a", Name: "a"}, TierWarm))
 	if err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("the demoted copy is not the bytes: %v", err)
 	}
-	if _, err := os.Stat(s.Path(Key{"team-a", "a"}, TierHot)); !os.IsNotExist(err) {
+	if _, err := os.Stat(s.Path(Key{Namespace: "team-a", Name: "a"}, TierHot)); !os.IsNotExist(err) {
 		t.Fatalf("the hot copy of a survived its eviction: %v", err)
 	}
 	fi, err := os.Stat(filepath.Join(cfg.HotDir, "team-a"))
@@ -82,7 +82,7 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 		t.Fatalf("namespace dir mode %v (%v), want 0700", fi.Mode().Perm(), err)
 	}
 	// A low priority artifact never evicts higher ones.
-	if _, err := s.Put(PutRequest{Key: Key{"team-a", "d"}, Tier: TierHot, Bytes: 2 << 10, Priority: 1}, bytes.NewReader(blob(2<<10, 4))); !errors.Is(err, ErrNoRoom) {
+	if _, err := s.Put(PutRequest{Key: Key{Namespace: "team-a", Name: "d"}, Tier: TierHot, Bytes: 2 << 10, Priority: 1}, bytes.NewReader(blob(2<<10, 4))); !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("low-priority put: %v, want ErrNoRoom", err)
 	}
 }
@@ -93,7 +93,7 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 // its next eviction demotes it.
 func TestStoreEvictsWithoutAWarmTier(t *testing.T) {
 	s, _ := testStore(t, Budgets{Hot: 1 << 10, Warm: 4 << 10})
-	a := Key{"team-a", "a"}
+	a := Key{Namespace: "team-a", Name: "a"}
 	s.SetNoWarm(a, true)
 	put(t, s, "a", TierHot, blob(1<<10, 1), 0)
 	put(t, s, "b", TierHot, blob(1<<10, 2), 0)
@@ -121,25 +121,25 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	if e.Digest != arena.Sum(w).String() {
 		t.Fatalf("digest %s, want %s", e.Digest, arena.Sum(w))
 	}
-	hot, err := s.Promote(t.Context(), Key{"team-a", "w"}, TierHot, nil, "", 0)
+	hot, err := s.Promote(t.Context(), Key{Namespace: "team-a", Name: "w"}, TierHot, nil, "", 0)
 	if err != nil || hot.Tier != TierHot {
 		t.Fatalf("promote warm→hot: %+v %v", hot, err)
 	}
 	a, _ := arena.New(int64(len(w)), arena.Options{})
 	defer a.Free()
-	got, _, err := s.Restore(Key{"team-a", "w"}, a)
+	got, _, err := s.Restore(Key{Namespace: "team-a", Name: "w"}, a)
 	if err != nil || got.Tier != TierHot || !bytes.Equal(a.Bytes(), w) {
 		t.Fatalf("restore: %+v %v", got, err)
 	}
 
 	// Corrupt the hot copy: the restore must fail, naming the mismatch.
-	p := s.Path(Key{"team-a", "w"}, TierHot)
+	p := s.Path(Key{Namespace: "team-a", Name: "w"}, TierHot)
 	bad := append([]byte(nil), w...)
 	bad[5] ^= 0xff
 	if err := os.WriteFile(p, bad, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Restore(Key{"team-a", "w"}, a); !errors.Is(err, arena.ErrMismatch) {
+	if _, _, err := s.Restore(Key{Namespace: "team-a", Name: "w"}, a); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("restore of a corrupt copy: %v, want ErrMismatch", err)
 	}
 
@@ -179,7 +179,7 @@ func TestStorePromoteFromColdChecksTheDigest(t *testing.T) {
 	if err := os.WriteFile(cold, w, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k := Key{"team-a", "m"}
+	k := Key{Namespace: "team-a", Name: "m"}
 	if _, err := s.Promote(t.Context(), k, TierWarm, ColdFile(cold), arena.Sum([]byte("other")).String(), 0); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("promote with a wrong digest: %v, want ErrMismatch", err)
 	}
@@ -195,19 +195,8 @@ func TestStorePromoteFromColdChecksTheDigest(t *testing.T) {
 	if diff := cmp.Diff([]placed{{"m", TierHot}, {"m", TierWarm}}, placement(s)); diff != "" {
 		t.Fatalf("placement (-want +got):\n%s", diff)
 	}
-	if _, err := s.Promote(t.Context(), Key{"team-a", "absent"}, TierHot, nil, "", 0); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Promote(t.Context(), Key{Namespace: "team-a", Name: "absent"}, TierHot, nil, "", 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("promote of an unknown artifact: %v", err)
-	}
-}
-
-func TestKeyValidate(t *testing.T) {
-	for _, k := range []Key{{"", "x"}, {"Team", "x"}, {"ns", ""}, {"ns", "../x"}, {"ns", ".hidden"}, {"ns", "a/b"}} {
-		if err := k.Validate(); err == nil {
-			t.Errorf("%+v is valid", k)
-		}
-	}
-	if err := (Key{"team-a", "model.gguf"}).Validate(); err != nil {
-		t.Error(err)
 	}
 }
 
@@ -232,7 +221,7 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 	src := offload(t, cfg, "m", w)
 	digest := arena.Sum(w).String()
 
-	e, from, err := s.Demote(Key{"team-a", "m"}, digest, 0)
+	e, from, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, digest, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +236,7 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 		t.Errorf("the engine's offload is the engine's to release, but it is gone: %v", err)
 	}
 	// A second demotion finds the digest in the warm tier already.
-	if _, from, err := s.Demote(Key{"team-a", "m"}, digest, 0); err != nil || from != DemoteWarmHeld {
+	if _, from, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, digest, 0); err != nil || from != DemoteWarmHeld {
 		t.Errorf("demoting again: %s, %v; want the warm copy kept", from, err)
 	}
 	// The index survives a restart: the warm copy has its metadata.
@@ -255,7 +244,7 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e2, ok := s2.Lookup(Key{"team-a", "m"}, TierWarm); !ok || e2.Digest != digest {
+	if e2, ok := s2.Lookup(Key{Namespace: "team-a", Name: "m"}, TierWarm); !ok || e2.Digest != digest {
 		t.Errorf("after a restart the warm copy is %+v (%v)", e2, ok)
 	}
 }
@@ -264,13 +253,13 @@ func TestStoreDemotionOfItsHotCopyReleasesIt(t *testing.T) {
 	s, cfg := testStore(t, Budgets{Hot: 4 << 10, Warm: 4 << 10})
 	w := blob(1<<10, 8)
 	put(t, s, "m", TierHot, w, 2)
-	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(blob(1<<10, 9)).String(), 0); !errors.Is(err, ErrDigestConflict) {
+	if _, _, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, arena.Sum(blob(1<<10, 9)).String(), 0); !errors.Is(err, ErrDigestConflict) {
 		t.Errorf("demoting the hot copy with another digest than its recorded one: %v, want ErrDigestConflict", err)
 	}
-	if _, ok := s.Lookup(Key{"team-a", "m"}, TierHot); !ok {
+	if _, ok := s.Lookup(Key{Namespace: "team-a", Name: "m"}, TierHot); !ok {
 		t.Fatal("a refused demotion removed the hot copy")
 	}
-	e, from, err := s.Demote(Key{"team-a", "m"}, "", 0)
+	e, from, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, "", 0)
 	if err != nil || from != DemoteFromStore || e.Priority != 2 {
 		t.Fatalf("demotion %+v from %s: %v; want the store's hot copy, its priority kept", e, from, err)
 	}
@@ -289,14 +278,14 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	w := blob(2<<10, 9)
 	offload(t, cfg, "m", w)
 
-	if _, _, err := s.Demote(Key{"team-a", "m"}, "", 0); !errors.Is(err, ErrDigestRequired) {
+	if _, _, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, "", 0); !errors.Is(err, ErrDigestRequired) {
 		t.Errorf("demoting an offload without the engine's digest: %v, want ErrDigestRequired", err)
 	}
 	wrong := arena.Sum(blob(2<<10, 10)).String()
-	if _, _, err := s.Demote(Key{"team-a", "m"}, wrong, 0); !errors.Is(err, arena.ErrMismatch) {
+	if _, _, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, wrong, 0); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("demoting bytes that do not hash to the digest: %v, want a mismatch", err)
 	}
-	if _, ok := s.Lookup(Key{"team-a", "m"}, TierWarm); ok {
+	if _, ok := s.Lookup(Key{Namespace: "team-a", Name: "m"}, TierWarm); ok {
 		t.Fatal("a copy that failed verification entered the warm tier")
 	}
 	if _, err := os.Stat(filepath.Join(cfg.WarmDir, "team-a", "m")); !errors.Is(err, os.ErrNotExist) {
@@ -304,12 +293,12 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	}
 	// A higher-priority copy is never evicted for it.
 	put(t, s, "old", TierWarm, old, 5)
-	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); !errors.Is(err, ErrNoRoom) {
+	if _, _, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, arena.Sum(w).String(), 0); !errors.Is(err, ErrNoRoom) {
 		t.Errorf("demoting past the warm budget: %v, want ErrNoRoom", err)
 	}
 	// With the same priority the least recently used copy makes room.
 	put(t, s, "old", TierWarm, old, 0)
-	if _, _, err := s.Demote(Key{"team-a", "m"}, arena.Sum(w).String(), 0); err != nil {
+	if _, _, err := s.Demote(Key{Namespace: "team-a", Name: "m"}, arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
 	// The engine's offload stays in the hot tier until the engine releases it.
@@ -331,14 +320,14 @@ func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 	if got := s.Used(TierHot); got != 2<<10 {
 		t.Fatalf("hot use with a 2 KiB engine offload = %d, want %d", got, 2<<10)
 	}
-	want := []Entry{{Key: Key{"team-a", "sleeper"}, Tier: TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
+	want := []Entry{{Key: Key{Namespace: "team-a", Name: "sleeper"}, Tier: TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
 	if diff := cmp.Diff(want, s.Entries(), cmpopts.IgnoreFields(Entry{}, "LastUsed")); diff != "" {
 		t.Fatalf("entries (-want +got):\n%s", diff)
 	}
 
 	// 2 KiB more would exceed the 3 KiB budget, and the offload is not
 	// the agent's to evict.
-	_, err := s.Put(PutRequest{Key: Key{"team-a", "b"}, Tier: TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
+	_, err := s.Put(PutRequest{Key: Key{Namespace: "team-a", Name: "b"}, Tier: TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
 	if !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("admitting 2 KiB next to a 2 KiB offload under a 3 KiB budget: %v, want ErrNoRoom", err)
 	}
@@ -347,7 +336,7 @@ func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 		t.Fatalf("hot tier holds %d bytes over its %d budget", got, cfg.Budgets.Hot)
 	}
 	// A copy of higher priority evicts the agent's copy, not the offload.
-	_, err = s.Put(PutRequest{Key: Key{"team-a", "c"}, Tier: TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
+	_, err = s.Put(PutRequest{Key: Key{Namespace: "team-a", Name: "c"}, Tier: TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
@@ -136,7 +135,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 			}
 			return nil
 		})
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy after parking %+v (%v); want %d bytes with the manifest's sha256", e, ok, size)
 		}
 		eventually(t, 30*time.Second, func() error {
@@ -166,7 +165,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 					fmt.Fprintf(&woke, "pod %s container %s (%v), first lines:\n%s\n", p.Name, c, lerr, logs)
 				}
 			}
-			var tiers checkpoint.TiersStatus
+			var tiers nodeapi.TiersStatus
 			err := (nodeapi.Client{URL: agentURL, HTTP: http.DefaultClient}).Call(ctx, http.MethodGet, nodeapi.PathTiers, nil, &tiers)
 			fmt.Fprintf(&woke, "the node agent's copies (%v): %+v\n", err, tiers.Entries)
 		}
@@ -178,7 +177,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
 		capture()
-		if err != nil || !res.Done || res.Content == "" {
+		if err != nil || !res.Answered() {
 			t.Fatalf("the chat sent to the parked application: %+v, %v", res, err)
 		}
 		logf("the chat that woke it from zero was answered in %s", time.Since(sent).Round(time.Millisecond))

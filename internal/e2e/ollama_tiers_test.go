@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -116,7 +115,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		wakes := st.Lifecycle.Wakes
 		sent := time.Now()
 		res, err := stack.StreamChat(ctx, base, token, served, "wake up", 8, nil)
-		if err != nil || !res.Done || res.Content == "" {
+		if err != nil || !res.Answered() {
 			t.Fatalf("the chat sent to the sleeping engine: %+v, %v", res, err)
 		}
 		logf("the chat that woke Ollama from the %s tier was answered in %s", tier, time.Since(sent).Round(time.Millisecond))
@@ -149,7 +148,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	hotPath := "/var/run/model-orchestra/hot/" + copyName
 	t.Run("asleep, the node agent holds a verified hot copy and the wake loads it", func(t *testing.T) {
 		asleepIn(v1alpha1.TierHot, hotPath)
-		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot)
+		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot)
 		if !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy %+v (%v); want %d bytes verified against the manifest's sha256 %s", e, ok, size, sha)
 		}
@@ -191,9 +190,9 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("POST /verify: %d %s", resp.StatusCode, body)
 		}
-		var verified []checkpoint.Verification
-		if err := json.Unmarshal(body, &verified); err != nil || !slices.ContainsFunc(verified, func(v checkpoint.Verification) bool {
-			return v.Namespace == ns && v.Name == copyName && v.Tier == checkpoint.TierHot && v.Dropped
+		var verified []nodeapi.Verification
+		if err := json.Unmarshal(body, &verified); err != nil || !slices.ContainsFunc(verified, func(v nodeapi.Verification) bool {
+			return v.Namespace == ns && v.Name == copyName && v.Tier == nodeapi.TierHot && v.Dropped
 		}) {
 			t.Fatalf("POST /verify answered %s (%v); want the hot copy that no longer matches its digest dropped", body, err)
 		}
@@ -204,7 +203,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		// manifest's sha256. Either way the corrupted bytes are never
 		// loaded.
 		tier, path := v1alpha1.TierCold, "/models/"+stack.DemoFile
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); ok {
 			if e.SHA256 != sha || e.Bytes != size || !e.VerifiedAt.After(time.Now().Add(-2*time.Minute)) {
 				t.Fatalf("after the drop the node agent lists the hot copy %+v; want none, or a new one verified against the manifest", e)
 			}
@@ -222,10 +221,10 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		}
 		warmPath := "/var/run/model-orchestra/warm/" + copyName
 		asleepIn(v1alpha1.TierWarm, warmPath)
-		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierHot); ok {
+		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); ok {
 			t.Error("the hot copy stayed after the demotion")
 		}
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, checkpoint.TierWarm); !ok || e.SHA256 != sha {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierWarm); !ok || e.SHA256 != sha {
 			t.Fatalf("the warm copy %+v (%v); want the manifest's sha256 carried from the hot copy", e, ok)
 		}
 		wakeFrom(v1alpha1.TierWarm, warmPath)
@@ -242,14 +241,14 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 }
 
 // tierName is the sidecar's and agent's name of a tier.
-func tierName(t v1alpha1.Tier) checkpoint.Tier {
+func tierName(t v1alpha1.Tier) nodeapi.Tier {
 	switch t {
 	case v1alpha1.TierHot:
-		return checkpoint.TierHot
+		return nodeapi.TierHot
 	case v1alpha1.TierWarm:
-		return checkpoint.TierWarm
+		return nodeapi.TierWarm
 	}
-	return checkpoint.TierCold
+	return nodeapi.TierCold
 }
 
 // ollamaTiersResource is one sleeping Ollama application on the mirrored
@@ -290,9 +289,9 @@ func nodeAgentURL(ctx context.Context, t *testing.T, ns, release, node string) s
 }
 
 // agentCopy is the node agent's copy of name in tier, if it holds one.
-func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tier checkpoint.Tier) (checkpoint.Entry, bool) {
+func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tier nodeapi.Tier) (nodeapi.Entry, bool) {
 	t.Helper()
-	var st checkpoint.TiersStatus
+	var st nodeapi.TiersStatus
 	if err := (nodeapi.Client{URL: agentURL, HTTP: http.DefaultClient}).Call(ctx, http.MethodGet, nodeapi.PathTiers, nil, &st); err != nil {
 		t.Fatalf("GET /tiers of the node agent: %v", err)
 	}
@@ -301,5 +300,5 @@ func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tie
 			return e, true
 		}
 	}
-	return checkpoint.Entry{}, false
+	return nodeapi.Entry{}, false
 }

@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // TestWakeSurvivesNATSKill kills NATS, which holds the queued requests and
@@ -79,7 +79,7 @@ func TestWakeSurvivesNATSKill(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rep checkpoint.NodeReport
+		var rep nodeapi.NodeReport
 		if err := json.Unmarshal(raw, &rep); err != nil {
 			t.Fatalf("%v: %s", err, raw)
 		}

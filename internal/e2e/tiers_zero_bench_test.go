@@ -62,7 +62,7 @@ type zeroWake struct {
 	bytes    int64
 	// probe is the fastest read of the file the wake should load (the
 	// hot copy, or the model cache's file), right before and right after.
-	probe checkpoint.Bandwidth
+	probe nodeapi.Bandwidth
 }
 
 // physical is the bytes at the tier probe's rate: the read the wake
@@ -168,19 +168,19 @@ func TestZeroCopyBenchmark(t *testing.T) {
 				// The agent moves its hot copy down to the warm tier
 				// (verified, the hot copy released), as it does when
 				// the hot budget needs the room.
-				var res checkpoint.DemoteResult
-				if err := agent.Call(ctx, http.MethodPost, nodeapi.PathDemote, checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: ns, Name: copyName}}, &res); err != nil {
+				var res nodeapi.DemoteResult
+				if err := agent.Call(ctx, http.MethodPost, nodeapi.PathDemote, nodeapi.DemoteRequest{Key: nodeapi.Key{Namespace: ns, Name: copyName}}, &res); err != nil {
 					logf("round %d: moving the hot copy to the warm tier: %v", round+1, err)
 				}
-				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierHot); ok {
-					_ = agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, checkpoint.TierHot, ns, copyName), nil, nil)
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierHot); ok {
+					_ = agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, nodeapi.TierHot, ns, copyName), nil, nil)
 				}
-				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierWarm); !ok {
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierWarm); !ok {
 					logf("round %d: no warm copy on %s", round+1, node)
 				}
 				probes = warmProbes
 			}
-			if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, checkpoint.TierHot); kind == zeroCopyWith && !ok {
+			if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierHot); kind == zeroCopyWith && !ok {
 				// The table's "from" column says which tier it woke from.
 				logf("round %d: parked without a hot copy on %s", round+1, node)
 			}
@@ -322,7 +322,7 @@ func waitParked(ctx context.Context, t *testing.T, ns, name, app, node string) {
 // node without a copy), and checks that none is left.
 func dropCopies(ctx context.Context, t *testing.T, agent nodeapi.Client, ns, name string) {
 	t.Helper()
-	for _, tier := range []checkpoint.Tier{checkpoint.TierHot, checkpoint.TierWarm} {
+	for _, tier := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
 		err := agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, tier, ns, name), nil, nil)
 		if err != nil && !strings.Contains(err.Error(), ": 404") {
 			t.Fatalf("removing the %s copy: %v", tier, err)
@@ -373,8 +373,8 @@ func modelCacheFile(ctx context.Context, t *testing.T, ns, base string, n int64)
 }
 
 // probePeakOf reads each probe once; a probe that fails is left out.
-func probePeakOf(ps []*tierprobe.Probe) ([]checkpoint.Bandwidth, error) {
-	var out []checkpoint.Bandwidth
+func probePeakOf(ps []*tierprobe.Probe) ([]nodeapi.Bandwidth, error) {
+	var out []nodeapi.Bandwidth
 	var errs []error
 	for _, p := range ps {
 		b, err := p.Read()

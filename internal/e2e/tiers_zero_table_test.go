@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // TestZeroCopyTable checks the zero-copy benchmark's table on made-up
@@ -14,8 +14,8 @@ import (
 // like line against the physical parts. It needs no cluster.
 func TestZeroCopyTable(t *testing.T) {
 	const n = 1 << 30
-	bw := func(gbps float64) checkpoint.Bandwidth {
-		return checkpoint.Bandwidth{BytesPerSecond: gbps * 1e9, Method: "m"}
+	bw := func(gbps float64) nodeapi.Bandwidth {
+		return nodeapi.Bandwidth{BytesPerSecond: gbps * 1e9, Method: "m"}
 	}
 	var wakes []zeroWake
 	for i, d := range []time.Duration{9 * time.Second, 10 * time.Second, 11 * time.Second} {

@@ -12,8 +12,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // TestParkingScalesThePodsAwayAndKeepsTheCopies (issue 27 §4): with
@@ -56,7 +56,7 @@ func TestParkingScalesThePodsAwayAndKeepsTheCopies(t *testing.T) {
 	if !p.e.consumer().Paused {
 		t.Error("parked, but the consumer is not paused")
 	}
-	if _, err := os.Stat(filepath.Join(p.agentHot, ns, checkpoint.EngineOffloadName("demo-chat"))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(p.agentHot, ns, nodeapi.EngineOffloadName("demo-chat"))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the engine's level-1 offload is still in the node's hot tier after parking: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(p.agentWarm, ns, "demo-chat")); err != nil {

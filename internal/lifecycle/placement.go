@@ -28,7 +28,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -190,7 +189,7 @@ func (c *Controller) labelNodes(ctx context.Context, lb *nodeLabeller, apps []*a
 	var wg sync.WaitGroup
 	for i, ag := range agents {
 		wg.Go(func() {
-			var tiers checkpoint.TiersStatus
+			var tiers nodeapi.TiersStatus
 			n := NodeCopies{Node: ag.node, Copies: map[string]v1alpha1.Tier{}}
 			if err := c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second); err != nil {
 				c.log.Debug("reading a node agent's copies for the node labels", "node", ag.node, "err", err)

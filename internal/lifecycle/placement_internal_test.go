@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -78,13 +77,13 @@ func TestPlanNodeLabels(t *testing.T) {
 // per node, with copies the test changes.
 type fakeAgents struct {
 	mu      sync.Mutex
-	entries map[string][]checkpoint.Entry // by node
+	entries map[string][]nodeapi.Entry // by node
 	port    int
 }
 
 func startFakeAgents(t *testing.T, nodes ...string) *fakeAgents {
 	t.Helper()
-	f := &fakeAgents{entries: map[string][]checkpoint.Entry{}}
+	f := &fakeAgents{entries: map[string][]nodeapi.Entry{}}
 	for i, n := range nodes {
 		addr := net.JoinHostPort("127.0.0."+strconv.Itoa(i+1), strconv.Itoa(f.port))
 		l, err := net.Listen("tcp", addr)
@@ -101,7 +100,7 @@ func startFakeAgents(t *testing.T, nodes ...string) *fakeAgents {
 			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
-			_ = json.NewEncoder(w).Encode(checkpoint.TiersStatus{Entries: f.entries[n]})
+			_ = json.NewEncoder(w).Encode(nodeapi.TiersStatus{Entries: f.entries[n]})
 		})}
 		go func() { _ = srv.Serve(l) }()
 		t.Cleanup(func() { _ = srv.Close() })
@@ -109,7 +108,7 @@ func startFakeAgents(t *testing.T, nodes ...string) *fakeAgents {
 	return f
 }
 
-func (f *fakeAgents) set(node string, e ...checkpoint.Entry) {
+func (f *fakeAgents) set(node string, e ...nodeapi.Entry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.entries[node] = e
@@ -149,8 +148,8 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 		apps:      []*appState{newAppState(App{Name: "chat", Sleep: sleep("rel-chat", kc)}), newAppState(App{Name: "other", Sleep: sleep("rel-other", ko)})},
 	}
 	lb := &nodeLabeller{kick: make(chan struct{}, 1), written: map[string]map[string]string{}}
-	entry := func(name string, tier checkpoint.Tier) checkpoint.Entry {
-		e := checkpoint.Entry{Tier: tier}
+	entry := func(name string, tier nodeapi.Tier) nodeapi.Entry {
+		e := nodeapi.Entry{Tier: tier}
 		e.Namespace, e.Name = ns, name
 		return e
 	}
@@ -170,12 +169,12 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	// gpu-1 holds chat hot (and, not a copy a new pod reads, an engine's
 	// offload of other, and a copy of another namespace's chat); gpu-2
 	// holds chat warm.
-	off := entry("rel-other", checkpoint.TierHot)
+	off := entry("rel-other", nodeapi.TierHot)
 	off.Offload = true
-	foreign := entry("rel-chat", checkpoint.TierHot)
+	foreign := entry("rel-chat", nodeapi.TierHot)
 	foreign.Namespace = "elsewhere"
-	agents.set("gpu-1", entry("rel-chat", checkpoint.TierWarm), entry("rel-chat", checkpoint.TierHot), off)
-	agents.set("gpu-2", entry("rel-chat", checkpoint.TierWarm), foreign)
+	agents.set("gpu-1", entry("rel-chat", nodeapi.TierWarm), entry("rel-chat", nodeapi.TierHot), off)
+	agents.set("gpu-2", entry("rel-chat", nodeapi.TierWarm), foreign)
 	c.labelNodes(ctx, lb, c.labelledApps())
 	want := map[string]map[string]string{
 		"gpu-1": {"kubernetes.io/hostname": "gpu-1", kc: "hot"},
@@ -198,7 +197,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	// The agent on gpu-1 evicts chat; gpu-2 promotes it to hot and
 	// places other warm.
 	agents.set("gpu-1")
-	agents.set("gpu-2", entry("rel-chat", checkpoint.TierHot), entry("rel-other", checkpoint.TierWarm))
+	agents.set("gpu-2", entry("rel-chat", nodeapi.TierHot), entry("rel-other", nodeapi.TierWarm))
 	c.labelNodes(ctx, lb, c.labelledApps())
 	want["gpu-1"] = map[string]string{"kubernetes.io/hostname": "gpu-1"}
 	want["gpu-2"] = map[string]string{"kubernetes.io/hostname": "gpu-2", kc: "hot", ko: "warm"}
@@ -211,7 +210,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	kube.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "gpu-1", nil)
 	})
-	agents.set("gpu-1", entry("rel-chat", checkpoint.TierWarm))
+	agents.set("gpu-1", entry("rel-chat", nodeapi.TierWarm))
 	c.labelNodes(ctx, lb, c.labelledApps())
 	c.labelNodes(ctx, lb, c.labelledApps())
 	if n := testutil.ToFloat64(c.pm.labelPatches.WithLabelValues("forbidden")); n != 2 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -135,7 +136,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 	eventually(t, 10*time.Second, func() error {
 		r := p.agentReport().Promotion
 		for _, d := range r.Done {
-			if d.Name == "demo-alpha" && d.To == checkpoint.TierHot && d.Error == "" {
+			if d.Name == "demo-alpha" && d.To == nodeapi.TierHot && d.Error == "" {
 				return nil
 			}
 		}
@@ -181,7 +182,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 // from the last plan's predictions, else from the newest promotion made
 // ahead of it (the prediction already acted on). A prediction of other,
 // which is awake, is an error.
-func predictionOf(t *testing.T, r checkpoint.PromotionReport, app, other string, since time.Time) (*checkpoint.Prediction, time.Time) {
+func predictionOf(t *testing.T, r nodeapi.PromotionReport, app, other string, since time.Time) (*nodeapi.Prediction, time.Time) {
 	t.Helper()
 	for _, pw := range r.Predictions {
 		if pw.Name == other {

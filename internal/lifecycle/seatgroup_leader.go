@@ -38,7 +38,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -78,7 +78,7 @@ type swapReport struct {
 	m    *seatMember
 	pod  *corev1.Pod
 	kind string // reportWake or reportSleep
-	rec  any    // checkpoint.WakeRecord or checkpoint.SleepRecord
+	rec  any    // nodeapi.WakeRecord or nodeapi.SleepRecord
 }
 
 // maxQueuedReports bounds the swap reports waiting for the node agents; a
@@ -417,13 +417,13 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 	if err != nil {
 		return
 	}
-	key := checkpoint.Key{Namespace: r.c.deps.Namespace, Name: sleep.ModelCheckpoint}
+	key := nodeapi.Key{Namespace: r.c.deps.Namespace, Name: sleep.ModelCheckpoint}
 	rep := swapReport{m: m, pod: pod}
 	if ev.Kind == seatgroup.ActionWake {
 		rec := sleep.wakeRecord(key, ev.Start)
 		rec.Digest = st.Digest
 		if w := st.LastWake; w != nil && w.Transfer != nil && w.Error == "" {
-			rec.Tier, rec.Bytes = checkpoint.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
+			rec.Tier, rec.Bytes = nodeapi.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
 			if w.Seconds > 0 {
 				rec.BytesPerSecond = float64(w.Transfer.Bytes) / w.Seconds
 			}
@@ -439,7 +439,7 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 		if ev.Kind == seatgroup.ActionRestart {
 			level = 2
 		}
-		rep.kind, rep.rec = reportSleep, checkpoint.SleepRecord{Key: key, Time: ev.Start, Level: level}
+		rep.kind, rep.rec = reportSleep, nodeapi.SleepRecord{Key: key, Time: ev.Start, Level: level}
 	}
 	select {
 	case r.reports <- rep:

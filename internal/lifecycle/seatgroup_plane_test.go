@@ -39,6 +39,7 @@ import (
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -291,7 +292,7 @@ func (p *seatGroupPlane) startAgent(ctx context.Context) {
 			t.Fatal(err)
 		}
 	}
-	ac.Node.Store = checkpoint.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac.Node.Store = checkpoint.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = 1<<20, "", "containerd://1.6.20"
 	ac.Node.ColdDir = p.agentCold
 	// Plan often, and promote whatever is predicted at all: the test's
@@ -320,9 +321,9 @@ func (p *seatGroupPlane) startAgent(ctx context.Context) {
 }
 
 // agentReport is the node agent's report.
-func (p *seatGroupPlane) agentReport() checkpoint.NodeReport {
+func (p *seatGroupPlane) agentReport() nodeapi.NodeReport {
 	p.t.Helper()
-	var report checkpoint.NodeReport
+	var report nodeapi.NodeReport
 	resp, err := http.Get(p.agent.URL + "/report")
 	if err != nil {
 		p.t.Fatal(err)

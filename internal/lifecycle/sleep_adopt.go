@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -153,11 +153,11 @@ func (c *Controller) restartSidecar(ctx context.Context, a *appState, r sidecarR
 // tierOf maps an engine's tier name (hot, warm, cold) to the API's.
 func tierOf(s string) v1alpha1.Tier {
 	switch s {
-	case string(checkpoint.TierHot):
+	case string(nodeapi.TierHot):
 		return v1alpha1.TierHot
-	case string(checkpoint.TierWarm):
+	case string(nodeapi.TierWarm):
 		return v1alpha1.TierWarm
-	case string(checkpoint.TierCold):
+	case string(nodeapi.TierCold):
 		return v1alpha1.TierCold
 	}
 	return ""

@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -211,8 +210,8 @@ func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
 // demoteWarm asks a node agent to copy the engines' level-1 offload from
 // its hot tier into its warm tier, verified against digest (the engine's).
 func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
-	req := checkpoint.DemoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
-	var res checkpoint.DemoteResult
+	req := nodeapi.DemoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Digest: digest}
+	var res nodeapi.DemoteResult
 	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathDemote, req, &res, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
@@ -224,9 +223,9 @@ func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, d
 // cold tier (the model cache, or S3), verified against digest (the
 // engine's; an S3 copy needs it).
 func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
-	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: checkpoint.TierWarm,
+	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: nodeapi.TierWarm,
 		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
-	var e checkpoint.Entry
+	var e nodeapi.Entry
 	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
 		return fmt.Errorf("node agent %s: %w", ag.pod, err)
 	}
@@ -237,8 +236,8 @@ func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, 
 // nodeView is what one node agent says about the application's weights.
 type nodeView struct {
 	agentRef
-	report  checkpoint.NodeReport
-	entries []checkpoint.Entry // the application's copies
+	report  nodeapi.NodeReport
+	entries []nodeapi.Entry // the application's copies
 	err     error
 }
 
@@ -256,7 +255,7 @@ func (c *Controller) viewsOf(ctx context.Context, a *appState, agents []agentRef
 	for i, ag := range agents {
 		wg.Go(func() {
 			v := nodeView{agentRef: ag}
-			var tiers checkpoint.TiersStatus
+			var tiers nodeapi.TiersStatus
 			v.err = errors.Join(
 				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathReport, nil, &v.report, 5*time.Second),
 				c.callAgent(ctx, http.MethodGet, ag.url, nodeapi.PathTiers, nil, &tiers, 5*time.Second))
@@ -276,7 +275,7 @@ func (c *Controller) viewsOf(ctx context.Context, a *appState, agents []agentRef
 
 // readBPS is a node's measured read bandwidth of a tier (0: unknown).
 func (v nodeView) readBPS(t v1alpha1.Tier) float64 {
-	var b *checkpoint.Bandwidth
+	var b *nodeapi.Bandwidth
 	switch t {
 	case v1alpha1.TierHot:
 		b = v.report.Hot.Read
@@ -290,13 +289,13 @@ func (v nodeView) readBPS(t v1alpha1.Tier) float64 {
 }
 
 // has reports whether the node agent holds a copy in tier t.
-func (v nodeView) has(t v1alpha1.Tier) (checkpoint.Entry, bool) {
+func (v nodeView) has(t v1alpha1.Tier) (nodeapi.Entry, bool) {
 	for _, e := range v.entries {
 		if tierOf(string(e.Tier)) == t {
 			return e, true
 		}
 	}
-	return checkpoint.Entry{}, false
+	return nodeapi.Entry{}, false
 }
 
 // tierBandwidth is the slowest measured read bandwidth of tier t on the
@@ -471,8 +470,8 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, sidec
 
 // latestDrop is the newest copy of the artifact name (in namespace ns) that
 // a node agent's periodic verification dropped, and the agent's node.
-func latestDrop(views []nodeView, ns, name string) (checkpoint.Verification, string, bool) {
-	var out checkpoint.Verification
+func latestDrop(views []nodeView, ns, name string) (nodeapi.Verification, string, bool) {
+	var out nodeapi.Verification
 	node, found := "", false
 	for _, v := range views {
 		for _, d := range v.report.Verification.Dropped {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // DefaultAgentPort is the node agent's port when the configuration names
@@ -151,8 +151,8 @@ func (s *SleepConfig) usesWarm() bool { return s.WarmTier != v1alpha1.WarmTierNo
 // /wakes), with what the application's configuration tells them: where
 // its cold copy is and whether it has a warm tier. The caller adds what
 // the wake measured.
-func (s *SleepConfig) wakeRecord(k checkpoint.Key, at time.Time) checkpoint.WakeRecord {
-	return checkpoint.WakeRecord{Key: k, Time: at, ColdPath: s.ColdPath, ColdS3: s.ColdS3, NoWarm: !s.usesWarm()}
+func (s *SleepConfig) wakeRecord(k nodeapi.Key, at time.Time) nodeapi.WakeRecord {
+	return nodeapi.WakeRecord{Key: k, Time: at, ColdPath: s.ColdPath, ColdS3: s.ColdS3, NoWarm: !s.usesWarm()}
 }
 
 // validate reports every invalid field of application i's sleep section.

@@ -29,7 +29,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -40,12 +39,12 @@ const EventCopyNotPlaced = "CopyNotPlaced"
 // copyTarget is the tier a sleeping engine's copy is asked for: hot,
 // unless the application's hot tier is None; then warm, unless its warm
 // tier is None too (empty: none).
-func (s *SleepConfig) copyTarget() checkpoint.Tier {
+func (s *SleepConfig) copyTarget() nodeapi.Tier {
 	switch {
 	case s.HotTier != v1alpha1.HotTierNone:
-		return checkpoint.TierHot
+		return nodeapi.TierHot
 	case s.usesWarm():
-		return checkpoint.TierWarm
+		return nodeapi.TierWarm
 	}
 	return ""
 }
@@ -75,13 +74,13 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 	}
 	done := make(chan struct{})
 	a.sl.copying = done
-	req := checkpoint.PromoteRequest{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: to, ColdPath: a.Sleep.ColdPath}
+	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: to, ColdPath: a.Sleep.ColdPath}
 	name, timeout := a.Name, a.Sleep.WakeTimeout.Duration
 	go func() {
 		defer close(done)
 		for _, ag := range agents {
 			start := time.Now()
-			var e checkpoint.Entry
+			var e nodeapi.Entry
 			if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, timeout); err != nil {
 				c.log.Warn("placing a copy of the model file for the next wake failed; it reads the tier below", "app", name, "node", ag.node, "tier", to, "err", err)
 				c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, "no %s copy of the model file of %s on %s: %v; the next wake reads the tier below", to, name, ag.node, err)

@@ -142,7 +142,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	// The node agent.
 	ac := checkpoint.Default()
 	ac.Role = checkpoint.RoleNode
-	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: checkpoint.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
 	ac.Node.CallerTokenFile = p.tokenFile
 	if o.coldS3 {
@@ -364,7 +364,7 @@ func agentHistory(warmDir, name string) (checkpoint.WakeHistory, error) {
 		return checkpoint.WakeHistory{}, err
 	}
 	for _, h := range hs {
-		if h.Key == (checkpoint.Key{Namespace: ns, Name: name}) {
+		if h.Key == (nodeapi.Key{Namespace: ns, Name: name}) {
 			return h, nil
 		}
 	}

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -32,7 +32,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 	p.startLeader("leader-a", p.config(park))
 
 	p.asleep(2, v1alpha1.TierWarm)
-	if _, err := os.Stat(filepath.Join(p.agentHot, ns, checkpoint.EngineOffloadName("demo-chat"))); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(p.agentHot, ns, nodeapi.EngineOffloadName("demo-chat"))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the engine's level-1 offload is still in the hot tier after the demotion: %v", err)
 	}
 	if c := p.agentMetric(`orchestra_agent_demotions_total{result="ok"}`); c != 1 {

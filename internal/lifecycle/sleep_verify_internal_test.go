@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // A copy a node agent dropped after its periodic re-hash turns the
@@ -14,16 +13,16 @@ import (
 // drop of the application's artifact across the nodes.
 func TestLatestDrop(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	drop := func(ns, name string, tier checkpoint.Tier, sec int) checkpoint.Verification {
-		return checkpoint.Verification{Key: checkpoint.Key{Namespace: ns, Name: name}, Tier: tier, Dropped: true, Time: t0.Add(time.Duration(sec) * time.Second)}
+	drop := func(ns, name string, tier nodeapi.Tier, sec int) nodeapi.Verification {
+		return nodeapi.Verification{Key: nodeapi.Key{Namespace: ns, Name: name}, Tier: tier, Dropped: true, Time: t0.Add(time.Duration(sec) * time.Second)}
 	}
-	view := func(node string, drops ...checkpoint.Verification) nodeView {
+	view := func(node string, drops ...nodeapi.Verification) nodeView {
 		v := nodeView{agentRef: agentRef{node: node}}
 		v.report.Verification.Dropped = drops
 		return v
 	}
 	type result struct {
-		Drop  checkpoint.Verification
+		Drop  nodeapi.Verification
 		Node  string
 		Found bool
 	}
@@ -36,16 +35,16 @@ func TestLatestDrop(t *testing.T) {
 		{name: "nothing dropped", views: []nodeView{view("n1")}, want: result{}},
 		{
 			name:  "another application's or namespace's copy",
-			views: []nodeView{view("n1", drop("team-a", "other", checkpoint.TierWarm, 1), drop("team-b", "orch-chat", checkpoint.TierWarm, 2))},
+			views: []nodeView{view("n1", drop("team-a", "other", nodeapi.TierWarm, 1), drop("team-b", "orch-chat", nodeapi.TierWarm, 2))},
 			want:  result{},
 		},
 		{
 			name: "the newest across nodes",
 			views: []nodeView{
-				view("n1", drop("team-a", "orch-chat", checkpoint.TierHot, 5)),
-				view("n2", drop("team-a", "orch-chat", checkpoint.TierWarm, 9), drop("team-a", "orch-chat", checkpoint.TierHot, 3)),
+				view("n1", drop("team-a", "orch-chat", nodeapi.TierHot, 5)),
+				view("n2", drop("team-a", "orch-chat", nodeapi.TierWarm, 9), drop("team-a", "orch-chat", nodeapi.TierHot, 3)),
 			},
-			want: result{Drop: drop("team-a", "orch-chat", checkpoint.TierWarm, 9), Node: "n2", Found: true},
+			want: result{Drop: drop("team-a", "orch-chat", nodeapi.TierWarm, 9), Node: "n2", Found: true},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

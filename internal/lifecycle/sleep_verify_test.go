@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -50,10 +50,10 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res []checkpoint.Verification
+	var res []nodeapi.Verification
 	err = json.NewDecoder(resp.Body).Decode(&res)
 	_ = resp.Body.Close()
-	if err != nil || len(res) != 1 || !res[0].Dropped || res[0].Tier != checkpoint.TierWarm {
+	if err != nil || len(res) != 1 || !res[0].Dropped || res[0].Tier != nodeapi.TierWarm {
 		t.Fatalf("verification pass: %+v (%v); want the warm copy dropped", res, err)
 	}
 

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -26,8 +25,8 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 			digest = r.st.Digest
 		}
 	}
-	rec := a.Sleep.wakeRecord(checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, lw.StartTime.Time)
-	rec.Tier = checkpoint.Tier(strings.ToLower(string(lw.FromTier)))
+	rec := a.Sleep.wakeRecord(nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, lw.StartTime.Time)
+	rec.Tier = nodeapi.Tier(strings.ToLower(string(lw.FromTier)))
 	rec.Bytes, rec.BytesPerSecond, rec.Digest = a.sl.bytes, float64(lw.BytesPerSecond), digest
 	c.tellAgents(ctx, a, refsOf(res), reportWake, rec)
 }
@@ -37,7 +36,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 // engines are asleep and how long after a sleep the next wake comes, and
 // promotes the weights ahead of it. Best effort, like reportWake.
 func (c *Controller) reportSleep(ctx context.Context, a *appState, sidecars []sidecarRef, at time.Time, level int32) {
-	rec := checkpoint.SleepRecord{Key: checkpoint.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
+	rec := nodeapi.SleepRecord{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
 	c.tellAgents(ctx, a, sidecars, reportSleep, rec)
 }
 

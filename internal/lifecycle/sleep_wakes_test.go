@@ -9,18 +9,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 func TestCheckpointNodesCarryTheNodeReports(t *testing.T) {
 	now := time.Now()
 	views := []nodeView{
-		{agentRef: agentRef{node: "n1"}, report: checkpoint.NodeReport{Time: now,
-			Runtime: checkpoint.RuntimeReport{Version: "containerd://1.7.24"}, ProcessSnapshotsReason: "runtime: containerd 1.7.24 does not implement CRI CheckpointContainer"}},
+		{agentRef: agentRef{node: "n1"}, report: nodeapi.NodeReport{Time: now,
+			Runtime: nodeapi.RuntimeReport{Version: "containerd://1.7.24"}, ProcessSnapshotsReason: "runtime: containerd 1.7.24 does not implement CRI CheckpointContainer"}},
 		{agentRef: agentRef{node: "n2"}}, // no report: the agent did not answer
-		{agentRef: agentRef{node: "n3"}, report: checkpoint.NodeReport{Time: now, ProcessSnapshots: true,
-			Runtime: checkpoint.RuntimeReport{Version: "containerd://2.0.1"}}},
-		{agentRef: agentRef{node: "n4"}, report: checkpoint.NodeReport{Time: now, ProcessSnapshotsReason: strings.Repeat("é", 600)}},
+		{agentRef: agentRef{node: "n3"}, report: nodeapi.NodeReport{Time: now, ProcessSnapshots: true,
+			Runtime: nodeapi.RuntimeReport{Version: "containerd://2.0.1"}}},
+		{agentRef: agentRef{node: "n4"}, report: nodeapi.NodeReport{Time: now, ProcessSnapshotsReason: strings.Repeat("é", 600)}},
 	}
 	got := checkpointNodes(views)
 	if len(got) != 3 {

@@ -1,9 +1,8 @@
 // Package nodeapi is the wire protocol of the node agent
 // (orchestra-agent --role node, internal/checkpoint's Node): its paths,
-// the authentication of its callers, and the one client, shared by the
-// agent and the lifecycle leader that calls it. The agent's request and
-// report types (checkpoint.PromoteRequest, NodeReport, …) still live in
-// internal/checkpoint and are to move here.
+// the requests and answers of its HTTP API, the authentication of its
+// callers, and the one client, shared by the agent and the lifecycle
+// leader that calls it. It imports nothing of either side.
 //
 // Authentication. The node agent keeps copies of the release's weights
 // and, where process snapshots work, dumps and restores engine processes:
@@ -22,6 +21,12 @@
 //   - auth.go: TokenFile, Authorize, RequireCaller.
 //   - client.go: the paths and THE client (Client.Call), which the
 //     lifecycle leader calls every node agent with.
+//   - tiers.go: Tier, Key, Entry, Budgets, the planned Action, and the
+//     bodies of /tiers, /promote, /demote and /verify.
+//   - records.go: WakeRecord and SleepRecord (POST /wakes, /sleeps).
+//   - report.go: NodeReport (GET /report) and what it is made of:
+//     tier, criu, runtime, cold-source, verification and promotion
+//     reports, Bandwidth, Prediction.
 package nodeapi
 
 import (

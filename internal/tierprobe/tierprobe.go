@@ -29,6 +29,7 @@ import (
 
 	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // Probe reads one file of one tier into one destination.
@@ -79,10 +80,10 @@ func Of(tier, path string, dst *arena.Arena, opts arena.FileOptions) *Probe {
 // Read reads the file once into Dst and returns the bandwidth. The time
 // covers what the restore's read covers (opening and mapping the file, the
 // copy), not the page-cache drop.
-func (p *Probe) Read() (checkpoint.Bandwidth, error) {
+func (p *Probe) Read() (nodeapi.Bandwidth, error) {
 	if p.DropCache {
 		if err := checkpoint.DropCache(p.Path); err != nil {
-			return checkpoint.Bandwidth{}, fmt.Errorf("dropping %s from the page cache: %w", p.Path, err)
+			return nodeapi.Bandwidth{}, fmt.Errorf("dropping %s from the page cache: %w", p.Path, err)
 		}
 	}
 	var st arena.FillStats
@@ -93,14 +94,14 @@ func (p *Probe) Read() (checkpoint.Bandwidth, error) {
 		st, err = arena.ReadFile(p.Dst, p.Path, p.Opts)
 	}
 	if err != nil {
-		return checkpoint.Bandwidth{}, fmt.Errorf("probe read of %s: %w", p.Path, err)
+		return nodeapi.Bandwidth{}, fmt.Errorf("probe read of %s: %w", p.Path, err)
 	}
 	return bandwidth(p.Tier, method(st, p), st.Bytes, st.Total()), nil
 }
 
 // bandwidth is a Bandwidth of n bytes in d.
-func bandwidth(what, method string, n int64, d time.Duration) checkpoint.Bandwidth {
-	return checkpoint.Bandwidth{What: what, Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / max(d.Seconds(), 1e-9), Method: method}
+func bandwidth(what, method string, n int64, d time.Duration) nodeapi.Bandwidth {
+	return nodeapi.Bandwidth{What: what, Bytes: n, Seconds: d.Seconds(), BytesPerSecond: float64(n) / max(d.Seconds(), 1e-9), Method: method}
 }
 
 func method(st arena.FillStats, p *Probe) string {
@@ -129,8 +130,8 @@ func (p *Probe) Close() {
 
 // ReadBest reads the file k times (at least once) and returns the
 // fastest read.
-func (p *Probe) ReadBest(k int) (checkpoint.Bandwidth, error) {
-	var best checkpoint.Bandwidth
+func (p *Probe) ReadBest(k int) (nodeapi.Bandwidth, error) {
+	var best nodeapi.Bandwidth
 	for range max(k, 1) {
 		b, err := p.Read()
 		if err != nil {
@@ -142,8 +143,8 @@ func (p *Probe) ReadBest(k int) (checkpoint.Bandwidth, error) {
 }
 
 // Peak is the fastest of bs.
-func Peak(bs ...checkpoint.Bandwidth) checkpoint.Bandwidth {
-	var best checkpoint.Bandwidth
+func Peak(bs ...nodeapi.Bandwidth) nodeapi.Bandwidth {
+	var best nodeapi.Bandwidth
 	for _, b := range bs {
 		if b.BytesPerSecond > best.BytesPerSecond {
 			best = b
@@ -155,7 +156,7 @@ func Peak(bs ...checkpoint.Bandwidth) checkpoint.Bandwidth {
 // Around is two reads of one probe, one right before and one right after
 // the measured wake, taken as one: their bytes over their seconds (for a
 // reference figure; a bound is the Peak).
-func Around(before, after checkpoint.Bandwidth) checkpoint.Bandwidth {
+func Around(before, after nodeapi.Bandwidth) nodeapi.Bandwidth {
 	out := before
 	out.Bytes, out.Seconds = before.Bytes+after.Bytes, before.Seconds+after.Seconds
 	if out.Seconds > 0 {
@@ -166,7 +167,7 @@ func Around(before, after checkpoint.Bandwidth) checkpoint.Bandwidth {
 
 // Bound is the time n bytes take at b: the least a restore of n bytes
 // from the probed tier can take.
-func Bound(n int64, b checkpoint.Bandwidth) time.Duration {
+func Bound(n int64, b nodeapi.Bandwidth) time.Duration {
 	if b.BytesPerSecond <= 0 {
 		return 0
 	}
@@ -190,14 +191,14 @@ func Check(what string, took, bound time.Duration, slack float64) error {
 // WriteRate times a write of src into a new file in dir the way a level-1
 // sleep writes its offload (arena.WriteFile, no sync), and removes the
 // file afterwards (not timed).
-func WriteRate(tier, dir string, src *arena.Arena) (checkpoint.Bandwidth, error) {
+func WriteRate(tier, dir string, src *arena.Arena) (nodeapi.Bandwidth, error) {
 	path := filepath.Join(dir, ".tierprobe-write")
 	t := time.Now()
 	err := arena.WriteFile(path, src.Bytes(), false)
 	d := time.Since(t)
 	_ = os.Remove(path)
 	if err != nil {
-		return checkpoint.Bandwidth{}, fmt.Errorf("probe write in %s: %w", dir, err)
+		return nodeapi.Bandwidth{}, fmt.Errorf("probe write in %s: %w", dir, err)
 	}
 	return bandwidth(tier+" write", "write as a level-1 sleep does (arena.WriteFile)", src.Len(), d), nil
 }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
 	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
 // TestProbeReadsItsFileIntoTheDestination: the probe reads every byte of
@@ -93,19 +93,19 @@ func TestProbeFailsOnADestinationOfAnotherSize(t *testing.T) {
 }
 
 func TestAroundBoundAndCheck(t *testing.T) {
-	before := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.1, BytesPerSecond: (1 << 30) / 0.1}
-	after := checkpoint.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.3, BytesPerSecond: (1 << 30) / 0.3}
+	before := nodeapi.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.1, BytesPerSecond: (1 << 30) / 0.1}
+	after := nodeapi.Bandwidth{What: "tmpfs", Bytes: 1 << 30, Seconds: 0.3, BytesPerSecond: (1 << 30) / 0.3}
 	got := Around(before, after)
 	if got.Bytes != 2<<30 || got.Seconds != 0.4 || got.BytesPerSecond != float64(2<<30)/0.4 {
 		t.Errorf("Around = %+v", got)
 	}
-	if p := Peak(before, after, checkpoint.Bandwidth{}); p.Seconds != 0.1 {
+	if p := Peak(before, after, nodeapi.Bandwidth{}); p.Seconds != 0.1 {
 		t.Errorf("Peak = %+v, want the read of 0.1 s", p)
 	}
 	if b := Bound(1<<30, got); b != 200*time.Millisecond {
 		t.Errorf("Bound = %v, want 200ms", b)
 	}
-	if Bound(1, checkpoint.Bandwidth{}) != 0 {
+	if Bound(1, nodeapi.Bandwidth{}) != 0 {
 		t.Error("a bound from no measurement is not 0")
 	}
 	for _, c := range []struct {

@@ -84,6 +84,15 @@ type ChatResult struct {
 	Done bool
 }
 
+// Answered is true when the stream ended with [DONE] after a finish reason:
+// the engine generated an answer. Its text may be empty with the generated
+// test models: their random weights sometimes draw only tokens that decode
+// to no text within max_tokens (bytes of an unfinished UTF-8 sequence,
+// which Ollama holds back, or the end token first).
+func (r *ChatResult) Answered() bool {
+	return r != nil && r.Done && r.FinishReason != ""
+}
+
 // APIError is an OpenAI-style error answer.
 type APIError struct {
 	Status  int
