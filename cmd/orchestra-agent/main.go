@@ -20,9 +20,10 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/agent"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/gctune"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/version"
 )
 
@@ -30,7 +31,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	gctune.Apply()
-	cfg := checkpoint.Default()
+	cfg := agent.Default()
 	fs := pflag.NewFlagSet("orchestra-agent", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Role, "role", cfg.Role, "seat (sidecar in an engine pod) or node (DaemonSet owning the hot and warm tiers)")
@@ -101,7 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	var coldErrs []error
 	for _, v := range *coldS3 {
-		c, err := checkpoint.ParseColdS3Source(v)
+		c, err := nodeagent.ParseColdS3Source(v)
 		coldErrs = append(coldErrs, err)
 		n.ColdS3 = append(n.ColdS3, c)
 	}
@@ -123,7 +124,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := checkpoint.Run(ctx, cfg, log); err != nil {
+	if err := agent.Run(ctx, cfg, log); err != nil {
 		log.Error("agent stopped", "err", err)
 		return 1
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/agent"
 )
 
 func TestCheckConfigPrintsTheFlagsAsConfig(t *testing.T) {
@@ -16,7 +16,7 @@ func TestCheckConfigPrintsTheFlagsAsConfig(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	var cfg checkpoint.Config
+	var cfg agent.Config
 	if err := json.Unmarshal(out.Bytes(), &cfg); err != nil {
 		t.Fatalf("%v: %s", err, out.String())
 	}
@@ -36,7 +36,7 @@ func TestVerifyIntervalTheShortestWins(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	var cfg checkpoint.Config
+	var cfg agent.Config
 	if err := json.Unmarshal(out.Bytes(), &cfg); err != nil {
 		t.Fatalf("%v: %s", err, out.String())
 	}

@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/gctune"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
 	"github.com/model-orchestra/operator/internal/sim"

@@ -34,8 +34,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/seatgrouptest"
@@ -158,7 +158,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 			return err
 		}
 		defer func() { _ = os.Remove(mnt) }()
-		if _, err := checkpoint.MountHotTier(mnt, int64(apps+2)*slices.Max(sizes)+(64<<20)); err != nil {
+		if _, err := nodeagent.MountHotTier(mnt, int64(apps+2)*slices.Max(sizes)+(64<<20)); err != nil {
 			hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
 			hotRoot = "/dev/shm"
 		} else {
@@ -166,7 +166,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 			hotRoot = mnt
 		}
 	}
-	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hotRoot), "(not a tmpfs)"), hotNote)
+	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(nodeagent.HugePagesOf(hotRoot), "(not a tmpfs)"), hotNote)
 	if deviceDir == "" {
 		// The device and the probe's device of the largest size.
 		mnt, err := os.MkdirTemp("", "mo-bench-mux-devmnt-")
@@ -174,7 +174,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 			return err
 		}
 		defer func() { _ = os.Remove(mnt) }()
-		if _, err := checkpoint.MountHotTier(mnt, int64(deviceRoom+1)*slices.Max(sizes)+(64<<20)); err != nil {
+		if _, err := nodeagent.MountHotTier(mnt, int64(deviceRoom+1)*slices.Max(sizes)+(64<<20)); err != nil {
 			deviceNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
 			deviceDir = "/dev/shm"
 		} else {
@@ -182,7 +182,7 @@ func run(sizeList, hotRoot, docs string, rounds int) error {
 			deviceDir = mnt
 		}
 	}
-	deviceNote = fmt.Sprintf("device file: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(deviceDir), "never (plain tmpfs, 4 KiB pages)"), deviceNote)
+	deviceNote = fmt.Sprintf("device file: tmpfs huge=%s%s", cmp.Or(nodeagent.HugePagesOf(deviceDir), "never (plain tmpfs, 4 KiB pages)"), deviceNote)
 	loadBefore := loadavg()
 	start := time.Now()
 	var rows []row

@@ -33,8 +33,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -100,7 +100,7 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		defer func() { _ = os.Remove(mnt) }()
 		// Sized for the largest size's offload plus the tmpfs probe.
 		biggest := slices.Max(sizes)
-		if _, err := checkpoint.MountHotTier(mnt, 2*biggest+(64<<20)); err != nil {
+		if _, err := nodeagent.MountHotTier(mnt, 2*biggest+(64<<20)); err != nil {
 			hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v)", err)
 			hotRoot = "/dev/shm"
 		} else {
@@ -113,8 +113,8 @@ func run(sizeList, hotRoot, diskRoot, docs string, repeat int) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(hot) }()
-	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(checkpoint.HugePagesOf(hot), "(not a tmpfs)"), hotNote)
-	criu := checkpoint.CRIU{Bin: "criu", Report: checkpoint.ProbeCRIU(context.Background(), "criu")}
+	hotNote = fmt.Sprintf("hot tier: tmpfs huge=%s%s", cmp.Or(nodeagent.HugePagesOf(hot), "(not a tmpfs)"), hotNote)
+	criu := nodeagent.CRIU{Bin: "criu", Report: nodeagent.ProbeCRIU(context.Background(), "criu")}
 	disk, err := os.MkdirTemp(diskRoot, "mo-bench-tiers-disk-")
 	if err != nil {
 		return err

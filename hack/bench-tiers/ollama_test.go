@@ -18,9 +18,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/ollamatest"
 	"github.com/model-orchestra/operator/internal/tierprobe"
@@ -121,7 +121,7 @@ func TestOllamaTiersBenchmark(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = os.Remove(mnt) }()
-	if _, err := checkpoint.MountHotTier(mnt, 2*n+(64<<20)); err != nil {
+	if _, err := nodeagent.MountHotTier(mnt, 2*n+(64<<20)); err != nil {
 		hotNote = fmt.Sprintf(" (a huge-page tmpfs could not be mounted: %v; /dev/shm instead)", err)
 		if mnt, err = os.MkdirTemp("/dev/shm", "mo-bench-ollama-hot-"); err != nil {
 			t.Fatal(err)
@@ -160,7 +160,7 @@ func TestOllamaTiersBenchmark(t *testing.T) {
 		}
 		a.Free()
 	}
-	hotNote = fmt.Sprintf("huge=%s%s", checkpoint.HugePagesOf(mnt), hotNote)
+	hotNote = fmt.Sprintf("huge=%s%s", nodeagent.HugePagesOf(mnt), hotNote)
 
 	// Every probe reads into one destination kept for the run, as large
 	// as the file, pre-faulted in huge pages.
@@ -239,7 +239,7 @@ func ollamaLoadFrom(ctx context.Context, url, blob string, tier ollamaTier, n in
 		return l, err
 	}
 	if tier.disk {
-		if err := checkpoint.DropCache(tier.path); err != nil {
+		if err := nodeagent.DropCache(tier.path); err != nil {
 			return l, err
 		}
 	}

@@ -11,15 +11,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
 
-func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
+func measure(n int64, hot, disk string, criu nodeagent.CRIU) (row, error) {
 	r := row{size: n}
 	// The baselines copy and read into memory of the kind a restore lands
 	// in, a device region: pre-faulted, in huge pages. memcpy copies
@@ -60,7 +60,7 @@ func measure(n int64, hot, disk string, criu checkpoint.CRIU) (row, error) {
 	if err := freeAndWait(n); err != nil {
 		return r, err
 	}
-	if r.fresh, err = checkpoint.MeasureFault(n); err != nil {
+	if r.fresh, err = nodeagent.MeasureFault(n); err != nil {
 		return r, err
 	}
 	if err := measureReads(&r, n, disk); err != nil {
@@ -92,7 +92,7 @@ func measureReads(r *row, n int64, disk string) error {
 	if r.disk1, r.disk2, err = measureDisk(disk, dst); err != nil {
 		return err
 	}
-	r.disk = checkpoint.Peak(r.disk1, r.disk2)
+	r.disk = nodeagent.Peak(r.disk1, r.disk2)
 	r.s3, err = measureS3(dst)
 	return err
 }
@@ -111,7 +111,7 @@ func measureHashedCopy(dst, src *arena.Arena) nodeapi.Bandwidth {
 // measureDisk writes a probe as large as a on the disk and reads it as
 // rawReads does.
 func measureDisk(dir string, a *arena.Arena) (one, restore nodeapi.Bandwidth, err error) {
-	path, err := checkpoint.WriteProbe(dir, a.Len())
+	path, err := nodeagent.WriteProbe(dir, a.Len())
 	if err != nil {
 		return one, restore, fmt.Errorf("writing a %d-byte probe in %s: %w", a.Len(), dir, err)
 	}

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
@@ -27,7 +27,7 @@ const snapshotHelperEnv = "MO_BENCH_TIERS_SNAPSHOT_HELPER"
 // simulator then sleeps at level 1 and wakes, which hashes the weights it
 // holds against the digest it took at its load.
 type snapshot struct {
-	dump, restore checkpoint.SnapshotStats
+	dump, restore nodeagent.SnapshotStats
 	// verify is the restored simulator's level-1 sleep and wake; a
 	// snapshot is only kept when that wake verified.
 	verify time.Duration
@@ -62,7 +62,7 @@ func runSnapshotHelper(spec string) error {
 // (RAM, like the hot tier's weights), waits the sleep's pause, restores
 // it, and has the restored simulator verify its weights with a level-1
 // sleep and wake.
-func measureSnapshot(c checkpoint.CRIU, n int64, hot string) (snapshot, error) {
+func measureSnapshot(c nodeagent.CRIU, n int64, hot string) (snapshot, error) {
 	var s snapshot
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -14,8 +14,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 	"github.com/model-orchestra/operator/internal/tierprobe"
@@ -37,7 +37,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	if err != nil {
 		return err
 	}
-	_ = checkpoint.DropCache(model) // read past the page cache, like the tiers
+	_ = nodeagent.DropCache(model) // read past the page cache, like the tiers
 	defer func() { _ = os.Remove(model) }()
 	warmDir := filepath.Join(disk, "warm")
 	if err := os.MkdirAll(warmDir, 0o700); err != nil {
@@ -101,7 +101,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	if err != nil {
 		return err
 	}
-	_ = checkpoint.DropCache(warm)
+	_ = nodeagent.DropCache(warm)
 	time.Sleep(asleep)
 	if r.warm, err = wake(srv.URL); err != nil {
 		return err
@@ -114,7 +114,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 		return err
 	}
 	r.warmRaw1, r.warmRaw2 = tierprobe.Peak(before1, after1), tierprobe.Peak(before2, after2)
-	r.warmRaw = checkpoint.Peak(r.warmRaw1, r.warmRaw2)
+	r.warmRaw = nodeagent.Peak(r.warmRaw1, r.warmRaw2)
 	if err := tierprobe.Check("warm wake", time.Duration(restoreSeconds(r.warm)*float64(time.Second)), tierprobe.Bound(n, r.warmRaw), 0.05); err != nil {
 		r.warmBeaten = append(r.warmBeaten, err.Error())
 	}
@@ -126,7 +126,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	if _, err := s.Sleep(2); err != nil {
 		return err
 	}
-	_ = checkpoint.DropCache(model)
+	_ = nodeagent.DropCache(model)
 	time.Sleep(asleep)
 	if r.cold, err = wake(srv.URL); err != nil {
 		return err
@@ -192,7 +192,7 @@ func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, d
 	}
 	var before1, before2, before, hashed nodeapi.Bandwidth
 	if !idle {
-		before1, before2 = checkpoint.MeasureMemcpyBetween(dst, src)
+		before1, before2 = nodeagent.MeasureMemcpyBetween(dst, src)
 		hashed = measureHashedCopy(dst, src)
 		region, err := dev.Alloc(n)
 		if err != nil {
@@ -222,12 +222,12 @@ func measureHot(s *sim.Simulator, url string, n int64, dev *arena.Device, src, d
 	h.around = tierprobe.Peak(before, after)
 	slices.Sort(reads)
 	h.aroundMedian = reads[len(reads)/2]
-	h.memcpy1, h.memcpy2 = checkpoint.MeasureMemcpyBetween(dst, src)
+	h.memcpy1, h.memcpy2 = nodeagent.MeasureMemcpyBetween(dst, src)
 	h.hashed = tierprobe.Peak(hashed, measureHashedCopy(dst, src))
 	if !idle {
 		h.memcpy1, h.memcpy2 = tierprobe.Around(before1, h.memcpy1), tierprobe.Around(before2, h.memcpy2)
 	}
-	h.memcpy = checkpoint.Peak(h.memcpy1, h.memcpy2)
+	h.memcpy = nodeagent.Peak(h.memcpy1, h.memcpy2)
 	return h, nil
 }
 

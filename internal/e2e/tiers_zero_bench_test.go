@@ -23,10 +23,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/tierprobe"
 )
@@ -191,11 +191,11 @@ func TestZeroCopyBenchmark(t *testing.T) {
 			// The model cache's file and a warm copy are read from the
 			// disk, not from the page cache, in every case, as a node
 			// finds them after a while.
-			if err := checkpoint.DropCache(coldFile); err != nil {
+			if err := nodeagent.DropCache(coldFile); err != nil {
 				t.Fatal(err)
 			}
 			if kind == zeroCopyWarm {
-				_ = checkpoint.DropCache(warmFile)
+				_ = nodeagent.DropCache(warmFile)
 			}
 			w := zeroWake{kind: kind}
 			sent := time.Now()

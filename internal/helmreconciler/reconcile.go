@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"helm.sh/helm/v3/pkg/action"
@@ -463,7 +464,26 @@ func (r *Reconciler) failed(st *status, obj *unstructured.Unstructured, reason R
 }
 
 func (r *Reconciler) event(obj *unstructured.Unstructured, eventType string, reason Reason, action, format string, args ...any) {
-	r.recorder.Eventf(obj, nil, eventType, string(reason), action, format, args...)
+	r.recorder.Eventf(obj, nil, eventType, string(reason), action, "%s", eventNote(fmt.Sprintf(format, args...)))
+}
+
+// maxEventNote is the longest note the API server accepts in an
+// events.k8s.io/v1 Event (validation: "can have at most 1024 characters").
+const maxEventNote = 1024
+
+// eventNote shortens a message to what an Event can hold, cut at a rune
+// boundary and marked, so that a long error (a Helm failure listing every
+// object) still gets its event; the status condition keeps all of it.
+func eventNote(msg string) string {
+	if len(msg) <= maxEventNote {
+		return msg
+	}
+	const more = " … (cut; the resource's status conditions hold the whole message)"
+	cut := maxEventNote - len(more)
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + more
 }
 
 // reconcilePeriod is the resource's annotation, else the entry's period,

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,7 +50,10 @@ type appState struct {
 	// not yet.
 	rootServingSeen atomic.Int64
 
-	status      v1alpha1.LifecycleStatus
+	// statusRecord is the application's status and where it is published
+	// (persist); consumerGate its consumer's gate (gate.go).
+	statusRecord
+	consumerGate
 	sub         *nats.Subscription
 	zeroAt      time.Time // when the drain to zero was decided
 	wakeStart   time.Time // first request of the current wake
@@ -59,9 +61,6 @@ type appState struct {
 	wakeTrigger string
 	belowSince  time.Time // since when the backlog asked for fewer replicas
 	use         usage     // the consumer's use, reading by reading (demand.go)
-	gate        Gate      // the consumer's gate as last set
-	written     string    // the status last persisted
-	writtenAt   time.Time
 	// dirty: the step changed the status in a way that is written at
 	// once (writeStatus); after runs once it is written.
 	dirty bool
@@ -79,18 +78,11 @@ type appState struct {
 	wrote   int32
 	wroteAt time.Time
 	sl      sleepState // sleeping engines (sleep.go)
-	// consumer is the consumer's configuration as last read, at
-	// consumerAt: openGate writes it back resumed.
-	consumer   *jetstream.ConsumerConfig
-	consumerAt time.Time
-	// annotation is where persist writes the status on RootStatefulSet:
-	// AnnotationStatus, or SeatAnnotationStatus for a seat group's member,
-	// whose StatefulSet is the group's, shared.
-	annotation string
 }
 
 func newAppState(a App) *appState {
-	return &appState{App: a, kick: make(chan struct{}, 1), annotation: v1alpha1.AnnotationLifecycleStatus}
+	return &appState{App: a, kick: make(chan struct{}, 1), consumerGate: consumerGate{app: a.Name},
+		statusRecord: statusRecord{app: a.Name, set: a.RootStatefulSet, annotation: v1alpha1.AnnotationLifecycleStatus}}
 }
 
 // kickNow makes the application's goroutine look again, at once.
@@ -183,10 +175,10 @@ func (c *Controller) initApp(ctx context.Context, a *appState) error {
 	// The gate: closed while no root serves (an earlier leader may have
 	// left it either way).
 	if a.status.State == v1alpha1.LifecycleAwake {
-		if err := c.openGate(ctx, a); err != nil {
+		if err := c.openGate(ctx, &a.consumerGate); err != nil {
 			return err
 		}
-	} else if err := c.closeGate(ctx, a); err != nil {
+	} else if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 		return err
 	}
 	if err := c.syncWorkers(ctx, a, obs.specReplicas); err != nil {
@@ -318,7 +310,7 @@ func (c *Controller) beginDrain(ctx context.Context, a *appState, root *appsv1.S
 func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
 	decided := a.drainDecided
 	cancelDrain := func(why string) error {
-		if err := c.openGate(ctx, a); err != nil {
+		if err := c.openGate(ctx, &a.consumerGate); err != nil {
 			c.log.Warn("reopening the consumer after a cancelled drain; retrying", "app", a.Name, "err", err)
 		}
 		c.m.drains.WithLabelValues(a.Name, "cancelled").Inc()
@@ -330,7 +322,7 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		a.changed()
 		return nil
 	}
-	if err := c.closeGate(ctx, a); err != nil {
+	if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 		_ = cancelDrain("pausing its consumer failed: " + err.Error())
 		return err
 	}
@@ -398,7 +390,7 @@ func (c *Controller) wake(ctx context.Context, a *appState, obs observation, tri
 // numbers are worked out after that, off the requests' path.
 func (c *Controller) awake(ctx context.Context, a *appState, root *appsv1.StatefulSet) error {
 	opening := c.now()
-	if err := c.openGate(ctx, a); err != nil {
+	if err := c.openGate(ctx, &a.consumerGate); err != nil {
 		return err // retried on the next step, still Waking
 	}
 	opened := c.now()

@@ -129,11 +129,25 @@ func (a *appState) changed() { a.dirty = true }
 // hold the status up (reports to the node agents, the ModelCheckpoint).
 func (a *appState) afterStatus(f func(context.Context)) { a.after = append(a.after, f) }
 
+// statusRecord is one application's lifecycle status and where persist
+// publishes it: the bucket's key app, and the annotation on the StatefulSet
+// set (AnnotationLifecycleStatus on an application's root StatefulSet, or
+// the member's SeatAnnotationStatus on a seat group's shared one). An
+// application's step (writeStatus) and a seat group's step
+// (seatGroupRun.writeStatus) each write it once.
+type statusRecord struct {
+	status               v1alpha1.LifecycleStatus
+	app, set, annotation string
+	// written is the status last persisted, at writtenAt.
+	written   string
+	writtenAt time.Time
+}
+
 // writeStatus is the one write of a step: the application's status, when
 // it changed (a change marked with changed at once; lastActiveTime alone
 // at most once a minute), then what waited for it (afterStatus).
 func (c *Controller) writeStatus(ctx context.Context, a *appState) error {
-	err := c.persist(ctx, a, a.dirty)
+	err := c.persist(ctx, &a.statusRecord, a.dirty)
 	if err == nil {
 		a.dirty = false
 	}
@@ -149,7 +163,7 @@ func (c *Controller) writeStatus(ctx context.Context, a *appState) error {
 // to the root StatefulSet's annotation (the operator's status), when it
 // changed; with force false a changed lastActiveTime alone is written at
 // most once a minute.
-func (c *Controller) persist(ctx context.Context, a *appState, force bool) error {
+func (c *Controller) persist(ctx context.Context, a *statusRecord, force bool) error {
 	b, err := json.Marshal(a.status)
 	if err != nil {
 		return err
@@ -167,7 +181,7 @@ func (c *Controller) persist(ctx context.Context, a *appState, force bool) error
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = kv.Put(pctx, a.Name, v)
+		_, err = kv.Put(pctx, a.app, v)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("publishing state to bucket: %w", err))
@@ -178,11 +192,11 @@ func (c *Controller) persist(ctx context.Context, a *appState, force bool) error
 		return err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = c.deps.Kube.AppsV1().StatefulSets(c.deps.Namespace).Patch(pctx, a.RootStatefulSet, types.MergePatchType, ann,
+	_, err = c.deps.Kube.AppsV1().StatefulSets(c.deps.Namespace).Patch(pctx, a.set, types.MergePatchType, ann,
 		metav1.PatchOptions{FieldManager: FieldManager})
 	cancel()
 	if err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("annotating StatefulSet %s: %w", a.RootStatefulSet, err))
+		errs = append(errs, fmt.Errorf("annotating StatefulSet %s: %w", a.set, err))
 	}
 	if len(errs) == 0 {
 		a.written, a.writtenAt = string(b), c.now()

@@ -10,7 +10,6 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/natsqueue"
-	"github.com/model-orchestra/operator/internal/seatgroup"
 )
 
 // Config is the lifecycle section of the dispatcher's configuration file.
@@ -172,15 +171,15 @@ func (c Config) Defaulted() Config {
 	for i := range c.SeatGroups {
 		g := &c.SeatGroups[i]
 		if g.ActiveSeats == 0 {
-			g.ActiveSeats = seatgroup.DefaultActiveSeats
+			g.ActiveSeats = v1alpha1.DefaultActiveSeats
 		}
 		if g.Replicas == 0 {
-			g.Replicas = 1
+			g.Replicas = v1alpha1.DefaultSeatGroupReplicas
 		}
 		for j := range g.Members {
 			m := &g.Members[j]
 			if m.MinResidency.Duration == 0 {
-				m.MinResidency.Duration = seatgroup.DefaultMinResidency
+				m.MinResidency.Duration = v1alpha1.DefaultSeatMinResidency
 			}
 			if m.SleepLevel == 0 {
 				m.SleepLevel = v1alpha1.DefaultSleepLevel

@@ -1,7 +1,7 @@
 package lifecycle
 
 // Demand: the one reader of a consumer's backlog on the leader, for
-// applications (observe) and seat-group members (seatDispatcher.Demand).
+// applications (observe) and seat-group members (memberDemand).
 
 import (
 	"context"

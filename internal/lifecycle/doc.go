@@ -41,7 +41,11 @@
 // "Sidecar" is the per-engine agent in each root pod (orchestra-agent
 // --role=seat, wire types and client in internal/sidecarapi); "seat" is an
 // accelerator seat of a seat group, which internal/seatgroup's Decide
-// hands out and its Executor applies through the members' sidecars.
+// hands out and its Executor applies through the members' sidecars. The
+// leader calls every sidecar, an application's roots and a group pod's
+// members alike, through one driver (sidecars.go) and reads their states
+// as sidecarapi.State; an application's status is written once per step,
+// and so is each seat-group member's (after each group pod's step).
 //
 // Files:
 //
@@ -54,7 +58,11 @@
 //	plan.go              Observation, Action, Decide: the pure step
 //	step.go              observeStep, execute: one step of an application
 //	demand.go            readConsumer: the one reader of a consumer's demand
-//	gate.go              the consumer pause (the gate) and the Gate type
+//	gate.go              the gates, their one owner: the consumer pause
+//	                     (consumerGate), a group pod's gates and the
+//	                     SeatServingAnnotation (applyGates)
+//	sidecars.go          the one driver of the sidecars: callSidecar,
+//	                     onSidecars, readStates, rootSidecars
 //	fence.go             the fence between a scale to zero and the next wake
 //	earlyready.go        a starting root taken the moment its engine answers
 //	firsttoken.go        a wake's first token, published by any dispatcher
@@ -66,11 +74,13 @@
 //	park.go              parkAfter: the pods scaled away, the copies kept (parked)
 //	placement.go         the weights node labels a woken root pod prefers
 //	sleep_adopt.go       a new leader adopts sleeping engines; restarts
-//	sleep_agents.go      the calls of the sidecars (sidecarapi) and the node
-//	                     agents (nodeapi); the ModelCheckpoint status
+//	sleep_agents.go      the calls of the node agents (nodeapi); the
+//	                     ModelCheckpoint status
 //	sleep_wakes.go       wake and sleep records for the node agents
 //	seatgroup_leader.go  seat groups: seatgroup.Executor driven by the leader
-//	seatgroup_pod.go     one group pod: its sidecars, dispatcher and gates
+//	seatgroup_pod.go     one group pod: its sidecars, its Dispatcher adapter
+//	                     (the members' demand and gates)
+//	seatgroup_status.go  the members' statuses, written once per pod step
 //	seatserving.go       which pods of a seat group serve an application
 //	metrics.go           the leader's metrics
 //

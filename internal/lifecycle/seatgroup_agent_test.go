@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -43,7 +43,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 	// machine a slow swap shifts one wake by more than the pattern's
 	// tolerance, and the agent rightly predicts nothing from that history.
 	const period, minRounds, maxRounds = time.Second, 4, 12
-	var alpha, beta *checkpoint.WakeHistory
+	var alpha, beta *nodeagent.WakeHistory
 	start := time.Now()
 	rounds := 0
 	for ; ; rounds++ {

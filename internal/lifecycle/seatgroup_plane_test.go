@@ -34,14 +34,16 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/queue"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
+	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -282,8 +284,8 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 func (p *seatGroupPlane) startAgent(ctx context.Context) {
 	t := p.t
 	dir := t.TempDir()
-	ac := checkpoint.Default()
-	ac.Role = checkpoint.RoleNode
+	ac := agent.Default()
+	ac.Role = agent.RoleNode
 	p.agentHot, p.agentWarm, p.agentCold = filepath.Join(dir, "hot"), filepath.Join(dir, "warm"), filepath.Join(dir, "cold")
 	// The namespace's tier directories exist before the engines start
 	// (the chart mounts them as hostPath DirectoryOrCreate).
@@ -292,13 +294,13 @@ func (p *seatGroupPlane) startAgent(ctx context.Context) {
 			t.Fatal(err)
 		}
 	}
-	ac.Node.Store = checkpoint.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac.Node.Store = nodeagent.StoreConfig{HotDir: p.agentHot, WarmDir: p.agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = 1<<20, "", "containerd://1.6.20"
 	ac.Node.ColdDir = p.agentCold
 	// Plan often, and promote whatever is predicted at all: the test's
 	// wakes come a second apart.
 	ac.Node.PromoteInterval, ac.Node.PromoteMargin = 100*time.Millisecond, time.Hour
-	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
+	ah, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +354,7 @@ func writeModelFile(t *testing.T, dir, app string, i int) string {
 
 // history is the node agent's persisted history of app's weights (nil
 // while it has none).
-func (p *seatGroupPlane) history(app string) *checkpoint.WakeHistory {
+func (p *seatGroupPlane) history(app string) *nodeagent.WakeHistory {
 	h, err := agentHistory(p.agentWarm, "demo-"+app)
 	if err != nil {
 		return nil
@@ -491,10 +493,10 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 		likeEngine, likeSeat = like.engine.URL, like.seat.URL
 	}
 	listen(e.engine, likeEngine)
-	ac := checkpoint.Default()
-	ac.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
+	ac := agent.Default()
+	ac.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
 	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 10*time.Second
-	sh, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", e.name, "addr", addr))
+	sh, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", e.name, "addr", addr))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,38 +1,33 @@
 package lifecycle
 
 // One pod of a seat group: its sidecars (podSidecar, the seatgroup.Sidecar of one
-// application in the pod), its executor's dispatcher (podDispatcher) and its
-// gates, from which the leader writes the SeatServingAnnotation.
+// application in the pod, called through sidecars.go), its executor's one
+// Dispatcher adapter (podDispatcher: the members' demand and gates), and
+// the gates, from which the leader writes the SeatServingAnnotation and
+// opens or closes each member's consumer.
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // podSidecar is a member's sidecar in one pod of the group, found by the
 // pod's current IP. It keeps its last reading for the status and the
-// pod's gate.
+// pod's gate. Only the group's goroutine uses it.
 type podSidecar struct {
-	p      *seatPodRun
-	app    string
-	port   int32
-	client *http.Client
+	p    *seatPodRun
+	app  string
+	port int32
 
-	mu     sync.Mutex
-	seat   sidecarapi.Status // the last reading
-	seatOK bool
+	last   sidecarapi.Status // the last reading
+	lastOK bool
 }
 
 // pod returns the sidecar's pod, or an error when it does not serve (gone,
@@ -48,33 +43,22 @@ func (s *podSidecar) pod() (*corev1.Pod, error) {
 	return pod, nil
 }
 
-func (s *podSidecar) http() (sidecarapi.Client, error) {
+// call makes one call on the sidecar (callSidecar), within ctx.
+func (s *podSidecar) call(ctx context.Context, call sidecarCall) (sidecarapi.Status, error) {
 	pod, err := s.pod()
 	if err != nil {
-		return sidecarapi.Client{}, err
+		return sidecarapi.Status{}, err
 	}
-	return sidecarapi.Client{URL: fmt.Sprintf("http://%s:%d", pod.Status.PodIP, s.port), HTTP: s.client, Token: nodeapi.TokenFile(s.p.r.c.cfg.AgentTokenFile)}, nil
+	return s.p.r.c.callSidecar(ctx, sidecarOf(pod, s.port), call)
 }
 
-func (s *podSidecar) reading() (sidecarapi.Status, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.seat, s.seatOK
-}
+func (s *podSidecar) reading() (sidecarapi.Status, bool) { return s.last, s.lastOK }
 
-func (s *podSidecar) setReading(st sidecarapi.Status, ok bool) {
-	s.mu.Lock()
-	s.seat, s.seatOK = st, ok
-	s.mu.Unlock()
-}
+func (s *podSidecar) setReading(st sidecarapi.Status, ok bool) { s.last, s.lastOK = st, ok }
 
 // State implements seatgroup.Sidecar; it keeps the reading for the status.
 func (s *podSidecar) State(ctx context.Context) (sidecarapi.Status, error) {
-	h, err := s.http()
-	var st sidecarapi.Status
-	if err == nil {
-		st, err = h.State(ctx)
-	}
+	st, err := s.call(ctx, getState)
 	s.setReading(st, err == nil)
 	return st, err
 }
@@ -82,11 +66,7 @@ func (s *podSidecar) State(ctx context.Context) (sidecarapi.Status, error) {
 // Sleep implements seatgroup.Sidecar; once the engine sleeps, its pod's gate
 // closes (the consumer may open again for the other pods).
 func (s *podSidecar) Sleep(ctx context.Context, level int) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Sleep(ctx, level); err != nil {
+	if _, err := s.call(ctx, sleepAt(level)); err != nil {
 		return err
 	}
 	s.asleep()
@@ -98,7 +78,7 @@ func (s *podSidecar) asleep() {
 	st, _ := s.reading()
 	st.State = sidecarapi.Asleep
 	s.setReading(st, true)
-	s.p.setGate(s.app, false)
+	s.p.setPodGate(s.app, false)
 }
 
 // ReadMemory implements seatgroup.MemoryReader.
@@ -112,11 +92,7 @@ func (s *podSidecar) ReadMemory(ctx context.Context) (seatgroup.MemoryReading, e
 
 // Restart implements seatgroup.Restarter.
 func (s *podSidecar) Restart(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	if err := h.Restart(ctx); err != nil {
+	if _, err := s.call(ctx, restart); err != nil {
 		return err
 	}
 	s.asleep()
@@ -129,11 +105,7 @@ func (s *podSidecar) Restart(ctx context.Context) error {
 // its weights in time) keeps the one of the last reading: the digest is
 // the one recorded at load.
 func (s *podSidecar) Wake(ctx context.Context) error {
-	h, err := s.http()
-	if err != nil {
-		return err
-	}
-	st, err := h.WakeStatus(ctx)
+	st, err := s.call(ctx, wake)
 	if err != nil {
 		return err
 	}
@@ -144,22 +116,76 @@ func (s *podSidecar) Wake(ctx context.Context) error {
 	return nil
 }
 
-// podDispatcher implements seatgroup.Dispatcher for one pod's executor:
-// its gates are the pod's, its demand the application's (seatPodDemand).
+// podDispatcher implements seatgroup.Dispatcher for one pod's executor,
+// the leader's one adapter for it: its gates are the pod's (and through
+// them the member's consumer, applyGates), its demand the application's
+// as this pod sees it (seatPodDemand).
 type podDispatcher struct{ p *seatPodRun }
 
 // Demand implements seatgroup.Dispatcher.
 func (d *podDispatcher) Demand(app string) seatgroup.Demand {
 	r := d.p.r
-	dm := r.disp.Demand(app)
-	return seatPodDemand(dm, r.servedElsewhere(d.p, app), seatgroup.DefaultMaxSwapWait)
+	return seatPodDemand(r.memberDemand(app), r.servedElsewhere(d.p, app), d.p.maxSwapWait)
+}
+
+// memberDemand reads the member's consumer (readConsumer): queued
+// (pending), in flight (taken by a dispatcher and not acknowledged, which
+// counts requests a dispatcher holds for a free slot) and the age of the
+// oldest queued request. A consumer that cannot be read counts one request
+// in flight, so that nothing is put to sleep on a guess; so does one whose
+// gate may not hold (consumerGate.holdFailed: the last close failed, or a
+// dispatcher that provisioned the consumer again reset its pause) until a
+// close succeeds.
+func (r *seatGroupRun) memberDemand(app string) seatgroup.Demand {
+	m := r.members[app]
+	now := r.c.now()
+	cr := r.c.readConsumer(r.ctx, app)
+	if !cr.OK {
+		m.demand = seatgroup.Demand{InFlight: 1, LastUse: m.use.lastUse}
+		return m.demand
+	}
+	observeGate(&m.consumerGate, cr)
+	dm := seatgroup.Demand{InFlight: int(cr.InFlight), Queued: int(cr.Queued)}
+	if m.holdFailed {
+		dm.InFlight++
+	}
+	m.use.update(now, cr)
+	dm.LastUse = m.use.lastUse
+	if dm.Queued > 0 {
+		dm.OldestWait = now.Sub(m.use.pendingSince)
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		if stored, ok := r.oldestQueued(ctx, app, cr.Delivered); ok && stored.Before(now) {
+			dm.OldestWait = now.Sub(stored)
+		}
+		cancel()
+	}
+	m.demand = dm
+	return dm
+}
+
+// oldestQueued returns when the member's first request not yet delivered
+// was stored.
+func (r *seatGroupRun) oldestQueued(ctx context.Context, app string, delivered uint64) (time.Time, bool) {
+	c := r.c
+	if r.stream == nil {
+		s, err := c.js.Stream(ctx, c.names.Stream())
+		if err != nil {
+			return time.Time{}, false
+		}
+		r.stream = s
+	}
+	msg, err := r.stream.GetMsg(ctx, delivered+1, jetstream.WithGetMsgSubject(c.names.Request(app)))
+	if err != nil {
+		return time.Time{}, false
+	}
+	return msg.Time, true
 }
 
 // Hold implements seatgroup.Dispatcher: the pod stops serving app.
-func (d *podDispatcher) Hold(app string) { d.p.setGate(app, false) }
+func (d *podDispatcher) Hold(app string) { d.p.setPodGate(app, false) }
 
 // Release implements seatgroup.Dispatcher: the pod serves app.
-func (d *podDispatcher) Release(app string) { d.p.setGate(app, true) }
+func (d *podDispatcher) Release(app string) { d.p.setPodGate(app, true) }
 
 // seatPodDemand is an application's demand as one pod's executor sees it:
 // its queue counts only while no other pod serves the application
@@ -182,90 +208,4 @@ func (r *seatGroupRun) servedElsewhere(p *seatPodRun, app string) bool {
 		}
 	}
 	return false
-}
-
-// setGate sets the pod's gate for app (nextPodGate), then the group's
-// SeatServingAnnotation and the application's consumer (seatConsumerOpen).
-func (p *seatPodRun) setGate(app string, open bool) {
-	st, ok := p.sidecars[app].reading()
-	pod, err := p.sidecars[app].pod()
-	gone := err != nil || !RootServes(pod)
-	p.gates[app] = nextPodGate(p.gates[app], open, ok && st.State == sidecarapi.Asleep, gone)
-	p.r.applyGates(app)
-}
-
-// applyGates writes the SeatServingAnnotation the pods' gates make, when it
-// changed, then opens or closes app's consumer. A draining pod stays in the
-// annotation, so that the requests dispatchers already hold reach its
-// engine, which is still awake; the paused consumer hands out nothing new.
-// A pod leaves the annotation once its engine sleeps, and the leader waits
-// for its own cache to show that (servingFence) before the consumer
-// resumes for the other pods. While the annotation cannot be written, the
-// consumer stays closed for every application whose written pods no
-// longer all serve it.
-func (r *seatGroupRun) applyGates(app string) {
-	want := SeatServing{}
-	for _, p := range r.pods {
-		for a, g := range p.gates {
-			if g == GateOpen || g == GateDraining {
-				want[p.name] = append(want[p.name], a)
-			}
-		}
-	}
-	if want.String() != r.written.String() {
-		removed := false
-		for pod := range r.written {
-			for _, a := range r.written[pod] {
-				removed = removed || !want.Serves(pod, a)
-			}
-		}
-		if err := r.writeServing(want); err != nil {
-			r.c.log.Warn("seat group: writing where applications are served; retrying", "seatGroup", r.g.Name, "err", err)
-		} else {
-			r.written = want
-			if removed {
-				r.awaitServing(want)
-			}
-		}
-	}
-	gates := map[string]Gate{}
-	for _, p := range r.pods {
-		gates[p.name] = p.gates[app]
-	}
-	if seatConsumerOpen(r.written.Pods(app), gates) {
-		r.disp.Release(app)
-	} else {
-		r.disp.Hold(app)
-	}
-}
-
-// writeServing patches the group StatefulSet's SeatServingAnnotation.
-func (r *seatGroupRun) writeServing(s SeatServing) error {
-	ann, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{SeatServingAnnotation: s.String()}}})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(r.disp.ctx, 10*time.Second)
-	defer cancel()
-	_, err = r.c.deps.Kube.AppsV1().StatefulSets(r.c.deps.Namespace).Patch(ctx, r.g.StatefulSet, types.MergePatchType, ann,
-		metav1.PatchOptions{FieldManager: FieldManager})
-	if err != nil {
-		return fmt.Errorf("annotating StatefulSet %s: %w", r.g.StatefulSet, err)
-	}
-	return nil
-}
-
-// awaitServing waits, at most servingFence, until the leader's cache of the
-// group's StatefulSet shows s.
-func (r *seatGroupRun) awaitServing(s SeatServing) {
-	want := s.String()
-	deadline := time.Now().Add(servingFence)
-	for time.Now().Before(deadline) && r.disp.ctx.Err() == nil {
-		sts, err := r.c.stsLister.StatefulSets(r.c.deps.Namespace).Get(r.g.StatefulSet)
-		if err == nil && ParseSeatServing(sts.Annotations[SeatServingAnnotation]).String() == want {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	r.c.log.Warn("seat group: the StatefulSet's cache did not show where applications are served in time", "seatGroup", r.g.Name, "within", servingFence)
 }

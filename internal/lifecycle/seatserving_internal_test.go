@@ -179,3 +179,27 @@ func TestGroupSeatState(t *testing.T) {
 		})
 	}
 }
+
+func TestObserveGateForgetsAClosedGateWhosePauseWasReset(t *testing.T) {
+	cases := []struct {
+		name         string
+		gate         Gate
+		reading      consumerReading
+		want         Gate
+		wantHoldFail bool
+	}{
+		{"closed and paused: still closed", GateClosed, consumerReading{OK: true, Paused: true}, GateClosed, false},
+		{"closed but not paused (a dispatcher provisioned it again): unknown, and counted busy", GateClosed, consumerReading{OK: true}, GateUnknown, true},
+		{"open and not paused: open", GateOpen, consumerReading{OK: true}, GateOpen, false},
+		{"a reading that failed changes nothing", GateClosed, consumerReading{}, GateClosed, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := consumerGate{app: "a", gate: tc.gate}
+			observeGate(&g, tc.reading)
+			if g.gate != tc.want || g.holdFailed != tc.wantHoldFail {
+				t.Errorf("gate %q, holdFailed %v; want %q, %v", g.gate, g.holdFailed, tc.want, tc.wantHoldFail)
+			}
+		})
+	}
+}

@@ -2,7 +2,7 @@ package lifecycle
 
 // Sleeping engines. An application with a sleep section keeps its pods when
 // idle and puts their engines to sleep instead, through the sidecar in
-// each root pod (internal/checkpoint): the weights leave the accelerator
+// each root pod (sidecars.go): the weights leave the accelerator
 // for the node's hot tier (level 1) or are dropped (level 2), and the next
 // request wakes them in the time it takes to move the bytes back, not a pod
 // start.
@@ -116,7 +116,7 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 		return c.cancelSleep(ctx, a, root, sidecars, "no root sidecar to put to sleep: "+err.Error(), false)
 	}
 	level := a.Sleep.Level
-	if err := c.closeGate(ctx, a); err != nil {
+	if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 		return c.cancelSleep(ctx, a, root, sidecars, "pausing its consumer failed: "+err.Error(), false)
 	}
 	obs := c.observe(ctx, a, root, true)
@@ -205,7 +205,7 @@ func (c *Controller) cancelSleep(ctx context.Context, a *appState, root *appsv1.
 		a.sl.level, a.sl.asleepAt = a.Sleep.Level, now
 		return c.beginEngineWake(a, c.observe(ctx, a, root, false), triggerRequest)
 	}
-	if err := c.openGate(ctx, a); err != nil {
+	if err := c.openGate(ctx, &a.consumerGate); err != nil {
 		c.log.Warn("reopening the consumer after a cancelled sleep; retrying", "app", a.Name, "err", err)
 	}
 	c.unsubscribe(a)
@@ -286,7 +286,7 @@ func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.
 	if len(failed) == 0 {
 		return c.enginesAwake(ctx, a, root, res)
 	}
-	for _, r := range c.onSidecars(ctx, failedRefs(res), getState, 2*time.Second) {
+	for _, r := range c.readStates(ctx, failedRefs(res)) {
 		if r.err == nil && r.st.State == sidecarapi.Failed {
 			c.restartSidecar(ctx, a, r)
 		}
@@ -307,7 +307,7 @@ func (c *Controller) wakeEngines(ctx context.Context, a *appState, root *appsv1.
 // wake's numbers are worked out after that, off the requests' path.
 func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1.StatefulSet, res []sidecarResult) error {
 	now := c.now()
-	if err := c.openGate(ctx, a); err != nil {
+	if err := c.openGate(ctx, &a.consumerGate); err != nil {
 		return err // retried on the next step (the sidecars answer at once)
 	}
 	obs := c.observe(ctx, a, root, true)

@@ -41,7 +41,7 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 		return false, err
 	}
 	level, sleeping, waking := int32(0), false, false
-	for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
+	for _, r := range c.readStates(ctx, sidecars) {
 		if r.err != nil {
 			continue
 		}
@@ -61,7 +61,7 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 	if err := c.subscribe(a); err != nil {
 		return true, err
 	}
-	if err := c.closeGate(ctx, a); err != nil {
+	if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 		return true, err
 	}
 	now := obs.now

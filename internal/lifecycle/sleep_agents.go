@@ -9,12 +9,10 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,93 +23,15 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// The leader talks to two agents (internal/checkpoint): the sidecar
-// of each root pod (GET /state, POST /sleep?level=, POST /wake) and the
-// node agent on each root's node (GET /tiers, GET /report, POST /demote,
-// POST /promote).
+// The node agents (one per node, orchestra-agent --role=node): GET
+// /tiers, GET /report, POST /demote, POST /promote, and the wake and sleep
+// reports (sleep_wakes.go). The sidecars are called through sidecars.go.
 
-// agentHTTP is the client of both; every call carries its own deadline.
+// agentHTTP is the node agents' client; every call carries its own
+// deadline.
 var agentHTTP = &http.Client{}
-
-// sidecarRef is one root pod's sidecar.
-type sidecarRef struct {
-	pod *corev1.Pod
-	url string
-}
-
-// sidecarResult is one sidecar's answer.
-type sidecarResult struct {
-	sidecarRef
-	st  sidecarapi.Status
-	err error
-}
-
-// rootSidecars finds the sidecars of the application's root pods: the pods of
-// the root StatefulSet's selector that have an address and are not going
-// away.
-func (c *Controller) rootSidecars(a *appState, root *appsv1.StatefulSet) ([]sidecarRef, error) {
-	if root.Spec.Selector == nil {
-		return nil, fmt.Errorf("root StatefulSet %s has no selector", root.Name)
-	}
-	sel, err := metav1.LabelSelectorAsSelector(root.Spec.Selector)
-	if err != nil {
-		return nil, fmt.Errorf("root StatefulSet %s selector: %w", root.Name, err)
-	}
-	pods, err := c.podLister.Pods(c.deps.Namespace).List(sel)
-	if err != nil {
-		return nil, fmt.Errorf("listing the pods of %s: %w", root.Name, err)
-	}
-	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
-	var out []sidecarRef
-	for _, p := range pods {
-		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		out = append(out, sidecarRef{pod: p, url: "http://" + net.JoinHostPort(p.Status.PodIP, strconv.Itoa(int(a.Sleep.SeatPort)))})
-	}
-	return out, nil
-}
-
-// sidecarCall is one call of the sidecar's client that answers its status.
-type sidecarCall func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error)
-
-// getState, sleepAt and wake are the calls onSidecars makes.
-func getState(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
-	return c.State(ctx)
-}
-
-func sleepAt(level int) sidecarCall {
-	return func(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
-		return c.SleepStatus(ctx, level)
-	}
-}
-
-func wake(ctx context.Context, c sidecarapi.Client) (sidecarapi.Status, error) {
-	return c.WakeStatus(ctx)
-}
-
-// onSidecars makes the same call on every root pod's sidecar at once, each
-// within timeout, and keeps each status.
-func (c *Controller) onSidecars(ctx context.Context, sidecars []sidecarRef, call sidecarCall, timeout time.Duration) []sidecarResult {
-	out := make([]sidecarResult, len(sidecars))
-	var wg sync.WaitGroup
-	for i, s := range sidecars {
-		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			out[i] = sidecarResult{sidecarRef: s}
-			out[i].st, out[i].err = call(cctx, sidecarapi.Client{URL: s.url, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)})
-			if out[i].err != nil {
-				out[i].err = fmt.Errorf("sidecar of pod %s: %w", s.pod.Name, out[i].err)
-			}
-		})
-	}
-	wg.Wait()
-	return out
-}
 
 // callAgent makes one call of the node agent at base within timeout,
 // through its client (with the release's caller token).
@@ -119,42 +39,6 @@ func (c *Controller) callAgent(ctx context.Context, method, base, path string, b
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return nodeapi.Client{URL: base, HTTP: agentHTTP, Token: nodeapi.TokenFile(c.cfg.AgentTokenFile)}.Call(ctx, method, path, body, out)
-}
-
-func failures(res []sidecarResult) []error {
-	var errs []error
-	for _, r := range res {
-		if r.err != nil {
-			errs = append(errs, r.err)
-		}
-	}
-	return errs
-}
-
-func failedRefs(res []sidecarResult) []sidecarRef {
-	var out []sidecarRef
-	for _, r := range res {
-		if r.err != nil {
-			out = append(out, r.sidecarRef)
-		}
-	}
-	return out
-}
-
-func refsOf(res []sidecarResult) []sidecarRef {
-	out := make([]sidecarRef, len(res))
-	for i, r := range res {
-		out[i] = r.sidecarRef
-	}
-	return out
-}
-
-func joinErrs(errs []error) string {
-	s := make([]string, len(errs))
-	for i, e := range errs {
-		s[i] = e.Error()
-	}
-	return strings.Join(s, "; ")
 }
 
 // agentRef is the node agent on one node.
@@ -189,8 +73,9 @@ func (c *Controller) allAgents(sleep *SleepConfig) []agentRef {
 	return out
 }
 
-// agentsOf finds the node agent on each sidecar's node (one per node).
-func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
+// agentsOf finds the node agent on each sidecar's node (one per node),
+// among those sleep selects.
+func (c *Controller) agentsOf(sleep *SleepConfig, sidecars []sidecarRef) []agentRef {
 	if len(sidecars) == 0 {
 		return nil
 	}
@@ -199,7 +84,7 @@ func (c *Controller) agentsOf(a *appState, sidecars []sidecarRef) []agentRef {
 		nodes[s.pod.Spec.NodeName] = true
 	}
 	var out []agentRef
-	for _, ag := range c.allAgents(a.Sleep) {
+	for _, ag := range c.allAgents(sleep) {
 		if nodes[ag.node] {
 			out = append(out, ag)
 		}
@@ -244,7 +129,7 @@ type nodeView struct {
 // nodeViews asks the node agents of the sidecars' nodes for their report and
 // the application's copies.
 func (c *Controller) nodeViews(ctx context.Context, a *appState, sidecars []sidecarRef) []nodeView {
-	return c.viewsOf(ctx, a, c.agentsOf(a, sidecars))
+	return c.viewsOf(ctx, a, c.agentsOf(a.Sleep, sidecars))
 }
 
 // viewsOf asks the given node agents for their report and the

@@ -95,7 +95,9 @@ type SleepConfig struct {
 	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
-	// SleepTimeout bounds one sidecar's sleep (its drain included). Default 3m.
+	// SleepTimeout bounds one sidecar's sleep (its drain included). Default
+	// v1alpha1.SleepCallTimeout (3m), longer than the sidecar's own bounds
+	// of the drain and the engine's sleep.
 	SleepTimeout metav1.Duration `json:"sleepTimeout,omitempty"`
 	// WakeTimeout bounds one attempt to wake a sidecar; a failed attempt is
 	// retried with backoff while requests wait (each bounded by the
@@ -135,7 +137,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 		d.SLO.ResumeNVMeSeconds = v1alpha1.DefaultResumeNVMeSeconds
 	}
 	if d.SleepTimeout.Duration == 0 {
-		d.SleepTimeout.Duration = 3 * time.Minute
+		d.SleepTimeout.Duration = v1alpha1.SleepCallTimeout
 	}
 	if d.WakeTimeout.Duration == 0 {
 		d.WakeTimeout.Duration = v1alpha1.WakeCallTimeout

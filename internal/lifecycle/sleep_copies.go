@@ -68,7 +68,7 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 			return // the last placement still runs
 		}
 	}
-	agents := c.agentsOf(a, sidecars)
+	agents := c.agentsOf(a.Sleep, sidecars)
 	if len(agents) == 0 {
 		return
 	}
@@ -101,7 +101,7 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []sidecarRef) error {
 	start := c.now()
 	if a.Sleep.usesWarm() {
-		for _, ag := range c.agentsOf(a, sidecars) {
+		for _, ag := range c.agentsOf(a.Sleep, sidecars) {
 			err := c.demoteWarm(ctx, a, ag, "")
 			if err != nil && a.Sleep.ColdPath != "" {
 				c.log.Info("no hot copy to demote; placing a warm copy from the model cache", "app", a.Name, "agent", ag.pod, "err", err)
@@ -127,7 +127,7 @@ func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v
 	rank := map[v1alpha1.Tier]int{v1alpha1.TierHot: 0, v1alpha1.TierWarm: 1, v1alpha1.TierCold: 2}
 	var tier v1alpha1.Tier
 	var bytes int64
-	for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
+	for _, r := range c.readStates(ctx, sidecars) {
 		if r.err != nil || r.st.Model == nil {
 			return "", 0, false
 		}

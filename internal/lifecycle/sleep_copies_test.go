@@ -16,10 +16,11 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/enginetest"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/lifecycle"
+	"github.com/model-orchestra/operator/internal/sidecar"
+	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // copyLoader is an Ollama engine (enginetest's fake of its residency API)
@@ -82,9 +83,9 @@ func (l *copyLoader) handler(t *testing.T, next http.Handler, cold string, weigh
 }
 
 // seat makes the sidecar drive the fake and point its link.
-func (l *copyLoader) seat(s *checkpoint.SeatConfig, cold, hot, warm string) {
-	s.Engine.Kind, s.Engine.Model = checkpoint.EngineOllama, copyModel
-	s.Model = checkpoint.ModelCopiesConfig{Link: l.link, ModelDir: filepath.Join(cold, "chat"), File: "weights.bin", HotDir: hot, WarmDir: warm, Name: "demo-chat"}
+func (l *copyLoader) seat(s *sidecar.SeatConfig, cold, hot, warm string) {
+	s.Engine.Kind, s.Engine.Model = sidecarapi.EngineOllama, copyModel
+	s.Model = sidecar.ModelCopiesConfig{Link: l.link, ModelDir: filepath.Join(cold, "chat"), File: "weights.bin", HotDir: hot, WarmDir: warm, Name: "demo-chat"}
 }
 
 func (l *copyLoader) lastLoad() (string, int, int) {

@@ -27,9 +27,9 @@ func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.State
 	start := c.now()
 	// With tiers.warm None the engines mount no warm tier: a warm copy
 	// would only fill the node's disk, so none is asked for.
-	if agents := c.agentsOf(a, sidecars); len(agents) > 0 && a.Sleep.usesWarm() {
+	if agents := c.agentsOf(a.Sleep, sidecars); len(agents) > 0 && a.Sleep.usesWarm() {
 		digest := ""
-		for _, r := range c.onSidecars(ctx, sidecars, getState, 2*time.Second) {
+		for _, r := range c.readStates(ctx, sidecars) {
 			if r.err == nil && r.st.Digest != "" {
 				digest = r.st.Digest
 				break

@@ -29,7 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
@@ -37,7 +37,9 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch/s3test"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -140,9 +142,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}
 
 	// The node agent.
-	ac := checkpoint.Default()
-	ac.Role = checkpoint.RoleNode
-	ac.Node.Store = checkpoint.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
+	ac := agent.Default()
+	ac.Role = agent.RoleNode
+	ac.Node.Store = nodeagent.StoreConfig{HotDir: agentHot, WarmDir: agentWarm, Budgets: nodeapi.Budgets{Hot: 64 << 20, Warm: 64 << 20}}
 	ac.Node.ColdDir, ac.Node.MeasureBytes, ac.Node.CRIU, ac.Node.RuntimeVersion = cold, 4<<20, "", "containerd://1.6.20"
 	ac.Node.CallerTokenFile = p.tokenFile
 	if o.coldS3 {
@@ -156,9 +158,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 			}
 		}
 		ac.Node.ColdDir = ""
-		ac.Node.ColdS3 = []checkpoint.ColdS3Source{{Name: app, URL: "s3://models/chat/weights.bin", Endpoint: s3.URL(), Credentials: creds}}
+		ac.Node.ColdS3 = []nodeagent.ColdS3Source{{Name: app, URL: "s3://models/chat/weights.bin", Endpoint: s3.URL(), Credentials: creds}}
 	}
-	ah, err := checkpoint.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
+	ah, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,13 +207,13 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	t.Cleanup(p.engine.Close)
 
 	// The seat sidecar.
-	scfg := checkpoint.Default()
-	scfg.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
+	scfg := agent.Default()
+	scfg.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
 	scfg.Seat.PollInterval, scfg.Seat.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if o.ollama != nil {
 		o.ollama.seat(&scfg.Seat, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
 	}
-	sh, err := checkpoint.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
+	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,21 +356,21 @@ func (p *sleepPlane) wantHistory(wakes, sleeps int) {
 
 // agentHistory is the node agent's persisted history (in its warm tier
 // warmDir) of the weights name of the namespace ns.
-func agentHistory(warmDir, name string) (checkpoint.WakeHistory, error) {
+func agentHistory(warmDir, name string) (nodeagent.WakeHistory, error) {
 	b, err := os.ReadFile(filepath.Join(warmDir, ".wakes.json"))
 	if err != nil {
-		return checkpoint.WakeHistory{}, err
+		return nodeagent.WakeHistory{}, err
 	}
-	var hs []checkpoint.WakeHistory
+	var hs []nodeagent.WakeHistory
 	if err := json.Unmarshal(b, &hs); err != nil {
-		return checkpoint.WakeHistory{}, err
+		return nodeagent.WakeHistory{}, err
 	}
 	for _, h := range hs {
 		if h.Key == (nodeapi.Key{Namespace: ns, Name: name}) {
 			return h, nil
 		}
 	}
-	return checkpoint.WakeHistory{}, fmt.Errorf("the agent's histories %s have none of %s/%s", b, ns, name)
+	return nodeagent.WakeHistory{}, fmt.Errorf("the agent's histories %s have none of %s/%s", b, ns, name)
 }
 
 // config is the lifecycle with sleeping engines: minReplicas 1, sleep after

@@ -28,7 +28,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 	rec := a.Sleep.wakeRecord(nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, lw.StartTime.Time)
 	rec.Tier = nodeapi.Tier(strings.ToLower(string(lw.FromTier)))
 	rec.Bytes, rec.BytesPerSecond, rec.Digest = a.sl.bytes, float64(lw.BytesPerSecond), digest
-	c.tellAgents(ctx, a, refsOf(res), reportWake, rec)
+	c.tellAgents(ctx, a.Name, a.Sleep, refsOf(res), reportWake, rec)
 }
 
 // reportSleep tells the node agent on each root's node that the engines
@@ -37,7 +37,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 // promotes the weights ahead of it. Best effort, like reportWake.
 func (c *Controller) reportSleep(ctx context.Context, a *appState, sidecars []sidecarRef, at time.Time, level int32) {
 	rec := nodeapi.SleepRecord{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, Time: at, Level: int(level)}
-	c.tellAgents(ctx, a, sidecars, reportSleep, rec)
+	c.tellAgents(ctx, a.Name, a.Sleep, sidecars, reportSleep, rec)
 }
 
 // The kinds of report to the node agents, the label kind of
@@ -48,20 +48,22 @@ const (
 )
 
 // tellAgents posts rec (a WakeRecord or a SleepRecord, after kind) to the
-// node agent on each sidecar's node. A failure is logged and counted, never
-// returned: the agent only predicts from fewer wakes and sleeps.
-func (c *Controller) tellAgents(ctx context.Context, a *appState, sidecars []sidecarRef, kind string, rec any) {
+// node agent on each sidecar's node, for application app (an application's,
+// or a seat group's member's, with its sleep configuration). A failure is
+// logged and counted, never returned: the agent only predicts from fewer
+// wakes and sleeps.
+func (c *Controller) tellAgents(ctx context.Context, app string, sleep *SleepConfig, sidecars []sidecarRef, kind string, rec any) {
 	path := nodeapi.PathWakes
 	if kind == reportSleep {
 		path = nodeapi.PathSleeps
 	}
-	for _, ag := range c.agentsOf(a, sidecars) {
+	for _, ag := range c.agentsOf(sleep, sidecars) {
 		result := "ok"
 		if err := c.callAgent(ctx, http.MethodPost, ag.url, path, rec, nil, 2*time.Second); err != nil {
 			result = "failed"
-			c.log.Info("reporting the "+kind+" to the node agent", "app", a.Name, "node", ag.node, "err", err)
+			c.log.Info("reporting the "+kind+" to the node agent", "app", app, "node", ag.node, "err", err)
 		}
-		c.sm.agentReports.WithLabelValues(a.Name, kind, result).Inc()
+		c.sm.agentReports.WithLabelValues(app, kind, result).Inc()
 	}
 }
 

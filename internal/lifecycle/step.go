@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -124,7 +123,7 @@ func (c *Controller) readSidecars(ctx context.Context, a *appState, root *appsv1
 	for _, p := range obs.roots {
 		serving[p.Name] = true
 	}
-	res := c.onSidecars(ctx, refs, getState, 2*time.Second)
+	res := c.readStates(ctx, refs)
 	a.sidecars = res
 	out := make([]SidecarReading, len(res))
 	for i, r := range res {
@@ -164,7 +163,7 @@ func (c *Controller) apply(ctx context.Context, a *appState, root *appsv1.Statef
 		a.status.ResidentTier, a.status.ExpectedResumeSeconds = act.Tier, ""
 		a.changed()
 	case ActCloseGate:
-		return c.closeGate(ctx, a)
+		return c.closeGate(ctx, &a.consumerGate)
 	case ActWake:
 		parked := a.status.Parked
 		if err := c.wake(ctx, a, obs, act.Trigger); err != nil {
@@ -247,7 +246,7 @@ func (c *Controller) followZero(ctx context.Context, a *appState, obs observatio
 		return err
 	}
 	if a.status.State != v1alpha1.LifecycleAsleep {
-		if err := c.closeGate(ctx, a); err != nil {
+		if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 			return err
 		}
 	} else {
@@ -270,17 +269,4 @@ func (c *Controller) wakeSidecars(ctx context.Context, a *appState, pods []strin
 		return
 	}
 	c.log.Info("woke the engine of a root whose sidecar reported Asleep", "app", a.Name, "pods", pods)
-}
-
-// sidecarsNamed returns the sidecars of res whose pods are named in pods.
-func sidecarsNamed(res []sidecarResult, pods []string) []sidecarRef {
-	var out []sidecarRef
-	for _, r := range res {
-		for _, p := range pods {
-			if r.pod.Name == p {
-				out = append(out, r.sidecarRef)
-			}
-		}
-	}
-	return out
 }

@@ -1,5 +1,5 @@
 // Package nodeapi is the wire protocol of the node agent
-// (orchestra-agent --role node, internal/checkpoint's Node): its paths,
+// (orchestra-agent --role node, internal/nodeagent): its paths,
 // the requests and answers of its HTTP API, the authentication of its
 // callers, and the one client, shared by the agent and the lifecycle
 // leader that calls it. It imports nothing of either side.
@@ -27,6 +27,8 @@
 //   - report.go: NodeReport (GET /report) and what it is made of:
 //     tier, criu, runtime, cold-source, verification and promotion
 //     reports, Bandwidth, Prediction.
+//   - copies.go: CopyMeta, the metadata file beside each copy on disk,
+//     which the sidecar reads.
 package nodeapi
 
 import (

@@ -202,7 +202,7 @@ type Promotion struct {
 	// copies up to the hot tier take (with the margin).
 	Wake Prediction    `json:"wake"`
 	Lead time.Duration `json:"lead"`
-	// Evictions are what admitting the copy takes (PlanAdmit).
+	// Evictions are what admitting the copy takes (nodeagent.PlanAdmit).
 	Evictions []Action `json:"evictions,omitempty"`
 }
 

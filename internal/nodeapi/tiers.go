@@ -48,7 +48,7 @@ type Entry struct {
 	// every copy between tiers since): the model file it is, byte for
 	// byte. Empty for copies of anything else (the simulator's weights).
 	// The sidecar points an engine only at a copy whose SHA256 is the
-	// manifest's sha256 of its model file (ModelTiers).
+	// manifest's sha256 of its model file (internal/sidecar's ModelCopies).
 	SHA256 string `json:"sha256,omitempty"`
 	// Pinned copies are being read or written and are never evicted.
 	Pinned bool `json:"pinned,omitempty"`
@@ -59,7 +59,7 @@ type Entry struct {
 	// the tmpfs holds for it, which a wake lowers block by block.
 	Offload bool `json:"offload,omitempty"`
 	// NoWarm marks a copy of an application without a warm tier
-	// (tiers.warm None, Store.SetNoWarm): evicted from the hot tier, it
+	// (tiers.warm None, nodeagent.Store.SetNoWarm): evicted from the hot tier, it
 	// is dropped, never demoted.
 	NoWarm bool `json:"noWarm,omitempty"`
 }
@@ -117,7 +117,7 @@ func EngineOffloadName(name string) string { return "." + name + ".level1" }
 // DemoteSource says what a demotion copied into the warm tier.
 type DemoteSource string
 
-// Verification is the outcome of re-hashing one copy (Store.Verify).
+// Verification is the outcome of re-hashing one copy (nodeagent.Store.Verify).
 type Verification struct {
 	Key
 	Tier Tier `json:"tier"`
@@ -161,7 +161,7 @@ type PromoteRequest struct {
 }
 
 // DemoteRequest is the body of POST /demote: move an artifact's weights
-// from the hot tier to the warm tier (Store.Demote).
+// from the hot tier to the warm tier (nodeagent.Store.Demote).
 type DemoteRequest struct {
 	Key
 	// Digest is the digest the engine recorded when it loaded the weights

@@ -195,7 +195,7 @@ func hasSeat(app v1alpha1.Application) bool {
 func seatGroupValues(groups map[string]v1alpha1.SeatGroupSpec) map[string]any {
 	out := make(map[string]any, len(groups))
 	for name, g := range groups {
-		v := map[string]any{"activeSeats": int64(max(g.ActiveSeats, 1)), "replicas": int64(max(g.Replicas, 1))}
+		v := map[string]any{"activeSeats": int64(max(g.ActiveSeats, v1alpha1.DefaultActiveSeats)), "replicas": int64(max(g.Replicas, v1alpha1.DefaultSeatGroupReplicas))}
 		if g.DeviceMemory != nil {
 			v["deviceMemory"] = g.DeviceMemory.Value()
 		}

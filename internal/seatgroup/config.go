@@ -12,7 +12,7 @@ import (
 // each.
 const (
 	// DefaultActiveSeats: one application awake at a time.
-	DefaultActiveSeats = 1
+	DefaultActiveSeats = int(v1alpha1.DefaultActiveSeats)
 	// DefaultMinResidency: a level-1 swap of a large model costs 3–6 s on
 	// vLLM (0.3–0.8 s on small ones); holding a seat at least 30 s keeps
 	// swaps under about a sixth of the seat's time however hard the
@@ -29,12 +29,14 @@ const (
 	// some memory asleep (vLLM its CUDA context, a few hundred MiB against
 	// weights of several GiB); a leak keeps all of it (vllm#47654).
 	DefaultMaxResidentFraction = 0.05
-	// DefaultSeatTimeout bounds one sleep or wake call to a sidecar:
-	// v1alpha1.WakeCallTimeout, the sidecar's own wake bound and a margin.
-	DefaultSeatTimeout = v1alpha1.WakeCallTimeout
-	// stateTimeout bounds one GET /state; a seat that does not answer in
-	// time counts as Unknown for that decision.
-	stateTimeout = 5 * time.Second
+	// DefaultWakeTimeout bounds one wake call to a sidecar and
+	// DefaultSleepTimeout one sleep call: the rules every caller of a
+	// sidecar follows (api/v1alpha1), the sidecar's own bound and a margin.
+	DefaultWakeTimeout  = v1alpha1.WakeCallTimeout
+	DefaultSleepTimeout = v1alpha1.SleepCallTimeout
+	// DefaultStateTimeout bounds one GET /state; a sidecar that does not
+	// answer in time counts as Unknown for that decision.
+	DefaultStateTimeout = v1alpha1.StateCallTimeout
 )
 
 // Config configures the executor of one seat group.
@@ -55,8 +57,11 @@ type Config struct {
 	// more than this fraction of its weights' bytes is restarted before
 	// another application wakes.
 	MaxResidentFraction float64 `json:"maxResidentFraction"`
-	// SeatTimeout bounds one sleep or wake call to a sidecar.
-	SeatTimeout time.Duration `json:"seatTimeout"`
+	// WakeTimeout bounds one wake call to a sidecar, SleepTimeout one
+	// sleep call (its drain included), StateTimeout one GET /state.
+	WakeTimeout  time.Duration `json:"wakeTimeout"`
+	SleepTimeout time.Duration `json:"sleepTimeout"`
+	StateTimeout time.Duration `json:"stateTimeout"`
 }
 
 // Default returns the defaults for a group named name.
@@ -68,7 +73,9 @@ func Default(name string) Config {
 		MaxSwapWait:         DefaultMaxSwapWait,
 		Tick:                DefaultTick,
 		MaxResidentFraction: DefaultMaxResidentFraction,
-		SeatTimeout:         DefaultSeatTimeout,
+		WakeTimeout:         DefaultWakeTimeout,
+		SleepTimeout:        DefaultSleepTimeout,
+		StateTimeout:        DefaultStateTimeout,
 	}
 }
 
@@ -92,8 +99,13 @@ func (c Config) Validate(members []Member) error {
 	if c.Tick <= 0 {
 		bad("seat group %s: tick must be positive, got %v", c.Name, c.Tick)
 	}
-	if c.SeatTimeout <= 0 {
-		bad("seat group %s: seatTimeout must be positive, got %v", c.Name, c.SeatTimeout)
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"wakeTimeout", c.WakeTimeout}, {"sleepTimeout", c.SleepTimeout}, {"stateTimeout", c.StateTimeout}} {
+		if t.d <= 0 {
+			bad("seat group %s: %s must be positive, got %v", c.Name, t.name, t.d)
+		}
 	}
 	if c.MaxResidentFraction < 0 || c.MaxResidentFraction >= 1 {
 		bad("seat group %s: maxResidentFraction must be within [0, 1), got %v", c.Name, c.MaxResidentFraction)

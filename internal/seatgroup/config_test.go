@@ -24,11 +24,11 @@ func TestConfigValidate(t *testing.T) {
 			name: "every invalid field is named at once",
 			mut: func(c *Config) {
 				c.ActiveSeats, c.MinResidency, c.MaxSwapWait, c.Tick, c.MaxResidentFraction = 0, -time.Second, 0, 0, 1
-				c.SeatTimeout = 0
+				c.WakeTimeout, c.SleepTimeout, c.StateTimeout = 0, 0, 0
 			},
 			members: members,
 			want: []string{"activeSeats must be at least 1, got 0", "minResidency must not be negative", "maxSwapWait must be positive",
-				"tick must be positive", "maxResidentFraction must be within [0, 1), got 1", "seatTimeout must be positive"},
+				"tick must be positive", "maxResidentFraction must be within [0, 1), got 1", "wakeTimeout must be positive", "sleepTimeout must be positive", "stateTimeout must be positive"},
 		},
 		{
 			name:    "as many seats as applications leaves nothing to multiplex",

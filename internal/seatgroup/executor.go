@@ -134,7 +134,8 @@ type memberState struct {
 	restarted  time.Time // the last successful restart
 	draining   bool
 	drainStart time.Time
-	state      State
+	// holding is the holder gauge's value as last set (holdingSet: set).
+	holding, holdingSet bool
 }
 
 // Executor applies the policy to one seat group: it observes the seats and
@@ -281,36 +282,33 @@ func (e *Executor) observe(ctx context.Context) Group {
 	var errs []error
 	for _, m := range e.members {
 		ms := e.st[m.Name]
-		sctx, cancel := context.WithTimeout(ctx, stateTimeout)
+		sctx, cancel := context.WithTimeout(ctx, e.cfg.StateTimeout)
 		st, err := m.Sidecar.State(sctx)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", m.Name, err))
 			st = sidecarapi.Status{State: sidecarapi.Unknown}
 		}
-		s := fromSidecar(st.State)
-		if s == StateFailed && !ms.restarted.IsZero() && !st.Since.After(ms.restarted) {
+		s := st.State
+		if s == sidecarapi.Failed && !ms.restarted.IsZero() && !st.Since.After(ms.restarted) {
 			// Restarted since the seat last changed its mind: the engine
 			// is stopped, its memory freed; the sidecar's watch catches up.
-			s = StateAsleep
+			s = sidecarapi.Asleep
 		}
-		if s == StateAwake {
+		if s == sidecarapi.Awake {
 			ms.memory = MemoryUnchecked
-			if ms.draining {
-				s = StateDraining
-			}
 		} else {
 			ms.draining = false
 		}
-		if s == StateAwake {
+		if s == sidecarapi.Awake && !ms.draining {
 			e.d.Release(m.Name)
 		} else {
 			e.d.Hold(m.Name)
 		}
-		e.setState(m.Name, ms, s)
+		e.setHolding(m.Name, ms, s == sidecarapi.Awake)
 		d := e.d.Demand(m.Name)
 		g.Apps = append(g.Apps, App{
-			Name: m.Name, State: s, Priority: m.Priority, LastUse: d.LastUse,
+			Name: m.Name, State: s, Draining: ms.draining, Priority: m.Priority, LastUse: d.LastUse,
 			InFlight: d.InFlight, Queued: d.Queued, OldestWait: d.OldestWait,
 			ResidentSince: st.Since, SwapCost: m.SwapCost, ServiceTime: d.ServiceTime,
 			Memory: ms.memory, SleepLevel: m.SleepLevel, MinResidency: m.MinResidency, SleepAfter: m.SleepAfter,
@@ -324,33 +322,18 @@ func (e *Executor) observe(ctx context.Context) Group {
 	return g
 }
 
-func (e *Executor) setState(name string, ms *memberState, s State) {
-	if ms.state == s {
+// setHolding sets the holder gauge of a member whose engine is awake
+// (serving or drained) or not.
+func (e *Executor) setHolding(name string, ms *memberState, holding bool) {
+	if ms.holding == holding && ms.holdingSet {
 		return
 	}
-	ms.state = s
+	ms.holding, ms.holdingSet = holding, true
 	v := 0.0
-	if s == StateAwake || s == StateDraining {
+	if holding {
 		v = 1
 	}
 	e.m.holder.WithLabelValues(e.cfg.Name, name).Set(v)
-}
-
-// fromSidecar maps a sidecar's state to the policy's.
-func fromSidecar(s sidecarapi.State) State {
-	switch s {
-	case sidecarapi.Awake:
-		return StateAwake
-	case sidecarapi.Draining, sidecarapi.FallingAsleep:
-		return StateSleeping
-	case sidecarapi.Asleep:
-		return StateAsleep
-	case sidecarapi.Waking:
-		return StateWaking
-	case sidecarapi.Failed:
-		return StateFailed
-	}
-	return StateUnknown
 }
 
 func (e *Executor) record(ev Event, result string) {
@@ -371,7 +354,7 @@ func (e *Executor) record(ev Event, result string) {
 
 func (e *Executor) wake(ctx context.Context, m Member, swapStart time.Time) error {
 	ev := Event{Kind: ActionWake, App: m.Name, Start: e.now()}
-	wctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
+	wctx, cancel := context.WithTimeout(ctx, e.cfg.WakeTimeout)
 	err := m.Sidecar.Wake(wctx)
 	cancel()
 	ev.End = e.now()
@@ -382,7 +365,7 @@ func (e *Executor) wake(ctx context.Context, m Member, swapStart time.Time) erro
 	}
 	ms := e.st[m.Name]
 	ms.memory, ms.draining = MemoryUnchecked, false
-	e.setState(m.Name, ms, StateAwake)
+	e.setHolding(m.Name, ms, true)
 	e.m.seatWait.WithLabelValues(e.cfg.Name, m.Name).Observe(e.d.Demand(m.Name).OldestWait.Seconds())
 	if !swapStart.IsZero() {
 		ev.SwapSeconds = ev.End.Sub(swapStart).Seconds()
@@ -400,14 +383,14 @@ func (e *Executor) drain(m Member, a Action) {
 	if !ms.draining {
 		ms.draining, ms.drainStart = true, e.now()
 	}
-	e.setState(m.Name, ms, StateDraining)
+	e.setHolding(m.Name, ms, true)
 	e.record(Event{Kind: ActionDrain, App: m.Name, For: a.For, Start: e.now(), End: e.now(), OverBudget: a.For == "", Reason: a.Reason}, resultOK)
 }
 
 func (e *Executor) resume(m Member, a Action) {
 	ms := e.st[m.Name]
 	ms.draining = false
-	e.setState(m.Name, ms, StateAwake)
+	e.setHolding(m.Name, ms, true)
 	e.d.Release(m.Name)
 	e.record(Event{Kind: ActionResume, App: m.Name, Start: e.now(), End: e.now(), Reason: a.Reason}, resultOK)
 }
@@ -431,7 +414,7 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 	if ms.draining {
 		e.m.drain.WithLabelValues(e.cfg.Name).Observe(e.now().Sub(ms.drainStart).Seconds())
 	}
-	sctx, cancel := context.WithTimeout(ctx, e.cfg.SeatTimeout)
+	sctx, cancel := context.WithTimeout(ctx, e.cfg.SleepTimeout)
 	err := m.Sidecar.Sleep(sctx, a.Level)
 	cancel()
 	ev.End = e.now()
@@ -445,7 +428,7 @@ func (e *Executor) sleep(ctx context.Context, m Member, a Action) error {
 		return err
 	}
 	ms.draining = false
-	e.setState(m.Name, ms, StateAsleep)
+	e.setHolding(m.Name, ms, false)
 	res, check, err := e.readMemory(ctx, m)
 	ms.memory = check
 	return e.recordMemory(ev, res, check, err)

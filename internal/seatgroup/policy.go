@@ -6,31 +6,50 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// State is where an application stands in its seat group.
-type State string
+// An application's state in its group is its sidecar's (sidecarapi.State,
+// as the executor read it) and whether the executor drains it (App.Draining).
+// The policy reads them through the predicates below, so that there is no
+// second enum mirroring the sidecar's:
+//
+//   - a holder serves from its seat: Awake, not drained (serving);
+//   - a drained holder is Awake with the gate held so that its requests in
+//     flight finish before it is put to sleep (drained). This drain is the
+//     executor's, not the sidecar's: the sidecar's Draining is the drain
+//     inside its own sleep call, which the policy counts as falling asleep;
+//   - falling asleep: the sidecar's Draining or FallingAsleep (fallingAsleep);
+//   - Asleep: holds no seat once its memory was seen freed; Failed: a sleep
+//     or wake left the engine in a state its sidecar cannot tell; it holds
+//     no seat the policy can give (it is restarted first);
+//   - Waking holds its seat; Unknown (not answered), Restarting or a state
+//     this policy does not know holds its seat too, since its engine may
+//     hold memory (unanswered).
 
-const (
-	// StateAwake: the application holds a seat and serves.
-	StateAwake State = "Awake"
-	// StateDraining: it holds a seat, the dispatcher sends it nothing new,
-	// and the requests it has in flight finish before it is put to sleep.
-	StateDraining State = "Draining"
-	// StateSleeping: it holds a seat while its engine's sleep runs.
-	StateSleeping State = "Sleeping"
-	// StateAsleep: its engine sleeps; it holds no seat once its memory was
-	// seen freed.
-	StateAsleep State = "Asleep"
-	// StateWaking: it holds a seat while its engine's wake runs.
-	StateWaking State = "Waking"
-	// StateFailed: a sleep or wake left the engine in a state its sidecar
-	// cannot tell; it holds a seat (its memory is unknown) until restarted.
-	StateFailed State = "Failed"
-	// StateUnknown: the seat has not answered; it holds a seat, since its
-	// engine may hold memory.
-	StateUnknown State = "Unknown"
-)
+// serving reports whether a holds a seat and serves from it.
+func serving(a App) bool { return a.State == sidecarapi.Awake && !a.Draining }
+
+// drained reports whether a holds a seat the executor drains.
+func drained(a App) bool { return a.State == sidecarapi.Awake && a.Draining }
+
+// fallingAsleep reports whether a's sidecar runs a sleep (its drain or the
+// engine's sleep call): its seat is being given up.
+func fallingAsleep(a App) bool {
+	return a.State == sidecarapi.Draining || a.State == sidecarapi.FallingAsleep
+}
+
+// unanswered reports whether a's state cannot be told: its sidecar did
+// not answer, restarts the engine, or said something this policy does not
+// know.
+func unanswered(a App) bool {
+	switch a.State {
+	case sidecarapi.Awake, sidecarapi.Draining, sidecarapi.FallingAsleep, sidecarapi.Asleep, sidecarapi.Waking, sidecarapi.Failed:
+		return false
+	}
+	return true
+}
 
 // MemoryCheck is what a reading of an asleep engine's memory showed.
 type MemoryCheck string
@@ -48,8 +67,13 @@ const (
 
 // App is one application of a seat group, as observed for one decision.
 type App struct {
-	Name  string
-	State State
+	Name string
+	// State is its sidecar's, as the executor read it (an engine restarted
+	// since its sidecar last changed its mind counts Asleep).
+	State sidecarapi.State
+	// Draining: the executor holds the gate of this Awake holder so that
+	// its requests in flight finish before it sleeps.
+	Draining bool
 	// Priority: higher values keep their seat and get one first.
 	Priority int32
 	// LastUse is when the application last received or finished a request.
@@ -182,7 +206,7 @@ func EstimateSwapCost(bytes int64, bytesPerSecond float64, ttft time.Duration) t
 // executor reads its memory before any wake that follows in the same plan.
 func holdsSeat(a App) bool {
 	switch a.State {
-	case StateAsleep, StateFailed:
+	case sidecarapi.Asleep, sidecarapi.Failed:
 		return false
 	}
 	return true
@@ -225,26 +249,26 @@ func Decide(g Group, now time.Time) []Action {
 	// 1. Memory first: nothing wakes next to an engine that may hold memory.
 	for _, a := range apps {
 		switch {
-		case a.State == StateFailed:
+		case a.State == sidecarapi.Failed:
 			plan = append(plan, Action{Kind: ActionRestart, App: a.Name, Reason: "its sidecar reports Failed: the engine's state and memory are unknown"})
-		case a.State == StateAsleep && a.Memory == MemoryNotFreed:
+		case a.State == sidecarapi.Asleep && a.Memory == MemoryNotFreed:
 			plan = append(plan, Action{Kind: ActionRestart, App: a.Name, Reason: "it sleeps but did not free its memory (vllm-project/vllm#47654)"})
-		case a.State == StateAsleep && a.Memory == MemoryUnchecked:
+		case a.State == sidecarapi.Asleep && a.Memory == MemoryUnchecked:
 			plan = append(plan, Action{Kind: ActionCheckMemory, App: a.Name, Reason: "it sleeps and nobody has read its memory since"})
 		}
 	}
 
 	held := 0
 	var unknown []string
-	var leaving []App // Draining or Sleeping: their seats are being given up
+	var leaving []App // drained or falling asleep: their seats are being given up
 	for _, a := range apps {
 		if holdsSeat(a) {
 			held++
 		}
-		if a.State == StateUnknown {
+		if unanswered(a) {
 			unknown = append(unknown, a.Name)
 		}
-		if a.State == StateDraining || a.State == StateSleeping {
+		if drained(a) || fallingAsleep(a) {
 			leaving = append(leaving, a)
 		}
 	}
@@ -266,10 +290,10 @@ func Decide(g Group, now time.Time) []Action {
 	release := func(v App, w, reason string) bool {
 		claimed[v.Name] = true
 		switch {
-		case v.State == StateSleeping:
+		case fallingAsleep(v):
 			return false
 		case v.InFlight > 0:
-			if v.State != StateDraining {
+			if !v.Draining {
 				plan = append(plan, Action{Kind: ActionDrain, App: v.Name, For: w, Reason: reason})
 			}
 			return false
@@ -295,7 +319,7 @@ func Decide(g Group, now time.Time) []Action {
 	if excess > 0 {
 		var awake []App
 		for _, a := range apps {
-			if a.State == StateAwake {
+			if serving(a) {
 				awake = append(awake, a)
 			}
 		}
@@ -319,7 +343,7 @@ func Decide(g Group, now time.Time) []Action {
 	// 3. Waiting applications, in order.
 	var waiting []App
 	for _, a := range apps {
-		if (a.State == StateAsleep || a.State == StateFailed) && a.Queued > 0 {
+		if (a.State == sidecarapi.Asleep || a.State == sidecarapi.Failed) && a.Queued > 0 {
 			waiting = append(waiting, a)
 		}
 	}
@@ -349,7 +373,7 @@ func Decide(g Group, now time.Time) []Action {
 			v := leaving[i]
 			if release(v, w.Name, "its seat goes to "+w.Name) {
 				wake(w, v.Name+" gave up its seat")
-			} else if v.State == StateSleeping {
+			} else if fallingAsleep(v) {
 				wait(w, v.Name+" is going to sleep; "+w.Name+" wakes after it")
 			} else {
 				wait(w, fmt.Sprintf("%s drains its seat: %d requests in flight", v.Name, v.InFlight))
@@ -358,7 +382,7 @@ func Decide(g Group, now time.Time) []Action {
 		}
 		var idle, busyHolders, young []App
 		for _, a := range apps {
-			if a.State != StateAwake || claimed[a.Name] {
+			if !serving(a) || claimed[a.Name] {
 				continue
 			}
 			switch {
@@ -403,14 +427,14 @@ func Decide(g Group, now time.Time) []Action {
 
 	// 4. Draining holders nobody waits for go back to serving.
 	for _, v := range leaving {
-		if v.State == StateDraining && !claimed[v.Name] {
+		if drained(v) && !claimed[v.Name] {
 			plan = append(plan, Action{Kind: ActionResume, App: v.Name, Reason: "no application waits for its seat any more"})
 		}
 	}
 
 	// 5. Idle holders past their sleepAfter give their seats up.
 	for _, a := range apps {
-		if a.State != StateAwake || claimed[a.Name] || a.SleepAfter <= 0 || busy(a) == 1 {
+		if !serving(a) || claimed[a.Name] || a.SleepAfter <= 0 || busy(a) == 1 {
 			continue
 		}
 		idleSince := a.LastUse

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 var now = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -27,12 +29,12 @@ func memory(m MemoryCheck) opt         { return func(a *App) { a.Memory = m } }
 func level(n int) opt                  { return func(a *App) { a.SleepLevel = n } }
 func ownResidency(d time.Duration) opt { return func(a *App) { a.MinResidency = d } }
 func sleepAfter(d time.Duration) opt   { return func(a *App) { a.SleepAfter = d } }
-func state(s State) func(string, ...opt) App {
+func state(s sidecarapi.State, drain bool) func(string, ...opt) App {
 	return func(name string, opts ...opt) App {
 		// Defaults: resident and last used long ago, a 1 s swap, memory
 		// freed while asleep.
-		a := App{Name: name, State: s, ResidentSince: now.Add(-time.Hour), LastUse: now.Add(-time.Minute), SwapCost: time.Second}
-		if s == StateAsleep {
+		a := App{Name: name, State: s, Draining: drain, ResidentSince: now.Add(-time.Hour), LastUse: now.Add(-time.Minute), SwapCost: time.Second}
+		if s == sidecarapi.Asleep {
 			a.Memory = MemoryFreed
 		}
 		for _, o := range opts {
@@ -43,13 +45,18 @@ func state(s State) func(string, ...opt) App {
 }
 
 var (
-	awake    = state(StateAwake)
-	asleep   = state(StateAsleep)
-	draining = state(StateDraining)
-	sleeping = state(StateSleeping)
-	waking   = state(StateWaking)
-	failed   = state(StateFailed)
-	unknown  = state(StateUnknown)
+	awake = state(sidecarapi.Awake, false)
+	// draining: the executor drains the holder (its gate held).
+	draining = state(sidecarapi.Awake, true)
+	asleep   = state(sidecarapi.Asleep, false)
+	// sleeping: the sidecar runs the sleep (its own drain, then the
+	// engine's sleep call).
+	sleeping     = state(sidecarapi.FallingAsleep, false)
+	sidecarDrain = state(sidecarapi.Draining, false)
+	waking       = state(sidecarapi.Waking, false)
+	failed       = state(sidecarapi.Failed, false)
+	unknown      = state(sidecarapi.Unknown, false)
+	restarting   = state(sidecarapi.Restarting, false)
 )
 
 func wakeA(app string) Action { return Action{Kind: ActionWake, App: app} }
@@ -192,6 +199,11 @@ func TestDecide(t *testing.T) {
 			want: []Action{waitA("b", "a is going to sleep; b wakes after it")},
 		},
 		{
+			name: "a sidecar draining inside its own sleep call counts as falling asleep, not as a drained holder to resume",
+			apps: []App{sidecarDrain("a"), asleep("b", queued(1, 0))},
+			want: []Action{waitA("b", "a is going to sleep; b wakes after it")},
+		},
+		{
 			name: "a draining holder nobody waits for any more is resumed",
 			apps: []App{draining("a", inFlight(1)), asleep("b")},
 			want: []Action{{Kind: ActionResume, App: "a", Reason: "no application waits for its seat any more"}},
@@ -234,6 +246,11 @@ func TestDecide(t *testing.T) {
 		{
 			name: "a seat that does not answer keeps its seat: nobody wakes into it, nobody is put to sleep for it",
 			apps: []App{awake("a"), unknown("b"), asleep("c", queued(1, 0))},
+			want: []Action{waitA("c", "the sidecars of b do not answer; their engines may hold memory")},
+		},
+		{
+			name: "a sidecar restarting its engine holds its seat like one that does not answer",
+			apps: []App{awake("a"), restarting("b"), asleep("c", queued(1, 0))},
 			want: []Action{waitA("c", "the sidecars of b do not answer; their engines may hold memory")},
 		},
 		{
@@ -302,7 +319,7 @@ func TestDecide(t *testing.T) {
 func TestDecideNeverSleepsAnApplicationWithRequestsInFlight(t *testing.T) {
 	// Every combination of states, in-flight counts and priorities of two
 	// holders and two waiting applications, with one or two seats.
-	states := []State{StateAwake, StateDraining, StateSleeping, StateAsleep, StateWaking, StateFailed}
+	states := []func(string, ...opt) App{awake, draining, sleeping, sidecarDrain, asleep, waking, failed, unknown, restarting}
 	n := 0
 	for _, seats := range []int{1, 2} {
 		for _, s1 := range states {
@@ -311,10 +328,9 @@ func TestDecideNeverSleepsAnApplicationWithRequestsInFlight(t *testing.T) {
 					for _, f2 := range []int{0, 3} {
 						for _, p := range []int32{0, 5} {
 							apps := []App{
-								awake("a", inFlight(f1)), awake("b", inFlight(f2), prio(p)),
+								s1("a", inFlight(f1)), s2("b", inFlight(f2), prio(p)),
 								asleep("c", queued(2, time.Hour), prio(3)), asleep("d", queued(1, time.Minute)),
 							}
-							apps[0].State, apps[1].State = s1, s2
 							for _, act := range Decide(Group{ActiveSeats: seats, MinResidency: time.Second, MaxSwapWait: time.Second, Apps: apps}, now) {
 								n++
 								if act.Kind != ActionSleep {

@@ -1,8 +1,8 @@
 // Package sidecarapi is the wire protocol of the per-engine sidecar
-// (orchestra-agent --role seat, internal/checkpoint's Seat until it moves
-// to its own package): the states and the status it reports, and the one
-// client the lifecycle leader and the seat groups drive it with. Both
-// sides import it; it imports nothing of either.
+// (orchestra-agent --role seat, internal/sidecar): the engine kinds, the
+// states and the status it reports, and the one client the lifecycle
+// leader and the seat groups drive it with. Both sides import it; it
+// imports nothing of either.
 //
 // The sidecar's HTTP API:
 //
@@ -19,6 +19,7 @@
 //
 // Files:
 //   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
+//   - engines.go: the engine kinds.
 //   - client.go: Client, Error, ErrConflict.
 package sidecarapi
 

@@ -27,8 +27,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
+	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -61,7 +61,7 @@ type Probe struct {
 // huge pages), and returns a probe that reads it into dst with opts. Close
 // removes the file.
 func Write(tier, dir string, dst *arena.Arena, opts arena.FileOptions) (*Probe, error) {
-	path, err := checkpoint.WriteProbe(dir, dst.Len())
+	path, err := nodeagent.WriteProbe(dir, dst.Len())
 	if err != nil {
 		return nil, fmt.Errorf("writing a %s probe file in %s: %w", arena.Size(dst.Len()), dir, err)
 	}
@@ -82,7 +82,7 @@ func Of(tier, path string, dst *arena.Arena, opts arena.FileOptions) *Probe {
 // copy), not the page-cache drop.
 func (p *Probe) Read() (nodeapi.Bandwidth, error) {
 	if p.DropCache {
-		if err := checkpoint.DropCache(p.Path); err != nil {
+		if err := nodeagent.DropCache(p.Path); err != nil {
 			return nodeapi.Bandwidth{}, fmt.Errorf("dropping %s from the page cache: %w", p.Path, err)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 

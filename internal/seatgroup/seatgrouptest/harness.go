@@ -14,9 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/agent"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -134,14 +135,14 @@ func Start(opts Options) (*Harness, error) {
 		engSrv := httptest.NewServer(eng)
 		h.servers = append(h.servers, engSrv)
 
-		ac := checkpoint.Default()
-		ac.Seat.Engine = checkpoint.EngineConfig{Kind: checkpoint.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
+		ac := agent.Default()
+		ac.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
 		ac.Seat.PollInterval, ac.Seat.DrainTimeout = 2*time.Millisecond, 10*time.Second
 		if err := ac.Validate(); err != nil {
 			h.Close()
 			return nil, err
 		}
-		seatHandler, err := checkpoint.Start(ctx, ac, opts.Log.With("seat", a.Name))
+		seatHandler, err := agent.Start(ctx, ac, opts.Log.With("seat", a.Name))
 		if err != nil {
 			h.Close()
 			return nil, err

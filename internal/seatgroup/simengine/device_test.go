@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
 	"github.com/model-orchestra/operator/internal/sim"
 )

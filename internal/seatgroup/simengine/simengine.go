@@ -27,7 +27,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint/arena"
+	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 

@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/checkpoint"
+	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/seatgroup"
 	"github.com/model-orchestra/operator/internal/seatgroup/simengine"
+	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -36,12 +37,12 @@ func start(t *testing.T, kind string) (*simengine.Engine, sidecarapi.Client) {
 	t.Cleanup(eng.Close)
 	engSrv := httptest.NewServer(eng)
 	t.Cleanup(engSrv.Close)
-	ac := checkpoint.Default()
-	ac.Seat.Engine = checkpoint.EngineConfig{Kind: kind, URL: engSrv.URL, PollInterval: 5 * time.Millisecond}
+	ac := agent.Default()
+	ac.Seat.Engine = sidecar.EngineConfig{Kind: kind, URL: engSrv.URL, PollInterval: 5 * time.Millisecond}
 	ac.Seat.PollInterval = 5 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	h, err := checkpoint.Start(ctx, ac, log)
+	h, err := agent.Start(ctx, ac, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func memory(t *testing.T, seat sidecarapi.Client) seatgroup.MemoryReading {
 // it again with its weights loaded and verified, and it serves. A restart
 // is refused while the engine is awake.
 func TestSeatRestartsALeakingEngineInPlace(t *testing.T) {
-	eng, seat := start(t, checkpoint.EngineSimulator)
+	eng, seat := start(t, sidecarapi.EngineSimulator)
 	ctx := context.Background()
 	if r := memory(t, seat); r.ResidentBytes != weights || r.WeightsBytes != weights {
 		t.Fatalf("awake: reading %+v, want %d resident of %d", r, weights, weights)
@@ -128,7 +129,7 @@ func TestSeatRestartsALeakingEngineInPlace(t *testing.T) {
 // TestSeatRefusesARestartItCannotMake: vLLM has no in-place restart; its
 // seat answers 501 and stays Asleep.
 func TestSeatRefusesARestartItCannotMake(t *testing.T) {
-	_, seat := start(t, checkpoint.EngineVLLM)
+	_, seat := start(t, sidecarapi.EngineVLLM)
 	ctx := context.Background()
 	if err := seat.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -145,7 +146,7 @@ func TestSeatRefusesARestartItCannotMake(t *testing.T) {
 // TestStoppedEngineAnswersAsAsleep: a restarted engine refuses requests
 // other than the sleep API's and the health check until it is woken.
 func TestStoppedEngineAnswersAsAsleep(t *testing.T) {
-	eng, seat := start(t, checkpoint.EngineSimulator)
+	eng, seat := start(t, sidecarapi.EngineSimulator)
 	ctx := context.Background()
 	if err := seat.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,51 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/model-orchestra/operator/internal/nodeagent"
+	"github.com/model-orchestra/operator/internal/sidecar"
+)
+
+// Roles of orchestra-agent.
+const (
+	// RoleSeat is the sidecar in each engine pod.
+	RoleSeat = "seat"
+	// RoleNode is the DaemonSet that owns the node's hot and warm tiers.
+	RoleNode = "node"
+)
+
+// Config configures orchestra-agent. Default holds every default;
+// Validate reports every invalid field at once.
+type Config struct {
+	// Role is seat or node.
+	Role string `json:"role"`
+	// Addr is the HTTP listen address of the agent's API, /readyz and
+	// /metrics.
+	Addr string               `json:"addr"`
+	Seat sidecar.SeatConfig   `json:"seat"`
+	Node nodeagent.NodeConfig `json:"node"`
+}
+
+// Default returns the defaults of both roles.
+func Default() Config {
+	return Config{Role: RoleSeat, Addr: ":8090", Seat: sidecar.DefaultSeatConfig(), Node: nodeagent.DefaultNodeConfig()}
+}
+
+// Validate reports every invalid field of the agent and of its role.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("addr must not be empty"))
+	}
+	switch c.Role {
+	case RoleSeat:
+		errs = append(errs, c.Seat.Validate())
+	case RoleNode:
+		errs = append(errs, c.Node.Validate())
+	default:
+		errs = append(errs, fmt.Errorf("role must be %s or %s, got %q", RoleSeat, RoleNode, c.Role))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,32 @@
+// Package sidecar is orchestra-agent's per-engine sidecar (--role seat):
+// one runs beside each engine container. It drives its engine's own sleep
+// and wake API, drains the engine's requests before a sleep, reports the
+// engine's state (GET /state; the wire types and the client are
+// internal/sidecarapi), gates the engine container's readiness (GET
+// /readyz: only Awake serves), restarts the engine in place, and points
+// an engine that loads a model file (Ollama, llama.cpp) at the hottest
+// verified copy of it on its node (the node agent's, internal/nodeagent,
+// read through internal/nodeapi's CopyMeta). Its mutating endpoints
+// accept only the release's caller token (internal/nodeapi).
+//
+// Engines. Engine is what the sidecar needs of an engine; NewEngine makes
+// the adapter of a kind, one file each. An engine's processes (restart,
+// device memory) are found through internal/engineproc.
+//
+// Files:
+//   - seat.go: Seat, the sidecar's state machine and its HTTP API.
+//   - seat_config.go: SeatConfig, its defaults and validation.
+//   - seat_start.go: StartSeat, the role's start.
+//   - seat_metrics.go: the sidecar's metrics.
+//   - seat_restart.go: restarting the engine in place (POST /restart).
+//   - modelcopy.go: ModelCopies, pointing the engine at the hottest
+//     verified copy of its model file.
+//   - engine.go: the Engine interface, EngineConfig, NewEngine.
+//   - vllm.go, ollama.go, llamacpp.go: one adapter per engine (the
+//     simulator speaks vLLM's API).
+//   - process.go: EngineProcess, an engine container's processes:
+//     finding and stopping them.
+//   - devicemem.go: the engine's device memory, read with nvidia-smi.
+//   - enginetest/: fakes of vLLM, Ollama and llama.cpp that quote their
+//     documented APIs.
+package sidecar

@@ -1,0 +1,363 @@
+package sidecar
+
+// The engine loads the hottest verified copy of its model file on its
+// node. Engines that open their model file at each load (Ollama re-opens
+// its blob, llama.cpp's router re-opens the preset's model path) are
+// pointed at a symlink, the link, in a directory the engine container
+// and the sidecar share (an emptyDir). The sidecar is the link's one
+// writer: at its start, before each wake and whenever the copy it points
+// at goes away, it points the link at the first of
+//
+//	hot:  <hot dir>/<name>   the node agent's copy in RAM
+//	warm: <warm dir>/<name>  the node agent's copy on disk
+//	cold: <model dir>/<file> the model cache
+//
+// that qualifies. A hot or warm copy qualifies only when the node agent's
+// metadata beside it (.<name>.meta.json) records the same size and the
+// same sha256 as the fetcher's manifest lists for the model file: the
+// agent writes a copy under a temporary name, verifies it against the
+// manifest while copying, writes the metadata and only then renames it
+// into place, so a partly written or unverified copy is never pointed
+// at. The node agent owns the copies (placement, budgets, eviction,
+// periodic re-verification, which drops a copy that no longer matches);
+// the sidecar owns which one the engine opens. The link is replaced
+// atomically (a new symlink renamed over it): a load that runs meanwhile
+// opens the old or the new copy, never a missing file.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/model-orchestra/operator/internal/fetch"
+	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+// ModelCopiesConfig places the copies of an engine's model file, as the
+// sidecar's container sees them (the same paths as the engine's).
+type ModelCopiesConfig struct {
+	// Link is the symlink the engine opens as its model file; its
+	// directory is shared with the engine. Empty: the sidecar points the
+	// engine at no copy (the engine reads its model where it was told).
+	Link string `json:"link,omitempty"`
+	// ModelDir is the model cache (/models), holding the fetcher's
+	// .orchestra/manifest.json.
+	ModelDir string `json:"modelDir,omitempty"`
+	// File is the model file inside ModelDir.
+	File string `json:"file,omitempty"`
+	// HotDir and WarmDir are the node agent's namespace directories of
+	// the hot and warm tiers; empty: the tier is not used.
+	HotDir  string `json:"hotDir,omitempty"`
+	WarmDir string `json:"warmDir,omitempty"`
+	// Name is the copies' name in the tiers (the ModelCheckpoint's).
+	Name string `json:"name,omitempty"`
+}
+
+// Enabled reports whether the sidecar points the engine at a copy.
+func (c ModelCopiesConfig) Enabled() bool { return c.Link != "" }
+
+// validate reports every invalid field of an enabled configuration.
+func (c ModelCopiesConfig) validate(engine string) []error {
+	if !c.Enabled() {
+		return nil
+	}
+	var errs []error
+	if engine != sidecarapi.EngineOllama && engine != sidecarapi.EngineLlamaCPP {
+		errs = append(errs, fmt.Errorf("model link: the sidecar points only Ollama and llama.cpp at a copy of their model file (they re-open it at each load), not %s", engine))
+	}
+	if !filepath.IsAbs(c.Link) || !filepath.IsAbs(c.ModelDir) {
+		errs = append(errs, fmt.Errorf("model link %q and model dir %q must be absolute paths", c.Link, c.ModelDir))
+	}
+	if f := filepath.Clean(c.File); c.File == "" || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
+		errs = append(errs, fmt.Errorf("model file %q must be a path inside the model dir", c.File))
+	}
+	if (c.HotDir != "" || c.WarmDir != "") && (c.Name == "" || strings.ContainsAny(c.Name, "/\x00") || strings.HasPrefix(c.Name, ".")) {
+		errs = append(errs, fmt.Errorf("copy name %q must be a plain file name not starting with a dot", c.Name))
+	}
+	return errs
+}
+
+// ModelCopies chooses the copy an engine loads and points the link at it.
+type ModelCopies struct {
+	cfg ModelCopiesConfig
+
+	mu      sync.Mutex
+	current *sidecarapi.ModelCopy // what the link points at
+	passed  []string              // why the last Point passed over the faster tiers
+}
+
+// NewModelCopies returns the chooser of cfg (which must be Enabled).
+func NewModelCopies(cfg ModelCopiesConfig) *ModelCopies { return &ModelCopies{cfg: cfg} }
+
+// Choose is the hottest qualifying copy now, without pointing at it. The
+// model cache's file qualifies when it exists; an error says why none
+// does.
+func (m *ModelCopies) Choose() (sidecarapi.ModelCopy, error) {
+	c, _, err := m.choose()
+	return c, err
+}
+
+// choose is Choose, with why each faster tier did not qualify.
+func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
+	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
+	want, listed, err := m.manifest()
+	if err != nil {
+		return sidecarapi.ModelCopy{}, nil, err
+	}
+	var passed []string
+	for _, t := range []struct {
+		tier nodeapi.Tier
+		dir  string
+	}{{nodeapi.TierHot, m.cfg.HotDir}, {nodeapi.TierWarm, m.cfg.WarmDir}} {
+		if t.dir == "" {
+			continue
+		}
+		if !listed {
+			passed = append(passed, fmt.Sprintf("%s: the cache's manifest does not list %s complete with a sha256, so nothing vouches for a copy", t.tier, m.cfg.File))
+			continue
+		}
+		c, err := tierCopy(t.dir, m.cfg.Name, want)
+		if err == nil {
+			c.Tier = string(t.tier)
+			return c, passed, nil
+		}
+		passed = append(passed, fmt.Sprintf("%s: %v", t.tier, err))
+	}
+	fi, err := os.Stat(cold)
+	if err != nil {
+		return sidecarapi.ModelCopy{}, passed, fmt.Errorf("the model file in the cache: %w", err)
+	}
+	return sidecarapi.ModelCopy{Tier: string(nodeapi.TierCold), Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, passed, nil
+}
+
+// manifest is the fetcher's entry of the model file; listed is false when
+// the cache has no complete manifest listing it with a sha256 (then only
+// the cache's file qualifies: nothing vouches for a copy).
+func (m *ModelCopies) manifest() (fetch.ManifestFile, bool, error) {
+	man, err := fetch.ReadManifest(m.cfg.ModelDir)
+	if err != nil {
+		return fetch.ManifestFile{}, false, err
+	}
+	if man == nil || !man.Complete {
+		return fetch.ManifestFile{}, false, nil
+	}
+	rel := filepath.ToSlash(filepath.Clean(m.cfg.File))
+	for _, f := range man.Files {
+		if f.Path == rel && f.SHA256 != "" {
+			return f, true, nil
+		}
+	}
+	return fetch.ManifestFile{}, false, nil
+}
+
+// tierCopy is the node agent's copy name in dir when its metadata records
+// the manifest's size and sha256 and the file has that size; the error
+// says why it does not qualify.
+func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, error) {
+	b, err := os.ReadFile(filepath.Join(dir, nodeapi.CopyMetaName(name)))
+	if errors.Is(err, os.ErrNotExist) {
+		return sidecarapi.ModelCopy{}, errors.New("the node agent holds no copy")
+	}
+	if err != nil {
+		return sidecarapi.ModelCopy{}, fmt.Errorf("reading the copy's metadata: %w", err)
+	}
+	var md nodeapi.CopyMeta
+	switch err := json.Unmarshal(b, &md); {
+	case err != nil:
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata: %w", err)
+	case md.Bytes != want.Size || md.SHA256 == "" || !strings.EqualFold(md.SHA256, want.SHA256):
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata records %d bytes with sha256 %q, the manifest %d bytes with %q", md.Bytes, md.SHA256, want.Size, want.SHA256)
+	}
+	p := filepath.Join(dir, name)
+	fi, err := os.Stat(p)
+	switch {
+	case err != nil:
+		return sidecarapi.ModelCopy{}, err
+	case !fi.Mode().IsRegular() || fi.Size() != md.Bytes:
+		return sidecarapi.ModelCopy{}, fmt.Errorf("%s is not a regular file of %d bytes", p, md.Bytes)
+	}
+	return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, SHA256: strings.ToLower(md.SHA256)}, nil
+}
+
+// Point points the link at the hottest qualifying copy and returns it.
+func (m *ModelCopies) Point() (sidecarapi.ModelCopy, error) {
+	c, passed, err := m.choose()
+	if err != nil {
+		return c, err
+	}
+	m.mu.Lock()
+	m.passed = passed
+	m.mu.Unlock()
+	return c, m.point(c)
+}
+
+// PassedOver says why the last Point passed over each faster tier (empty
+// when it pointed at the hot copy): what a user asks when a wake read a
+// slower tier than expected.
+func (m *ModelCopies) PassedOver() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return strings.Join(m.passed, "; ")
+}
+
+// PointCold points the link at the model cache's file, whatever the tiers
+// hold: the fallback of a wake that could not load a tier's copy.
+func (m *ModelCopies) PointCold() (sidecarapi.ModelCopy, error) {
+	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
+	fi, err := os.Stat(cold)
+	if err != nil {
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
+	}
+	c := sidecarapi.ModelCopy{Tier: string(nodeapi.TierCold), Path: cold, Bytes: fi.Size()}
+	if want, listed, err := m.manifest(); err == nil && listed {
+		c.SHA256 = strings.ToLower(want.SHA256)
+	}
+	return c, m.point(c)
+}
+
+func (m *ModelCopies) point(c sidecarapi.ModelCopy) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if target, err := os.Readlink(m.cfg.Link); err != nil || target != c.Path {
+		tmp := fmt.Sprintf("%s.tmp-%d", m.cfg.Link, os.Getpid())
+		_ = os.Remove(tmp)
+		if err := os.Symlink(c.Path, tmp); err != nil {
+			return fmt.Errorf("pointing the model link: %w", err)
+		}
+		if err := os.Rename(tmp, m.cfg.Link); err != nil {
+			_ = os.Remove(tmp)
+			return fmt.Errorf("pointing the model link: %w", err)
+		}
+	}
+	m.current = &c
+	return nil
+}
+
+// Current is the copy the link points at (nil before the first Point).
+func (m *ModelCopies) Current() *sidecarapi.ModelCopy {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.current == nil {
+		return nil
+	}
+	c := *m.current
+	return &c
+}
+
+// Gone reports whether the copy the link points at no longer exists (the
+// node agent evicted or dropped it), so that a load would fail.
+func (m *ModelCopies) Gone() bool {
+	c := m.Current()
+	if c == nil {
+		return true
+	}
+	_, err := os.Stat(c.Path)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// copyEngine is an engine that loads its model file through the link:
+// each wake first points it at the hottest qualifying copy, and reports
+// that copy as what the wake read.
+type copyEngine struct {
+	Engine
+	copies *ModelCopies
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	last *sidecarapi.Transfer
+}
+
+// withModelCopies wraps engine when cfg points it at copies.
+func withModelCopies(engine Engine, copies *ModelCopies, log *slog.Logger) Engine {
+	if copies == nil {
+		return engine
+	}
+	return &copyEngine{Engine: engine, copies: copies, log: log}
+}
+
+// Wake points the link, then wakes the engine. When the engine cannot
+// load a tier's copy (it went away between the choice and the engine's
+// open, or the engine answered that it could not load it), the wake is
+// retried once from the model cache: a copy never keeps an engine from
+// waking. An engine that did not answer (not started yet, restarting, a
+// timeout) says nothing about the copy: that wake fails as it is, the link
+// stays on the copy, and the caller's next attempt loads it.
+func (e *copyEngine) Wake(ctx context.Context) error {
+	c, err := e.copies.Point()
+	if err != nil {
+		return err
+	}
+	if why := e.copies.PassedOver(); why != "" && e.log != nil {
+		e.log.Info("the wake loads the "+c.Tier+" copy of the model file", "path", c.Path, "passedOver", why)
+	}
+	err = e.Engine.Wake(ctx)
+	var answered *EngineError
+	if err != nil && c.Tier != string(nodeapi.TierCold) && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
+		first, tier, path := err, c.Tier, c.Path
+		if c, err = e.copies.PointCold(); err != nil {
+			return errors.Join(first, err)
+		}
+		if err = e.Engine.Wake(ctx); err != nil {
+			return fmt.Errorf("loading the %s copy %s: %w; then the model cache: %w", tier, path, first, err)
+		}
+		if e.log != nil {
+			e.log.Warn("the engine could not load the "+tier+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	// Every candidate was verified against the fetcher's manifest sha256:
+	// a hot or warm copy by the node agent as it copied it (and by its
+	// periodic re-hash since), the cache's file by the fetcher.
+	e.last = &sidecarapi.Transfer{Tier: c.Tier, Bytes: c.Bytes, Verified: c.SHA256 != ""}
+	e.mu.Unlock()
+	return nil
+}
+
+// Sleep unloads the model; the copy it loaded stays where it is.
+func (e *copyEngine) Sleep(ctx context.Context, level int) error {
+	err := e.Engine.Sleep(ctx, level)
+	e.mu.Lock()
+	e.last = nil // a sleep moves no bytes of the model file
+	e.mu.Unlock()
+	return err
+}
+
+// LastTransfer implements TransferReporter.
+func (e *copyEngine) LastTransfer() *sidecarapi.Transfer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.last == nil {
+		return nil
+	}
+	t := *e.last
+	return &t
+}
+
+// ModelCopy implements ModelCopyReporter: awake, the copy the engine
+// loaded; otherwise the copy its next wake will load.
+func (e *copyEngine) ModelCopy(awake bool) *sidecarapi.ModelCopy {
+	if awake {
+		return e.copies.Current()
+	}
+	c, err := e.copies.Choose()
+	if err != nil {
+		return e.copies.Current()
+	}
+	return &c
+}
+
+// ModelCopyReporter is implemented by engines the sidecar points at a
+// copy of their model file.
+type ModelCopyReporter interface {
+	ModelCopy(awake bool) *sidecarapi.ModelCopy
+}
