@@ -39,6 +39,29 @@ type RuntimeSpec struct {
 	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 
+	// runAsUser is the user id the engine containers run as, and, in a seat
+	// group, the seat sidecar beside each engine (the seat signals the
+	// engine's processes, which the kernel allows only to the same user).
+	// Empty runs the chart's own Ollama and simulator images as their user
+	// 65532, and any other image (vLLM, llama.cpp and distributed-llama
+	// upstream, which run as root, or a replaced image) as the user its
+	// image names. Set it when the image runs as another user, for example
+	// a vLLM or llama.cpp image built to run as non-root.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+
+	// runAsGroup is the primary group id of the engine containers (and
+	// their seats in a seat group). Defaults to runAsUser when that is set,
+	// to 65532 for the chart's own images, and, for an engine that reads or
+	// writes the node agent's tiers, to the agent's copy group (which the
+	// pod then also has as a supplementary group).
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=2147483647
+	RunAsGroup *int64 `json:"runAsGroup,omitempty"`
+
 	// args are appended to the engine's command line on the root (for
 	// example ["--flash-attn", "on"] for llama.cpp).
 	// +optional

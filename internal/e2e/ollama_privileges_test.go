@@ -100,7 +100,9 @@ func podProcesses(t *testing.T, podUID string) []proc {
 // the sidecar as uid 65532 with the group and without root's group, no
 // process of the pod as root);
 // and that the copies on the node are the agent's, readable by the group
-// only (directory 0750, copy 0640, of the group).
+// only (copy 0640, of the group; the hot directory 3770: group-writable
+// for a sleeping simulator's offload, sticky so that no member removes the
+// agent's copies).
 func wantCopyReadersNonRoot(t *testing.T, root *corev1.Pod, hotCopy string) {
 	t.Helper()
 	group := copyGroup(t)
@@ -133,15 +135,15 @@ func wantCopyReadersNonRoot(t *testing.T, root *corev1.Pod, hotCopy string) {
 	if !seen["ollama"] || !seen["orchestra-agent"] {
 		t.Errorf("found the processes %+v of the root pod on the node; want Ollama's and the sidecar's", procs)
 	}
-	for path, mode := range map[string]os.FileMode{filepath.Dir(hotCopy): 0o750, hotCopy: 0o640} {
+	for path, mode := range map[string]os.FileMode{filepath.Dir(hotCopy): os.ModeDir | os.ModeSetgid | os.ModeSticky | 0o770, hotCopy: 0o640} {
 		fi, err := os.Stat(path)
 		if err != nil {
 			t.Errorf("on the node: %v", err)
 			continue
 		}
 		st := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode().Perm() != mode || int64(st.Gid) != group || st.Uid != 0 {
-			t.Errorf("%s on the node: mode %04o, owner %d:%d; want %04o, the agent's (0) and the copies' group %d", path, fi.Mode().Perm(), st.Uid, st.Gid, mode, group)
+		if fi.Mode() != mode || int64(st.Gid) != group || st.Uid != 0 {
+			t.Errorf("%s on the node: mode %v, owner %d:%d; want %v, the agent's (0) and the copies' group %d", path, fi.Mode(), st.Uid, st.Gid, mode, group)
 		}
 	}
 }

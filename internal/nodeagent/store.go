@@ -159,7 +159,7 @@ func (s *Store) scan(t nodeapi.Tier) error {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", filepath.Join(root, ns), err)
 		}
-		if err := s.share(filepath.Join(root, ns), s.dirMode()); err != nil {
+		if err := s.share(filepath.Join(root, ns), s.dirMode(t)); err != nil {
 			s.log.Warn("the namespace directory keeps its mode and group; engines running as non-root may not read its copies", "tier", t, "err", err)
 		}
 		for _, f := range files {

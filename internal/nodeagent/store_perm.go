@@ -10,8 +10,8 @@ import (
 
 // Who may read the copies. The node agent owns every namespace directory
 // of its tiers and every file in them. With StoreConfig.Group set, a
-// namespace directory is mode 0750 and a copy and its metadata 0640, all
-// of that group: the engines and sidecars that load the copies (model
+// namespace directory of the warm tier is mode 0750, one of the hot tier
+// 3770 (below), and a copy and its metadata 0640, all of that group: the engines and sidecars that load the copies (model
 // copies of Ollama and llama.cpp) run as their images' own non-root user
 // with the group as a supplementary group, and read them without owning
 // them or any capability. Without a group both are private to the agent
@@ -25,9 +25,21 @@ import (
 // earlier agent version wrote (0700 and 0600, without the group) and a
 // namespace directory the kubelet created first for a pod's hostPath
 // volume (root's, 0755).
+//
+// The hot tier's namespace directory is also where a sleeping engine
+// writes its level-1 offload (EngineOffloadName: the simulator, as the
+// non-root user of its image with the group): with the group it is
+// group-writable, setgid (what the engine creates there has the group, so
+// the agent reads it back to demote it) and sticky (a member of the group
+// removes or replaces only what it owns, never the agent's copies). Only
+// the sleeping simulator's engine container mounts it writable; every
+// other container mounts it read-only.
 
-func (s *Store) dirMode() os.FileMode {
-	if s.cfg.Group > 0 {
+func (s *Store) dirMode(t nodeapi.Tier) os.FileMode {
+	switch {
+	case s.cfg.Group > 0 && t == nodeapi.TierHot:
+		return os.ModeSetgid | os.ModeSticky | 0o770
+	case s.cfg.Group > 0:
 		return 0o750
 	}
 	return 0o700
@@ -41,15 +53,16 @@ func (s *Store) fileMode() os.FileMode {
 }
 
 // share gives path (a namespace directory or a file in one) mode and the
-// store's group, if it has one.
+// store's group, if it has one: the group first, as a change of group may
+// clear the setgid bit.
 func (s *Store) share(path string, mode os.FileMode) error {
-	if err := os.Chmod(path, mode); err != nil {
-		return fmt.Errorf("setting the mode of %s to %04o: %w", path, mode, err)
-	}
 	if s.cfg.Group > 0 {
 		if err := os.Lchown(path, -1, s.cfg.Group); err != nil {
 			return fmt.Errorf("setting the group of %s to %d (the agent must own it and run with the group): %w", path, s.cfg.Group, err)
 		}
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		return fmt.Errorf("setting the mode of %s to %v: %w", path, mode, err)
 	}
 	return nil
 }
@@ -58,10 +71,10 @@ func (s *Store) share(path string, mode os.FileMode) error {
 // mode and group.
 func (s *Store) namespaceDir(t nodeapi.Tier, ns string) (string, error) {
 	dir := filepath.Join(s.dir(t), ns)
-	if err := os.MkdirAll(dir, s.dirMode()); err != nil {
+	if err := os.MkdirAll(dir, s.dirMode(t).Perm()); err != nil {
 		return "", fmt.Errorf("creating %s: %w", dir, err)
 	}
-	return dir, s.share(dir, s.dirMode())
+	return dir, s.share(dir, s.dirMode(t))
 }
 
 // shareFile gives an open file the store's file mode and group, before it

@@ -18,18 +18,19 @@ func modeAndGroup(t *testing.T, path string) (os.FileMode, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fi.Mode().Perm(), int(fi.Sys().(*syscall.Stat_t).Gid)
+	return fi.Mode() & (os.ModePerm | os.ModeSetgid | os.ModeSticky), int(fi.Sys().(*syscall.Stat_t).Gid)
 }
 
 func wantModeAndGroup(t *testing.T, path string, mode os.FileMode, gid int) {
 	t.Helper()
 	if m, g := modeAndGroup(t, path); m != mode || g != gid {
-		t.Errorf("%s: mode %04o group %d, want %04o group %d", path, m, g, mode, gid)
+		t.Errorf("%s: mode %v group %d, want %v group %d", path, m, g, mode, gid)
 	}
 }
 
 // With a copy group, what the agent writes is readable by the group and
-// no one else: the namespace directories 0750, copies and metadata 0640,
+// no one else: the namespace directories 0750 (warm) and 3770 (hot: setgid
+// and sticky, for the engines' level-1 offloads), copies and metadata 0640,
 // in both tiers, through a put, a promotion, a touch and a demotion; and
 // what an earlier agent version or the kubelet left (private copies, a
 // root directory of mode 0755) is repaired when the store opens.
@@ -64,9 +65,8 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	nsHot := filepath.Join(hot, "team-a")
-	for _, p := range []string{nsHot, nsWarm} {
-		wantModeAndGroup(t, p, 0o750, gid)
-	}
+	wantModeAndGroup(t, nsHot, os.ModeSetgid|os.ModeSticky|0o770, gid)
+	wantModeAndGroup(t, nsWarm, 0o750, gid)
 	for _, p := range []string{s.Path(k, nodeapi.TierWarm), s.metaPath(k, nodeapi.TierWarm)} {
 		wantModeAndGroup(t, p, 0o640, gid)
 	}
@@ -102,7 +102,7 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 		}
 		for _, f := range files {
 			if m, g := modeAndGroup(t, filepath.Join(dir, f.Name())); f.Name() != wakesFile && (m != 0o640 || g != gid) {
-				t.Errorf("%s/%s: mode %04o group %d", dir, f.Name(), m, g)
+				t.Errorf("%s/%s: mode %v group %d", dir, f.Name(), m, g)
 			}
 		}
 	}

@@ -431,6 +431,12 @@ func applicationValues(app v1alpha1.Application, sleep Sleep) (map[string]any, e
 		"workers":         int64(rt.Workers),
 		"gpu":             map[string]any{"count": int64(rt.GPU.Count), "product": rt.GPU.Product},
 	}
+	if rt.RunAsUser != nil {
+		runtimeValues["runAsUser"] = *rt.RunAsUser
+	}
+	if rt.RunAsGroup != nil {
+		runtimeValues["runAsGroup"] = *rt.RunAsGroup
+	}
 	if len(rt.Env) > 0 {
 		env, err := toJSONValue(rt.Env)
 		if err != nil {

@@ -339,6 +339,12 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 			break
 		}
 		err = arena.WriteFile(rep.Source, a.Bytes(), false)
+		if err == nil {
+			// The node agent reads the offload back to demote it, as a
+			// member of the hot directory's group (which the directory
+			// gives the file), not as its owner.
+			err = os.Chmod(rep.Source, offloadMode)
+		}
 		rep.CopySeconds = time.Since(start).Seconds()
 	case s.cfg.Sleep.KeepOffload:
 		// Level 2 holds nothing in RAM: drop the kept offload.
@@ -571,6 +577,10 @@ func tierLabel(t string) string {
 	}
 	return t
 }
+
+// offloadMode is the mode of the level-1 offload: the simulator's to
+// write and remove, its group's (the node agent's copy group) to read.
+const offloadMode = 0o640
 
 // offloadPath is the simulator's own level-1 offload file in the hot
 // directory. It is a dot file, so it never collides with a copy the node

@@ -126,6 +126,12 @@ func testSleepLevel1(t *testing.T, mode string) {
 	if !bytes.Equal(hot, s.weights) {
 		t.Fatal("the hot copy is not the weights")
 	}
+	// The node agent reads it back as a member of its group.
+	if fi, err := os.Stat(filepath.Join(s.hot, ".sim-model.weights.level1")); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode().Perm() != 0o640 {
+		t.Fatalf("the level-1 offload's mode %v; want 0640, readable by the hot directory's group", fi.Mode())
+	}
 	if st := s.sim.WeightsStatus(); st.ResidentBytes != 0 || !st.Sleeping || st.Level != 1 {
 		t.Fatalf("asleep: %+v, want 0 resident bytes at level 1", st)
 	}

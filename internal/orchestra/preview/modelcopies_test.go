@@ -5,8 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 )
 
 // TestEnginesLoadTheHottestCopy checks what the chart renders when the
@@ -16,7 +18,7 @@ import (
 // (read-only) and runs as our image's non-root user without any capability,
 // reading them as a member of their group (global.agent.copyGroup, which
 // the node agent runs with and gives its copies); the engine runs as its
-// image's user with the same group, mounts the same directories read-only
+// image's user (set for our Ollama image: 65532) with the same group, mounts the same directories read-only
 // and the link's emptyDir,
 // Ollama's start script links its blob to the link and llama.cpp's preset
 // loads the link; the leader's configuration says modelCopies. Without
@@ -87,8 +89,11 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		if sc := seat.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 			t.Errorf("%s: seat security context %+v; want our image's user 65532, non-root, with every capability dropped and a read-only root", app, sc)
 		}
-		if sc := engine.SecurityContext; sc == nil || sc.RunAsUser != nil || sc.RunAsGroup == nil || *sc.RunAsGroup != group || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
-			t.Errorf("%s: engine security context %+v; want its image's user, the copies' group %d (not root's, which containerd would give it), every capability dropped", app, sc, group)
+		// Our Ollama image's user is known (65532); llama.cpp's upstream
+		// image runs as its image's user.
+		wantUser := map[string]*int64{"ollama": ptr.To[int64](65532)}[app]
+		if sc := engine.SecurityContext; sc == nil || !cmp.Equal(sc.RunAsUser, wantUser) || sc.RunAsGroup == nil || *sc.RunAsGroup != group || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+			t.Errorf("%s: engine security context %+v; want the user %v (nil: its image's), the copies' group %d (not root's, which containerd would give it), every capability dropped", app, sc, wantUser, group)
 		}
 		if psc := pod.SecurityContext; psc == nil || !slices.Equal(psc.SupplementalGroups, []int64{group}) || psc.RunAsUser != nil {
 			t.Errorf("%s: pod security context %+v; want the copies' group %d as the one supplementary group", app, psc, group)

@@ -32,8 +32,9 @@ import (
 // TestSleepingSimulatorOnARealNode runs what the chart renders for a
 // sleeping simulator on the real-node cluster: the node agent DaemonSet and
 // the root StatefulSet with its seat, from the images of this tree. It
-// proves what only a kubelet can: the non-root seat and the capability-less
-// root engine and agent can use the tier directories the kubelet creates,
+// proves what only a kubelet can: the non-root seat and engine (uid 65532,
+// the engine with the copies' group) and the capability-less root agent
+// can use the tier directories the kubelet creates,
 // the root is Ready only while the seat says Awake (so a sleeping root
 // leaves the EndpointSlice), a level-1 sleep offloads the weights into the
 // node's hot tier under the namespace's directory, and the node agent
@@ -217,11 +218,16 @@ gateway: {auth: {anonymous: true}}
 	if err != nil {
 		t.Fatalf("the level-1 offload is not in the node's hot tier: %v", err)
 	}
-	if fi.Size() != 16<<20 || fi.Mode().Perm() != 0o600 {
-		t.Errorf("offload %s: %d bytes, mode %v; want %d bytes, 0600", offload, fi.Size(), fi.Mode().Perm(), 16<<20)
+	if fi.Size() != 16<<20 || fi.Mode().Perm() != 0o640 {
+		t.Errorf("offload %s: %d bytes, mode %v; want %d bytes, 0640", offload, fi.Size(), fi.Mode().Perm(), 16<<20)
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 {
-		t.Errorf("offload owned by uid %d, want 0 (the owner of the kubelet's directory)", st.Uid)
+	// The simulator's own file, of the copies' group (the chart's default
+	// global.agent.copyGroup), in the agent's setgid, sticky directory.
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && (st.Uid != 65532 || st.Gid != 64000) {
+		t.Errorf("offload owned by %d:%d, want 65532:64000 (the simulator, as a member of the copies' group)", st.Uid, st.Gid)
+	}
+	if di, err := os.Stat(filepath.Dir(offload)); err != nil || di.Mode() != os.ModeDir|os.ModeSetgid|os.ModeSticky|0o770 {
+		t.Errorf("the namespace's hot directory: %v (%v); want the agent's 3770 (setgid, sticky)", di, err)
 	}
 
 	call(http.MethodPost, seat+"/wake")

@@ -57,7 +57,8 @@ func simSeatGroupPod(t *testing.T) corev1.PodSpec {
 // TestSeatGroupSeatsCanRestartTheirEngines: the group pod shares its
 // process namespace; the seat of each engine that cannot restart itself is
 // told to restart it through its processes and runs as the engine's user
-// (root, the images' user) with no capability and no privilege escalation;
+// and group (Ollama's 65532; root, the upstream vLLM and llama.cpp images'
+// user) with no capability and no privilege escalation;
 // on a GPU every seat reads nvidia-smi and holds the pod's claim, so that
 // the DRA driver gives it the tool. The simulator's seat keeps the
 // simulator's in-place restart and the restricted user.
@@ -81,10 +82,17 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 		if !slices.Contains(seat.Args, "--restart-process") || !slices.Contains(seat.Args, "--nvidia-smi=nvidia-smi") {
 			t.Errorf("seat-%s args %v: want --restart-process and --nvidia-smi=nvidia-smi", app, seat.Args)
 		}
-		sc := seat.SecurityContext
-		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || engine.SecurityContext.RunAsUser != nil {
-			t.Errorf("seat-%s must run as its engine's user (the image's root): seat %+v, engine %+v", app, sc, engine.SecurityContext)
+		// The seat runs as its engine's user and group: our Ollama image's
+		// 65532 (code), the upstream images' root (chat: vLLM, summarise:
+		// llama.cpp), whose user the engine container leaves to its image.
+		sc, esc := seat.SecurityContext, engine.SecurityContext
+		wantUser := map[string]int64{"code": 65532}[app]
+		if sc == nil || !cmp.Equal(sc.RunAsUser, &wantUser) || !cmp.Equal(sc.RunAsGroup, &wantUser) {
+			t.Errorf("seat-%s must run as its engine's user and group %d: seat %+v", app, wantUser, sc)
 			continue
+		}
+		if wantUser == 0 && (esc.RunAsUser != nil || esc.RunAsGroup != nil) || wantUser != 0 && (!cmp.Equal(esc.RunAsUser, &wantUser) || !cmp.Equal(esc.RunAsGroup, &wantUser)) {
+			t.Errorf("engine-%s runs as user %v group %v; want its seat's %d (unset: the image's root)", app, esc.RunAsUser, esc.RunAsGroup, wantUser)
 		}
 		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
 			t.Errorf("seat-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
@@ -129,9 +137,10 @@ func podSecurity(t *testing.T, level psapi.Level, spec *corev1.PodSpec) []string
 
 // TestSeatGroupPodSecurity: sharing the process namespace changes no Pod
 // Security verdict (the restricted level allows it). What keeps the group
-// pods from the restricted level is known and unchanged: their engines,
-// and the seats that restart them, run as the images' root user (with
-// every capability dropped), and the simulators mount the node agent's
+// pods from the restricted level is known and unchanged: the vLLM and
+// llama.cpp engines, and the seats that restart them, run as the upstream
+// images' root user (with every capability dropped; Ollama and its seat
+// run as 65532), and the simulators mount the node agent's
 // tier directories (hostPath, which also rules out baseline). The same pod
 // with every container run as a non-root user passes the restricted level
 // but for those volumes.

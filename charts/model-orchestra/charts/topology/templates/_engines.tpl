@@ -44,6 +44,79 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
+{{/* "true" for the engines that need no root and write only their /tmp
+(HOME, OLLAMA_MODELS): Ollama and the simulator. They run as 65532 (the
+user of the images this project builds; the upstream Ollama image, the
+chart's default, names root but needs none of it) with a read-only root
+filesystem. Empty otherwise. */}}
+{{- define "mo.nonRootEngine" -}}
+{{- if has .spec.runtime.engine (list "ollama" "simulator") }}true{{ end -}}
+{{- end -}}
+
+{{/* The user id an engine container runs as, where the chart sets it:
+runtime.runAsUser, else 65532 for Ollama and the simulator
+(mo.nonRootEngine). Empty for vLLM, llama.cpp and distributed-llama: they
+run as the user their image names (the upstream images': root). */}}
+{{- define "mo.engineUser" -}}
+{{- $rt := .spec.runtime -}}
+{{- if hasKey $rt "runAsUser" -}}
+{{- int64 $rt.runAsUser -}}
+{{- else if include "mo.nonRootEngine" . -}}
+65532
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the engine reads or writes the node agent's tier
+directories: it loads the agent's copies (mo.modelCopies), or it is a
+sleeping simulator, which writes its level-1 offload into the namespace's
+hot directory and reads the agent's copies on waking. It does so as a
+member of the copies' group (global.agent.copyGroup): its primary group,
+unless runtime.runAsGroup names another, and a supplementary group of the
+pod. Empty otherwise. */}}
+{{- define "mo.usesTiers" -}}
+{{- if or (include "mo.modelCopies" .) (and .sleep (eq .spec.runtime.engine "simulator")) }}true{{ end -}}
+{{- end -}}
+
+{{/* The primary group id of an engine container: runtime.runAsGroup, else
+the copies' group for an engine that uses the tiers (mo.usesTiers), else
+the engine's user (mo.engineUser). Empty when the user is the image's
+too. The kubelet passes the runtime the image's user but not its group,
+so without it containerd runs the engine with group 0, root's (containerd
+issue 11607). */}}
+{{- define "mo.engineGroup" -}}
+{{- $rt := .spec.runtime -}}
+{{- if hasKey $rt "runAsGroup" -}}
+{{- int64 $rt.runAsGroup -}}
+{{- else if include "mo.usesTiers" . -}}
+{{- .root.Values.global.agent.copyGroup -}}
+{{- else -}}
+{{- include "mo.engineUser" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The security context of an engine container (and, in a seat group, of
+its seat, which must run as the same user and group to signal the engine's
+processes): the user and group where the chart sets them (mo.engineUser,
+mo.engineGroup), not root where that user is not 0, and Ollama and the
+simulator with a read-only root filesystem; no capability and no
+privilege escalation in every case. */}}
+{{- define "mo.engineUserContext" -}}
+{{- $user := include "mo.engineUser" . -}}
+{{- with $user }}
+runAsUser: {{ . }}
+{{- end }}
+{{- with include "mo.engineGroup" . }}
+runAsGroup: {{ . }}
+{{- end }}
+{{- if and $user (ne $user "0") }}
+runAsNonRoot: true
+{{- end }}
+{{- if include "mo.nonRootEngine" . }}
+readOnlyRootFilesystem: true
+{{- end }}
+{{ include "mo.engineSecurityContext" .root }}
+{{- end -}}
+
 {{/* How often the kubelet probes a starting root engine, and for how long:
 every second, so that the root turns Ready within about a second of its
 engine answering (the kubelet runs the readiness probe as soon as the
@@ -469,33 +542,8 @@ ports:
 {{- end }}
 resources:
   {{- include "mo.resources" (dict "resources" $rt.resources "default" $defaultResources) | nindent 2 }}
-{{- if and (eq $rt.engine "simulator") .sleep }}
-{{- /* A sleeping simulator writes its level-1 offload into the
-namespace's hot directory and removes it on waking, and the node agent
-reads it back to demote it: it writes where only the directories' owner,
-root, may write (see the agent part), so it runs as root without any
-capability. */}}
 securityContext:
-  runAsUser: 0
-  runAsGroup: 0
-  runAsNonRoot: false
-  readOnlyRootFilesystem: true
-  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
-{{- else if eq $rt.engine "simulator" }}
-securityContext:
-  {{- include "mo.containerSecurityContext" .root | nindent 2 }}
-{{- else }}
-securityContext:
-  {{- if include "mo.modelCopies" . }}
-  {{- /* With model copies the engine reads the node agent's copies as a
-  member of their group (global.agent.copyGroup), as the user its image
-  runs as (ours runs Ollama as 65532). The group is its primary group too:
-  the kubelet passes the runtime the image's user but not its group, so
-  containerd would run it with group 0, root's (containerd issue 11607). */}}
-  runAsGroup: {{ .root.Values.global.agent.copyGroup }}
-  {{- end }}
-  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
-{{- end }}
+  {{- include "mo.engineUserContext" . | trim | nindent 2 }}
 volumeMounts:
   - name: model{{ $vs }}
     mountPath: /models
@@ -649,21 +697,34 @@ volumeMounts:
   {{- include "mo.modelCopyMounts" . | nindent 2 }}
   {{- end }}
 {{- end }}
+{{- $engineUser := include "mo.engineUser" . }}
 {{- if and .seatGroup (ne $rt.engine "simulator") }}
 {{- /* In a seat group the seat signals its engine's processes and reads
-their open files, which the kernel allows a process of the same user
-without any capability: the seat runs as the engine images' user, root,
-with every capability dropped, like the engine. With model copies (never
-in a seat group) it runs as our image's user and reads the node agent's
-tier directories and the copies' metadata as a member of their group
-(global.agent.copyGroup, a supplementary group of the pod). */}}
+their open files, which the kernel allows without any capability only to a
+process of the same user and group: the seat runs as the engine's user and
+group (mo.engineUserContext: 65532 for Ollama, or runtime.runAsUser and
+runAsGroup), with every capability dropped like the engine. Where the
+engine runs as its image's user (vLLM and llama.cpp without
+runtime.runAsUser: the upstream images' root), the seat runs as root,
+root's group, without any capability either. */}}
 securityContext:
+  {{- if $engineUser }}
+  {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec) | trim | nindent 2 }}
+  {{- if not (include "mo.nonRootEngine" .) }}
+  readOnlyRootFilesystem: true
+  {{- end }}
+  {{- else }}
   runAsUser: 0
   runAsGroup: 0
   runAsNonRoot: false
   readOnlyRootFilesystem: true
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+  {{- end }}
 {{- else }}
+{{- /* Else it runs as our image's user; with model copies (never in a seat
+group) it reads the node agent's tier directories and the copies' metadata
+as a member of their group (global.agent.copyGroup, a supplementary group
+of the pod). */}}
 securityContext:
   runAsUser: 65532
   runAsGroup: 65532
@@ -763,7 +824,7 @@ livenessProbe:
 resources:
   {{- include "mo.resources" (dict "resources" $rt.resources "default" (dict "requests" (dict "cpu" "1" "memory" "2Gi"))) | nindent 2 }}
 securityContext:
-  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+  {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec) | trim | nindent 2 }}
 {{- if eq $rt.engine "vllm" }}
 volumeMounts:
   - name: model
@@ -809,7 +870,7 @@ resources:
   requests: {cpu: 10m, memory: 16Mi}
   limits: {memory: 64Mi}
 securityContext:
-  {{- include "mo.engineSecurityContext" .root | nindent 2 }}
+  {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec) | trim | nindent 2 }}
 volumeMounts:
   - name: model{{ default "" .volumeSuffix }}
     mountPath: /models
