@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/utils/ptr"
 
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -164,84 +163,4 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	} else {
 		t.Logf("woken from the hot tier: %d bytes, verified, in %.3f s", st.LastWake.Transfer.Bytes, st.LastWake.Seconds)
 	}
-}
-
-// TestSeatRestartsANonRootEngine: the chart runs a seat-group seat as its
-// engine's user and group, which is all the kernel asks of a process that
-// signals another and reads its open files: here both are 65532:65532
-// (Ollama's and the simulator's user in the chart), with every capability
-// dropped, in a pod sharing its process namespace. The seat finds the
-// engine that slept without freeing its memory by its listening socket,
-// stops its process, the kubelet starts the container again, and the
-// seat reports the restart via the process.
-func TestSeatRestartsANonRootEngine(t *testing.T) {
-	requireCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	ns := newNamespace(ctx, t, "e2e-seat-nonroot")
-	sc := &corev1.SecurityContext{
-		RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532), RunAsNonRoot: ptr.To(true),
-		AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
-		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
-	image := func(name string) string { return "ghcr.io/model-orchestra/" + name + ":v1.0.0" }
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "group", Namespace: ns},
-		Spec: corev1.PodSpec{
-			ShareProcessNamespace:        ptr.To(true),
-			AutomountServiceAccountToken: ptr.To(false),
-			RestartPolicy:                corev1.RestartPolicyAlways,
-			Containers: []corev1.Container{
-				{
-					Name: "engine", Image: image("orchestra-sim"), ImagePullPolicy: corev1.PullNever,
-					Args:            []string{"--addr=:8080", "--weights-bytes=4MiB", "--enable-sleep-mode", "--hot-dir=/hot", "--fault-sleep-leak"},
-					VolumeMounts:    []corev1.VolumeMount{{Name: "hot", MountPath: "/hot"}},
-					SecurityContext: sc,
-				},
-				{
-					Name: "seat", Image: image("orchestra-agent"), ImagePullPolicy: corev1.PullNever,
-					Args:            []string{"--role=seat", "--engine=simulator", "--engine-url=http://127.0.0.1:8080", "--addr=:9300", "--restart-process", "--restart-grace=5s"},
-					SecurityContext: sc,
-				},
-			},
-			Volumes: []corev1.Volume{{Name: "hot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}}},
-		},
-	}
-	created, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 2*time.Minute, func() error {
-		st, err := seatState(ctx, ns, "group")
-		if err == nil && st.State != sidecarapi.Awake {
-			err = fmt.Errorf("seat %s", st.State)
-		}
-		return err
-	})
-	for _, pr := range podProcesses(t, string(created.UID)) {
-		if pr.uid == 0 || pr.gid == 0 || slices.Contains(pr.groups, 0) {
-			t.Errorf("process %d (%s) runs as uid %d, gid %d, groups %v; want none of root's", pr.pid, pr.name, pr.uid, pr.gid, pr.groups)
-		}
-	}
-	must(t, seatPost(ctx, ns, "group", "sleep"))
-	must(t, seatPost(ctx, ns, "group", "restart"))
-	st, err := seatState(ctx, ns, "group")
-	must(t, err)
-	if st.State != sidecarapi.Asleep || st.Restarts != 1 || st.LastRestart == nil || st.LastRestart.Via != sidecarapi.RestartViaProcess {
-		t.Errorf("after the restart: state %s restarts %d lastRestart %+v; want Asleep, one restart via the process", st.State, st.Restarts, st.LastRestart)
-	}
-	eventually(t, 30*time.Second, func() error {
-		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, "group", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name == "engine" && cs.RestartCount != 1 {
-				return fmt.Errorf("the engine container restarted %d times, want 1", cs.RestartCount)
-			}
-		}
-		return nil
-	})
-	must(t, seatPost(ctx, ns, "group", "wake"))
 }

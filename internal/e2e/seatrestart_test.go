@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -17,21 +18,35 @@ import (
 // TestSeatRestartsAnEngineByItsProcessInAPod runs, on the real-node
 // cluster, a pod shaped as a seat group's: a shared process namespace, a
 // simulator engine without --restartable whose sleep keeps its memory
-// (vllm#47654), and its seat agent with --restart-process, both as root
-// with every capability dropped. The seat's POST /restart stops the
-// engine's process, the kubelet starts its container again, and the seat
-// answers once the new engine sleeps at level 2: only the engine container
-// restarted, and the next wake serves.
+// (vllm#47654), and its seat agent with --restart-process, both as the
+// same user with every capability dropped, which is all the kernel asks of
+// a process that signals another and reads its open files. The chart runs
+// a seat as its engine's user: root for upstream images that run as root,
+// 65532:65532 for Ollama and the simulator. The seat's POST /restart stops
+// the engine's process, the kubelet starts its container again, and the
+// seat answers once the new engine sleeps at level 2: only the engine
+// container restarted, and the next wake serves.
 func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
+	requireCluster(t)
+	for _, c := range []struct {
+		name string
+		ns   string
+		user int64
+	}{
+		{"as root, the user of upstream engine images", "e2e-seat-restart", 0},
+		{"as 65532, the user of Ollama and the simulator", "e2e-seat-nonroot", 65532},
+	} {
+		t.Run(c.name, func(t *testing.T) { seatRestartsItsEngine(t, c.ns, c.user) })
 	}
+}
+
+func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	ns := newNamespace(ctx, t, "e2e-seat-restart")
+	ns := newNamespace(ctx, t, namespace)
 	sc := func() *corev1.SecurityContext {
 		return &corev1.SecurityContext{
-			RunAsUser: ptr.To[int64](0), RunAsGroup: ptr.To[int64](0), RunAsNonRoot: ptr.To(false),
+			RunAsUser: ptr.To(user), RunAsGroup: ptr.To(user), RunAsNonRoot: ptr.To(user != 0),
 			AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(true),
 			Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
@@ -60,7 +75,8 @@ func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 			Volumes: []corev1.Volume{{Name: "hot", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}}},
 		},
 	}
-	if _, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	created, err := env.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 2*time.Minute, func() error {
@@ -70,6 +86,13 @@ func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 		}
 		return err
 	})
+	if user != 0 {
+		for _, pr := range podProcesses(t, string(created.UID)) {
+			if pr.uid == 0 || pr.gid == 0 || slices.Contains(pr.groups, 0) {
+				t.Errorf("process %d (%s) runs as uid %d, gid %d, groups %v; want none of root's", pr.pid, pr.name, pr.uid, pr.gid, pr.groups)
+			}
+		}
+	}
 
 	must(t, seatPost(ctx, ns, "group", "sleep"))
 	st, err := seatState(ctx, ns, "group")
