@@ -72,6 +72,10 @@ type SeatMember struct {
 	MinResidency metav1.Duration `json:"minResidency,omitempty"`
 	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
+	// Level1Tier is where a level-1 sleep leaves its engine's weights
+	// (orchestra.Level1Tier, resolved by the operator): Hot, or Cold for
+	// engines that unload completely. Empty is Hot.
+	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
 	// SleepAfter puts it to sleep, freeing its sidecar, once it held it idle
 	// this long (lifecycle.sleepAfter); 0: it keeps its sidecar until
 	// another application needs it.

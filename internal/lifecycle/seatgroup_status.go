@@ -82,15 +82,7 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 		st.State, st.Since = state, &metav1.Time{Time: now}
 	}
 	st.Replicas = int32(len(r.pods))
-	st.ResidentTier = ""
-	switch st.State {
-	case v1alpha1.LifecycleAwake, v1alpha1.LifecycleDraining:
-		st.ResidentTier = v1alpha1.TierAccelerator
-	case v1alpha1.LifecycleAsleep:
-		if m.cfg.SleepLevel <= 1 {
-			st.ResidentTier = v1alpha1.TierHot
-		}
-	}
+	st.ResidentTier = seatMemberTier(st.State, m.cfg.SleepLevel, m.cfg.Level1Tier)
 	if !dm.LastUse.IsZero() {
 		st.LastActiveTime = &metav1.Time{Time: dm.LastUse}
 	}
@@ -107,4 +99,20 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	cmpPrev.WaitingSeconds, cmpNow.WaitingSeconds = "", ""
 	waitChanged := (prevSeat.WaitingSeconds == "") != (s.WaitingSeconds == "")
 	return before.State != st.State || before.ResidentTier != st.ResidentTier || !equality.Semantic.DeepEqual(cmpPrev, cmpNow) || waitChanged
+}
+
+// seatMemberTier is where a seat-group member's weights rest: on the
+// accelerator while it holds its seat; after a level-1 sleep where its
+// engine leaves them (restingTier's rule: the hot tier for an engine's own
+// offload, the cold tier for engines that unload completely, Ollama and
+// llama.cpp); unknown after a level-2 sleep or before the sidecars
+// answered.
+func seatMemberTier(state v1alpha1.LifecycleState, level int32, level1 v1alpha1.Tier) v1alpha1.Tier {
+	switch {
+	case state == v1alpha1.LifecycleAwake || state == v1alpha1.LifecycleDraining:
+		return v1alpha1.TierAccelerator
+	case state == v1alpha1.LifecycleAsleep && level <= 1:
+		return restingTier(1, level1, false, nil)
+	}
+	return ""
 }
