@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 )
@@ -279,9 +280,10 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 		t.Errorf("lifecycle.apps = %v, want none (the group's applications are not scaled)", cfg.Lifecycle.Apps)
 	}
 	// Each member's swaps are reported to the node agent on the group
-	// pod's node, under the name its engine gives its weights.
+	// pod's node, under the name its engine gives its weights; a level-1
+	// sleep of the simulator leaves them in the hot tier (its own offload).
 	member := func(name string, priority, port int32) lifecycle.SeatMember {
-		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: port,
+		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, Level1Tier: v1alpha1.TierHot, SeatPort: port,
 			AgentSelector: "app.kubernetes.io/instance=shared,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301, ModelCheckpoint: "shared-" + name}
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", Replicas: 1, ActiveSeats: 1,
