@@ -174,6 +174,19 @@ func (p *pool) usable(l lease) bool {
 	return !l.removed && !p.now().Before(l.ejectedUntil)
 }
 
+// free counts the slots free on roots that take requests.
+func (p *pool) free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now, n := p.now(), 0
+	for _, r := range p.roots {
+		if !r.removed && !now.Before(r.ejectedUntil) && r.inflight < p.max {
+			n += p.max - r.inflight
+		}
+	}
+	return n
+}
+
 // target returns the URL of path on the root, parsed once per path.
 func (r *root) target(path string) (*url.URL, error) {
 	if u, ok := r.paths.Load(path); ok {

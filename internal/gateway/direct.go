@@ -1,0 +1,373 @@
+package gateway
+
+// The direct lane: while an application serves and its dispatcher lent
+// this gateway an engine slot (a lease, internal/natsqueue/lease.go), a
+// chat or legacy completion goes straight to the engine root of the lease:
+// one pod, the engine, on the first token's path. Everything else goes
+// through the queue: requests beyond the lent slot (overflow), requests
+// while the application sleeps, wakes or scales from zero, the Responses,
+// embeddings and Batch APIs, and applications whose routing chooses among
+// several roots. A lease is asked for in the background when traffic comes
+// and none is held (the request that asks takes the queue: nothing waits
+// for a lease), kept while it is used, and given back after
+// DirectConfig.LeaseIdle unused, when the application leaves serving, or
+// when the engine fails on it.
+//
+// Durability differs: a queued request survives restarts of the gateway,
+// the dispatcher and NATS; a direct request lives in the gateway only. An
+// engine failure before the first byte of the answer (refused connection,
+// an overload status) sends the request through the queue instead, so
+// nothing is lost; a failure mid-answer ends it with the same error as the
+// queue lane (ErrRetriedAfterPartial).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/enginecall"
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// DefaultLeaseIdle is how long an unused lease is kept.
+const DefaultLeaseIdle = 2 * time.Second
+
+// Lanes, the values of the requests metric's lane label.
+const (
+	laneDirect = "direct"
+	laneQueue  = "queue"
+)
+
+// ServingStates tells the direct lane whether an application with a
+// lifecycle serves (is awake): internal/lifecyclestate.States implements
+// it, with WakeStates.
+type ServingStates interface {
+	Serving(app string) bool
+}
+
+// Back-offs after a lease request that got none.
+const (
+	leaseRetry   = time.Second
+	leaseRefused = 30 * time.Second
+)
+
+// laneAction is what a request does about the direct lane.
+type laneAction int
+
+const (
+	laneTakeQueue laneAction = iota // the queue, nothing more
+	laneTakeDirect
+	laneAskLease // the queue, and ask for a lease meanwhile
+	laneDropLease
+)
+
+// laneState is one application's lease as a decision sees it.
+type laneState struct {
+	enabled, serving   bool
+	held, busy, asking bool
+	expired, revoked   bool
+	now, retryAfter    time.Time
+}
+
+// decideLane is the pure choice of a request's lane.
+func decideLane(s laneState) laneAction {
+	switch {
+	case !s.enabled:
+		return laneTakeQueue
+	case s.held && (s.expired || s.revoked || !s.serving):
+		return laneDropLease
+	case !s.serving:
+		return laneTakeQueue
+	case s.held && !s.busy:
+		return laneTakeDirect
+	case !s.held && !s.asking && !s.now.Before(s.retryAfter):
+		return laneAskLease
+	}
+	return laneTakeQueue
+}
+
+// lane is one application's lease, held by this gateway.
+type lane struct {
+	mu         sync.Mutex
+	lease      *queue.Lease
+	busy       bool
+	asking     bool
+	lastUsed   time.Time
+	retryAfter time.Time
+	idle       *time.Timer
+}
+
+// lanes holds the direct lanes of the gateway's applications.
+type lanes struct {
+	leaser  queue.Leaser
+	serving ServingStates
+	idle    time.Duration
+	engines http.RoundTripper
+	now     func() time.Time
+
+	mu     sync.Mutex
+	byApp  map[string]*lane
+	closed bool
+}
+
+func (ls *lanes) get(app string) *lane {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.byApp[app]
+	if l == nil {
+		l = &lane{}
+		ls.byApp[app] = l
+	}
+	return l
+}
+
+// serves reports whether model's application serves: always without a
+// lifecycle, else when its lifecycle state says so.
+func (ls *lanes) serves(m *ModelConfig) bool {
+	if m.MaxWait.Duration <= 0 {
+		return true
+	}
+	return ls.serving != nil && ls.serving.Serving(m.App)
+}
+
+// take returns the lease to send model's request on, marked busy, or nil
+// for the queue. It asks for a lease in the background when none is held.
+func (ls *lanes) take(m *ModelConfig) (*lane, *queue.Lease) {
+	if ls == nil {
+		return nil, nil
+	}
+	l := ls.get(m.App)
+	serving := ls.serves(m)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		s := laneState{enabled: m.DirectLane, serving: serving, held: l.lease != nil, busy: l.busy,
+			asking: l.asking, now: ls.now(), retryAfter: l.retryAfter}
+		if l.lease != nil {
+			s.expired = !s.now.Before(l.lease.Expires)
+			select {
+			case <-l.lease.Revoked:
+				s.revoked = true
+			default:
+			}
+		}
+		switch decideLane(s) {
+		case laneTakeDirect:
+			l.busy = true
+			return l, l.lease
+		case laneAskLease:
+			l.asking = true
+			go ls.ask(m.App, l)
+			return nil, nil
+		case laneDropLease:
+			if !l.busy {
+				l.lease.Return(false)
+				l.lease = nil
+				continue
+			}
+			return nil, nil
+		default:
+			return nil, nil
+		}
+	}
+}
+
+// done ends a request on l's lease; failed gives the lease back as failed
+// (the engine failed on it), and a new one is asked for after leaseRetry.
+func (ls *lanes) done(l *lane, failed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy = false
+	l.lastUsed = ls.now()
+	if l.lease == nil {
+		return
+	}
+	if failed {
+		l.lease.Return(true)
+		l.lease = nil
+		l.retryAfter = ls.now().Add(leaseRetry)
+		return
+	}
+	l.armIdle(ls)
+}
+
+// armIdle (re)starts the check that gives an unused lease back; l.mu held.
+func (l *lane) armIdle(ls *lanes) {
+	if l.idle != nil {
+		l.idle.Stop()
+	}
+	l.idle = time.AfterFunc(ls.idle, func() { ls.checkIdle(l) })
+}
+
+// checkIdle gives l's lease back when it was not used for the idle time,
+// or has expired or been revoked.
+func (ls *lanes) checkIdle(l *lane) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lease == nil || l.busy {
+		return
+	}
+	revoked := false
+	select {
+	case <-l.lease.Revoked:
+		revoked = true
+	default:
+	}
+	now := ls.now()
+	if rest := ls.idle - now.Sub(l.lastUsed); rest > 0 && !revoked && now.Before(l.lease.Expires) {
+		l.idle = time.AfterFunc(rest, func() { ls.checkIdle(l) })
+		return
+	}
+	l.lease.Return(false)
+	l.lease = nil
+}
+
+// ask asks app's dispatchers for a lease.
+func (ls *lanes) ask(app string, l *lane) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	lease, err := ls.leaser.Lease(ctx, app)
+	cancel()
+	ls.mu.Lock()
+	closed := ls.closed
+	ls.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asking = false
+	switch {
+	case err != nil:
+		l.retryAfter = ls.now().Add(leaseRetry)
+		if errors.Is(err, queue.ErrLeaseRefused) {
+			l.retryAfter = ls.now().Add(leaseRefused)
+		}
+		return
+	case closed || l.lease != nil:
+		lease.Return(false)
+		return
+	}
+	l.lease = &lease
+	l.lastUsed = ls.now()
+	l.armIdle(ls)
+}
+
+// close gives every lease back (the gateway stops).
+func (ls *lanes) close() {
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	ls.closed = true
+	all := make([]*lane, 0, len(ls.byApp))
+	for _, l := range ls.byApp {
+		all = append(all, l)
+	}
+	ls.mu.Unlock()
+	for _, l := range all {
+		l.mu.Lock()
+		if l.lease != nil {
+			l.lease.Return(false)
+			l.lease = nil
+		}
+		if l.idle != nil {
+			l.idle.Stop()
+		}
+		l.mu.Unlock()
+	}
+}
+
+// direct sends a request on the direct lane when it can: it returns the
+// engine's answer as a reply, or nil when the request takes the queue
+// (no lease, or the engine failed before answering: the lease is given
+// back as failed).
+func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, body []byte) queue.Reply {
+	if x.endpoint != endpointChat && x.endpoint != endpointCompletions {
+		return nil
+	}
+	l, lease := g.lanes.take(model)
+	if lease == nil {
+		return nil
+	}
+	u, err := url.Parse(lease.Root + x.endpoint.path())
+	if err != nil {
+		g.lanes.done(l, true)
+		return nil
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	res, err := g.lanes.engines.RoundTrip(enginecall.NewRequest(rctx, u, body))
+	if err != nil {
+		cancel()
+		// A client gone is not the engine's fault.
+		g.lanes.done(l, ctx.Err() == nil)
+		if ctx.Err() == nil {
+			g.logger.Warn("direct lane: engine unreachable; the request takes the queue", "app", model.App, "root", lease.Root, "err", err)
+		}
+		return nil
+	}
+	if enginecall.Overloaded(res.StatusCode) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+		_ = res.Body.Close()
+		cancel()
+		g.lanes.done(l, true)
+		g.logger.Warn("direct lane: engine overloaded; the request takes the queue", "app", model.App, "root", lease.Root, "status", res.StatusCode)
+		return nil
+	}
+	x.lane = laneDirect
+	return &directReply{res: res, cancel: cancel, done: func(failed bool) { g.lanes.done(l, failed) }}
+}
+
+// directReply is an engine's answer on the direct lane, as a queue.Reply.
+type directReply struct {
+	res    *http.Response
+	cancel context.CancelFunc
+	done   func(failed bool)
+	buf    []byte
+	first  bool // the first chunk went out
+	eof    bool
+	failed bool
+	once   sync.Once
+}
+
+func (r *directReply) Next(ctx context.Context) (queue.Chunk, error) {
+	if r.eof {
+		return queue.Chunk{}, io.EOF
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, 32<<10)
+	}
+	var c queue.Chunk
+	if !r.first {
+		r.first = true
+		c.Status, c.Header = r.res.StatusCode, r.res.Header
+	}
+	n, err := r.res.Body.Read(r.buf)
+	c.Data = r.buf[:n]
+	switch {
+	case err == io.EOF:
+		r.eof = true
+		if n == 0 && c.Status == 0 {
+			return queue.Chunk{}, io.EOF
+		}
+		return c, nil
+	case err != nil:
+		if ctx.Err() != nil {
+			return queue.Chunk{}, ctx.Err()
+		}
+		r.failed = true
+		return queue.Chunk{}, fmt.Errorf("%w: the engine broke off its answer: %v", queue.ErrRetriedAfterPartial, err)
+	}
+	return c, nil
+}
+
+// Close ends the answer; an unfinished one is cancelled at the engine.
+func (r *directReply) Close() error {
+	r.once.Do(func() {
+		r.cancel()
+		_ = r.res.Body.Close()
+		r.done(r.failed)
+	})
+	return nil
+}
