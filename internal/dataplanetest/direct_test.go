@@ -37,7 +37,18 @@ func laneCount(t *testing.T, s *dataplanetest.Stack, endpoint, lane string) floa
 // send posts body to path and returns the status and the answer.
 func send(t *testing.T, url, path, body string) (int, string) {
 	t.Helper()
+	status, answer, _ := sendLane(t, url, path, body, "")
+	return status, answer
+}
+
+// sendLane is send with a lane asked for ("" for none); it also returns
+// the lane the answer says it took.
+func sendLane(t *testing.T, url, path, body, lane string) (int, string, string) {
+	t.Helper()
 	req, _ := http.NewRequest("POST", url+path, bytes.NewReader([]byte(body)))
+	if lane != "" {
+		req.Header.Set(gateway.HeaderLane, lane)
+	}
 	req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	res, err := http.DefaultClient.Do(req)
@@ -46,7 +57,7 @@ func send(t *testing.T, url, path, body string) (int, string) {
 	}
 	defer func() { _ = res.Body.Close() }()
 	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
+	return res.StatusCode, string(b), res.Header.Get(gateway.HeaderLane)
 }
 
 func directStack(t *testing.T) (*dataplanetest.Stack, *dataplanetest.Dispatcher) {
@@ -115,11 +126,18 @@ func TestDirectLaneServesOnALease(t *testing.T) {
 			t.Fatalf("request %d (%s): %d, want 200 with %s:\n%s", i, c.path, status, c.want, body)
 		}
 	}
-	if got := laneCount(t, s, "chat", "direct") + laneCount(t, s, "completions", "direct"); got != 4 {
-		t.Errorf("%v requests took the direct lane, want 4", got)
+	// A client may ask for the queue (durable) while the lane is open.
+	if status, _, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, "queue"); status != 200 || lane != "queue" {
+		t.Errorf("a request asking for the queue: %d, lane %q", status, lane)
 	}
-	if got := dispatcherMetric(d, "orchestra_dispatcher_dispatched_total"); got != dispatched {
-		t.Errorf("the dispatcher sent %v requests of the direct lane to the engine", got-dispatched)
+	if _, _, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, ""); lane != "direct" {
+		t.Errorf("the answer says lane %q, want direct", lane)
+	}
+	if got := laneCount(t, s, "chat", "direct") + laneCount(t, s, "completions", "direct"); got != 5 {
+		t.Errorf("%v requests took the direct lane, want 5", got)
+	}
+	if got := dispatcherMetric(d, "orchestra_dispatcher_dispatched_total"); got != dispatched+1 {
+		t.Errorf("the dispatcher sent %v requests to the engine, want 1 (the one that asked for the queue)", got-dispatched)
 	}
 	// Unused, the lease goes back.
 	eventually(t, 5*time.Second, func() error {

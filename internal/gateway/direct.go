@@ -37,7 +37,12 @@ import (
 // DefaultLeaseIdle is how long an unused lease is kept.
 const DefaultLeaseIdle = 2 * time.Second
 
-// Lanes, the values of the requests metric's lane label.
+// HeaderLane names a request's lane: a client may send "queue" to have a
+// request queued (durable) although the direct lane is open, and every
+// answer says the lane it took ("direct" or "queue").
+const HeaderLane = "X-Orchestra-Lane"
+
+// Lanes, the values of the requests metric's lane label and of HeaderLane.
 const (
 	laneDirect = "direct"
 	laneQueue  = "queue"

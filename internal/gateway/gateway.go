@@ -309,8 +309,9 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
 
-	if rc == nil {
+	if rc == nil && r.Header.Get(HeaderLane) != laneQueue {
 		if reply := g.direct(ctx, model, x, req.Body); reply != nil {
+			w.Header().Set(HeaderLane, laneDirect)
 			defer func() { _ = reply.Close() }()
 			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) { return reply.Next(ctx) }
 			if req.Stream {
@@ -319,6 +320,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 			return g.proxyUnary(ctx, w, reply, x, next)
 		}
 	}
+	w.Header().Set(HeaderLane, laneQueue)
 	reply, err := g.queue.Submit(ctx, queue.Job{
 		ID:     x.id,
 		App:    model.App,
