@@ -297,7 +297,7 @@ func Default() Config {
 			Retention: metav1.Duration{Duration: v1alpha1.DefaultResponsesRetention},
 			Replicas:  1,
 		},
-		Batch: BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
+		Batch:  BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
 		Direct: DirectConfig{LeaseIdle: metav1.Duration{Duration: DefaultLeaseIdle}},
 		Queue: QueueConfig{
 			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},

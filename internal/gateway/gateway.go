@@ -313,7 +313,9 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 		if reply := g.direct(ctx, model, x, req.Body); reply != nil {
 			w.Header().Set(HeaderLane, laneDirect)
 			defer func() { _ = reply.Close() }()
-			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) { return reply.Next(ctx) }
+			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) {
+				return reply.Next(ctx)
+			}
 			if req.Stream {
 				return g.proxyStream(ctx, w, reply, x, req.IncludeUsage, next)
 			}
