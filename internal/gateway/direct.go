@@ -46,6 +46,9 @@ const HeaderLane = "X-Orchestra-Lane"
 const (
 	laneDirect = "direct"
 	laneQueue  = "queue"
+	// laneNone: refused before taking either (authentication, limits,
+	// validation).
+	laneNone = "none"
 )
 
 // ServingStates tells the direct lane whether an application with a

@@ -212,7 +212,7 @@ type exchange struct {
 	app        string
 	consumer   string
 	stream     bool
-	lane       string // laneDirect or laneQueue
+	lane       string // laneDirect, laneQueue, or laneNone before either
 	status     int
 	started    bool // response headers were sent
 	ttft       time.Duration
@@ -240,7 +240,7 @@ func (g *Gateway) inference(ep endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		g.active.Add(1)
 		defer g.active.Done()
-		x := &exchange{start: time.Now(), id: newRequestID(), endpoint: ep, model: modelNone, lane: laneQueue}
+		x := &exchange{start: time.Now(), id: newRequestID(), endpoint: ep, model: modelNone, lane: laneNone}
 		w.Header().Set("X-Request-Id", x.id)
 		err := g.serveInference(w, r, x)
 		if err != nil {
@@ -322,6 +322,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 			return g.proxyUnary(ctx, w, reply, x, next)
 		}
 	}
+	x.lane = laneQueue
 	w.Header().Set(HeaderLane, laneQueue)
 	reply, err := g.queue.Submit(ctx, queue.Job{
 		ID:     x.id,
