@@ -316,10 +316,21 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) {
 				return reply.Next(ctx)
 			}
+			var err error
 			if req.Stream {
-				return g.proxyStream(ctx, w, reply, x, req.IncludeUsage, next)
+				err = g.proxyStream(ctx, w, reply, x, req.IncludeUsage, next)
+			} else {
+				err = g.proxyUnary(ctx, w, reply, x, next)
 			}
-			return g.proxyUnary(ctx, w, reply, x, next)
+			if x.started || !errors.Is(err, queue.ErrRetriedAfterPartial) {
+				return err
+			}
+			// The engine broke off before the client saw anything (a
+			// non-streamed answer is read whole first): the queue serves
+			// the request instead, as it retries its own attempts.
+			_ = reply.Close()
+			x.usage = usage{}
+			g.logger.Warn("direct lane: the engine broke off before the answer was sent; the request takes the queue", "app", model.App, "err", err)
 		}
 	}
 	x.lane = laneQueue
