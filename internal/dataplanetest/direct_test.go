@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/internal/dataplanetest"
+	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/gateway"
 )
 
@@ -190,5 +191,40 @@ func TestDirectLaneOffByField(t *testing.T) {
 	}
 	if n := dispatcherMetric(d, "orchestra_dispatcher_lease_requests_total"); n != 0 {
 		t.Errorf("%v lease requests with the direct lane off", n)
+	}
+}
+
+// TestALeaseIsTakenBackForQueuedRequests: with one slot a root, a slot lent
+// to the gateway's direct lane does not keep queued requests waiting: the
+// dispatcher takes the lease back, and the queued request is served.
+func TestALeaseIsTakenBackForQueuedRequests(t *testing.T) {
+	s := startStack(t, dataplanetest.FastSim(), func(c *dataplanetest.StackConfig) {
+		c.Dispatcher = func(d *dispatch.Config) { d.Apps[0].MaxConcurrency = 1 }
+		c.Gateway = func(g *gateway.Config) {
+			g.Models[0].DirectLane = true
+			g.Direct.LeaseIdle.Duration = time.Minute // held, unused, all along
+		}
+	})
+	d := dispatcher(t, s)
+	send(t, s.Gateway.URL, "/v1/chat/completions", chatBody)
+	eventually(t, 5*time.Second, func() error {
+		if leasesHeld(d) != 1 {
+			return fmt.Errorf("no lease held yet")
+		}
+		return nil
+	})
+	sent := time.Now()
+	status, body, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, "queue")
+	if status != 200 || lane != "queue" {
+		t.Fatalf("the queued request: %d (lane %q) %s", status, lane, body)
+	}
+	t.Logf("the queued request was answered in %s", time.Since(sent).Round(time.Millisecond))
+	if l := leasesHeld(d); l != 0 {
+		t.Errorf("%v leases held after a queued request needed the only slot", l)
+	}
+	// The gateway saw the revocation: its next request takes the queue
+	// (and asks again) instead of the engine on a slot it no longer has.
+	if _, _, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, ""); lane != "queue" {
+		t.Errorf("the request after the revocation took lane %q, want queue", lane)
 	}
 }

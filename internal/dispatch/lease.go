@@ -25,7 +25,7 @@ const grantTimeout = time.Second
 
 // leaseCheck paces the checks of a held lease: its root, and queued
 // requests waiting for a slot.
-const leaseCheck = 250 * time.Millisecond
+const leaseCheck = 50 * time.Millisecond
 
 // leases are the leases this dispatcher has lent, by ID: each waits for
 // its return on its channel (true: the engine failed on it).
