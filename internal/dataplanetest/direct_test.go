@@ -13,6 +13,7 @@ import (
 	"github.com/model-orchestra/operator/internal/dataplanetest"
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/gateway"
+	"github.com/model-orchestra/operator/internal/polltest"
 )
 
 // gatewayMetric returns the value of one series of the first gateway's
@@ -87,6 +88,22 @@ func dispatcherMetric(d *dataplanetest.Dispatcher, name string) float64 {
 
 func leasesHeld(d *dataplanetest.Dispatcher) float64 {
 	return dispatcherMetric(d, "orchestra_dispatcher_leases")
+}
+
+// awaitLease sends requests until the gateway holds a lease: the one that
+// asks takes the queue, and with one slot a root a lease granted before
+// that request is taken back for it (queued requests come first).
+func awaitLease(t *testing.T, s *dataplanetest.Stack, d *dataplanetest.Dispatcher) {
+	t.Helper()
+	polltest.Eventually(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if leasesHeld(d) == 1 {
+			return nil
+		}
+		if status, body := send(t, s.Gateway.URL, "/v1/chat/completions", chatBody); status != 200 {
+			t.Fatalf("request: %d %s", status, body)
+		}
+		return fmt.Errorf("no lease held yet")
+	})
 }
 
 const (
@@ -206,22 +223,19 @@ func TestALeaseIsTakenBackForQueuedRequests(t *testing.T) {
 		}
 	})
 	d := dispatcher(t, s)
-	send(t, s.Gateway.URL, "/v1/chat/completions", chatBody)
-	eventually(t, 5*time.Second, func() error {
-		if leasesHeld(d) != 1 {
-			return fmt.Errorf("no lease held yet")
-		}
-		return nil
-	})
+	awaitLease(t, s, d)
 	sent := time.Now()
 	status, body, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, "queue")
 	if status != 200 || lane != "queue" {
 		t.Fatalf("the queued request: %d (lane %q) %s", status, lane, body)
 	}
 	t.Logf("the queued request was answered in %s", time.Since(sent).Round(time.Millisecond))
-	if l := leasesHeld(d); l != 0 {
-		t.Errorf("%v leases held after a queued request needed the only slot", l)
-	}
+	eventually(t, 5*time.Second, func() error {
+		if l := leasesHeld(d); l != 0 {
+			return fmt.Errorf("%v leases held after a queued request needed the only slot", l)
+		}
+		return nil
+	})
 	// The gateway saw the revocation: its next request takes the queue
 	// (and asks again) instead of the engine on a slot it no longer has.
 	if _, _, lane := sendLane(t, s.Gateway.URL, "/v1/chat/completions", chatBody, ""); lane != "queue" {

@@ -176,6 +176,12 @@ func (ls *lanes) take(m *ModelConfig) (*lane, *queue.Lease) {
 			if !l.busy {
 				l.lease.Return(false)
 				l.lease = nil
+				if s.revoked {
+					// Taken back for queued requests (or its root left):
+					// asking again at once would take the slot back from
+					// them.
+					l.retryAfter = s.now.Add(leaseRetry)
+				}
 				continue
 			}
 			return nil, nil
@@ -233,6 +239,9 @@ func (ls *lanes) checkIdle(l *lane) {
 	}
 	l.lease.Return(false)
 	l.lease = nil
+	if revoked {
+		l.retryAfter = now.Add(leaseRetry)
+	}
 }
 
 // ask asks app's dispatchers for a lease.
