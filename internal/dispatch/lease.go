@@ -114,7 +114,7 @@ func (d *Dispatcher) lendFrom(ctx context.Context, a *app) error {
 			return err
 		}
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // ctx ended: a normal stop
 		}
 	}
 }
