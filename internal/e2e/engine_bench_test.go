@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -315,6 +317,12 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 		return nil
 	})
 	rootAddr := net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080")
+	// One gateway pod, by its pod IP as the relays and the engine are
+	// reached: each gateway replica holds a lease of its own, and the
+	// Service's NodePort would add kube-proxy's translation to the
+	// gateway's paths only.
+	gw := gatewayPodIP(ctx, t, ns, name)
+	base = "http://" + net.JoinHostPort(gw, "8080") + "/v1"
 	direct := "http://" + rootAddr + "/v1/chat/completions"
 	relayed := "http://" + relays[0] + "/v1/chat/completions"
 	probe := startPodProbe(ctx, t, ns, name)
@@ -536,6 +544,28 @@ func rootIP(ctx context.Context, ns, name, app string) string {
 			return p.Status.PodIP
 		}
 	}
+	return ""
+}
+
+// gatewayPodIP is the IP of the first ready gateway pod, by name.
+func gatewayPodIP(ctx context.Context, t *testing.T, ns, name string) string {
+	t.Helper()
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return p.Status.PodIP
+			}
+		}
+	}
+	t.Fatalf("no ready gateway pod in %s", ns)
 	return ""
 }
 
