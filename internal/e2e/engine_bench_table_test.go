@@ -86,7 +86,7 @@ func firstTokenTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 		cmd, flags = "make bench-engine BENCH_ENGINE_TTFT=1", fmt.Sprintf("-engine-bench-rounds %d -engine-bench-ttft", *benchEngineRounds)
 	}
 	sets := *benchEngineRounds * benchPairs
-	fmt.Fprintf(&b, "Measured by `%s` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n%s`) on the real-node local cluster (%d CPUs; load average %s before,\n%s after), real Ollama (the pinned build, CPU only); %d sets a model of one streamed chat (up to 64 tokens)\na path, in rotating order, each with a prompt of its own of one length, after one warm-up set a round.\n\n",
+	fmt.Fprintf(&b, "Measured by `%s` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n%s`) on the real-node local cluster (%d CPUs; load average %s before,\n%s after), real Ollama (the pinned build, CPU only); %d sets a model of one streamed chat (up to 64 tokens)\na path, in rotating order, each with a prompt of its own of one length, after one warm-up set a round. Every path is\nreached by pod IP (the gateway's: one gateway pod); the queue lane is asked for with X-Orchestra-Lane: queue (as with\nspec.gateway.directLane false); the application has two slots (maxConcurrency 2), one for each lane.\n\n",
 		cmd, flags, runtime.NumCPU(), loadBefore, loadAfter, sets)
 	b.WriteString("| Model | Path | pods between client and engine | first token p50 | p10 – p90 | added to first token (median of per-set differences to direct) | tokens/s p50 |\n| --- | --- | --- | ---: | ---: | ---: | ---: |\n")
 	for _, s := range sizes {
