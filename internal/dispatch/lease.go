@@ -133,29 +133,26 @@ func (d *Dispatcher) grant(ctx context.Context, a *app, m jetstream.Msg) {
 		_ = m.Ack()
 		return
 	}
-	if a.router != nil && len(a.pool.urls()) > 1 {
-		// The dispatcher chooses each request's root: no lending.
-		outcome.WithLabelValues(a.Name, "refused").Inc()
+	refuse := func(outcomeLabel, refusal, reason string) {
+		outcome.WithLabelValues(a.Name, outcomeLabel).Inc()
 		_ = d.nc.PublishMsg(&nats.Msg{Subject: reply, Header: nats.Header{
-			natsqueue.HeaderKind:   []string{natsqueue.KindRefused},
-			natsqueue.HeaderReason: []string{"routing policy " + a.Routing.Policy + " chooses among several roots"},
+			natsqueue.HeaderKind:    []string{natsqueue.KindRefused},
+			natsqueue.HeaderRefusal: []string{refusal},
+			natsqueue.HeaderReason:  []string{reason},
 		}})
 		_ = m.Ack()
+	}
+	if a.router != nil && len(a.pool.urls()) > 1 {
+		// The dispatcher chooses each request's root: no lending.
+		refuse("refused", natsqueue.RefusalRouting, "routing policy "+a.Routing.Policy+" chooses among several roots")
 		return
 	}
-	actx, cancel := context.WithDeadline(ctx, deadline)
-	var rt lease
-	for {
-		rt, err = a.pool.acquire(actx)
-		if err != nil || a.pool.usable(rt) {
-			break
-		}
-		a.pool.release(rt, true, false)
-	}
-	cancel()
-	if err != nil {
-		outcome.WithLabelValues(a.Name, "expired").Inc()
-		_ = m.Ack()
+	// Only spare capacity is lent: a lease never waits for a slot (nor
+	// holds up the lease requests behind it), and queued requests keep
+	// the slots they are waiting for.
+	rt, ok := a.pool.tryAcquire()
+	if !ok {
+		refuse("busy", natsqueue.RefusalBusy, "no free engine slot")
 		return
 	}
 	md, _ := m.Metadata()

@@ -55,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		leases: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "leases",
 			Help: "Engine slots this dispatcher lends to gateways' direct lanes, per application."}, []string{"app"}),
 		leaseGrants: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_requests_total",
-			Help: "Lease requests by outcome: granted, refused (routing must choose the root), expired (no slot before the gateway's deadline) or unwanted (the gateway no longer waited)."}, []string{"app", "outcome"}),
+			Help: "Lease requests by outcome: granted, busy (no free slot: only spare capacity is lent), refused (routing must choose the root), expired (past the gateway's deadline) or unwanted (the gateway no longer waited)."}, []string{"app", "outcome"}),
 	}
 	reg.MustRegister(m.leases, m.leaseGrants, m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
 		m.dispatched, m.completed, m.failed, m.redelivered, m.deadLettered, m.cancelled)

@@ -144,12 +144,14 @@ func (ls *lanes) serves(m *ModelConfig) bool {
 }
 
 // take returns the lease to send model's request on, marked busy, or nil
-// for the queue. It asks for a lease in the background when none is held.
-func (ls *lanes) take(m *ModelConfig) (*lane, *queue.Lease) {
+// for the queue. When none is held, ask (non-nil) asks for one in the
+// background: the caller calls it once its request through the queue is
+// done, so that the lease does not take the slot that request needs.
+func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) {
 	if ls == nil {
-		return nil, nil
+		return nil, nil, nil
 	}
-	l := ls.get(m.App)
+	l = ls.get(m.App)
 	serving := ls.serves(m)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -167,11 +169,11 @@ func (ls *lanes) take(m *ModelConfig) (*lane, *queue.Lease) {
 		switch decideLane(s) {
 		case laneTakeDirect:
 			l.busy = true
-			return l, l.lease
+			return l, l.lease, nil
 		case laneAskLease:
 			l.asking = true
-			go ls.ask(m.App, l)
-			return nil, nil
+			asking, app := l, m.App // l, a named result, is nil once returned
+			return nil, nil, func() { go ls.ask(app, asking) }
 		case laneDropLease:
 			if !l.busy {
 				l.lease.Return(false)
@@ -184,9 +186,9 @@ func (ls *lanes) take(m *ModelConfig) (*lane, *queue.Lease) {
 				}
 				continue
 			}
-			return nil, nil
+			return nil, nil, nil
 		default:
-			return nil, nil
+			return nil, nil, nil
 		}
 	}
 }
@@ -299,19 +301,20 @@ func (ls *lanes) close() {
 // direct sends a request on the direct lane when it can: it returns the
 // engine's answer as a reply, or nil when the request takes the queue
 // (no lease, or the engine failed before answering: the lease is given
-// back as failed).
-func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, body []byte) queue.Reply {
+// back as failed). ask, when not nil, is to be called once the request is
+// done: it asks for a lease (see take).
+func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, body []byte) (reply queue.Reply, ask func()) {
 	if x.endpoint != endpointChat && x.endpoint != endpointCompletions {
-		return nil
+		return nil, nil
 	}
-	l, lease := g.lanes.take(model)
+	l, lease, ask := g.lanes.take(model)
 	if lease == nil {
-		return nil
+		return nil, ask
 	}
 	u, err := url.Parse(lease.Root + x.endpoint.path())
 	if err != nil {
 		g.lanes.done(l, true)
-		return nil
+		return nil, nil
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	res, err := g.lanes.engines.RoundTrip(enginecall.NewRequest(rctx, u, body))
@@ -322,7 +325,7 @@ func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, b
 		if ctx.Err() == nil {
 			g.logger.Warn("direct lane: engine unreachable; the request takes the queue", "app", model.App, "root", lease.Root, "err", err)
 		}
-		return nil
+		return nil, nil
 	}
 	if enginecall.Overloaded(res.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
@@ -330,10 +333,10 @@ func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, b
 		cancel()
 		g.lanes.done(l, true)
 		g.logger.Warn("direct lane: engine overloaded; the request takes the queue", "app", model.App, "root", lease.Root, "status", res.StatusCode)
-		return nil
+		return nil, nil
 	}
 	x.lane = laneDirect
-	return &directReply{res: res, cancel: cancel, done: func(failed bool) { g.lanes.done(l, failed) }}
+	return &directReply{res: res, cancel: cancel, done: func(failed bool) { g.lanes.done(l, failed) }}, nil
 }
 
 // directReply is an engine's answer on the direct lane, as a queue.Reply.

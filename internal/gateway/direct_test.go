@@ -96,7 +96,13 @@ func TestLeaseLifecycle(t *testing.T) {
 	serving := &servingFlag{on: true}
 	ls := &lanes{leaser: f, serving: serving, idle: 50 * time.Millisecond, now: time.Now, byApp: map[string]*lane{}}
 	m := &ModelConfig{Name: "m", App: "a", DirectLane: true, MaxWait: metav1.Duration{Duration: time.Minute}}
-	got := func() (*lane, *queue.Lease) { return ls.take(m) }
+	got := func() (*lane, *queue.Lease) {
+		l, lease, ask := ls.take(m)
+		if ask != nil {
+			ask()
+		}
+		return l, lease
+	}
 
 	if _, l := got(); l != nil {
 		t.Fatal("the first request took a lease nobody had granted yet")

@@ -310,7 +310,11 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	defer cancel()
 
 	if rc == nil && r.Header.Get(HeaderLane) != laneQueue {
-		if reply := g.direct(ctx, model, x, req.Body); reply != nil {
+		reply, ask := g.direct(ctx, model, x, req.Body)
+		if ask != nil {
+			defer ask()
+		}
+		if reply != nil {
 			w.Header().Set(HeaderLane, laneDirect)
 			defer func() { _ = reply.Close() }()
 			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) {

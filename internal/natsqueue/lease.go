@@ -14,8 +14,9 @@ package natsqueue
 // Each application has a second durable consumer, Names.LeaseConsumer,
 // filtered on that subject; the lifecycle gate pauses it with the
 // application's request consumer. A dispatcher that takes the request
-// takes a slot on a root and sends the grant (a LeaseGrant, JSON) to
-// Orch-Reply as a request: the gateway answers LeaseTaken, or anything
+// takes a free slot on a root (only spare capacity is lent: with none
+// free it refuses at once, Orch-Refusal: busy) and sends the grant (a
+// LeaseGrant, JSON) to Orch-Reply as a request: the gateway answers LeaseTaken, or anything
 // else (or nothing) when it no longer wants it, and the slot is freed.
 // While the gateway holds the lease the dispatcher keeps the request
 // unacknowledged (progress every AckWait/3). The gateway gives the lease
@@ -24,8 +25,8 @@ package natsqueue
 // the slot and acknowledges the request. A lease ends at its MaxAge at the
 // latest; the dispatcher takes it back early, with a KindRevoked message
 // on Orch-Reply, when the root leaves or the dispatcher stops. A request
-// past its deadline, or one the dispatcher cannot serve (routing must
-// choose the root), is acknowledged with a KindRefused message or none.
+// past its deadline is acknowledged and dropped; one the dispatcher cannot
+// serve (routing must choose the root: Orch-Refusal: routing) is refused.
 
 import (
 	"context"
@@ -51,6 +52,19 @@ const (
 	KindGrant   = "grant"
 	KindRefused = "refused"
 	KindRevoked = "revoked"
+)
+
+// HeaderRefusal says why a lease request was refused (KindRefused).
+const HeaderRefusal = "Orch-Refusal"
+
+// Refusals (values of HeaderRefusal).
+const (
+	// RefusalRouting: the application's routing chooses each request's
+	// root; asking again soon cannot help.
+	RefusalRouting = "routing"
+	// RefusalBusy: no engine slot is free now (only spare capacity is
+	// lent).
+	RefusalBusy = "busy"
 )
 
 // LeaseTaken is the gateway's answer to a grant it keeps.
@@ -165,7 +179,10 @@ func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
 	}
 	if m.Header.Get(HeaderKind) == KindRefused {
 		_ = sub.Unsubscribe()
-		return queue.Lease{}, fmt.Errorf("%w: %s", queue.ErrLeaseRefused, m.Header.Get(HeaderReason))
+		if m.Header.Get(HeaderRefusal) == RefusalRouting {
+			return queue.Lease{}, fmt.Errorf("%w: %s", queue.ErrLeaseRefused, m.Header.Get(HeaderReason))
+		}
+		return queue.Lease{}, fmt.Errorf("%w: %s", queue.ErrNoLease, m.Header.Get(HeaderReason))
 	}
 	var g LeaseGrant
 	if err := json.Unmarshal(m.Data, &g); err != nil || g.ID == "" || g.Root == "" {
