@@ -53,7 +53,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	}
 	callerToken := string(sec.Data["token"])
 
-	if st, err := seatState(ctx, ns, root.Name); err != nil || st.Model == nil || st.Model.Tier != "cold" || st.Model.Path != "/models/"+stack.DemoFile {
+	if st, err := sidecarState(ctx, ns, root.Name); err != nil || st.Model == nil || st.Model.Tier != "cold" || st.Model.Path != "/models/"+stack.DemoFile {
 		t.Fatalf("at start the sidecar pointed Ollama at %+v (%v); want the model cache's %s (no copy on the node yet)", st, err, stack.DemoFile)
 	}
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
@@ -73,12 +73,12 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep || lc.ResidentTier != tier {
 				return fmt.Errorf("lifecycle %s; want Asleep with residentTier %s", lifecycleJSON(st.Lifecycle), tier)
 			}
-			seat, err := seatState(ctx, ns, root.Name)
+			sc, err := sidecarState(ctx, ns, root.Name)
 			if err != nil {
 				return err
 			}
-			if seat.State != sidecarapi.Asleep || seat.Model == nil || seat.Model.Path != path || seat.Model.Bytes != size {
-				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", seat.State, seat.Model, path, size)
+			if sc.State != sidecarapi.Asleep || sc.Model == nil || sc.Model.Path != path || sc.Model.Bytes != size {
+				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", sc.State, sc.Model, path, size)
 			}
 			if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 0 {
 				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)
@@ -113,12 +113,12 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			}
 			return nil
 		})
-		seat, err := seatState(ctx, ns, root.Name)
+		sc, err := sidecarState(ctx, ns, root.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if seat.Model == nil || seat.Model.Path != path || seat.LastWake == nil || seat.LastWake.Transfer == nil || seat.LastWake.Transfer.Tier != string(tierName(tier)) || !seat.LastWake.Transfer.Verified {
-			t.Errorf("the sidecar says the engine loaded %+v, its last wake %s; want %s, verified", seat.Model, jsonOf(seat.LastWake), path)
+		if sc.Model == nil || sc.Model.Path != path || sc.LastWake == nil || sc.LastWake.Transfer == nil || sc.LastWake.Transfer.Tier != string(tierName(tier)) || !sc.LastWake.Transfer.Verified {
+			t.Errorf("the sidecar says the engine loaded %+v, its last wake %s; want %s, verified", sc.Model, jsonOf(sc.LastWake), path)
 		}
 		if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 1 {
 			t.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)

@@ -125,7 +125,7 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	// The sleeping simulator sleeps into the hot directory as non-root.
 	root := appRoot(ctx, t, ns, name, "sleepy")
 	eventually(t, time.Minute, func() error {
-		st, err := seatState(ctx, ns, root.Name)
+		st, err := sidecarState(ctx, ns, root.Name)
 		if err == nil && (st.State != sidecarapi.Asleep || st.Level != 1) {
 			err = fmt.Errorf("seat %s at level %d; want Asleep at level 1", st.State, st.Level)
 		}
@@ -156,7 +156,7 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	if res.Content == "" {
 		t.Errorf("the chat that woke the sleeping simulator answered nothing: %+v", res)
 	}
-	st, err := seatState(ctx, ns, root.Name)
+	st, err := sidecarState(ctx, ns, root.Name)
 	must(t, err)
 	if st.State != sidecarapi.Awake || st.LastWake == nil || st.LastWake.Transfer == nil || st.LastWake.Transfer.Tier != "hot" || !st.LastWake.Transfer.Verified {
 		t.Errorf("after the chat: seat %s, last wake %+v; want Awake, woken from the hot tier, verified", st.State, st.LastWake)

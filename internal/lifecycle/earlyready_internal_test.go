@@ -20,7 +20,7 @@ import (
 // startingRoot is a root pod at ip whose containers run and that the
 // kubelet has not marked Ready: an engine with a startup and a readiness
 // probe on its named port, and a sidecar with a readiness probe of its own.
-func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
+func startingRoot(ip string, enginePort, sidecarPort int32) *corev1.Pod {
 	httpProbe := func(path, port string) *corev1.Probe {
 		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(port)}}}
 	}
@@ -32,7 +32,7 @@ func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
 				StartupProbe: httpProbe("/health", "http"), ReadinessProbe: httpProbe("/health", "http"),
 			},
 			{
-				Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: seatPort}},
+				Name: "sidecar", Ports: []corev1.ContainerPort{{Name: "sidecar", ContainerPort: sidecarPort}},
 				ReadinessProbe: httpProbe("readyz", "seat"),
 			},
 		}},
@@ -41,7 +41,7 @@ func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}},
 			ContainerStatuses: []corev1.ContainerStatus{
 				{Name: "engine", Started: ptr.To(false), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
-				{Name: "seat", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
+				{Name: "sidecar", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
 			},
 		},
 	}
@@ -67,7 +67,7 @@ func TestEarlyChecksRunThePodsOwnProbes(t *testing.T) {
 			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"ollama", "show", "m"}}}}
 		}, nil, "container engine: an exec probe runs only in the pod"},
 		{"a port name no container port has", func(p *corev1.Pod) { p.Spec.Containers[1].ReadinessProbe.HTTPGet.Port = intstr.FromString("nope") },
-			nil, `container seat: no port named "nope"`},
+			nil, `container sidecar: no port named "nope"`},
 		{"readiness gates", func(p *corev1.Pod) {
 			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/ready"}}
 		}, nil, "the pod has readiness gates"},

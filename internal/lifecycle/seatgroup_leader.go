@@ -139,7 +139,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		cfg.Tick = c.cfg.Tick.Duration
 		var members []seatgroup.Member
 		for _, m := range g.Members {
-			sc := &podSidecar{p: p, app: m.Name, port: m.SeatPort}
+			sc := &podSidecar{p: p, app: m.Name, port: m.SidecarPort}
 			p.sidecars[m.Name] = sc
 			members = append(members, seatgroup.Member{
 				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,

@@ -41,7 +41,7 @@ const (
 	EventSleepFailed      = "SleepFailed"
 	EventDemoted          = "Demoted"
 	EventCopyDropped      = "CheckpointCopyDropped"
-	EventSidecarRestarted = "SeatRestarted"
+	EventSidecarRestarted = "EngineRestarted"
 	EventEnginesAwake     = "EnginesAwake"
 	EventEngineWakeRetry  = "EngineWakeFailing"
 )

@@ -433,7 +433,7 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 			Help: "Weight bytes the engines reported restoring in wakes, by tier."}, []string{"app", "tier"}),
 		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "demotions_total",
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
-		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_restarts_total",
 			Help: "Root pods deleted because their sidecar was Failed (the engine in a state the sidecar cannot tell)."}, []string{"app"}),
 		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
 			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),

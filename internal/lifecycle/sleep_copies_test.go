@@ -82,8 +82,8 @@ func (l *copyLoader) handler(t *testing.T, next http.Handler, cold string, weigh
 	})
 }
 
-// seat makes the sidecar drive the fake and point its link.
-func (l *copyLoader) seat(s *sidecar.SeatConfig, cold, hot, warm string) {
+// sidecar makes the sidecar drive the fake and point its link.
+func (l *copyLoader) sidecar(s *sidecar.Config, cold, hot, warm string) {
 	s.Engine.Kind, s.Engine.Model = sidecarapi.EngineOllama, copyModel
 	s.Model = sidecar.ModelCopiesConfig{Link: l.link, ModelDir: filepath.Join(cold, "chat"), File: "weights.bin", HotDir: hot, WarmDir: warm, Name: "demo-chat"}
 }

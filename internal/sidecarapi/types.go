@@ -1,5 +1,5 @@
 // Package sidecarapi is the wire protocol of the per-engine sidecar
-// (orchestra-agent --role seat, internal/sidecar): the engine kinds, the
+// (orchestra-agent --role sidecar, internal/sidecar): the engine kinds, the
 // states and the status it reports, and the one client the lifecycle
 // leader and the seat groups drive it with. Both sides import it; it
 // imports nothing of either.
@@ -44,7 +44,7 @@ const (
 	Asleep State = "Asleep"
 	// Waking: the engine's wake call is running.
 	Waking State = "Waking"
-	// Failed: a sleep or wake left the engine in a state the seat
+	// Failed: a sleep or wake left the engine in a state the sidecar
 	// cannot tell; the lifecycle loop should restart the pod.
 	Failed State = "Failed"
 	// Restarting: POST /restart runs: the engine's processes are
@@ -112,7 +112,7 @@ type Status struct {
 	// engine's own report); empty when neither reported it.
 	MemorySource string `json:"memorySource,omitempty"`
 	// DeviceMemoryError says why the device memory could not be read for
-	// this answer, when the seat reads it (--nvidia-smi); ResidentBytes
+	// this answer, when the sidecar reads it (--nvidia-smi); ResidentBytes
 	// then falls back to the engine's report.
 	DeviceMemoryError string `json:"deviceMemoryError,omitempty"`
 	// Model is the copy of the model file the engine loads, when the
@@ -121,7 +121,7 @@ type Status struct {
 	// otherwise the copy its next wake will load. Omitted for engines the
 	// sidecar does not point (the simulator, vLLM).
 	Model *ModelCopy `json:"model,omitempty"`
-	// Restarts counts the engine restarts this seat made (POST /restart).
+	// Restarts counts the engine restarts this sidecar made (POST /restart).
 	Restarts int `json:"restarts,omitempty"`
 	// LastRestart is how the last restart went.
 	LastRestart *RestartReport `json:"lastRestart,omitempty"`
@@ -146,7 +146,7 @@ const (
 	// RestartViaEngine: the engine restarted itself in place (the
 	// simulator with --restartable).
 	RestartViaEngine = "engine"
-	// RestartViaProcess: the seat stopped the engine container's processes
+	// RestartViaProcess: the sidecar stopped the engine container's processes
 	// and the kubelet started the container again.
 	RestartViaProcess = "process"
 )
@@ -157,7 +157,7 @@ type RestartReport struct {
 	At  time.Time `json:"at"`
 	// Seconds is the whole restart, until the engine answered asleep.
 	Seconds float64 `json:"seconds"`
-	// Stopped is the engine's processes the seat stopped (RestartViaProcess).
+	// Stopped is the engine's processes the sidecar stopped (RestartViaProcess).
 	Stopped *StopReport `json:"stopped,omitempty"`
 	Error   string      `json:"error,omitempty"`
 }

@@ -31,7 +31,7 @@ import (
 
 // TestSleepingSimulatorOnARealNode runs what the chart renders for a
 // sleeping simulator on the real-node cluster: the node agent DaemonSet and
-// the root StatefulSet with its seat, from the images of this tree. It
+// the root StatefulSet with its sidecar, from the images of this tree. It
 // proves what only a kubelet can: the non-root seat and engine (uid 65532,
 // the engine with the copies' group) and the capability-less root agent
 // can use the tier directories the kubelet creates,
@@ -170,7 +170,7 @@ gateway: {auth: {anonymous: true}}
 		}
 	}
 	var root *corev1.Pod
-	waitFor("the sleeping simulator's root to be Ready (its seat says Awake)", 3*time.Minute, func() bool {
+	waitFor("the sleeping simulator's root to be Ready (its sidecar says Awake)", 3*time.Minute, func() bool {
 		root = pod("x-sim-0")
 		return root != nil && podReady(root)
 	})
@@ -184,7 +184,7 @@ gateway: {auth: {anonymous: true}}
 		return true
 	})
 
-	seat := fmt.Sprintf("http://%s:%d", root.Status.PodIP, seatPort)
+	seat := fmt.Sprintf("http://%s:%d", root.Status.PodIP, sidecarPort)
 	call := func(method, url string) []byte {
 		t.Helper()
 		reqCtx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -193,7 +193,7 @@ gateway: {auth: {anonymous: true}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The seat's sleep and wake take the release's caller token, as
+		// The sidecar's sleep and wake take the release's caller token, as
 		// the leader sends it.
 		nodeapi.Authorize(req, callerToken)
 		resp, err := http.DefaultClient.Do(req)
