@@ -34,7 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg := agent.Default()
 	fs := pflag.NewFlagSet("orchestra-agent", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Role, "role", cfg.Role, "sidecar (the agent beside each engine in its pod) or node (DaemonSet owning the hot and warm tiers)")
+	fs.StringVar(&cfg.Role, "role", cfg.Role, "sidecar (the agent beside each engine in its pod) or node (DaemonSet owning the hot and warm tiers); seat is a deprecated alias of sidecar")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address of the agent API, /readyz and /metrics")
 
 	s := &cfg.Sidecar
@@ -112,6 +112,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		h = slog.NewTextHandler(stderr, nil)
 	}
 	log := slog.New(h).With("app", "orchestra-agent")
+	if role, deprecated := agent.CanonicalRole(cfg.Role); deprecated {
+		log.Warn("--role "+cfg.Role+" is deprecated and will be removed in the next release: use --role "+role, "role", role)
+		cfg.Role = role
+	}
 
 	if err := errors.Join(append(coldErrs, cfg.Validate())...); err != nil {
 		log.Error("invalid configuration", "err", err)

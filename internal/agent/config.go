@@ -14,7 +14,21 @@ const (
 	RoleSidecar = "sidecar"
 	// RoleNode is the DaemonSet that owns the node's hot and warm tiers.
 	RoleNode = "node"
+	// RoleSeatDeprecated is the sidecar's role name in earlier releases ("seat"
+	// now means only an accelerator seat of a seat group): still accepted
+	// for one release, with a warning, by CanonicalRole. Remove after it.
+	RoleSeatDeprecated = "seat"
 )
+
+// CanonicalRole returns the role named by role, and whether role is a
+// deprecated name of it (RoleSeatDeprecated for RoleSidecar), for the
+// caller to warn about.
+func CanonicalRole(role string) (canonical string, deprecated bool) {
+	if role == RoleSeatDeprecated {
+		return RoleSidecar, true
+	}
+	return role, false
+}
 
 // Config configures orchestra-agent. Default holds every default;
 // Validate reports every invalid field at once.
