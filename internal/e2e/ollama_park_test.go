@@ -97,7 +97,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 			}
 			return nil
 		})
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy after parking %+v (%v); want %d bytes with the manifest's sha256", e, ok, size)
 		}
 		eventually(t, 30*time.Second, func() error {

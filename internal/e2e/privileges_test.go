@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -158,7 +159,7 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	}
 	st, err := sidecarState(ctx, ns, root.Name)
 	must(t, err)
-	if st.State != sidecarapi.Awake || st.LastWake == nil || st.LastWake.Transfer == nil || st.LastWake.Transfer.Tier != "hot" || !st.LastWake.Transfer.Verified {
+	if st.State != sidecarapi.Awake || st.LastWake == nil || st.LastWake.Transfer == nil || st.LastWake.Transfer.Tier != v1alpha1.TierHot || !st.LastWake.Transfer.Verified {
 		t.Errorf("after the chat: seat %s, last wake %+v; want Awake, woken from the hot tier, verified", st.State, st.LastWake)
 	} else {
 		t.Logf("woken from the hot tier: %d bytes, verified, in %.3f s", st.LastWake.Transfer.Bytes, st.LastWake.Seconds)

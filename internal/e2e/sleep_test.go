@@ -382,7 +382,7 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 	}
 	if sc.State != sidecarapi.Awake || sc.LastWake == nil || sc.LastWake.Transfer == nil ||
 		!sc.LastWake.Transfer.Verified || sc.LastWake.Transfer.Bytes != weights ||
-		!strings.EqualFold(sc.LastWake.Transfer.Tier, string(from)) {
+		sc.LastWake.Transfer.Tier != from {
 		t.Errorf("sidecar of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
 			root, sc.State, jsonOf(sc.LastWake), weights, from)
 	}
@@ -396,7 +396,7 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
 		t.Errorf("%g wakes failed the hash verification", n)
 	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+strings.ToLower(string(from))+`"`, `result="ok"`); n < 1 {
+	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+string(from)+`"`, `result="ok"`); n < 1 {
 		t.Errorf("the simulator counted no verified wake from the %s tier", from)
 	}
 	return lc

@@ -33,7 +33,7 @@ func startingRoot(ip string, enginePort, sidecarPort int32) *corev1.Pod {
 			},
 			{
 				Name: "sidecar", Ports: []corev1.ContainerPort{{Name: "sidecar", ContainerPort: sidecarPort}},
-				ReadinessProbe: httpProbe("readyz", "seat"),
+				ReadinessProbe: httpProbe("readyz", "sidecar"),
 			},
 		}},
 		Status: corev1.PodStatus{
@@ -162,18 +162,18 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 		}
 	}))
 	defer engine.Close()
-	seat := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	sidecar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/readyz" {
 			http.NotFound(w, r)
 		}
 	}))
-	defer seat.Close()
+	defer sidecar.Close()
 	port := func(s *httptest.Server) int32 {
 		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
 		n, _ := strconv.Atoi(p)
 		return int32(n)
 	}
-	p := startingRoot("127.0.0.1", port(engine), port(seat))
+	p := startingRoot("127.0.0.1", port(engine), port(sidecar))
 
 	answered := make(chan *corev1.Pod, 4)
 	e := newEarlyReady(slog.New(slog.DiscardHandler), time.Now, func(p *corev1.Pod) { answered <- p })

@@ -29,7 +29,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -306,7 +305,7 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 		rec := sleep.wakeRecord(key, ev.Start)
 		rec.Digest = st.Digest
 		if w := st.LastWake; w != nil && w.Transfer != nil && w.Error == "" {
-			rec.Tier, rec.Bytes = nodeapi.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
+			rec.Tier, rec.Bytes = w.Transfer.Tier, w.Transfer.Bytes
 			if w.Seconds > 0 {
 				rec.BytesPerSecond = float64(w.Transfer.Bytes) / w.Seconds
 			}

@@ -139,7 +139,7 @@ func TestEnginesThatUnloadWakeFromTheHottestCopy(t *testing.T) {
 
 	stop := p.startLeader("leader-a", p.config(copies))
 	asleepIn(v1alpha1.TierHot)
-	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="hot"}`); c != 1 {
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Hot"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the hot copy placed as the engine fell asleep", c)
 	}
 	wake("hot", v1alpha1.TierHot, hot)

@@ -50,7 +50,7 @@ import (
 const weightsBytes = 8 << 20
 
 // sleepPlane is one root pod's engine (a real simulator with real weights
-// and sleep mode), its sidecar (a real checkpoint seat over HTTP) and
+// and sleep mode), its sidecar (a real sidecar over HTTP) and
 // the node's agent (a real checkpoint node agent over HTTP), on the fake
 // cluster of env, with a real dispatcher in front.
 type sleepPlane struct {
@@ -213,7 +213,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	if o.ollama != nil {
 		o.ollama.sidecar(&scfg.Sidecar, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
 	}
-	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
+	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "sidecar"))
 	if err != nil {
 		t.Fatal(err)
 	}

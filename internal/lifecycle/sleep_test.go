@@ -41,7 +41,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
 	firstToken(t, p.e, 0)
-	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
+	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != v1alpha1.TierHot {
 		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
 	}
 	if r := p.refused(); r != 0 {

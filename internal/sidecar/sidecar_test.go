@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -138,7 +139,7 @@ func TestSidecarSleepWakeAndReadiness(t *testing.T) {
 	}
 	// The engine's own report of what the wake moved reaches the state, for
 	// the lifecycle's status (from tier, bytes, bandwidth).
-	if tr := st.LastWake.Transfer; tr == nil || tr.Tier != "hot" || tr.Bytes != 2<<20 || !tr.Verified {
+	if tr := st.LastWake.Transfer; tr == nil || tr.Tier != v1alpha1.TierHot || tr.Bytes != 2<<20 || !tr.Verified {
 		t.Fatalf("last wake transfer %+v, want 2 MiB from the hot tier, verified", tr)
 	}
 	if w := e.sim.WeightsStatus(); w.Verified != 1 || w.Sleeping {

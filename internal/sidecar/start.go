@@ -26,7 +26,7 @@ func Start(ctx context.Context, cfg Config, reg *prometheus.Registry, log *slog.
 		if err != nil {
 			return nil, err
 		}
-		log.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Model.Link, "passedOver", copies.PassedOver())
+		log.Info("the engine loads its model file from the "+string(c.Tier)+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Model.Link, "passedOver", copies.PassedOver())
 		engine = withModelCopies(engine, copies, log)
 	}
 	sidecar := New(cfg, engine, reg, log)

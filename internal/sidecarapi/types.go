@@ -23,7 +23,11 @@
 //   - client.go: Client, Error, ErrConflict.
 package sidecarapi
 
-import "time"
+import (
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
 
 // State is what the sidecar reports about its engine. Only Awake
 // takes traffic: readiness fails in every other state, so a sleeping root
@@ -71,9 +75,10 @@ type Transition struct {
 // Transfer is the weights an engine moved in one sleep or wake, as the
 // engine reports it.
 type Transfer struct {
-	// Tier the bytes moved to (sleep) or from (wake): hot, warm or cold.
-	Tier  string `json:"tier,omitempty"`
-	Bytes int64  `json:"bytes"`
+	// Tier the bytes moved to (sleep) or from (wake): Hot, Warm or Cold
+	// (earlier releases' lowercase spelling decodes too).
+	Tier  v1alpha1.Tier `json:"tier,omitempty"`
+	Bytes int64         `json:"bytes"`
 	// Verified is true when the restored bytes hashed to the digest
 	// recorded when the engine first loaded them.
 	Verified bool `json:"verified,omitempty"`
@@ -129,9 +134,9 @@ type Status struct {
 
 // ModelCopy is one copy of an engine's model file on its node.
 type ModelCopy struct {
-	// Tier is hot (the node agent's RAM tier), warm (its disk tier) or
-	// cold (the model cache).
-	Tier string `json:"tier"`
+	// Tier is Hot (the node agent's RAM tier), Warm (its disk tier) or
+	// Cold (the model cache).
+	Tier v1alpha1.Tier `json:"tier"`
 	// Path is the file as the engine container sees it.
 	Path string `json:"path"`
 	// Bytes is the file's size.

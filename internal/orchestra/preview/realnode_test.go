@@ -253,7 +253,7 @@ gateway: {auth: {anonymous: true}}
 	}
 
 	// Cold → warm through the agent's mount of the model cache, verified.
-	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
+	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"Warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s:%d/promote", agentIP, agentPort), strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

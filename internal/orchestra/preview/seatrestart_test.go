@@ -95,7 +95,7 @@ func TestSeatGroupSidecarsCanRestartTheirEngines(t *testing.T) {
 			t.Errorf("engine-%s runs as user %v group %v; want its sidecar's %d (unset: the image's root)", app, esc.RunAsUser, esc.RunAsGroup, wantUser)
 		}
 		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
-			t.Errorf("seat-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
+			t.Errorf("sidecar-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
 		}
 		if len(seat.Resources.Claims) != 1 || seat.Resources.Claims[0].Name != "gpu" {
 			t.Errorf("sidecar-%s claims %+v, want the pod's gpu claim", app, seat.Resources.Claims)

@@ -460,7 +460,7 @@ func TestCallerTokenSecret(t *testing.T) {
 	}
 	want := map[string]string{"DaemonSet/x-agent/agent": "/etc/orchestra/agent-caller", "Deployment/x-dispatcher/dispatcher": "/etc/orchestra/agent-caller"}
 	for _, app := range []string{"llama", "ollama", "sim", "vllm"} {
-		want["StatefulSet/x-"+app+"/seat"] = "/etc/orchestra/agent-caller"
+		want["StatefulSet/x-"+app+"/sidecar"] = "/etc/orchestra/agent-caller"
 	}
 	if diff := cmp.Diff(want, mounts); diff != "" {
 		t.Errorf("mounts of the caller token (-want +got):\n%s", diff)
