@@ -39,12 +39,12 @@ const EventCopyNotPlaced = "CopyNotPlaced"
 // copyTarget is the tier a sleeping engine's copy is asked for: hot,
 // unless the application's hot tier is None; then warm, unless its warm
 // tier is None too (empty: none).
-func (s *SleepConfig) copyTarget() nodeapi.Tier {
+func (s *SleepConfig) copyTarget() v1alpha1.Tier {
 	switch {
 	case s.HotTier != v1alpha1.HotTierNone:
-		return nodeapi.TierHot
+		return v1alpha1.TierHot
 	case s.usesWarm():
-		return nodeapi.TierWarm
+		return v1alpha1.TierWarm
 	}
 	return ""
 }
@@ -131,7 +131,7 @@ func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v
 		if r.err != nil || r.st.Model == nil {
 			return "", 0, false
 		}
-		t := tierOf(r.st.Model.Tier)
+		t := r.st.Model.Tier
 		if t == "" {
 			return "", 0, false
 		}

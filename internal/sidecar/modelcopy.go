@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -113,9 +114,9 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 	}
 	var passed []string
 	for _, t := range []struct {
-		tier nodeapi.Tier
+		tier v1alpha1.Tier
 		dir  string
-	}{{nodeapi.TierHot, m.cfg.HotDir}, {nodeapi.TierWarm, m.cfg.WarmDir}} {
+	}{{v1alpha1.TierHot, m.cfg.HotDir}, {v1alpha1.TierWarm, m.cfg.WarmDir}} {
 		if t.dir == "" {
 			continue
 		}
@@ -125,7 +126,7 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 		}
 		c, err := tierCopy(t.dir, m.cfg.Name, want)
 		if err == nil {
-			c.Tier = string(t.tier)
+			c.Tier = t.tier
 			return c, passed, nil
 		}
 		passed = append(passed, fmt.Sprintf("%s: %v", t.tier, err))
@@ -134,7 +135,7 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 	if err != nil {
 		return sidecarapi.ModelCopy{}, passed, fmt.Errorf("the model file in the cache: %w", err)
 	}
-	return sidecarapi.ModelCopy{Tier: string(nodeapi.TierCold), Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, passed, nil
+	return sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, passed, nil
 }
 
 // manifest is the fetcher's entry of the model file; listed is false when
@@ -215,7 +216,7 @@ func (m *ModelCopies) PointCold() (sidecarapi.ModelCopy, error) {
 	if err != nil {
 		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
 	}
-	c := sidecarapi.ModelCopy{Tier: string(nodeapi.TierCold), Path: cold, Bytes: fi.Size()}
+	c := sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size()}
 	if want, listed, err := m.manifest(); err == nil && listed {
 		c.SHA256 = strings.ToLower(want.SHA256)
 	}
@@ -295,11 +296,11 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 		return err
 	}
 	if why := e.copies.PassedOver(); why != "" && e.log != nil {
-		e.log.Info("the wake loads the "+c.Tier+" copy of the model file", "path", c.Path, "passedOver", why)
+		e.log.Info("the wake loads the "+string(c.Tier)+" copy of the model file", "path", c.Path, "passedOver", why)
 	}
 	err = e.Engine.Wake(ctx)
 	var answered *EngineError
-	if err != nil && c.Tier != string(nodeapi.TierCold) && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
+	if err != nil && c.Tier != v1alpha1.TierCold && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
 		first, tier, path := err, c.Tier, c.Path
 		if c, err = e.copies.PointCold(); err != nil {
 			return errors.Join(first, err)
@@ -308,7 +309,7 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 			return fmt.Errorf("loading the %s copy %s: %w; then the model cache: %w", tier, path, first, err)
 		}
 		if e.log != nil {
-			e.log.Warn("the engine could not load the "+tier+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
+			e.log.Warn("the engine could not load the "+string(tier)+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
 		}
 	}
 	if err != nil {

@@ -71,7 +71,7 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		var sts appsv1.StatefulSet
 		objs.get(t, "StatefulSet", "x-"+app, &sts)
 		pod := sts.Spec.Template.Spec
-		engine, seat := container(t, pod, "engine"), container(t, pod, "seat")
+		engine, seat := container(t, pod, "engine"), container(t, pod, "sidecar")
 		for _, m := range tierMounts {
 			if !slices.Contains(engine.VolumeMounts, m) || !slices.Contains(seat.VolumeMounts, m) {
 				t.Errorf("%s: engine mounts %+v, seat %+v; want both %+v", app, engine.VolumeMounts, seat.VolumeMounts, m)
