@@ -158,9 +158,10 @@ func TestOllama(t *testing.T) {
 	})
 
 	t.Run("chat takes the direct lane once the gateway holds a lease", func(t *testing.T) {
-		// The requests above asked for a lease (the first of a burst takes
-		// the queue while it is granted); within the idle time the gateway
-		// keeps it, the next ones go straight to the engine.
+		// The requests above asked for a lease (a request that finds none
+		// takes the queue and asks once it is done); within the idle time
+		// the gateway keeps it, and the next ones go straight to the
+		// engine. Two gateway replicas each hold their own.
 		var lanes []string
 		eventually(t, 30*time.Second, func() error {
 			res, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
