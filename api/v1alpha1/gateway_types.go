@@ -110,6 +110,31 @@ type GatewaySpec struct {
 	// responses configures the Responses API's stored responses.
 	// +optional
 	Responses GatewayResponsesSpec `json:"responses,omitempty"`
+
+	// directLane lets the gateway send chat and legacy completions straight
+	// to a ready engine, on a slot its dispatcher lent it (a lease), while
+	// the application serves: one pod, the engine, on the first token's
+	// path. Requests beyond the lent slot, requests while the application
+	// sleeps, wakes or is at zero, the Responses, embeddings and Batch
+	// APIs, and applications whose prefix-aware routing chooses among
+	// several roots go through the queue. A request on the direct lane is
+	// not durable (it lives in the gateway; an engine failure before the
+	// answer starts sends it through the queue). Default: true
+	// (DefaultDirectLane); false sends every request through the queue.
+	// +optional
+	DirectLane *bool `json:"directLane,omitempty"`
+}
+
+// DefaultDirectLane is spec.gateway.directLane when it is not set. It is
+// declared here only: the operator's translator uses DirectLaneEnabled.
+const DefaultDirectLane = true
+
+// DirectLaneEnabled reports whether the gateway's direct lane is on.
+func (g GatewaySpec) DirectLaneEnabled() bool {
+	if g.DirectLane == nil {
+		return DefaultDirectLane
+	}
+	return *g.DirectLane
 }
 
 // GatewayResponsesSpec configures how long the gateway keeps the responses

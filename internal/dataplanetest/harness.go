@@ -64,6 +64,9 @@ type Engine struct {
 	// sees it: nothing of the answer, not even its headers, is sent
 	// before (an engine still loading its queue).
 	Hold atomic.Int64 // nanoseconds
+	// Refuse, while above zero, answers that many more POSTs with 503
+	// (an engine briefly overloaded) before the simulator sees them.
+	Refuse atomic.Int64
 	// Seen, when set before requests arrive, is called with every POST
 	// body as the engine receives it.
 	Seen func(body []byte)
@@ -86,6 +89,11 @@ func StartEngineAt(cfg sim.Config, addr string) (*Engine, error) {
 			e.Requests.Add(1)
 			e.Active.Add(1)
 			defer e.Active.Add(-1)
+			if e.Refuse.Add(-1) >= 0 {
+				http.Error(w, `{"error":{"message":"overloaded"}}`, http.StatusServiceUnavailable)
+				return
+			}
+			e.Refuse.Store(0)
 			if e.Seen != nil {
 				body, err := io.ReadAll(r.Body)
 				if err != nil {

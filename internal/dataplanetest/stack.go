@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"sync"
@@ -66,6 +67,8 @@ type Stack struct {
 	Engine  *Engine
 	Queue   *natsqueue.Client
 	Gateway *httptest.Server
+	// GatewayOps serves the first gateway's /metrics.
+	GatewayOps http.Handler
 
 	dir      string
 	port     int
@@ -138,7 +141,7 @@ func StartStack(cfg StackConfig) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Gateway = gp.Server
+	s.Gateway, s.GatewayOps = gp.Server, gp.Ops
 	s.cfg, s.qcfg = cfg, qcfg
 	return s, nil
 }
@@ -176,7 +179,9 @@ func (s *Stack) StartGateway() (*httptest.Server, error) {
 // as one gateway pod.
 type GatewayProcess struct {
 	Server *httptest.Server
-	kill   func()
+	// Ops serves its /metrics.
+	Ops  http.Handler
+	kill func()
 }
 
 // Kill stops the gateway abruptly: its NATS connection and its clients'
@@ -242,7 +247,7 @@ func (s *Stack) startGateway(cfg StackConfig, q *natsqueue.Client, driveBatches 
 	var once sync.Once
 	stop := func() { once.Do(func() { stopBatches(); <-batchesDone; srv.Close() }) }
 	s.closers = append(s.closers, stop)
-	return &GatewayProcess{Server: srv, kill: stop}, nil
+	return &GatewayProcess{Server: srv, Ops: g.OpsHandler(), kill: stop}, nil
 }
 
 // The names of the NATS connections, as a server lists them (its connz):

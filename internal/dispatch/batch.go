@@ -1,13 +1,11 @@
 package dispatch
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/model-orchestra/operator/internal/batch"
+	"github.com/model-orchestra/operator/internal/enginecall"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -285,11 +284,7 @@ func (d *Dispatcher) callEngine(ctx context.Context, rt lease, path string, body
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
+	req := enginecall.NewRequest(ctx, u, body)
 	req.Header.Set("X-Request-Id", requestID)
 	res, err := d.engines.RoundTrip(req)
 	if err != nil {

@@ -61,6 +61,9 @@ type Config struct {
 	// MaxResponseBytes bounds a non-streamed answer.
 	MaxResponseBytes int64  `json:"maxResponseBytes"`
 	Health           Health `json:"health"`
+	// LeaseMaxAge bounds how long a gateway may hold an engine slot lent
+	// for its direct lane (lease.go); it asks again after. Default 1m.
+	LeaseMaxAge metav1.Duration `json:"leaseMaxAge,omitempty"`
 	// Lifecycle scales applications with their demand (internal/lifecycle).
 	Lifecycle *lifecycle.Config `json:"lifecycle,omitempty"`
 }
@@ -134,6 +137,7 @@ func Default() Config {
 		Prefetch:          4,
 		MaxAckPending:     1000,
 		MaxResponseBytes:  64 << 20,
+		LeaseMaxAge:       metav1.Duration{Duration: time.Minute},
 		Health: Health{
 			FailureThreshold: 3,
 			EjectBase:        metav1.Duration{Duration: time.Second},

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/model-orchestra/operator/internal/batch"
+	"github.com/model-orchestra/operator/internal/enginecall"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
@@ -70,6 +70,8 @@ type Dispatcher struct {
 	results *batch.Results
 	// progress is the last wake progress said per application (wakeprogress.go).
 	progress wakeProgress
+	// leases are the engine slots lent to gateways (lease.go).
+	leases leases
 }
 
 type app struct {
@@ -147,12 +149,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger, opts ...Option) (*Dispatch
 	d.results = batch.NewResults(js, cfg.Orchestra)
 	routeVecs := newRouteMetrics(d.reg)
 	d.id = strconv.FormatUint(rand.Uint64(), 36)
-	d.engines = &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
-	}
+	d.engines = enginecall.NewTransport()
 	seats := seatMembers(cfg.Lifecycle)
 	for _, a := range cfg.Apps {
 		name := a.Name
@@ -274,6 +271,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribing to resend requests: %w", err)
 	}
 	defer func() { _ = resends.Unsubscribe() }()
+	returns, err := d.nc.Subscribe(d.names.LeaseReturn("*"), d.onLeaseReturn)
+	if err != nil {
+		return fmt.Errorf("subscribing to lease returns: %w", err)
+	}
+	defer func() { _ = returns.Unsubscribe() }()
 	unshare, err := d.shareRoutes()
 	if err != nil {
 		return fmt.Errorf("subscribing to routing decisions: %w", err)
@@ -288,6 +290,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	for _, a := range d.apps {
 		feeders.Go(func() { d.feed(ctx, work, a) })
 		feeders.Go(func() { d.pumpBatches(ctx, a) })
+		feeders.Go(func() { d.lend(ctx, a) })
 	}
 	go d.heartbeats(ctx)
 	// The first reading is taken before the dispatcher reports ready, so
@@ -425,26 +428,23 @@ func (d *Dispatcher) pull(ctx, work context.Context, a *app) error {
 	return err
 }
 
-// next waits for a held request and a slot to serve it on. The slot is
-// taken first, so that a request leaves the held queue (where it is kept
-// alive) only when it can start at once. An idle dispatcher waits for its
-// next request holding that slot, and its root may leave or be ejected
-// meanwhile: an application scaled to zero and woken again has a new root,
-// and the old slot would send the first request of the wake to an address
-// that no longer answers (a dial timeout, then a failed delivery). So the
-// slot is checked once a request is there, and taken again when its root
-// no longer takes requests.
+// next waits for a held request and a slot to serve it on. The request
+// stays in the held queue (where it is kept alive) until a slot is taken,
+// so that it leaves the queue only when it can start at once. The slot is
+// taken only once a request is there: an idle dispatcher holds no slot, so
+// a slot lent to a gateway's direct lane (lease.go) is not kept from it,
+// and a root that left or was ejected meanwhile (an application scaled to
+// zero and woken again has a new root) is never used for a stale slot.
 func (d *Dispatcher) next(ctx context.Context, a *app) (lease, jetstream.Msg, error) {
 	if a.router != nil {
 		return d.nextRouted(ctx, a)
 	}
 	for {
-		rt, err := a.pool.acquire(ctx)
-		if err != nil {
+		if err := a.held.wait(ctx); err != nil {
 			return lease{}, nil, err
 		}
-		if err := a.held.wait(ctx); err != nil {
-			a.pool.release(rt, true, false)
+		rt, err := a.pool.acquire(ctx)
+		if err != nil {
 			return lease{}, nil, err
 		}
 		if !a.pool.usable(rt) {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/model-orchestra/operator/internal/enginecall"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 )
 
@@ -430,29 +431,13 @@ func (d *Dispatcher) keepAlive(msg jetstream.Msg, resp *responder) (stop func())
 // buffer is put back.
 var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
-// jsonContentType is the request Content-Type, shared by all requests
-// (the transport only reads it).
-var jsonContentType = []string{"application/json"}
-
 // engineRequest builds the POST of body to path on root rt.
 func engineRequest(ctx context.Context, rt *root, path string, body []byte) (*http.Request, error) {
 	u, err := rt.target(path)
 	if err != nil {
 		return nil, err
 	}
-	req := &http.Request{
-		Method:        http.MethodPost,
-		URL:           u,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        http.Header{"Content-Type": jsonContentType},
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		GetBody:       func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil },
-		ContentLength: int64(len(body)),
-		Host:          u.Host,
-	}
-	return req.WithContext(ctx), nil
+	return enginecall.NewRequest(ctx, u, body), nil
 }
 
 // call sends the request to the engine and relays the answer. It returns the
@@ -470,8 +455,7 @@ func (d *Dispatcher) call(ctx context.Context, a *app, rt lease, h nats.Header, 
 		return 0, &attemptError{reason: "engine_unreachable", rootFault: true, err: err}
 	}
 	defer func() { _ = res.Body.Close() }() // read-only body
-	switch res.StatusCode {
-	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	if enginecall.Overloaded(res.StatusCode) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
 		return 0, &attemptError{reason: "engine_status_" + strconv.Itoa(res.StatusCode), rootFault: true,
 			err: fmt.Errorf("engine %s answered %s", rt.url, res.Status)}

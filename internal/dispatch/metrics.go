@@ -20,6 +20,8 @@ type metrics struct {
 	redelivered  *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	cancelled    *prometheus.CounterVec
+	leases       *prometheus.GaugeVec
+	leaseGrants  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,8 +52,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests moved to the dead-letter stream."}, []string{"app"}),
 		cancelled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cancelled_total",
 			Help: "Requests cancelled by their client."}, []string{"app"}),
+		leases: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "leases",
+			Help: "Engine slots this dispatcher lends to gateways' direct lanes, per application."}, []string{"app"}),
+		leaseGrants: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_requests_total",
+			Help: "Lease requests by outcome: granted, busy (no free slot: only spare capacity is lent), refused (routing must choose the root), expired (past the gateway's deadline) or unwanted (the gateway no longer waited)."}, []string{"app", "outcome"}),
 	}
-	reg.MustRegister(m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
+	reg.MustRegister(m.leases, m.leaseGrants, m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
 		m.dispatched, m.completed, m.failed, m.redelivered, m.deadLettered, m.cancelled)
 	return m
 }

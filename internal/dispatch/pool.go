@@ -166,12 +166,47 @@ func (p *pool) acquire(ctx context.Context) (lease, error) {
 	}
 }
 
+// tryAcquire reserves a slot as acquire does, without waiting: ok is
+// false when no healthy root has a free slot now.
+func (p *pool) tryAcquire() (l lease, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	var best *root
+	for _, r := range p.roots {
+		if r.removed || r.inflight >= p.max || now.Before(r.ejectedUntil) {
+			continue
+		}
+		if best == nil || r.inflight < best.inflight || (r.inflight == best.inflight && r.url < best.url) {
+			best = r
+		}
+	}
+	if best == nil {
+		return lease{}, false
+	}
+	best.inflight++
+	return lease{root: best, gen: best.gen}, true
+}
+
 // usable reports whether l's root still takes new requests: it has not
 // left the pool and is not ejected.
 func (p *pool) usable(l lease) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return !l.removed && !p.now().Before(l.ejectedUntil)
+}
+
+// free counts the slots free on roots that take requests.
+func (p *pool) free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now, n := p.now(), 0
+	for _, r := range p.roots {
+		if !r.removed && !now.Before(r.ejectedUntil) && r.inflight < p.max {
+			n += p.max - r.inflight
+		}
+	}
+	return n
 }
 
 // target returns the URL of path on the root, parsed once per path.

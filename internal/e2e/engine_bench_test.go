@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
 	"github.com/model-orchestra/operator/internal/fetch/hubtest"
+	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/modelgen"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
@@ -51,19 +54,22 @@ const (
 // The paths of the first-token sets: straight to the engine's pod IP,
 // through one plain relay pod (the floor of any design with a pod between
 // client and engine), through three (the hop count of gateway, NATS and
-// dispatcher) and through the gateway and queue.
+// dispatcher), through the gateway on its direct lane (the default) and
+// through the gateway and queue (X-Orchestra-Lane: queue, as with
+// spec.gateway.directLane false).
 const (
-	pathDirect  = "direct"
-	pathRelay   = "relay"
-	pathRelays  = "relays"
-	pathGateway = "gateway"
+	pathDirect       = "direct"
+	pathRelay        = "relay"
+	pathRelays       = "relays"
+	pathGateway      = "gateway"
+	pathGatewayQueue = "gateway-queue"
 )
 
-var firstTokenPaths = []string{pathGateway, pathDirect, pathRelay, pathRelays}
+var firstTokenPaths = []string{pathGateway, pathDirect, pathGatewayQueue, pathRelay, pathRelays}
 
 // pathCode ends each path's prompts: a code of one length per path, so
 // that every prompt is different and all have one length.
-var pathCode = map[string]string{pathGateway: "gw", pathDirect: "dx", pathRelay: "r1", pathRelays: "r3"}
+var pathCode = map[string]string{pathGateway: "gw", pathDirect: "dx", pathRelay: "r1", pathRelays: "r3", pathGatewayQueue: "gq"}
 
 // engineSize is one generated model of the benchmark and its two
 // applications: one that scales to zero, one that sleeps.
@@ -78,6 +84,9 @@ type engineSize struct {
 	rate  map[string][]float64
 	// round trips through the NATS pod: engine idle, engine streaming
 	podIdle, podBusy []time.Duration
+	// laneMisses counts gateway requests meant for the direct lane that
+	// the gateway queued (no lease held yet): repeated, not counted.
+	laneMisses int
 }
 
 // TestEngineBenchmark measures the real Ollama engine on real pods, on the
@@ -214,10 +223,15 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 		type application struct {
 			name      string
 			lifecycle map[string]any
+			slots     int64
 		}
+		// The zero application, where the first-token sets run, has two
+		// slots: the gateway's direct lane holds one (a lease) while the
+		// interleaved queue-lane requests take the other. The requests are
+		// sequential: Ollama never runs two at once.
 		list := []application{
-			{s.zero, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "1h", "maxWait": "5m"}},
-			{s.sleep, map[string]any{"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "6s", "maxWait": "5m"}},
+			{s.zero, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(1), "zeroAfter": "1h", "maxWait": "5m"}, 2},
+			{s.sleep, map[string]any{"minReplicas": int64(1), "maxReplicas": int64(1), "sleepAfter": "6s", "maxWait": "5m"}, 1},
 		}
 		if *benchEngineTTFT {
 			list = list[:1] // the first-token sets use the zero application only
@@ -228,7 +242,7 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 					"engine": "ollama", "image": image,
 					"resources": map[string]any{"requests": map[string]any{"cpu": "100m", "memory": "256Mi"}},
 				},
-				"serving":   map[string]any{"servedModelName": a.name, "maxConcurrency": int64(1), "contextLength": int64(ollamaContext)},
+				"serving":   map[string]any{"servedModelName": a.name, "maxConcurrency": a.slots, "contextLength": int64(ollamaContext)},
 				"lifecycle": a.lifecycle,
 			}
 		}
@@ -303,29 +317,56 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 		return nil
 	})
 	rootAddr := net.JoinHostPort(rootIP(ctx, ns, name, s.zero), "8080")
+	// One gateway pod, by its pod IP as the relays and the engine are
+	// reached: each gateway replica holds a lease of its own, and the
+	// Service's NodePort would add kube-proxy's translation to the
+	// gateway's paths only.
+	gw := gatewayPodIP(ctx, t, ns, name)
+	base = "http://" + net.JoinHostPort(gw, "8080") + "/v1"
 	direct := "http://" + rootAddr + "/v1/chat/completions"
 	relayed := "http://" + relays[0] + "/v1/chat/completions"
 	probe := startPodProbe(ctx, t, ns, name)
 	defer probe.close()
 	paths := firstTokenPaths
-	// target is a path's URL, token and X-Relay-Via header.
-	target := func(path string) (url, tok, hop string) {
+	// target is a path's URL, token and headers.
+	target := func(path string) (url, tok string, h http.Header) {
+		h = http.Header{}
 		switch path {
 		case pathDirect:
-			return direct, "", ""
+			return direct, "", h
 		case pathRelay:
-			return relayed, "", rootAddr // the first relay pod straight to the engine
+			h.Set(relayViaHeader, rootAddr) // the first relay pod straight to the engine
+			return relayed, "", h
 		case pathRelays:
-			return relayed, "", relayVia(relays, rootAddr)
+			h.Set(relayViaHeader, relayVia(relays, rootAddr))
+			return relayed, "", h
+		case pathGatewayQueue:
+			h.Set(gateway.HeaderLane, "queue")
 		}
-		return base + "/chat/completions", token, ""
+		return base + "/chat/completions", token, h
+	}
+	// measure sends one request of path; a request meant for the
+	// gateway's direct lane that the gateway queued (its lease not held
+	// yet, or given back after an idle pause) is repeated, not counted.
+	measure := func(path, prompt string) (time.Duration, float64, error) {
+		url, tok, h := target(path)
+		for try := 0; ; try++ {
+			first, rate, lane, err := streamContentWith(ctx, url, tok, h, s.zero, prompt)
+			if err != nil || path != pathGateway || lane == "direct" || try == 20 {
+				if err == nil && path == pathGateway && lane != "direct" {
+					err = fmt.Errorf("the gateway queued 20 requests in a row: no lease for its direct lane")
+				}
+				return first, rate, err
+			}
+			s.laneMisses++
+			time.Sleep(100 * time.Millisecond) // the lease is on its way
+		}
 	}
 	// One set first, not counted: the first requests after a wake or a
 	// pause stream at a fraction of the usual rate (cold caches) on every
 	// path.
 	for _, path := range paths {
-		url, tok, hop := target(path)
-		if _, _, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("warm %d %s", round, pathCode[path])); err != nil {
+		if _, _, err := measure(path, fmt.Sprintf("warm %d %s", round, pathCode[path])); err != nil {
 			t.Fatalf("%s round %d: %s warm-up request: %v", s.label, round, path, err)
 		}
 	}
@@ -336,8 +377,7 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 		// handed the direct request the cached prompt) or from its place.
 		for k := range paths {
 			path := paths[(i+k)%len(paths)]
-			url, tok, hop := target(path)
-			first, rate, err := streamContentVia(ctx, url, tok, hop, s.zero, fmt.Sprintf("pair %d %d %s", round, i, pathCode[path]))
+			first, rate, err := measure(path, fmt.Sprintf("pair %d %d %s", round, i, pathCode[path]))
 			t.Logf("%s round %d set %d: %s first token %v, %.0f tokens/s", s.label, round, i, path, first, rate)
 			if err != nil {
 				t.Fatalf("%s round %d: %s request: %v", s.label, round, path, err)
@@ -507,6 +547,28 @@ func rootIP(ctx context.Context, ns, name, app string) string {
 	return ""
 }
 
+// gatewayPodIP is the IP of the first ready gateway pod, by name.
+func gatewayPodIP(ctx context.Context, t *testing.T, ns, name string) string {
+	t.Helper()
+	pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",app.kubernetes.io/component=gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" {
+			continue
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return p.Status.PodIP
+			}
+		}
+	}
+	t.Fatalf("no ready gateway pod in %s", ns)
+	return ""
+}
+
 // streamContent is streamTimed, asked again with the prompt's last
 // character changed (the same length) when the generated model's first
 // token ends the answer (no content): its weights are random, and now and
@@ -518,6 +580,17 @@ func streamContent(ctx context.Context, url, token, model, prompt string) (time.
 // streamContentVia is streamContent with the relay pods' X-Relay-Via
 // header (none when via is empty).
 func streamContentVia(ctx context.Context, url, token, via, model, prompt string) (time.Duration, float64, error) {
+	h := http.Header{}
+	if via != "" {
+		h.Set(relayViaHeader, via)
+	}
+	first, rate, _, err := streamContentWith(ctx, url, token, h, model, prompt)
+	return first, rate, err
+}
+
+// streamContentWith is streamContent with request headers; it also
+// returns the lane the gateway says it took (gateway.HeaderLane).
+func streamContentWith(ctx context.Context, url, token string, h http.Header, model, prompt string) (time.Duration, float64, string, error) {
 	var err error
 	for k := range 5 {
 		p := prompt
@@ -526,11 +599,12 @@ func streamContentVia(ctx context.Context, url, token, via, model, prompt string
 		}
 		var first time.Duration
 		var rate float64
-		if first, rate, err = streamTimedVia(ctx, url, token, via, model, p); !errors.Is(err, errNoContent) {
-			return first, rate, err
+		var lane string
+		if first, rate, lane, err = streamTimedWith(ctx, url, token, h, model, p); !errors.Is(err, errNoContent) {
+			return first, rate, lane, err
 		}
 	}
-	return 0, 0, err
+	return 0, 0, "", err
 }
 
 var errNoContent = errors.New("no content before [DONE]")
@@ -545,21 +619,29 @@ func streamTimed(ctx context.Context, url, token, model, prompt string) (time.Du
 // streamTimedVia is streamTimed with the relay pods' X-Relay-Via header
 // (none when via is empty).
 func streamTimedVia(ctx context.Context, url, token, via, model, prompt string) (time.Duration, float64, error) {
+	h := http.Header{}
+	if via != "" {
+		h.Set(relayViaHeader, via)
+	}
+	first, rate, _, err := streamTimedWith(ctx, url, token, h, model, prompt)
+	return first, rate, err
+}
+
+// streamTimedWith is streamTimed with request headers; it also returns
+// the lane the gateway says it took.
+func streamTimedWith(ctx context.Context, url, token string, header http.Header, model, prompt string) (time.Duration, float64, string, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	header := http.Header{}
-	if via != "" {
-		header.Set(relayViaHeader, via)
-	}
 	sent, res, err := ssetest.Post(rctx, url, token, header, map[string]any{
 		"model": model, "stream": true, "max_tokens": 64, "stream_options": map[string]any{"include_usage": true},
 		"messages": []map[string]string{{"role": "user", "content": prompt}},
 	}, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
+	lane := res.Header.Get(gateway.HeaderLane)
 	if res.FirstContent.IsZero() {
-		return 0, 0, errNoContent
+		return 0, 0, lane, errNoContent
 	}
-	return res.FirstContent.Sub(sent), res.TokensPerSecond(), nil
+	return res.FirstContent.Sub(sent), res.TokensPerSecond(), lane, nil
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
+	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/ssetest"
 )
@@ -154,6 +155,33 @@ func TestOllama(t *testing.T) {
 		if status != http.StatusOK || out.Object != "text_completion" || len(out.Choices) != 1 || out.Choices[0].FinishReason == "" || out.Usage.CompletionTokens == 0 {
 			t.Errorf("HTTP %d: %s; want a finished text_completion with usage", status, body)
 		}
+	})
+
+	t.Run("chat takes the direct lane once the gateway holds a lease", func(t *testing.T) {
+		// The requests above asked for a lease (a request that finds none
+		// takes the queue and asks once it is done); within the idle time
+		// the gateway keeps it, and the next ones go straight to the
+		// engine. Two gateway replicas each hold their own.
+		var lanes []string
+		eventually(t, 30*time.Second, func() error {
+			res, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
+				"model": served, "stream": true, "max_tokens": 8, "stream_options": map[string]any{"include_usage": true},
+				"messages": []map[string]string{{"role": "user", "content": chatPrompt}},
+			})
+			if err != nil {
+				return fmt.Errorf("streamed chat: %w", err)
+			}
+			lane := res.Header.Get(gateway.HeaderLane)
+			lanes = append(lanes, lane)
+			if !res.Done || res.Content == "" || res.Usage == nil || res.Usage.CompletionTokens == 0 {
+				return fmt.Errorf("lane %s: answer %q, done %v, usage %+v; want content, usage and [DONE]", lane, res.Content, res.Done, res.Usage)
+			}
+			if lane != "direct" {
+				return fmt.Errorf("lane %q; want direct", lane)
+			}
+			return nil
+		})
+		t.Logf("lanes of the streamed chats until the first direct one: %v", lanes)
 	})
 
 	t.Run("an unknown model is 404 model_not_found", func(t *testing.T) {

@@ -41,6 +41,17 @@ type Config struct {
 	// gateway itself only uses the queue.Queue it is given, so Validate
 	// does not check this section; QueueConfig.Validate does.
 	Queue QueueConfig `json:"queue"`
+	// Direct configures the direct lane (direct.go).
+	Direct DirectConfig `json:"direct,omitempty"`
+}
+
+// DirectConfig configures the direct lane: chat and legacy completions
+// sent straight to a ready engine on a slot its dispatcher lent the
+// gateway (a lease), instead of through the queue.
+type DirectConfig struct {
+	// LeaseIdle is how long an unused lease is kept before it is given
+	// back. Default 2s.
+	LeaseIdle metav1.Duration `json:"leaseIdle,omitempty"`
 }
 
 // QueueConfig locates the NATS JetStream queue of the orchestra.
@@ -117,6 +128,10 @@ type ModelConfig struct {
 	// refused it, for example a model too large for its engine's memory):
 	// its requests are answered at once with it instead of being queued.
 	Unavailable string `json:"unavailable,omitempty"`
+	// DirectLane lets the model's chat and legacy completions take the
+	// direct lane (direct.go) while its application serves and a slot is
+	// lent; false: every request goes through the queue.
+	DirectLane bool `json:"directLane,omitempty"`
 }
 
 // AuthConfig configures bearer token authentication.
@@ -282,7 +297,8 @@ func Default() Config {
 			Retention: metav1.Duration{Duration: v1alpha1.DefaultResponsesRetention},
 			Replicas:  1,
 		},
-		Batch: BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
+		Batch:  BatchConfig{MaxFileBytes: 50 << 20, MaxLines: 50000},
+		Direct: DirectConfig{LeaseIdle: metav1.Duration{Duration: DefaultLeaseIdle}},
 		Queue: QueueConfig{
 			SubmitTimeout: metav1.Duration{Duration: 15 * time.Second},
 			StallTimeout:  metav1.Duration{Duration: 30 * time.Second},
@@ -321,6 +337,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Timeouts.Stream.Duration <= 0 {
 		add("timeouts.stream must be positive, got %s", c.Timeouts.Stream.Duration)
+	}
+	if c.Direct.LeaseIdle.Duration < 0 {
+		add("direct.leaseIdle must not be negative, got %s", c.Direct.LeaseIdle.Duration)
 	}
 
 	if c.Responses.Retention.Duration < time.Minute {

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/model-orchestra/operator/internal/enginecall"
 	"github.com/model-orchestra/operator/internal/queue"
 )
 
@@ -53,6 +54,10 @@ type Options struct {
 	// Pods says how far a waking application's pods are, for the wake
 	// progress comments (waking.go); nil: the comments say the state only.
 	Pods PodProgress
+	// Serving tells the direct lane (direct.go) whether an application
+	// with a lifecycle serves; nil: taken from Wake when it implements
+	// ServingStates, else such applications never take the direct lane.
+	Serving ServingStates
 }
 
 // Gateway serves the OpenAI API in front of a queue.
@@ -72,6 +77,8 @@ type Gateway struct {
 	metrics   *metrics
 	created   int64
 	draining  atomic.Bool
+	// lanes holds the direct lanes; nil when the queue lends no slots.
+	lanes *lanes
 	// active counts inference requests being served, so that a hard stop
 	// can wait for their replies to be closed.
 	active sync.WaitGroup
@@ -112,6 +119,18 @@ func New(cfg Config, q queue.Queue, opts Options) (*Gateway, error) {
 		limiter:   limiter{now: time.Now},
 		metrics:   newMetrics(),
 		created:   time.Now().Unix(),
+	}
+	if leaser, ok := q.(queue.Leaser); ok {
+		serving := opts.Serving
+		if serving == nil {
+			serving, _ = opts.Wake.(ServingStates)
+		}
+		idle := cfg.Direct.LeaseIdle.Duration
+		if idle <= 0 {
+			idle = DefaultLeaseIdle
+		}
+		g.lanes = &lanes{leaser: leaser, serving: serving, idle: idle, engines: enginecall.NewTransport(),
+			now: time.Now, byApp: map[string]*lane{}}
 	}
 	g.cfg.Models = slices.Clone(cfg.Models) // defaults are filled in below
 	for i := range g.cfg.Models {
@@ -193,6 +212,7 @@ type exchange struct {
 	app        string
 	consumer   string
 	stream     bool
+	lane       string // laneDirect, laneQueue, or laneNone before either
 	status     int
 	started    bool // response headers were sent
 	ttft       time.Duration
@@ -220,7 +240,7 @@ func (g *Gateway) inference(ep endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		g.active.Add(1)
 		defer g.active.Done()
-		x := &exchange{start: time.Now(), id: newRequestID(), endpoint: ep, model: modelNone}
+		x := &exchange{start: time.Now(), id: newRequestID(), endpoint: ep, model: modelNone, lane: laneNone}
 		w.Header().Set("X-Request-Id", x.id)
 		err := g.serveInference(w, r, x)
 		if err != nil {
@@ -289,6 +309,36 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request, x *exch
 	ctx, cancel := context.WithTimeout(r.Context(), timeout)
 	defer cancel()
 
+	if rc == nil && r.Header.Get(HeaderLane) != laneQueue {
+		reply, ask := g.direct(ctx, model, x, req.Body)
+		if ask != nil {
+			defer ask()
+		}
+		if reply != nil {
+			w.Header().Set(HeaderLane, laneDirect)
+			defer func() { _ = reply.Close() }()
+			next := func(ctx context.Context, _ http.ResponseWriter, _ *exchange) (queue.Chunk, error) {
+				return reply.Next(ctx)
+			}
+			var err error
+			if req.Stream {
+				err = g.proxyStream(ctx, w, reply, x, req.IncludeUsage, next)
+			} else {
+				err = g.proxyUnary(ctx, w, reply, x, next)
+			}
+			if x.started || !errors.Is(err, queue.ErrRetriedAfterPartial) {
+				return err
+			}
+			// The engine broke off before the client saw anything (a
+			// non-streamed answer is read whole first): the queue serves
+			// the request instead, as it retries its own attempts.
+			_ = reply.Close()
+			x.usage = usage{}
+			g.logger.Warn("direct lane: the engine broke off before the answer was sent; the request takes the queue", "app", model.App, "err", err)
+		}
+	}
+	x.lane = laneQueue
+	w.Header().Set(HeaderLane, laneQueue)
 	reply, err := g.queue.Submit(ctx, queue.Job{
 		ID:     x.id,
 		App:    model.App,
@@ -415,7 +465,7 @@ func (g *Gateway) record(r *http.Request, x *exchange) {
 	elapsed := time.Since(x.start)
 	m := g.metrics
 	ep := x.endpoint.label()
-	m.requests.WithLabelValues(x.model, ep, strconv.Itoa(x.status)).Inc()
+	m.requests.WithLabelValues(x.model, ep, strconv.Itoa(x.status), x.lane).Inc()
 	m.duration.WithLabelValues(x.model, ep, strconv.FormatBool(x.stream)).Observe(elapsed.Seconds())
 	if x.ttft > 0 {
 		m.ttft.WithLabelValues(x.model, ep).Observe(x.ttft.Seconds())
@@ -445,6 +495,7 @@ func (g *Gateway) record(r *http.Request, x *exchange) {
 		slog.String("app", x.app),
 		slog.String("consumer", x.consumer),
 		slog.Bool("stream", x.stream),
+		slog.String("lane", x.lane),
 		slog.Float64("duration_ms", ms(elapsed)),
 		slog.Int("prompt_tokens", x.usage.PromptTokens),
 		slog.Int("completion_tokens", x.usage.CompletionTokens),

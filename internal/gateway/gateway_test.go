@@ -154,7 +154,7 @@ func TestChatCompletionWithSDK(t *testing.T) {
 	if !strings.Contains(res.ID, job.ID) {
 		t.Errorf("answer id %q does not come from job %q", res.ID, job.ID)
 	}
-	eventually(t, 5*time.Second, metricEquals("requests_total{model=llama-3-8b,endpoint=chat,code=200}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "200"), 1))
+	eventually(t, 5*time.Second, metricEquals("requests_total{model=llama-3-8b,endpoint=chat,code=200}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "200", "queue"), 1))
 	eventually(t, 5*time.Second, metricEquals("tokens_total{kind=completion}", h.g.metrics.tokens.WithLabelValues("llama-3-8b", "alice", "completion"), fakeCompletionTokens))
 	eventually(t, 5*time.Second, holds("the reply to be closed", h.q.lastReply(t).closed.Load))
 }
@@ -579,7 +579,7 @@ func TestErrorMidStream(t *testing.T) {
 	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "stream_interrupted") {
 		t.Errorf("SDK stream error = %v, want one about stream_interrupted", err)
 	}
-	eventually(t, 5*time.Second, metricEquals("requests_total{code=502}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "502"), 2))
+	eventually(t, 5*time.Second, metricEquals("requests_total{code=502}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "502", "queue"), 2))
 }
 
 func TestClientDisconnectCancelsReply(t *testing.T) {
@@ -607,7 +607,7 @@ func TestClientDisconnectCancelsReply(t *testing.T) {
 	if reply.complete.Load() {
 		t.Error("reply completed although the client left")
 	}
-	eventually(t, 5*time.Second, metricEquals("requests_total{code=499}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "499"), 1))
+	eventually(t, 5*time.Second, metricEquals("requests_total{code=499}", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "499", "queue"), 1))
 }
 
 func TestAccessLog(t *testing.T) {
@@ -637,7 +637,7 @@ func TestHealthAndMetricsEndpoints(t *testing.T) {
 	ops := httptest.NewServer(h.g.OpsHandler())
 	defer ops.Close()
 	h.do(t, "POST", "/v1/chat/completions", aliceToken, chatBody)
-	eventually(t, 5*time.Second, metricEquals("requests_total", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "200"), 1))
+	eventually(t, 5*time.Second, metricEquals("requests_total", h.g.metrics.requests.WithLabelValues("llama-3-8b", "chat", "200", "queue"), 1))
 	get := func(url string) (int, string) {
 		resp, err := http.Get(url)
 		if err != nil {
@@ -660,7 +660,7 @@ func TestHealthAndMetricsEndpoints(t *testing.T) {
 		t.Fatalf("/metrics = %d", code)
 	}
 	for _, want := range []string{
-		`orchestra_gateway_requests_total{code="200",endpoint="chat",model="llama-3-8b"} 1`,
+		`orchestra_gateway_requests_total{code="200",endpoint="chat",lane="queue",model="llama-3-8b"} 1`,
 		`orchestra_gateway_request_duration_seconds_count{endpoint="chat",model="llama-3-8b",stream="false"} 1`,
 		`orchestra_gateway_tokens_total{consumer="alice",kind="prompt",model="llama-3-8b"} 7`,
 		`orchestra_gateway_rejections_total{reason="requests_per_minute"} 0`,

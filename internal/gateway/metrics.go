@@ -9,7 +9,7 @@ import (
 // (served by OpsHandler), so that several gateways can live in one process.
 type metrics struct {
 	registry   *prometheus.Registry
-	requests   *prometheus.CounterVec   // model, endpoint, code
+	requests   *prometheus.CounterVec   // model, endpoint, code, lane
 	duration   *prometheus.HistogramVec // model, endpoint, stream
 	ttft       *prometheus.HistogramVec // model, endpoint
 	tokens     *prometheus.CounterVec   // model, consumer, kind
@@ -35,8 +35,8 @@ func newMetrics() *metrics {
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "requests_total",
-			Help: "API requests by served model, endpoint and HTTP status code.",
-		}, []string{"model", "endpoint", "code"}),
+			Help: "API requests by served model, endpoint, HTTP status code and lane (direct: straight to an engine on a lent slot; queue: through the queue).",
+		}, []string{"model", "endpoint", "code", "lane"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "request_duration_seconds",
 			Help:    "Time from receiving an API request to sending the last byte of its answer.",

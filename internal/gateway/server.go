@@ -198,6 +198,7 @@ func (g *Gateway) serve(ctx context.Context, api, ops net.Listener) error {
 	case <-time.After(5 * time.Second):
 		g.logger.Warn("requests still running after the drain")
 	}
+	g.lanes.close()
 	g.logger.Info("stopped")
 	return serveErr
 }

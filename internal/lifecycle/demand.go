@@ -17,8 +17,15 @@ type consumerReading struct {
 	OK bool
 	// Queued requests are stored and not yet handed to a dispatcher;
 	// InFlight ones were handed out and not acknowledged (which counts the
-	// requests a dispatcher holds for a free slot).
+	// requests a dispatcher holds for a free slot), and the engine slots
+	// lent to gateways' direct lanes (Leases), which are in flight too: an
+	// application holding one is never slept or scaled to zero, and a
+	// drain waits for it. Lease requests still queued are not demand: they
+	// never wake an application (a gateway asks for leases only while the
+	// application serves).
 	Queued, InFlight uint64
+	// Leases is the part of InFlight lent to gateways.
+	Leases uint64
 	// Delivered is the stream sequence last handed out.
 	Delivered uint64
 	// Paused: the gate is closed on the server.
@@ -40,8 +47,15 @@ func (c *Controller) readConsumer(ctx context.Context, app string) consumerReadi
 		return consumerReading{}
 	}
 	ci := cons.CachedInfo()
-	return consumerReading{OK: true, Queued: ci.NumPending, InFlight: uint64(ci.NumAckPending),
+	r := consumerReading{OK: true, Queued: ci.NumPending, InFlight: uint64(ci.NumAckPending),
 		Delivered: ci.Delivered.Stream, Paused: ci.Paused, Config: ci.Config}
+	// The lease consumer is missing only while dispatchers of an older
+	// release run, which lend nothing.
+	if lc, err := c.js.Consumer(ictx, c.names.Stream(), c.names.LeaseConsumer(app)); err == nil {
+		r.Leases = uint64(lc.CachedInfo().NumAckPending)
+		r.InFlight += r.Leases
+	}
+	return r
 }
 
 // usage follows one consumer's readings over time: when it was last used

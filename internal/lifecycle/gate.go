@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -115,6 +116,13 @@ func (c *Controller) closeGate(ctx context.Context, g *consumerGate) error {
 		g.gate, g.holdFailed = GateUnknown, true
 		return fmt.Errorf("pausing the consumer of %s: %w", g.app, err)
 	}
+	// The lease consumer closes with it: no engine slot is lent to a
+	// gateway's direct lane while the gate is closed. It is missing only
+	// while dispatchers of an older release run, which lend nothing.
+	if _, err := c.js.PauseConsumer(pctx, c.names.Stream(), c.names.LeaseConsumer(g.app), c.now().Add(gateHold)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		g.gate, g.holdFailed = GateUnknown, true
+		return fmt.Errorf("pausing the lease consumer of %s: %w", g.app, err)
+	}
 	g.gate, g.holdFailed = GateClosed, false
 	return nil
 }
@@ -129,6 +137,10 @@ func (c *Controller) openGate(ctx context.Context, g *consumerGate) error {
 	if _, err := c.js.ResumeConsumer(rctx, stream, consumer); err != nil {
 		g.gate = GateUnknown
 		return fmt.Errorf("resuming the consumer of %s: %w", g.app, err)
+	}
+	if _, err := c.js.ResumeConsumer(rctx, stream, c.names.LeaseConsumer(g.app)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		g.gate = GateUnknown
+		return fmt.Errorf("resuming the lease consumer of %s: %w", g.app, err)
 	}
 	g.gate, g.holdFailed = GateOpen, false
 	if err := serveWaitingPulls(c.deps.NC, stream, consumer); err != nil {

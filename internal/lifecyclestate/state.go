@@ -106,6 +106,14 @@ func (s *States) Waking(app string) (bool, string) {
 	return true, st.Message
 }
 
+// Serving reports whether app's lifecycle says it serves (Awake): the
+// gateway's direct lane is used only then. An application not heard of
+// yet does not serve: its requests take the queue, which waits for it.
+func (s *States) Serving(app string) bool {
+	st, ok := s.Lookup(app)
+	return ok && st.State == v1alpha1.LifecycleAwake
+}
+
 func (s *States) set(app string, st v1alpha1.LifecycleStatus) {
 	s.mu.Lock()
 	if s.states == nil {

@@ -191,7 +191,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, s StreamSpec, consum
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        s.Stream(),
 		Description: "Model Orchestra requests of " + s.Orchestra,
-		Subjects:    []string{s.RequestWildcard()},
+		Subjects:    []string{s.RequestWildcard(), s.LeaseWildcard()},
 		Retention:   jetstream.WorkQueuePolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    s.Replicas,
@@ -230,6 +230,21 @@ func Provision(ctx context.Context, js jetstream.JetStream, s StreamSpec, consum
 		})
 		if err != nil {
 			return fmt.Errorf("provisioning consumer %s: %w", s.Consumer(c.App), err)
+		}
+		// Lease requests (lease.go): one at a time per dispatcher pull, a
+		// held lease unacknowledged until it is returned.
+		_, err = js.CreateOrUpdateConsumer(ctx, s.Stream(), jetstream.ConsumerConfig{
+			Durable:       s.LeaseConsumer(c.App),
+			Description:   "engine slot leases of application " + c.App,
+			FilterSubject: s.Lease(c.App),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       c.AckWait,
+			MaxDeliver:    -1,
+			MaxAckPending: c.MaxAckPending,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+		})
+		if err != nil {
+			return fmt.Errorf("provisioning consumer %s: %w", s.LeaseConsumer(c.App), err)
 		}
 	}
 	return nil

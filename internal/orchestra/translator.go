@@ -271,6 +271,9 @@ func (t Translator) values(mo *v1alpha1.ModelOrchestra, pols policies, gates map
 		"imagePullSecrets": pullSecrets,
 		"nats":             nats,
 		"applications":     apps,
+		// The gateway's direct lane: the gateway renders it per model,
+		// the engines' NetworkPolicy admits the gateway for it.
+		"directLane": s.Gateway.DirectLaneEnabled(),
 	}
 	if sleeping {
 		// The node agent owns the hot and warm tiers of sleeping engines.

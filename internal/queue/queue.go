@@ -8,7 +8,9 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"time"
 )
 
 // Job is one accepted OpenAI request, ready to be queued for an application.
@@ -90,3 +92,44 @@ type SizeLimiter interface {
 	// (for example before the first connection).
 	MaxBodyBytes() int64
 }
+
+// Lease is a slot on one ready engine root that a dispatcher lent to this
+// gateway: while it holds the lease, the gateway may send one request at a
+// time straight to the engine (the direct lane), and the slot counts
+// against the root's maxConcurrency and as in flight for the lifecycle.
+type Lease struct {
+	// ID names the lease in its return.
+	ID string
+	// Root is the engine root's base URL, for example http://10.0.0.7:8000.
+	Root string
+	// Roots is how many roots the application had when the lease was
+	// granted.
+	Roots int
+	// Expires is when the lease ends at the latest: the gateway sends no
+	// request on it from then on.
+	Expires time.Time
+	// Revoked is closed when the dispatcher takes the lease back early
+	// (its root left, or the dispatcher stops).
+	Revoked <-chan struct{}
+	// Return gives the lease back. failed reports that the engine failed
+	// on it (unreachable, or an overload status before any answer), which
+	// the dispatcher counts against the root as it counts its own
+	// failures. It is safe to call more than once; only the first counts.
+	Return func(failed bool)
+}
+
+// Leaser is implemented by queues whose dispatchers lend engine slots.
+type Leaser interface {
+	// Lease asks the application's dispatchers for a slot; it fails with
+	// ErrNoLease when none is free or lending does not apply.
+	Lease(ctx context.Context, app string) (Lease, error)
+}
+
+// ErrNoLease means no lease was granted: no slot came free in time, or
+// the application's routing needs its dispatcher to choose the root.
+var ErrNoLease = errors.New("no engine slot lent")
+
+// ErrLeaseRefused is the ErrNoLease of an application whose dispatcher
+// chooses each request's root (prefix-aware routing over several roots):
+// asking again soon cannot help.
+var ErrLeaseRefused = fmt.Errorf("%w: the dispatcher chooses each request's root", ErrNoLease)

@@ -41,6 +41,8 @@ type Result struct {
 	// the request was sent. LastContent is when the last one was read.
 	// Both are zero when the stream carried no content.
 	FirstContent, LastContent time.Time
+	// Header is the answer's HTTP header.
+	Header http.Header
 }
 
 // Answered is true when the stream ended with [DONE] after a finish reason:
@@ -123,6 +125,9 @@ func Post(ctx context.Context, url, token string, header http.Header, body any, 
 		return sent, nil, fmt.Errorf("expected an event stream, got Content-Type %q", ct)
 	}
 	res, err = Read(resp.Body, onDelta)
+	if res != nil {
+		res.Header = resp.Header
+	}
 	return sent, res, err
 }
 

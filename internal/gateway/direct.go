@@ -1,0 +1,393 @@
+package gateway
+
+// The direct lane: while an application serves and its dispatcher lent
+// this gateway an engine slot (a lease, internal/natsqueue/lease.go), a
+// chat or legacy completion goes straight to the engine root of the lease:
+// one pod, the engine, on the first token's path. Everything else goes
+// through the queue: requests beyond the lent slot (overflow), requests
+// while the application sleeps, wakes or scales from zero, the Responses,
+// embeddings and Batch APIs, and applications whose routing chooses among
+// several roots. A lease is asked for in the background when traffic comes
+// and none is held (the request that asks takes the queue: nothing waits
+// for a lease), kept while it is used, and given back after
+// DirectConfig.LeaseIdle unused, when the application leaves serving, or
+// when the engine fails on it.
+//
+// Durability differs: a queued request survives restarts of the gateway,
+// the dispatcher and NATS; a direct request lives in the gateway only. An
+// engine failure before the first byte of the answer (refused connection,
+// an overload status) sends the request through the queue instead, so
+// nothing is lost; a failure mid-answer ends it with the same error as the
+// queue lane (ErrRetriedAfterPartial).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/enginecall"
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// DefaultLeaseIdle is how long an unused lease is kept.
+const DefaultLeaseIdle = 2 * time.Second
+
+// HeaderLane names a request's lane: a client may send "queue" to have a
+// request queued (durable) although the direct lane is open, and every
+// answer says the lane it took ("direct" or "queue").
+const HeaderLane = "X-Orchestra-Lane"
+
+// Lanes, the values of the requests metric's lane label and of HeaderLane.
+const (
+	laneDirect = "direct"
+	laneQueue  = "queue"
+	// laneNone: refused before taking either (authentication, limits,
+	// validation).
+	laneNone = "none"
+)
+
+// ServingStates tells the direct lane whether an application with a
+// lifecycle serves (is awake): internal/lifecyclestate.States implements
+// it, with WakeStates.
+type ServingStates interface {
+	Serving(app string) bool
+}
+
+// Back-offs after a lease request that got none.
+const (
+	leaseRetry   = time.Second
+	leaseRefused = 30 * time.Second
+)
+
+// laneAction is what a request does about the direct lane.
+type laneAction int
+
+const (
+	laneTakeQueue laneAction = iota // the queue, nothing more
+	laneTakeDirect
+	laneAskLease // the queue, and ask for a lease meanwhile
+	laneDropLease
+)
+
+// laneState is one application's lease as a decision sees it.
+type laneState struct {
+	enabled, serving   bool
+	held, busy, asking bool
+	expired, revoked   bool
+	now, retryAfter    time.Time
+}
+
+// decideLane is the pure choice of a request's lane.
+func decideLane(s laneState) laneAction {
+	switch {
+	case !s.enabled:
+		return laneTakeQueue
+	case s.held && (s.expired || s.revoked || !s.serving):
+		return laneDropLease
+	case !s.serving:
+		return laneTakeQueue
+	case s.held && !s.busy:
+		return laneTakeDirect
+	case !s.held && !s.asking && !s.now.Before(s.retryAfter):
+		return laneAskLease
+	}
+	return laneTakeQueue
+}
+
+// lane is one application's lease, held by this gateway.
+type lane struct {
+	mu         sync.Mutex
+	lease      *queue.Lease
+	busy       bool
+	asking     bool
+	lastUsed   time.Time
+	retryAfter time.Time
+	idle       *time.Timer
+}
+
+// lanes holds the direct lanes of the gateway's applications.
+type lanes struct {
+	leaser  queue.Leaser
+	serving ServingStates
+	idle    time.Duration
+	engines http.RoundTripper
+	now     func() time.Time
+
+	mu     sync.Mutex
+	byApp  map[string]*lane
+	closed bool
+}
+
+func (ls *lanes) get(app string) *lane {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	l := ls.byApp[app]
+	if l == nil {
+		l = &lane{}
+		ls.byApp[app] = l
+	}
+	return l
+}
+
+// serves reports whether model's application serves: always without a
+// lifecycle, else when its lifecycle state says so.
+func (ls *lanes) serves(m *ModelConfig) bool {
+	if m.MaxWait.Duration <= 0 {
+		return true
+	}
+	return ls.serving != nil && ls.serving.Serving(m.App)
+}
+
+// take returns the lease to send model's request on, marked busy, or nil
+// for the queue. When none is held, ask (non-nil) asks for one in the
+// background: the caller calls it once its request through the queue is
+// done, so that the lease does not take the slot that request needs.
+func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) {
+	if ls == nil {
+		return nil, nil, nil
+	}
+	l = ls.get(m.App)
+	serving := ls.serves(m)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		s := laneState{enabled: m.DirectLane, serving: serving, held: l.lease != nil, busy: l.busy,
+			asking: l.asking, now: ls.now(), retryAfter: l.retryAfter}
+		if l.lease != nil {
+			s.expired = !s.now.Before(l.lease.Expires)
+			select {
+			case <-l.lease.Revoked:
+				s.revoked = true
+			default:
+			}
+		}
+		switch decideLane(s) {
+		case laneTakeDirect:
+			l.busy = true
+			return l, l.lease, nil
+		case laneAskLease:
+			l.asking = true
+			asking, app := l, m.App // l, a named result, is nil once returned
+			return nil, nil, func() { go ls.ask(app, asking) }
+		case laneDropLease:
+			if !l.busy {
+				l.lease.Return(false)
+				l.lease = nil
+				if s.revoked {
+					// Taken back for queued requests (or its root left):
+					// asking again at once would take the slot back from
+					// them.
+					l.retryAfter = s.now.Add(leaseRetry)
+				}
+				continue
+			}
+			return nil, nil, nil
+		default:
+			return nil, nil, nil
+		}
+	}
+}
+
+// done ends a request on l's lease; failed gives the lease back as failed
+// (the engine failed on it), and a new one is asked for after leaseRetry.
+func (ls *lanes) done(l *lane, failed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy = false
+	l.lastUsed = ls.now()
+	if l.lease == nil {
+		return
+	}
+	if failed {
+		l.lease.Return(true)
+		l.lease = nil
+		l.retryAfter = ls.now().Add(leaseRetry)
+		return
+	}
+	l.armIdle(ls)
+}
+
+// armIdle (re)starts the check that gives an unused lease back; l.mu held.
+func (l *lane) armIdle(ls *lanes) {
+	if l.idle != nil {
+		l.idle.Stop()
+	}
+	l.idle = time.AfterFunc(ls.idle, func() { ls.checkIdle(l) })
+}
+
+// checkIdle gives l's lease back when it was not used for the idle time,
+// or has expired or been revoked.
+func (ls *lanes) checkIdle(l *lane) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lease == nil || l.busy {
+		return
+	}
+	revoked := false
+	select {
+	case <-l.lease.Revoked:
+		revoked = true
+	default:
+	}
+	now := ls.now()
+	if rest := ls.idle - now.Sub(l.lastUsed); rest > 0 && !revoked && now.Before(l.lease.Expires) {
+		l.idle = time.AfterFunc(rest, func() { ls.checkIdle(l) })
+		return
+	}
+	l.lease.Return(false)
+	l.lease = nil
+	if revoked {
+		l.retryAfter = now.Add(leaseRetry)
+	}
+}
+
+// ask asks app's dispatchers for a lease.
+func (ls *lanes) ask(app string, l *lane) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	lease, err := ls.leaser.Lease(ctx, app)
+	cancel()
+	ls.mu.Lock()
+	closed := ls.closed
+	ls.mu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asking = false
+	switch {
+	case err != nil:
+		l.retryAfter = ls.now().Add(leaseRetry)
+		if errors.Is(err, queue.ErrLeaseRefused) {
+			l.retryAfter = ls.now().Add(leaseRefused)
+		}
+		return
+	case closed || l.lease != nil:
+		lease.Return(false)
+		return
+	}
+	l.lease = &lease
+	l.lastUsed = ls.now()
+	l.armIdle(ls)
+}
+
+// close gives every lease back (the gateway stops).
+func (ls *lanes) close() {
+	if ls == nil {
+		return
+	}
+	ls.mu.Lock()
+	ls.closed = true
+	all := make([]*lane, 0, len(ls.byApp))
+	for _, l := range ls.byApp {
+		all = append(all, l)
+	}
+	ls.mu.Unlock()
+	for _, l := range all {
+		l.mu.Lock()
+		if l.lease != nil {
+			l.lease.Return(false)
+			l.lease = nil
+		}
+		if l.idle != nil {
+			l.idle.Stop()
+		}
+		l.mu.Unlock()
+	}
+}
+
+// direct sends a request on the direct lane when it can: it returns the
+// engine's answer as a reply, or nil when the request takes the queue
+// (no lease, or the engine failed before answering: the lease is given
+// back as failed). ask, when not nil, is to be called once the request is
+// done: it asks for a lease (see take).
+func (g *Gateway) direct(ctx context.Context, model *ModelConfig, x *exchange, body []byte) (reply queue.Reply, ask func()) {
+	if x.endpoint != endpointChat && x.endpoint != endpointCompletions {
+		return nil, nil
+	}
+	l, lease, ask := g.lanes.take(model)
+	if lease == nil {
+		return nil, ask
+	}
+	u, err := url.Parse(lease.Root + x.endpoint.path())
+	if err != nil {
+		g.lanes.done(l, true)
+		return nil, nil
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	res, err := g.lanes.engines.RoundTrip(enginecall.NewRequest(rctx, u, body))
+	if err != nil {
+		cancel()
+		// A client gone is not the engine's fault.
+		g.lanes.done(l, ctx.Err() == nil)
+		if ctx.Err() == nil {
+			g.logger.Warn("direct lane: engine unreachable; the request takes the queue", "app", model.App, "root", lease.Root, "err", err)
+		}
+		return nil, nil
+	}
+	if enginecall.Overloaded(res.StatusCode) {
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+		_ = res.Body.Close()
+		cancel()
+		g.lanes.done(l, true)
+		g.logger.Warn("direct lane: engine overloaded; the request takes the queue", "app", model.App, "root", lease.Root, "status", res.StatusCode)
+		return nil, nil
+	}
+	x.lane = laneDirect
+	return &directReply{res: res, cancel: cancel, done: func(failed bool) { g.lanes.done(l, failed) }}, nil
+}
+
+// directReply is an engine's answer on the direct lane, as a queue.Reply.
+type directReply struct {
+	res    *http.Response
+	cancel context.CancelFunc
+	done   func(failed bool)
+	buf    []byte
+	first  bool // the first chunk went out
+	eof    bool
+	failed bool
+	once   sync.Once
+}
+
+func (r *directReply) Next(ctx context.Context) (queue.Chunk, error) {
+	if r.eof {
+		return queue.Chunk{}, io.EOF
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, 32<<10)
+	}
+	var c queue.Chunk
+	if !r.first {
+		r.first = true
+		c.Status, c.Header = r.res.StatusCode, r.res.Header
+	}
+	n, err := r.res.Body.Read(r.buf)
+	c.Data = r.buf[:n]
+	switch {
+	case err == io.EOF:
+		r.eof = true
+		if n == 0 && c.Status == 0 {
+			return queue.Chunk{}, io.EOF
+		}
+		return c, nil
+	case err != nil:
+		if ctx.Err() != nil {
+			return queue.Chunk{}, ctx.Err()
+		}
+		r.failed = true
+		return queue.Chunk{}, fmt.Errorf("%w: the engine broke off its answer: %v", queue.ErrRetriedAfterPartial, err)
+	}
+	return c, nil
+}
+
+// Close ends the answer; an unfinished one is cancelled at the engine.
+func (r *directReply) Close() error {
+	r.once.Do(func() {
+		r.cancel()
+		_ = r.res.Body.Close()
+		r.done(r.failed)
+	})
+	return nil
+}

@@ -1,0 +1,226 @@
+package natsqueue
+
+// Leases: a dispatcher lends a gateway one engine slot, so that the
+// gateway can call a ready engine straight (its direct lane) while the slot
+// counts where every slot counts: against the root's maxConcurrency in the
+// dispatcher's pool, and as in flight for the lifecycle leader, which reads
+// the lease consumer's unacknowledged messages.
+//
+// # Protocol
+//
+// The gateway publishes a lease request into the request stream on
+// Names.Lease(app), with Orch-Reply (a core NATS subject it listens on)
+// and Orch-Deadline (Unix milliseconds after which it no longer waits).
+// Each application has a second durable consumer, Names.LeaseConsumer,
+// filtered on that subject; the lifecycle gate pauses it with the
+// application's request consumer. A dispatcher that takes the request
+// takes a free slot on a root (only spare capacity is lent: with none
+// free it refuses at once, Orch-Refusal: busy) and sends the grant (a
+// LeaseGrant, JSON) to Orch-Reply as a request: the gateway answers LeaseTaken, or anything
+// else (or nothing) when it no longer wants it, and the slot is freed.
+// While the gateway holds the lease the dispatcher keeps the request
+// unacknowledged (progress every AckWait/3). The gateway gives the lease
+// back on Names.LeaseReturn(app) with the lease ID as the body, followed
+// by " failed" when the engine failed on it; the dispatcher then frees
+// the slot and acknowledges the request. A lease ends at its MaxAge at the
+// latest; the dispatcher takes it back early, with a KindRevoked message
+// on Orch-Reply, when the root leaves or the dispatcher stops. A request
+// past its deadline is acknowledged and dropped; one the dispatcher cannot
+// serve (routing must choose the root: Orch-Refusal: routing) is refused.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/model-orchestra/operator/internal/queue"
+)
+
+// HeaderDeadline is a lease request's deadline, in Unix milliseconds.
+const HeaderDeadline = "Orch-Deadline"
+
+// Lease message kinds (values of HeaderKind on Orch-Reply).
+const (
+	KindGrant   = "grant"
+	KindRefused = "refused"
+	KindRevoked = "revoked"
+)
+
+// HeaderRefusal says why a lease request was refused (KindRefused).
+const HeaderRefusal = "Orch-Refusal"
+
+// Refusals (values of HeaderRefusal).
+const (
+	// RefusalRouting: the application's routing chooses each request's
+	// root; asking again soon cannot help.
+	RefusalRouting = "routing"
+	// RefusalBusy: no engine slot is free now (only spare capacity is
+	// lent).
+	RefusalBusy = "busy"
+)
+
+// LeaseTaken is the gateway's answer to a grant it keeps.
+const LeaseTaken = "taken"
+
+// LeaseFailed follows the lease ID in a return when the engine failed.
+const LeaseFailed = " failed"
+
+// LeaseGrant is a dispatcher's grant of one engine slot.
+type LeaseGrant struct {
+	// ID names the lease in its return.
+	ID string `json:"id"`
+	// Root is the engine root's base URL.
+	Root string `json:"root"`
+	// Roots is how many roots the application has.
+	Roots int `json:"roots"`
+	// MaxAgeMillis bounds the lease's life from the grant on.
+	MaxAgeMillis int64 `json:"maxAgeMillis"`
+}
+
+// Lease is the subject of an application's lease requests.
+func (n Names) Lease(app string) string { return "orchestra." + n.token() + ".lease." + app }
+
+// LeaseWildcard matches every application's lease requests.
+func (n Names) LeaseWildcard() string { return "orchestra." + n.token() + ".lease.*" }
+
+// LeaseConsumer is the durable pull consumer of an application's lease
+// requests.
+func (n Names) LeaseConsumer(app string) string { return "lease-" + app }
+
+// LeaseReturn is where gateways give leases of an application back.
+func (n Names) LeaseReturn(app string) string {
+	return "orchestra." + n.token() + ".lease-return." + app
+}
+
+// leaseWait bounds how long a gateway waits for a grant: a lease is only
+// worth having soon (requests meanwhile take the queue).
+const leaseWait = 2 * time.Second
+
+var _ queue.Leaser = (*Client)(nil)
+
+// Lease asks the application's dispatchers for an engine slot (see the
+// protocol above). It waits at most until ctx ends or leaseWait passes.
+func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
+	if err := ValidToken(app); err != nil {
+		return queue.Lease{}, fmt.Errorf("application: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, leaseWait)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	inbox := c.prefix + "lease." + strings.ToLower(nuid.Next())
+	grants := make(chan *nats.Msg, 1)
+	revoked := make(chan struct{})
+	var (
+		mu      sync.Mutex
+		granted bool
+		once    sync.Once
+	)
+	sub, err := c.nc.Subscribe(inbox, func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch m.Header.Get(HeaderKind) {
+		case KindGrant:
+			if granted {
+				_ = m.Respond([]byte(AcceptGone)) // one lease per request
+				return
+			}
+			select {
+			case grants <- m:
+				granted = true
+			default:
+				_ = m.Respond([]byte(AcceptGone))
+			}
+		case KindRefused:
+			select {
+			case grants <- m:
+			default:
+			}
+		case KindRevoked:
+			once.Do(func() { close(revoked) })
+		}
+	})
+	if err != nil {
+		return queue.Lease{}, fmt.Errorf("listening for a lease: %w", err)
+	}
+	h := nats.Header{
+		HeaderApp:      []string{app},
+		HeaderReply:    []string{inbox},
+		HeaderDeadline: []string{strconv.FormatInt(deadline.UnixMilli(), 10)},
+	}
+	msg := &nats.Msg{Subject: c.names.Lease(app), Header: h}
+	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
+		_ = sub.Unsubscribe()
+		return queue.Lease{}, fmt.Errorf("%w: asking for a lease: %v", queue.ErrNoLease, err)
+	}
+	var m *nats.Msg
+	select {
+	case m = <-grants:
+	case <-ctx.Done():
+		mu.Lock()
+		// A grant that arrives from now on is answered "gone".
+		granted = true
+		select {
+		case m = <-grants:
+		default:
+		}
+		mu.Unlock()
+		if m == nil || m.Header.Get(HeaderKind) != KindGrant {
+			_ = sub.Unsubscribe()
+			return queue.Lease{}, fmt.Errorf("%w: no slot within %s", queue.ErrNoLease, leaseWait)
+		}
+	}
+	if m.Header.Get(HeaderKind) == KindRefused {
+		_ = sub.Unsubscribe()
+		if m.Header.Get(HeaderRefusal) == RefusalRouting {
+			return queue.Lease{}, fmt.Errorf("%w: %s", queue.ErrLeaseRefused, m.Header.Get(HeaderReason))
+		}
+		return queue.Lease{}, fmt.Errorf("%w: %s", queue.ErrNoLease, m.Header.Get(HeaderReason))
+	}
+	var g LeaseGrant
+	if err := json.Unmarshal(m.Data, &g); err != nil || g.ID == "" || g.Root == "" {
+		_ = m.Respond([]byte(AcceptGone))
+		_ = sub.Unsubscribe()
+		return queue.Lease{}, fmt.Errorf("%w: malformed grant", queue.ErrNoLease)
+	}
+	if err := m.Respond([]byte(LeaseTaken)); err != nil {
+		_ = sub.Unsubscribe()
+		return queue.Lease{}, fmt.Errorf("%w: taking the grant: %v", queue.ErrNoLease, err)
+	}
+	var ret sync.Once
+	subject := c.names.LeaseReturn(app)
+	return queue.Lease{
+		ID:      g.ID,
+		Root:    g.Root,
+		Roots:   g.Roots,
+		Expires: time.Now().Add(time.Duration(g.MaxAgeMillis) * time.Millisecond),
+		Revoked: revoked,
+		Return: func(failed bool) {
+			ret.Do(func() {
+				body := g.ID
+				if failed {
+					body += LeaseFailed
+				}
+				_ = c.nc.Publish(subject, []byte(body))
+				_ = sub.Unsubscribe()
+			})
+		},
+	}, nil
+}
+
+// ParseLeaseReturn reads a lease return's body.
+func ParseLeaseReturn(b []byte) (id string, failed bool, err error) {
+	s := string(b)
+	id, failed = strings.CutSuffix(s, LeaseFailed)
+	if id == "" || strings.ContainsAny(id, " \t\r\n") {
+		return "", false, errors.New("malformed lease return")
+	}
+	return id, failed, nil
+}
