@@ -158,6 +158,13 @@ type PromoteRequest struct {
 	// with ColdS3.
 	Digest   string `json:"digest,omitempty"`
 	Priority int32  `json:"priority,omitempty"`
+	// Sidecar is the base URL (http://<pod IP>:<port>) of the sidecar of
+	// an engine on the agent's node, which hands out the model's files
+	// from its model cache (sidecarapi.PathModelFiles): the cold copy
+	// where the agent does not mount the cache. Exclusive with ColdPath
+	// and ColdS3; the agent verifies every byte against the manifest
+	// sha256 the sidecar names (sidecar.go).
+	Sidecar string `json:"sidecar,omitempty"`
 }
 
 // DemoteRequest is the body of POST /demote: move an artifact's weights

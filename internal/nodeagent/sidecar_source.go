@@ -1,0 +1,107 @@
+package nodeagent
+
+// The cold copy from an engine's sidecar. Where the agent does not mount
+// the model cache (a ReadWriteOnce claim attaches to one node and admits
+// only the engine's pod; the agent runs on every node), the leader's
+// POST /promote names the sidecar of an engine on this node (Sidecar, its
+// base URL), and the agent reads the model's files from it
+// (sidecarapi.PathModelFiles) with the release's caller token. The
+// sidecar only reads its cache; the agent stays the one owner of the
+// copies: it checks the size and hashes every byte with sha256 as it
+// writes the copy under a temporary name, and places it only when the
+// sha256 is the one the fetcher's manifest records (a corrupted cache file
+// is refused and nothing is placed), within its budgets and eviction
+// rules, exactly as for a cache it mounts (modelfile.go).
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
+)
+
+// sidecarHTTP reads the sidecars: a copy of a large model streams for
+// minutes, so only connecting and the answer's headers are bounded (the
+// request's context bounds the rest).
+var sidecarHTTP = &http.Client{Transport: &http.Transport{
+	DialContext:           (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+	ResponseHeaderTimeout: 30 * time.Second,
+	DisableCompression:    true,
+}}
+
+// checkSidecarURL accepts only http://<IP>:<port>: the address of a pod,
+// never a name to resolve, a path or credentials.
+func checkSidecarURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("sidecar %q: %w", s, err)
+	}
+	host, port, err := net.SplitHostPort(u.Host)
+	if u.Scheme != "http" || err != nil || net.ParseIP(host) == nil || port == "" || u.User != nil ||
+		strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("sidecar %q must be http://<pod IP>:<port>", s)
+	}
+	return nil
+}
+
+// sidecarSource lists the model's files at the sidecar base and returns
+// the cold source of a copy of them. Only a model of one file (a GGUF) is
+// a source here: the tiers keep one file per application.
+func (n *Node) sidecarSource(ctx context.Context, base string) (ColdSource, error) {
+	if err := checkSidecarURL(base); err != nil {
+		return nil, err
+	}
+	c := sidecarapi.Client{URL: base, HTTP: sidecarHTTP, Token: nodeapi.TokenFile(n.cfg.CallerTokenFile)}
+	files, err := c.ModelFiles(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing the model's files at the sidecar: %w", err)
+	}
+	if files.Dir || len(files.Files) != 1 {
+		return nil, fmt.Errorf("the sidecar's model %q is a directory of %d files; the tiers keep a copy of one model file", files.Root, len(files.Files))
+	}
+	f := files.Files[0]
+	if f.SHA256 == "" || f.Bytes < 0 {
+		return nil, fmt.Errorf("%w: the sidecar names no sha256 for %s", ErrManifestMismatch, f.Path)
+	}
+	return SidecarFile{Client: c, File: f}, nil
+}
+
+// SidecarFile is one model file an engine's sidecar hands out, with the
+// fetcher's manifest size and sha256 the sidecar listed.
+type SidecarFile struct {
+	Client sidecarapi.Client
+	File   sidecarapi.ModelFile
+}
+
+// Open reads the file from the sidecar. Its size and the sha256 it is
+// sent with must be the listed ones; its reader fails at the end of the
+// bytes, before the copy is placed, when they do not hash to that sha256.
+func (s SidecarFile) Open(ctx context.Context) (io.ReadCloser, int64, error) {
+	rc, n, sha, err := s.Client.OpenModelFile(ctx, s.File.Path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading the cold copy from the sidecar: %w", err)
+	}
+	if n != s.File.Bytes || !strings.EqualFold(sha, s.File.SHA256) {
+		_ = rc.Close() // read-only
+		return nil, 0, fmt.Errorf("%w: %s holds %d bytes sent with sha256 %q, the manifest lists %d bytes with %q", ErrManifestMismatch, s, n, sha, s.File.Bytes, s.File.SHA256)
+	}
+	return &sha256Reader{ReadCloser: rc, h: sha256.New(), want: s.File.SHA256, name: s.String()}, n, nil
+}
+
+// Kind is ColdModelCache: the bytes are the model cache's.
+func (SidecarFile) Kind() string { return nodeapi.ColdModelCache }
+
+func (s SidecarFile) String() string {
+	return strings.TrimSuffix(s.Client.URL, "/") + sidecarapi.PathModelFiles + "/" + s.File.Path + " (the model cache, through the engine's sidecar)"
+}
+
+// SHA256 is the manifest's sha256 of the file, which the copy records.
+func (s SidecarFile) SHA256() string { return strings.ToLower(s.File.SHA256) }
