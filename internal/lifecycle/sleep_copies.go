@@ -7,8 +7,10 @@ package lifecycle
 // asks the node agents for the copies on the same ladder as the
 // simulator's weights:
 //
-//	fall asleep        --> POST /promote {to: hot, coldPath} on each root's node
-//	                       (from the agent's warm copy, else the model cache;
+//	fall asleep        --> POST /promote {to: hot, coldPath | sidecar} on each
+//	                       root's node (from the agent's warm copy, else the
+//	                       model cache: mounted into the agent (coldPath), or
+//	                       read through the sidecar of a root on that node;
 //	                       verified against the fetcher's manifest, within the
 //	                       hot budget and its eviction rules)
 //	parkAfter asleep   --> POST /demote (the agent's hot copy to warm, verified);
@@ -23,6 +25,7 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -58,7 +61,7 @@ func (s *SleepConfig) copyTarget() nodeapi.Tier {
 // time per application.
 func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []sidecarRef) {
 	to := a.Sleep.copyTarget()
-	if !a.Sleep.ModelCopies || a.Sleep.ColdPath == "" || to == "" {
+	if !a.Sleep.ModelCopies || to == "" {
 		return
 	}
 	if a.sl.copying != nil {
@@ -74,14 +77,17 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 	}
 	done := make(chan struct{})
 	a.sl.copying = done
-	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: to, ColdPath: a.Sleep.ColdPath}
+	reqs := make([]nodeapi.PromoteRequest, len(agents))
+	for i, ag := range agents {
+		reqs[i] = c.copyRequest(a.Sleep, ag, sidecars, to)
+	}
 	name, timeout := a.Name, a.Sleep.WakeTimeout.Duration
 	go func() {
 		defer close(done)
-		for _, ag := range agents {
+		for i, ag := range agents {
 			start := time.Now()
 			var e nodeapi.Entry
-			if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, timeout); err != nil {
+			if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, reqs[i], &e, timeout); err != nil {
 				c.log.Warn("placing a copy of the model file for the next wake failed; it reads the tier below", "app", name, "node", ag.node, "tier", to, "err", err)
 				c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, "no %s copy of the model file of %s on %s: %v; the next wake reads the tier below", to, name, ag.node, err)
 				continue
@@ -91,6 +97,26 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 		}
 		a.kickNow() // the next step refreshes the resident tier
 	}()
+}
+
+// copyRequest is the POST /promote of a copy of the model file into tier
+// to on ag's node. Its cold source is the model cache: mounted into the
+// agent (ColdPath, a ReadWriteMany cache), or else read from the sidecar
+// of a root on the agent's node, which mounts the cache whatever its
+// access mode (sidecar_source.go in the node agent). Either way the agent
+// verifies the bytes against the fetcher's manifest.
+func (c *Controller) copyRequest(s *SleepConfig, ag agentRef, sidecars []sidecarRef, to nodeapi.Tier) nodeapi.PromoteRequest {
+	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: s.ModelCheckpoint}, To: to, ColdPath: s.ColdPath}
+	if req.ColdPath != "" {
+		return req
+	}
+	for _, sc := range sidecars {
+		if sc.pod.Spec.NodeName == ag.node && sc.pod.Status.PodIP != "" {
+			req.Sidecar = sc.url
+			break
+		}
+	}
+	return req
 }
 
 // demoteCopies is the parkAfter demotion of engines that load copies:
@@ -103,9 +129,12 @@ func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []s
 	if a.Sleep.usesWarm() {
 		for _, ag := range c.agentsOf(a.Sleep, sidecars) {
 			err := c.demoteWarm(ctx, a, ag, "")
-			if err != nil && a.Sleep.ColdPath != "" {
+			if err != nil {
 				c.log.Info("no hot copy to demote; placing a warm copy from the model cache", "app", a.Name, "agent", ag.pod, "err", err)
-				err = c.promoteWarm(ctx, a, ag, "")
+				var e nodeapi.Entry
+				if err = c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, c.copyRequest(a.Sleep, ag, sidecars, nodeapi.TierWarm), &e, a.Sleep.WakeTimeout.Duration); err != nil {
+					err = fmt.Errorf("node agent %s: %w", ag.pod, err)
+				}
 			}
 			if err != nil {
 				c.log.Warn("placing a warm copy failed (the next wake reads the tier below)", "app", a.Name, "agent", ag.pod, "err", err)
