@@ -16,6 +16,7 @@ package nodeagent
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -53,8 +54,8 @@ func checkSidecarURL(s string) error {
 }
 
 // sidecarSource lists the model's files at the sidecar base and returns
-// the cold source of a copy of them. Only a model of one file (a GGUF) is
-// a source here: the tiers keep one file per application.
+// the cold source of a copy of them: one file (a GGUF), or a directory of
+// files (vLLM's model), copied as one directory copy (store_dir.go).
 func (n *Node) sidecarSource(ctx context.Context, base string) (ColdSource, error) {
 	if err := checkSidecarURL(base); err != nil {
 		return nil, err
@@ -64,8 +65,18 @@ func (n *Node) sidecarSource(ctx context.Context, base string) (ColdSource, erro
 	if err != nil {
 		return nil, fmt.Errorf("listing the model's files at the sidecar: %w", err)
 	}
-	if files.Dir || len(files.Files) != 1 {
-		return nil, fmt.Errorf("the sidecar's model %q is a directory of %d files; the tiers keep a copy of one model file", files.Root, len(files.Files))
+	if files.Dir {
+		d := SidecarDir{Client: c, Root: files.Root}
+		for _, f := range files.Files {
+			d.Files = append(d.Files, nodeapi.CopyFile{Path: f.Path, Bytes: f.Bytes, SHA256: strings.ToLower(f.SHA256)})
+		}
+		if err := checkCopyFiles(d.Files); err != nil {
+			return nil, fmt.Errorf("%w: the sidecar's model %q: %w", ErrManifestMismatch, files.Root, err)
+		}
+		return d, nil
+	}
+	if len(files.Files) != 1 {
+		return nil, fmt.Errorf("the sidecar lists %d files for the model file %q, want one", len(files.Files), files.Root)
 	}
 	f := files.Files[0]
 	if f.SHA256 == "" || f.Bytes < 0 {
@@ -105,3 +116,71 @@ func (s SidecarFile) String() string {
 
 // SHA256 is the manifest's sha256 of the file, which the copy records.
 func (s SidecarFile) SHA256() string { return strings.ToLower(s.File.SHA256) }
+
+// SidecarDir is a model directory an engine's sidecar hands out (vLLM's
+// safetensors model), file by file, with the manifest sizes and sha256
+// it listed: a directory copy's source (store_dir.go).
+type SidecarDir struct {
+	Client sidecarapi.Client
+	Root   string
+	Files  []nodeapi.CopyFile
+}
+
+// CopyFiles implements DirSource.
+func (s SidecarDir) CopyFiles() []nodeapi.CopyFile { return s.Files }
+
+// Open streams the files concatenated in order; each is fetched when the
+// one before it ends, checked to have its listed size and the sha256 it
+// is sent with, and hashed with sha256 as it passes: a file whose bytes
+// do not match fails the copy before it is placed.
+func (s SidecarDir) Open(ctx context.Context) (io.ReadCloser, int64, error) {
+	return &sidecarDirReader{ctx: ctx, src: s}, nodeapi.CopyFilesBytes(s.Files), nil
+}
+
+// Kind is ColdModelCache: the bytes are the model cache's.
+func (SidecarDir) Kind() string { return nodeapi.ColdModelCache }
+
+func (s SidecarDir) String() string {
+	return fmt.Sprintf("%s%s (%d files of the model %q in the model cache, through the engine's sidecar)", strings.TrimSuffix(s.Client.URL, "/"), sidecarapi.PathModelFiles, len(s.Files), s.Root)
+}
+
+type sidecarDirReader struct {
+	ctx context.Context
+	src SidecarDir
+	i   int
+	cur io.ReadCloser
+}
+
+func (r *sidecarDirReader) Read(p []byte) (int, error) {
+	for {
+		if r.cur == nil {
+			if r.i >= len(r.src.Files) {
+				return 0, io.EOF
+			}
+			f := r.src.Files[r.i]
+			rc, _, err := SidecarFile{Client: r.src.Client, File: sidecarapi.ModelFile{Path: f.Path, Bytes: f.Bytes, SHA256: f.SHA256}}.Open(r.ctx)
+			if err != nil {
+				return 0, err
+			}
+			r.cur = rc
+		}
+		n, err := r.cur.Read(p)
+		if errors.Is(err, io.EOF) {
+			_ = r.cur.Close() // read-only
+			r.cur = nil
+			r.i++
+			if n > 0 {
+				return n, nil
+			}
+			continue
+		}
+		return n, err
+	}
+}
+
+func (r *sidecarDirReader) Close() error {
+	if r.cur != nil {
+		return r.cur.Close()
+	}
+	return nil
+}

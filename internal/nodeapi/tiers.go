@@ -50,6 +50,10 @@ type Entry struct {
 	// The sidecar points an engine only at a copy whose SHA256 is the
 	// manifest's sha256 of its model file (internal/sidecar's ModelCopies).
 	SHA256 string `json:"sha256,omitempty"`
+	// Files is the number of files of a directory copy (a vLLM model:
+	// each file verified against the manifest's sha256, listed in the
+	// copy's metadata, CopyMeta.Files); 0 for a copy of one file.
+	Files int `json:"files,omitempty"`
 	// Pinned copies are being read or written and are never evicted.
 	Pinned bool `json:"pinned,omitempty"`
 	// Offload marks an engine's level-1 offload (EngineOffloadName) in
