@@ -60,7 +60,12 @@ func (n *Node) sidecarSource(ctx context.Context, base string) (ColdSource, erro
 	if err := checkSidecarURL(base); err != nil {
 		return nil, err
 	}
-	c := sidecarapi.Client{URL: base, HTTP: sidecarHTTP, Token: nodeapi.TokenFile(n.cfg.CallerTokenFile)}
+	return SidecarModel(ctx, sidecarapi.Client{URL: base, HTTP: sidecarHTTP, Token: nodeapi.TokenFile(n.cfg.CallerTokenFile)})
+}
+
+// SidecarModel lists the model's files at the sidecar c and returns the
+// cold source of a copy of them: a SidecarFile or a SidecarDir.
+func SidecarModel(ctx context.Context, c sidecarapi.Client) (ColdSource, error) {
 	files, err := c.ModelFiles(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing the model's files at the sidecar: %w", err)

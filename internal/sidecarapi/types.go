@@ -127,7 +127,8 @@ type Status struct {
 	LastRestart *RestartReport `json:"lastRestart,omitempty"`
 }
 
-// ModelCopy is one copy of an engine's model file on its node.
+// ModelCopy is one copy of an engine's model (a file, or vLLM's
+// directory) on its node.
 type ModelCopy struct {
 	// Tier is hot (the node agent's RAM tier), warm (its disk tier) or
 	// cold (the model cache).
@@ -137,8 +138,11 @@ type ModelCopy struct {
 	// Bytes is the file's size.
 	Bytes int64 `json:"bytes"`
 	// SHA256 is the fetcher's manifest sha256 the copy was verified
-	// against (empty when the manifest lists none).
+	// against (empty when the manifest lists none, and for a directory).
 	SHA256 string `json:"sha256,omitempty"`
+	// Files is the number of files of a model directory (vLLM's), each
+	// verified against the manifest's sha256; 0 for one model file.
+	Files int `json:"files,omitempty"`
 }
 
 // Restart routes (RestartReport.Via).
