@@ -126,6 +126,24 @@ func (c *Controller) copyRequest(s *SleepConfig, ag agentRef, sidecars []sidecar
 // stays (the agent's budget may still evict it).
 func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []sidecarRef) error {
 	start := c.now()
+	c.demoteCopyToWarm(ctx, a, sidecars)
+	a.sl.level = 2
+	return c.demoted(ctx, a, sidecars, start, "the model file")
+}
+
+// keepsRAM reports whether engines that load copies also keep their
+// weights in their own RAM at level 1 (vLLM, whose level-1 sleep backs
+// them up in CPU memory): their parkAfter demotion puts them to sleep at
+// level 2, which frees that RAM, besides moving the copy.
+func (s *SleepConfig) keepsRAM() bool {
+	return s.ModelCopies && s.Level1Tier == v1alpha1.TierHot
+}
+
+// demoteCopyToWarm asks each root's node agent to move its hot copy of the
+// model to the warm tier (verified), or to place a warm copy from the
+// model cache when it has none. Failures are logged: the next wake reads
+// the tier below.
+func (c *Controller) demoteCopyToWarm(ctx context.Context, a *appState, sidecars []sidecarRef) {
 	if a.Sleep.usesWarm() {
 		for _, ag := range c.agentsOf(a.Sleep, sidecars) {
 			err := c.demoteWarm(ctx, a, ag, "")
@@ -141,8 +159,6 @@ func (c *Controller) demoteCopies(ctx context.Context, a *appState, sidecars []s
 			}
 		}
 	}
-	a.sl.level = 2
-	return c.demoted(ctx, a, sidecars, start, "the model file")
 }
 
 // sidecarsTier is where the sidecars say the engines' next wake reads the

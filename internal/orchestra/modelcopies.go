@@ -22,19 +22,23 @@ import (
 // sidecar, which mounts the cache whatever its access mode. Both engines
 // open their GGUF again at each load (Ollama its blob, llama.cpp's router
 // the preset's model path), so a symlink re-pointed before the wake is all
-// they need; the simulator keeps its own offload and reads the agent's
-// copies itself, and vLLM keeps its level-1 copy in its own process and
-// loads a directory of shards.
+// they need; vLLM reads its --model directory at start and at a level-2
+// wake's reload_weights (its level-1 wake restores its own RAM copy). The
+// simulator keeps its own offload and reads the agent's copies itself.
 func ModelCopies(name string, app v1alpha1.Application, s Sleep) bool {
 	if app.Lifecycle == nil || !s.Enabled() || hasSeat(app) {
 		return false
 	}
-	if s.Tiers.Cold != v1alpha1.ColdTierModelCache || strings.HasPrefix(app.Model.Source, "pvc://") || cacheFile(app.Model.File) == "" {
+	if s.Tiers.Cold != v1alpha1.ColdTierModelCache || strings.HasPrefix(app.Model.Source, "pvc://") {
 		return false
 	}
 	switch app.Runtime.Engine {
 	case v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP:
-		return true
+		return cacheFile(app.Model.File) != ""
+	case v1alpha1.EngineVLLM:
+		// Its model directory (model.file, or the whole cache), on one
+		// node: a multi-node vLLM loads it on every node.
+		return app.Runtime.Workers == 0 && (app.Model.File == "" || cacheFile(app.Model.File) != "")
 	}
 	return false
 }
