@@ -60,28 +60,54 @@ func (s *SleepConfig) copyTarget() nodeapi.Tier {
 // loads the tier below, and the next one the copy. One placement at a
 // time per application.
 func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []sidecarRef) {
-	to := a.Sleep.copyTarget()
-	if !a.Sleep.ModelCopies || to == "" {
+	c.placeCopiesOf(ctx, copyPlacement{
+		app: a.Name, sleep: a.Sleep, running: &a.sl.copying, done: a.kickNow,
+		warn: func(format string, args ...any) { c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, format, args...) },
+	}, sidecars)
+}
+
+// copyPlacement is whose copies placeCopiesOf places: an application's
+// (placeCopies) or a seat-group member's (its sleep in a group's pod).
+type copyPlacement struct {
+	app   string
+	sleep *SleepConfig
+	// running is the channel of the placement under way (closed when it
+	// ended; nil: none started), which placeCopiesOf replaces.
+	running *chan struct{}
+	// done runs when the placement ended (the next step refreshes the
+	// resident tier); warn records a copy not placed.
+	done func()
+	warn func(format string, args ...any)
+}
+
+// placeCopiesOf is the one path of a copy placement: on the node of each
+// of sidecars, a POST /promote of the model into the hottest tier the
+// application uses (copyTarget), from the model cache the agent mounts
+// or through a sidecar on that node (copyRequest), beside the caller's
+// loop, one at a time per application.
+func (c *Controller) placeCopiesOf(ctx context.Context, p copyPlacement, sidecars []sidecarRef) {
+	to := p.sleep.copyTarget()
+	if !p.sleep.ModelCopies || to == "" {
 		return
 	}
-	if a.sl.copying != nil {
+	if *p.running != nil {
 		select {
-		case <-a.sl.copying:
+		case <-*p.running:
 		default:
 			return // the last placement still runs
 		}
 	}
-	agents := c.agentsOf(a.Sleep, sidecars)
+	agents := c.agentsOf(p.sleep, sidecars)
 	if len(agents) == 0 {
 		return
 	}
 	done := make(chan struct{})
-	a.sl.copying = done
+	*p.running = done
 	reqs := make([]nodeapi.PromoteRequest, len(agents))
 	for i, ag := range agents {
-		reqs[i] = c.copyRequest(a.Sleep, ag, sidecars, to)
+		reqs[i] = c.copyRequest(p.sleep, ag, sidecars, to)
 	}
-	name, timeout := a.Name, a.Sleep.WakeTimeout.Duration
+	name, timeout := p.app, p.sleep.WakeTimeout.Duration
 	go func() {
 		defer close(done)
 		for i, ag := range agents {
@@ -89,13 +115,17 @@ func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []si
 			var e nodeapi.Entry
 			if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, reqs[i], &e, timeout); err != nil {
 				c.log.Warn("placing a copy of the model file for the next wake failed; it reads the tier below", "app", name, "node", ag.node, "tier", to, "err", err)
-				c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, "no %s copy of the model file of %s on %s: %v; the next wake reads the tier below", to, name, ag.node, err)
+				if p.warn != nil {
+					p.warn("no %s copy of the model file of %s on %s: %v; the next wake reads the tier below", to, name, ag.node, err)
+				}
 				continue
 			}
 			c.log.Info("copy of the model file placed for the next wake", "app", name, "node", ag.node, "tier", e.Tier,
-				"bytes", e.Bytes, "sha256", e.SHA256, "seconds", time.Since(start).Seconds())
+				"bytes", e.Bytes, "files", e.Files, "sha256", e.SHA256, "seconds", time.Since(start).Seconds())
 		}
-		a.kickNow() // the next step refreshes the resident tier
+		if p.done != nil {
+			p.done()
+		}
 	}()
 }
 
