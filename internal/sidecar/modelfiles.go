@@ -150,3 +150,20 @@ func ModelFilesHandler(modelDir, root string, tok nodeapi.TokenFile) http.Handle
 		}
 	})
 }
+
+// withModelFiles adds the model's files (ModelFilesHandler) to the
+// sidecar's API h when it points its engine at copies (cfg enabled), for
+// the callers with the token in tokenFile.
+func withModelFiles(h http.Handler, cfg ModelCopiesConfig, tokenFile string) http.Handler {
+	if !cfg.Enabled() {
+		return h
+	}
+	files := ModelFilesHandler(cfg.ModelDir, cfg.File, nodeapi.TokenFile(tokenFile))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == sidecarapi.PathModelFiles || strings.HasPrefix(r.URL.Path, sidecarapi.PathModelFiles+"/") {
+			files.ServeHTTP(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

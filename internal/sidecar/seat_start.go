@@ -31,5 +31,5 @@ func StartSeat(ctx context.Context, cfg SeatConfig, reg *prometheus.Registry, lo
 	}
 	seat := NewSeat(cfg, engine, reg, log)
 	go seat.Watch(ctx, max(cfg.PollInterval, time.Second))
-	return seat.Handler(reg), nil
+	return withModelFiles(seat.Handler(reg), cfg.Model, cfg.CallerTokenFile), nil
 }
