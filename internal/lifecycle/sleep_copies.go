@@ -62,7 +62,9 @@ func (s *SleepConfig) copyTarget() nodeapi.Tier {
 func (c *Controller) placeCopies(ctx context.Context, a *appState, sidecars []sidecarRef) {
 	c.placeCopiesOf(ctx, copyPlacement{
 		app: a.Name, sleep: a.Sleep, running: &a.sl.copying, done: a.kickNow,
-		warn: func(format string, args ...any) { c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, format, args...) },
+		warn: func(format string, args ...any) {
+			c.event(a, corev1.EventTypeWarning, EventCopyNotPlaced, format, args...)
+		},
 	}, sidecars)
 }
 
