@@ -338,7 +338,12 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- else if eq $rt.engine "vllm" }}
-{{- $vargs := list "--host=0.0.0.0" (printf "--port=%d" $port) (printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/") (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
+{{- /* With model copies (mo.modelCopies) --model is the sidecar's link to the
+hottest verified copy of the model directory, which vLLM reads at start and
+at a level-2 wake's reload_weights. */}}
+{{- $vmodel := printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/" }}
+{{- if include "mo.modelCopies" . }}{{ $vmodel = "--model=/var/run/model-orchestra/link/model" }}{{ end }}
+{{- $vargs := list "--host=0.0.0.0" (printf "--port=%d" $port) $vmodel (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
 {{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
 {{- $gpus := int (default 0 $rt.gpu.count) }}
 {{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
@@ -360,6 +365,13 @@ args:
     until [ "$(python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))')" -ge {{ add1 $workers }} ]; do sleep 5; done
     exec python3 -m vllm.entrypoints.openai.api_server "$@"
   - vllm
+  {{- range $vargs }}
+  - {{ . | quote }}
+  {{- end }}
+{{- else if include "mo.modelCopies" . }}
+{{- /* The server starts once the sidecar placed the link. */}}
+command: ["/bin/sh", "-c", "until [ -e /var/run/model-orchestra/link/model ]; do sleep 0.2; done; exec python3 -m vllm.entrypoints.openai.api_server \"$@\"", "vllm"]
+args:
   {{- range $vargs }}
   - {{ . | quote }}
   {{- end }}
@@ -581,8 +593,9 @@ volumeMounts:
 {{- end -}}
 
 {{/* "true" when the engine loads the hottest verified copy of its model
-file on its node (the operator's lifecycle.sleep.modelCopies: Ollama and
-llama.cpp outside seat groups, with a model cache the node agent reads):
+on its node (the operator's lifecycle.sleep.modelCopies: Ollama and
+llama.cpp, their GGUF, and single-node vLLM, its model directory, outside
+seat groups, with a fetched model cache of any access mode):
 the sidecar points the link /var/run/model-orchestra/link/model at the node
 agent's hot copy, else its warm copy, else the model cache. Empty otherwise. */}}
 {{- define "mo.modelCopies" -}}
