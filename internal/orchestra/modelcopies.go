@@ -26,7 +26,7 @@ import (
 // wake's reload_weights (its level-1 wake restores its own RAM copy). The
 // simulator keeps its own offload and reads the agent's copies itself.
 func ModelCopies(name string, app v1alpha1.Application, s Sleep) bool {
-	if app.Lifecycle == nil || !s.Enabled() || hasSeat(app) {
+	if app.Lifecycle == nil || (!s.Enabled() && !hasSeat(app)) {
 		return false
 	}
 	if s.Tiers.Cold != v1alpha1.ColdTierModelCache || strings.HasPrefix(app.Model.Source, "pvc://") {

@@ -315,7 +315,10 @@ func TestModelCopies(t *testing.T) {
 		{"ollama, an existing claim", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Cache.ExistingClaim = "models" }), true},
 		{"ollama, a pvc:// source: no fetcher manifest vouches for a copy", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Source, a.Model.Cache = "pvc://models/gguf", nil }), false},
 		{"ollama without a model file", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.File = "" }), false},
-		{"ollama in a seat group", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.Seat = &v1alpha1.SeatSpec{Group: "g"} }), false},
+		{"ollama in a seat group", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.Seat = &v1alpha1.SeatSpec{Group: "g"} }), true},
+		{"vllm in a seat group, without sleepAfter", app(v1alpha1.EngineVLLM, func(a *v1alpha1.Application) {
+			a.Model.File, a.Lifecycle.SleepAfter, a.Lifecycle.Seat = "", nil, &v1alpha1.SeatSpec{Group: "g"}
+		}), true},
 		{"ollama that does not sleep", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), false},
 		{"ollama, cold tier S3", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) {
 			a.Lifecycle.Tiers = &v1alpha1.CheckpointTiers{Cold: v1alpha1.ColdTierS3}

@@ -135,6 +135,9 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 	objs.get(t, "StatefulSet", "x-llama", &sts)
 	if llama := container(t, sts.Spec.Template.Spec, "engine"); len(llama.Command) < 3 || !strings.Contains(llama.Command[2], "until [ -e /var/run/model-orchestra/link/model ]") {
 		t.Errorf("llama.cpp command %q; want it to wait for the link", llama.Command)
+	} else if args := strings.Join(llama.Args, " "); !strings.Contains(args, "--models-preset /etc/orchestra/llama/models.ini") || !strings.Contains(args, "--port 8080") {
+		// The wrapper passes the server's arguments on ("$@").
+		t.Errorf("llama.cpp args %q; want the server's own (its router's preset, its port)", llama.Args)
 	}
 
 	// vLLM loads its model directory through the link, once the sidecar
