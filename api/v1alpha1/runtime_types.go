@@ -40,7 +40,7 @@ type RuntimeSpec struct {
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 
 	// runAsUser is the user id the engine containers run as, and, in a seat
-	// group, the seat sidecar beside each engine (the seat signals the
+	// group, the sidecar beside each engine (the sidecar signals the
 	// engine's processes, which the kernel allows only to the same user).
 	// Empty runs the chart's own Ollama and simulator images as their user
 	// 65532, and any other image (vLLM, llama.cpp and distributed-llama

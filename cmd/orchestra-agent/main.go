@@ -1,6 +1,6 @@
 // Command orchestra-agent puts idle engines to sleep and wakes them, and
 // keeps model weights in a node's RAM and disk tiers. One binary, two roles:
-// --role seat is the sidecar in each engine pod (drives the engine's sleep
+// --role sidecar is the sidecar in each engine pod (drives the engine's sleep
 // API over localhost, serves the engine's readiness), --role node is the
 // DaemonSet that owns the hot (tmpfs) and warm (disk) tiers.
 package main
@@ -34,29 +34,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg := agent.Default()
 	fs := pflag.NewFlagSet("orchestra-agent", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.Role, "role", cfg.Role, "seat (sidecar in an engine pod) or node (DaemonSet owning the hot and warm tiers)")
+	fs.StringVar(&cfg.Role, "role", cfg.Role, "sidecar (the agent beside each engine in its pod) or node (DaemonSet owning the hot and warm tiers); seat is a deprecated alias of sidecar")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address of the agent API, /readyz and /metrics")
 
-	s := &cfg.Seat
-	fs.StringVar(&s.Engine.Kind, "engine", s.Engine.Kind, "seat: engine kind (vllm, simulator, ollama, llamacpp)")
-	fs.StringVar(&s.Engine.URL, "engine-url", s.Engine.URL, "seat: the engine's base URL (localhost)")
-	fs.StringVar(&s.Engine.Model, "model", s.Engine.Model, "seat: model name (ollama, llamacpp router)")
-	fs.StringVar(&s.Engine.KeepAlive, "keep-alive", s.Engine.KeepAlive, "seat: ollama keep_alive of the preload on wake")
-	fs.BoolVar(&s.Engine.SlotSave, "slot-save", s.Engine.SlotSave, "seat: llamacpp saves and restores slot 0's prompt cache around sleep")
-	fs.IntVar(&s.SleepLevel, "sleep-level", s.SleepLevel, "seat: default sleep level (1 keeps weights in RAM, 2 drops them)")
-	fs.DurationVar(&s.DrainTimeout, "drain-timeout", s.DrainTimeout, "seat: wait this long for in-flight requests before giving up a sleep")
-	fs.DurationVar(&s.SleepTimeout, "sleep-timeout", s.SleepTimeout, "seat: bound of the engine's sleep call")
-	fs.DurationVar(&s.WakeTimeout, "wake-timeout", s.WakeTimeout, "seat: bound of the engine's wake call")
-	fs.DurationVar(&s.PollInterval, "poll-interval", s.PollInterval, "seat: pace of drain checks")
-	fs.BoolVar(&s.RestartProcess, "restart-process", s.RestartProcess, "seat: POST /restart stops the engine container's processes (found by the port of --engine-url) for the kubelet to start it again; needs shareProcessNamespace and the engine's user")
-	fs.DurationVar(&s.RestartGrace, "restart-grace", s.RestartGrace, "seat: wait between SIGTERM and SIGKILL of a process restart")
-	fs.StringVar(&s.Model.Link, "model-link", s.Model.Link, "seat: symlink the engine opens as its model file (in a directory shared with the engine); the seat points it at the hottest verified copy at start and before each wake (ollama, llamacpp); empty: not pointed")
-	fs.StringVar(&s.Model.ModelDir, "model-dir", s.Model.ModelDir, "seat: the model cache (e.g. /models), with the fetcher's .orchestra/manifest.json (--model-link)")
-	fs.StringVar(&s.Model.File, "model-file", s.Model.File, "seat: the model file inside --model-dir (--model-link)")
-	fs.StringVar(&s.Model.HotDir, "copy-hot-dir", s.Model.HotDir, "seat: the node agent's hot tier directory of the namespace (--model-link); empty: not used")
-	fs.StringVar(&s.Model.WarmDir, "copy-warm-dir", s.Model.WarmDir, "seat: the node agent's warm tier directory of the namespace (--model-link); empty: not used")
-	fs.StringVar(&s.Model.Name, "copy-name", s.Model.Name, "seat: the copies' name in the tiers (the ModelCheckpoint's) (--model-link)")
-	fs.StringVar(&s.NvidiaSMI, "nvidia-smi", s.NvidiaSMI, "seat: nvidia-smi binary to read the engine's device memory with (by its processes' PIDs; needs shareProcessNamespace); empty: the engine's own report")
+	s := &cfg.Sidecar
+	fs.StringVar(&s.Engine.Kind, "engine", s.Engine.Kind, "sidecar: engine kind (vllm, simulator, ollama, llamacpp)")
+	fs.StringVar(&s.Engine.URL, "engine-url", s.Engine.URL, "sidecar: the engine's base URL (localhost)")
+	fs.StringVar(&s.Engine.Model, "model", s.Engine.Model, "sidecar: model name (ollama, llamacpp router)")
+	fs.StringVar(&s.Engine.KeepAlive, "keep-alive", s.Engine.KeepAlive, "sidecar: ollama keep_alive of the preload on wake")
+	fs.BoolVar(&s.Engine.SlotSave, "slot-save", s.Engine.SlotSave, "sidecar: llamacpp saves and restores slot 0's prompt cache around sleep")
+	fs.IntVar(&s.SleepLevel, "sleep-level", s.SleepLevel, "sidecar: default sleep level (1 keeps weights in RAM, 2 drops them)")
+	fs.DurationVar(&s.DrainTimeout, "drain-timeout", s.DrainTimeout, "sidecar: wait this long for in-flight requests before giving up a sleep")
+	fs.DurationVar(&s.SleepTimeout, "sleep-timeout", s.SleepTimeout, "sidecar: bound of the engine's sleep call")
+	fs.DurationVar(&s.WakeTimeout, "wake-timeout", s.WakeTimeout, "sidecar: bound of the engine's wake call")
+	fs.DurationVar(&s.PollInterval, "poll-interval", s.PollInterval, "sidecar: pace of drain checks")
+	fs.BoolVar(&s.RestartProcess, "restart-process", s.RestartProcess, "sidecar: POST /restart stops the engine container's processes (found by the port of --engine-url) for the kubelet to start it again; needs shareProcessNamespace and the engine's user")
+	fs.DurationVar(&s.RestartGrace, "restart-grace", s.RestartGrace, "sidecar: wait between SIGTERM and SIGKILL of a process restart")
+	fs.StringVar(&s.Model.Link, "model-link", s.Model.Link, "sidecar: symlink the engine opens as its model file (in a directory shared with the engine); the sidecar points it at the hottest verified copy at start and before each wake (ollama, llamacpp); empty: not pointed")
+	fs.StringVar(&s.Model.ModelDir, "model-dir", s.Model.ModelDir, "sidecar: the model cache (e.g. /models), with the fetcher's .orchestra/manifest.json (--model-link)")
+	fs.StringVar(&s.Model.File, "model-file", s.Model.File, "sidecar: the model file inside --model-dir (--model-link)")
+	fs.StringVar(&s.Model.HotDir, "copy-hot-dir", s.Model.HotDir, "sidecar: the node agent's hot tier directory of the namespace (--model-link); empty: not used")
+	fs.StringVar(&s.Model.WarmDir, "copy-warm-dir", s.Model.WarmDir, "sidecar: the node agent's warm tier directory of the namespace (--model-link); empty: not used")
+	fs.StringVar(&s.Model.Name, "copy-name", s.Model.Name, "sidecar: the copies' name in the tiers (the ModelCheckpoint's) (--model-link)")
+	fs.StringVar(&s.NvidiaSMI, "nvidia-smi", s.NvidiaSMI, "sidecar: nvidia-smi binary to read the engine's device memory with (by its processes' PIDs; needs shareProcessNamespace); empty: the engine's own report")
 
 	n := &cfg.Node
 	fs.StringVar(&n.Store.HotDir, "hot-dir", n.Store.HotDir, "node: hot tier directory (a tmpfs)")
@@ -76,7 +76,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&n.MountHotTier, "mount-hot-tier", n.MountHotTier, "node: mount a tmpfs with huge=within_size (size: the hot budget) at --hot-dir unless it is a mount point (needs CAP_SYS_ADMIN)")
 	fs.StringVar(&n.SnapshotDir, "snapshot-dir", n.SnapshotDir, "node: directory for process snapshots (criu images); empty disables them")
 	fs.DurationVar(&n.PromoteInterval, "promote-interval", n.PromoteInterval, "node: predict the artifacts' next wakes from the reported ones (POST /wakes) and promote the due ones a tier up at this period; 0 never")
-	callerToken := fs.String("caller-token-file", "", "seat and node: file holding the release's caller token (a mounted Secret key): the mutating endpoints accept only requests carrying it (Authorization: Bearer); empty accepts any caller the network lets through")
+	callerToken := fs.String("caller-token-file", "", "sidecar and node: file holding the release's caller token (a mounted Secret key): the mutating endpoints accept only requests carrying it (Authorization: Bearer); empty accepts any caller the network lets through")
 	fs.DurationVar(&n.PromoteMargin, "promote-margin", n.PromoteMargin, "node: start a promotion this much before its copy time says it must")
 
 	verify := fs.DurationSlice("verify-interval", []time.Duration{n.VerifyInterval}, "node: re-hash every kept copy at this period and drop one that no longer matches its digest; given several times (one per application), the shortest wins; 0 never")
@@ -112,6 +112,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		h = slog.NewTextHandler(stderr, nil)
 	}
 	log := slog.New(h).With("app", "orchestra-agent")
+	if role, deprecated := agent.CanonicalRole(cfg.Role); deprecated {
+		log.Warn("--role "+cfg.Role+" is deprecated and will be removed in the next release: use --role "+role, "role", role)
+		cfg.Role = role
+	}
 
 	if err := errors.Join(append(coldErrs, cfg.Validate())...); err != nil {
 		log.Error("invalid configuration", "err", err)

@@ -57,3 +57,28 @@ func TestInvalidConfigExits2NamingTheField(t *testing.T) {
 		t.Fatalf("bad size: exit %d, want 2", code)
 	}
 }
+
+// --role seat, the sidecar's name before "seat" meant only a seat group's
+// accelerator seat, still starts the sidecar for one release, with a
+// warning: the chart's pods of the previous release keep their flags until
+// they roll.
+func TestRoleSeatIsADeprecatedAliasOfSidecar(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--role", "seat", "--check-config"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var cfg agent.Config
+	if err := json.Unmarshal(out.Bytes(), &cfg); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if cfg.Role != agent.RoleSidecar {
+		t.Errorf("role %q, want %q", cfg.Role, agent.RoleSidecar)
+	}
+	if !strings.Contains(errb.String(), "deprecated") || !strings.Contains(errb.String(), "--role sidecar") {
+		t.Errorf("stderr %q does not warn that --role seat is deprecated", errb.String())
+	}
+	errb.Reset()
+	if code := run([]string{"--role", "sidecar", "--check-config"}, &out, &errb); code != 0 || strings.Contains(errb.String(), "deprecated") {
+		t.Errorf("--role sidecar: exit %d, stderr %q; want 0 and no warning", code, errb.String())
+	}
+}

@@ -53,7 +53,7 @@ func main() {
 	flag.DurationVar(&cfg.Faults.WakeDelay, "fault-wake-delay", cfg.Faults.WakeDelay, "fault: every wake takes this much longer")
 	flag.BoolVar(&cfg.Faults.WakeFail, "fault-wake-fail", cfg.Faults.WakeFail, "fault: every wake fails and the engine stays asleep")
 	flag.BoolVar(&cfg.Faults.SleepLeak, "fault-sleep-leak", cfg.Faults.SleepLeak, "fault: sleep keeps the weights in memory (vllm#47654)")
-	restartable := flag.Bool("restartable", false, "serve an engine the seat agent can restart in place (POST /orchestra/restart: it returns its memory and starts again on its next wake); injected crashes then abort only the connection")
+	restartable := flag.Bool("restartable", false, "serve an engine the sidecar can restart in place (POST /orchestra/restart: it returns its memory and starts again on its next wake); injected crashes then abort only the connection")
 	crashConn := flag.Bool("crash-connection-only", false, "an injected crash aborts only the request's connection instead of exiting the process")
 	checkConfig := flag.Bool("check-config", false, "validate the flags and exit")
 	jsonLogs := flag.Bool("log-json", true, "log in JSON")

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
@@ -106,7 +107,7 @@ func measureSim(r *row, n int64, hot, disk string, dev *arena.Device, src, dst *
 	if r.warm, err = wake(srv.URL); err != nil {
 		return err
 	}
-	if r.warm.Tier != sim.TierWarm {
+	if r.warm.Tier != v1alpha1.TierWarm {
 		return fmt.Errorf("the warm wake came from %s", r.warm.Tier)
 	}
 	after1, after2, err := rawReads(rd, "warm raw", warm, true)

@@ -4,7 +4,7 @@
 // builds it (tests start an agent in process with it). The roles are
 // packages of their own:
 //
-//   - internal/sidecar (--role seat): the per-engine sidecar, which drives
+//   - internal/sidecar (--role sidecar): the per-engine sidecar, which drives
 //     its engine's own sleep and wake API; its wire types and client are
 //     internal/sidecarapi;
 //   - internal/nodeagent (--role node): the node agent, which owns the

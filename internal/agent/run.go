@@ -37,8 +37,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 func Start(ctx context.Context, cfg Config, log *slog.Logger) (http.Handler, error) {
 	reg := agenthttp.NewRegistry()
 	switch cfg.Role {
-	case RoleSeat:
-		return sidecar.StartSeat(ctx, cfg.Seat, reg, log.With("role", RoleSeat))
+	case RoleSidecar:
+		return sidecar.Start(ctx, cfg.Sidecar, reg, log.With("role", RoleSidecar))
 	case RoleNode:
 		return nodeagent.StartNode(ctx, cfg.Node, reg, log.With("role", RoleNode))
 	}

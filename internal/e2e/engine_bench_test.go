@@ -84,7 +84,7 @@ type engineSize struct {
 // tiny generated model and a larger one, interleaved in one run: the first
 // request at zero pods to its first token against a plain scale 0 -> 1 of
 // the same StatefulSet to its engine's first answer; a wake from sleep
-// (the seat unloads with keep_alive 0 and reloads) against that cold
+// (the sidecar unloads with keep_alive 0 and reloads) against that cold
 // start; and the first token and tokens/s through the gateway and queue
 // against straight to the engine, through one and three plain relay pods.
 // With -engine-bench-ttft only the first-token sets run, on the tiny model.
@@ -291,7 +291,7 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 // benchFirstTokens runs benchPairs sets of streamed chats to the awake
 // root of the zero application, one a path of firstTokenPaths in rotating
 // order, and round trips through the NATS pod between them. The root has
-// no seat: direct requests, which the lifecycle does not see, cannot make
+// no sidecar: direct requests, which the lifecycle does not see, cannot make
 // it fall asleep in the middle.
 func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token string, relays []string, s *engineSize, round int) {
 	t.Helper()
@@ -442,8 +442,8 @@ func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token st
 		if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep {
 			return fmt.Errorf("%s: lifecycle %s; want Asleep", s.sleep, lifecycleJSON(st.Lifecycle))
 		}
-		if seat, err := seatState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || seat.State != sidecarapi.Asleep {
-			return fmt.Errorf("%s: seat %+v (%v); want Asleep", s.sleep, seat, err)
+		if sc, err := sidecarState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || sc.State != sidecarapi.Asleep {
+			return fmt.Errorf("%s: sidecar %+v (%v); want Asleep", s.sleep, sc, err)
 		}
 		return nil
 	})

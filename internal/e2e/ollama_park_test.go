@@ -122,7 +122,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 			}
 			return nil
 		})
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierHot); !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy after parking %+v (%v); want %d bytes with the manifest's sha256", e, ok, size)
 		}
 		eventually(t, 30*time.Second, func() error {
@@ -146,7 +146,7 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		capture := func() {
 			pods, _ := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name})
 			for _, p := range pods.Items {
-				containers := map[string][]string{"root": {"seat", "engine"}, "checkpoint-agent": {"agent"}}[p.Labels["app.kubernetes.io/component"]]
+				containers := map[string][]string{"root": {"sidecar", "engine"}, "checkpoint-agent": {"agent"}}[p.Labels["app.kubernetes.io/component"]]
 				for _, c := range containers {
 					logs, lerr := env.cs.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: c, LimitBytes: new(int64(16 << 10))}).DoRaw(ctx)
 					fmt.Fprintf(&woke, "pod %s container %s (%v), first lines:\n%s\n", p.Name, c, lerr, logs)
@@ -186,12 +186,12 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 		if woken.UID == root.UID || woken.Spec.NodeName != node {
 			t.Errorf("the woken root %s (uid %s) on %s; want a new pod on %s", woken.Name, woken.UID, woken.Spec.NodeName, node)
 		}
-		seat, err := seatState(ctx, ns, woken.Name)
+		sc, err := sidecarState(ctx, ns, woken.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if seat.Model == nil || seat.Model.Path != "/var/run/model-orchestra/hot/"+copyName || seat.Model.Bytes != size {
-			t.Errorf("the new root's sidecar points Ollama at %+v; want the hot copy %s", seat.Model, copyName)
+		if sc.Model == nil || sc.Model.Path != "/var/run/model-orchestra/hot/"+copyName || sc.Model.Bytes != size {
+			t.Errorf("the new root's sidecar points Ollama at %+v; want the hot copy %s", sc.Model, copyName)
 		}
 		if loaded, err := ollamaLoaded(ctx, woken); err != nil || len(loaded) != 1 {
 			t.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)

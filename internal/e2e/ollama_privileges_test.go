@@ -114,7 +114,7 @@ func wantCopyReadersNonRoot(t *testing.T, root *corev1.Pod, hotCopy string) {
 		if sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || (sc.RunAsUser != nil && *sc.RunAsUser == 0) {
 			t.Errorf("container %s security context %+v; want no capability and no root user", c.Name, sc)
 		}
-		if c.Name == "seat" && (sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532) {
+		if c.Name == "sidecar" && (sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65532) {
 			t.Errorf("the sidecar's security context %+v; want our image's user 65532", sc)
 		}
 	}

@@ -27,7 +27,7 @@ import (
 // The applications of TestOllama's ModelOrchestra: the real Ollama engine
 // (the image `make images` builds) on the generated model, fetched from
 // the mirror. One always-on root with a warm-up prompt and one request at
-// a time, one that sleeps through its seat, one that scales to zero.
+// a time, one that sleeps through its sidecar, one that scales to zero.
 const (
 	ollamaChat    = "ollama"
 	ollamaSleepy  = "ollama-sleepy"
@@ -44,7 +44,7 @@ func ollamaServed(app string) string { return app + "-tiny" }
 // JetStream and the dispatcher, with the model the operator's fetch Job
 // downloaded from the mirror into the cache: what a user of
 // runtime.engine: ollama sees, from the first answer to scale to zero,
-// sleep through the seat and an engine crash in the middle of a stream.
+// sleep through the sidecar and an engine crash in the middle of a stream.
 func TestOllama(t *testing.T) {
 	requireOllama(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -195,7 +195,7 @@ func TestOllama(t *testing.T) {
 		}
 	})
 
-	t.Run("sleep and wake through the seat with the real process", func(t *testing.T) {
+	t.Run("sleep and wake through the sidecar with the real process", func(t *testing.T) {
 		sleepyRoot := appRoot(ctx, t, ns, name, ollamaSleepy)
 		model := ollamaServed(ollamaSleepy)
 		if _, err := stack.StreamChatOnceReachable(ctx, base, token, model, "hello", 8, nil, 30*time.Second); err != nil {
@@ -209,12 +209,12 @@ func TestOllama(t *testing.T) {
 			if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep {
 				return fmt.Errorf("lifecycle %s; want Asleep", lifecycleJSON(st.Lifecycle))
 			}
-			seat, err := seatState(ctx, ns, sleepyRoot.Name)
+			sc, err := sidecarState(ctx, ns, sleepyRoot.Name)
 			if err != nil {
 				return err
 			}
-			if seat.State != sidecarapi.Asleep {
-				return fmt.Errorf("seat %s; want Asleep", seat.State)
+			if sc.State != sidecarapi.Asleep {
+				return fmt.Errorf("sidecar %s; want Asleep", sc.State)
 			}
 			if loaded, err := ollamaLoaded(ctx, sleepyRoot); err != nil || len(loaded) != 0 {
 				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)

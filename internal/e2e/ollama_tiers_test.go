@@ -53,7 +53,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	}
 	callerToken := string(sec.Data["token"])
 
-	if st, err := seatState(ctx, ns, root.Name); err != nil || st.Model == nil || st.Model.Tier != "cold" || st.Model.Path != "/models/"+stack.DemoFile {
+	if st, err := sidecarState(ctx, ns, root.Name); err != nil || st.Model == nil || st.Model.Tier != v1alpha1.TierCold || st.Model.Path != "/models/"+stack.DemoFile {
 		t.Fatalf("at start the sidecar pointed Ollama at %+v (%v); want the model cache's %s (no copy on the node yet)", st, err, stack.DemoFile)
 	}
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
@@ -73,12 +73,12 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			if lc := st.Lifecycle; lc == nil || lc.State != v1alpha1.LifecycleAsleep || lc.ResidentTier != tier {
 				return fmt.Errorf("lifecycle %s; want Asleep with residentTier %s", lifecycleJSON(st.Lifecycle), tier)
 			}
-			seat, err := seatState(ctx, ns, root.Name)
+			sc, err := sidecarState(ctx, ns, root.Name)
 			if err != nil {
 				return err
 			}
-			if seat.State != sidecarapi.Asleep || seat.Model == nil || seat.Model.Path != path || seat.Model.Bytes != size {
-				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", seat.State, seat.Model, path, size)
+			if sc.State != sidecarapi.Asleep || sc.Model == nil || sc.Model.Path != path || sc.Model.Bytes != size {
+				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", sc.State, sc.Model, path, size)
 			}
 			if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 0 {
 				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)
@@ -113,12 +113,12 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			}
 			return nil
 		})
-		seat, err := seatState(ctx, ns, root.Name)
+		sc, err := sidecarState(ctx, ns, root.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if seat.Model == nil || seat.Model.Path != path || seat.LastWake == nil || seat.LastWake.Transfer == nil || seat.LastWake.Transfer.Tier != string(tierName(tier)) || !seat.LastWake.Transfer.Verified {
-			t.Errorf("the sidecar says the engine loaded %+v, its last wake %s; want %s, verified", seat.Model, jsonOf(seat.LastWake), path)
+		if sc.Model == nil || sc.Model.Path != path || sc.LastWake == nil || sc.LastWake.Transfer == nil || sc.LastWake.Transfer.Tier != tier || !sc.LastWake.Transfer.Verified {
+			t.Errorf("the sidecar says the engine loaded %+v, its last wake %s; want %s, verified", sc.Model, jsonOf(sc.LastWake), path)
 		}
 		if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 1 {
 			t.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)
@@ -128,7 +128,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 	hotPath := "/var/run/model-orchestra/hot/" + copyName
 	t.Run("asleep, the node agent holds a verified hot copy and the wake loads it", func(t *testing.T) {
 		asleepIn(t, v1alpha1.TierHot, hotPath)
-		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot)
+		e, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierHot)
 		if !ok || e.SHA256 != sha || e.Bytes != size {
 			t.Fatalf("the node agent's hot copy %+v (%v); want %d bytes verified against the manifest's sha256 %s", e, ok, size, sha)
 		}
@@ -172,7 +172,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		}
 		var verified []nodeapi.Verification
 		if err := json.Unmarshal(body, &verified); err != nil || !slices.ContainsFunc(verified, func(v nodeapi.Verification) bool {
-			return v.Namespace == ns && v.Name == copyName && v.Tier == nodeapi.TierHot && v.Dropped
+			return v.Namespace == ns && v.Name == copyName && v.Tier == v1alpha1.TierHot && v.Dropped
 		}) {
 			t.Fatalf("POST /verify answered %s (%v); want the hot copy that no longer matches its digest dropped", body, err)
 		}
@@ -183,7 +183,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		// manifest's sha256. Either way the corrupted bytes are never
 		// loaded.
 		tier, path := v1alpha1.TierCold, "/models/"+stack.DemoFile
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); ok {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierHot); ok {
 			if e.SHA256 != sha || e.Bytes != size || !e.VerifiedAt.After(time.Now().Add(-2*time.Minute)) {
 				t.Fatalf("after the drop the node agent lists the hot copy %+v; want none, or a new one verified against the manifest", e)
 			}
@@ -201,10 +201,10 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 		}
 		warmPath := "/var/run/model-orchestra/warm/" + copyName
 		asleepIn(t, v1alpha1.TierWarm, warmPath)
-		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierHot); ok {
+		if _, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierHot); ok {
 			t.Error("the hot copy stayed after the demotion")
 		}
-		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, nodeapi.TierWarm); !ok || e.SHA256 != sha {
+		if e, ok := agentCopy(ctx, t, agentURL, ns, copyName, v1alpha1.TierWarm); !ok || e.SHA256 != sha {
 			t.Fatalf("the warm copy %+v (%v); want the manifest's sha256 carried from the hot copy", e, ok)
 		}
 		wakeFrom(t, v1alpha1.TierWarm, warmPath)
@@ -218,17 +218,6 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 			}
 		}
 	})
-}
-
-// tierName is the sidecar's and agent's name of a tier.
-func tierName(t v1alpha1.Tier) nodeapi.Tier {
-	switch t {
-	case v1alpha1.TierHot:
-		return nodeapi.TierHot
-	case v1alpha1.TierWarm:
-		return nodeapi.TierWarm
-	}
-	return nodeapi.TierCold
 }
 
 // ollamaTiers is a sleeping Ollama application (ollamaTiersResource),
@@ -309,7 +298,7 @@ func nodeAgentURL(ctx context.Context, t *testing.T, ns, release, node string) s
 }
 
 // agentCopy is the node agent's copy of name in tier, if it holds one.
-func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tier nodeapi.Tier) (nodeapi.Entry, bool) {
+func agentCopy(ctx context.Context, t *testing.T, agentURL, ns, name string, tier v1alpha1.Tier) (nodeapi.Entry, bool) {
 	t.Helper()
 	var st nodeapi.TiersStatus
 	if err := (nodeapi.Client{URL: agentURL, HTTP: http.DefaultClient}).Call(ctx, http.MethodGet, nodeapi.PathTiers, nil, &st); err != nil {

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -125,7 +126,7 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	// The sleeping simulator sleeps into the hot directory as non-root.
 	root := appRoot(ctx, t, ns, name, "sleepy")
 	eventually(t, time.Minute, func() error {
-		st, err := seatState(ctx, ns, root.Name)
+		st, err := sidecarState(ctx, ns, root.Name)
 		if err == nil && (st.State != sidecarapi.Asleep || st.Level != 1) {
 			err = fmt.Errorf("seat %s at level %d; want Asleep at level 1", st.State, st.Level)
 		}
@@ -156,9 +157,9 @@ func TestNoEngineRunsAsRoot(t *testing.T) {
 	if res.Content == "" {
 		t.Errorf("the chat that woke the sleeping simulator answered nothing: %+v", res)
 	}
-	st, err := seatState(ctx, ns, root.Name)
+	st, err := sidecarState(ctx, ns, root.Name)
 	must(t, err)
-	if st.State != sidecarapi.Awake || st.LastWake == nil || st.LastWake.Transfer == nil || st.LastWake.Transfer.Tier != "hot" || !st.LastWake.Transfer.Verified {
+	if st.State != sidecarapi.Awake || st.LastWake == nil || st.LastWake.Transfer == nil || st.LastWake.Transfer.Tier != v1alpha1.TierHot || !st.LastWake.Transfer.Verified {
 		t.Errorf("after the chat: seat %s, last wake %+v; want Awake, woken from the hot tier, verified", st.State, st.LastWake)
 	} else {
 		t.Logf("woken from the hot tier: %d bytes, verified, in %.3f s", st.LastWake.Transfer.Bytes, st.LastWake.Seconds)

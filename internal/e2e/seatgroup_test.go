@@ -39,7 +39,7 @@ const (
 // (priority 0, minResidency 5s) and delta (priority 0, its simulator
 // leaking its memory at every sleep, vllm#47654) share one seat, with
 // 16 MiB of weights each. The group runs as one pod with an engine and a
-// seat agent per application, and each application's EndpointSlice leads
+// sidecar per application, and each application's EndpointSlice leads
 // to its own engine's port in that pod. In sequence, through the gateway,
 // JetStream and the dispatcher's lifecycle leader:
 //

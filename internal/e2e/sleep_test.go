@@ -35,7 +35,7 @@ const (
 	sleepMemLimit    = "2432Mi"
 	sleepMemRequest  = "1152Mi"
 	sleepPolicy      = "fast-resume"
-	seatPort         = 9300 // the seat sidecar's port in a root pod
+	sidecarPort      = 9300 // the sidecar's port in a root pod
 	enginePort       = 8080 // the simulator's port in a root pod
 )
 
@@ -141,9 +141,9 @@ func TestSleepAndWake(t *testing.T) {
 		if err != nil || len(roots.Items) == 0 || roots.Items[0].Status.PodIP == "" {
 			t.Fatalf("the root pod: %v (%d pods)", err, len(roots.Items))
 		}
-		seat := "http://" + net.JoinHostPort(roots.Items[0].Status.PodIP, "9300")
+		sidecar := "http://" + net.JoinHostPort(roots.Items[0].Status.PodIP, "9300")
 		for _, tok := range []string{"", "not-the-release-token"} {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, seat+"/sleep", nil)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, sidecar+"/sleep", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -152,11 +152,11 @@ func TestSleepAndWake(t *testing.T) {
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				t.Fatalf("POST %s/sleep: %v", seat, err)
+				t.Fatalf("POST %s/sleep: %v", sidecar, err)
 			}
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusUnauthorized {
-				t.Errorf("POST %s/sleep with token %t: %d, want 401", seat, tok != "", resp.StatusCode)
+				t.Errorf("POST %s/sleep with token %t: %d, want 401", sidecar, tok != "", resp.StatusCode)
 			}
 		}
 	})
@@ -250,7 +250,7 @@ func TestSleepAndWake(t *testing.T) {
 }
 
 // waitAsleep waits until the application sleeps in a tier tierOK accepts:
-// phase and state Asleep, the seat of its root Asleep, the root pod
+// phase and state Asleep, the sidecar of its root Asleep, the root pod
 // running but not Ready and no EndpointSlice listing it as ready.
 func waitAsleep(ctx context.Context, t *testing.T, ns, name, root string, tierOK func(v1alpha1.Tier) bool) {
 	t.Helper()
@@ -264,12 +264,12 @@ func waitAsleep(ctx context.Context, t *testing.T, ns, name, root string, tierOK
 		if st.Phase != v1alpha1.PhaseAsleep || lc == nil || lc.State != v1alpha1.LifecycleAsleep || !tierOK(lc.ResidentTier) {
 			return fmt.Errorf("application %s: phase %q, lifecycle %s; want phase and state Asleep in the expected tier", app, st.Phase, lifecycleJSON(lc))
 		}
-		seat, err := seatState(ctx, ns, root)
+		sc, err := sidecarState(ctx, ns, root)
 		if err != nil {
 			return err
 		}
-		if seat.State != sidecarapi.Asleep {
-			return fmt.Errorf("the seat of %s is %s; want Asleep", root, seat.State)
+		if sc.State != sidecarapi.Asleep {
+			return fmt.Errorf("the sidecar of %s is %s; want Asleep", root, sc.State)
 		}
 		p, err := env.cs.CoreV1().Pods(ns).Get(ctx, root, metav1.GetOptions{})
 		if err != nil {
@@ -311,7 +311,7 @@ func inEndpointSlice(ctx context.Context, ns, service, pod string) error {
 // wakeByChat sends one streamed chat through the gateway to the sleeping
 // application and checks the wake: the answer complete, the state Awake,
 // lastWake from the tier with every byte restored and verified (by the
-// seat and the simulator), and no request ever refused by the sleeping
+// sidecar and the simulator), and no request ever refused by the sleeping
 // engine.
 func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, model string, from v1alpha1.Tier) {
 	t.Helper()
@@ -353,7 +353,7 @@ func wakeByChat(ctx context.Context, t *testing.T, ns, name, root, base, token, 
 // checkVerifiedWake waits for the application to be Awake after a wake
 // later than wake number after (and for also, when not nil), then checks
 // what every wake from a tier must leave: lastWake from that tier with all
-// the weights' bytes, the seat Awake after a verified restore of them, and
+// the weights' bytes, the sidecar Awake after a verified restore of them, and
 // an engine that refused nothing while it slept and verified the wake.
 func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string, after, weights int64, from v1alpha1.Tier, also func(*v1alpha1.LifecycleStatus) error) *v1alpha1.LifecycleStatus {
 	t.Helper()
@@ -376,15 +376,15 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 	if lw := lc.LastWake; lw.FromTier != from || lw.Bytes != weights {
 		t.Errorf("lastWake = %+v; want fromTier %s and bytes %d (the weights)", lw, from, weights)
 	}
-	seat, err := seatState(ctx, ns, root)
+	sc, err := sidecarState(ctx, ns, root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if seat.State != sidecarapi.Awake || seat.LastWake == nil || seat.LastWake.Transfer == nil ||
-		!seat.LastWake.Transfer.Verified || seat.LastWake.Transfer.Bytes != weights ||
-		!strings.EqualFold(seat.LastWake.Transfer.Tier, string(from)) {
-		t.Errorf("seat of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
-			root, seat.State, jsonOf(seat.LastWake), weights, from)
+	if sc.State != sidecarapi.Awake || sc.LastWake == nil || sc.LastWake.Transfer == nil ||
+		!sc.LastWake.Transfer.Verified || sc.LastWake.Transfer.Bytes != weights ||
+		sc.LastWake.Transfer.Tier != from {
+		t.Errorf("sidecar of %s: state %s, last wake %s; want Awake after a verified restore of %d bytes from the %s tier",
+			root, sc.State, jsonOf(sc.LastWake), weights, from)
 	}
 	m, err := scrape(ctx, ns, root, strconv.Itoa(enginePort))
 	if err != nil {
@@ -396,22 +396,22 @@ func checkVerifiedWake(ctx context.Context, t *testing.T, ns, name, root string,
 	if n := metricValue(m, "orchestra_sim_wakes_total", `result="mismatch"`); n != 0 {
 		t.Errorf("%g wakes failed the hash verification", n)
 	}
-	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+strings.ToLower(string(from))+`"`, `result="ok"`); n < 1 {
+	if n := metricValue(m, "orchestra_sim_wakes_total", `tier="`+string(from)+`"`, `result="ok"`); n < 1 {
 		t.Errorf("the simulator counted no verified wake from the %s tier", from)
 	}
 	return lc
 }
 
-// seatState reads GET /state of the seat sidecar of a root pod through
+// sidecarState reads GET /state of the sidecar of a root pod through
 // the API server's pod proxy.
-func seatState(ctx context.Context, ns, pod string) (*sidecarapi.Status, error) {
-	raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", pod, strconv.Itoa(seatPort), "/state", nil).DoRaw(ctx)
+func sidecarState(ctx context.Context, ns, pod string) (*sidecarapi.Status, error) {
+	raw, err := env.cs.CoreV1().Pods(ns).ProxyGet("http", pod, strconv.Itoa(sidecarPort), "/state", nil).DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading the seat state of %s: %w", pod, err)
+		return nil, fmt.Errorf("reading the sidecar state of %s: %w", pod, err)
 	}
 	st := &sidecarapi.Status{}
 	if err := json.Unmarshal(raw, st); err != nil {
-		return nil, fmt.Errorf("decoding the seat state of %s: %w (%s)", pod, err, raw)
+		return nil, fmt.Errorf("decoding the sidecar state of %s: %w (%s)", pod, err, raw)
 	}
 	return st, nil
 }

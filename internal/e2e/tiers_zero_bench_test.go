@@ -171,15 +171,15 @@ func TestZeroCopyBenchmark(t *testing.T) {
 				if err := agent.Call(ctx, http.MethodPost, nodeapi.PathDemote, nodeapi.DemoteRequest{Key: nodeapi.Key{Namespace: ns, Name: copyName}}, &res); err != nil {
 					logf("round %d: moving the hot copy to the warm tier: %v", round+1, err)
 				}
-				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierHot); ok {
-					_ = agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, nodeapi.TierHot, ns, copyName), nil, nil)
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, v1alpha1.TierHot); ok {
+					_ = agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, v1alpha1.TierHot, ns, copyName), nil, nil)
 				}
-				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierWarm); !ok {
+				if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, v1alpha1.TierWarm); !ok {
 					logf("round %d: no warm copy on %s", round+1, node)
 				}
 				probes = warmProbes
 			}
-			if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, nodeapi.TierHot); kind == zeroCopyWith && !ok {
+			if _, ok := agentCopy(ctx, t, agent.URL, ns, copyName, v1alpha1.TierHot); kind == zeroCopyWith && !ok {
 				// The table's "from" column says which tier it woke from.
 				logf("round %d: parked without a hot copy on %s", round+1, node)
 			}
@@ -321,7 +321,7 @@ func waitParked(ctx context.Context, t *testing.T, ns, name, app, node string) {
 // node without a copy), and checks that none is left.
 func dropCopies(ctx context.Context, t *testing.T, agent nodeapi.Client, ns, name string) {
 	t.Helper()
-	for _, tier := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
+	for _, tier := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
 		err := agent.Call(ctx, http.MethodDelete, fmt.Sprintf("%s/%s/%s/%s", nodeapi.PathTiers, tier, ns, name), nil, nil)
 		if err != nil && !strings.Contains(err.Error(), ": 404") {
 			t.Fatalf("removing the %s copy: %v", tier, err)

@@ -80,8 +80,8 @@ type SeatMember struct {
 	// this long (lifecycle.sleepAfter); 0: it keeps its sidecar until
 	// another application needs it.
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
-	// SeatPort is its sidecar's port in the group's pod.
-	SeatPort int32 `json:"seatPort"`
+	// SidecarPort is its sidecar's port in the group's pod.
+	SidecarPort int32 `json:"sidecarPort"`
 	// AgentSelector selects the node agents' pods (one per node): the
 	// leader reports each swap's sleep and wake of the application to the
 	// agent on the group pod's node (POST /sleeps, POST /wakes), from
@@ -303,8 +303,8 @@ func (c Config) Validate(appNames []string) error {
 			if m.SleepAfter.Duration < 0 {
 				add("lifecycle.seatGroups[%d] (%s): application %q: sleepAfter must not be negative", i, g.Name, m.Name)
 			}
-			if m.SeatPort < 1 || m.SeatPort > 65535 {
-				add("lifecycle.seatGroups[%d] (%s): application %q: seatPort must be a port (1-65535), got %d", i, g.Name, m.Name, m.SeatPort)
+			if m.SidecarPort < 1 || m.SidecarPort > 65535 {
+				add("lifecycle.seatGroups[%d] (%s): application %q: sidecarPort must be a port (1-65535), got %d", i, g.Name, m.Name, m.SidecarPort)
 			}
 			if m.AgentPort < 0 || m.AgentPort > 65535 {
 				add("lifecycle.seatGroups[%d] (%s): application %q: agentPort must be a port (1-65535; 0 for the default), got %d", i, g.Name, m.Name, m.AgentPort)

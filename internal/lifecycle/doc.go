@@ -39,7 +39,7 @@
 // # Sidecars and seats
 //
 // "Sidecar" is the per-engine agent in each root pod (orchestra-agent
-// --role=seat, wire types and client in internal/sidecarapi); "seat" is an
+// --role=sidecar, wire types and client in internal/sidecarapi); "seat" is an
 // accelerator seat of a seat group, which internal/seatgroup's Decide
 // hands out and its Executor applies through the members' sidecars. The
 // leader calls every sidecar, an application's roots and a group pod's

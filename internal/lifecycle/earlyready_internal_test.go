@@ -20,7 +20,7 @@ import (
 // startingRoot is a root pod at ip whose containers run and that the
 // kubelet has not marked Ready: an engine with a startup and a readiness
 // probe on its named port, and a sidecar with a readiness probe of its own.
-func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
+func startingRoot(ip string, enginePort, sidecarPort int32) *corev1.Pod {
 	httpProbe := func(path, port string) *corev1.Probe {
 		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString(port)}}}
 	}
@@ -32,8 +32,8 @@ func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
 				StartupProbe: httpProbe("/health", "http"), ReadinessProbe: httpProbe("/health", "http"),
 			},
 			{
-				Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: seatPort}},
-				ReadinessProbe: httpProbe("readyz", "seat"),
+				Name: "sidecar", Ports: []corev1.ContainerPort{{Name: "sidecar", ContainerPort: sidecarPort}},
+				ReadinessProbe: httpProbe("readyz", "sidecar"),
 			},
 		}},
 		Status: corev1.PodStatus{
@@ -41,7 +41,7 @@ func startingRoot(ip string, enginePort, seatPort int32) *corev1.Pod {
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}},
 			ContainerStatuses: []corev1.ContainerStatus{
 				{Name: "engine", Started: ptr.To(false), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
-				{Name: "seat", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
+				{Name: "sidecar", Started: ptr.To(true), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}},
 			},
 		},
 	}
@@ -67,7 +67,7 @@ func TestEarlyChecksRunThePodsOwnProbes(t *testing.T) {
 			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"ollama", "show", "m"}}}}
 		}, nil, "container engine: an exec probe runs only in the pod"},
 		{"a port name no container port has", func(p *corev1.Pod) { p.Spec.Containers[1].ReadinessProbe.HTTPGet.Port = intstr.FromString("nope") },
-			nil, `container seat: no port named "nope"`},
+			nil, `container sidecar: no port named "nope"`},
 		{"readiness gates", func(p *corev1.Pod) {
 			p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: "example.com/ready"}}
 		}, nil, "the pod has readiness gates"},
@@ -162,18 +162,18 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 		}
 	}))
 	defer engine.Close()
-	seat := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	sidecar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/readyz" {
 			http.NotFound(w, r)
 		}
 	}))
-	defer seat.Close()
+	defer sidecar.Close()
 	port := func(s *httptest.Server) int32 {
 		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
 		n, _ := strconv.Atoi(p)
 		return int32(n)
 	}
-	p := startingRoot("127.0.0.1", port(engine), port(seat))
+	p := startingRoot("127.0.0.1", port(engine), port(sidecar))
 
 	answered := make(chan *corev1.Pod, 4)
 	e := newEarlyReady(slog.New(slog.DiscardHandler), time.Now, func(p *corev1.Pod) { answered <- p })

@@ -201,7 +201,7 @@ func (c *Controller) labelNodes(ctx context.Context, lb *nodeLabeller, apps []*a
 				if e.Namespace != c.deps.Namespace || e.Offload {
 					continue // an engine's own offload is no copy a new pod reads
 				}
-				t := tierOf(string(e.Tier))
+				t := e.Tier
 				if cur, ok := n.Copies[e.Name]; !ok || t == v1alpha1.TierHot && cur != v1alpha1.TierHot {
 					n.Copies[e.Name] = t
 				}

@@ -148,7 +148,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 		apps:      []*appState{newAppState(App{Name: "chat", Sleep: sleep("rel-chat", kc)}), newAppState(App{Name: "other", Sleep: sleep("rel-other", ko)})},
 	}
 	lb := &nodeLabeller{kick: make(chan struct{}, 1), written: map[string]map[string]string{}}
-	entry := func(name string, tier nodeapi.Tier) nodeapi.Entry {
+	entry := func(name string, tier v1alpha1.Tier) nodeapi.Entry {
 		e := nodeapi.Entry{Tier: tier}
 		e.Namespace, e.Name = ns, name
 		return e
@@ -169,12 +169,12 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	// gpu-1 holds chat hot (and, not a copy a new pod reads, an engine's
 	// offload of other, and a copy of another namespace's chat); gpu-2
 	// holds chat warm.
-	off := entry("rel-other", nodeapi.TierHot)
+	off := entry("rel-other", v1alpha1.TierHot)
 	off.Offload = true
-	foreign := entry("rel-chat", nodeapi.TierHot)
+	foreign := entry("rel-chat", v1alpha1.TierHot)
 	foreign.Namespace = "elsewhere"
-	agents.set("gpu-1", entry("rel-chat", nodeapi.TierWarm), entry("rel-chat", nodeapi.TierHot), off)
-	agents.set("gpu-2", entry("rel-chat", nodeapi.TierWarm), foreign)
+	agents.set("gpu-1", entry("rel-chat", v1alpha1.TierWarm), entry("rel-chat", v1alpha1.TierHot), off)
+	agents.set("gpu-2", entry("rel-chat", v1alpha1.TierWarm), foreign)
 	c.labelNodes(ctx, lb, c.labelledApps())
 	want := map[string]map[string]string{
 		"gpu-1": {"kubernetes.io/hostname": "gpu-1", kc: "hot"},
@@ -197,7 +197,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	// The agent on gpu-1 evicts chat; gpu-2 promotes it to hot and
 	// places other warm.
 	agents.set("gpu-1")
-	agents.set("gpu-2", entry("rel-chat", nodeapi.TierHot), entry("rel-other", nodeapi.TierWarm))
+	agents.set("gpu-2", entry("rel-chat", v1alpha1.TierHot), entry("rel-other", v1alpha1.TierWarm))
 	c.labelNodes(ctx, lb, c.labelledApps())
 	want["gpu-1"] = map[string]string{"kubernetes.io/hostname": "gpu-1"}
 	want["gpu-2"] = map[string]string{"kubernetes.io/hostname": "gpu-2", kc: "hot", ko: "warm"}
@@ -210,7 +210,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 	kube.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "nodes"}, "gpu-1", nil)
 	})
-	agents.set("gpu-1", entry("rel-chat", nodeapi.TierWarm))
+	agents.set("gpu-1", entry("rel-chat", v1alpha1.TierWarm))
 	c.labelNodes(ctx, lb, c.labelledApps())
 	c.labelNodes(ctx, lb, c.labelledApps())
 	if n := testutil.ToFloat64(c.pm.labelPatches.WithLabelValues("forbidden")); n != 2 {

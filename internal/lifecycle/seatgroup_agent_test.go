@@ -9,7 +9,6 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
-	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // TestSeatGroupSwapsReachTheNodeAgent: the leader reports each swap of a
@@ -136,7 +135,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 	eventually(t, 10*time.Second, func() error {
 		r := p.agentReport().Promotion
 		for _, d := range r.Done {
-			if d.Name == "demo-alpha" && d.To == nodeapi.TierHot && d.Error == "" {
+			if d.Name == "demo-alpha" && d.To == v1alpha1.TierHot && d.Error == "" {
 				return nil
 			}
 		}
@@ -146,7 +145,7 @@ func TestSeatGroupSwapsReachTheNodeAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, holding("alpha"))
-	if w := p.engines["alpha"].weights(); w.LastWake == nil || w.LastWake.Tier != sim.TierHot || !w.LastWake.Verified {
+	if w := p.engines["alpha"].weights(); w.LastWake == nil || w.LastWake.Tier != v1alpha1.TierHot || !w.LastWake.Verified {
 		t.Errorf("alpha's last wake %+v, want a verified wake from the hot copy the agent promoted", w.LastWake)
 	}
 

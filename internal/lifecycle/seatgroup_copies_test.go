@@ -1,6 +1,8 @@
 package lifecycle_test
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"bufio"
 	"fmt"
 	"net/http"
@@ -35,7 +37,7 @@ func TestSeatGroupMembersGetACopyWhenTheyFallAsleep(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(hot, "demo-alpha")); err != nil {
 			return fmt.Errorf("alpha asleep, the agent's hot copy: %v", err)
 		}
-		if n := seatAgentMetric(t, p.agent.URL, `orchestra_agent_promotions_total{result="ok",tier="hot"}`); n < 1 {
+		if n := seatAgentMetric(t, p.agent.URL, `orchestra_agent_promotions_total{result="ok",tier="Hot"}`); n < 1 {
 			return fmt.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the leader's placement", n)
 		}
 		return nil
@@ -55,7 +57,7 @@ func TestSeatGroupMembersGetACopyWhenTheyFallAsleep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := st.LastWake; w == nil || w.Transfer == nil || w.Transfer.Tier != "hot" || !w.Transfer.Verified {
+	if w := st.LastWake; w == nil || w.Transfer == nil || w.Transfer.Tier != v1alpha1.TierHot || !w.Transfer.Verified {
 		t.Errorf("alpha's wake restored %+v; want the verified hot copy", w)
 	}
 }

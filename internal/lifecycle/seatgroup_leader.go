@@ -29,7 +29,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -141,7 +140,7 @@ func (c *Controller) runSeatGroup(ctx context.Context, g SeatGroup) {
 		cfg.Tick = c.cfg.Tick.Duration
 		var members []seatgroup.Member
 		for _, m := range g.Members {
-			sc := &podSidecar{p: p, app: m.Name, port: m.SeatPort}
+			sc := &podSidecar{p: p, app: m.Name, port: m.SidecarPort}
 			p.sidecars[m.Name] = sc
 			members = append(members, seatgroup.Member{
 				Name: m.Name, Priority: m.Priority, SleepLevel: int(m.SleepLevel), MinResidency: m.MinResidency.Duration,
@@ -308,7 +307,7 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 		rec := sleep.wakeRecord(key, ev.Start)
 		rec.Digest = st.Digest
 		if w := st.LastWake; w != nil && w.Transfer != nil && w.Error == "" {
-			rec.Tier, rec.Bytes = nodeapi.Tier(strings.ToLower(w.Transfer.Tier)), w.Transfer.Bytes
+			rec.Tier, rec.Bytes = w.Transfer.Tier, w.Transfer.Bytes
 			if w.Seconds > 0 {
 				rec.BytesPerSecond = float64(w.Transfer.Bytes) / w.Seconds
 			}

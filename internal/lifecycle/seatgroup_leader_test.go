@@ -259,10 +259,10 @@ seatGroups:
     statefulSet: "demo-seat-accel"
     activeSeats: 1
     members:
-      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, seatPort: 9300,
+      - {name: "alpha", priority: 10, minResidency: "10s", sleepLevel: 1, sidecarPort: 9300,
          agentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent",
          agentPort: 9301, modelCheckpoint: "demo-alpha", coldPath: "alpha/m.gguf"}
-      - {name: "beta", seatPort: 9301}
+      - {name: "beta", sidecarPort: 9301}
 `
 	var cfg lifecycle.Config
 	if err := yaml.UnmarshalStrict([]byte(rendered), &cfg); err != nil {
@@ -273,10 +273,10 @@ seatGroups:
 		t.Fatalf("the chart's shape is invalid: %v", err)
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", Replicas: 1, ActiveSeats: 1, Members: []lifecycle.SeatMember{
-		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SeatPort: 9300,
+		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SidecarPort: 9300,
 			AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301,
 			ModelCheckpoint: "demo-alpha", ColdPath: "alpha/m.gguf"},
-		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SeatPort: 9301, AgentPort: 9301},
+		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SidecarPort: 9301, AgentPort: 9301},
 	}}}
 	if d := cmp.Diff(want, cfg.SeatGroups); d != "" {
 		t.Errorf("parsed and defaulted seat groups (-want +got):\n%s", d)
@@ -295,7 +295,7 @@ seatGroups:
 		{"an application scaled too", func(c *lifecycle.Config) {
 			c.Apps = []lifecycle.App{{Name: "alpha", RootStatefulSet: "x", MinReplicas: 1, MaxReplicas: 1, TargetQueuePerReplica: 1, Scaler: v1alpha1.ScalerBuiltin}}
 		}, `application "alpha" is listed twice`},
-		{"no seat port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SeatPort = 0 }, "seatPort must be a port"},
+		{"no seat port", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SidecarPort = 0 }, "sidecarPort must be a port"},
 		{"a bad sleep level", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].SleepLevel = 3 }, "sleepLevel must be 1 or 2"},
 		{"a bad agent selector", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].AgentSelector = "a b" }, `application "alpha": agentSelector "a b"`},
 		{"an agent without the weights' name", func(c *lifecycle.Config) { c.SeatGroups[0].Members[0].ModelCheckpoint = "" }, "agentSelector needs modelCheckpoint"},

@@ -225,7 +225,7 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		}
 		dcfg.Apps = append(dcfg.Apps, dispatch.App{Name: name, Service: service, PortName: "http", Port: 1, MaxConcurrency: 4})
 		specs = append(specs, natsqueue.ConsumerSpec{App: name, AckWait: 30 * time.Second, MaxAckPending: 100})
-		member := lifecycle.SeatMember{Name: name, SeatPort: port(t, e.seat), Priority: priority[name],
+		member := lifecycle.SeatMember{Name: name, SidecarPort: port(t, e.seat), Priority: priority[name],
 			MinResidency: metav1.Duration{Duration: 100 * time.Millisecond}, SleepAfter: metav1.Duration{Duration: o.sleepAfter[name]}}
 		if o.agent {
 			member.AgentSelector, member.AgentPort, member.ModelCheckpoint = agentSelector, port(t, p.agent), "demo-"+name
@@ -499,8 +499,8 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 	}
 	listen(e.engine, likeEngine)
 	ac := agent.Default()
-	ac.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
-	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 10*time.Second
+	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
+	ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 5*time.Millisecond, 10*time.Second
 	sh, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", e.name, "addr", addr))
 	if err != nil {
 		t.Fatal(err)

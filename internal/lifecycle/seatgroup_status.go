@@ -131,7 +131,7 @@ func copiesTier(readings []sidecarapi.Status, oks []bool) v1alpha1.Tier {
 		if !oks[i] || st.State != sidecarapi.Asleep || st.Model == nil {
 			continue
 		}
-		if t := tierOf(st.Model.Tier); t != "" && (tier == "" || rank[t] > rank[tier]) {
+		if t := st.Model.Tier; t != "" && (tier == "" || rank[t] > rank[tier]) {
 			tier = t
 		}
 	}

@@ -1,7 +1,7 @@
 package lifecycle
 
 // The sidecars: the one place the leader calls the per-engine sidecars
-// (orchestra-agent --role=seat; wire types and client in
+// (orchestra-agent --role=sidecar; wire types and client in
 // internal/sidecarapi), for an application's roots (sleepAfter: sleep.go,
 // sleep_park.go, step.go) and for the members of a seat group in each
 // group pod (podSidecar, seatgroup_pod.go). Every call goes through
@@ -133,7 +133,7 @@ func (c *Controller) rootSidecars(a *appState, root *appsv1.StatefulSet) ([]side
 		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		out = append(out, sidecarOf(p, a.Sleep.SeatPort))
+		out = append(out, sidecarOf(p, a.Sleep.SidecarPort))
 	}
 	return out, nil
 }

@@ -41,7 +41,7 @@ const (
 	EventSleepFailed      = "SleepFailed"
 	EventDemoted          = "Demoted"
 	EventCopyDropped      = "CheckpointCopyDropped"
-	EventSidecarRestarted = "SeatRestarted"
+	EventSidecarRestarted = "EngineRestarted"
 	EventEnginesAwake     = "EnginesAwake"
 	EventEngineWakeRetry  = "EngineWakeFailing"
 )
@@ -328,7 +328,7 @@ func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1
 		if w.Transfer != nil {
 			bytes += w.Transfer.Bytes
 			verified = verified && (w.Transfer.Verified || w.Transfer.Bytes == 0)
-			if t := tierOf(w.Transfer.Tier); t != "" {
+			if t := w.Transfer.Tier; t != "" {
 				lw.FromTier = t
 			}
 			if w.Transfer.Bytes > 0 {

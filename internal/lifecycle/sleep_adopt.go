@@ -2,8 +2,7 @@ package lifecycle
 
 // A new leader adopts engines that already sleep (adoptSleep) and asks for
 // the copy of their model file the sleep would have asked for
-// (adoptsCopies), restarts a sidecar's engine that failed (restartSidecar),
-// and reads the tier names the sidecars report (tierOf).
+// (adoptsCopies), and restarts a sidecar's engine that failed (restartSidecar).
 
 import (
 	"context"
@@ -14,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -149,17 +147,4 @@ func (c *Controller) restartSidecar(ctx context.Context, a *appState, r sidecarR
 	c.sm.restarts.WithLabelValues(a.Name).Inc()
 	c.log.Warn("restarted the pod of a failed sidecar", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
 	c.event(a, corev1.EventTypeWarning, EventSidecarRestarted, "deleted pod %s of %s: its sidecar is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
-}
-
-// tierOf maps an engine's tier name (hot, warm, cold) to the API's.
-func tierOf(s string) v1alpha1.Tier {
-	switch s {
-	case string(nodeapi.TierHot):
-		return v1alpha1.TierHot
-	case string(nodeapi.TierWarm):
-		return v1alpha1.TierWarm
-	case string(nodeapi.TierCold):
-		return v1alpha1.TierCold
-	}
-	return ""
 }

@@ -30,7 +30,7 @@ func TestANewLeaderAsksForTheHotCopyOfEnginesAlreadyAsleep(t *testing.T) {
 	}
 	p := newSleepPlane(t, planeOptions{sleep: copies, ollama: loader})
 	hot := filepath.Join(p.agentHot, ns, "demo-chat")
-	const promoted = `orchestra_agent_promotions_total{result="ok",tier="hot"}`
+	const promoted = `orchestra_agent_promotions_total{result="ok",tier="Hot"}`
 	asleepIn := func(tier v1alpha1.Tier) {
 		t.Helper()
 		eventually(t, 15*time.Second, func() error {

@@ -108,7 +108,7 @@ func (c *Controller) demoteWarm(ctx context.Context, a *appState, ag agentRef, d
 // cold tier (the model cache, or S3), verified against digest (the
 // engine's; an S3 copy needs it).
 func (c *Controller) promoteWarm(ctx context.Context, a *appState, ag agentRef, digest string) error {
-	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: nodeapi.TierWarm,
+	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, To: v1alpha1.TierWarm,
 		ColdPath: a.Sleep.ColdPath, ColdS3: a.Sleep.ColdS3, Digest: digest}
 	var e nodeapi.Entry
 	if err := c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, req, &e, a.Sleep.WakeTimeout.Duration); err != nil {
@@ -176,7 +176,7 @@ func (v nodeView) readBPS(t v1alpha1.Tier) float64 {
 // has reports whether the node agent holds a copy in tier t.
 func (v nodeView) has(t v1alpha1.Tier) (nodeapi.Entry, bool) {
 	for _, e := range v.entries {
-		if tierOf(string(e.Tier)) == t {
+		if e.Tier == t {
 			return e, true
 		}
 	}
@@ -282,7 +282,7 @@ func (c *Controller) writeCheckpointFrom(ctx context.Context, a *appState, sidec
 	st := v1alpha1.ModelCheckpointStatus{ResidentTier: a.status.ResidentTier, ExpectedResumeSeconds: a.status.ExpectedResumeSeconds, Bytes: a.sl.bytes, Nodes: checkpointNodes(views)}
 	for _, v := range views {
 		for _, e := range v.entries {
-			t := tierOf(string(e.Tier))
+			t := e.Tier
 			p := v1alpha1.Placement{Node: v.node, Tier: t, Bytes: e.Bytes, Digest: e.Digest, ReadBytesPerSecond: int64(v.readBPS(t))}
 			if !e.VerifiedAt.IsZero() {
 				p.VerifiedTime = &metav1.Time{Time: e.VerifiedAt.UTC().Truncate(time.Second)}
@@ -433,7 +433,7 @@ func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
 			Help: "Weight bytes the engines reported restoring in wakes, by tier."}, []string{"app", "tier"}),
 		demotions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "demotions_total",
 			Help: "Demotions of sleeping engines' weights out of the hot tier after parkAfter, by result (ok, failed)."}, []string{"app", "result"}),
-		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "seat_restarts_total",
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "engine_restarts_total",
 			Help: "Root pods deleted because their sidecar was Failed (the engine in a state the sidecar cannot tell)."}, []string{"app"}),
 		agentReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "agent_reports_total",
 			Help: "Wakes and sleeps reported to a node agent (an application's, and each swap of a seat group), by kind (wake, sleep) and result (ok; failed: logged, and the agent predicts from fewer)."}, []string{"app", "kind", "result"}),

@@ -18,7 +18,7 @@ import (
 const DefaultAgentPort = 9301
 
 // DefaultSidecarPort is the per-engine sidecar's port in a root pod when
-// the configuration names none (the chart's mo.seatPort).
+// the configuration names none (the chart's mo.sidecarPort).
 const DefaultSidecarPort = 9300
 
 // SleepConfig is the sleep section of an application's lifecycle: when its
@@ -50,8 +50,8 @@ type SleepConfig struct {
 	// pods' preferred node affinity names (placement.go). Empty: no
 	// labels.
 	NodeLabel string `json:"nodeLabel,omitempty"`
-	// SeatPort is the sidecar's port in each root pod. Default 9300.
-	SeatPort int32 `json:"seatPort,omitempty"`
+	// SidecarPort is the sidecar's port in each root pod. Default 9300.
+	SidecarPort int32 `json:"sidecarPort,omitempty"`
 	// AgentSelector selects the node agents' pods (one per node); the
 	// agent on a root pod's node reports its tiers and places warm copies.
 	// Empty: no node agent; the resident tier is then known only from the
@@ -125,8 +125,8 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 	if d.Level == 0 {
 		d.Level = v1alpha1.DefaultSleepLevel
 	}
-	if d.SeatPort == 0 {
-		d.SeatPort = DefaultSidecarPort
+	if d.SidecarPort == 0 {
+		d.SidecarPort = DefaultSidecarPort
 	}
 	if d.AgentPort == 0 {
 		d.AgentPort = DefaultAgentPort
@@ -184,7 +184,7 @@ func (s *SleepConfig) validate(i int, a App) []error {
 			add("nodeLabel %q must be a label key under %s: %s", s.NodeLabel, v1alpha1.WeightsNodeLabelPrefix, strings.Join(errs, "; "))
 		}
 	}
-	for name, p := range map[string]int32{"seatPort": s.SeatPort, "agentPort": s.AgentPort} {
+	for name, p := range map[string]int32{"sidecarPort": s.SidecarPort, "agentPort": s.AgentPort} {
 		if p < 1 || p > 65535 {
 			add("%s must be a port (1-65535), got %d", name, p)
 		}

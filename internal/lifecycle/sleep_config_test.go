@@ -29,7 +29,7 @@ apps:
     after: 5m0s
     level: 1
     parkAfter: 1h0m0s
-    seatPort: 9300
+    sidecarPort: 9300
     agentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent"
     agentPort: 9301
     modelCheckpoint: demo-chat
@@ -45,7 +45,7 @@ apps:
 	}
 	want := &lifecycle.SleepConfig{
 		After: metav1.Duration{Duration: 5 * time.Minute}, Level: 1, ParkAfter: metav1.Duration{Duration: time.Hour},
-		SeatPort: 9300, AgentPort: 9301, ModelCheckpoint: "demo-chat",
+		SidecarPort: 9300, AgentPort: 9301, ModelCheckpoint: "demo-chat",
 		AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent",
 		SLO:           lifecycle.SleepSLO{ResumeRAMSeconds: 1, ResumeNVMeSeconds: 5},
 		SleepTimeout:  metav1.Duration{Duration: 3 * time.Minute}, WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout},
@@ -55,7 +55,7 @@ apps:
 	}
 	minimal := lifecycle.Config{Lease: "l", Apps: []lifecycle.App{{Name: "chat", RootStatefulSet: "x", MinReplicas: 1,
 		Sleep: &lifecycle.SleepConfig{After: metav1.Duration{Duration: time.Minute}}}}}.Defaulted()
-	if s := minimal.Apps[0].Sleep; s.Level != 1 || s.SeatPort != 9300 || s.AgentPort != 9301 || s.SLO.ResumeRAMSeconds != 1 || s.SLO.ResumeNVMeSeconds != 5 {
+	if s := minimal.Apps[0].Sleep; s.Level != 1 || s.SidecarPort != 9300 || s.AgentPort != 9301 || s.SLO.ResumeRAMSeconds != 1 || s.SLO.ResumeNVMeSeconds != 5 {
 		t.Errorf("defaults of a minimal sleep section: %+v", s)
 	}
 }
@@ -82,8 +82,8 @@ func TestSleepConfigValidation(t *testing.T) {
 			want: []string{"sleep.nodeLabel"}},
 		{name: "nodeLabel of another prefix", mut: func(a *lifecycle.App) { a.Sleep.NodeLabel = "example.com/weights" },
 			want: []string{"must be a label key under weights.modelorchestra.io/"}},
-		{name: "ports", mut: func(a *lifecycle.App) { a.Sleep.SeatPort = 70000; a.Sleep.AgentPort = -1 },
-			want: []string{"sleep.seatPort must be a port", "sleep.agentPort must be a port"}},
+		{name: "ports", mut: func(a *lifecycle.App) { a.Sleep.SidecarPort = 70000; a.Sleep.AgentPort = -1 },
+			want: []string{"sleep.sidecarPort must be a port", "sleep.agentPort must be a port"}},
 		{name: "selector", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector = "a in (b" }, want: []string{`sleep.agentSelector "a in (b"`}},
 		{name: "coldPath without agents", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector = "" }, want: []string{"sleep.coldPath needs agentSelector"}},
 		{name: "coldS3 without agents", mut: func(a *lifecycle.App) { a.Sleep.AgentSelector, a.Sleep.ColdPath, a.Sleep.ColdS3 = "", "", "chat" },
@@ -94,7 +94,7 @@ func TestSleepConfigValidation(t *testing.T) {
 			a := lifecycle.App{Name: "chat", RootStatefulSet: "demo-chat", MinReplicas: 0, MaxReplicas: 1,
 				ZeroAfter: metav1.Duration{Duration: 10 * time.Minute}, TargetQueuePerReplica: 1,
 				Sleep: &lifecycle.SleepConfig{After: metav1.Duration{Duration: time.Minute}, Level: 1, ParkAfter: metav1.Duration{Duration: time.Hour},
-					SeatPort: 9300, AgentPort: 9301, AgentSelector: "app=agent", ColdPath: "model.bin"}}
+					SidecarPort: 9300, AgentPort: 9301, AgentSelector: "app=agent", ColdPath: "model.bin"}}
 			if tc.mut != nil {
 				tc.mut(&a)
 			}

@@ -42,12 +42,12 @@ const EventCopyNotPlaced = "CopyNotPlaced"
 // copyTarget is the tier a sleeping engine's copy is asked for: hot,
 // unless the application's hot tier is None; then warm, unless its warm
 // tier is None too (empty: none).
-func (s *SleepConfig) copyTarget() nodeapi.Tier {
+func (s *SleepConfig) copyTarget() v1alpha1.Tier {
 	switch {
 	case s.HotTier != v1alpha1.HotTierNone:
-		return nodeapi.TierHot
+		return v1alpha1.TierHot
 	case s.usesWarm():
-		return nodeapi.TierWarm
+		return v1alpha1.TierWarm
 	}
 	return ""
 }
@@ -137,7 +137,7 @@ func (c *Controller) placeCopiesOf(ctx context.Context, p copyPlacement, sidecar
 // of a root on the agent's node, which mounts the cache whatever its
 // access mode (sidecar_source.go in the node agent). Either way the agent
 // verifies the bytes against the fetcher's manifest.
-func (c *Controller) copyRequest(s *SleepConfig, ag agentRef, sidecars []sidecarRef, to nodeapi.Tier) nodeapi.PromoteRequest {
+func (c *Controller) copyRequest(s *SleepConfig, ag agentRef, sidecars []sidecarRef, to v1alpha1.Tier) nodeapi.PromoteRequest {
 	req := nodeapi.PromoteRequest{Key: nodeapi.Key{Namespace: c.deps.Namespace, Name: s.ModelCheckpoint}, To: to, ColdPath: s.ColdPath}
 	if req.ColdPath != "" {
 		return req
@@ -182,7 +182,7 @@ func (c *Controller) demoteCopyToWarm(ctx context.Context, a *appState, sidecars
 			if err != nil {
 				c.log.Info("no hot copy to demote; placing a warm copy from the model cache", "app", a.Name, "agent", ag.pod, "err", err)
 				var e nodeapi.Entry
-				if err = c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, c.copyRequest(a.Sleep, ag, sidecars, nodeapi.TierWarm), &e, a.Sleep.WakeTimeout.Duration); err != nil {
+				if err = c.callAgent(ctx, http.MethodPost, ag.url, nodeapi.PathPromote, c.copyRequest(a.Sleep, ag, sidecars, v1alpha1.TierWarm), &e, a.Sleep.WakeTimeout.Duration); err != nil {
 					err = fmt.Errorf("node agent %s: %w", ag.pod, err)
 				}
 			}
@@ -208,7 +208,7 @@ func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v
 		if r.err != nil || r.st.Model == nil {
 			return "", 0, false
 		}
-		t := tierOf(r.st.Model.Tier)
+		t := r.st.Model.Tier
 		if t == "" {
 			return "", 0, false
 		}

@@ -82,8 +82,8 @@ func (l *copyLoader) handler(t *testing.T, next http.Handler, cold string, weigh
 	})
 }
 
-// seat makes the sidecar drive the fake and point its link.
-func (l *copyLoader) seat(s *sidecar.SeatConfig, cold, hot, warm string) {
+// sidecar makes the sidecar drive the fake and point its link.
+func (l *copyLoader) sidecar(s *sidecar.Config, cold, hot, warm string) {
 	s.Engine.Kind, s.Engine.Model = sidecarapi.EngineOllama, copyModel
 	s.Model = sidecar.ModelCopiesConfig{Link: l.link, ModelDir: filepath.Join(cold, "chat"), File: "weights.bin", HotDir: hot, WarmDir: warm, Name: "demo-chat"}
 }
@@ -139,7 +139,7 @@ func TestEnginesThatUnloadWakeFromTheHottestCopy(t *testing.T) {
 
 	stop := p.startLeader("leader-a", p.config(copies))
 	asleepIn(v1alpha1.TierHot)
-	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="hot"}`); c != 1 {
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Hot"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the hot copy placed as the engine fell asleep", c)
 	}
 	wake("hot", v1alpha1.TierHot, hot)
@@ -198,7 +198,7 @@ func TestEnginesLoadCopiesWithoutAReadWriteManyCache(t *testing.T) {
 
 	stop := p.startLeader("leader-a", p.config(copies))
 	asleepIn(v1alpha1.TierHot)
-	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="hot"}`); c != 1 {
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Hot"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the hot copy placed through the sidecar", c)
 	}
 	b, err := os.ReadFile(filepath.Join(p.agentHot, ns, ".demo-chat.meta.json"))

@@ -50,15 +50,15 @@ import (
 const weightsBytes = 8 << 20
 
 // sleepPlane is one root pod's engine (a real simulator with real weights
-// and sleep mode), its seat sidecar (a real checkpoint seat over HTTP) and
+// and sleep mode), its sidecar (a real sidecar over HTTP) and
 // the node's agent (a real checkpoint node agent over HTTP), on the fake
 // cluster of env, with a real dispatcher in front.
 type sleepPlane struct {
-	e      *env
-	sim    *sim.Simulator
-	engine *httptest.Server
-	seat   *httptest.Server
-	agent  *httptest.Server
+	e       *env
+	sim     *sim.Simulator
+	engine  *httptest.Server
+	sidecar *httptest.Server
+	agent   *httptest.Server
 	// agentHot and agentWarm are the node agent's tier directories.
 	agentHot, agentWarm string
 	// tokenFile holds the release's caller token, which the node agent
@@ -70,10 +70,10 @@ type sleepPlane struct {
 	dispatcherReg *prometheus.Registry
 
 	// failWake makes the engine answer 500 to its wake calls; hang makes
-	// it answer 500 to everything (an engine the seat can no longer tell).
+	// it answer 500 to everything (an engine the sidecar can no longer tell).
 	failWake atomic.Bool
 	broken   atomic.Bool
-	// sleepDelay holds every seat sleep call before it reaches the seat.
+	// sleepDelay holds every sidecar sleep call before it reaches the sidecar.
 	sleepDelay atomic.Int64
 
 	mu      sync.Mutex
@@ -106,7 +106,7 @@ type planeOptions struct {
 	// coldS3 makes the agent's cold tier the model file in an S3 fake (its
 	// source named for the application), instead of the model cache.
 	coldS3 bool
-	// ollama makes the seat drive an Ollama engine that loads copies of
+	// ollama makes the sidecar drive an Ollama engine that loads copies of
 	// its model file (sleep_copies_test.go); the simulator still answers
 	// the requests.
 	ollama *copyLoader
@@ -213,34 +213,34 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	}))
 	t.Cleanup(p.engine.Close)
 
-	// The seat sidecar.
+	// The sidecar.
 	scfg := agent.Default()
-	scfg.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
-	scfg.Seat.PollInterval, scfg.Seat.DrainTimeout = 5*time.Millisecond, 5*time.Second
+	scfg.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
+	scfg.Sidecar.PollInterval, scfg.Sidecar.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if o.ollama != nil {
-		o.ollama.seat(&scfg.Seat, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
+		o.ollama.sidecar(&scfg.Sidecar, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
 	}
 	if o.cacheNotMounted {
-		scfg.Seat.CallerTokenFile = p.tokenFile
+		scfg.Sidecar.CallerTokenFile = p.tokenFile
 	}
-	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "seat"))
+	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "sidecar"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.seat = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	p.sidecar = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if d := time.Duration(p.sleepDelay.Load()); d > 0 && r.URL.Path == "/sleep" {
 			select {
 			case <-r.Context().Done():
-				return // the caller gave up: the seat never hears of this sleep
+				return // the caller gave up: the sidecar never hears of this sleep
 			case <-time.After(d):
 			}
 		}
 		sh.ServeHTTP(w, r)
 	}))
-	t.Cleanup(p.seat.Close)
+	t.Cleanup(p.sidecar.Close)
 	eventually(t, 5*time.Second, func() error {
-		if st := p.seatState().State; st != sidecarapi.Awake {
-			return fmt.Errorf("the seat sees its engine %s, want awake", st)
+		if st := p.sidecarState().State; st != sidecarapi.Awake {
+			return fmt.Errorf("the sidecar sees its engine %s, want awake", st)
 		}
 		return nil
 	})
@@ -388,7 +388,7 @@ func agentHistory(warmDir, name string) (nodeagent.WakeHistory, error) {
 func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
 	s := &lifecycle.SleepConfig{
 		After: metav1.Duration{Duration: 300 * time.Millisecond}, Level: 1,
-		SeatPort:        port(p.e.t, p.seat),
+		SidecarPort:     port(p.e.t, p.sidecar),
 		AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
 		AgentPort:       port(p.e.t, p.agent),
 		ModelCheckpoint: "demo-chat",
@@ -465,12 +465,12 @@ func (p *sleepPlane) checkpointStatus() v1alpha1.ModelCheckpointStatus {
 	return p.written[len(p.written)-1]
 }
 
-func (p *sleepPlane) seatState() sidecarapi.Status {
+func (p *sleepPlane) sidecarState() sidecarapi.Status {
 	var st sidecarapi.Status
-	if p.seat == nil {
+	if p.sidecar == nil {
 		return st
 	}
-	resp, err := http.Get(p.seat.URL + "/state")
+	resp, err := http.Get(p.sidecar.URL + "/state")
 	if err != nil {
 		return st
 	}
@@ -533,8 +533,8 @@ func (p *sleepPlane) asleep(level int, tier v1alpha1.Tier) {
 	if !p.e.consumer().Paused {
 		p.e.t.Fatal("the engines sleep but the consumer is not paused: a dispatcher could send them a request")
 	}
-	if s := p.seatState(); s.State != sidecarapi.Asleep {
-		p.e.t.Fatalf("seat state %s, want Asleep", s.State)
+	if s := p.sidecarState(); s.State != sidecarapi.Asleep {
+		p.e.t.Fatalf("sidecar state %s, want Asleep", s.State)
 	}
 }
 

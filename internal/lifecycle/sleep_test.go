@@ -15,7 +15,7 @@ import (
 )
 
 // TestEnginesSleepWhenIdleAndWakeOnTheNextRequest: the idle application's
-// engine is put to sleep through its seat (the pod stays), and the next
+// engine is put to sleep through its sidecar (the pod stays), and the next
 // requests, sent through the queue to the dispatcher that runs the
 // lifecycle, wake it: every answer arrives, the restored bytes verify, no
 // request reached the sleeping engine and none was lost or redelivered.
@@ -41,7 +41,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
 	firstToken(t, p.e, 0)
-	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != sim.TierHot {
+	if w := p.sim.WeightsStatus(); w.Wakes != 1 || w.Verified != 1 || w.LastWake == nil || w.LastWake.Tier != v1alpha1.TierHot {
 		t.Errorf("engine: %d wakes, %d verified, last %+v; want 1 verified wake from the hot tier", w.Wakes, w.Verified, w.LastWake)
 	}
 	if r := p.refused(); r != 0 {
@@ -70,7 +70,7 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 // the request answered, and the engine never refuses one.
 func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
 	p := newSleepPlane(t, planeOptions{inDispatcher: true})
-	p.sleepDelay.Store(int64(time.Hour)) // the seat sleeps only when the caller waits for it
+	p.sleepDelay.Store(int64(time.Hour)) // the sidecar sleeps only when the caller waits for it
 	// Draining is published just before the consumer pauses: wait for both,
 	// so that the requests find the engines falling asleep.
 	eventually(t, 10*time.Second, func() error {
@@ -85,8 +85,8 @@ func TestARequestWhileFallingAsleepCancelsTheSleep(t *testing.T) {
 	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_sleeps_total", map[string]string{"outcome": "cancelled"}); c < 1 {
 		t.Errorf("orchestra_lifecycle_sleeps_total{outcome=cancelled} = %v, want the sleep cancelled by the request", c)
 	}
-	if w := p.sim.WeightsStatus(); w.Wakes != 0 || p.seatState().Sleeps != 0 {
-		t.Errorf("the engine slept (%d wakes, seat %d sleeps): the request did not cancel the sleep", w.Wakes, p.seatState().Sleeps)
+	if w := p.sim.WeightsStatus(); w.Wakes != 0 || p.sidecarState().Sleeps != 0 {
+		t.Errorf("the engine slept (%d wakes, sidecar %d sleeps): the request did not cancel the sleep", w.Wakes, p.sidecarState().Sleeps)
 	}
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests", r)
@@ -139,7 +139,7 @@ func TestAFailingWakeIsRetriedAndReported(t *testing.T) {
 }
 
 // TestAFailedSeatsPodIsRestarted: an engine that fails its wake and then
-// no longer answers leaves its seat Failed; the leader deletes the pod (its
+// no longer answers leaves its sidecar Failed; the leader deletes the pod (its
 // StatefulSet starts it again), and the wake completes with the new pod.
 func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 	p := newSleepPlane(t, planeOptions{inDispatcher: true})
@@ -150,21 +150,21 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 	podGVR := corev1.SchemeGroupVersion.WithResource("pods")
 	eventually(t, 10*time.Second, func() error {
 		if _, err := p.e.c.cs.Tracker().Get(podGVR, ns, root+"-0"); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("the pod of the Failed seat is not deleted: %w", err)
+			return fmt.Errorf("the pod of the Failed sidecar is not deleted: %w", err)
 		}
 		return nil
 	})
-	if s := p.seatState(); s.State != sidecarapi.Failed {
-		t.Fatalf("seat %s, want Failed", s.State)
+	if s := p.sidecarState(); s.State != sidecarapi.Failed {
+		t.Fatalf("sidecar %s, want Failed", s.State)
 	}
-	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_seat_restarts_total", nil); c != 1 {
-		t.Errorf("orchestra_lifecycle_seat_restarts_total = %v, want 1", c)
+	if c := counter(t, p.dispatcherReg, "orchestra_lifecycle_engine_restarts_total", nil); c != 1 {
+		t.Errorf("orchestra_lifecycle_engine_restarts_total = %v, want 1", c)
 	}
 	if !p.e.consumer().Paused {
 		t.Fatal("the gate opened with no root running")
 	}
 	// The StatefulSet starts the pod again; here the same engine answers
-	// again and its seat learns that it sleeps.
+	// again and its sidecar learns that it sleeps.
 	p.broken.Store(false)
 	p.e.c.createPod(0, true)
 	p.placeRoot()
@@ -182,7 +182,7 @@ func TestAFailedSeatsPodIsRestarted(t *testing.T) {
 }
 
 // TestANewLeaderContinuesAWake: the leader is stopped while the engine
-// wakes; the next one reads the seat's state, finishes the wake (one engine
+// wakes; the next one reads the sidecar's state, finishes the wake (one engine
 // wake, not two) and opens the gate: the request is answered.
 func TestANewLeaderContinuesAWake(t *testing.T) {
 	p := newSleepPlane(t, planeOptions{sim: func(c *sim.Config) { c.Faults.WakeDelay = 3 * time.Second }})
@@ -194,8 +194,8 @@ func TestANewLeaderContinuesAWake(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- sendBatch(p.client, "handover", 2) }()
 	eventually(t, 10*time.Second, func() error {
-		if st := p.seatState().State; st != sidecarapi.Waking {
-			return fmt.Errorf("seat %s, want the engine waking", st)
+		if st := p.sidecarState().State; st != sidecarapi.Waking {
+			return fmt.Errorf("sidecar %s, want the engine waking", st)
 		}
 		return nil
 	})

@@ -52,7 +52,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 		t.Errorf("expected resume %q in the lifecycle status and %q in the ModelCheckpoint, want the same estimate from the warm tier's bandwidth", st.ExpectedResumeSeconds, mc.ExpectedResumeSeconds)
 	}
 
-	wake := func(prefix string, tier v1alpha1.Tier, simTier string, wakes int) {
+	wake := func(prefix string, tier v1alpha1.Tier, wakes int) {
 		t.Helper()
 		if err := sendBatch(p.client, prefix, 4); err != nil {
 			t.Fatalf("requests sent to engines asleep in the %s tier were lost or failed:\n%v", tier, err)
@@ -61,8 +61,8 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 			return lw.FromTier == tier && lw.Bytes == weightsBytes
 		})
 		w := p.sim.WeightsStatus()
-		if w.Wakes != wakes || w.Verified != wakes || w.LastWake == nil || w.LastWake.Tier != simTier || !w.LastWake.Verified {
-			t.Errorf("engine: %d wakes, %d verified, last %+v; want %d verified wakes, the last from %s", w.Wakes, w.Verified, w.LastWake, wakes, simTier)
+		if w.Wakes != wakes || w.Verified != wakes || w.LastWake == nil || w.LastWake.Tier != tier || !w.LastWake.Verified {
+			t.Errorf("engine: %d wakes, %d verified, last %+v; want %d verified wakes, the last from %s", w.Wakes, w.Verified, w.LastWake, wakes, tier)
 		}
 		// The gate opens first; the status follows.
 		eventually(t, 5*time.Second, func() error {
@@ -73,7 +73,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 		})
 	}
 	// The demotion itself woke the engine once, from the hot tier.
-	wake("warm", v1alpha1.TierWarm, sim.TierWarm, 2)
+	wake("warm", v1alpha1.TierWarm, 2)
 
 	// Hot, then warm again; then the agent loses the warm copy: cold.
 	p.asleep(2, v1alpha1.TierWarm)
@@ -86,7 +86,7 @@ func TestSleepingEnginesAreDemotedAndWakeFromEachTier(t *testing.T) {
 		t.Fatalf("removing the warm copy: %d", resp.StatusCode)
 	}
 	p.asleep(2, v1alpha1.TierCold)
-	wake("cold", v1alpha1.TierCold, sim.TierCold, 4)
+	wake("cold", v1alpha1.TierCold, 4)
 
 	if r := p.refused(); r != 0 {
 		t.Errorf("the engine refused %v requests while asleep", r)
@@ -109,7 +109,7 @@ func TestDemotionFallsBackToTheColdTier(t *testing.T) {
 	if c := p.agentMetric(`orchestra_agent_demotions_total{result="failed"}`); c != 1 {
 		t.Errorf("orchestra_agent_demotions_total{result=failed} = %v, want the demotion of an offload the agent does not hold refused once", c)
 	}
-	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Warm"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from the cold tier", c)
 	}
 	if err := sendBatch(p.client, "warm", 2); err != nil {
@@ -133,7 +133,7 @@ func TestDemotionFallsBackToTheS3ColdTier(t *testing.T) {
 	p.startLeader("leader-a", p.config(park))
 
 	p.asleep(2, v1alpha1.TierWarm)
-	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="warm"}`); c != 1 {
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Warm"}`); c != 1 {
 		t.Errorf("orchestra_agent_promotions_total{tier=warm,result=ok} = %v, want the warm copy placed from S3", c)
 	}
 	if bps := p.agentMetric(`orchestra_agent_read_bytes_per_second{tier="cold/chat"}`); bps <= 0 {
@@ -165,7 +165,7 @@ func TestDemotionWithoutAWarmTier(t *testing.T) {
 	noWarmCopy := func() {
 		t.Helper()
 		for _, series := range []string{`orchestra_agent_demotions_total{result="ok"}`, `orchestra_agent_demotions_total{result="failed"}`,
-			`orchestra_agent_promotions_total{result="ok",tier="warm"}`} {
+			`orchestra_agent_promotions_total{result="ok",tier="Warm"}`} {
 			if c := p.agentMetric(series); c != 0 {
 				t.Errorf("%s = %v, want no warm copy asked of the node agent", series, c)
 			}
@@ -195,7 +195,7 @@ func TestDemotionWithoutAWarmTier(t *testing.T) {
 	p.lastWake("a wake from the cold tier", func(lw *v1alpha1.WakeStatus) bool {
 		return lw.FromTier == v1alpha1.TierCold && lw.Bytes == weightsBytes && lw.BytesPerSecond > 0
 	})
-	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != sim.TierCold || !w.LastWake.Verified {
+	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != v1alpha1.TierCold || !w.LastWake.Verified {
 		t.Errorf("engine's last wake %+v, want a verified wake from the cold tier", w.LastWake)
 	}
 	// The leader's wake report tells the node agent there is no warm tier,

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -13,7 +14,7 @@ import (
 // drop of the application's artifact across the nodes.
 func TestLatestDrop(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	drop := func(ns, name string, tier nodeapi.Tier, sec int) nodeapi.Verification {
+	drop := func(ns, name string, tier v1alpha1.Tier, sec int) nodeapi.Verification {
 		return nodeapi.Verification{Key: nodeapi.Key{Namespace: ns, Name: name}, Tier: tier, Dropped: true, Time: t0.Add(time.Duration(sec) * time.Second)}
 	}
 	view := func(node string, drops ...nodeapi.Verification) nodeView {
@@ -35,16 +36,16 @@ func TestLatestDrop(t *testing.T) {
 		{name: "nothing dropped", views: []nodeView{view("n1")}, want: result{}},
 		{
 			name:  "another application's or namespace's copy",
-			views: []nodeView{view("n1", drop("team-a", "other", nodeapi.TierWarm, 1), drop("team-b", "orch-chat", nodeapi.TierWarm, 2))},
+			views: []nodeView{view("n1", drop("team-a", "other", v1alpha1.TierWarm, 1), drop("team-b", "orch-chat", v1alpha1.TierWarm, 2))},
 			want:  result{},
 		},
 		{
 			name: "the newest across nodes",
 			views: []nodeView{
-				view("n1", drop("team-a", "orch-chat", nodeapi.TierHot, 5)),
-				view("n2", drop("team-a", "orch-chat", nodeapi.TierWarm, 9), drop("team-a", "orch-chat", nodeapi.TierHot, 3)),
+				view("n1", drop("team-a", "orch-chat", v1alpha1.TierHot, 5)),
+				view("n2", drop("team-a", "orch-chat", v1alpha1.TierWarm, 9), drop("team-a", "orch-chat", v1alpha1.TierHot, 3)),
 			},
-			want: result{Drop: drop("team-a", "orch-chat", nodeapi.TierWarm, 9), Node: "n2", Found: true},
+			want: result{Drop: drop("team-a", "orch-chat", v1alpha1.TierWarm, 9), Node: "n2", Found: true},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -15,7 +15,6 @@ import (
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/nodeapi"
-	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow: the warm copy of
@@ -53,7 +52,7 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	var res []nodeapi.Verification
 	err = json.NewDecoder(resp.Body).Decode(&res)
 	_ = resp.Body.Close()
-	if err != nil || len(res) != 1 || !res[0].Dropped || res[0].Tier != nodeapi.TierWarm {
+	if err != nil || len(res) != 1 || !res[0].Dropped || res[0].Tier != v1alpha1.TierWarm {
 		t.Fatalf("verification pass: %+v (%v); want the warm copy dropped", res, err)
 	}
 
@@ -61,7 +60,7 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	eventually(t, 5*time.Second, holds("the ModelCheckpoint's Verified condition False naming the dropped copy", func() bool {
 		c := meta.FindStatusCondition(p.checkpointStatus().Conditions, "Verified")
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "CopyDropped" &&
-			strings.Contains(c.Message, "node-a") && strings.Contains(c.Message, "warm") && strings.Contains(c.Message, "hash mismatch")
+			strings.Contains(c.Message, "node-a") && strings.Contains(c.Message, string(v1alpha1.TierWarm)) && strings.Contains(c.Message, "hash mismatch")
 	}))
 	for _, pl := range p.checkpointStatus().Placements {
 		if pl.Tier == v1alpha1.TierWarm {
@@ -75,7 +74,7 @@ func TestADroppedCopyIsReportedAndTheWakeReadsTheTierBelow(t *testing.T) {
 	p.lastWake("a wake from the cold tier", func(lw *v1alpha1.WakeStatus) bool {
 		return lw.FromTier == v1alpha1.TierCold && lw.Bytes == weightsBytes
 	})
-	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != sim.TierCold || !w.LastWake.Verified {
+	if w := p.sim.WeightsStatus(); w.LastWake == nil || w.LastWake.Tier != v1alpha1.TierCold || !w.LastWake.Verified {
 		t.Errorf("engine's last wake %+v, want a verified wake from the cold tier (the changed warm copy never read)", w.LastWake)
 	}
 	eventually(t, 5*time.Second, holds("the Verified condition True after the verified wake", func() bool {

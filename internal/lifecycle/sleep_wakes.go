@@ -26,7 +26,7 @@ func (c *Controller) reportWake(ctx context.Context, a *appState, res []sidecarR
 		}
 	}
 	rec := a.Sleep.wakeRecord(nodeapi.Key{Namespace: c.deps.Namespace, Name: a.Sleep.ModelCheckpoint}, lw.StartTime.Time)
-	rec.Tier = nodeapi.Tier(strings.ToLower(string(lw.FromTier)))
+	rec.Tier = lw.FromTier
 	rec.Bytes, rec.BytesPerSecond, rec.Digest = a.sl.bytes, float64(lw.BytesPerSecond), digest
 	c.tellAgents(ctx, a.Name, a.Sleep, refsOf(res), reportWake, rec)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/fetch/fetchtest"
@@ -109,7 +110,7 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	if got, err := os.ReadFile(warmFile("chat")); err != nil || !bytes.Equal(got, w) {
 		t.Fatalf("the warm copy is not the object's bytes (err %v)", err)
 	}
-	e, ok := n.Store().Lookup(nodeapi.Key{Namespace: "team-a", Name: "chat"}, nodeapi.TierWarm)
+	e, ok := n.Store().Lookup(nodeapi.Key{Namespace: "team-a", Name: "chat"}, v1alpha1.TierWarm)
 	if !ok || e.Digest != digest || e.Bytes != int64(len(w)) {
 		t.Errorf("warm entry %+v, want %d bytes with digest %s", e, len(w), digest)
 	}
@@ -180,13 +181,13 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	now := time.Now()
 	for i := 3; i >= 1; i-- {
 		rec := nodeapi.WakeRecord{Key: nodeapi.Key{Namespace: "team-a", Name: "ahead"}, Time: now.Add(-time.Duration(i)*time.Hour + time.Second),
-			Tier: nodeapi.TierWarm, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat"}
+			Tier: v1alpha1.TierWarm, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat"}
 		if err := n.RecordWake(rec); err != nil {
 			t.Fatal(err)
 		}
 	}
 	done := n.PromoteAhead()
-	if len(done) != 1 || done[0].From != nodeapi.TierCold || done[0].To != nodeapi.TierWarm || done[0].Error != "" {
+	if len(done) != 1 || done[0].From != v1alpha1.TierCold || done[0].To != v1alpha1.TierWarm || done[0].Error != "" {
 		t.Fatalf("promotions ahead: %+v (deferred %+v), want one from cold to warm", done, n.Report().Promotion.Deferred)
 	}
 	if got, err := os.ReadFile(warmFile("ahead")); err != nil || !bytes.Equal(got, w) {
@@ -202,7 +203,7 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 	noWarm := nodeapi.Key{Namespace: "team-a", Name: "nowarm"}
 	for i := 3; i >= 1; i-- {
 		rec := nodeapi.WakeRecord{Key: noWarm, Time: now.Add(-time.Duration(i)*time.Hour + time.Second),
-			Tier: nodeapi.TierCold, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat", NoWarm: true}
+			Tier: v1alpha1.TierCold, Bytes: int64(len(w)), Digest: digest, ColdS3: "chat", NoWarm: true}
 		b, _ := json.Marshal(rec)
 		resp, err := http.Post(srv.URL+"/wakes", "application/json", bytes.NewReader(b))
 		if err != nil {
@@ -220,11 +221,11 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 				mine = append(mine, d)
 			}
 		}
-		if _, hot := n.Store().Lookup(noWarm, nodeapi.TierHot); !hot && len(mine) == 0 {
+		if _, hot := n.Store().Lookup(noWarm, v1alpha1.TierHot); !hot && len(mine) == 0 {
 			t.Fatalf("no promotion ahead without a warm tier (deferred %+v)", n.Report().Promotion.Deferred)
 		}
 		for _, d := range mine {
-			if d.From != nodeapi.TierCold || d.To != nodeapi.TierHot || d.Error != "" {
+			if d.From != v1alpha1.TierCold || d.To != v1alpha1.TierHot || d.Error != "" {
 				t.Errorf("promotion ahead without a warm tier: %s from %s to %s (error %q), want cold to hot", d.Key, d.From, d.To, d.Error)
 			}
 		}
@@ -248,7 +249,7 @@ func TestNodePromotesFromTheS3ColdTier(t *testing.T) {
 				continue
 			}
 			copies++
-			if e.Tier != nodeapi.TierHot || !e.NoWarm {
+			if e.Tier != v1alpha1.TierHot || !e.NoWarm {
 				t.Errorf("agent %d: a copy of an application without a warm tier: %s tier, noWarm %v; want hot, marked noWarm", i, e.Tier, e.NoWarm)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
@@ -99,6 +100,7 @@ func TestPromoteVerifiesModelFilesAgainstTheManifest(t *testing.T) {
 	}
 
 	writeManifest(fetch.Manifest{Version: 1, Complete: true, Verified: true, Files: []fetch.ManifestFile{file}})
+	// The earlier releases' lowercase spelling, as an old client sends it.
 	for _, to := range []string{"warm", "hot"} {
 		code, out := promote("chat-model", to)
 		if code != http.StatusOK {
@@ -108,7 +110,7 @@ func TestPromoteVerifiesModelFilesAgainstTheManifest(t *testing.T) {
 		if err := json.Unmarshal([]byte(out), &e); err != nil {
 			t.Fatal(err)
 		}
-		if e.Bytes != int64(len(model)) || string(e.Tier) != to || !strings.HasPrefix(e.Digest, "xxh3c:") || e.SHA256 != file.SHA256 {
+		if e.Bytes != int64(len(model)) || e.Tier != v1alpha1.ParseTier(to) || !strings.HasPrefix(e.Digest, "xxh3c:") || e.SHA256 != file.SHA256 {
 			t.Errorf("copy to %s: entry %+v; want the model's %d bytes with the copy's own digest and the manifest's sha256 %s", to, e, len(model), file.SHA256)
 		}
 	}

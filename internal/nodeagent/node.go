@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/agenthttp"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/fetch"
@@ -89,9 +90,9 @@ func NewNode(cfg NodeConfig, reg prometheus.Registerer, log *slog.Logger) (*Node
 		n.cold = append(n.cold, coldReport(c))
 	}
 	n.loadWakes()
-	s.onEvict = func(t nodeapi.Tier, a nodeapi.ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
-	n.m.budget.WithLabelValues(string(nodeapi.TierHot)).Set(float64(cfg.Store.Budgets.Hot))
-	n.m.budget.WithLabelValues(string(nodeapi.TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
+	s.onEvict = func(t v1alpha1.Tier, a nodeapi.ActionKind) { n.m.evictions.WithLabelValues(string(t), string(a)).Inc() }
+	n.m.budget.WithLabelValues(string(v1alpha1.TierHot)).Set(float64(cfg.Store.Budgets.Hot))
+	n.m.budget.WithLabelValues(string(v1alpha1.TierWarm)).Set(float64(cfg.Store.Budgets.Warm))
 	n.updateGauges()
 	return n, nil
 }
@@ -102,8 +103,8 @@ func (n *Node) Store() *Store { return n.store }
 // updateGauges sets the tiers' byte gauges from one listing of the store.
 func (n *Node) updateGauges() { n.setGauges(usedBy(n.store.Entries())) }
 
-func (n *Node) setGauges(used map[nodeapi.Tier]int64) {
-	for _, t := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
+func (n *Node) setGauges(used map[v1alpha1.Tier]int64) {
+	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
 		n.m.tierBytes.WithLabelValues(string(t)).Set(float64(used[t]))
 	}
 }
@@ -120,14 +121,14 @@ func (n *Node) Measure(ctx context.Context) nodeapi.NodeReport {
 		} else {
 			n.log.Warn("measuring memcpy", "err", err)
 		}
-		for _, t := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
-			m, err := MeasureRead(string(t), n.store.dir(t), b, arena.FileOptions{Direct: t == nodeapi.TierWarm})
+		for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+			m, err := MeasureRead(string(t), n.store.dir(t), b, arena.FileOptions{Direct: t == v1alpha1.TierWarm})
 			if err != nil {
 				n.log.Warn("measuring tier read bandwidth", "tier", t, "err", err)
 				continue
 			}
 			n.m.bandwidth.WithLabelValues(string(t)).Set(m.BytesPerSecond)
-			if t == nodeapi.TierHot {
+			if t == v1alpha1.TierHot {
 				r.Hot.Read = &m
 			} else {
 				r.Warm.Read = &m
@@ -165,7 +166,7 @@ func (n *Node) Report() nodeapi.NodeReport {
 	n.mu.Unlock()
 	entries := n.store.Entries()
 	used := usedBy(entries)
-	count := map[nodeapi.Tier]int{}
+	count := map[v1alpha1.Tier]int{}
 	var offloads int64
 	for _, e := range entries {
 		count[e.Tier]++
@@ -174,8 +175,8 @@ func (n *Node) Report() nodeapi.NodeReport {
 		}
 	}
 	hot, warm := r.Hot.Read, r.Warm.Read
-	r.Hot = tierReport(n.cfg.Store.HotDir, nodeapi.TierHot, n.cfg.Store.Budgets.Hot, used[nodeapi.TierHot], count[nodeapi.TierHot])
-	r.Warm = tierReport(n.cfg.Store.WarmDir, nodeapi.TierWarm, n.cfg.Store.Budgets.Warm, used[nodeapi.TierWarm], count[nodeapi.TierWarm])
+	r.Hot = tierReport(n.cfg.Store.HotDir, v1alpha1.TierHot, n.cfg.Store.Budgets.Hot, used[v1alpha1.TierHot], count[v1alpha1.TierHot])
+	r.Warm = tierReport(n.cfg.Store.WarmDir, v1alpha1.TierWarm, n.cfg.Store.Budgets.Warm, used[v1alpha1.TierWarm], count[v1alpha1.TierWarm])
 	r.Hot.Read, r.Warm.Read = hot, warm
 	r.Hot.Mount = n.hotMount
 	r.Hot.EngineOffloadBytes = offloads
@@ -269,7 +270,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		used := usedBy(entries)
 		agenthttp.WriteJSON(w, http.StatusOK, nodeapi.TiersStatus{
 			Budgets: n.cfg.Store.Budgets,
-			Used:    map[nodeapi.Tier]int64{nodeapi.TierHot: used[nodeapi.TierHot], nodeapi.TierWarm: used[nodeapi.TierWarm]},
+			Used:    map[v1alpha1.Tier]int64{v1alpha1.TierHot: used[v1alpha1.TierHot], v1alpha1.TierWarm: used[v1alpha1.TierWarm]},
 			Entries: entries,
 		})
 		n.setGauges(used)
@@ -283,9 +284,9 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}", n.handleSnapshot)
 	mux.HandleFunc("POST /snapshots/{namespace}/{name}/restore", n.handleSnapshot)
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
-		t := nodeapi.Tier(r.PathValue("tier"))
+		t := v1alpha1.ParseTier(r.PathValue("tier"))
 		k := nodeapi.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
-		if t != nodeapi.TierHot && t != nodeapi.TierWarm {
+		if t != v1alpha1.TierHot && t != v1alpha1.TierWarm {
 			agenthttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>, got tier %q", t))
 			return
 		}
@@ -322,7 +323,7 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 		agenthttp.WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.To != nodeapi.TierHot && req.To != nodeapi.TierWarm {
+	if req.To != v1alpha1.TierHot && req.To != v1alpha1.TierWarm {
 		agenthttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf("to must be hot or warm, got %q", req.To))
 		return
 	}
@@ -399,7 +400,7 @@ func (n *Node) coldSource(coldPath, coldS3, digest string) (ColdSource, error) {
 // promote is Store.promote; a copy it reads from the cold tier is measured
 // into the report (ColdReport) and, when it verified, its rate becomes
 // the artifact's cold read rate, which plans the next cold promotion.
-func (n *Node) promote(ctx context.Context, k nodeapi.Key, to nodeapi.Tier, cold ColdSource, want string, priority int32, keep map[nodeapi.Key]bool) (nodeapi.Entry, error) {
+func (n *Node) promote(ctx context.Context, k nodeapi.Key, to v1alpha1.Tier, cold ColdSource, want string, priority int32, keep map[nodeapi.Key]bool) (nodeapi.Entry, error) {
 	if cold == nil {
 		return n.store.promote(ctx, k, to, nil, want, priority, keep)
 	}

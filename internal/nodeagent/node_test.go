@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
@@ -113,7 +114,7 @@ func TestNodePromoteReportAndEvict(t *testing.T) {
 	resp, _ = http.Get(srv.URL + "/metrics")
 	b, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	for _, want := range []string{`orchestra_agent_tier_bytes{tier="hot"} 0`, `orchestra_agent_promotions_total{result="mismatch",tier="hot"} 1`} {
+	for _, want := range []string{`orchestra_agent_tier_bytes{tier="Hot"} 0`, `orchestra_agent_promotions_total{result="mismatch",tier="Hot"} 1`} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("metrics lack %s", want)
 		}
@@ -180,7 +181,7 @@ func TestNodeDemotesTheEngineOffloadOverHTTP(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Source != nodeapi.DemoteFromEngine || res.Tier != nodeapi.TierWarm || res.Digest != arena.Sum(w).String() || res.Bytes != int64(len(w)) {
+	if res.Source != nodeapi.DemoteFromEngine || res.Tier != v1alpha1.TierWarm || res.Digest != arena.Sum(w).String() || res.Bytes != int64(len(w)) {
 		t.Errorf("demotion result %+v, want a warm copy of the engine's offload with its digest", res)
 	}
 	got, err := os.ReadFile(filepath.Join(cfg.Store.WarmDir, "team-a", "orch-chat"))
@@ -223,10 +224,10 @@ func TestNodeVerifyReportsDroppedCopies(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := nodeapi.Key{Namespace: "team-a", Name: "m"}
-	if _, err := n.Store().Promote(t.Context(), key, nodeapi.TierWarm, nodeagent.ColdFile(filepath.Join(cold, "model.gguf")), arena.Sum(w).String(), 0); err != nil {
+	if _, err := n.Store().Promote(t.Context(), key, v1alpha1.TierWarm, nodeagent.ColdFile(filepath.Join(cold, "model.gguf")), arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(n.Store().Path(key, nodeapi.TierWarm), make([]byte, len(w)), 0o600); err != nil {
+	if err := os.WriteFile(n.Store().Path(key, v1alpha1.TierWarm), make([]byte, len(w)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	n.VerifyNow()

@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
-func budgetOf(b nodeapi.Budgets, t nodeapi.Tier) int64 {
-	if t == nodeapi.TierHot {
+func budgetOf(b nodeapi.Budgets, t v1alpha1.Tier) int64 {
+	if t == v1alpha1.TierHot {
 		return b.Hot
 	}
 	return b.Warm
@@ -31,7 +32,7 @@ var ErrNoRoom = errors.New("no room in the tier")
 // of in.Key already in the tier is replaced. The plan is pure: it reads
 // entries and returns actions, so the IO that applies it stays separate.
 func PlanAdmit(entries []nodeapi.Entry, b nodeapi.Budgets, in nodeapi.Entry) ([]nodeapi.Action, error) {
-	if in.Tier != nodeapi.TierHot && in.Tier != nodeapi.TierWarm {
+	if in.Tier != v1alpha1.TierHot && in.Tier != v1alpha1.TierWarm {
 		return nil, fmt.Errorf("the agent stores only the hot and warm tiers, not %q", in.Tier)
 	}
 	p := planner{budgets: b}
@@ -53,7 +54,7 @@ type planner struct {
 	actions []nodeapi.Action
 }
 
-func (p *planner) used(t nodeapi.Tier) int64 {
+func (p *planner) used(t v1alpha1.Tier) int64 {
 	var n int64
 	for _, e := range p.entries {
 		if e.Tier == t {
@@ -63,16 +64,16 @@ func (p *planner) used(t nodeapi.Tier) int64 {
 	return n
 }
 
-func (p *planner) has(k nodeapi.Key, t nodeapi.Tier) bool {
+func (p *planner) has(k nodeapi.Key, t v1alpha1.Tier) bool {
 	return slices.ContainsFunc(p.entries, func(e nodeapi.Entry) bool { return e.Key == k && e.Tier == t && !e.Offload })
 }
 
-func (p *planner) remove(k nodeapi.Key, t nodeapi.Tier) {
+func (p *planner) remove(k nodeapi.Key, t v1alpha1.Tier) {
 	p.entries = slices.DeleteFunc(p.entries, func(e nodeapi.Entry) bool { return e.Key == k && e.Tier == t && !e.Offload })
 }
 
 // evictionOrder sorts the candidates for eviction from t.
-func evictionOrder(entries []nodeapi.Entry, t nodeapi.Tier, in nodeapi.Entry) []nodeapi.Entry {
+func evictionOrder(entries []nodeapi.Entry, t v1alpha1.Tier, in nodeapi.Entry) []nodeapi.Entry {
 	var c []nodeapi.Entry
 	for _, e := range entries {
 		if e.Tier == t && !e.Pinned && !e.Offload && e.Priority <= in.Priority {
@@ -115,14 +116,14 @@ func (p *planner) makeRoom(in nodeapi.Entry, depth int) error {
 		}
 		p.remove(v.Key, v.Tier)
 		need -= v.Bytes
-		if v.Tier == nodeapi.TierHot && depth == 0 && !v.NoWarm && !p.has(v.Key, nodeapi.TierWarm) {
+		if v.Tier == v1alpha1.TierHot && depth == 0 && !v.NoWarm && !p.has(v.Key, v1alpha1.TierWarm) {
 			demoted := v
-			demoted.Tier = nodeapi.TierWarm
+			demoted.Tier = v1alpha1.TierWarm
 			saved := append([]nodeapi.Action(nil), p.actions...)
 			savedEntries := append([]nodeapi.Entry(nil), p.entries...)
 			if err := p.makeRoom(demoted, depth+1); err == nil {
 				p.entries = append(p.entries, demoted)
-				p.actions = append(p.actions, nodeapi.Action{Kind: nodeapi.ActionDemote, Key: v.Key, From: nodeapi.TierHot, Bytes: v.Bytes})
+				p.actions = append(p.actions, nodeapi.Action{Kind: nodeapi.ActionDemote, Key: v.Key, From: v1alpha1.TierHot, Bytes: v.Bytes})
 				continue
 			}
 			p.actions, p.entries = saved, savedEntries

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -270,7 +271,7 @@ type PromotionInput struct {
 	Histories []WakeHistory
 	// ReadBytesPerSecond is the measured read bandwidth of the warm tier
 	// (and hot, unused as a source); 0: not measured, no promotion from it.
-	ReadBytesPerSecond map[nodeapi.Tier]float64
+	ReadBytesPerSecond map[v1alpha1.Tier]float64
 	// ColdTier says whether the agent can read the cold tier (--cold-dir).
 	ColdTier bool
 	// ColdS3 are the names of the agent's S3 cold sources (--cold-s3).
@@ -298,11 +299,11 @@ func PlanPromotions(in PromotionInput) ([]nodeapi.Promotion, []nodeapi.Deferred)
 	type due struct {
 		h    WakeHistory
 		p    nodeapi.Prediction
-		from nodeapi.Tier
+		from v1alpha1.Tier
 		lead time.Duration
 	}
 	entries := slices.Clone(in.Entries)
-	has := func(k nodeapi.Key, t nodeapi.Tier) (nodeapi.Entry, bool) {
+	has := func(k nodeapi.Key, t v1alpha1.Tier) (nodeapi.Entry, bool) {
 		for _, e := range entries {
 			if e.Key == k && e.Tier == t {
 				return e, true
@@ -317,12 +318,12 @@ func PlanPromotions(in PromotionInput) ([]nodeapi.Promotion, []nodeapi.Deferred)
 		if !ok {
 			continue
 		}
-		if _, hot := has(h.Key, nodeapi.TierHot); hot {
+		if _, hot := has(h.Key, v1alpha1.TierHot); hot {
 			continue // a copy or the engine's own offload is hot already
 		}
-		from, bytes := nodeapi.TierCold, h.Bytes
-		if e, ok := has(h.Key, nodeapi.TierWarm); ok {
-			from, bytes = nodeapi.TierWarm, e.Bytes
+		from, bytes := v1alpha1.TierCold, h.Bytes
+		if e, ok := has(h.Key, v1alpha1.TierWarm); ok {
+			from, bytes = v1alpha1.TierWarm, e.Bytes
 		}
 		lead, err := promotionLead(from, bytes, h, in.ReadBytesPerSecond)
 		if err != nil {
@@ -354,7 +355,7 @@ func PlanPromotions(in PromotionInput) ([]nodeapi.Promotion, []nodeapi.Deferred)
 	var out []nodeapi.Promotion
 	for _, d := range dues {
 		to := d.h.up(d.from)
-		if d.from == nodeapi.TierCold && !in.readsCold(d.h) {
+		if d.from == v1alpha1.TierCold && !in.readsCold(d.h) {
 			deferred = append(deferred, nodeapi.Deferred{Key: d.h.Key, To: to, Reason: "no copy on the node and no cold tier to read (--cold-dir and the wake's coldPath, or --cold-s3 and the wake's coldS3)"})
 			continue
 		}
@@ -393,11 +394,11 @@ func (in PromotionInput) readsCold(h WakeHistory) bool {
 
 // promotionLead is how long the copies from tier from up to the hot tier
 // take: bytes over the read bandwidth of each tier they leave.
-func promotionLead(from nodeapi.Tier, bytes int64, h WakeHistory, bps map[nodeapi.Tier]float64) (time.Duration, error) {
+func promotionLead(from v1alpha1.Tier, bytes int64, h WakeHistory, bps map[v1alpha1.Tier]float64) (time.Duration, error) {
 	var secs float64
-	for t := from; t != nodeapi.TierHot; t = h.up(t) {
+	for t := from; t != v1alpha1.TierHot; t = h.up(t) {
 		b := bps[t]
-		if t == nodeapi.TierCold {
+		if t == v1alpha1.TierCold {
 			b = h.ColdBytesPerSecond
 			if b <= 0 {
 				b = DefaultColdBytesPerSecond
@@ -414,11 +415,11 @@ func promotionLead(from nodeapi.Tier, bytes int64, h WakeHistory, bps map[nodeap
 // up is the next faster tier the agent copies h's weights into: warm
 // after cold, hot after warm; hot after cold when the application has no
 // warm tier (NoWarm), so no warm copy is ever written for it.
-func (h WakeHistory) up(t nodeapi.Tier) nodeapi.Tier {
-	if t == nodeapi.TierCold && !h.NoWarm {
-		return nodeapi.TierWarm
+func (h WakeHistory) up(t v1alpha1.Tier) v1alpha1.Tier {
+	if t == v1alpha1.TierCold && !h.NoWarm {
+		return v1alpha1.TierWarm
 	}
-	return nodeapi.TierHot
+	return v1alpha1.TierHot
 }
 
 // applyPlan returns entries after plan's evictions.
@@ -429,7 +430,7 @@ func applyPlan(entries []nodeapi.Entry, plan []nodeapi.Action) []nodeapi.Entry {
 			continue
 		}
 		if a.Kind == nodeapi.ActionDemote {
-			entries[i].Tier = nodeapi.TierWarm
+			entries[i].Tier = v1alpha1.TierWarm
 			continue
 		}
 		entries = slices.Delete(entries, i, i+1)

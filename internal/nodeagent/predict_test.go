@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -194,7 +195,7 @@ func TestPlanPromotions(t *testing.T) {
 	hourly := func(name string, bytes int64, prio int32, in time.Duration) WakeHistory {
 		return WakeHistory{Key: nodeapi.Key{Namespace: "ns", Name: name}, Bytes: bytes, Priority: prio, Wakes: every(now.Add(in-3*time.Hour), time.Hour, 3), ColdPath: name + "/weights.bin"}
 	}
-	bps := map[nodeapi.Tier]float64{nodeapi.TierHot: 8e9, nodeapi.TierWarm: 1e9}
+	bps := map[v1alpha1.Tier]float64{v1alpha1.TierHot: 8e9, v1alpha1.TierWarm: 1e9}
 	budgets := nodeapi.Budgets{Hot: 2 * gb, Warm: 10 * gb}
 	margin := 5 * time.Second
 	// 1 GiB from warm at 1 GB/s: 1.07 s, plus the margin.
@@ -210,25 +211,25 @@ func TestPlanPromotions(t *testing.T) {
 		name         string
 		entries      []nodeapi.Entry
 		histories    []WakeHistory
-		bps          map[nodeapi.Tier]float64
+		bps          map[v1alpha1.Tier]float64
 		noCold       bool
 		want         []nodeapi.Promotion
 		wantDeferred []string // key: reason substring
 	}{
 		{
 			name:      "a warm copy whose wake is closer than its copy time goes hot",
-			entries:   []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries:   []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{hourly("a", gb, 0, 4*time.Second)},
-			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierWarm, To: nodeapi.TierHot, Bytes: gb, Wake: predicted(4 * time.Second), Lead: warmLead}},
+			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierWarm, To: v1alpha1.TierHot, Bytes: gb, Wake: predicted(4 * time.Second), Lead: warmLead}},
 		},
 		{
 			name:      "a wake further than the copy time waits",
-			entries:   []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries:   []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{hourly("a", gb, 0, time.Minute)},
 		},
 		{
 			name:      "already hot: a copy",
-			entries:   []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1), entry("a", nodeapi.TierHot, gb, 0, 1)},
+			entries:   []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1), entry("a", v1alpha1.TierHot, gb, 0, 1)},
 			histories: []WakeHistory{hourly("a", gb, 0, time.Second)},
 		},
 		{
@@ -239,12 +240,12 @@ func TestPlanPromotions(t *testing.T) {
 		{
 			name:      "only a cold copy: cold to warm first, with the time of both copies",
 			histories: []WakeHistory{hourly("a", gb, 0, 10*time.Second)},
-			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierCold, To: nodeapi.TierWarm, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldLead}},
+			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierCold, To: v1alpha1.TierWarm, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldLead}},
 		},
 		{
 			name:      "no warm tier (tiers.warm: None), only a cold copy: cold straight to hot, with the time of that one copy",
 			histories: []WakeHistory{noWarm(hourly("a", gb, 0, 10*time.Second))},
-			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierCold, To: nodeapi.TierHot, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldHotLead}},
+			want:      []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierCold, To: v1alpha1.TierHot, Bytes: gb, Wake: predicted(10 * time.Second), Lead: coldHotLead}},
 		},
 		{
 			// Due for cold → warm → hot (coldLead), not yet for the one
@@ -256,13 +257,13 @@ func TestPlanPromotions(t *testing.T) {
 			name:         "no warm tier, no cold tier to read: deferred, to the hot tier",
 			histories:    []WakeHistory{noWarm(hourly("a", gb, 0, 10*time.Second))},
 			noCold:       true,
-			wantDeferred: []string{"ns/a→hot: no copy on the node"},
+			wantDeferred: []string{"ns/a→Hot: no copy on the node"},
 		},
 		{
 			name:         "only a cold copy and no cold tier: deferred",
 			histories:    []WakeHistory{hourly("a", gb, 0, 10*time.Second)},
 			noCold:       true,
-			wantDeferred: []string{"ns/a→warm: no copy on the node"},
+			wantDeferred: []string{"ns/a→Warm: no copy on the node"},
 		},
 		{
 			name: "only a cold copy in S3, a source of the agent's: cold to warm, at the rate the agent measured",
@@ -272,7 +273,7 @@ func TestPlanPromotions(t *testing.T) {
 				return h
 			}()},
 			noCold: true, // no --cold-dir: S3 alone
-			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierCold, To: nodeapi.TierWarm, Bytes: gb, Wake: predicted(10 * time.Second),
+			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierCold, To: v1alpha1.TierWarm, Bytes: gb, Wake: predicted(10 * time.Second),
 				Lead: time.Duration((g/50e6+g/1e9)*float64(time.Second)) + margin}},
 		},
 		{
@@ -282,58 +283,58 @@ func TestPlanPromotions(t *testing.T) {
 				h.ColdPath, h.ColdS3 = "", "other"
 				return h
 			}()},
-			wantDeferred: []string{"ns/a→warm: no copy on the node and no cold tier to read"},
+			wantDeferred: []string{"ns/a→Warm: no copy on the node and no cold tier to read"},
 		},
 		{
 			name:         "warm bandwidth not measured: deferred when the wake is near",
-			entries:      []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries:      []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 2*time.Second)},
-			bps:          map[nodeapi.Tier]float64{},
-			wantDeferred: []string{"ns/a→hot: promoting ns/a from the warm tier: read bandwidth not measured"},
+			bps:          map[v1alpha1.Tier]float64{},
+			wantDeferred: []string{"ns/a→Hot: promoting ns/a from the Warm tier: read bandwidth not measured"},
 		},
 		{
 			name:      "the hot budget: the least recently used copy of no higher priority is demoted",
-			entries:   []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1), entry("old", nodeapi.TierHot, gb, 0, 1), entry("recent", nodeapi.TierHot, gb, 0, 5)},
+			entries:   []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1), entry("old", v1alpha1.TierHot, gb, 0, 1), entry("recent", v1alpha1.TierHot, gb, 0, 5)},
 			histories: []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierWarm, To: nodeapi.TierHot, Bytes: gb, Wake: predicted(3 * time.Second), Lead: warmLead,
-				Evictions: []nodeapi.Action{act(nodeapi.ActionDemote, "old", nodeapi.TierHot, gb)}}},
+			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierWarm, To: v1alpha1.TierHot, Bytes: gb, Wake: predicted(3 * time.Second), Lead: warmLead,
+				Evictions: []nodeapi.Action{act(nodeapi.ActionDemote, "old", v1alpha1.TierHot, gb)}}},
 		},
 		{
 			name:         "the hot budget: a copy of higher priority is never evicted",
-			entries:      []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1), entry("vip", nodeapi.TierHot, 2*gb, 5, 1)},
+			entries:      []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1), entry("vip", v1alpha1.TierHot, 2*gb, 5, 1)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			wantDeferred: []string{"ns/a→hot: no room in the tier"},
+			wantDeferred: []string{"ns/a→Hot: no room in the tier"},
 		},
 		{
 			name:         "the hot budget: an engine's offload is never evicted",
-			entries:      []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1), offloadEntry("sleeper", 2*gb)},
+			entries:      []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1), offloadEntry("sleeper", 2*gb)},
 			histories:    []WakeHistory{hourly("a", gb, 0, 3*time.Second)},
-			wantDeferred: []string{"ns/a→hot: no room in the tier"},
+			wantDeferred: []string{"ns/a→Hot: no room in the tier"},
 		},
 		{
 			// Both are due; the hot tier holds one. The earlier wake goes
 			// first and the second may not evict the first's fresh copy.
 			name:      "two due, room for one: the earlier wake wins",
-			entries:   []nodeapi.Entry{entry("late", nodeapi.TierWarm, 2*gb, 0, 1), entry("early", nodeapi.TierWarm, 2*gb, 0, 1)},
+			entries:   []nodeapi.Entry{entry("late", v1alpha1.TierWarm, 2*gb, 0, 1), entry("early", v1alpha1.TierWarm, 2*gb, 0, 1)},
 			histories: []WakeHistory{hourly("late", 2*gb, 0, 4*time.Second), hourly("early", 2*gb, 0, 3*time.Second)},
-			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "early"}, From: nodeapi.TierWarm, To: nodeapi.TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
+			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "early"}, From: v1alpha1.TierWarm, To: v1alpha1.TierHot, Bytes: 2 * gb, Wake: predicted(3 * time.Second),
 				Lead: time.Duration(2*g/1e9*float64(time.Second)) + margin}},
-			wantDeferred: []string{"ns/late→hot: no room in the tier"},
+			wantDeferred: []string{"ns/late→Hot: no room in the tier"},
 		},
 		{
 			// Busy for 5, 40 and 15 minutes, asked for again 20 minutes
 			// after each sleep: the wakes are irregular, the sleeps tell.
 			name:    "just went to sleep: the after-sleep pattern promotes ahead",
-			entries: []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries: []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, Bytes: gb,
 				Wakes:  []time.Time{now.Add(-140 * time.Minute), now.Add(-115 * time.Minute), now.Add(-55 * time.Minute)},
 				Sleeps: []time.Time{now.Add(-135 * time.Minute), now.Add(-75 * time.Minute), now.Add(-20*time.Minute + 3*time.Second)}}},
-			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: nodeapi.TierWarm, To: nodeapi.TierHot, Bytes: gb,
+			want: []nodeapi.Promotion{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, From: v1alpha1.TierWarm, To: v1alpha1.TierHot, Bytes: gb,
 				Wake: nodeapi.Prediction{Next: now.Add(3 * time.Second), Pattern: nodeapi.PatternAfterSleep, Period: 20 * time.Minute}, Lead: warmLead}},
 		},
 		{
 			name:    "awake: its engines hold the weights, no promotion",
-			entries: []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries: []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{func() WakeHistory {
 				h := hourly("a", gb, 0, 4*time.Second)
 				h.Sleeps = []time.Time{h.Wakes[1].Add(10 * time.Minute)} // the last wake came after it
@@ -342,7 +343,7 @@ func TestPlanPromotions(t *testing.T) {
 		},
 		{
 			name:      "no prediction, no promotion",
-			entries:   []nodeapi.Entry{entry("a", nodeapi.TierWarm, gb, 0, 1)},
+			entries:   []nodeapi.Entry{entry("a", v1alpha1.TierWarm, gb, 0, 1)},
 			histories: []WakeHistory{{Key: nodeapi.Key{Namespace: "ns", Name: "a"}, Bytes: gb, Wakes: []time.Time{now.Add(-time.Hour)}}},
 		},
 	} {

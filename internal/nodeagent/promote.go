@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/agenthttp"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeapi"
@@ -71,7 +72,7 @@ func (n *Node) histories() []WakeHistory {
 // histories.
 func (n *Node) RecordWake(r nodeapi.WakeRecord) error {
 	switch r.Tier {
-	case "", nodeapi.TierHot, nodeapi.TierWarm, nodeapi.TierCold:
+	case "", v1alpha1.TierHot, v1alpha1.TierWarm, v1alpha1.TierCold:
 	default:
 		return fmt.Errorf("tier must be hot, warm or cold, got %q", r.Tier)
 	}
@@ -95,7 +96,7 @@ func (n *Node) RecordWake(r nodeapi.WakeRecord) error {
 		h.Priority, h.NoWarm = r.Priority, r.NoWarm
 		// An engine's cold wake reads the model cache; with an S3 cold
 		// tier the agent measures its own copies from S3 instead.
-		if r.Tier == nodeapi.TierCold && r.BytesPerSecond > 0 && h.ColdS3 == "" {
+		if r.Tier == v1alpha1.TierCold && r.BytesPerSecond > 0 && h.ColdS3 == "" {
 			h.ColdBytesPerSecond = r.BytesPerSecond
 		}
 	})
@@ -155,12 +156,12 @@ func (n *Node) PromoteAhead() []nodeapi.PromotionDone {
 	now := time.Now()
 	n.mu.Lock()
 	hs := n.histories()
-	bps := map[nodeapi.Tier]float64{}
+	bps := map[v1alpha1.Tier]float64{}
 	if r := n.report.Hot.Read; r != nil {
-		bps[nodeapi.TierHot] = r.BytesPerSecond
+		bps[v1alpha1.TierHot] = r.BytesPerSecond
 	}
 	if r := n.report.Warm.Read; r != nil {
-		bps[nodeapi.TierWarm] = r.BytesPerSecond
+		bps[v1alpha1.TierWarm] = r.BytesPerSecond
 	}
 	n.mu.Unlock()
 	in := PromotionInput{Now: now, Entries: n.store.Entries(), Budgets: n.cfg.Store.Budgets, Histories: hs,
@@ -188,7 +189,7 @@ func (n *Node) PromoteAhead() []nodeapi.PromotionDone {
 		h := byKey[p.Key]
 		var cold ColdSource
 		var err error
-		if p.From == nodeapi.TierCold {
+		if p.From == v1alpha1.TierCold {
 			if h.ColdS3 != "" {
 				cold, err = n.coldSource("", h.ColdS3, h.Digest)
 			} else {

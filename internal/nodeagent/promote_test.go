@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sim"
@@ -90,7 +91,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	if _, err := engine.Sleep(2); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := n.Store().Lookup(nodeapi.Key{Namespace: ns, Name: name}, nodeapi.TierHot); ok {
+	if _, ok := n.Store().Lookup(nodeapi.Key{Namespace: ns, Name: name}, v1alpha1.TierHot); ok {
 		t.Fatal("a hot copy exists before any wake was predicted")
 	}
 
@@ -103,7 +104,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	}
 	next := time.Now().Add(5 * time.Second)
 	for i := 3; i >= 1; i-- {
-		rec := nodeapi.WakeRecord{Key: nodeapi.Key{Namespace: ns, Name: name}, Time: next.Add(-time.Duration(i) * time.Hour), Tier: nodeapi.TierWarm, Bytes: 2 << 20, Digest: digest}
+		rec := nodeapi.WakeRecord{Key: nodeapi.Key{Namespace: ns, Name: name}, Time: next.Add(-time.Duration(i) * time.Hour), Tier: v1alpha1.TierWarm, Bytes: 2 << 20, Digest: digest}
 		b, _ := json.Marshal(rec)
 		if code, out := post("/wakes", string(b)); code != 204 {
 			t.Fatalf("recording a wake: %d %s", code, out)
@@ -111,7 +112,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	}
 	var hot nodeapi.Entry
 	eventually(t, 5*time.Second, func() error {
-		e, ok := n.Store().Lookup(nodeapi.Key{Namespace: ns, Name: name}, nodeapi.TierHot)
+		e, ok := n.Store().Lookup(nodeapi.Key{Namespace: ns, Name: name}, v1alpha1.TierHot)
 		if !ok {
 			return fmt.Errorf("no hot copy yet; report %+v", n.Report().Promotion)
 		}
@@ -125,7 +126,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 		t.Errorf("hot copy %+v; want the weights' %d bytes, verified against %s", hot, 2<<20, digest)
 	}
 	rep := n.Report()
-	if len(rep.Promotion.Done) != 1 || rep.Promotion.Done[0].From != nodeapi.TierWarm || rep.Promotion.Done[0].To != nodeapi.TierHot ||
+	if len(rep.Promotion.Done) != 1 || rep.Promotion.Done[0].From != v1alpha1.TierWarm || rep.Promotion.Done[0].To != v1alpha1.TierHot ||
 		rep.Promotion.Done[0].Error != "" || rep.Promotion.Done[0].Wake.Pattern != nodeapi.PatternPeriodic {
 		t.Errorf("report's promotions %+v; want one periodic warm → hot", rep.Promotion.Done)
 	}
@@ -141,7 +142,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	if want := `orchestra_agent_ahead_promotions_total{from="warm",result="ok",to="hot"} 1`; !strings.Contains(string(b), want) {
+	if want := `orchestra_agent_ahead_promotions_total{from="Warm",result="ok",to="Hot"} 1`; !strings.Contains(string(b), want) {
 		t.Errorf("metrics lack %s", want)
 	}
 
@@ -150,7 +151,7 @@ func TestNodePromotesAheadOfAPredictedWake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Tier != "hot" || st.Bytes != 2<<20 {
+	if st.Tier != v1alpha1.TierHot || st.Bytes != 2<<20 {
 		t.Errorf("the wake read %d bytes from the %s tier (%s); want the promoted hot copy", st.Bytes, st.Tier, st.Source)
 	}
 

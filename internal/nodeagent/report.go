@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"golang.org/x/sys/unix"
 )
@@ -123,7 +124,7 @@ func tail(s string, n int) string {
 }
 
 // tierReport stats a tier directory.
-func tierReport(dir string, t nodeapi.Tier, budget, used int64, entries int) nodeapi.TierReport {
+func tierReport(dir string, t v1alpha1.Tier, budget, used int64, entries int) nodeapi.TierReport {
 	r := nodeapi.TierReport{Dir: dir, BudgetBytes: budget, UsedBytes: used, Entries: entries}
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
@@ -139,11 +140,11 @@ func tierReport(dir string, t nodeapi.Tier, budget, used int64, entries int) nod
 		r.Filesystem = fmt.Sprintf("0x%x", st.Type)
 	}
 	switch {
-	case t == nodeapi.TierHot && r.Filesystem != "tmpfs":
+	case t == v1alpha1.TierHot && r.Filesystem != "tmpfs":
 		r.Warning = "the hot tier is not on a tmpfs: restores read from disk or page cache, not RAM"
-	case t == nodeapi.TierWarm && r.Filesystem == "tmpfs":
+	case t == v1alpha1.TierWarm && r.Filesystem == "tmpfs":
 		r.Warning = "the warm tier is on a tmpfs: it costs RAM and does not survive a reboot"
-	case t == nodeapi.TierHot && r.HugePages == "never":
+	case t == v1alpha1.TierHot && r.HugePages == "never":
 		r.Warning = "the hot tier's tmpfs has 4 KiB pages: restores walk 512 times more pages than with huge=within_size (--mount-hot-tier, or mount it so on the node)"
 	case budget > r.SizeBytes:
 		r.Warning = fmt.Sprintf("the budget (%d bytes) exceeds the filesystem (%d bytes)", budget, r.SizeBytes)

@@ -110,7 +110,7 @@ func TestPromoteReadsTheModelFileFromTheSidecar(t *testing.T) {
 		}
 	}
 
-	for _, to := range []string{"hot", "warm"} {
+	for _, to := range []string{"Hot", "Warm"} {
 		code, out := promote("chat-model", to, side.URL)
 		if code != http.StatusOK {
 			t.Fatalf("copy to %s from the sidecar: %d %s", to, code, out)
@@ -149,7 +149,7 @@ func TestPromoteReadsTheModelFileFromTheSidecar(t *testing.T) {
 		if c.prepare != nil {
 			c.prepare()
 		}
-		for _, to := range []string{"hot", "warm"} {
+		for _, to := range []string{"Hot", "Warm"} {
 			if code, out := promote("refused", to, c.sidecar); code != c.status || !strings.Contains(out, c.want) {
 				t.Errorf("%s, copy to %s: %d %s; want %d naming %q", name, to, code, out, c.status, c.want)
 			}
@@ -158,10 +158,10 @@ func TestPromoteReadsTheModelFileFromTheSidecar(t *testing.T) {
 			t.Errorf("%s: a refused copy was placed: %s", name, got)
 		}
 	}
-	if code, out := promote("refused", "hot", side.URL+"/x"); code != http.StatusBadRequest {
+	if code, out := promote("refused", "Hot", side.URL+"/x"); code != http.StatusBadRequest {
 		t.Errorf("a sidecar URL with a path: %d %s, want 400", code, out)
 	}
-	if code, out := promote("refused", "hot", ""); code != http.StatusNotFound {
+	if code, out := promote("refused", "Hot", ""); code != http.StatusNotFound {
 		t.Errorf("a promotion naming no source for a key no tier holds: %d %s, want 404", code, out)
 	}
 }

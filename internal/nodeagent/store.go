@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
@@ -68,12 +69,12 @@ type Store struct {
 	// noWarm are the keys of applications without a warm tier (SetNoWarm).
 	noWarm map[nodeapi.Key]bool
 	// Evictions counts demotions and drops per tier, for metrics.
-	onEvict func(nodeapi.Tier, nodeapi.ActionKind)
+	onEvict func(v1alpha1.Tier, nodeapi.ActionKind)
 }
 
 type entryID struct {
 	nodeapi.Key
-	Tier nodeapi.Tier
+	Tier v1alpha1.Tier
 }
 
 // CheckKey checks that k is safe to use as a path and is in the store's
@@ -90,7 +91,7 @@ func (s *Store) CheckKey(k nodeapi.Key) error {
 
 // namespaces are the namespace directories of tier t's root the store
 // indexes: its own namespace's if it has one, otherwise every one.
-func (s *Store) namespaces(t nodeapi.Tier) ([]string, error) {
+func (s *Store) namespaces(t v1alpha1.Tier) ([]string, error) {
 	if s.cfg.Namespace != "" {
 		return []string{s.cfg.Namespace}, nil
 	}
@@ -112,7 +113,7 @@ func (s *Store) namespaces(t nodeapi.Tier) ([]string, error) {
 // hold. A file without valid metadata (an interrupted copy) is removed.
 func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
 	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*nodeapi.Entry{}, files: map[entryID][]nodeapi.CopyFile{}, noWarm: map[nodeapi.Key]bool{}}
-	for _, t := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
+	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
 		root := s.dir(t)
 		if err := os.MkdirAll(root, 0o711); err != nil {
 			return nil, fmt.Errorf("creating the %s tier %s: %w", t, root, err)
@@ -131,23 +132,23 @@ func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
 	return s, nil
 }
 
-func (s *Store) dir(t nodeapi.Tier) string {
-	if t == nodeapi.TierHot {
+func (s *Store) dir(t v1alpha1.Tier) string {
+	if t == v1alpha1.TierHot {
 		return s.cfg.HotDir
 	}
 	return s.cfg.WarmDir
 }
 
 // Path is where the copy of k in tier t lives.
-func (s *Store) Path(k nodeapi.Key, t nodeapi.Tier) string {
+func (s *Store) Path(k nodeapi.Key, t v1alpha1.Tier) string {
 	return filepath.Join(s.dir(t), k.Namespace, k.Name)
 }
 
-func (s *Store) metaPath(k nodeapi.Key, t nodeapi.Tier) string {
+func (s *Store) metaPath(k nodeapi.Key, t v1alpha1.Tier) string {
 	return filepath.Join(s.dir(t), k.Namespace, nodeapi.CopyMetaName(k.Name))
 }
 
-func (s *Store) scan(t nodeapi.Tier) error {
+func (s *Store) scan(t v1alpha1.Tier) error {
 	root := s.dir(t)
 	nss, err := s.namespaces(t)
 	if err != nil {
@@ -244,7 +245,7 @@ func (s *Store) Entries() []nodeapi.Entry {
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b nodeapi.Entry) int {
 		if a.Tier != b.Tier {
-			if a.Tier == nodeapi.TierHot {
+			if a.Tier == v1alpha1.TierHot {
 				return -1
 			}
 			return 1
@@ -269,8 +270,8 @@ func (s *Store) Entries() []nodeapi.Entry {
 // blocks the tmpfs holds for the file (a wake punches them out as it
 // reads), at most its size.
 func (s *Store) engineOffloads() []nodeapi.Entry {
-	root := s.dir(nodeapi.TierHot)
-	nss, err := s.namespaces(nodeapi.TierHot)
+	root := s.dir(v1alpha1.TierHot)
+	nss, err := s.namespaces(v1alpha1.TierHot)
 	if err != nil {
 		return nil
 	}
@@ -293,7 +294,7 @@ func (s *Store) engineOffloads() []nodeapi.Entry {
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 				bytes = min(bytes, st.Blocks*512)
 			}
-			out = append(out, nodeapi.Entry{Key: nodeapi.Key{Namespace: ns, Name: name}, Tier: nodeapi.TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
+			out = append(out, nodeapi.Entry{Key: nodeapi.Key{Namespace: ns, Name: name}, Tier: v1alpha1.TierHot, Bytes: bytes, LastUsed: fi.ModTime(), Pinned: true, Offload: true})
 		}
 	}
 	return out
@@ -310,11 +311,11 @@ func offloadOf(file string) (string, bool) {
 
 // Used is the bytes held in tier t, the engines' level-1 offloads included
 // for the hot tier.
-func (s *Store) Used(t nodeapi.Tier) int64 { return usedBy(s.Entries())[t] }
+func (s *Store) Used(t v1alpha1.Tier) int64 { return usedBy(s.Entries())[t] }
 
 // usedBy sums the bytes of entries per tier.
-func usedBy(entries []nodeapi.Entry) map[nodeapi.Tier]int64 {
-	used := map[nodeapi.Tier]int64{}
+func usedBy(entries []nodeapi.Entry) map[v1alpha1.Tier]int64 {
+	used := map[v1alpha1.Tier]int64{}
 	for _, e := range entries {
 		used[e.Tier] += e.Bytes
 	}
@@ -322,7 +323,7 @@ func usedBy(entries []nodeapi.Entry) map[nodeapi.Tier]int64 {
 }
 
 // Lookup returns the copy of k in t.
-func (s *Store) Lookup(k nodeapi.Key, t nodeapi.Tier) (nodeapi.Entry, bool) {
+func (s *Store) Lookup(k nodeapi.Key, t v1alpha1.Tier) (nodeapi.Entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.entries[entryID{k, t}]
@@ -335,7 +336,7 @@ func (s *Store) Lookup(k nodeapi.Key, t nodeapi.Tier) (nodeapi.Entry, bool) {
 // PutRequest describes an artifact entering a tier.
 type PutRequest struct {
 	Key      nodeapi.Key
-	Tier     nodeapi.Tier
+	Tier     v1alpha1.Tier
 	Bytes    int64
 	Priority int32
 	// Digest, when set, must match the bytes written; otherwise the
@@ -426,7 +427,7 @@ func (s *Store) write(req PutRequest, src io.Reader) (nodeapi.Entry, error) {
 			return fail(&arena.MismatchError{Source: "the copy into " + string(req.Tier), Want: want, Got: d, Bytes: n})
 		}
 	}
-	if req.Tier == nodeapi.TierWarm {
+	if req.Tier == v1alpha1.TierWarm {
 		if err := f.Sync(); err != nil {
 			return fail(fmt.Errorf("syncing %s: %w", tmp, err))
 		}
@@ -472,7 +473,7 @@ func (s *Store) place(req PutRequest, tmp, path string, d arena.Digest, n int64)
 
 func (s *Store) writeMeta(e nodeapi.Entry) error {
 	b, _ := json.Marshal(nodeapi.CopyMeta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt, SHA256: e.SHA256, Files: s.filesOf(e.Key, e.Tier)})
-	return s.writeShared(s.metaPath(e.Key, e.Tier), b, e.Tier == nodeapi.TierWarm)
+	return s.writeShared(s.metaPath(e.Key, e.Tier), b, e.Tier == v1alpha1.TierWarm)
 }
 
 // apply carries out a plan: demotions copy hot to warm (verified), then
@@ -484,7 +485,7 @@ func (s *Store) apply(plan []nodeapi.Action) error {
 			continue
 		}
 		if a.Kind == nodeapi.ActionDemote {
-			if _, err := s.copyTier(e, nodeapi.TierWarm); err != nil {
+			if _, err := s.copyTier(e, v1alpha1.TierWarm); err != nil {
 				s.log.Warn("demotion failed; dropping the hot copy", "key", a.Key.String(), "err", err)
 			}
 		}
@@ -500,7 +501,7 @@ func (s *Store) apply(plan []nodeapi.Action) error {
 }
 
 // copyTier copies e into tier to, verifying against e's digest.
-func (s *Store) copyTier(e nodeapi.Entry, to nodeapi.Tier) (nodeapi.Entry, error) {
+func (s *Store) copyTier(e nodeapi.Entry, to v1alpha1.Tier) (nodeapi.Entry, error) {
 	f, err := s.openCopy(e, false)
 	if err != nil {
 		return nodeapi.Entry{}, err
@@ -510,7 +511,7 @@ func (s *Store) copyTier(e nodeapi.Entry, to nodeapi.Tier) (nodeapi.Entry, error
 }
 
 // Remove deletes the copy of k in t.
-func (s *Store) Remove(k nodeapi.Key, t nodeapi.Tier) error {
+func (s *Store) Remove(k nodeapi.Key, t v1alpha1.Tier) error {
 	s.mu.Lock()
 	delete(s.entries, entryID{k, t})
 	delete(s.files, entryID{k, t})
@@ -527,7 +528,7 @@ func (s *Store) Remove(k nodeapi.Key, t nodeapi.Tier) error {
 // warm for hot; for warm (or for hot when warm has no copy) the cold copy,
 // if given (nil: none). The copy is verified against the digest recorded
 // for the source (or want, for a cold source).
-func (s *Store) Promote(ctx context.Context, k nodeapi.Key, to nodeapi.Tier, cold ColdSource, want string, priority int32) (nodeapi.Entry, error) {
+func (s *Store) Promote(ctx context.Context, k nodeapi.Key, to v1alpha1.Tier, cold ColdSource, want string, priority int32) (nodeapi.Entry, error) {
 	return s.promote(ctx, k, to, cold, want, priority, nil)
 }
 
@@ -544,7 +545,7 @@ func (s *Store) entriesKeeping(keep map[nodeapi.Key]bool) []nodeapi.Entry {
 }
 
 // promote is Promote, never evicting a copy of a key in keep.
-func (s *Store) promote(ctx context.Context, k nodeapi.Key, to nodeapi.Tier, cold ColdSource, want string, priority int32, keep map[nodeapi.Key]bool) (nodeapi.Entry, error) {
+func (s *Store) promote(ctx context.Context, k nodeapi.Key, to v1alpha1.Tier, cold ColdSource, want string, priority int32, keep map[nodeapi.Key]bool) (nodeapi.Entry, error) {
 	if err := s.CheckKey(k); err != nil {
 		return nodeapi.Entry{}, err
 	}
@@ -552,8 +553,8 @@ func (s *Store) promote(ctx context.Context, k nodeapi.Key, to nodeapi.Tier, col
 		s.Touch(k)
 		return e, nil
 	}
-	if to == nodeapi.TierHot {
-		if e, ok := s.Lookup(k, nodeapi.TierWarm); ok {
+	if to == v1alpha1.TierHot {
+		if e, ok := s.Lookup(k, v1alpha1.TierWarm); ok {
 			s.admit.Lock()
 			defer s.admit.Unlock()
 			plan, err := PlanAdmit(s.entriesKeeping(keep), s.cfg.Budgets, nodeapi.Entry{Key: k, Tier: to, Bytes: e.Bytes, Priority: max(priority, e.Priority), LastUsed: s.now()})
@@ -580,51 +581,4 @@ func (s *Store) promote(ctx context.Context, k nodeapi.Key, to nodeapi.Tier, col
 		req.Files = d.CopyFiles()
 	}
 	return s.put(req, f, keep)
-}
-
-// Touch marks every copy of k as used now (LRU).
-func (s *Store) Touch(k nodeapi.Key) {
-	s.mu.Lock()
-	var touched []nodeapi.Entry
-	for id, e := range s.entries {
-		if id.Key == k {
-			e.LastUsed = s.now()
-			touched = append(touched, *e)
-		}
-	}
-	s.mu.Unlock()
-	for _, e := range touched {
-		_ = s.writeMeta(e)
-	}
-}
-
-// Restore reads k from the fastest tier holding it into a (which must be
-// e.Bytes long), verifying the bytes. Warm reads bypass the page cache.
-func (s *Store) Restore(k nodeapi.Key, a *arena.Arena) (nodeapi.Entry, arena.FillStats, error) {
-	for _, t := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
-		e, ok := s.Lookup(k, t)
-		if !ok {
-			continue
-		}
-		if e.Files > 0 {
-			return e, arena.FillStats{}, fmt.Errorf("restoring %s: the %s copy is a directory of a model's files, which engines load themselves", k, t)
-		}
-		want, err := arena.ParseDigest(e.Digest)
-		if err != nil {
-			return e, arena.FillStats{}, err
-		}
-		_, st, err := arena.FillFile(a, s.Path(k, t), arena.FileOptions{Direct: t == nodeapi.TierWarm, Expect: &want})
-		if err != nil {
-			return e, st, err
-		}
-		s.mu.Lock()
-		if p, ok := s.entries[entryID{k, t}]; ok {
-			p.VerifiedAt, p.LastUsed = s.now(), s.now()
-			e = *p
-		}
-		s.mu.Unlock()
-		_ = s.writeMeta(e)
-		return e, st, nil
-	}
-	return nodeapi.Entry{}, arena.FillStats{}, fmt.Errorf("restoring %s: %w", k, ErrNotFound)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
@@ -45,29 +46,29 @@ func (s *Store) Demote(k nodeapi.Key, want string, priority int32) (nodeapi.Entr
 	}
 	s.admit.Lock()
 	defer s.admit.Unlock()
-	hot, haveHot := s.Lookup(k, nodeapi.TierHot)
+	hot, haveHot := s.Lookup(k, v1alpha1.TierHot)
 	if haveHot && want != "" && hot.Digest != want {
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s: %w: the hot copy's recorded digest is %s, the engine's %s; refusing to copy weights that are not the engine's", k, ErrDigestConflict, hot.Digest, want)
 	}
 	if want == "" && haveHot {
 		want = hot.Digest
 	}
-	if w, ok := s.Lookup(k, nodeapi.TierWarm); ok {
+	if w, ok := s.Lookup(k, v1alpha1.TierWarm); ok {
 		if want == "" || w.Digest == want {
 			if haveHot {
-				if err := s.Remove(k, nodeapi.TierHot); err != nil {
+				if err := s.Remove(k, v1alpha1.TierHot); err != nil {
 					return nodeapi.Entry{}, "", err
 				}
 			}
 			s.Touch(k)
-			w, _ = s.Lookup(k, nodeapi.TierWarm)
+			w, _ = s.Lookup(k, v1alpha1.TierWarm)
 			return w, nodeapi.DemoteWarmHeld, nil
 		}
 		s.log.Info("replacing a warm copy with another digest", "key", k.String(), "digest", w.Digest, "want", want)
 	}
-	src, source := s.Path(k, nodeapi.TierHot), nodeapi.DemoteFromStore
+	src, source := s.Path(k, v1alpha1.TierHot), nodeapi.DemoteFromStore
 	if !haveHot {
-		src, source = filepath.Join(s.dir(nodeapi.TierHot), k.Namespace, nodeapi.EngineOffloadName(k.Name)), nodeapi.DemoteFromEngine
+		src, source = filepath.Join(s.dir(v1alpha1.TierHot), k.Namespace, nodeapi.EngineOffloadName(k.Name)), nodeapi.DemoteFromEngine
 		if want == "" {
 			return nodeapi.Entry{}, "", fmt.Errorf("demoting %s from the engine's offload: %w", k, ErrDigestRequired)
 		}
@@ -90,7 +91,7 @@ func (s *Store) Demote(k nodeapi.Key, want string, priority int32) (nodeapi.Entr
 	if haveHot {
 		priority = max(priority, hot.Priority)
 	}
-	in := nodeapi.Entry{Key: k, Tier: nodeapi.TierWarm, Bytes: fi.Size(), Priority: priority, LastUsed: s.now()}
+	in := nodeapi.Entry{Key: k, Tier: v1alpha1.TierWarm, Bytes: fi.Size(), Priority: priority, LastUsed: s.now()}
 	plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, in)
 	if err != nil {
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s (%d bytes) to the warm tier: %w", k, fi.Size(), err)
@@ -98,7 +99,7 @@ func (s *Store) Demote(k nodeapi.Key, want string, priority int32) (nodeapi.Entr
 	if err := s.apply(plan); err != nil {
 		return nodeapi.Entry{}, "", err
 	}
-	req := PutRequest{Key: k, Tier: nodeapi.TierWarm, Bytes: fi.Size(), Priority: priority, Digest: want}
+	req := PutRequest{Key: k, Tier: v1alpha1.TierWarm, Bytes: fi.Size(), Priority: priority, Digest: want}
 	if haveHot {
 		req.SHA256 = hot.SHA256 // the model file the hot copy is, if it is one
 	}
@@ -107,7 +108,7 @@ func (s *Store) Demote(k nodeapi.Key, want string, priority int32) (nodeapi.Entr
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s from %s: %w", k, src, err)
 	}
 	if haveHot {
-		if err := s.Remove(k, nodeapi.TierHot); err != nil {
+		if err := s.Remove(k, v1alpha1.TierHot); err != nil {
 			return e, source, err
 		}
 	}

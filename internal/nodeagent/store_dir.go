@@ -16,6 +16,8 @@ package nodeagent
 // files' total size.
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"errors"
 	"fmt"
 	"io"
@@ -82,7 +84,7 @@ func (s *Store) writeDir(dir string, req PutRequest, src io.Reader) (string, are
 	if err := s.share(tmp, s.copyDirMode()); err != nil {
 		return fail(err)
 	}
-	w := &splitWriter{s: s, root: tmp, files: req.Files, sync: req.Tier == nodeapi.TierWarm}
+	w := &splitWriter{s: s, root: tmp, files: req.Files, sync: req.Tier == v1alpha1.TierWarm}
 	d, n, err := arena.CopyHash(w, io.LimitReader(src, req.Bytes+1))
 	if err == nil {
 		err = w.finish()
@@ -301,7 +303,7 @@ func checkDir(root string, files []nodeapi.CopyFile, bytes int64) error {
 
 // filesOf is the file list of the directory copy of k in t (nil for a
 // copy of one file).
-func (s *Store) filesOf(k nodeapi.Key, t nodeapi.Tier) []nodeapi.CopyFile {
+func (s *Store) filesOf(k nodeapi.Key, t v1alpha1.Tier) []nodeapi.CopyFile {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.files[entryID{k, t}]
@@ -320,9 +322,9 @@ func (s *Store) openCopy(e nodeapi.Entry, direct bool) (io.ReadCloser, error) {
 func (s *Store) hashCopy(e nodeapi.Entry) (arena.Digest, error) {
 	files := s.filesOf(e.Key, e.Tier)
 	if len(files) == 0 {
-		return hashFile(s.Path(e.Key, e.Tier), e.Bytes, e.Tier == nodeapi.TierWarm)
+		return hashFile(s.Path(e.Key, e.Tier), e.Bytes, e.Tier == v1alpha1.TierWarm)
 	}
-	r := openDir(s.Path(e.Key, e.Tier), files, e.Tier == nodeapi.TierWarm)
+	r := openDir(s.Path(e.Key, e.Tier), files, e.Tier == v1alpha1.TierWarm)
 	defer func() { _ = r.Close() }()
 	d, n, err := arena.CopyHash(io.Discard, r)
 	if err != nil {
@@ -339,7 +341,7 @@ func (s *Store) hashCopy(e nodeapi.Entry) (arena.Digest, error) {
 // against its digest, then the hot copy removed.
 func (s *Store) demoteDir(hot nodeapi.Entry, priority int32) (nodeapi.Entry, nodeapi.DemoteSource, error) {
 	hot.Priority = max(priority, hot.Priority)
-	in := nodeapi.Entry{Key: hot.Key, Tier: nodeapi.TierWarm, Bytes: hot.Bytes, Priority: hot.Priority, LastUsed: s.now()}
+	in := nodeapi.Entry{Key: hot.Key, Tier: v1alpha1.TierWarm, Bytes: hot.Bytes, Priority: hot.Priority, LastUsed: s.now()}
 	plan, err := PlanAdmit(s.Entries(), s.cfg.Budgets, in)
 	if err != nil {
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s (%d bytes) to the warm tier: %w", hot.Key, hot.Bytes, err)
@@ -347,11 +349,11 @@ func (s *Store) demoteDir(hot nodeapi.Entry, priority int32) (nodeapi.Entry, nod
 	if err := s.apply(plan); err != nil {
 		return nodeapi.Entry{}, "", err
 	}
-	e, err := s.copyTier(hot, nodeapi.TierWarm)
+	e, err := s.copyTier(hot, v1alpha1.TierWarm)
 	if err != nil {
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s: %w", hot.Key, err)
 	}
-	if err := s.Remove(hot.Key, nodeapi.TierHot); err != nil {
+	if err := s.Remove(hot.Key, v1alpha1.TierHot); err != nil {
 		return e, nodeapi.DemoteFromStore, err
 	}
 	s.log.Info("demoted to the warm tier", "key", hot.Key.String(), "from", nodeapi.DemoteFromStore, "bytes", e.Bytes, "files", e.Files, "digest", e.Digest)

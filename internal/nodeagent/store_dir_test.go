@@ -1,6 +1,8 @@
 package nodeagent_test
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -106,13 +108,13 @@ func TestNodeKeepsAVerifiedCopyOfAModelDirectory(t *testing.T) {
 	hot := filepath.Join(cfg.Store.HotDir, "ns", "vllm-chat")
 	warm := filepath.Join(cfg.Store.WarmDir, "ns", "vllm-chat")
 
-	code, out := call("/promote", map[string]any{"namespace": "ns", "name": "vllm-chat", "to": "hot", "sidecar": side.URL})
+	code, out := call("/promote", map[string]any{"namespace": "ns", "name": "vllm-chat", "to": "Hot", "sidecar": side.URL})
 	if code != http.StatusOK {
 		t.Fatalf("copy of the model directory to hot: %d %s", code, out)
 	}
 	var e nodeapi.Entry
 	_ = json.Unmarshal([]byte(out), &e)
-	if e.Files != len(files) || e.Bytes != total || e.Tier != nodeapi.TierHot || e.SHA256 != "" {
+	if e.Files != len(files) || e.Bytes != total || e.Tier != v1alpha1.TierHot || e.SHA256 != "" {
 		t.Errorf("hot copy %+v; want %d files, %d bytes", e, len(files), total)
 	}
 	sameFiles(hot)
@@ -132,14 +134,14 @@ func TestNodeKeepsAVerifiedCopyOfAModelDirectory(t *testing.T) {
 		t.Errorf("the hot directory copy is still there after the demotion: %v", err)
 	}
 	sameFiles(warm)
-	if code, out := call("/promote", map[string]any{"namespace": "ns", "name": "vllm-chat", "to": "hot"}); code != http.StatusOK {
+	if code, out := call("/promote", map[string]any{"namespace": "ns", "name": "vllm-chat", "to": "Hot"}); code != http.StatusOK {
 		t.Fatalf("promoting the warm directory copy back to hot: %d %s", code, out)
 	}
 	sameFiles(hot)
 
 	// A restarted agent indexes both directory copies again.
 	n2 := restarted(t, cfg)
-	for _, tier := range []nodeapi.Tier{nodeapi.TierHot, nodeapi.TierWarm} {
+	for _, tier := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
 		if e, ok := n2.Store().Lookup(nodeapi.Key{Namespace: "ns", Name: "vllm-chat"}, tier); !ok || e.Files != len(files) || e.Bytes != total {
 			t.Errorf("after a restart the %s copy is %+v (%v); want the directory's %d files", tier, e, ok, len(files))
 		}
@@ -156,7 +158,7 @@ func TestNodeKeepsAVerifiedCopyOfAModelDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out = call("/verify", nil)
-	if code != http.StatusOK || !strings.Contains(out, `"dropped":true`) || !strings.Contains(out, `"tier":"warm"`) {
+	if code != http.StatusOK || !strings.Contains(out, `"dropped":true`) || !strings.Contains(out, `"tier":"Warm"`) {
 		t.Errorf("verifying after a byte of a warm shard flipped: %d %s; want the warm copy dropped", code, out)
 	}
 	if _, err := os.Stat(warm); !os.IsNotExist(err) {
@@ -168,7 +170,7 @@ func TestNodeKeepsAVerifiedCopyOfAModelDirectory(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cache, "llama", "model-00001-of-00002.safetensors"), bytes.Repeat([]byte("shard-ONE "), 120_000), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out = call("/promote", map[string]any{"namespace": "ns", "name": "other-vllm", "to": "warm", "sidecar": side.URL})
+	code, out = call("/promote", map[string]any{"namespace": "ns", "name": "other-vllm", "to": "Warm", "sidecar": side.URL})
 	if code != http.StatusConflict || !strings.Contains(out, "does not match the fetcher's manifest") {
 		t.Errorf("a directory with a shard that is not the manifest's: %d %s; want 409", code, out)
 	}

@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Who may read the copies. The node agent owns every namespace directory
@@ -35,9 +35,9 @@ import (
 // the sleeping simulator's engine container mounts it writable; every
 // other container mounts it read-only.
 
-func (s *Store) dirMode(t nodeapi.Tier) os.FileMode {
+func (s *Store) dirMode(t v1alpha1.Tier) os.FileMode {
 	switch {
-	case s.cfg.Group > 0 && t == nodeapi.TierHot:
+	case s.cfg.Group > 0 && t == v1alpha1.TierHot:
 		return os.ModeSetgid | os.ModeSticky | 0o770
 	case s.cfg.Group > 0:
 		return 0o750
@@ -69,7 +69,7 @@ func (s *Store) share(path string, mode os.FileMode) error {
 
 // namespaceDir creates the namespace's directory of tier t, or repairs its
 // mode and group.
-func (s *Store) namespaceDir(t nodeapi.Tier, ns string) (string, error) {
+func (s *Store) namespaceDir(t v1alpha1.Tier, ns string) (string, error) {
 	dir := filepath.Join(s.dir(t), ns)
 	if err := os.MkdirAll(dir, s.dirMode(t).Perm()); err != nil {
 		return "", fmt.Errorf("creating %s: %w", dir, err)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
@@ -49,13 +50,13 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 	}
 	b := blob(4096, 1)
 	k := nodeapi.Key{Namespace: "team-a", Name: "old"}
-	if _, err := old.Put(PutRequest{Key: k, Tier: nodeapi.TierWarm, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
+	if _, err := old.Put(PutRequest{Key: k, Tier: v1alpha1.TierWarm, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}
 	nsWarm := filepath.Join(warm, "team-a")
 	wantModeAndGroup(t, nsWarm, 0o700, 0)
-	wantModeAndGroup(t, old.Path(k, nodeapi.TierWarm), 0o600, 0)
-	wantModeAndGroup(t, old.metaPath(k, nodeapi.TierWarm), 0o600, 0)
+	wantModeAndGroup(t, old.Path(k, v1alpha1.TierWarm), 0o600, 0)
+	wantModeAndGroup(t, old.metaPath(k, v1alpha1.TierWarm), 0o600, 0)
 	if err := os.Chmod(nsWarm, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -67,17 +68,17 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 	nsHot := filepath.Join(hot, "team-a")
 	wantModeAndGroup(t, nsHot, os.ModeSetgid|os.ModeSticky|0o770, gid)
 	wantModeAndGroup(t, nsWarm, 0o750, gid)
-	for _, p := range []string{s.Path(k, nodeapi.TierWarm), s.metaPath(k, nodeapi.TierWarm)} {
+	for _, p := range []string{s.Path(k, v1alpha1.TierWarm), s.metaPath(k, v1alpha1.TierWarm)} {
 		wantModeAndGroup(t, p, 0o640, gid)
 	}
 
 	// New copies: put, promoted, touched (the metadata is rewritten),
 	// demoted.
 	n := nodeapi.Key{Namespace: "team-a", Name: "new"}
-	if _, err := s.Put(PutRequest{Key: n, Tier: nodeapi.TierHot, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
+	if _, err := s.Put(PutRequest{Key: n, Tier: v1alpha1.TierHot, Bytes: int64(len(b))}, bytes.NewReader(b)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Promote(t.Context(), k, nodeapi.TierHot, nil, "", 0); err != nil {
+	if _, err := s.Promote(t.Context(), k, v1alpha1.TierHot, nil, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	s.Touch(n)
@@ -86,14 +87,14 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 	}
 	for _, c := range []struct {
 		k nodeapi.Key
-		t nodeapi.Tier
-	}{{k, nodeapi.TierHot}, {k, nodeapi.TierWarm}, {n, nodeapi.TierWarm}} {
+		t v1alpha1.Tier
+	}{{k, v1alpha1.TierHot}, {k, v1alpha1.TierWarm}, {n, v1alpha1.TierWarm}} {
 		for _, p := range []string{s.Path(c.k, c.t), s.metaPath(c.k, c.t)} {
 			wantModeAndGroup(t, p, 0o640, gid)
 		}
 	}
 	s.Touch(k)
-	wantModeAndGroup(t, s.metaPath(k, nodeapi.TierHot), 0o640, gid)
+	wantModeAndGroup(t, s.metaPath(k, v1alpha1.TierHot), 0o640, gid)
 	// Nothing else is left beside them (no temporary file).
 	for _, dir := range []string{nsHot, nsWarm} {
 		files, err := os.ReadDir(dir)
@@ -111,8 +112,8 @@ func TestStoreSharesCopiesWithItsGroup(t *testing.T) {
 // Without a group the copies stay private to the agent, as before.
 func TestStoreWithoutGroupKeepsCopiesPrivate(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 1 << 20, Warm: 1 << 20})
-	e := put(t, s, "w", nodeapi.TierHot, blob(1024, 2), 0)
+	e := put(t, s, "w", v1alpha1.TierHot, blob(1024, 2), 0)
 	wantModeAndGroup(t, filepath.Join(cfg.HotDir, "team-a"), 0o700, os.Getegid())
-	wantModeAndGroup(t, s.Path(e.Key, nodeapi.TierHot), 0o600, os.Getegid())
-	wantModeAndGroup(t, s.metaPath(e.Key, nodeapi.TierHot), 0o600, os.Getegid())
+	wantModeAndGroup(t, s.Path(e.Key, v1alpha1.TierHot), 0o600, os.Getegid())
+	wantModeAndGroup(t, s.metaPath(e.Key, v1alpha1.TierHot), 0o600, os.Getegid())
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
@@ -35,7 +36,7 @@ func blob(n int, seed uint64) []byte {
 	return b
 }
 
-func put(t *testing.T, s *Store, name string, tier nodeapi.Tier, b []byte, prio int32) nodeapi.Entry {
+func put(t *testing.T, s *Store, name string, tier v1alpha1.Tier, b []byte, prio int32) nodeapi.Entry {
 	t.Helper()
 	e, err := s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: name}, Tier: tier, Bytes: int64(len(b)), Priority: prio}, bytes.NewReader(b))
 	if err != nil {
@@ -46,7 +47,7 @@ func put(t *testing.T, s *Store, name string, tier nodeapi.Tier, b []byte, prio 
 
 type placed struct {
 	Name string
-	Tier nodeapi.Tier
+	Tier v1alpha1.Tier
 }
 
 func placement(s *Store) []placed {
@@ -60,22 +61,22 @@ func placement(s *Store) []placed {
 func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 3 << 10, Warm: 4 << 10})
 	a, b, c := blob(1<<10, 1), blob(1<<10, 2), blob(2<<10, 3)
-	put(t, s, "a", nodeapi.TierHot, a, 0)
-	put(t, s, "b", nodeapi.TierHot, b, 5)
+	put(t, s, "a", v1alpha1.TierHot, a, 0)
+	put(t, s, "b", v1alpha1.TierHot, b, 5)
 	s.Touch(nodeapi.Key{Namespace: "team-a", Name: "a"}) // a is now more recent, but b has the higher priority
-	put(t, s, "c", nodeapi.TierHot, c, 5)
+	put(t, s, "c", v1alpha1.TierHot, c, 5)
 	// c needs 1 KiB more: a (priority 0) goes first, demoted to warm.
-	if diff := cmp.Diff([]placed{{"b", nodeapi.TierHot}, {"c", nodeapi.TierHot}, {"a", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	if diff := cmp.Diff([]placed{{"b", v1alpha1.TierHot}, {"c", v1alpha1.TierHot}, {"a", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Fatalf("placement (-want +got):\n%s", diff)
 	}
-	if s.Used(nodeapi.TierHot) > cfg.Budgets.Hot {
-		t.Fatalf("hot tier holds %d bytes over its %d budget", s.Used(nodeapi.TierHot), cfg.Budgets.Hot)
+	if s.Used(v1alpha1.TierHot) > cfg.Budgets.Hot {
+		t.Fatalf("hot tier holds %d bytes over its %d budget", s.Used(v1alpha1.TierHot), cfg.Budgets.Hot)
 	}
-	got, err := os.ReadFile(s.Path(nodeapi.Key{Namespace: "team-a", Name: "a"}, nodeapi.TierWarm))
+	got, err := os.ReadFile(s.Path(nodeapi.Key{Namespace: "team-a", Name: "a"}, v1alpha1.TierWarm))
 	if err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("the demoted copy is not the bytes: %v", err)
 	}
-	if _, err := os.Stat(s.Path(nodeapi.Key{Namespace: "team-a", Name: "a"}, nodeapi.TierHot)); !os.IsNotExist(err) {
+	if _, err := os.Stat(s.Path(nodeapi.Key{Namespace: "team-a", Name: "a"}, v1alpha1.TierHot)); !os.IsNotExist(err) {
 		t.Fatalf("the hot copy of a survived its eviction: %v", err)
 	}
 	fi, err := os.Stat(filepath.Join(cfg.HotDir, "team-a"))
@@ -83,7 +84,7 @@ func TestStoreBudgetsEvictionAndDemotion(t *testing.T) {
 		t.Fatalf("namespace dir mode %v (%v), want 0700", fi.Mode().Perm(), err)
 	}
 	// A low priority artifact never evicts higher ones.
-	if _, err := s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "d"}, Tier: nodeapi.TierHot, Bytes: 2 << 10, Priority: 1}, bytes.NewReader(blob(2<<10, 4))); !errors.Is(err, ErrNoRoom) {
+	if _, err := s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "d"}, Tier: v1alpha1.TierHot, Bytes: 2 << 10, Priority: 1}, bytes.NewReader(blob(2<<10, 4))); !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("low-priority put: %v, want ErrNoRoom", err)
 	}
 }
@@ -96,21 +97,21 @@ func TestStoreEvictsWithoutAWarmTier(t *testing.T) {
 	s, _ := testStore(t, nodeapi.Budgets{Hot: 1 << 10, Warm: 4 << 10})
 	a := nodeapi.Key{Namespace: "team-a", Name: "a"}
 	s.SetNoWarm(a, true)
-	put(t, s, "a", nodeapi.TierHot, blob(1<<10, 1), 0)
-	put(t, s, "b", nodeapi.TierHot, blob(1<<10, 2), 0)
-	if diff := cmp.Diff([]placed{{"b", nodeapi.TierHot}}, placement(s)); diff != "" {
+	put(t, s, "a", v1alpha1.TierHot, blob(1<<10, 1), 0)
+	put(t, s, "b", v1alpha1.TierHot, blob(1<<10, 2), 0)
+	if diff := cmp.Diff([]placed{{"b", v1alpha1.TierHot}}, placement(s)); diff != "" {
 		t.Errorf("placement without a warm tier for a (-want +got):\n%s", diff)
 	}
-	if _, err := os.Stat(s.Path(a, nodeapi.TierWarm)); !os.IsNotExist(err) {
+	if _, err := os.Stat(s.Path(a, v1alpha1.TierWarm)); !os.IsNotExist(err) {
 		t.Errorf("a warm copy of a was written (stat: %v)", err)
 	}
 	s.SetNoWarm(a, false)
-	put(t, s, "a", nodeapi.TierHot, blob(1<<10, 1), 0)
-	if diff := cmp.Diff([]placed{{"a", nodeapi.TierHot}, {"b", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	put(t, s, "a", v1alpha1.TierHot, blob(1<<10, 1), 0)
+	if diff := cmp.Diff([]placed{{"a", v1alpha1.TierHot}, {"b", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement with warm tiers (-want +got):\n%s", diff)
 	}
-	put(t, s, "c", nodeapi.TierHot, blob(1<<10, 3), 0)
-	if diff := cmp.Diff([]placed{{"c", nodeapi.TierHot}, {"a", nodeapi.TierWarm}, {"b", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	put(t, s, "c", v1alpha1.TierHot, blob(1<<10, 3), 0)
+	if diff := cmp.Diff([]placed{{"c", v1alpha1.TierHot}, {"a", v1alpha1.TierWarm}, {"b", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement once a has a warm tier again (-want +got):\n%s", diff)
 	}
 }
@@ -118,23 +119,23 @@ func TestStoreEvictsWithoutAWarmTier(t *testing.T) {
 func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 1 << 20, Warm: 1 << 20})
 	w := blob(100<<10+3, 7)
-	e := put(t, s, "w", nodeapi.TierWarm, w, 0)
+	e := put(t, s, "w", v1alpha1.TierWarm, w, 0)
 	if e.Digest != arena.Sum(w).String() {
 		t.Fatalf("digest %s, want %s", e.Digest, arena.Sum(w))
 	}
-	hot, err := s.Promote(t.Context(), nodeapi.Key{Namespace: "team-a", Name: "w"}, nodeapi.TierHot, nil, "", 0)
-	if err != nil || hot.Tier != nodeapi.TierHot {
+	hot, err := s.Promote(t.Context(), nodeapi.Key{Namespace: "team-a", Name: "w"}, v1alpha1.TierHot, nil, "", 0)
+	if err != nil || hot.Tier != v1alpha1.TierHot {
 		t.Fatalf("promote warm→hot: %+v %v", hot, err)
 	}
 	a, _ := arena.New(int64(len(w)), arena.Options{})
 	defer a.Free()
 	got, _, err := s.Restore(nodeapi.Key{Namespace: "team-a", Name: "w"}, a)
-	if err != nil || got.Tier != nodeapi.TierHot || !bytes.Equal(a.Bytes(), w) {
+	if err != nil || got.Tier != v1alpha1.TierHot || !bytes.Equal(a.Bytes(), w) {
 		t.Fatalf("restore: %+v %v", got, err)
 	}
 
 	// Corrupt the hot copy: the restore must fail, naming the mismatch.
-	p := s.Path(nodeapi.Key{Namespace: "team-a", Name: "w"}, nodeapi.TierHot)
+	p := s.Path(nodeapi.Key{Namespace: "team-a", Name: "w"}, v1alpha1.TierHot)
 	bad := append([]byte(nil), w...)
 	bad[5] ^= 0xff
 	if err := os.WriteFile(p, bad, 0o600); err != nil {
@@ -150,8 +151,8 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	_ = os.WriteFile(filepath.Join(cfg.WarmDir, "team-a", "orphan"), []byte("?"), 0o600)
 	// A copy an earlier agent wrote with a digest format this one cannot
 	// check (xxh64) cannot be verified: it goes too.
-	old := put(t, s, "old", nodeapi.TierWarm, blob(4<<10, 9), 0)
-	mp := s.metaPath(old.Key, nodeapi.TierWarm)
+	old := put(t, s, "old", v1alpha1.TierWarm, blob(4<<10, 9), 0)
+	mp := s.metaPath(old.Key, v1alpha1.TierWarm)
 	m, err := os.ReadFile(mp)
 	if err != nil {
 		t.Fatal(err)
@@ -163,7 +164,7 @@ func TestStoreRestoreVerifiesAndReopens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]placed{{"w", nodeapi.TierHot}, {"w", nodeapi.TierWarm}}, placement(s2)); diff != "" {
+	if diff := cmp.Diff([]placed{{"w", v1alpha1.TierHot}, {"w", v1alpha1.TierWarm}}, placement(s2)); diff != "" {
 		t.Fatalf("reopened placement (-want +got):\n%s", diff)
 	}
 	for _, f := range []string{".x.tmp-1", "orphan", "old", ".old.meta.json"} {
@@ -181,22 +182,22 @@ func TestStorePromoteFromColdChecksTheDigest(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := nodeapi.Key{Namespace: "team-a", Name: "m"}
-	if _, err := s.Promote(t.Context(), k, nodeapi.TierWarm, ColdFile(cold), arena.Sum([]byte("other")).String(), 0); !errors.Is(err, arena.ErrMismatch) {
+	if _, err := s.Promote(t.Context(), k, v1alpha1.TierWarm, ColdFile(cold), arena.Sum([]byte("other")).String(), 0); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("promote with a wrong digest: %v, want ErrMismatch", err)
 	}
-	if _, ok := s.Lookup(k, nodeapi.TierWarm); ok {
+	if _, ok := s.Lookup(k, v1alpha1.TierWarm); ok {
 		t.Fatal("a mismatching copy was admitted")
 	}
-	if _, err := s.Promote(t.Context(), k, nodeapi.TierWarm, ColdFile(cold), arena.Sum(w).String(), 0); err != nil {
+	if _, err := s.Promote(t.Context(), k, v1alpha1.TierWarm, ColdFile(cold), arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Promote(t.Context(), k, nodeapi.TierHot, nil, "", 0); err != nil {
+	if _, err := s.Promote(t.Context(), k, v1alpha1.TierHot, nil, "", 0); err != nil {
 		t.Fatalf("warm→hot: %v", err)
 	}
-	if diff := cmp.Diff([]placed{{"m", nodeapi.TierHot}, {"m", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	if diff := cmp.Diff([]placed{{"m", v1alpha1.TierHot}, {"m", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Fatalf("placement (-want +got):\n%s", diff)
 	}
-	if _, err := s.Promote(t.Context(), nodeapi.Key{Namespace: "team-a", Name: "absent"}, nodeapi.TierHot, nil, "", 0); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Promote(t.Context(), nodeapi.Key{Namespace: "team-a", Name: "absent"}, v1alpha1.TierHot, nil, "", 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("promote of an unknown artifact: %v", err)
 	}
 }
@@ -226,7 +227,7 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if from != nodeapi.DemoteFromEngine || e.Tier != nodeapi.TierWarm || e.Digest != digest || e.Bytes != int64(len(w)) || e.VerifiedAt.IsZero() {
+	if from != nodeapi.DemoteFromEngine || e.Tier != v1alpha1.TierWarm || e.Digest != digest || e.Bytes != int64(len(w)) || e.VerifiedAt.IsZero() {
 		t.Fatalf("demotion %+v from %s, want a verified warm copy of the engine's offload", e, from)
 	}
 	got, err := os.ReadFile(filepath.Join(cfg.WarmDir, "team-a", "m"))
@@ -245,7 +246,7 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e2, ok := s2.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, nodeapi.TierWarm); !ok || e2.Digest != digest {
+	if e2, ok := s2.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, v1alpha1.TierWarm); !ok || e2.Digest != digest {
 		t.Errorf("after a restart the warm copy is %+v (%v)", e2, ok)
 	}
 }
@@ -253,18 +254,18 @@ func TestStoreDemotesAnEngineOffloadVerified(t *testing.T) {
 func TestStoreDemotionOfItsHotCopyReleasesIt(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 4 << 10, Warm: 4 << 10})
 	w := blob(1<<10, 8)
-	put(t, s, "m", nodeapi.TierHot, w, 2)
+	put(t, s, "m", v1alpha1.TierHot, w, 2)
 	if _, _, err := s.Demote(nodeapi.Key{Namespace: "team-a", Name: "m"}, arena.Sum(blob(1<<10, 9)).String(), 0); !errors.Is(err, ErrDigestConflict) {
 		t.Errorf("demoting the hot copy with another digest than its recorded one: %v, want ErrDigestConflict", err)
 	}
-	if _, ok := s.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, nodeapi.TierHot); !ok {
+	if _, ok := s.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, v1alpha1.TierHot); !ok {
 		t.Fatal("a refused demotion removed the hot copy")
 	}
 	e, from, err := s.Demote(nodeapi.Key{Namespace: "team-a", Name: "m"}, "", 0)
 	if err != nil || from != nodeapi.DemoteFromStore || e.Priority != 2 {
 		t.Fatalf("demotion %+v from %s: %v; want the store's hot copy, its priority kept", e, from, err)
 	}
-	if diff := cmp.Diff([]placed{{"m", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	if diff := cmp.Diff([]placed{{"m", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement (-want +got):\n%s", diff)
 	}
 	if _, err := os.Stat(filepath.Join(cfg.HotDir, "team-a", "m")); !errors.Is(err, os.ErrNotExist) {
@@ -275,7 +276,7 @@ func TestStoreDemotionOfItsHotCopyReleasesIt(t *testing.T) {
 func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 4 << 10, Warm: 3 << 10})
 	old := blob(2<<10, 1)
-	put(t, s, "old", nodeapi.TierWarm, old, 0)
+	put(t, s, "old", v1alpha1.TierWarm, old, 0)
 	w := blob(2<<10, 9)
 	offload(t, cfg, "m", w)
 
@@ -286,27 +287,27 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 	if _, _, err := s.Demote(nodeapi.Key{Namespace: "team-a", Name: "m"}, wrong, 0); !errors.Is(err, arena.ErrMismatch) {
 		t.Fatalf("demoting bytes that do not hash to the digest: %v, want a mismatch", err)
 	}
-	if _, ok := s.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, nodeapi.TierWarm); ok {
+	if _, ok := s.Lookup(nodeapi.Key{Namespace: "team-a", Name: "m"}, v1alpha1.TierWarm); ok {
 		t.Fatal("a copy that failed verification entered the warm tier")
 	}
 	if _, err := os.Stat(filepath.Join(cfg.WarmDir, "team-a", "m")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a copy that failed verification is on disk: %v", err)
 	}
 	// A higher-priority copy is never evicted for it.
-	put(t, s, "old", nodeapi.TierWarm, old, 5)
+	put(t, s, "old", v1alpha1.TierWarm, old, 5)
 	if _, _, err := s.Demote(nodeapi.Key{Namespace: "team-a", Name: "m"}, arena.Sum(w).String(), 0); !errors.Is(err, ErrNoRoom) {
 		t.Errorf("demoting past the warm budget: %v, want ErrNoRoom", err)
 	}
 	// With the same priority the least recently used copy makes room.
-	put(t, s, "old", nodeapi.TierWarm, old, 0)
+	put(t, s, "old", v1alpha1.TierWarm, old, 0)
 	if _, _, err := s.Demote(nodeapi.Key{Namespace: "team-a", Name: "m"}, arena.Sum(w).String(), 0); err != nil {
 		t.Fatal(err)
 	}
 	// The engine's offload stays in the hot tier until the engine releases it.
-	if diff := cmp.Diff([]placed{{"m", nodeapi.TierHot}, {"m", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	if diff := cmp.Diff([]placed{{"m", v1alpha1.TierHot}, {"m", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Errorf("placement (-want +got):\n%s", diff)
 	}
-	if used := s.Used(nodeapi.TierWarm); used > cfg.Budgets.Warm {
+	if used := s.Used(v1alpha1.TierWarm); used > cfg.Budgets.Warm {
 		t.Errorf("warm tier holds %d bytes, budget %d", used, cfg.Budgets.Warm)
 	}
 }
@@ -318,30 +319,30 @@ func TestStoreDemotionRefusesBadDigestsAndRespectsTheBudget(t *testing.T) {
 func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 3 << 10, Warm: 8 << 10})
 	src := offload(t, cfg, "sleeper", blob(2<<10, 9))
-	if got := s.Used(nodeapi.TierHot); got != 2<<10 {
+	if got := s.Used(v1alpha1.TierHot); got != 2<<10 {
 		t.Fatalf("hot use with a 2 KiB engine offload = %d, want %d", got, 2<<10)
 	}
-	want := []nodeapi.Entry{{Key: nodeapi.Key{Namespace: "team-a", Name: "sleeper"}, Tier: nodeapi.TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
+	want := []nodeapi.Entry{{Key: nodeapi.Key{Namespace: "team-a", Name: "sleeper"}, Tier: v1alpha1.TierHot, Bytes: 2 << 10, Pinned: true, Offload: true}}
 	if diff := cmp.Diff(want, s.Entries(), cmpopts.IgnoreFields(nodeapi.Entry{}, "LastUsed")); diff != "" {
 		t.Fatalf("entries (-want +got):\n%s", diff)
 	}
 
 	// 2 KiB more would exceed the 3 KiB budget, and the offload is not
 	// the agent's to evict.
-	_, err := s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "b"}, Tier: nodeapi.TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
+	_, err := s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "b"}, Tier: v1alpha1.TierHot, Bytes: 2 << 10}, bytes.NewReader(blob(2<<10, 2)))
 	if !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("admitting 2 KiB next to a 2 KiB offload under a 3 KiB budget: %v, want ErrNoRoom", err)
 	}
-	put(t, s, "a", nodeapi.TierHot, blob(1<<10, 1), 0)
-	if got := s.Used(nodeapi.TierHot); got > cfg.Budgets.Hot {
+	put(t, s, "a", v1alpha1.TierHot, blob(1<<10, 1), 0)
+	if got := s.Used(v1alpha1.TierHot); got > cfg.Budgets.Hot {
 		t.Fatalf("hot tier holds %d bytes over its %d budget", got, cfg.Budgets.Hot)
 	}
 	// A copy of higher priority evicts the agent's copy, not the offload.
-	_, err = s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "c"}, Tier: nodeapi.TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
+	_, err = s.Put(PutRequest{Key: nodeapi.Key{Namespace: "team-a", Name: "c"}, Tier: v1alpha1.TierHot, Bytes: 1 << 10, Priority: 5}, bytes.NewReader(blob(1<<10, 3)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]placed{{"c", nodeapi.TierHot}, {"sleeper", nodeapi.TierHot}, {"a", nodeapi.TierWarm}}, placement(s)); diff != "" {
+	if diff := cmp.Diff([]placed{{"c", v1alpha1.TierHot}, {"sleeper", v1alpha1.TierHot}, {"a", v1alpha1.TierWarm}}, placement(s)); diff != "" {
 		t.Fatalf("placement (-want +got):\n%s", diff)
 	}
 	if _, err := os.Stat(src); err != nil {
@@ -352,8 +353,8 @@ func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 	if err := os.Remove(src); err != nil {
 		t.Fatal(err)
 	}
-	put(t, s, "b", nodeapi.TierHot, blob(2<<10, 2), 5)
-	if got := s.Used(nodeapi.TierHot); got != 3<<10 {
+	put(t, s, "b", v1alpha1.TierHot, blob(2<<10, 2), 5)
+	if got := s.Used(v1alpha1.TierHot); got != 3<<10 {
 		t.Fatalf("hot use after the offload was released = %d, want %d", got, 3<<10)
 	}
 }
@@ -363,11 +364,11 @@ func TestStoreCountsEngineOffloadsInTheHotBudget(t *testing.T) {
 // stray write) is dropped, so that no wake reads it, and reported.
 func TestStoreVerifyDropsCopiesThatNoLongerMatch(t *testing.T) {
 	s, cfg := testStore(t, nodeapi.Budgets{Hot: 8 << 10, Warm: 8 << 10})
-	good := put(t, s, "good", nodeapi.TierWarm, blob(2<<10, 1), 0)
-	bad := put(t, s, "bad", nodeapi.TierHot, blob(2<<10, 2), 0)
+	good := put(t, s, "good", v1alpha1.TierWarm, blob(2<<10, 1), 0)
+	bad := put(t, s, "bad", v1alpha1.TierHot, blob(2<<10, 2), 0)
 	offload(t, cfg, "sleeper", blob(1<<10, 3)) // the engine's: its wake verifies it
 	// One byte of the hot copy flips on the node.
-	f, err := os.OpenFile(s.Path(bad.Key, nodeapi.TierHot), os.O_WRONLY, 0)
+	f, err := os.OpenFile(s.Path(bad.Key, v1alpha1.TierHot), os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,8 +380,8 @@ func TestStoreVerifyDropsCopiesThatNoLongerMatch(t *testing.T) {
 	got := s.Verify()
 	ignore := cmpopts.IgnoreFields(nodeapi.Verification{}, "Time", "Got", "Error")
 	want := []nodeapi.Verification{
-		{Key: bad.Key, Tier: nodeapi.TierHot, Digest: bad.Digest, Dropped: true},
-		{Key: good.Key, Tier: nodeapi.TierWarm, Digest: good.Digest},
+		{Key: bad.Key, Tier: v1alpha1.TierHot, Digest: bad.Digest, Dropped: true},
+		{Key: good.Key, Tier: v1alpha1.TierWarm, Digest: good.Digest},
 	}
 	if diff := cmp.Diff(want, got, ignore); diff != "" {
 		t.Fatalf("verifications (-want +got):\n%s", diff)
@@ -388,13 +389,13 @@ func TestStoreVerifyDropsCopiesThatNoLongerMatch(t *testing.T) {
 	if !strings.Contains(got[0].Error, "hash mismatch") || got[0].Got == "" || got[1].Error != "" {
 		t.Errorf("the dropped copy should name the mismatch and its new digest, the good one no error: %+v", got)
 	}
-	if _, ok := s.Lookup(bad.Key, nodeapi.TierHot); ok {
+	if _, ok := s.Lookup(bad.Key, v1alpha1.TierHot); ok {
 		t.Error("the copy that no longer verifies is still indexed")
 	}
-	if _, err := os.Stat(s.Path(bad.Key, nodeapi.TierHot)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(s.Path(bad.Key, v1alpha1.TierHot)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the copy that no longer verifies is still on disk: %v", err)
 	}
-	if e, _ := s.Lookup(good.Key, nodeapi.TierWarm); !e.VerifiedAt.After(good.VerifiedAt) {
+	if e, _ := s.Lookup(good.Key, v1alpha1.TierWarm); !e.VerifiedAt.After(good.VerifiedAt) {
 		t.Errorf("the good copy's verification time %v did not move past %v", e.VerifiedAt, good.VerifiedAt)
 	}
 	if _, err := os.Stat(filepath.Join(cfg.HotDir, "team-a", nodeapi.EngineOffloadName("sleeper"))); err != nil {

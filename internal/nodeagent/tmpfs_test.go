@@ -1,12 +1,11 @@
 package nodeagent
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/model-orchestra/operator/internal/nodeapi"
-	"golang.org/x/sys/unix"
 )
 
 func TestParseMountInfo(t *testing.T) {
@@ -47,7 +46,7 @@ func TestMountHotTier(t *testing.T) {
 	if got := HugePagesOf(filepath.Join(dir, "team-a")); got != HotTierHugePages {
 		t.Errorf("HugePagesOf = %q, want %q", got, HotTierHugePages)
 	}
-	if r := tierReport(dir, nodeapi.TierHot, 1<<20, 0, 0); r.Filesystem != "tmpfs" || r.HugePages != HotTierHugePages || r.Warning != "" {
+	if r := tierReport(dir, v1alpha1.TierHot, 1<<20, 0, 0); r.Filesystem != "tmpfs" || r.HugePages != HotTierHugePages || r.Warning != "" {
 		t.Errorf("report %+v", r)
 	}
 	// A second call finds the mount point and leaves it.

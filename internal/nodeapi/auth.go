@@ -18,7 +18,8 @@
 // /metrics) stay open to what the NetworkPolicy admits.
 //
 // Files:
-//   - auth.go: TokenFile, Authorize, RequireCaller.
+//   - auth.go: TokenFile, Authorize, RequireCaller, Caller (the token
+//     on any method: the sidecar's GET /model/files).
 //   - client.go: the paths and THE client (Client.Call), which the
 //     lifecycle leader calls every node agent with.
 //   - tiers.go: Tier, Key, Entry, Budgets, the planned Action, and the
@@ -27,8 +28,8 @@
 //   - report.go: NodeReport (GET /report) and what it is made of:
 //     tier, criu, runtime, cold-source, verification and promotion
 //     reports, Bandwidth, Prediction.
-//   - copies.go: CopyMeta, the metadata file beside each copy on disk,
-//     which the sidecar reads.
+//   - copies.go: CopyMeta (with CopyFile for a directory copy), the
+//     metadata file beside each copy on disk, which the sidecar reads.
 package nodeapi
 
 import (

@@ -4,7 +4,11 @@ package nodeapi
 // engines: POST /wakes and POST /sleeps, from which the agent predicts
 // the next wake.
 
-import "time"
+import (
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
 
 // WakeRecord is the body of POST /wakes: one wake of an artifact, as the
 // lifecycle leader reports it once the engines are awake. The node agent
@@ -16,11 +20,11 @@ type WakeRecord struct {
 	Time time.Time `json:"time"`
 	// Tier it restored from (hot, warm or cold) and the bytes and rate of
 	// the restore; a cold rate becomes the cold tier's measured bandwidth.
-	Tier           Tier    `json:"tier,omitempty"`
-	Bytes          int64   `json:"bytes,omitempty"`
-	BytesPerSecond float64 `json:"bytesPerSecond,omitempty"`
-	Digest         string  `json:"digest,omitempty"`
-	Priority       int32   `json:"priority,omitempty"`
+	Tier           v1alpha1.Tier `json:"tier,omitempty"`
+	Bytes          int64         `json:"bytes,omitempty"`
+	BytesPerSecond float64       `json:"bytesPerSecond,omitempty"`
+	Digest         string        `json:"digest,omitempty"`
+	Priority       int32         `json:"priority,omitempty"`
 	// ColdPath is the artifact inside the cold tier, when the agent mounts
 	// it (--cold-dir).
 	ColdPath string `json:"coldPath,omitempty"`

@@ -2,7 +2,11 @@ package nodeapi
 
 // The node report (GET /report) and the answers it is made of.
 
-import "time"
+import (
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
 
 // NodeReport is what a node can do for checkpoints: the body of GET /report.
 type NodeReport struct {
@@ -195,9 +199,9 @@ type Prediction struct {
 // Promotion is one planned copy up a tier ahead of a predicted wake.
 type Promotion struct {
 	Key
-	From  Tier  `json:"from"`
-	To    Tier  `json:"to"`
-	Bytes int64 `json:"bytes"`
+	From  v1alpha1.Tier `json:"from"`
+	To    v1alpha1.Tier `json:"to"`
+	Bytes int64         `json:"bytes"`
 	// Wake is the predicted wake it is for; Lead how long before it the
 	// copies up to the hot tier take (with the margin).
 	Wake Prediction    `json:"wake"`
@@ -209,6 +213,6 @@ type Promotion struct {
 // Deferred is a due promotion that cannot happen now, and why.
 type Deferred struct {
 	Key
-	To     Tier   `json:"to"`
-	Reason string `json:"reason"`
+	To     v1alpha1.Tier `json:"to"`
+	Reason string        `json:"reason"`
 }

@@ -9,19 +9,15 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
-// Tier is where a copy of the weights sits on a node. Hot is RAM (a tmpfs),
-// warm is node-local disk, cold is the application's model cache (or S3)
-// and is not owned by the agent.
-type Tier string
-
-// The tiers, fastest first.
-const (
-	TierHot  Tier = "hot"
-	TierWarm Tier = "warm"
-	TierCold Tier = "cold"
-)
+// The tiers are the API's (v1alpha1.Tier: TierHot is RAM, a tmpfs;
+// TierWarm node-local disk; TierCold the application's model cache or S3,
+// not owned by the agent), one vocabulary from the node agent's wire to
+// the status. Decoding also accepts the lowercase spelling of earlier
+// releases (v1alpha1.Tier.UnmarshalText).
 
 // Key names one weights artifact: a namespace (one directory per namespace,
 // mode 0700) and a file name within it.
@@ -36,11 +32,11 @@ func (k Key) String() string { return k.Namespace + "/" + k.Name }
 // Entry is one copy of an artifact in one tier.
 type Entry struct {
 	Key
-	Tier     Tier      `json:"tier"`
-	Bytes    int64     `json:"bytes"`
-	Digest   string    `json:"digest"`
-	Priority int32     `json:"priority"`
-	LastUsed time.Time `json:"lastUsed"`
+	Tier     v1alpha1.Tier `json:"tier"`
+	Bytes    int64         `json:"bytes"`
+	Digest   string        `json:"digest"`
+	Priority int32         `json:"priority"`
+	LastUsed time.Time     `json:"lastUsed"`
 	// VerifiedAt is when the copy last hashed to Digest.
 	VerifiedAt time.Time `json:"verifiedAt"`
 	// SHA256 is the fetcher's manifest sha256 the copy's bytes hashed to
@@ -86,10 +82,10 @@ const (
 
 // Action is one step of a plan, applied in order.
 type Action struct {
-	Kind  ActionKind `json:"kind"`
-	Key   Key        `json:"key"`
-	From  Tier       `json:"from"`
-	Bytes int64      `json:"bytes"`
+	Kind  ActionKind    `json:"kind"`
+	Key   Key           `json:"key"`
+	From  v1alpha1.Tier `json:"from"`
+	Bytes int64         `json:"bytes"`
 }
 
 // dnsLabel is a namespace a Key may name: one directory per namespace.
@@ -124,7 +120,7 @@ type DemoteSource string
 // Verification is the outcome of re-hashing one copy (nodeagent.Store.Verify).
 type Verification struct {
 	Key
-	Tier Tier `json:"tier"`
+	Tier v1alpha1.Tier `json:"tier"`
 	// Digest is the digest recorded for the copy; Got what its bytes hash
 	// to now (empty when they could not be read).
 	Digest string `json:"digest"`
@@ -151,7 +147,7 @@ const (
 type PromoteRequest struct {
 	Key
 	// To is hot or warm.
-	To Tier `json:"to"`
+	To v1alpha1.Tier `json:"to"`
 	// ColdPath is the artifact inside the cold tier (the model cache
 	// mount), used when no faster tier holds it.
 	ColdPath string `json:"coldPath,omitempty"`
@@ -194,7 +190,7 @@ type DemoteResult struct {
 
 // TiersStatus is the body of GET /tiers.
 type TiersStatus struct {
-	Budgets Budgets        `json:"budgets"`
-	Used    map[Tier]int64 `json:"used"`
-	Entries []Entry        `json:"entries"`
+	Budgets Budgets                 `json:"budgets"`
+	Used    map[v1alpha1.Tier]int64 `json:"used"`
+	Entries []Entry                 `json:"entries"`
 }

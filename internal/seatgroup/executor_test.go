@@ -17,7 +17,7 @@ const weights = 32 << 20
 var apps = []string{"a", "b", "c", "d"}
 
 // start runs four simulator applications with 32 MiB of real weights each,
-// behind real seat agents, in one seat group.
+// behind real sidecars, in one seat group.
 func start(t *testing.T, mut func(*seatgrouptest.Options)) *seatgrouptest.Harness {
 	t.Helper()
 	g := seatgroup.Default("g")

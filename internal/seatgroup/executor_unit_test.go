@@ -247,7 +247,7 @@ func TestExecutorRestartsAFailedSeatOnce(t *testing.T) {
 	if diff := cmp.Diff([]string{"restart a"}, u.log); diff != "" {
 		t.Errorf("calls (-want +got):\n%s", diff)
 	}
-	// The seat reports a newer state later: Failed again means a new failure.
+	// The sidecar reports a newer state later: Failed again means a new failure.
 	u.seats["a"].since = time.Now().Add(time.Second)
 	u.step(t)
 	if diff := cmp.Diff([]string{"restart a", "restart a"}, u.log); diff != "" {

@@ -16,7 +16,7 @@ import (
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
-// fakeNvidiaSMI installs an nvidia-smi on PATH that answers the seat's
+// fakeNvidiaSMI installs an nvidia-smi on PATH that answers the sidecar's
 // query, and only it, with out (the real tool's csv,noheader,nounits
 // format: "pid, MiB" per compute process), or fails with exit code and
 // message when code is not 0.
@@ -116,7 +116,7 @@ func TestNvidiaSMIAttributesDeviceMemoryToTheEnginesProcesses(t *testing.T) {
 	}
 }
 
-func TestSeatStateSaysWhichMemorySourceItUsed(t *testing.T) {
+func TestSidecarStateSaysWhichMemorySourceItUsed(t *testing.T) {
 	t.Run("nvidia-smi, then the engine's silence", func(t *testing.T) {
 		k := runEngine(t, sidecarapi.EngineVLLM)
 		var core int
@@ -129,7 +129,7 @@ func TestSeatStateSaysWhichMemorySourceItUsed(t *testing.T) {
 			return nil
 		})
 		smi := fakeNvidiaSMI(t, fmt.Sprintf("%d, 512\n", core), 0, "")
-		e := startProcessSeat(t, k, func(c *agent.Config) { c.Seat.NvidiaSMI = smi })
+		e := startProcessSidecar(t, k, func(c *agent.Config) { c.Sidecar.NvidiaSMI = smi })
 		e.waitState(sidecarapi.Awake)
 		st := e.state()
 		if st.MemorySource != sidecar.MemorySourceNvidiaSMI || st.ResidentBytes == nil || *st.ResidentBytes != 512<<20 || st.DeviceMemoryError != "" {
@@ -145,7 +145,7 @@ func TestSeatStateSaysWhichMemorySourceItUsed(t *testing.T) {
 	})
 	t.Run("the engine's report when its processes are not visible", func(t *testing.T) {
 		smi := fakeNvidiaSMI(t, "", 0, "")
-		e := startSeat(t, func(_ *sim.Config, c *agent.Config) { c.Seat.NvidiaSMI = smi })
+		e := startSidecar(t, func(_ *sim.Config, c *agent.Config) { c.Sidecar.NvidiaSMI = smi })
 		st := e.state()
 		if st.MemorySource != sidecar.MemorySourceEngine || st.ResidentBytes == nil || *st.ResidentBytes != 2<<20 || !strings.Contains(st.DeviceMemoryError, sidecar.ErrEngineProcessNotFound.Error()) {
 			t.Errorf("GET /state: source %q resident %v error %q; want the engine's 2 MiB and why nvidia-smi was not used", st.MemorySource, st.ResidentBytes, st.DeviceMemoryError)

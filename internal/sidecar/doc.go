@@ -1,4 +1,4 @@
-// Package sidecar is orchestra-agent's per-engine sidecar (--role seat):
+// Package sidecar is orchestra-agent's per-engine sidecar (--role sidecar):
 // one runs beside each engine container. It drives its engine's own sleep
 // and wake API, drains the engine's requests before a sleep, reports the
 // engine's state (GET /state; the wire types and the client are
@@ -14,13 +14,15 @@
 // device memory) are found through internal/engineproc.
 //
 // Files:
-//   - seat.go: Seat, the sidecar's state machine and its HTTP API.
-//   - seat_config.go: SeatConfig, its defaults and validation.
-//   - seat_start.go: StartSeat, the role's start.
-//   - seat_metrics.go: the sidecar's metrics.
-//   - seat_restart.go: restarting the engine in place (POST /restart).
+//   - sidecar.go: Sidecar, the sidecar's state machine and its HTTP API.
+//   - config.go: Config, its defaults and validation.
+//   - start.go: Start, the role's start.
+//   - metrics.go: the sidecar's metrics.
+//   - restart.go: restarting the engine in place (POST /restart).
 //   - modelcopy.go: ModelCopies, pointing the engine at the hottest
-//     verified copy of its model file.
+//     verified copy of its model (a file, or vLLM's directory).
+//   - modelfiles.go: GET /model/files, the model's files handed to the
+//     node agent (with the caller token) where it cannot mount the cache.
 //   - engine.go: the Engine interface, EngineConfig, NewEngine.
 //   - vllm.go, ollama.go, llamacpp.go: one adapter per engine (the
 //     simulator speaks vLLM's API).

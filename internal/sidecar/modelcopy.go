@@ -25,6 +25,8 @@ package sidecar
 // opens the old or the new copy, never a missing file.
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,9 +114,9 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 	}
 	var passed []string
 	for _, t := range []struct {
-		tier nodeapi.Tier
+		tier v1alpha1.Tier
 		dir  string
-	}{{nodeapi.TierHot, m.cfg.HotDir}, {nodeapi.TierWarm, m.cfg.WarmDir}} {
+	}{{v1alpha1.TierHot, m.cfg.HotDir}, {v1alpha1.TierWarm, m.cfg.WarmDir}} {
 		if t.dir == "" {
 			continue
 		}
@@ -124,7 +126,7 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 		}
 		c, err := tierCopy(t.dir, m.cfg.Name, want)
 		if err == nil {
-			c.Tier = string(t.tier)
+			c.Tier = t.tier
 			return c, passed, nil
 		}
 		passed = append(passed, fmt.Sprintf("%s: %v", t.tier, err))
@@ -141,7 +143,7 @@ func (m *ModelCopies) cold(want sidecarapi.ModelFiles, listed bool) (sidecarapi.
 	if err != nil {
 		return sidecarapi.ModelCopy{}, fmt.Errorf("the model in the cache: %w", err)
 	}
-	c := sidecarapi.ModelCopy{Tier: string(nodeapi.TierCold), Path: cold, Bytes: fi.Size()}
+	c := sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size()}
 	switch {
 	case fi.IsDir() && listed:
 		c.Bytes, c.Files = want.Bytes(), len(want.Files)
@@ -325,7 +327,7 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 			return err
 		}
 		e.mu.Lock()
-		e.last = &sidecarapi.Transfer{Tier: string(nodeapi.TierHot)}
+		e.last = &sidecarapi.Transfer{Tier: v1alpha1.TierHot}
 		e.mu.Unlock()
 		return nil
 	}
@@ -334,11 +336,11 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 		return err
 	}
 	if why := e.copies.PassedOver(); why != "" && e.log != nil {
-		e.log.Info("the wake loads the "+c.Tier+" copy of the model file", "path", c.Path, "passedOver", why)
+		e.log.Info("the wake loads the "+string(c.Tier)+" copy of the model file", "path", c.Path, "passedOver", why)
 	}
 	err = e.Engine.Wake(ctx)
 	var answered *EngineError
-	if err != nil && c.Tier != string(nodeapi.TierCold) && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
+	if err != nil && c.Tier != v1alpha1.TierCold && ctx.Err() == nil && (errors.As(err, &answered) || e.copies.Gone()) {
 		first, tier, path := err, c.Tier, c.Path
 		if c, err = e.copies.PointCold(); err != nil {
 			return errors.Join(first, err)
@@ -347,7 +349,7 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 			return fmt.Errorf("loading the %s copy %s: %w; then the model cache: %w", tier, path, first, err)
 		}
 		if e.log != nil {
-			e.log.Warn("the engine could not load the "+tier+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
+			e.log.Warn("the engine could not load the "+string(tier)+" copy of its model file; it loaded the model cache", "copy", path, "err", first)
 		}
 	}
 	if err != nil {
@@ -391,7 +393,7 @@ func (e *copyEngine) ModelCopy(awake bool) *sidecarapi.ModelCopy {
 		return e.copies.Current()
 	}
 	if !e.readsCopy() {
-		c := sidecarapi.ModelCopy{Tier: string(nodeapi.TierHot)}
+		c := sidecarapi.ModelCopy{Tier: v1alpha1.TierHot}
 		if cur := e.copies.Current(); cur != nil {
 			c.Bytes = cur.Bytes
 		}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeagent"
@@ -83,9 +84,9 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	inner := &linkReader{link: copies.cfg.Link}
 	e := withModelCopies(inner, copies, nil).(*copyEngine)
 	ctx := context.Background()
-	wake := func(wantTier nodeapi.Tier, wantPath string) {
+	wake := func(wantTier v1alpha1.Tier, wantPath string) {
 		t.Helper()
-		if next := e.ModelCopy(false); next == nil || next.Tier != string(wantTier) || next.Path != wantPath {
+		if next := e.ModelCopy(false); next == nil || next.Tier != wantTier || next.Path != wantPath {
 			t.Errorf("asleep, the next wake would load %+v; want the %s copy %s", next, wantTier, wantPath)
 		}
 		if err := e.Wake(ctx); err != nil {
@@ -98,7 +99,7 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 			t.Errorf("the link points at %s; want %s", target, wantPath)
 		}
 		tr := e.LastTransfer()
-		if tr == nil || tr.Tier != string(wantTier) || tr.Bytes != int64(len(model)) || !tr.Verified {
+		if tr == nil || tr.Tier != wantTier || tr.Bytes != int64(len(model)) || !tr.Verified {
 			t.Errorf("the wake reported %+v; want %d verified bytes from %s", tr, len(model), wantTier)
 		}
 		if cur := e.ModelCopy(true); cur == nil || cur.Path != wantPath {
@@ -109,10 +110,10 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		}
 	}
 	coldPath := filepath.Join(cache, "tiny.gguf")
-	hotPath, warmPath := s.Path(k, nodeapi.TierHot), s.Path(k, nodeapi.TierWarm)
+	hotPath, warmPath := s.Path(k, v1alpha1.TierHot), s.Path(k, v1alpha1.TierWarm)
 
 	// No copy yet: the cache.
-	wake(nodeapi.TierCold, coldPath)
+	wake(v1alpha1.TierCold, coldPath)
 
 	// A cold file whose bytes are not the manifest's is refused, and
 	// nothing is visible.
@@ -120,13 +121,13 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bad, "tiny.gguf"), modelBytes(len(model), 8), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Promote(ctx, k, nodeapi.TierHot, nodeagent.ModelFile(nodeagent.ColdFile(filepath.Join(bad, "tiny.gguf")), want), "", 0); !errors.Is(err, nodeagent.ErrManifestMismatch) {
+	if _, err := s.Promote(ctx, k, v1alpha1.TierHot, nodeagent.ModelFile(nodeagent.ColdFile(filepath.Join(bad, "tiny.gguf")), want), "", 0); !errors.Is(err, nodeagent.ErrManifestMismatch) {
 		t.Fatalf("promoting a mismatching cold copy: %v; want ErrManifestMismatch", err)
 	}
 	if _, err := os.Stat(hotPath); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("after the refused copy %s exists (%v)", hotPath, err)
 	}
-	wake(nodeapi.TierCold, coldPath)
+	wake(v1alpha1.TierCold, coldPath)
 
 	// A partly written copy (the agent's temporary name) is never used.
 	if err := os.MkdirAll(filepath.Dir(hotPath), 0o700); err != nil {
@@ -135,18 +136,18 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(filepath.Dir(hotPath), "."+k.Name+".tmp-1"), model[:1<<20], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wake(nodeapi.TierCold, coldPath)
+	wake(v1alpha1.TierCold, coldPath)
 
 	// The agent's verified copies: hot first, then warm.
 	cold := nodeagent.ModelFile(nodeagent.ColdFile(coldPath), want)
-	if e, err := s.Promote(ctx, k, nodeapi.TierWarm, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
+	if e, err := s.Promote(ctx, k, v1alpha1.TierWarm, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
 		t.Fatalf("promoting to warm: %+v, %v; want the manifest's sha256 recorded", e, err)
 	}
-	wake(nodeapi.TierWarm, warmPath)
-	if e, err := s.Promote(ctx, k, nodeapi.TierHot, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
+	wake(v1alpha1.TierWarm, warmPath)
+	if e, err := s.Promote(ctx, k, v1alpha1.TierHot, cold, "", 0); err != nil || e.SHA256 != want.SHA256 {
 		t.Fatalf("promoting to hot (from warm): %+v, %v; want the sha256 carried", e, err)
 	}
-	wake(nodeapi.TierHot, hotPath)
+	wake(v1alpha1.TierHot, hotPath)
 
 	// An engine that cannot load the hot copy (its permissions, a bad
 	// file) is not kept asleep: the wake loads the model cache, and says so.
@@ -154,7 +155,7 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	if err := e.Wake(ctx); err != nil {
 		t.Fatalf("a wake whose hot copy the engine cannot load: %v; want it loaded from the model cache", err)
 	}
-	if tr := e.LastTransfer(); tr == nil || tr.Tier != string(nodeapi.TierCold) || string(inner.loaded) != string(model) {
+	if tr := e.LastTransfer(); tr == nil || tr.Tier != v1alpha1.TierCold || string(inner.loaded) != string(model) {
 		t.Errorf("after a failed load of the hot copy the wake reported %+v; want the model cache", tr)
 	}
 	if err := e.Sleep(ctx, 1); err != nil {
@@ -173,14 +174,14 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		t.Errorf("after a wake the engine did not answer, the link points at %s; want the hot copy %s", target, hotPath)
 	}
 	inner.down = false
-	wake(nodeapi.TierHot, hotPath)
+	wake(v1alpha1.TierHot, hotPath)
 
 	// The hot copy goes (an eviction) while the engine is awake: the link
 	// is re-pointed, and the next wake loads the warm copy.
 	if err := e.Wake(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(k, nodeapi.TierHot); err != nil {
+	if err := s.Remove(k, v1alpha1.TierHot); err != nil {
 		t.Fatal(err)
 	}
 	if !copies.Gone() {
@@ -189,7 +190,7 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	if err := e.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	wake(nodeapi.TierWarm, warmPath)
+	wake(v1alpha1.TierWarm, warmPath)
 
 	// A copy whose metadata records another sha256 (another model file
 	// under the same name) is not the engine's.
@@ -207,9 +208,9 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 	if err := os.WriteFile(mp, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	wake(nodeapi.TierCold, coldPath)
+	wake(v1alpha1.TierCold, coldPath)
 	// The sidecar says why it passed over each faster tier.
-	if why := copies.PassedOver(); !strings.Contains(why, "hot: the node agent holds no copy") || !strings.Contains(why, "warm: the copy's metadata records") || !strings.Contains(why, want.SHA256) {
+	if why := copies.PassedOver(); !strings.Contains(why, "Hot: the node agent holds no copy") || !strings.Contains(why, "Warm: the copy's metadata records") || !strings.Contains(why, want.SHA256) {
 		t.Errorf("passed over the hot and warm copies because %q; want the missing hot copy and the warm copy's sha256 against the manifest's", why)
 	}
 }

@@ -1,6 +1,8 @@
 package sidecar
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -77,11 +79,11 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 	e := withModelCopies(inner, copies, nil).(*copyEngine)
 	ctx := context.Background()
 	// At start the link points at the model in the cache (vLLM's --model).
-	if c, err := copies.Point(); err != nil || c.Tier != string(nodeapi.TierCold) || c.Path != filepath.Join(cache, "llama") || c.Bytes != total || c.Files != len(files) {
+	if c, err := copies.Point(); err != nil || c.Tier != v1alpha1.TierCold || c.Path != filepath.Join(cache, "llama") || c.Bytes != total || c.Files != len(files) {
 		t.Fatalf("at start the link points at %+v (%v); want the cache's model directory, %d files", c, err, len(files))
 	}
 
-	sleepWake := func(level int, wantTier nodeapi.Tier, wantDir string) {
+	sleepWake := func(level int, wantTier v1alpha1.Tier, wantDir string) {
 		t.Helper()
 		before := len(f.Reloads())
 		if err := e.Sleep(ctx, level); err != nil {
@@ -89,10 +91,10 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 		}
 		next := e.ModelCopy(false)
 		if level == 1 {
-			if next == nil || next.Tier != string(nodeapi.TierHot) || next.Path != "" {
+			if next == nil || next.Tier != v1alpha1.TierHot || next.Path != "" {
 				t.Errorf("asleep at level 1, the next wake reads %+v; want vLLM's own RAM (hot, no copy)", next)
 			}
-		} else if next == nil || next.Tier != string(wantTier) || next.Path != wantDir {
+		} else if next == nil || next.Tier != wantTier || next.Path != wantDir {
 			t.Errorf("asleep at level 2, the next wake reads %+v; want the %s copy %s", next, wantTier, wantDir)
 		}
 		if err := e.Wake(ctx); err != nil {
@@ -107,7 +109,7 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 			if len(reloads) != before {
 				t.Errorf("a level-1 wake reloaded the weights from %+v; want them from vLLM's RAM", reloads[before:])
 			}
-			if tr == nil || tr.Tier != string(nodeapi.TierHot) || tr.Bytes != 0 {
+			if tr == nil || tr.Tier != v1alpha1.TierHot || tr.Bytes != 0 {
 				t.Errorf("a level-1 wake reported %+v; want hot, no bytes read from a copy", tr)
 			}
 			return
@@ -115,7 +117,7 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 		if len(reloads) != before+1 || reloads[before].Dir != wantDir || reloads[before].Bytes != shards {
 			t.Errorf("reload_weights read %+v; want %d shard bytes from %s", reloads[before:], shards, wantDir)
 		}
-		if tr == nil || tr.Tier != string(wantTier) || tr.Bytes != total || !tr.Verified {
+		if tr == nil || tr.Tier != wantTier || tr.Bytes != total || !tr.Verified {
 			t.Errorf("the level-2 wake reported %+v; want %d verified bytes from %s", tr, total, wantTier)
 		}
 	}
@@ -128,17 +130,17 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if en, err := s.Promote(ctx, k, nodeapi.TierHot, src, "", 0); err != nil || en.Files != len(files) || en.Bytes != total {
+	if en, err := s.Promote(ctx, k, v1alpha1.TierHot, src, "", 0); err != nil || en.Files != len(files) || en.Bytes != total {
 		t.Fatalf("the hot copy of the directory: %+v, %v", en, err)
 	}
-	hot, warm := s.Path(k, nodeapi.TierHot), s.Path(k, nodeapi.TierWarm)
-	sleepWake(2, nodeapi.TierHot, hot)
-	sleepWake(1, nodeapi.TierHot, "")
+	hot, warm := s.Path(k, v1alpha1.TierHot), s.Path(k, v1alpha1.TierWarm)
+	sleepWake(2, v1alpha1.TierHot, hot)
+	sleepWake(1, v1alpha1.TierHot, "")
 
 	if _, _, err := s.Demote(k, "", 0); err != nil {
 		t.Fatal(err)
 	}
-	sleepWake(2, nodeapi.TierWarm, warm)
+	sleepWake(2, v1alpha1.TierWarm, warm)
 
 	// A warm copy whose metadata lists a file the manifest does not have
 	// that way (another model under the same name) is passed over.
@@ -156,8 +158,8 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 	if err := os.WriteFile(mp, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sleepWake(2, nodeapi.TierCold, filepath.Join(cache, "llama"))
-	if why := copies.PassedOver(); !strings.Contains(why, "warm: the copy's metadata records") {
+	sleepWake(2, v1alpha1.TierCold, filepath.Join(cache, "llama"))
+	if why := copies.PassedOver(); !strings.Contains(why, "Warm: the copy's metadata records") {
 		t.Errorf("passed over the warm copy because %q; want its files against the manifest's", why)
 	}
 }

@@ -25,7 +25,7 @@ type Ollama struct {
 // Name implements Engine.
 func (o *Ollama) Name() string { return sidecarapi.EngineOllama }
 
-// InFlight is unknown: Ollama exposes no request gauge. The seat relies on
+// InFlight is unknown: Ollama exposes no request gauge. The sidecar relies on
 // the dispatcher's drain fence.
 func (o *Ollama) InFlight(context.Context) (int, error) { return -1, nil }
 

@@ -121,7 +121,7 @@ func psNames(t *testing.T, base string) []string {
 }
 
 // A wake that comes before the engine's start created the model (a pod
-// woken from zero: its seat asks at once, the chart's script creates the
+// woken from zero: its sidecar asks at once, the chart's script creates the
 // model a moment later) waits for the create and then loads it, instead of
 // failing on Ollama's "model not found".
 func TestOllamaWakeWaitsForTheModelToBeCreated(t *testing.T) {

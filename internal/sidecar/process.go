@@ -15,16 +15,16 @@ import (
 )
 
 // A seat-group pod shares its process namespace (shareProcessNamespace), so
-// a seat agent sees the processes of every container of the pod. To restart
+// a sidecar sees the processes of every container of the pod. To restart
 // its engine in place it finds the engine's container by the one thing no
 // other engine of the pod shares, the port its engine listens on, checks
 // that the listening process is the kind of engine it drives, and stops
 // that container's processes (SIGTERM, then SIGKILL after a grace period).
-// The kubelet starts the container again (restartPolicy Always). The seat
+// The kubelet starts the container again (restartPolicy Always). The sidecar
 // needs no capability: it runs as its engine's user, and the kernel lets a
 // process signal, and read the open files of, processes of its own user.
 
-// ErrEngineProcessNotFound is returned when no process of the seat's
+// ErrEngineProcessNotFound is returned when no process of the sidecar's
 // engine kind listens on the engine's port.
 var ErrEngineProcessNotFound = errors.New("the engine's process was not found")
 
@@ -101,7 +101,7 @@ func (e *EngineProcess) Tree() ([]engineproc.Proc, error) {
 			detail += " (listening: " + strings.Join(seen, ", ") + ")"
 		}
 		if denied > 0 {
-			detail += fmt.Sprintf("; %d processes of another user could not be read: the seat must run as its engine's user, in a pod with shareProcessNamespace", denied)
+			detail += fmt.Sprintf("; %d processes of another user could not be read: the sidecar must run as its engine's user, in a pod with shareProcessNamespace", denied)
 		}
 		return nil, fmt.Errorf("%w: no %s process listens on port %d%s", ErrEngineProcessNotFound, e.Kind, e.Port, detail)
 	}

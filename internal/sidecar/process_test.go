@@ -175,7 +175,7 @@ func TestEngineMatchersKnowEachEnginesServingProcess(t *testing.T) {
 		"ollama shell":     {"sh", "-c", "set -e\nollama serve &\n"},
 		"llama-server":     {"/app/llama-server", "--port", "8081"},
 		"simulator":        {"/orchestra-sim", "--addr=:8082", "--restartable"},
-		"the seat":         {"/orchestra-agent", "--role=seat", "--engine=vllm", "--engine-url=http://127.0.0.1:8080"},
+		"the sidecar":      {"/orchestra-agent", "--role=sidecar", "--engine=vllm", "--engine-url=http://127.0.0.1:8080"},
 	}
 	want := map[string][]string{
 		sidecarapi.EngineVLLM:      {"vllm module", "vllm serve"},

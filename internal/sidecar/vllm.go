@@ -14,7 +14,7 @@ import (
 // VLLM drives vLLM's sleep mode (also the simulator's, which mimics it). It
 // needs the engine started with --enable-sleep-mode and
 // VLLM_SERVER_DEV_MODE=1; those dev endpoints are unauthenticated, so they
-// must stay pod-local: the seat reaches them over localhost.
+// must stay pod-local: the sidecar reaches them over localhost.
 type VLLM struct {
 	httpEngine
 	kind string
@@ -66,7 +66,7 @@ func (v *VLLM) Name() string { return v.kind }
 
 // Restart implements Restarter for the simulator run with --restartable
 // (POST /orchestra/restart); vLLM itself, and a simulator without
-// --restartable, cannot restart in place (ErrRestartUnsupported: the seat
+// --restartable, cannot restart in place (ErrRestartUnsupported: the sidecar
 // then stops its processes when it may). The restarted engine starts on
 // its next wake, with a plain /wake_up.
 func (v *VLLM) Restart(ctx context.Context) error {

@@ -1,5 +1,5 @@
 // Package sidecarapi is the wire protocol of the per-engine sidecar
-// (orchestra-agent --role seat, internal/sidecar): the engine kinds, the
+// (orchestra-agent --role sidecar, internal/sidecar): the engine kinds, the
 // states and the status it reports, and the one client the lifecycle
 // leader and the seat groups drive it with. Both sides import it; it
 // imports nothing of either.
@@ -16,14 +16,22 @@
 //	                     501 when the engine cannot be restarted in place
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the sidecar runs
+//	GET  /model/files[/{path}]  with model copies: the model's files, for the node agent
+//	                     (caller token required; modelfiles.go)
 //
 // Files:
 //   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
 //   - engines.go: the engine kinds.
 //   - client.go: Client, Error, ErrConflict.
+//   - modelfiles.go: ModelFiles, GET /model/files and the client's
+//     ModelFiles and OpenModelFile.
 package sidecarapi
 
-import "time"
+import (
+	"time"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
+)
 
 // State is what the sidecar reports about its engine. Only Awake
 // takes traffic: readiness fails in every other state, so a sleeping root
@@ -44,7 +52,7 @@ const (
 	Asleep State = "Asleep"
 	// Waking: the engine's wake call is running.
 	Waking State = "Waking"
-	// Failed: a sleep or wake left the engine in a state the seat
+	// Failed: a sleep or wake left the engine in a state the sidecar
 	// cannot tell; the lifecycle loop should restart the pod.
 	Failed State = "Failed"
 	// Restarting: POST /restart runs: the engine's processes are
@@ -71,9 +79,10 @@ type Transition struct {
 // Transfer is the weights an engine moved in one sleep or wake, as the
 // engine reports it.
 type Transfer struct {
-	// Tier the bytes moved to (sleep) or from (wake): hot, warm or cold.
-	Tier  string `json:"tier,omitempty"`
-	Bytes int64  `json:"bytes"`
+	// Tier the bytes moved to (sleep) or from (wake): Hot, Warm or Cold
+	// (earlier releases' lowercase spelling decodes too).
+	Tier  v1alpha1.Tier `json:"tier,omitempty"`
+	Bytes int64         `json:"bytes"`
 	// Verified is true when the restored bytes hashed to the digest
 	// recorded when the engine first loaded them.
 	Verified bool `json:"verified,omitempty"`
@@ -112,7 +121,7 @@ type Status struct {
 	// engine's own report); empty when neither reported it.
 	MemorySource string `json:"memorySource,omitempty"`
 	// DeviceMemoryError says why the device memory could not be read for
-	// this answer, when the seat reads it (--nvidia-smi); ResidentBytes
+	// this answer, when the sidecar reads it (--nvidia-smi); ResidentBytes
 	// then falls back to the engine's report.
 	DeviceMemoryError string `json:"deviceMemoryError,omitempty"`
 	// Model is the copy of the model file the engine loads, when the
@@ -121,7 +130,7 @@ type Status struct {
 	// otherwise the copy its next wake will load. Omitted for engines the
 	// sidecar does not point (the simulator, vLLM).
 	Model *ModelCopy `json:"model,omitempty"`
-	// Restarts counts the engine restarts this seat made (POST /restart).
+	// Restarts counts the engine restarts this sidecar made (POST /restart).
 	Restarts int `json:"restarts,omitempty"`
 	// LastRestart is how the last restart went.
 	LastRestart *RestartReport `json:"lastRestart,omitempty"`
@@ -130,9 +139,9 @@ type Status struct {
 // ModelCopy is one copy of an engine's model (a file, or vLLM's
 // directory) on its node.
 type ModelCopy struct {
-	// Tier is hot (the node agent's RAM tier), warm (its disk tier) or
-	// cold (the model cache).
-	Tier string `json:"tier"`
+	// Tier is Hot (the node agent's RAM tier), Warm (its disk tier) or
+	// Cold (the model cache).
+	Tier v1alpha1.Tier `json:"tier"`
 	// Path is the file as the engine container sees it.
 	Path string `json:"path"`
 	// Bytes is the file's size.
@@ -150,7 +159,7 @@ const (
 	// RestartViaEngine: the engine restarted itself in place (the
 	// simulator with --restartable).
 	RestartViaEngine = "engine"
-	// RestartViaProcess: the seat stopped the engine container's processes
+	// RestartViaProcess: the sidecar stopped the engine container's processes
 	// and the kubelet started the container again.
 	RestartViaProcess = "process"
 )
@@ -161,7 +170,7 @@ type RestartReport struct {
 	At  time.Time `json:"at"`
 	// Seconds is the whole restart, until the engine answered asleep.
 	Seconds float64 `json:"seconds"`
-	// Stopped is the engine's processes the seat stopped (RestartViaProcess).
+	// Stopped is the engine's processes the sidecar stopped (RestartViaProcess).
 	Stopped *StopReport `json:"stopped,omitempty"`
 	Error   string      `json:"error,omitempty"`
 }

@@ -17,14 +17,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
-)
-
-// Tiers a wake restores from, as reported in metrics and in /orchestra/weights.
-const (
-	TierHot  = "hot"
-	TierWarm = "warm"
-	TierCold = "cold"
 )
 
 // vLLM's sleep tags.
@@ -39,8 +33,9 @@ var ErrWeightsNotLoaded = errors.New("weights not loaded")
 
 // StageReport times the stages of one sleep or wake.
 type StageReport struct {
-	// Tier the bytes moved to (sleep) or from (wake).
-	Tier string `json:"tier,omitempty"`
+	// Tier the bytes moved to (sleep) or from (wake): the API's tiers
+	// (v1alpha1.Tier), in metrics and in /orchestra/weights too.
+	Tier v1alpha1.Tier `json:"tier,omitempty"`
 	// Source is the file the bytes came from or went to ("seed" for
 	// regenerated synthetic weights).
 	Source string `json:"source,omitempty"`
@@ -158,7 +153,7 @@ func (s *Simulator) LoadWeights() error {
 	if err != nil {
 		return err
 	}
-	rep := &StageReport{Tier: TierCold, Bytes: size, AllocSeconds: time.Since(start).Seconds()}
+	rep := &StageReport{Tier: v1alpha1.TierCold, Bytes: size, AllocSeconds: time.Since(start).Seconds()}
 	var d arena.Digest
 	if w.File != "" {
 		var st arena.FillStats
@@ -332,7 +327,7 @@ func (s *Simulator) Sleep(level int) (*StageReport, error) {
 	e.mu.Unlock()
 	switch {
 	case level == 1 && loaded && a.Len() > 0:
-		rep.Tier = TierHot
+		rep.Tier = v1alpha1.TierHot
 		rep.Source = s.offloadPath()
 		if kept.valid() && kept == statFileID(rep.Source) {
 			rep.ReusedOffload = true
@@ -571,11 +566,11 @@ func (s *Simulator) deviceMemory() string {
 	return DeviceMemoryKernel
 }
 
-func tierLabel(t string) string {
+func tierLabel(t v1alpha1.Tier) string {
 	if t == "" {
 		return "none"
 	}
-	return t
+	return string(t)
 }
 
 // offloadMode is the mode of the level-1 offload: the simulator's to
@@ -595,19 +590,22 @@ func (s *Simulator) offloadPath() string {
 func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest, rep *StageReport) error {
 	name := s.cfg.WeightsName()
 	hot := s.offloadPath()
-	type source struct{ tier, path string }
+	type source struct {
+		tier v1alpha1.Tier
+		path string
+	}
 	var sources []source
 	if level == 1 {
-		sources = []source{{TierHot, hot}}
+		sources = []source{{v1alpha1.TierHot, hot}}
 	} else {
-		sources = append(sources, source{TierHot, filepath.Join(s.cfg.Sleep.HotDir, name)})
+		sources = append(sources, source{v1alpha1.TierHot, filepath.Join(s.cfg.Sleep.HotDir, name)})
 		if s.cfg.Sleep.WarmDir != "" {
-			sources = append(sources, source{TierWarm, filepath.Join(s.cfg.Sleep.WarmDir, name)})
+			sources = append(sources, source{v1alpha1.TierWarm, filepath.Join(s.cfg.Sleep.WarmDir, name)})
 		}
 		if s.cfg.Weights.File != "" {
-			sources = append(sources, source{TierCold, s.cfg.Weights.File})
+			sources = append(sources, source{v1alpha1.TierCold, s.cfg.Weights.File})
 		} else {
-			sources = append(sources, source{TierCold, ""})
+			sources = append(sources, source{v1alpha1.TierCold, ""})
 		}
 	}
 	for _, src := range sources {
@@ -638,7 +636,7 @@ func (s *Simulator) fillFromTier(a *arena.Arena, level int, digest arena.Digest,
 			// next sleep to reuse.
 			offload, keep := level == 1, level == 1 && s.cfg.Sleep.KeepOffload
 			_, st, err := arena.FillFile(a, src.path, arena.FileOptions{
-				Direct: src.tier != TierHot, Consume: offload && !keep && s.device == nil, Remove: offload && !keep, Expect: &digest,
+				Direct: src.tier != v1alpha1.TierHot, Consume: offload && !keep && s.device == nil, Remove: offload && !keep, Expect: &digest,
 			})
 			rep.CopySeconds, rep.VerifySeconds, rep.Direct, rep.FaultedInCopy = st.Copy.Seconds(), st.Verify.Seconds(), st.Direct, st.Faulted
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -156,7 +157,7 @@ func testSleepLevel1(t *testing.T, mode string) {
 	}
 	// Memory returned to the kernel at sleep is faulted in again by the
 	// readers; the device pool's is already there.
-	if rep.Tier != sim.TierHot || !rep.Verified || rep.Bytes != weightsSize || rep.FaultedInCopy != (mode == sim.DeviceMemoryKernel) {
+	if rep.Tier != v1alpha1.TierHot || !rep.Verified || rep.Bytes != weightsSize || rep.FaultedInCopy != (mode == sim.DeviceMemoryKernel) {
 		t.Fatalf("wake report %+v, want a verified hot restore of %d bytes, faulted in by the readers only with device memory %q", rep, weightsSize, sim.DeviceMemoryKernel)
 	}
 	if s.sleeping() {
@@ -171,7 +172,7 @@ func testSleepLevel1(t *testing.T, mode string) {
 	if st := s.sim.WeightsStatus(); st.ResidentBytes != weightsSize || st.Wakes != 1 || st.Verified != 1 {
 		t.Fatalf("after wake: %+v", st)
 	}
-	if got := s.metric(`orchestra_sim_wakes_total`); got != `orchestra_sim_wakes_total{result="ok",tier="hot"} 1` {
+	if got := s.metric(`orchestra_sim_wakes_total`); got != `orchestra_sim_wakes_total{result="ok",tier="Hot"} 1` {
 		t.Errorf("wakes metric: %q", got)
 	}
 }
@@ -195,7 +196,7 @@ func TestSleepLevel2WakesWithTheDocumentedSequence(t *testing.T) {
 		t.Fatalf("inference with weights allocated but not reloaded: %d, want 503", code)
 	}
 	out := s.must("POST", "/collective_rpc", `{"method":"reload_weights"}`)
-	if !strings.Contains(out, `"tier":"warm"`) || !strings.Contains(out, `"verified":true`) {
+	if !strings.Contains(out, `"tier":"Warm"`) || !strings.Contains(out, `"verified":true`) {
 		t.Fatalf("reload_weights: %s, want a verified warm restore", out)
 	}
 	s.must("POST", "/wake_up?tags=kv_cache", "")
@@ -212,7 +213,7 @@ func TestLevel2WakeFallsBackToTheColdSource(t *testing.T) {
 		s := startSleepy(t, nil)
 		s.must("POST", "/sleep?level=2", "")
 		out := s.must("POST", "/wake_up", "")
-		if !strings.Contains(out, `"tier":"cold"`) || !strings.Contains(out, `"source":"seed"`) {
+		if !strings.Contains(out, `"tier":"Cold"`) || !strings.Contains(out, `"source":"seed"`) {
 			t.Fatalf("wake: %s, want a cold restore from the seed", out)
 		}
 	})
@@ -229,7 +230,7 @@ func TestLevel2WakeFallsBackToTheColdSource(t *testing.T) {
 		}
 		s.must("POST", "/sleep?level=2", "")
 		out := s.must("POST", "/wake_up", "")
-		if !strings.Contains(out, `"tier":"cold"`) || !strings.Contains(out, file) || !strings.Contains(out, `"verified":true`) {
+		if !strings.Contains(out, `"tier":"Cold"`) || !strings.Contains(out, file) || !strings.Contains(out, `"verified":true`) {
 			t.Fatalf("wake: %s, want a verified cold restore from %s", out, file)
 		}
 	})
@@ -265,7 +266,7 @@ func TestCorruptTierFailsTheWakeLoudly(t *testing.T) {
 	if code, _ := s.chat(); code != http.StatusServiceUnavailable {
 		t.Fatalf("inference after a failed wake: %d", code)
 	}
-	if got := s.metric(`orchestra_sim_wakes_total`); got != `orchestra_sim_wakes_total{result="mismatch",tier="hot"} 1` {
+	if got := s.metric(`orchestra_sim_wakes_total`); got != `orchestra_sim_wakes_total{result="mismatch",tier="Hot"} 1` {
 		t.Errorf("wakes metric: %q", got)
 	}
 }
@@ -407,7 +408,7 @@ func TestLevel2WakePrefersTheAgentsHotCopyAndKeepsIt(t *testing.T) {
 	s.must("POST", "/wake_up", "")
 	s.must("POST", "/sleep?level=2", "")
 	out := s.must("POST", "/wake_up", "")
-	if !strings.Contains(out, `"tier":"hot"`) || !strings.Contains(out, agentCopy) {
+	if !strings.Contains(out, `"tier":"Hot"`) || !strings.Contains(out, agentCopy) {
 		t.Fatalf("level-2 wake: %s, want the agent's hot copy", out)
 	}
 	if _, err := os.Stat(agentCopy); err != nil {
@@ -529,7 +530,7 @@ func TestKeptOffloadIsReusedOnlyWhileUnchanged(t *testing.T) {
 		if err := json.Unmarshal([]byte(s.must("POST", "/wake_up", "")), &rep); err != nil {
 			t.Fatal(err)
 		}
-		if !rep.Verified || rep.Tier != sim.TierHot {
+		if !rep.Verified || rep.Tier != v1alpha1.TierHot {
 			t.Fatalf("wake report %+v, want a verified hot restore", rep)
 		}
 		return rep

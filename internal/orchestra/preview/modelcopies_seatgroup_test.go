@@ -49,18 +49,18 @@ func TestSeatGroupMembersLoadCopies(t *testing.T) {
 		}
 		link := corev1.VolumeMount{Name: "model-link-" + app, MountPath: "/var/run/model-orchestra/link"}
 		hot := corev1.VolumeMount{Name: "hot", MountPath: "/var/run/model-orchestra/hot", ReadOnly: true}
-		engine, seat := containers["engine-"+app], containers["seat-"+app]
+		engine, seat := containers["engine-"+app], containers["sidecar-"+app]
 		for _, m := range []corev1.VolumeMount{link, hot} {
 			if !slices.Contains(engine.VolumeMounts, m) || !slices.Contains(seat.VolumeMounts, m) {
-				t.Errorf("%s: engine mounts %+v, seat %+v; want both %+v", app, engine.VolumeMounts, seat.VolumeMounts, m)
+				t.Errorf("%s: engine mounts %+v, sidecar %+v; want both %+v", app, engine.VolumeMounts, seat.VolumeMounts, m)
 			}
 		}
 		if !slices.Contains(seat.VolumeMounts, corev1.VolumeMount{Name: "model-" + app, MountPath: "/models", ReadOnly: true}) {
-			t.Errorf("%s: seat mounts %+v; want its model cache read-only at /models", app, seat.VolumeMounts)
+			t.Errorf("%s: sidecar mounts %+v; want its model cache read-only at /models", app, seat.VolumeMounts)
 		}
 		for _, a := range []string{"--model-link=/var/run/model-orchestra/link/model", "--model-dir=/models", "--model-file=" + file, "--copy-name=x-" + app} {
 			if !slices.Contains(seat.Args, a) {
-				t.Errorf("%s: seat args %q; want %s", app, seat.Args, a)
+				t.Errorf("%s: sidecar args %q; want %s", app, seat.Args, a)
 			}
 		}
 	}

@@ -76,7 +76,7 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		var sts appsv1.StatefulSet
 		objs.get(t, "StatefulSet", "x-"+app, &sts)
 		pod := sts.Spec.Template.Spec
-		engine, seat := container(t, pod, "engine"), container(t, pod, "seat")
+		engine, seat := container(t, pod, "engine"), container(t, pod, "sidecar")
 		for _, m := range tierMounts {
 			if !slices.Contains(engine.VolumeMounts, m) || !slices.Contains(seat.VolumeMounts, m) {
 				t.Errorf("%s: engine mounts %+v, seat %+v; want both %+v", app, engine.VolumeMounts, seat.VolumeMounts, m)
@@ -144,7 +144,7 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 	// placed it; its sidecar serves the files the agent copies.
 	objs.get(t, "StatefulSet", "x-vllm", &sts)
 	vpod := sts.Spec.Template.Spec
-	vllm, vseat := container(t, vpod, "engine"), container(t, vpod, "seat")
+	vllm, vseat := container(t, vpod, "engine"), container(t, vpod, "sidecar")
 	if len(vllm.Command) < 3 || !strings.Contains(vllm.Command[2], "until [ -e /var/run/model-orchestra/link/model ]") || !slices.Contains(vllm.Args, "--model=/var/run/model-orchestra/link/model") {
 		t.Errorf("vllm command %q args %q; want it to wait for the link and load --model from it", vllm.Command, vllm.Args)
 	}

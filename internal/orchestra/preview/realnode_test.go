@@ -31,7 +31,7 @@ import (
 
 // TestSleepingSimulatorOnARealNode runs what the chart renders for a
 // sleeping simulator on the real-node cluster: the node agent DaemonSet and
-// the root StatefulSet with its seat, from the images of this tree. It
+// the root StatefulSet with its sidecar, from the images of this tree. It
 // proves what only a kubelet can: the non-root seat and engine (uid 65532,
 // the engine with the copies' group) and the capability-less root agent
 // can use the tier directories the kubelet creates,
@@ -170,7 +170,7 @@ gateway: {auth: {anonymous: true}}
 		}
 	}
 	var root *corev1.Pod
-	waitFor("the sleeping simulator's root to be Ready (its seat says Awake)", 3*time.Minute, func() bool {
+	waitFor("the sleeping simulator's root to be Ready (its sidecar says Awake)", 3*time.Minute, func() bool {
 		root = pod("x-sim-0")
 		return root != nil && podReady(root)
 	})
@@ -184,7 +184,7 @@ gateway: {auth: {anonymous: true}}
 		return true
 	})
 
-	seat := fmt.Sprintf("http://%s:%d", root.Status.PodIP, seatPort)
+	seat := fmt.Sprintf("http://%s:%d", root.Status.PodIP, sidecarPort)
 	call := func(method, url string) []byte {
 		t.Helper()
 		reqCtx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -193,7 +193,7 @@ gateway: {auth: {anonymous: true}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The seat's sleep and wake take the release's caller token, as
+		// The sidecar's sleep and wake take the release's caller token, as
 		// the leader sends it.
 		nodeapi.Authorize(req, callerToken)
 		resp, err := http.DefaultClient.Do(req)
@@ -253,7 +253,7 @@ gateway: {auth: {anonymous: true}}
 	}
 
 	// Cold → warm through the agent's mount of the model cache, verified.
-	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
+	body := fmt.Sprintf(`{"namespace":%q,"name":"x-sim","to":"Warm","coldPath":"sim/tiny.gguf","digest":%q}`, sleepNS, arena.Sum(model).String())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s:%d/promote", agentIP, agentPort), strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)

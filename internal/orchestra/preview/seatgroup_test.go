@@ -29,7 +29,7 @@ import (
 )
 
 // A seat group (docs/checkpoint.md, "Multiplexing") renders one pod per
-// group and replica, one engine and one seat agent per application, and
+// group and replica, one engine and one sidecar per application, and
 // leads each application's Service to its own engine's port in that pod.
 
 const seatGroupSample = "simulator-seatgroup.yaml"
@@ -61,13 +61,13 @@ func TestSeatGroupSampleRendersOnePodForTheGroup(t *testing.T) {
 	for _, c := range pod.Containers {
 		names = append(names, c.Name)
 	}
-	want := []string{"engine-alpha", "seat-alpha", "engine-beta", "seat-beta", "engine-gamma", "seat-gamma"}
+	want := []string{"engine-alpha", "sidecar-alpha", "engine-beta", "sidecar-beta", "engine-gamma", "sidecar-gamma"}
 	if diff := cmp.Diff(want, names); diff != "" {
 		t.Fatalf("group pod containers (-want +got):\n%s", diff)
 	}
 
 	for i, app := range apps {
-		enginePort, seatPort := int32(8080+i), int32(9300+i)
+		enginePort, sidecarPort := int32(8080+i), int32(9300+i)
 		engine := container(t, pod, "engine-"+app)
 		if len(engine.Ports) != 1 || engine.Ports[0].ContainerPort != enginePort || engine.Ports[0].Name != fmt.Sprintf("http-%d", i) {
 			t.Errorf("%s ports = %+v, want http-%d on %d", engine.Name, engine.Ports, i, enginePort)
@@ -93,9 +93,9 @@ func TestSeatGroupSampleRendersOnePodForTheGroup(t *testing.T) {
 			t.Errorf("%s args %q, mounts %v: want the pod's shared device of 32Mi", engine.Name, engine.Args, mounts)
 		}
 
-		seat := container(t, pod, "seat-"+app)
-		if !slices.Contains(seat.Args, fmt.Sprintf("--engine-url=http://127.0.0.1:%d", enginePort)) || !slices.Contains(seat.Args, fmt.Sprintf("--addr=:%d", seatPort)) {
-			t.Errorf("%s args %q do not drive its engine on %d from %d", seat.Name, seat.Args, enginePort, seatPort)
+		seat := container(t, pod, "sidecar-"+app)
+		if !slices.Contains(seat.Args, fmt.Sprintf("--engine-url=http://127.0.0.1:%d", enginePort)) || !slices.Contains(seat.Args, fmt.Sprintf("--addr=:%d", sidecarPort)) {
+			t.Errorf("%s args %q do not drive its engine on %d from %d", seat.Name, seat.Args, enginePort, sidecarPort)
 		}
 		// A sleeping engine must not make the group's pod unready.
 		if p := seat.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" {
@@ -288,7 +288,7 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	// pod's node, under the name its engine gives its weights; a level-1
 	// sleep of the simulator leaves them in the hot tier (its own offload).
 	member := func(name string, priority, port int32) lifecycle.SeatMember {
-		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, Level1Tier: v1alpha1.TierHot, SeatPort: port,
+		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, Level1Tier: v1alpha1.TierHot, SidecarPort: port,
 			AgentSelector: "app.kubernetes.io/instance=shared,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301, ModelCheckpoint: "shared-" + name}
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", Replicas: 1, ActiveSeats: 1,

@@ -54,15 +54,15 @@ func simSeatGroupPod(t *testing.T) corev1.PodSpec {
 	return sts.Spec.Template.Spec
 }
 
-// TestSeatGroupSeatsCanRestartTheirEngines: the group pod shares its
-// process namespace; the seat of each engine that cannot restart itself is
+// TestSeatGroupSidecarsCanRestartTheirEngines: the group pod shares its
+// process namespace; the sidecar of each engine that cannot restart itself is
 // told to restart it through its processes and runs as the engine's user
 // and group (Ollama's 65532; root, the upstream vLLM and llama.cpp images'
 // user) with no capability and no privilege escalation;
 // on a GPU every seat reads nvidia-smi and holds the pod's claim, so that
 // the DRA driver gives it the tool. The simulator's seat keeps the
 // simulator's in-place restart and the restricted user.
-func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
+func TestSeatGroupSidecarsCanRestartTheirEngines(t *testing.T) {
 	out := rendered{}
 	for k, v := range decodeDocs(t, "seatgroup.yaml", renderSeatEngines(t)) {
 		out[k] = v
@@ -78,9 +78,9 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 		containers[c.Name] = c
 	}
 	for _, app := range []string{"chat", "code", "summarise"} {
-		seat, engine := containers["seat-"+app], containers["engine-"+app]
+		seat, engine := containers["sidecar-"+app], containers["engine-"+app]
 		if !slices.Contains(seat.Args, "--restart-process") || !slices.Contains(seat.Args, "--nvidia-smi=nvidia-smi") {
-			t.Errorf("seat-%s args %v: want --restart-process and --nvidia-smi=nvidia-smi", app, seat.Args)
+			t.Errorf("sidecar-%s args %v: want --restart-process and --nvidia-smi=nvidia-smi", app, seat.Args)
 		}
 		// The seat runs as its engine's user and group: our Ollama image's
 		// 65532 (code), the upstream images' root (chat: vLLM, summarise:
@@ -90,17 +90,17 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 		sc, esc := seat.SecurityContext, engine.SecurityContext
 		wantUser, wantGroup := map[string]int64{"code": 65532}[app], int64(64000)
 		if sc == nil || !cmp.Equal(sc.RunAsUser, &wantUser) || !cmp.Equal(sc.RunAsGroup, &wantGroup) {
-			t.Errorf("seat-%s must run as its engine's user %d and group %d: seat %+v", app, wantUser, wantGroup, sc)
+			t.Errorf("sidecar-%s must run as its engine's user %d and group %d: sidecar %+v", app, wantUser, wantGroup, sc)
 			continue
 		}
 		if wantUser == 0 && (esc.RunAsUser != nil || !cmp.Equal(esc.RunAsGroup, &wantGroup)) || wantUser != 0 && (!cmp.Equal(esc.RunAsUser, &wantUser) || !cmp.Equal(esc.RunAsGroup, &wantGroup)) {
-			t.Errorf("engine-%s runs as user %v group %v; want its seat's %d (unset: the image's root) and group %d", app, esc.RunAsUser, esc.RunAsGroup, wantUser, wantGroup)
+			t.Errorf("engine-%s runs as user %v group %v; want its sidecar's %d (unset: the image's root) and group %d", app, esc.RunAsUser, esc.RunAsGroup, wantUser, wantGroup)
 		}
 		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
-			t.Errorf("seat-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
+			t.Errorf("sidecar-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
 		}
 		if len(seat.Resources.Claims) != 1 || seat.Resources.Claims[0].Name != "gpu" {
-			t.Errorf("seat-%s claims %+v, want the pod's gpu claim", app, seat.Resources.Claims)
+			t.Errorf("sidecar-%s claims %+v, want the pod's gpu claim", app, seat.Resources.Claims)
 		}
 	}
 
@@ -110,7 +110,7 @@ func TestSeatGroupSeatsCanRestartTheirEngines(t *testing.T) {
 		t.Error("the simulator group pod does not share its process namespace")
 	}
 	for _, c := range simPod.Containers {
-		if !strings.HasPrefix(c.Name, "seat-") {
+		if !strings.HasPrefix(c.Name, "sidecar-") {
 			continue
 		}
 		if slices.Contains(c.Args, "--restart-process") || c.SecurityContext.RunAsUser == nil || *c.SecurityContext.RunAsUser != 65532 {
@@ -141,7 +141,7 @@ func podSecurity(t *testing.T, level psapi.Level, spec *corev1.PodSpec) []string
 // Security verdict (the restricted level allows it). What keeps the group
 // pods from the restricted level is known and unchanged: the vLLM and
 // llama.cpp engines, and the seats that restart them, run as the upstream
-// images' root user (with every capability dropped; Ollama and its seat
+// images' root user (with every capability dropped; Ollama and its sidecar
 // run as 65532), and the simulators and the engines that load copies of
 // their model mount the node agent's tier directories (hostPath, which also
 // rules out baseline). The same pod

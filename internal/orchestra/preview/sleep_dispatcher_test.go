@@ -18,8 +18,8 @@ import (
 )
 
 // TestSleepingRootsGetASeat: every root pod of a sleeping application runs
-// the seat sidecar with its engine's flags, restricted, without volumes,
-// ready only through the seat's /readyz; the engine gets its sleep flags;
+// the sidecar with its engine's flags, restricted, without volumes,
+// ready only through the sidecar's /readyz; the engine gets its sleep flags;
 // an application that does not sleep gets none of it.
 func TestSleepingRootsGetASeat(t *testing.T) {
 	objs := renderObjects(t, readValues(t, sleepValues))
@@ -92,21 +92,21 @@ func TestSleepingRootsGetASeat(t *testing.T) {
 			var sts appsv1.StatefulSet
 			objs.get(t, "StatefulSet", "x-"+tc.app, &sts)
 			pod := sts.Spec.Template.Spec
-			seat := container(t, pod, "seat")
+			seat := container(t, pod, "sidecar")
 			// After the sleep level: the release's caller token, which its
 			// sleep, wake and restart require.
-			want := append([]string{"--role=seat", "--engine=" + tc.engine, "--engine-url=http://127.0.0.1:8080", fmt.Sprintf("--addr=:%d", seatPort), tc.seatArgs[0], "--caller-token-file=/etc/orchestra/agent-caller/token"}, tc.seatArgs[1:]...)
+			want := append([]string{"--role=sidecar", "--engine=" + tc.engine, "--engine-url=http://127.0.0.1:8080", fmt.Sprintf("--addr=:%d", sidecarPort), tc.seatArgs[0], "--caller-token-file=/etc/orchestra/agent-caller/token"}, tc.seatArgs[1:]...)
 			if diff := cmp.Diff(want, seat.Args); diff != "" {
 				t.Errorf("seat args (-want +got):\n%s", diff)
 			}
 			if seat.Image != "ghcr.io/model-orchestra/orchestra-agent:v1.0.0" {
 				t.Errorf("seat image %s, want global.images.agent", seat.Image)
 			}
-			if len(seat.Ports) != 1 || seat.Ports[0].Name != "seat" || seat.Ports[0].ContainerPort != seatPort {
-				t.Errorf("seat ports %+v, want seat %d", seat.Ports, seatPort)
+			if len(seat.Ports) != 1 || seat.Ports[0].Name != "sidecar" || seat.Ports[0].ContainerPort != sidecarPort {
+				t.Errorf("seat ports %+v, want sidecar %d", seat.Ports, sidecarPort)
 			}
-			if p := seat.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "seat" {
-				t.Errorf("seat readiness %+v, want GET /readyz on port seat", p)
+			if p := seat.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port.String() != "sidecar" {
+				t.Errorf("seat readiness %+v, want GET /readyz on port sidecar", p)
 			}
 			if why := restricted(seat); why != "" {
 				t.Errorf("the seat is not restricted: %s", why)
@@ -190,7 +190,7 @@ func TestNoWarmTier(t *testing.T) {
 }
 
 // TestSeatPortAdmitsTheDispatcherOnly: the engines' NetworkPolicy lets
-// engines reach each other on every port but the seat's, and the
+// engines reach each other on every port but the sidecar's, and the
 // dispatcher on all.
 func TestSeatPortAdmitsTheDispatcherOnly(t *testing.T) {
 	objs := renderObjects(t, readValues(t, sleepValues))
@@ -241,14 +241,14 @@ func TestSeatPortAdmitsTheDispatcherOnly(t *testing.T) {
 		port      int32
 		want      bool
 	}{
-		{"dispatcher", seatPort, true},
+		{"dispatcher", sidecarPort, true},
 		{"dispatcher", 8080, true},
-		{"root", seatPort, false},
-		{"worker", seatPort, false},
+		{"root", sidecarPort, false},
+		{"worker", sidecarPort, false},
 		{"root", 8080, true},
 		{"worker", 6379, true},
-		{"root", seatPort - 1, true},
-		{"root", seatPort + 1, true},
+		{"root", sidecarPort - 1, true},
+		{"root", sidecarPort + 1, true},
 	} {
 		if got := admits(tc.component, tc.port); got != tc.want {
 			t.Errorf("%s pods reach TCP port %d: %v, want %v", tc.component, tc.port, got, tc.want)
@@ -305,7 +305,7 @@ func TestDispatcherSleepWiring(t *testing.T) {
 		After           string `json:"after"`
 		Level           int    `json:"level"`
 		ParkAfter       string `json:"parkAfter,omitempty"`
-		SeatPort        int    `json:"seatPort"`
+		SeatPort        int    `json:"sidecarPort"`
 		AgentSelector   string `json:"agentSelector"`
 		AgentPort       int    `json:"agentPort"`
 		ModelCheckpoint string `json:"modelCheckpoint"`
@@ -331,10 +331,10 @@ func TestDispatcherSleepWiring(t *testing.T) {
 	}
 	selector := "app.kubernetes.io/instance=x,app.kubernetes.io/component=checkpoint-agent"
 	want := map[string]*sleep{
-		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", NodeLabel: "weights.modelorchestra.io/ns.x-sim", WarmTier: "Disk", SLO: slo{1, 5}},
-		"vllm":   {After: "10m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", NodeLabel: "weights.modelorchestra.io/ns.x-vllm", WarmTier: "Disk", SLO: slo{2, 10}},
-		"ollama": {After: "15m0s", Level: 2, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", NodeLabel: "weights.modelorchestra.io/ns.x-ollama", WarmTier: "Disk", SLO: slo{1, 5}},
-		"llama":  {After: "5m0s", Level: 1, SeatPort: seatPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", NodeLabel: "weights.modelorchestra.io/ns.x-llama", WarmTier: "Disk", SLO: slo{1, 5}},
+		"sim":    {After: "5m0s", Level: 1, ParkAfter: "30m0s", SeatPort: sidecarPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-sim", NodeLabel: "weights.modelorchestra.io/ns.x-sim", WarmTier: "Disk", SLO: slo{1, 5}},
+		"vllm":   {After: "10m0s", Level: 2, SeatPort: sidecarPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-vllm", NodeLabel: "weights.modelorchestra.io/ns.x-vllm", WarmTier: "Disk", SLO: slo{2, 10}},
+		"ollama": {After: "15m0s", Level: 2, SeatPort: sidecarPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-ollama", NodeLabel: "weights.modelorchestra.io/ns.x-ollama", WarmTier: "Disk", SLO: slo{1, 5}},
+		"llama":  {After: "5m0s", Level: 1, SeatPort: sidecarPort, AgentSelector: selector, AgentPort: agentPort, ModelCheckpoint: "x-llama", NodeLabel: "weights.modelorchestra.io/ns.x-llama", WarmTier: "Disk", SLO: slo{1, 5}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("dispatcher lifecycle sleep blocks (-want +got):\n%s", diff)

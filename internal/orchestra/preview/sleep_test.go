@@ -36,7 +36,7 @@ const (
 	sleepS3Values = "testdata/chart/sleep-s3.values.yaml"
 	sleepS3Golden = "testdata/chart/sleep-s3.golden.yaml"
 	sleepGolden   = "testdata/chart/sleep.golden.yaml"
-	seatPort      = 9300
+	sidecarPort   = 9300
 	agentPort     = 9301
 	sleepRelease  = "x"
 	sleepNS       = "ns"
@@ -79,7 +79,7 @@ func manifestOf(files map[string]string, suffix string) string {
 }
 
 // TestSleepGolden pins what the chart renders for sleeping applications:
-// the seat sidecars, the engines' sleep flags, the tier volumes, the node
+// the sidecars, the engines' sleep flags, the tier volumes, the node
 // agent, the ModelCheckpoints, the dispatcher's Role, configuration and
 // NetworkPolicies (go test -update refreshes it).
 func TestSleepGolden(t *testing.T) {
@@ -347,7 +347,7 @@ func TestRenderedAgentAndEngineFlagsParse(t *testing.T) {
 	for _, app := range []string{"sim", "vllm", "ollama", "llama"} {
 		var sts appsv1.StatefulSet
 		objs.get(t, "StatefulSet", "x-"+app, &sts)
-		check("seat of "+app, agent, container(t, sts.Spec.Template.Spec, "seat").Args)
+		check("sidecar of "+app, agent, container(t, sts.Spec.Template.Spec, "sidecar").Args)
 		if app == "sim" {
 			check("simulator", sim, container(t, sts.Spec.Template.Spec, "engine").Args)
 		}
@@ -431,7 +431,7 @@ func privileges(pod corev1.PodSpec) []string {
 // with the agent, without a token offline (the operator generates it at
 // install), and mounted read-only by exactly the node agent, the
 // dispatcher (whose lifecycle leader calls it and the sidecars,
-// agentTokenFile) and the seat sidecar of each sleeping root, by no
+// agentTokenFile) and the sidecar of each sleeping root, by no
 // engine container.
 func TestCallerTokenSecret(t *testing.T) {
 	objs := renderObjects(t, readValues(t, sleepValues))
@@ -460,7 +460,7 @@ func TestCallerTokenSecret(t *testing.T) {
 	}
 	want := map[string]string{"DaemonSet/x-agent/agent": "/etc/orchestra/agent-caller", "Deployment/x-dispatcher/dispatcher": "/etc/orchestra/agent-caller"}
 	for _, app := range []string{"llama", "ollama", "sim", "vllm"} {
-		want["StatefulSet/x-"+app+"/seat"] = "/etc/orchestra/agent-caller"
+		want["StatefulSet/x-"+app+"/sidecar"] = "/etc/orchestra/agent-caller"
 	}
 	if diff := cmp.Diff(want, mounts); diff != "" {
 		t.Errorf("mounts of the caller token (-want +got):\n%s", diff)

@@ -136,8 +136,8 @@ func Start(opts Options) (*Harness, error) {
 		h.servers = append(h.servers, engSrv)
 
 		ac := agent.Default()
-		ac.Seat.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
-		ac.Seat.PollInterval, ac.Seat.DrainTimeout = 2*time.Millisecond, 10*time.Second
+		ac.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
+		ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 2*time.Millisecond, 10*time.Second
 		if err := ac.Validate(); err != nil {
 			h.Close()
 			return nil, err

@@ -9,7 +9,7 @@
 // answers vLLM's sleep API as an engine asleep at level 2 with nothing
 // resident, and its next wake starts a new simulated engine, which loads
 // its weights from their source (the cold tier) and verifies them as at
-// any start. The seat agent asks for a restart over localhost
+// any start. The sidecar asks for a restart over localhost
 // (POST /orchestra/restart, sidecar.Restarter); no signal, shared
 // process namespace or privilege is involved.
 package simengine

@@ -21,7 +21,7 @@ import (
 const weights = 4 << 20
 
 // start runs a restartable simulator that leaks its memory at every sleep
-// (vllm#47654) and a seat agent of kind in front of it.
+// (vllm#47654) and a sidecar of kind in front of it.
 func start(t *testing.T, kind string) (*simengine.Engine, sidecarapi.Client) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
@@ -38,8 +38,8 @@ func start(t *testing.T, kind string) (*simengine.Engine, sidecarapi.Client) {
 	engSrv := httptest.NewServer(eng)
 	t.Cleanup(engSrv.Close)
 	ac := agent.Default()
-	ac.Seat.Engine = sidecar.EngineConfig{Kind: kind, URL: engSrv.URL, PollInterval: 5 * time.Millisecond}
-	ac.Seat.PollInterval = 5 * time.Millisecond
+	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: kind, URL: engSrv.URL, PollInterval: 5 * time.Millisecond}
+	ac.Sidecar.PollInterval = 5 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	h, err := agent.Start(ctx, ac, log)
@@ -71,12 +71,12 @@ func memory(t *testing.T, seat sidecarapi.Client) seatgroup.MemoryReading {
 	return r
 }
 
-// TestSeatRestartsALeakingEngineInPlace: an engine that slept without
-// freeing its memory is restarted through its seat agent (POST /restart):
+// TestSidecarRestartsALeakingEngineInPlace: an engine that slept without
+// freeing its memory is restarted through its sidecar (POST /restart):
 // its memory reads 0 and its seat Asleep at level 2; its next wake starts
 // it again with its weights loaded and verified, and it serves. A restart
 // is refused while the engine is awake.
-func TestSeatRestartsALeakingEngineInPlace(t *testing.T) {
+func TestSidecarRestartsALeakingEngineInPlace(t *testing.T) {
 	eng, seat := start(t, sidecarapi.EngineSimulator)
 	ctx := context.Background()
 	if r := memory(t, seat); r.ResidentBytes != weights || r.WeightsBytes != weights {

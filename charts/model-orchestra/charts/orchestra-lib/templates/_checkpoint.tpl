@@ -1,14 +1,14 @@
 {{/*
 Checkpoint wiring (docs/checkpoint.md), shared by the parts that render the
-seat sidecar (topology), the node agent (agent) and the dispatcher that
+sidecar (topology), the node agent (agent) and the dispatcher that
 drives both. An application sleeps when its values have lifecycle.sleep,
 written by the values translator from the effective sleep policy.
 */}}
 
-{{/* The port of the seat sidecar in every root pod of a sleeping
+{{/* The port of the sidecar in every root pod of a sleeping
 application (container port "seat").
-containerPort: {{ include "mo.seatPort" $ }} */}}
-{{- define "mo.seatPort" -}}
+containerPort: {{ include "mo.sidecarPort" $ }} */}}
+{{- define "mo.sidecarPort" -}}
 9300
 {{- end -}}
 
@@ -61,7 +61,7 @@ checkpoint-agent
 
 {{/* The applications of one seat group, comma-separated and sorted: an
 application's index in this list places its engine and its seat in the
-group's pod (mo.seatGroupEnginePort, mo.seatGroupSeatPort).
+group's pod (mo.seatGroupEnginePort, mo.seatGroupSidecarPort).
 {{- $apps := include "mo.seatGroupApps" (dict "root" $ "group" $g) | splitList "," | compact }} */}}
 {{- define "mo.seatGroupApps" -}}
 {{- $names := list -}}
@@ -88,20 +88,20 @@ containerPort: {{ include "mo.seatGroupEnginePort" $i }} */}}
 {{- add 8080 (int .) -}}
 {{- end -}}
 
-{{/* The port of the i-th seat of a seat group's pod: mo.seatPort + i, so
+{{/* The port of the i-th seat of a seat group's pod: mo.sidecarPort + i, so
 9300-9315.
-containerPort: {{ include "mo.seatGroupSeatPort" (dict "root" $ "index" $i) }} */}}
-{{- define "mo.seatGroupSeatPort" -}}
-{{- add (int (include "mo.seatPort" .root)) (int .index) -}}
+containerPort: {{ include "mo.seatGroupSidecarPort" (dict "root" $ "index" $i) }} */}}
+{{- define "mo.seatGroupSidecarPort" -}}
+{{- add (int (include "mo.sidecarPort" .root)) (int .index) -}}
 {{- end -}}
 
-{{/* The highest seat port any pod of the release may use: mo.seatPort, or
+{{/* The highest seat port any pod of the release may use: mo.sidecarPort, or
 the last of a seat group's range when the release has seat groups. */}}
-{{- define "mo.lastSeatPort" -}}
+{{- define "mo.lastSidecarPort" -}}
 {{- if .Values.global.seatGroups -}}
-{{- add (int (include "mo.seatPort" .)) 15 -}}
+{{- add (int (include "mo.sidecarPort" .)) 15 -}}
 {{- else -}}
-{{- include "mo.seatPort" . -}}
+{{- include "mo.sidecarPort" . -}}
 {{- end -}}
 {{- end -}}
 

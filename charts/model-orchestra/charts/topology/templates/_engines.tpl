@@ -15,7 +15,7 @@ also carries
   portName:        its container port's name (else "http")
   engineContainer: the engine container's name (else "engine")
   seatContainer:   the seat container's name (else "seat")
-  seatPort:        the seat's port (else mo.seatPort)
+  sidecarPort:        the seat's port (else mo.sidecarPort)
   seatPortName:    its container port's name (else "seat")
   volumeSuffix:    appended to the names of the engine's own volumes
                    (model, tmp, llama-preset)
@@ -460,7 +460,7 @@ args:
   - --weights-name={{ .name }}
   {{- end }}
   {{- if .seatGroup }}
-  {{- /* In a seat group's pod the seat agent restarts an engine that did
+  {{- /* In a seat group's pod the sidecar restarts an engine that did
   not free its memory in place (POST /orchestra/restart), without
   touching the pod's other engines. */}}
   - --restartable
@@ -626,27 +626,27 @@ writes them) and the link's directory, an emptyDir the sidecar writes. */}}
 {{- if and .sleep (ne (default "Disk" (dig "tiers" "warm" "" .sleep)) "None") }}true{{ end -}}
 {{- end -}}
 
-{{/* The seat sidecar of a sleeping application's root (orchestra-agent
---role=seat): drives the engine's own sleep and wake API on localhost for
+{{/* The sidecar of a sleeping application's root (orchestra-agent
+--role=sidecar): drives the engine's own sleep and wake API on localhost for
 the dispatcher, and is ready only while the engine is Awake, so that a
 sleeping root leaves the Service's EndpointSlice. Its sleep, wake and
-restart accept only the release's caller token (mo.seatCallerTokenVolume),
+restart accept only the release's caller token (mo.sidecarCallerTokenVolume),
 which only the dispatcher's lifecycle leader holds. Restricted Pod Security
 and no other volume, except with model copies (mo.modelCopies): then it
 points the engine's link at the hottest verified copy of the model file,
 reading the manifest and the node agent's tier directories. */}}
-{{- define "mo.seatContainer" -}}
+{{- define "mo.sidecarContainer" -}}
 {{- $rt := .spec.runtime -}}
 {{- $served := default .app .spec.serving.servedModelName -}}
-{{- $seatPort := int (default (include "mo.seatPort" .root) .seatPort) -}}
-name: {{ default "seat" .seatContainer }}
+{{- $sidecarPort := int (default (include "mo.sidecarPort" .root) .sidecarPort) -}}
+name: {{ default "sidecar" .sidecarContainer }}
 image: {{ .root.Values.global.images.agent | quote }}
 imagePullPolicy: {{ .root.Values.global.imagePullPolicy }}
 args:
-  - --role=seat
+  - --role=sidecar
   - --engine={{ $rt.engine }}
   - --engine-url=http://127.0.0.1:{{ default 8080 .port }}
-  - --addr=:{{ $seatPort }}
+  - --addr=:{{ $sidecarPort }}
   - --sleep-level={{ .sleep.level }}
   {{- if .root.Values.global.agent.enabled }}
   - --caller-token-file={{ include "mo.agentCallerTokenDir" .root }}/token
@@ -674,8 +674,8 @@ args:
   - --restart-process
   {{- end }}
 ports:
-  - name: {{ default "seat" .seatPortName }}
-    containerPort: {{ $seatPort }}
+  - name: {{ default "sidecar" .sidecarPortName }}
+    containerPort: {{ $sidecarPort }}
     protocol: TCP
 {{- /* In a seat group's pod the seats of sleeping engines must not make
 the pod unready, which would take every engine of the group out of the
@@ -684,14 +684,14 @@ Services: there the seat is ready while it runs, and the dispatcher's gate
 readinessProbe:
   httpGet:
     path: {{ ternary "/healthz" "/readyz" (not (empty .seatGroup)) }}
-    port: {{ default "seat" .seatPortName }}
+    port: {{ default "sidecar" .sidecarPortName }}
   periodSeconds: 2
   timeoutSeconds: 2
   failureThreshold: 1
 livenessProbe:
   httpGet:
     path: /healthz
-    port: {{ default "seat" .seatPortName }}
+    port: {{ default "sidecar" .sidecarPortName }}
   periodSeconds: 20
   timeoutSeconds: 5
   failureThreshold: 6
@@ -750,12 +750,12 @@ securityContext:
 {{- end -}}
 
 {{/* The pod volume of the release's caller token (the node agent part's
-Secret, mo.agentCallerSecret) for the seat sidecars: only they mount it in
+Secret, mo.agentCallerSecret) for the sidecars: only they mount it in
 the pod, so it is readable by any user (0444), whatever user the seat runs
 as. Rendered where the release has the node agent (global.agent.enabled),
 which every sleeping application and seat group has.
-volumes: {{- include "mo.seatCallerTokenVolume" $ | nindent 2 }} */}}
-{{- define "mo.seatCallerTokenVolume" -}}
+volumes: {{- include "mo.sidecarCallerTokenVolume" $ | nindent 2 }} */}}
+{{- define "mo.sidecarCallerTokenVolume" -}}
 - name: caller-token
   secret:
     secretName: {{ include "mo.agentCallerSecret" . }}

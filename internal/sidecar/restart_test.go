@@ -13,27 +13,27 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// startProcessSeat serves a seat agent for k's engine with --restart-process.
-func startProcessSeat(t *testing.T, k *kubelet, mut func(*agent.Config)) *seatEnv {
+// startProcessSidecar serves a sidecar for k's engine with --restart-process.
+func startProcessSidecar(t *testing.T, k *kubelet, mut func(*agent.Config)) *sidecarEnv {
 	t.Helper()
 	ac := agent.Default()
-	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 10*time.Millisecond, 5*time.Second
-	ac.Seat.WakeTimeout, ac.Seat.RestartGrace = 20*time.Second, time.Second
-	ac.Seat.Engine = sidecar.EngineConfig{Kind: k.kind, URL: k.url(), Model: enginetest.Model}
-	ac.Seat.RestartProcess = true
+	ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 10*time.Millisecond, 5*time.Second
+	ac.Sidecar.WakeTimeout, ac.Sidecar.RestartGrace = 20*time.Second, time.Second
+	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: k.kind, URL: k.url(), Model: enginetest.Model}
+	ac.Sidecar.RestartProcess = true
 	if mut != nil {
 		mut(&ac)
 	}
-	return &seatEnv{t: t, agent: serveAgent(t, ac)}
+	return &sidecarEnv{t: t, agent: serveAgent(t, ac)}
 }
 
-func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
+func TestSidecarRestartsEachEngineThroughItsProcesses(t *testing.T) {
 	for _, kind := range []string{sidecarapi.EngineVLLM, sidecarapi.EngineOllama, sidecarapi.EngineLlamaCPP} {
 		t.Run(kind, func(t *testing.T) {
 			k := runEngine(t, kind)
 			other := runEngine(t, kind)
 			otherPID := other.pid()
-			e := startProcessSeat(t, k, nil)
+			e := startProcessSidecar(t, k, nil)
 			e.waitState(sidecarapi.Awake)
 
 			// An awake engine is not restarted: its requests would be cut.
@@ -97,9 +97,9 @@ func TestSeatRestartsEachEngineThroughItsProcesses(t *testing.T) {
 	}
 }
 
-func TestSeatRestartNeedsAWay(t *testing.T) {
+func TestSidecarRestartNeedsAWay(t *testing.T) {
 	k := runEngine(t, sidecarapi.EngineVLLM)
-	e := startProcessSeat(t, k, func(c *agent.Config) { c.Seat.RestartProcess = false })
+	e := startProcessSidecar(t, k, func(c *agent.Config) { c.Sidecar.RestartProcess = false })
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
@@ -113,9 +113,9 @@ func TestSeatRestartNeedsAWay(t *testing.T) {
 	}
 }
 
-func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
+func TestSidecarRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 	k := runEngine(t, sidecarapi.EngineVLLM)
-	e := startProcessSeat(t, k, func(c *agent.Config) { c.Seat.WakeTimeout = 500 * time.Millisecond })
+	e := startProcessSidecar(t, k, func(c *agent.Config) { c.Sidecar.WakeTimeout = 500 * time.Millisecond })
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
@@ -130,14 +130,14 @@ func TestSeatRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 	}
 }
 
-// TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess: a
+// TestSidecarRestartsALeakingSimulatorWithoutRestartableByItsProcess: a
 // simulator run without --restartable, whose sleep kept its memory, answers
-// its in-place restart with a 404; a seat with --restart-process then
+// its in-place restart with a 404; a sidecar with --restart-process then
 // restarts it by its process. The restarted simulator loads its weights
-// awake, the seat puts it to sleep at level 2, and its memory reads freed.
-func TestSeatRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
+// awake, the sidecar puts it to sleep at level 2, and its memory reads freed.
+func TestSidecarRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
 	k := runEngine(t, sidecarapi.EngineSimulator, enginetest.HotDirEnv+"="+t.TempDir())
-	e := startProcessSeat(t, k, nil)
+	e := startProcessSidecar(t, k, nil)
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)

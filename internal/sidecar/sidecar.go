@@ -21,16 +21,16 @@ import (
 // drained: the engine stays awake.
 var ErrSleepAbandoned = errors.New("sleep abandoned: a wake arrived while draining")
 
-// ErrWrongState refuses an operation the seat's state does not allow (a
+// ErrWrongState refuses an operation the sidecar's state does not allow (a
 // sleep while Waking, a wake before the engine ever answered).
-var ErrWrongState = errors.New("not allowed in the seat's state")
+var ErrWrongState = errors.New("not allowed in the sidecar's state")
 
 // ErrDrainTimeout is returned when the engine did not drain in time; the
 // engine stays awake.
 var ErrDrainTimeout = errors.New("the engine did not drain in time")
 
 // TransferReporter is implemented by adapters whose engine reports what a
-// sleep or wake moved; the seat records it in the transition.
+// sleep or wake moved; the sidecar records it in the transition.
 type TransferReporter interface {
 	// LastTransfer is what the last successful Sleep or Wake moved, or nil.
 	LastTransfer() *sidecarapi.Transfer
@@ -53,11 +53,11 @@ type WeightsReporter interface {
 // and the device memory reading.
 const weightsTimeout = time.Second
 
-// state is the seat's status with what the engine reports about its
-// weights now, when it reports them, and its device memory, when the seat
+// state is the sidecar's status with what the engine reports about its
+// weights now, when it reports them, and its device memory, when the sidecar
 // reads it: then residentBytes is the device memory, else the engine's
 // report, and memorySource says which.
-func (s *Seat) state(ctx context.Context) sidecarapi.Status {
+func (s *Sidecar) state(ctx context.Context) sidecarapi.Status {
 	st := s.Status()
 	ctx, cancel := context.WithTimeout(ctx, weightsTimeout)
 	defer cancel()
@@ -79,7 +79,7 @@ func (s *Seat) state(ctx context.Context) sidecarapi.Status {
 // withWeights adds what the engine reports about its weights, when it
 // reports them, to st: their digest and bytes, and, unless the device
 // memory was read, the memory holding them.
-func (s *Seat) withWeights(ctx context.Context, st sidecarapi.Status) sidecarapi.Status {
+func (s *Sidecar) withWeights(ctx context.Context, st sidecarapi.Status) sidecarapi.Status {
 	wr, ok := s.engine.(WeightsReporter)
 	if !ok {
 		return st
@@ -102,7 +102,7 @@ func (s *Seat) withWeights(ctx context.Context, st sidecarapi.Status) sidecarapi
 }
 
 // deviceBytes is the device memory of the engine container's processes.
-func (s *Seat) deviceBytes(ctx context.Context) (int64, error) {
+func (s *Sidecar) deviceBytes(ctx context.Context) (int64, error) {
 	pids, err := s.proc.PIDs()
 	if err != nil {
 		return 0, fmt.Errorf("finding the engine's processes: %w", err)
@@ -110,15 +110,15 @@ func (s *Seat) deviceBytes(ctx context.Context) (int64, error) {
 	return s.device.Bytes(ctx, pids)
 }
 
-// Seat drives one engine's sleep and wake for the lifecycle decision-maker.
-type Seat struct {
-	cfg    SeatConfig
+// Sidecar drives one engine's sleep and wake for the lifecycle decision-maker.
+type Sidecar struct {
+	cfg    Config
 	engine Engine
 	log    *slog.Logger
-	m      *seatMetrics
+	m      *sidecarMetrics
 	now    func() time.Time
 	// proc finds and stops the engine's processes in the pod's shared
-	// process namespace (nil: the seat cannot see them).
+	// process namespace (nil: the sidecar cannot see them).
 	proc *EngineProcess
 	// device reads the engine's device memory (nil: not read).
 	device *NvidiaSMI
@@ -130,10 +130,10 @@ type Seat struct {
 	cancelDrain context.CancelFunc
 }
 
-// NewSeat returns a seat in state Unknown; Sync or Run learn the engine's
+// New returns a sidecar in state Unknown; Sync or Run learn the engine's
 // state.
-func NewSeat(cfg SeatConfig, engine Engine, reg prometheus.Registerer, log *slog.Logger) *Seat {
-	s := &Seat{cfg: cfg, engine: engine, log: log, m: newSeatMetrics(reg), now: time.Now}
+func New(cfg Config, engine Engine, reg prometheus.Registerer, log *slog.Logger) *Sidecar {
+	s := &Sidecar{cfg: cfg, engine: engine, log: log, m: newSidecarMetrics(reg), now: time.Now}
 	if cfg.RestartProcess || cfg.NvidiaSMI != "" {
 		p, err := NewEngineProcess(cfg.Engine.Kind, enginePort(cfg.Engine.URL), cfg.RestartGrace)
 		if err != nil {
@@ -151,16 +151,16 @@ func NewSeat(cfg SeatConfig, engine Engine, reg prometheus.Registerer, log *slog
 	return s
 }
 
-// Status returns the seat's status.
-func (s *Seat) Status() sidecarapi.Status {
+// Status returns the sidecar's status.
+func (s *Sidecar) Status() sidecarapi.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.st
 }
 
-func (s *Seat) setLocked(st sidecarapi.State) {
+func (s *Sidecar) setLocked(st sidecarapi.State) {
 	if s.st.State != st {
-		s.log.Info("seat state", "from", s.st.State, "to", st)
+		s.log.Info("sidecar state", "from", s.st.State, "to", st)
 		s.st.State, s.st.Since = st, s.now()
 		s.m.setState(st)
 	}
@@ -169,7 +169,7 @@ func (s *Seat) setLocked(st sidecarapi.State) {
 // Sync asks the engine whether it sleeps and adopts its answer when no
 // operation runs. An engine that sleeps on its own (llama.cpp
 // --sleep-idle-seconds) becomes Asleep; an unreachable one Unknown.
-func (s *Seat) Sync(ctx context.Context) {
+func (s *Sidecar) Sync(ctx context.Context) {
 	if !s.op.TryLock() {
 		return
 	}
@@ -195,9 +195,9 @@ func (s *Seat) Sync(ctx context.Context) {
 
 // Sleep drains the engine (waits until it reports no request in flight),
 // then puts it to sleep at level (0: the configured level). A wake that
-// arrives while draining abandons the sleep. Sleeping an Asleep seat does
+// arrives while draining abandons the sleep. Sleeping an Asleep sidecar does
 // nothing.
-func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
+func (s *Sidecar) Sleep(ctx context.Context, level int) (err error) {
 	if level == 0 {
 		level = s.cfg.SleepLevel
 	}
@@ -215,7 +215,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 	default:
 		st := s.st.State
 		s.mu.Unlock()
-		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
+		return fmt.Errorf("%w: cannot sleep a sidecar in state %s", ErrWrongState, st)
 	}
 	s.mu.Unlock()
 
@@ -232,7 +232,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 		if st == sidecarapi.Asleep {
 			return nil
 		}
-		return fmt.Errorf("%w: cannot sleep a seat in state %s", ErrWrongState, st)
+		return fmt.Errorf("%w: cannot sleep a sidecar in state %s", ErrWrongState, st)
 	}
 	s.setLocked(sidecarapi.Draining)
 	s.cancelDrain = cancel
@@ -270,7 +270,7 @@ func (s *Seat) Sleep(ctx context.Context, level int) (err error) {
 
 // drain waits until the engine reports no request in flight. An engine that
 // cannot tell (-1) is trusted to the dispatcher's fence.
-func (s *Seat) drain(ctx context.Context) error {
+func (s *Sidecar) drain(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -294,7 +294,7 @@ func (s *Seat) drain(ctx context.Context) error {
 
 // settle decides the state after a failed engine call from what the engine
 // says now.
-func (s *Seat) settle(ctx context.Context, cause error) {
+func (s *Sidecar) settle(ctx context.Context, cause error) {
 	asleep, err := s.engine.Sleeping(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,8 +311,8 @@ func (s *Seat) settle(ctx context.Context, cause error) {
 }
 
 // Wake wakes the engine. A wake during a drain abandons that sleep; waking
-// an Awake seat does nothing; concurrent wakes share one engine wake.
-func (s *Seat) Wake(ctx context.Context) (err error) {
+// an Awake sidecar does nothing; concurrent wakes share one engine wake.
+func (s *Sidecar) Wake(ctx context.Context) (err error) {
 	s.mu.Lock()
 	if s.st.State == sidecarapi.Draining && s.cancelDrain != nil {
 		s.cancelDrain()
@@ -350,7 +350,7 @@ func (s *Seat) Wake(ctx context.Context) (err error) {
 	return nil
 }
 
-func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
+func (s *Sidecar) record(sleep bool, level int, start time.Time, err error) {
 	tr := &sidecarapi.Transition{Level: level, At: start, Seconds: s.now().Sub(start).Seconds()}
 	if r, ok := s.engine.(TransferReporter); ok && err == nil {
 		tr.Transfer = r.LastTransfer()
@@ -387,13 +387,13 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 		s.m.seconds.WithLabelValues(op).Observe(tr.Seconds)
 	}
 	if err != nil {
-		s.log.Warn("seat transition failed", "op", op, "level", level, "err", err)
+		s.log.Warn("sidecar transition failed", "op", op, "level", level, "err", err)
 	} else {
-		s.log.Info("seat transition", "op", op, "level", level, "seconds", tr.Seconds)
+		s.log.Info("sidecar transition", "op", op, "level", level, "seconds", tr.Seconds)
 	}
 }
 
-// Handler serves the seat API:
+// Handler serves the sidecar API:
 //
 //	GET  /state          the sidecarapi.Status (JSON), with the engine's weights digest and
 //	                     resident bytes when the engine reports them (the simulator)
@@ -412,7 +412,7 @@ func (s *Seat) record(sleep bool, level int, start time.Time, err error) {
 // the node agent's mutating endpoints do (internal/nodeapi): 401 without
 // it or with another, 503 while the token file is missing or empty. The
 // reads stay open to what the NetworkPolicy admits.
-func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
+func (s *Sidecar) Handler(reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /state", func(w http.ResponseWriter, r *http.Request) {
 		agenthttp.WriteJSON(w, http.StatusOK, s.state(r.Context()))
@@ -469,7 +469,7 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := s.Status()
 		if st.State != sidecarapi.Awake {
-			agenthttp.WriteError(w, http.StatusServiceUnavailable, fmt.Sprintf("seat is %s, not Awake", st.State))
+			agenthttp.WriteError(w, http.StatusServiceUnavailable, fmt.Sprintf("sidecar is %s, not Awake", st.State))
 			return
 		}
 		w.WriteHeader(http.StatusOK)
@@ -483,8 +483,8 @@ func (s *Seat) Handler(reg *prometheus.Registry) http.Handler {
 	return nodeapi.RequireCaller(nodeapi.TokenFile(s.cfg.CallerTokenFile), mux, agenthttp.WriteError)
 }
 
-// Watch keeps the seat in step with the engine until ctx ends.
-func (s *Seat) Watch(ctx context.Context, every time.Duration) {
+// Watch keeps the sidecar in step with the engine until ctx ends.
+func (s *Sidecar) Watch(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

@@ -12,8 +12,8 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// SeatConfig configures the sidecar (orchestra-agent --role seat).
-type SeatConfig struct {
+// Config configures the sidecar (orchestra-agent --role sidecar).
+type Config struct {
 	Engine EngineConfig `json:"engine"`
 	// SleepLevel is used when a sleep names none: 1 keeps the weights in
 	// host RAM, 2 drops them.
@@ -30,11 +30,11 @@ type SeatConfig struct {
 	// processes (SIGTERM, then SIGKILL after RestartGrace) so that the
 	// kubelet starts the container again, for an engine that cannot
 	// restart itself. It needs a pod with shareProcessNamespace and the
-	// seat running as the engine's user; no capability.
+	// sidecar running as the engine's user; no capability.
 	RestartProcess bool `json:"restartProcess,omitempty"`
 	// RestartGrace is the wait between SIGTERM and SIGKILL.
 	RestartGrace time.Duration `json:"restartGrace"`
-	// NvidiaSMI is the nvidia-smi binary the seat reads the engine's
+	// NvidiaSMI is the nvidia-smi binary the sidecar reads the engine's
 	// device memory with, attributed by the PIDs of the engine container's
 	// processes (needs shareProcessNamespace); empty: not read.
 	NvidiaSMI string `json:"nvidiaSMI,omitempty"`
@@ -46,7 +46,7 @@ type SeatConfig struct {
 	// mutating endpoints (sleep, wake, restart) accept only requests
 	// carrying it; empty accepts any caller the network lets through.
 	CallerTokenFile string `json:"callerTokenFile,omitempty"`
-	// Proc is the procfs the seat reads processes from (default /proc).
+	// Proc is the procfs the sidecar reads processes from (default /proc).
 	Proc engineproc.ProcFS `json:"-"`
 }
 
@@ -71,9 +71,9 @@ func enginePort(raw string) int {
 	return n
 }
 
-// DefaultSeatConfig returns the sidecar's defaults.
-func DefaultSeatConfig() SeatConfig {
-	return SeatConfig{
+// DefaultConfig returns the sidecar's defaults.
+func DefaultConfig() Config {
+	return Config{
 		Engine:       EngineConfig{Kind: sidecarapi.EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
 		SleepLevel:   int(v1alpha1.DefaultSleepLevel),
 		DrainTimeout: v1alpha1.EngineDrainTimeout,
@@ -85,7 +85,7 @@ func DefaultSeatConfig() SeatConfig {
 }
 
 // Validate reports every invalid field.
-func (s SeatConfig) Validate() error {
+func (s Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if _, err := NewEngine(s.Engine, nil); err != nil {

@@ -9,10 +9,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// StartSeat builds the sidecar of cfg's engine, registers its metrics in
+// Start builds the sidecar of cfg's engine, registers its metrics in
 // reg and starts its watch of the engine, which ends with ctx; it returns
 // the sidecar's HTTP API.
-func StartSeat(ctx context.Context, cfg SeatConfig, reg *prometheus.Registry, log *slog.Logger) (http.Handler, error) {
+func Start(ctx context.Context, cfg Config, reg *prometheus.Registry, log *slog.Logger) (http.Handler, error) {
 	engine, err := NewEngine(cfg.Engine, &http.Client{Timeout: cfg.WakeTimeout})
 	if err != nil {
 		return nil, err
@@ -26,10 +26,10 @@ func StartSeat(ctx context.Context, cfg SeatConfig, reg *prometheus.Registry, lo
 		if err != nil {
 			return nil, err
 		}
-		log.Info("the engine loads its model file from the "+c.Tier+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Model.Link, "passedOver", copies.PassedOver())
+		log.Info("the engine loads its model file from the "+string(c.Tier)+" tier", "path", c.Path, "bytes", c.Bytes, "link", cfg.Model.Link, "passedOver", copies.PassedOver())
 		engine = withModelCopies(engine, copies, log)
 	}
-	seat := NewSeat(cfg, engine, reg, log)
-	go seat.Watch(ctx, max(cfg.PollInterval, time.Second))
-	return withModelFiles(seat.Handler(reg), cfg.Model, cfg.CallerTokenFile), nil
+	sidecar := New(cfg, engine, reg, log)
+	go sidecar.Watch(ctx, max(cfg.PollInterval, time.Second))
+	return withModelFiles(sidecar.Handler(reg), cfg.Model, cfg.CallerTokenFile), nil
 }

@@ -15,32 +15,32 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// TestSeatRestartsAnEngineByItsProcessInAPod runs, on the real-node
+// TestSidecarRestartsAnEngineByItsProcessInAPod runs, on the real-node
 // cluster, a pod shaped as a seat group's: a shared process namespace, a
 // simulator engine without --restartable whose sleep keeps its memory
-// (vllm#47654), and its seat agent with --restart-process, both as the
+// (vllm#47654), and its sidecar with --restart-process, both as the
 // same user with every capability dropped, which is all the kernel asks of
 // a process that signals another and reads its open files. The chart runs
-// a seat as its engine's user: root for upstream images that run as root,
-// 65532:65532 for Ollama and the simulator. The seat's POST /restart stops
+// a sidecar as its engine's user: root for upstream images that run as root,
+// 65532:65532 for Ollama and the simulator. The sidecar's POST /restart stops
 // the engine's process, the kubelet starts its container again, and the
-// seat answers once the new engine sleeps at level 2: only the engine
+// sidecar answers once the new engine sleeps at level 2: only the engine
 // container restarted, and the next wake serves.
-func TestSeatRestartsAnEngineByItsProcessInAPod(t *testing.T) {
+func TestSidecarRestartsAnEngineByItsProcessInAPod(t *testing.T) {
 	requireCluster(t)
 	for _, c := range []struct {
 		name string
 		ns   string
 		user int64
 	}{
-		{"as root, the user of upstream engine images", "e2e-seat-restart", 0},
-		{"as 65532, the user of Ollama and the simulator", "e2e-seat-nonroot", 65532},
+		{"as root, the user of upstream engine images", "e2e-sidecar-restart", 0},
+		{"as 65532, the user of Ollama and the simulator", "e2e-sidecar-nonroot", 65532},
 	} {
-		t.Run(c.name, func(t *testing.T) { seatRestartsItsEngine(t, c.ns, c.user) })
+		t.Run(c.name, func(t *testing.T) { sidecarRestartsItsEngine(t, c.ns, c.user) })
 	}
 }
 
-func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
+func sidecarRestartsItsEngine(t *testing.T, namespace string, user int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	ns := newNamespace(ctx, t, namespace)
@@ -67,8 +67,8 @@ func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 					SecurityContext: sc(),
 				},
 				{
-					Name: "seat", Image: image("orchestra-agent"), ImagePullPolicy: corev1.PullNever,
-					Args:            []string{"--role=seat", "--engine=simulator", "--engine-url=http://127.0.0.1:8080", "--addr=:9300", "--restart-process", "--restart-grace=5s"},
+					Name: "sidecar", Image: image("orchestra-agent"), ImagePullPolicy: corev1.PullNever,
+					Args:            []string{"--role=sidecar", "--engine=simulator", "--engine-url=http://127.0.0.1:8080", "--addr=:9300", "--restart-process", "--restart-grace=5s"},
 					SecurityContext: sc(),
 				},
 			},
@@ -80,9 +80,9 @@ func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 		t.Fatal(err)
 	}
 	eventually(t, 2*time.Minute, func() error {
-		st, err := seatState(ctx, ns, "group")
+		st, err := sidecarState(ctx, ns, "group")
 		if err == nil && st.State != sidecarapi.Awake {
-			err = fmt.Errorf("seat %s", st.State)
+			err = fmt.Errorf("sidecar %s", st.State)
 		}
 		return err
 	})
@@ -95,7 +95,7 @@ func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 	}
 
 	must(t, seatPost(ctx, ns, "group", "sleep"))
-	st, err := seatState(ctx, ns, "group")
+	st, err := sidecarState(ctx, ns, "group")
 	must(t, err)
 	if st.ResidentBytes == nil || *st.ResidentBytes != 4<<20 {
 		t.Fatalf("after the leaking sleep: resident %v, want the 4 MiB kept", st.ResidentBytes)
@@ -103,7 +103,7 @@ func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 	start := time.Now()
 	must(t, seatPost(ctx, ns, "group", "restart"))
 	t.Logf("restart by the process took %s", time.Since(start).Round(time.Millisecond))
-	st, err = seatState(ctx, ns, "group")
+	st, err = sidecarState(ctx, ns, "group")
 	must(t, err)
 	if st.State != sidecarapi.Asleep || st.Level != 2 || st.Restarts != 1 || st.LastRestart == nil || st.LastRestart.Via != sidecarapi.RestartViaProcess {
 		t.Errorf("after the restart: state %s level %d restarts %d lastRestart %+v; want Asleep at level 2, one restart via process", st.State, st.Level, st.Restarts, st.LastRestart)
@@ -136,7 +136,7 @@ func seatRestartsItsEngine(t *testing.T, namespace string, user int64) {
 // seatPost calls POST path on the pod's seat through the API server's pod
 // proxy and returns the error's body, nil on a 2xx.
 func seatPost(ctx context.Context, ns, pod, path string) error {
-	req := env.cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(pod + ":" + strconv.Itoa(seatPort)).
+	req := env.cs.CoreV1().RESTClient().Post().Namespace(ns).Resource("pods").Name(pod + ":" + strconv.Itoa(sidecarPort)).
 		SubResource("proxy").Suffix(path)
 	if err := req.Do(ctx).Error(); err != nil {
 		return fmt.Errorf("POST %s on the seat of %s: %w", path, pod, err)

@@ -29,14 +29,14 @@ var ErrRestartUnsupported = errors.New("this engine cannot be restarted in place
 // asleep at level 2. An awake engine is refused: a restart would cut its
 // requests. The engine restarts itself when it can (the simulator with
 // --restartable: it stays stopped until its next wake); otherwise, with
-// --restart-process, the seat stops the engine container's processes, waits
+// --restart-process, the sidecar stops the engine container's processes, waits
 // for the kubelet to start the container again and for the engine to
-// answer, and puts it to sleep at level 2 if it started awake. The seat is
+// answer, and puts it to sleep at level 2 if it started awake. The sidecar is
 // Restarting meanwhile.
-func (s *Seat) Restart(ctx context.Context) error {
+func (s *Sidecar) Restart(ctx context.Context) error {
 	r, inPlace := s.engine.(Restarter)
 	if !inPlace && (s.proc == nil || !s.cfg.RestartProcess) {
-		return fmt.Errorf("%w: %s (start the seat with --restart-process in a pod that shares its process namespace)", ErrRestartUnsupported, s.engine.Name())
+		return fmt.Errorf("%w: %s (start the sidecar with --restart-process in a pod that shares its process namespace)", ErrRestartUnsupported, s.engine.Name())
 	}
 	s.op.Lock()
 	defer s.op.Unlock()
@@ -46,7 +46,7 @@ func (s *Seat) Restart(ctx context.Context) error {
 	case sidecarapi.Asleep, sidecarapi.Failed:
 	default:
 		s.mu.Unlock()
-		return fmt.Errorf("%w: cannot restart the engine of a seat in state %s (only Asleep or Failed)", ErrWrongState, prev)
+		return fmt.Errorf("%w: cannot restart the engine of a sidecar in state %s (only Asleep or Failed)", ErrWrongState, prev)
 	}
 	s.setLocked(sidecarapi.Restarting)
 	s.mu.Unlock()
@@ -72,7 +72,7 @@ func (s *Seat) Restart(ctx context.Context) error {
 		s.mu.Lock()
 		s.setLocked(prev)
 		s.mu.Unlock()
-		return fmt.Errorf("%w (start the seat with --restart-process in a pod that shares its process namespace)", err)
+		return fmt.Errorf("%w (start the sidecar with --restart-process in a pod that shares its process namespace)", err)
 	}
 	rep.Seconds = s.now().Sub(start).Seconds()
 	result := "ok"
@@ -100,7 +100,7 @@ func (s *Seat) Restart(ctx context.Context) error {
 }
 
 // checkAsleep fails unless the engine says it sleeps.
-func (s *Seat) checkAsleep(ctx context.Context) error {
+func (s *Sidecar) checkAsleep(ctx context.Context) error {
 	asleep, err := s.engine.Sleeping(ctx)
 	if err == nil && !asleep {
 		err = errors.New("the engine says it is awake after the restart")
@@ -112,7 +112,7 @@ func (s *Seat) checkAsleep(ctx context.Context) error {
 // restarted engine answers and puts it to sleep at level 2 if it started
 // awake (vLLM loads its weights at start, as does llama.cpp's router with
 // load-on-startup; Ollama starts with no model loaded).
-func (s *Seat) restartProcess(ctx context.Context) (*sidecarapi.StopReport, error) {
+func (s *Sidecar) restartProcess(ctx context.Context) (*sidecarapi.StopReport, error) {
 	rep, err := s.proc.Stop(ctx)
 	if err != nil {
 		return &rep, fmt.Errorf("stopping the engine's processes: %w", err)
@@ -139,7 +139,7 @@ func (s *Seat) restartProcess(ctx context.Context) (*sidecarapi.StopReport, erro
 }
 
 // waitEngine polls try every poll interval until it succeeds or ctx ends.
-func (s *Seat) waitEngine(ctx context.Context, try func() error) error {
+func (s *Sidecar) waitEngine(ctx context.Context, try func() error) error {
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {

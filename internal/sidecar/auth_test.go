@@ -30,7 +30,7 @@ import (
 func TestSidecarRefusesForbiddenCalls(t *testing.T) {
 	engine := enginetest.NewOllama("tiny")
 	defer engine.Close()
-	cfg := agent.Default().Seat
+	cfg := agent.Default().Sidecar
 	cfg.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineOllama, URL: engine.URL(), Model: "tiny", KeepAlive: "5m", PollInterval: cfg.Engine.PollInterval}
 	cfg.SleepTimeout, cfg.WakeTimeout, cfg.DrainTimeout = 10*time.Second, 10*time.Second, 10*time.Second
 	dir := t.TempDir()
@@ -40,10 +40,10 @@ func TestSidecarRefusesForbiddenCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	seat := sidecar.NewSeat(cfg, e, reg, slog.New(slog.DiscardHandler))
+	sc := sidecar.New(cfg, e, reg, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
-	seat.Sync(ctx)
-	srv := httptest.NewServer(seat.Handler(reg))
+	sc.Sync(ctx)
+	srv := httptest.NewServer(sc.Handler(reg))
 	defer srv.Close()
 
 	leaderToken := filepath.Join(dir, "leader-token")

@@ -12,29 +12,30 @@ import (
 	"testing"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/agent"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
 
-// seatEnv is a seat agent served over HTTP in front of an in-process
+// sidecarEnv is a sidecar served over HTTP in front of an in-process
 // simulator with real weights and sleep mode.
-type seatEnv struct {
+type sidecarEnv struct {
 	t     *testing.T
 	sim   *sim.Simulator
 	eng   *httptest.Server
 	agent *httptest.Server
 }
 
-func startSeat(t *testing.T, mut func(*sim.Config, *agent.Config)) *seatEnv {
+func startSidecar(t *testing.T, mut func(*sim.Config, *agent.Config)) *sidecarEnv {
 	t.Helper()
 	sc := sim.Default()
 	sc.TimeToFirstToken, sc.InterTokenLatency, sc.OutputTokens = 0, 0, 4
 	sc.Weights.Bytes = 2 << 20
 	sc.Sleep = sim.Sleep{Enabled: true, HotDir: t.TempDir()}
 	ac := agent.Default()
-	ac.Seat.PollInterval, ac.Seat.DrainTimeout = 5*time.Millisecond, 5*time.Second
+	ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if mut != nil {
 		mut(&sc, &ac)
 	}
@@ -45,8 +46,8 @@ func startSeat(t *testing.T, mut func(*sim.Config, *agent.Config)) *seatEnv {
 	t.Cleanup(s.Close)
 	eng := httptest.NewServer(s.Handler())
 	t.Cleanup(eng.Close)
-	ac.Seat.Engine = sidecar.EngineConfig{Kind: "simulator", URL: eng.URL}
-	e := &seatEnv{t: t, sim: s, eng: eng, agent: serveAgent(t, ac)}
+	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: "simulator", URL: eng.URL}
+	e := &sidecarEnv{t: t, sim: s, eng: eng, agent: serveAgent(t, ac)}
 	e.waitState(sidecarapi.Awake)
 	return e
 }
@@ -68,7 +69,7 @@ func serveAgent(t *testing.T, ac agent.Config) *httptest.Server {
 	return agent
 }
 
-func (e *seatEnv) do(method, path string) (int, string) {
+func (e *sidecarEnv) do(method, path string) (int, string) {
 	e.t.Helper()
 	req, _ := http.NewRequest(method, e.agent.URL+path, nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -80,7 +81,7 @@ func (e *seatEnv) do(method, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func (e *seatEnv) state() sidecarapi.Status {
+func (e *sidecarEnv) state() sidecarapi.Status {
 	e.t.Helper()
 	_, body := e.do("GET", "/state")
 	var st sidecarapi.Status
@@ -90,7 +91,7 @@ func (e *seatEnv) state() sidecarapi.Status {
 	return st
 }
 
-func (e *seatEnv) waitState(want sidecarapi.State) {
+func (e *sidecarEnv) waitState(want sidecarapi.State) {
 	e.t.Helper()
 	eventually(e.t, 10*time.Second, func() error {
 		if got := e.state().State; got != want {
@@ -100,8 +101,8 @@ func (e *seatEnv) waitState(want sidecarapi.State) {
 	})
 }
 
-func TestSeatSleepWakeAndReadiness(t *testing.T) {
-	e := startSeat(t, nil)
+func TestSidecarSleepWakeAndReadiness(t *testing.T) {
+	e := startSidecar(t, nil)
 	if code, _ := e.do("GET", "/readyz"); code != http.StatusOK {
 		t.Fatalf("readyz while awake: %d", code)
 	}
@@ -138,7 +139,7 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 	}
 	// The engine's own report of what the wake moved reaches the state, for
 	// the lifecycle's status (from tier, bytes, bandwidth).
-	if tr := st.LastWake.Transfer; tr == nil || tr.Tier != "hot" || tr.Bytes != 2<<20 || !tr.Verified {
+	if tr := st.LastWake.Transfer; tr == nil || tr.Tier != v1alpha1.TierHot || tr.Bytes != 2<<20 || !tr.Verified {
 		t.Fatalf("last wake transfer %+v, want 2 MiB from the hot tier, verified", tr)
 	}
 	if w := e.sim.WeightsStatus(); w.Verified != 1 || w.Sleeping {
@@ -148,15 +149,15 @@ func TestSeatSleepWakeAndReadiness(t *testing.T) {
 		t.Fatalf("readyz after wake: %d", code)
 	}
 	_, metrics := e.do("GET", "/metrics")
-	for _, want := range []string{`orchestra_agent_seat_state{state="Awake"} 1`, `orchestra_agent_seat_transitions_total{op="sleep",result="ok"} 1`} {
+	for _, want := range []string{`orchestra_agent_sidecar_state{state="Awake"} 1`, `orchestra_agent_sidecar_transitions_total{op="sleep",result="ok"} 1`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
 }
 
-func TestSeatWakeDuringDrainAbandonsTheSleep(t *testing.T) {
-	e := startSeat(t, func(c *sim.Config, _ *agent.Config) { c.TimeToFirstToken = time.Hour })
+func TestSidecarWakeDuringDrainAbandonsTheSleep(t *testing.T) {
+	e := startSidecar(t, func(c *sim.Config, _ *agent.Config) { c.TimeToFirstToken = time.Hour })
 	// A request in flight keeps the drain waiting.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -190,10 +191,10 @@ func TestSeatWakeDuringDrainAbandonsTheSleep(t *testing.T) {
 	}
 }
 
-func TestSeatDrainTimeoutKeepsTheEngineAwake(t *testing.T) {
-	e := startSeat(t, func(c *sim.Config, a *agent.Config) {
+func TestSidecarDrainTimeoutKeepsTheEngineAwake(t *testing.T) {
+	e := startSidecar(t, func(c *sim.Config, a *agent.Config) {
 		c.TimeToFirstToken = time.Hour
-		a.Seat.DrainTimeout = 100 * time.Millisecond
+		a.Sidecar.DrainTimeout = 100 * time.Millisecond
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -215,8 +216,8 @@ func TestSeatDrainTimeoutKeepsTheEngineAwake(t *testing.T) {
 	}
 }
 
-func TestSeatFailedWakeStaysAsleep(t *testing.T) {
-	e := startSeat(t, func(c *sim.Config, _ *agent.Config) { c.Faults.WakeFail = true })
+func TestSidecarFailedWakeStaysAsleep(t *testing.T) {
+	e := startSidecar(t, func(c *sim.Config, _ *agent.Config) { c.Faults.WakeFail = true })
 	if code, body := e.do("POST", "/sleep"); code != http.StatusOK {
 		t.Fatalf("sleep: %d %s", code, body)
 	}
@@ -232,8 +233,8 @@ func TestSeatFailedWakeStaysAsleep(t *testing.T) {
 	}
 }
 
-func TestSeatAdoptsTheEngineState(t *testing.T) {
-	e := startSeat(t, nil)
+func TestSidecarAdoptsTheEngineState(t *testing.T) {
+	e := startSidecar(t, nil)
 	// Someone else put the engine to sleep (llama.cpp's idle sleep does).
 	if _, err := e.sim.Sleep(2); err != nil {
 		t.Fatal(err)
@@ -252,8 +253,8 @@ func TestSeatAdoptsTheEngineState(t *testing.T) {
 // TestSeatStateReportsTheEnginesResidentMemory: GET /state carries the
 // simulator's weights digest and the memory its weights hold, so a caller
 // can check that a sleep freed it.
-func TestSeatStateReportsTheEnginesResidentMemory(t *testing.T) {
-	e := startSeat(t, nil)
+func TestSidecarStateReportsTheEnginesResidentMemory(t *testing.T) {
+	e := startSidecar(t, nil)
 	st := e.state()
 	w := e.sim.WeightsStatus()
 	if st.ResidentBytes == nil || *st.ResidentBytes != 2<<20 || st.Digest == "" || st.Digest != w.Digest {

@@ -6,23 +6,23 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
-// seatMetrics are the sidecar's metrics (GET /metrics).
-type seatMetrics struct {
+// sidecarMetrics are the sidecar's metrics (GET /metrics).
+type sidecarMetrics struct {
 	state       *prometheus.GaugeVec
 	transitions *prometheus.CounterVec
 	seconds     *prometheus.HistogramVec
 }
 
-func newSeatMetrics(reg prometheus.Registerer) *seatMetrics {
-	m := &seatMetrics{
+func newSidecarMetrics(reg prometheus.Registerer) *sidecarMetrics {
+	m := &sidecarMetrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "orchestra_agent_seat_state", Help: "1 for the seat's current state, 0 for the others.",
+			Name: "orchestra_agent_sidecar_state", Help: "1 for the sidecar's current state, 0 for the others.",
 		}, []string{"state"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "orchestra_agent_seat_transitions_total", Help: "Sleeps, wakes and engine restarts (op) by result (ok, failed, abandoned: a wake overtook the drain).",
+			Name: "orchestra_agent_sidecar_transitions_total", Help: "Sleeps, wakes and engine restarts (op) by result (ok, failed, abandoned: a wake overtook the drain).",
 		}, []string{"op", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "orchestra_agent_seat_transition_seconds", Help: "Duration of successful sleeps (drain included), wakes and engine restarts.",
+			Name: "orchestra_agent_sidecar_transition_seconds", Help: "Duration of successful sleeps (drain included), wakes and engine restarts.",
 			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120},
 		}, []string{"op"}),
 	}
@@ -30,7 +30,7 @@ func newSeatMetrics(reg prometheus.Registerer) *seatMetrics {
 	return m
 }
 
-func (m *seatMetrics) setState(st sidecarapi.State) {
+func (m *sidecarMetrics) setState(st sidecarapi.State) {
 	for _, s := range sidecarapi.States {
 		v := 0.0
 		if s == st {
