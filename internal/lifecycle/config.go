@@ -76,8 +76,8 @@ type SeatMember struct {
 	// (orchestra.Level1Tier, resolved by the operator): Hot, or Cold for
 	// engines that unload completely. Empty is Hot.
 	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
-	// SleepAfter puts it to sleep, freeing its sidecar, once it held it idle
-	// this long (lifecycle.sleepAfter); 0: it keeps its sidecar until
+	// SleepAfter puts it to sleep, freeing its seat, once it held it idle
+	// this long (lifecycle.sleepAfter); 0: it keeps its seat until
 	// another application needs it.
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
 	// SidecarPort is its sidecar's port in the group's pod.

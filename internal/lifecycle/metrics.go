@@ -44,8 +44,11 @@ type metrics struct {
 	queueWait   *prometheus.HistogramVec
 }
 
+// metricsNamespace prefixes every metric of the leader's lifecycle.
+const metricsNamespace = "orchestra_lifecycle"
+
 func newMetrics(reg prometheus.Registerer) *metrics {
-	const ns = "orchestra_lifecycle"
+	const ns = metricsNamespace
 	m := &metrics{
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "state",
 			Help: "1 for the lifecycle state each application is in (Awake, Waking, Draining, Zero, Asleep), as seen by the leader."}, []string{"app", "state"}),

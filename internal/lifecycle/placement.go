@@ -282,7 +282,7 @@ type parkMetrics struct {
 }
 
 func newParkMetrics(reg prometheus.Registerer) *parkMetrics {
-	const ns = "orchestra_lifecycle"
+	const ns = metricsNamespace
 	m := &parkMetrics{
 		parks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "parks_total",
 			Help: "Sleeping applications parked after parkAfter: their pods scaled away, the node agents keeping their copies."}, []string{"app"}),

@@ -145,6 +145,6 @@ func (c *Controller) restartSidecar(ctx context.Context, a *appState, r sidecarR
 	}
 	a.sl.restarted[uid] = true
 	c.sm.restarts.WithLabelValues(a.Name).Inc()
-	c.log.Warn("restarted the pod of a failed sidecar", "app", a.Name, "pod", r.pod.Name, "seatError", r.st.LastError)
+	c.log.Warn("restarted the pod of a failed sidecar", "app", a.Name, "pod", r.pod.Name, "sidecarError", r.st.LastError)
 	c.event(a, corev1.EventTypeWarning, EventSidecarRestarted, "deleted pod %s of %s: its sidecar is Failed (%s); its StatefulSet starts it again", r.pod.Name, a.Name, r.st.LastError)
 }

@@ -420,7 +420,7 @@ type sleepMetrics struct {
 }
 
 func newSleepMetrics(reg prometheus.Registerer) *sleepMetrics {
-	const ns = "orchestra_lifecycle"
+	const ns = metricsNamespace
 	m := &sleepMetrics{
 		sleeps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "sleeps_total",
 			Help: "Attempts to put an application's engines to sleep, by level and outcome (asleep; cancelled: a request arrived or work was queued; failed: a sidecar could not sleep or the queue could not be read)."}, []string{"app", "level", "outcome"}),

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -62,7 +63,7 @@ func (o *Ollama) Sleep(ctx context.Context, _ int) error {
 func (o *Ollama) Wake(ctx context.Context) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = time.Now().Add(10 * time.Minute)
+		deadline = time.Now().Add(v1alpha1.EngineWakeTimeout)
 	}
 	lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()

@@ -1,10 +1,3 @@
-// Package sim is an inference-engine simulator that speaks vLLM's
-// OpenAI-compatible HTTP API. It produces deterministic text at a configurable
-// pace, exports vLLM-style Prometheus metrics and can inject faults (errors,
-// hangs, crashes), so the gateway, the dispatcher and the operator can be
-// tested and benchmarked without GPUs.
-//
-// Use it in-process with New(cfg).Handler(), or as a server with Run.
 package sim
 
 import (

@@ -1,16 +1,16 @@
 package seatgrouptest
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/model-orchestra/operator/internal/seatgroup"
+	"github.com/model-orchestra/operator/internal/ssetest"
 )
 
 // Result is the outcome of one request.
@@ -123,48 +123,19 @@ func (d *Dispatcher) stream(url string, tokens int) (int, error) {
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		var b strings.Builder
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			b.WriteString(sc.Text())
-		}
-		return 0, fmt.Errorf("engine answered %d: %s", resp.StatusCode, b.String())
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("engine answered %d: %s", resp.StatusCode, strings.TrimSpace(string(b)))
 	}
-	got, done := 0, false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if line == "[DONE]" {
-			done = true
-			continue
-		}
-		var c struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal([]byte(line), &c); err != nil {
-			return got, fmt.Errorf("bad chunk %q: %w", line, err)
-		}
-		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
-			got++
-		}
+	// A token is a chunk with non-empty delta content (ssetest's rule: the
+	// role chunk is not one).
+	res, err := ssetest.Read(resp.Body, nil)
+	if err != nil {
+		return res.Chunks, fmt.Errorf("stream cut after %d tokens: %w", res.Chunks, err)
 	}
-	if err := sc.Err(); err != nil {
-		return got, fmt.Errorf("stream cut after %d tokens: %w", got, err)
+	if res.Chunks != tokens {
+		return res.Chunks, fmt.Errorf("stream had %d tokens, want %d", res.Chunks, tokens)
 	}
-	if !done {
-		return got, fmt.Errorf("stream ended after %d tokens without [DONE]", got)
-	}
-	if got != tokens {
-		return got, fmt.Errorf("stream had %d tokens, want %d", got, tokens)
-	}
-	return got, nil
+	return res.Chunks, nil
 }
 
 // Demand implements seatgroup.Dispatcher.

@@ -1,6 +1,6 @@
 // Package seatgrouptest runs a seat group in one process for tests and
-// benchmarks: simulator engines with real weights, each behind a real seat
-// agent (sidecar.Seat over HTTP), a dispatcher that queues requests and
+// benchmarks: simulator engines with real weights, each behind a real
+// sidecar (sidecar.Sidecar over HTTP), a dispatcher that queues requests and
 // gates them as the lifecycle decision-maker does, the seatgroup executor,
 // and request generators.
 package seatgrouptest

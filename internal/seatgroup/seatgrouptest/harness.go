@@ -142,21 +142,21 @@ func Start(opts Options) (*Harness, error) {
 			h.Close()
 			return nil, err
 		}
-		seatHandler, err := agent.Start(ctx, ac, opts.Log.With("seat", a.Name))
+		sidecarHandler, err := agent.Start(ctx, ac, opts.Log.With("sidecar", a.Name))
 		if err != nil {
 			h.Close()
 			return nil, err
 		}
-		seatSrv := httptest.NewServer(seatHandler)
-		h.servers = append(h.servers, seatSrv)
+		sidecarSrv := httptest.NewServer(sidecarHandler)
+		h.servers = append(h.servers, sidecarSrv)
 		h.Dispatcher.add(a.Name, engSrv.URL, opts.MaxConcurrency)
 		members = append(members, seatgroup.Member{
 			Name: a.Name, Priority: a.Priority, SleepLevel: 1, WeightsBytes: a.WeightsBytes,
 			SwapCost: seatgroup.EstimateSwapCost(a.WeightsBytes, opts.HotBandwidth, opts.TTFT),
-			// The memory reading and the restart go through the seat
-			// agent, as in a group pod.
-			Sidecar: sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
-			Memory:  seatgroup.SidecarMemory{Client: sidecarapi.Client{URL: seatSrv.URL, HTTP: client}}, Restarter: sidecarapi.Client{URL: seatSrv.URL, HTTP: client},
+			// The memory reading and the restart go through the
+			// sidecar, as in a group pod.
+			Sidecar: sidecarapi.Client{URL: sidecarSrv.URL, HTTP: client},
+			Memory:  seatgroup.SidecarMemory{Client: sidecarapi.Client{URL: sidecarSrv.URL, HTTP: client}}, Restarter: sidecarapi.Client{URL: sidecarSrv.URL, HTTP: client},
 		})
 	}
 	exec, err := seatgroup.NewExecutor(opts.Group, members, h.Dispatcher, h.Registry, opts.Log, seatgroup.WithEvents(h.record))
@@ -169,7 +169,7 @@ func Start(opts Options) (*Harness, error) {
 	// The seats learn their engines' state on their first watch tick:
 	// awake, or asleep for an engine that started stopped on a full
 	// shared device.
-	if err := h.waitFor(10*time.Second, "every seat to see its engine awake (or asleep, stopped on a full device)", func() bool {
+	if err := h.waitFor(10*time.Second, "every sidecar to see its engine awake (or asleep, stopped on a full device)", func() bool {
 		for _, m := range members {
 			st, err := m.Sidecar.State(ctx)
 			want := sidecarapi.Awake

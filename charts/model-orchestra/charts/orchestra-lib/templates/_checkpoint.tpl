@@ -6,7 +6,7 @@ written by the values translator from the effective sleep policy.
 */}}
 
 {{/* The port of the sidecar in every root pod of a sleeping
-application (container port "seat").
+application (container port "sidecar").
 containerPort: {{ include "mo.sidecarPort" $ }} */}}
 {{- define "mo.sidecarPort" -}}
 9300
@@ -95,7 +95,7 @@ containerPort: {{ include "mo.seatGroupSidecarPort" (dict "root" $ "index" $i) }
 {{- add (int (include "mo.sidecarPort" .root)) (int .index) -}}
 {{- end -}}
 
-{{/* The highest seat port any pod of the release may use: mo.sidecarPort, or
+{{/* The highest sidecar port any pod of the release may use: mo.sidecarPort, or
 the last of a seat group's range when the release has seat groups. */}}
 {{- define "mo.lastSidecarPort" -}}
 {{- if .Values.global.seatGroups -}}

@@ -14,9 +14,9 @@ also carries
   port:            the engine's port (else 8080)
   portName:        its container port's name (else "http")
   engineContainer: the engine container's name (else "engine")
-  seatContainer:   the seat container's name (else "seat")
-  sidecarPort:        the seat's port (else mo.sidecarPort)
-  seatPortName:    its container port's name (else "seat")
+  sidecarContainer: the sidecar container's name (else "sidecar")
+  sidecarPort:      the sidecar's port (else mo.sidecarPort)
+  sidecarPortName:  its container port's name (else "sidecar")
   volumeSuffix:    appended to the names of the engine's own volumes
                    (model, tmp, llama-preset)
   seatGroup:       the group's name
@@ -270,7 +270,7 @@ command: ["/app/llama-server"]
 {{- end }}
 {{- /* llama.cpp's argument parser takes each value as the next argument:
 it refuses --flag=value ("invalid argument"). A sleeping application's
-server runs in router mode, which the seat unloads and loads
+server runs in router mode, which the sidecar unloads and loads
 (POST /models/unload, /models/load): the model is the one preset of
 mo.llamaCppPreset, named after the served model and loaded at start; the
 other arguments apply to it. */}}
@@ -349,7 +349,7 @@ at a level-2 wake's reload_weights. */}}
 {{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
 {{- $gpus := int (default 0 $rt.gpu.count) }}
 {{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
-{{- /* The seat drives /sleep, /wake_up and /collective_rpc, which vLLM
+{{- /* The sidecar drives /sleep, /wake_up and /collective_rpc, which vLLM
 serves only in development mode (VLLM_SERVER_DEV_MODE=1, below). */}}
 {{- if .sleep }}{{ $vargs = append $vargs "--enable-sleep-mode" }}{{ end }}
 {{- if gt $workers 0 }}
@@ -396,7 +396,7 @@ whole file again; the `ollama create` CLI, the fallback for images without
 wget (upstream's), hashes the whole file client-side first (about 0.65 s
 for 248 MiB on 2 shared cores), even though the blob is already there.
 Then it is loaded (`ollama run` without a prompt), as the other engines
-load theirs before they answer: a sleeping root's seat finds it awake, and
+load theirs before they answer: a sleeping root's sidecar finds it awake, and
 the first request does not pay the load. The store is rebuilt at each start (Ollama prunes blobs
 no model references when it starts), the cache stays read-only. A TERM
 reaches the server, and the container ends with it. With model copies
@@ -500,7 +500,7 @@ env:
   - name: OLLAMA_NUM_PARALLEL
     value: {{ $sv.maxConcurrency | quote }}
   {{- /* Without sleep the model stays loaded for good. With it, Ollama's
-  own idle unload is the policy's sleep time: the seat unloads and preloads
+  own idle unload is the policy's sleep time: the sidecar unloads and preloads
   it (keep_alive 0, then the same keep_alive), and should the dispatcher be
   away Ollama still frees the memory after the same idle time. */}}
   - name: OLLAMA_KEEP_ALIVE
@@ -668,7 +668,7 @@ args:
   - --copy-name={{ .name }}
   {{- end }}
   {{- if and .seatGroup (ne $rt.engine "simulator") }}
-  {{- /* In a seat group's pod (shareProcessNamespace) the seat restarts an
+  {{- /* In a seat group's pod (shareProcessNamespace) the sidecar restarts an
   engine that did not free its memory by stopping its container's processes;
   the simulator restarts itself in place (--restartable). */}}
   - --restart-process
@@ -679,7 +679,7 @@ ports:
     protocol: TCP
 {{- /* In a seat group's pod the seats of sleeping engines must not make
 the pod unready, which would take every engine of the group out of the
-Services: there the seat is ready while it runs, and the dispatcher's gate
+Services: there the sidecar is ready while it runs, and the dispatcher's gate
 (the application's paused consumer) keeps requests from sleeping engines. */}}
 readinessProbe:
   httpGet:
@@ -714,16 +714,16 @@ volumeMounts:
 {{- end }}
 {{- $engineUser := include "mo.engineUser" . }}
 {{- if and .seatGroup (ne $rt.engine "simulator") }}
-{{- /* In a seat group the seat signals its engine's processes and reads
+{{- /* In a seat group the sidecar signals its engine's processes and reads
 their open files, which the kernel allows without any capability only to a
-process of the same user and group: the seat runs as the engine's user and
+process of the same user and group: the sidecar runs as the engine's user and
 group (mo.engineUserContext: 65532 for Ollama, or runtime.runAsUser and
 runAsGroup), with every capability dropped like the engine; with model
 copies it reads the agent's tiers as a member of the copies' group (the
 engine's group, or the pod's supplementary group). Where the
 engine runs as its image's user (vLLM and llama.cpp without
-runtime.runAsUser: the upstream images' root), the seat runs as root, with
-the engine's group (root's, or the copies' group with model copies),
+runtime.runAsUser: the upstream images' root), the sidecar runs as root,
+with the engine's group (root's, or the copies' group with model copies),
 without any capability either. */}}
 securityContext:
   {{- if $engineUser }}
@@ -751,7 +751,7 @@ securityContext:
 
 {{/* The pod volume of the release's caller token (the node agent part's
 Secret, mo.agentCallerSecret) for the sidecars: only they mount it in
-the pod, so it is readable by any user (0444), whatever user the seat runs
+the pod, so it is readable by any user (0444), whatever user the sidecar runs
 as. Rendered where the release has the node agent (global.agent.enabled),
 which every sleeping application and seat group has.
 volumes: {{- include "mo.sidecarCallerTokenVolume" $ | nindent 2 }} */}}
