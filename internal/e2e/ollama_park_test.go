@@ -10,16 +10,20 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/e2e/stack"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 )
 
-// TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy (issue 27 §3 and §4)
-// runs a sleeping Ollama application with minReplicas 0 and a short
+// TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy (issue 27 §2, §3 and
+// §4) runs a sleeping Ollama application with minReplicas 0 and a short
 // parkAfter on the real node, with the dispatcher granted patch on nodes
-// as the cluster administrator does (docs/lifecycle.md, "Parking"). It
+// as the cluster administrator does (docs/lifecycle.md, "Parking"), and
+// the default ReadWriteOnce model cache, which the node agent does not
+// mount: the agent copies the GGUF through the engine's sidecar, verified
+// against the fetcher's manifest. It
 // sleeps with a verified hot copy of its GGUF on the node, is parked (its
 // root pod deleted, freeing the node, the node agent keeping the hot copy,
 // the node labelled hot for it, status parked naming the copy), and a chat
@@ -47,9 +51,30 @@ func TestOllamaIsParkedAndWakesFromZeroOntoItsHotCopy(t *testing.T) {
 	})
 
 	// Parked 20s after it fell asleep: time to see it asleep first.
-	o := deployOllamaTiers(ctx, t, ns, name, app, map[string]any{"minReplicas": int64(0), "zeroAfter": "30m", "parkAfter": "20s"}, logf)
+	obj := ollamaTiersResource(t, ns, name, app, map[string]any{"minReplicas": int64(0), "zeroAfter": "30m", "parkAfter": "20s"})
+	// The default cache: ReadWriteOnce, which the node agent cannot mount.
+	must(t, unstructured.SetNestedMap(obj.Object, map[string]any{"size": "1Gi"}, "spec", "applications", app, "model", "cache"))
+	o := deployOllamaTiersObject(ctx, t, ns, name, app, obj, logf)
 	token, base, served, sha, size, copyName, root, agentURL := o.token, o.base, o.served, o.sha, o.size, o.copyName, o.root, o.agentURL
 	node := root.Spec.NodeName
+	ds, err := env.cs.AppsV1().DaemonSets(ns).Get(ctx, name+"-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			t.Fatalf("the node agent mounts the claim %s (volume %s); want no model cache in the agent with a ReadWriteOnce cache", v.PersistentVolumeClaim.ClaimName, v.Name)
+		}
+	}
+	pvcs, err := env.cs.CoreV1().PersistentVolumeClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pvc := range pvcs.Items {
+		if len(pvc.Spec.AccessModes) != 1 || pvc.Spec.AccessModes[0] != corev1.ReadWriteOnce {
+			t.Errorf("claim %s has access modes %v; want the default ReadWriteOnce", pvc.Name, pvc.Spec.AccessModes)
+		}
+	}
 	if _, err := stack.StreamChatOnceReachable(ctx, base, token, served, "hello", 8, nil, 30*time.Second); err != nil {
 		t.Fatalf("first chat: %v", err)
 	}

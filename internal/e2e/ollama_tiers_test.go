@@ -235,8 +235,15 @@ type ollamaTiers struct {
 // for it to be Ready and reads what its tests need. It sends no chat.
 func deployOllamaTiers(ctx context.Context, t *testing.T, ns, name, app string, lifecycle map[string]any, logf func(string, ...any)) ollamaTiers {
 	t.Helper()
+	return deployOllamaTiersObject(ctx, t, ns, name, app, ollamaTiersResource(t, ns, name, app, lifecycle), logf)
+}
+
+// deployOllamaTiersObject is deployOllamaTiers of obj, an
+// ollamaTiersResource changed by the caller.
+func deployOllamaTiersObject(ctx context.Context, t *testing.T, ns, name, app string, obj *unstructured.Unstructured, logf func(string, ...any)) ollamaTiers {
+	t.Helper()
 	o := ollamaTiers{token: apiToken(ctx, t, ns), served: ollamaServed(app), copyName: name + "-" + app}
-	if _, err := stack.Apply(ctx, env.dyn, ollamaTiersResource(t, ns, name, app, lifecycle)); err != nil {
+	if _, err := stack.Apply(ctx, env.dyn, obj); err != nil {
 		t.Fatal(err)
 	}
 	waitReady(ctx, t, ns, name)

@@ -100,16 +100,28 @@ type SeatMember struct {
 	// application's name) when its cold tier is S3; exclusive with
 	// ColdPath.
 	ColdS3 string `json:"coldS3,omitempty"`
+	// ModelCopies: its engine loads the hottest verified copy of its
+	// model on the node (Ollama, llama.cpp, vLLM: orchestra.ModelCopies),
+	// as an application's (SleepConfig.ModelCopies): when it falls asleep
+	// in a pod, the leader asks the node agent of the pod's node for a
+	// copy in the hottest tier it uses (HotTier, WarmTier), and its
+	// sidecar points its next wake at it.
+	ModelCopies bool              `json:"modelCopies,omitempty"`
+	HotTier     v1alpha1.HotTier  `json:"hotTier,omitempty"`
+	WarmTier    v1alpha1.WarmTier `json:"warmTier,omitempty"`
 }
 
 // sleep is the member's sleep as the leader's reports to the node agents
-// read it (reportSleep, reportWake); nil without a node agent.
+// and its copy placements read it (reportSleep, reportWake,
+// placeCopiesOf); nil without a node agent.
 func (m SeatMember) sleep() *SleepConfig {
 	if m.AgentSelector == "" {
 		return nil
 	}
-	return &SleepConfig{Level: m.SleepLevel, AgentSelector: m.AgentSelector, AgentPort: m.AgentPort,
-		ModelCheckpoint: m.ModelCheckpoint, ColdPath: m.ColdPath, ColdS3: m.ColdS3}
+	return &SleepConfig{Level: m.SleepLevel, Level1Tier: m.Level1Tier, AgentSelector: m.AgentSelector, AgentPort: m.AgentPort,
+		ModelCheckpoint: m.ModelCheckpoint, ColdPath: m.ColdPath, ColdS3: m.ColdS3,
+		ModelCopies: m.ModelCopies, HotTier: m.HotTier, WarmTier: m.WarmTier,
+		WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout}}
 }
 
 // Owner identifies the resource events are recorded on.
@@ -310,6 +322,15 @@ func (c Config) Validate(appNames []string) error {
 			}
 			if m.ColdS3 != "" && m.AgentSelector == "" {
 				add("lifecycle.seatGroups[%d] (%s): application %q: coldS3 needs agentSelector", i, g.Name, m.Name)
+			}
+			if m.ModelCopies && m.AgentSelector == "" {
+				add("lifecycle.seatGroups[%d] (%s): application %q: modelCopies needs agentSelector: the node agent places the copies", i, g.Name, m.Name)
+			}
+			if m.HotTier != "" && m.HotTier != v1alpha1.HotTierRAM && m.HotTier != v1alpha1.HotTierNone {
+				add("lifecycle.seatGroups[%d] (%s): application %q: hotTier must be RAM or None, got %q", i, g.Name, m.Name, m.HotTier)
+			}
+			if m.WarmTier != "" && m.WarmTier != v1alpha1.WarmTierDisk && m.WarmTier != v1alpha1.WarmTierNone {
+				add("lifecycle.seatGroups[%d] (%s): application %q: warmTier must be Disk or None, got %q", i, g.Name, m.Name, m.WarmTier)
 			}
 			if m.ColdS3 != "" && m.ColdPath != "" {
 				add("lifecycle.seatGroups[%d] (%s): application %q: coldPath and coldS3 are exclusive: the cold tier is the model cache or S3", i, g.Name, m.Name)

@@ -103,6 +103,8 @@ type seatMember struct {
 	use      usage
 	swaps    int64
 	lastSwap float64
+	// copying is its copy placement under way (placeCopiesOf).
+	copying chan struct{}
 }
 
 // runSeatGroups runs the executors of every sidecar group until ctx ends.
@@ -322,6 +324,10 @@ func (r *seatGroupRun) reportSwap(p *seatPodRun, m *seatMember, ev seatgroup.Eve
 			level = 2
 		}
 		rep.kind, rep.rec = reportSleep, nodeapi.SleepRecord{Key: key, Time: ev.Start, Level: level}
+		// An engine that loads copies of its model finds a copy on the
+		// node at its next wake, placed as an application's are.
+		r.c.placeCopiesOf(r.ctx, copyPlacement{app: ev.App, sleep: sleep, running: &m.copying, done: r.kickNow},
+			[]sidecarRef{sidecarOf(pod, p.sidecars[ev.App].port)})
 	}
 	select {
 	case r.reports <- rep:

@@ -118,6 +118,10 @@ type seatPlaneOptions struct {
 	// node agent's cold tier, its hot and warm tiers the agent's: the
 	// agent can promote their weights ahead of a predicted wake.
 	fromCold map[string]bool
+	// copies are applications (with agent) whose engine loads copies of
+	// its model (SeatMember.ModelCopies): the leader asks the agent for a
+	// copy when they fall asleep.
+	copies map[string]bool
 }
 
 func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, replicas int32, opts ...func(*seatPlaneOptions)) *seatGroupPlane {
@@ -229,6 +233,7 @@ func newSeatGroupPlane(t *testing.T, apps []string, priority map[string]int32, r
 		if o.fromCold[name] {
 			member.SleepLevel, member.ColdPath = 2, name+".bin"
 		}
+		member.ModelCopies = o.copies[name]
 		group.Members = append(group.Members, member)
 		for pi := range addrs {
 			pe := p.podEngines[pi][name]

@@ -83,6 +83,10 @@ func (r *seatGroupRun) memberStatus(m *seatMember) bool {
 	}
 	st.Replicas = int32(len(r.pods))
 	st.ResidentTier = seatMemberTier(st.State, m.cfg.SleepLevel, m.cfg.Level1Tier)
+	if t := copiesTier(readings, oks); m.cfg.ModelCopies && st.State == v1alpha1.LifecycleAsleep && t != "" {
+		// Its sidecars say which copy the next wake reads (at any level).
+		st.ResidentTier = t
+	}
 	if !dm.LastUse.IsZero() {
 		st.LastActiveTime = &metav1.Time{Time: dm.LastUse}
 	}
@@ -115,4 +119,21 @@ func seatMemberTier(state v1alpha1.LifecycleState, level int32, level1 v1alpha1.
 		return restingTier(1, level1, false, nil)
 	}
 	return ""
+}
+
+// copiesTier is the slowest tier the asleep sidecars of a member that
+// loads copies say their next wake reads (GET /state's model), or "" when
+// none says.
+func copiesTier(readings []sidecarapi.Status, oks []bool) v1alpha1.Tier {
+	rank := map[v1alpha1.Tier]int{v1alpha1.TierHot: 0, v1alpha1.TierWarm: 1, v1alpha1.TierCold: 2}
+	var tier v1alpha1.Tier
+	for i, st := range readings {
+		if !oks[i] || st.State != sidecarapi.Asleep || st.Model == nil {
+			continue
+		}
+		if t := st.Model.Tier; t != "" && (tier == "" || rank[t] > rank[tier]) {
+			tier = t
+		}
+	}
+	return tier
 }

@@ -112,13 +112,14 @@ func (c *Controller) adoptSleep(ctx context.Context, a *appState, root *appsv1.S
 
 // adoptsCopies tells whether a new leader asks the node agents for the
 // copy of the model file of engines it takes over asleep (for asleepFor):
-// with model copies and a cold copy to place it from, when the
-// application uses a tier for it (copyTarget), unless the engines have
+// with model copies (the agent places it from the model cache, mounted
+// or through a sidecar), when the application uses a tier for it
+// (copyTarget), unless the engines have
 // slept parkAfter already: then the previous leader demoted the copy to
 // the warm tier, or the next step does, and a hot copy would be evicted
 // as soon as it is placed.
 func (s *SleepConfig) adoptsCopies(asleepFor time.Duration) bool {
-	if !s.ModelCopies || s.ColdPath == "" || s.copyTarget() == "" {
+	if !s.ModelCopies || s.copyTarget() == "" {
 		return false
 	}
 	return s.ParkAfter.Duration <= 0 || asleepFor < s.ParkAfter.Duration

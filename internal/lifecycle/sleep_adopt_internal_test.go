@@ -35,7 +35,7 @@ func TestAdoptsCopies(t *testing.T) {
 		{"after parkAfter", copies(parkAfter(10 * time.Minute)), time.Hour, false},
 		{"no hot tier: the warm copy", copies(func(s *SleepConfig) { s.HotTier = v1alpha1.HotTierNone }), time.Minute, true},
 		{"no tier for a copy", copies(func(s *SleepConfig) { s.HotTier, s.WarmTier = v1alpha1.HotTierNone, v1alpha1.WarmTierNone }), time.Minute, false},
-		{"no cold copy to place it from", copies(func(s *SleepConfig) { s.ColdPath = "" }), time.Minute, false},
+		{"a cache the agent does not mount: through the sidecar", copies(func(s *SleepConfig) { s.ColdPath = "" }), time.Minute, true},
 		{"engines that do not load copies", copies(func(s *SleepConfig) { s.ModelCopies = false }), time.Minute, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

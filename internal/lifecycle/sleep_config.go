@@ -74,10 +74,11 @@ type SleepConfig struct {
 	ColdPath string `json:"coldPath,omitempty"`
 	// ModelCopies: the engines load the hottest verified copy of their
 	// model file on their node (orchestra.ModelCopies: Ollama and
-	// llama.cpp whose model cache the node agent reads at ColdPath). The
-	// leader asks each root's node agent for a copy of ColdPath when the
-	// engines fall asleep and demotes it to warm after ParkAfter
-	// (sleep_copies.go); the sidecars point the engines at it.
+	// llama.cpp). The leader asks each root's node agent for a copy when
+	// the engines fall asleep, from the model cache the agent mounts at
+	// ColdPath or else through a root's sidecar, and demotes it to warm
+	// after ParkAfter (sleep_copies.go); the sidecars point the engines at
+	// it.
 	ModelCopies bool `json:"modelCopies,omitempty"`
 	// HotTier is the application's tiers.hot, resolved by the operator:
 	// empty (RAM), or None when no copy is placed in the hot tier.
@@ -199,8 +200,8 @@ func (s *SleepConfig) validate(i int, a App) []error {
 	if s.ColdPath != "" && s.AgentSelector == "" {
 		add("coldPath needs agentSelector: the node agent places the warm copy")
 	}
-	if s.ModelCopies && s.ColdPath == "" {
-		add("modelCopies needs coldPath: the node agent copies the model file from the model cache")
+	if s.ModelCopies && s.AgentSelector == "" {
+		add("modelCopies needs agentSelector: the node agent places the copies")
 	}
 	if s.HotTier != "" && s.HotTier != v1alpha1.HotTierRAM && s.HotTier != v1alpha1.HotTierNone {
 		add("hotTier must be RAM or None, got %q", s.HotTier)

@@ -157,3 +157,59 @@ func TestEnginesThatUnloadWakeFromTheHottestCopy(t *testing.T) {
 	}
 	wake("warm", v1alpha1.TierWarm, warm)
 }
+
+// TestEnginesLoadCopiesWithoutAReadWriteManyCache: the node agent does not
+// mount the model cache (a ReadWriteOnce claim, which only the engine's
+// pod mounts), so the leader's copy request names the sidecar of the
+// root on the agent's node, and the agent reads the model file from it
+// with the release's caller token, verified against the manifest. The
+// hot copy is placed as the engine falls asleep (residentTier Hot) and the
+// wake opens it; after parkAfter the copy moves to warm and the next wake
+// opens the warm copy.
+func TestEnginesLoadCopiesWithoutAReadWriteManyCache(t *testing.T) {
+	defer lifecycle.SetRefreshEvery(50 * time.Millisecond)()
+	loader := &copyLoader{}
+	copies := func(s *lifecycle.SleepConfig) {
+		s.ModelCopies, s.ColdPath, s.Level1Tier = true, "", v1alpha1.TierCold
+	}
+	p := newSleepPlane(t, planeOptions{sleep: copies, ollama: loader, cacheNotMounted: true})
+	hot, warm := filepath.Join(p.agentHot, ns, "demo-chat"), filepath.Join(p.agentWarm, ns, "demo-chat")
+	asleepIn := func(tier v1alpha1.Tier) {
+		t.Helper()
+		eventually(t, 15*time.Second, func() error {
+			if st := p.e.state(); st.State != v1alpha1.LifecycleAsleep || st.ResidentTier != tier {
+				return fmt.Errorf("state %s in tier %s; want Asleep in %s", st.State, st.ResidentTier, tier)
+			}
+			return nil
+		})
+	}
+	wake := func(prefix string, tier v1alpha1.Tier, path string) {
+		t.Helper()
+		if err := sendBatch(p.client, prefix, 2); err != nil {
+			t.Fatalf("requests sent to the engine asleep in the %s tier were lost or failed:\n%v", tier, err)
+		}
+		p.lastWake(fmt.Sprintf("%d bytes from the %s tier", weightsBytes, tier), func(lw *v1alpha1.WakeStatus) bool {
+			return lw.FromTier == tier && lw.Bytes == weightsBytes
+		})
+		if got, _, wrong := loader.lastLoad(); got != path || wrong != 0 {
+			t.Errorf("the engine's last load opened %s (%d not the model file); want %s", got, wrong, path)
+		}
+	}
+
+	stop := p.startLeader("leader-a", p.config(copies))
+	asleepIn(v1alpha1.TierHot)
+	if c := p.agentMetric(`orchestra_agent_promotions_total{result="ok",tier="Hot"}`); c != 1 {
+		t.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the hot copy placed through the sidecar", c)
+	}
+	b, err := os.ReadFile(filepath.Join(p.agentHot, ns, ".demo-chat.meta.json"))
+	if err != nil || !bytes.Contains(b, []byte(`"sha256":"`)) {
+		t.Errorf("the hot copy's metadata %s (%v); want the manifest's sha256 recorded", b, err)
+	}
+	wake("hot", v1alpha1.TierHot, hot)
+
+	stop()
+	park := func(s *lifecycle.SleepConfig) { copies(s); s.ParkAfter.Duration = 500 * time.Millisecond }
+	p.startLeader("leader-b", p.config(park))
+	asleepIn(v1alpha1.TierWarm)
+	wake("warm", v1alpha1.TierWarm, warm)
+}

@@ -21,13 +21,21 @@ import (
 // hot copy; the next wake reads the warm copy. A request seen meanwhile
 // ends the demotion as a wake.
 func (c *Controller) demote(ctx context.Context, a *appState, root *appsv1.StatefulSet, sidecars []sidecarRef) error {
-	if a.Sleep.ModelCopies {
+	if a.Sleep.ModelCopies && !a.Sleep.keepsRAM() {
 		return c.demoteCopies(ctx, a, sidecars)
 	}
 	start := c.now()
-	// With tiers.warm None the engines mount no warm tier: a warm copy
-	// would only fill the node's disk, so none is asked for.
-	if agents := c.agentsOf(a.Sleep, sidecars); len(agents) > 0 && a.Sleep.usesWarm() {
+	if a.Sleep.keepsRAM() {
+		// vLLM with model copies: the engine frees its own RAM copy by
+		// the level-2 sleep below; its copy moves to warm as for the
+		// engines that unload, unless the application is parked to zero
+		// next, whose wake from zero reads the hot copy.
+		if a.MinReplicas > 0 {
+			c.demoteCopyToWarm(ctx, a, sidecars)
+		}
+	} else if agents := c.agentsOf(a.Sleep, sidecars); len(agents) > 0 && a.Sleep.usesWarm() {
+		// With tiers.warm None the engines mount no warm tier: a warm
+		// copy would only fill the node's disk, so none is asked for.
 		digest := ""
 		for _, r := range c.readStates(ctx, sidecars) {
 			if r.err == nil && r.st.Digest != "" {

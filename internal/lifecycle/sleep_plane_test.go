@@ -110,6 +110,10 @@ type planeOptions struct {
 	// its model file (sleep_copies_test.go); the simulator still answers
 	// the requests.
 	ollama *copyLoader
+	// cacheNotMounted gives the node agent no cold directory (a
+	// ReadWriteOnce model cache only the engine's pod mounts): it copies
+	// the model through the sidecar, which requires the caller token.
+	cacheNotMounted bool
 }
 
 func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
@@ -159,6 +163,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 		}
 		ac.Node.ColdDir = ""
 		ac.Node.ColdS3 = []nodeagent.ColdS3Source{{Name: app, URL: "s3://models/chat/weights.bin", Endpoint: s3.URL(), Credentials: creds}}
+	}
+	if o.cacheNotMounted {
+		ac.Node.ColdDir = ""
 	}
 	ah, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "node"))
 	if err != nil {
@@ -212,6 +219,9 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 	scfg.Sidecar.PollInterval, scfg.Sidecar.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if o.ollama != nil {
 		o.ollama.sidecar(&scfg.Sidecar, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
+	}
+	if o.cacheNotMounted {
+		scfg.Sidecar.CallerTokenFile = p.tokenFile
 	}
 	sh, err := agent.Start(ctx, scfg, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("agent", "sidecar"))
 	if err != nil {

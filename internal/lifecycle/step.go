@@ -86,7 +86,7 @@ func (c *Controller) observeStep(ctx context.Context, a *appState, root *appsv1.
 			AsleepFor: obs.now.Sub(a.sl.asleepAt), SleepHeld: obs.now.Before(a.sl.retryAt), ParkHeld: obs.now.Before(a.sl.parkRetryAt),
 			WakeHeld: obs.now.Before(a.sl.nextTry), RefreshDue: obs.now.Sub(a.sl.refreshed) >= refreshEvery,
 			ResidentTier: a.status.ResidentTier, ExpectedResume: a.status.ExpectedResumeSeconds,
-			Offloads:  !a.Sleep.ModelCopies && (a.Sleep.Level1Tier == "" || a.Sleep.Level1Tier == v1alpha1.TierHot),
+			Offloads:  a.Sleep.keepsRAM() || !a.Sleep.ModelCopies && (a.Sleep.Level1Tier == "" || a.Sleep.Level1Tier == v1alpha1.TierHot),
 			HotCopies: a.Sleep.ModelCopies}
 		o.Parked = st == v1alpha1.LifecycleZero && a.status.Parked != nil
 		if c.sidecarsNeeded(a, o, obs) {

@@ -14,12 +14,16 @@
 //   - node_metrics.go: the node agent's metrics.
 //   - node_snapshot.go: the process snapshot endpoint.
 //   - store.go: Store, the tiers on disk; store_demote.go: demotion and
-//     verification; store_perm.go: the copies' modes and group.
+//     verification; store_perm.go: the copies' modes and group;
+//     store_dir.go: directory copies (vLLM's model), file by file;
+//     store_use.go: marking a copy used, restoring it into an arena.
 //   - plan.go: pure admission and eviction (PlanAdmit).
 //   - predict.go: pure wake prediction and promotion plans.
 //   - promote.go: wake and sleep records, promotion ahead of wakes.
 //   - cold.go: cold sources (the model cache, S3); modelfile.go: a cold
-//     model file verified against the fetcher's manifest.
+//     model file verified against the fetcher's manifest;
+//     sidecar_source.go: the model's files read through an engine's
+//     sidecar where the agent cannot mount the cache.
 //   - tmpfs.go: the hot tier's mount.
 //   - report.go: the node report's probes (criu, the container runtime,
 //     the tiers); noderuntime.go: the node's container runtime.

@@ -18,6 +18,7 @@ import (
 	"github.com/model-orchestra/operator/internal/arena"
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeapi"
+	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // Node is the node role: the hot and warm tiers and the capability report.
@@ -327,10 +328,21 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cold, err := n.coldSource(req.ColdPath, req.ColdS3, req.Digest)
+	if err == nil && req.Sidecar != "" {
+		if cold != nil {
+			err = fmt.Errorf("sidecar %q is exclusive with coldPath and coldS3", req.Sidecar)
+		} else {
+			cold, err = n.sidecarSource(r.Context(), req.Sidecar)
+		}
+	}
 	if err != nil {
 		status := http.StatusBadRequest
-		if errors.Is(err, ErrManifestMismatch) {
+		var sc *sidecarapi.Error
+		switch {
+		case errors.Is(err, ErrManifestMismatch), errors.As(err, &sc) && sc.Status == http.StatusConflict:
 			status = http.StatusConflict // the manifest cannot vouch for the file
+		case errors.As(err, &sc) || errors.Is(err, context.DeadlineExceeded):
+			status = http.StatusBadGateway // the sidecar did not hand the files out
 		}
 		agenthttp.WriteError(w, status, err.Error())
 		return

@@ -64,6 +64,8 @@ type Store struct {
 	admit   sync.Mutex // one admission (plan + apply + write) at a time
 	mu      sync.Mutex // guards entries and noWarm
 	entries map[entryID]*nodeapi.Entry
+	// files are the file lists of the directory copies (store_dir.go).
+	files map[entryID][]nodeapi.CopyFile
 	// noWarm are the keys of applications without a warm tier (SetNoWarm).
 	noWarm map[nodeapi.Key]bool
 	// Evictions counts demotions and drops per tier, for metrics.
@@ -110,7 +112,7 @@ func (s *Store) namespaces(t v1alpha1.Tier) ([]string, error) {
 // OpenStore creates the tier directories and indexes what they already
 // hold. A file without valid metadata (an interrupted copy) is removed.
 func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
-	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*nodeapi.Entry{}, noWarm: map[nodeapi.Key]bool{}}
+	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*nodeapi.Entry{}, files: map[entryID][]nodeapi.CopyFile{}, noWarm: map[nodeapi.Key]bool{}}
 	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
 		root := s.dir(t)
 		if err := os.MkdirAll(root, 0o711); err != nil {
@@ -178,15 +180,25 @@ func (s *Store) scan(t v1alpha1.Tier) error {
 				err = json.Unmarshal(b, &m)
 			}
 			fi, serr := f.Info()
-			if err == nil && serr == nil && fi.Size() == m.Bytes {
+			size := int64(-1)
+			if serr == nil && fi.Mode().IsRegular() && len(m.Files) == 0 {
+				size = fi.Size()
+			}
+			if err == nil && serr == nil && fi.IsDir() && len(m.Files) > 0 {
+				// A directory copy: every listed file with its size.
+				if err = checkDir(s.Path(k, t), m.Files, m.Bytes); err == nil {
+					size = m.Bytes
+				}
+			}
+			if err == nil && serr == nil && size == m.Bytes {
 				// A digest this agent cannot check (an earlier version's
 				// format) makes the copy unverifiable: it goes, and the
 				// next wake reads the model's cold copy.
 				_, err = arena.ParseDigest(m.Digest)
 			}
-			if err != nil || serr != nil || fi.Size() != m.Bytes {
+			if err != nil || serr != nil || size != m.Bytes {
 				s.log.Warn("removing a copy without valid metadata", "tier", t, "key", k.String(), "err", errors.Join(err, serr))
-				_ = os.Remove(s.Path(k, t))
+				_ = os.RemoveAll(s.Path(k, t))
 				_ = os.Remove(s.metaPath(k, t))
 				continue
 			}
@@ -196,7 +208,10 @@ func (s *Store) scan(t v1alpha1.Tier) error {
 					s.log.Warn("a copy keeps its mode and group; engines running as non-root may not read it", "tier", t, "key", k.String(), "err", err)
 				}
 			}
-			s.entries[entryID{k, t}] = &nodeapi.Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt, SHA256: m.SHA256}
+			s.entries[entryID{k, t}] = &nodeapi.Entry{Key: k, Tier: t, Bytes: m.Bytes, Digest: m.Digest, Priority: m.Priority, LastUsed: m.LastUsed, VerifiedAt: m.VerifiedAt, SHA256: m.SHA256, Files: len(m.Files)}
+			if len(m.Files) > 0 {
+				s.files[entryID{k, t}] = m.Files
+			}
 		}
 	}
 	return nil
@@ -331,6 +346,9 @@ type PutRequest struct {
 	// (a cold model file), recorded in the copy's metadata; the source
 	// fails the copy when they do not match.
 	SHA256 string
+	// Files, for a directory copy, lay the bytes out: the listed files'
+	// bytes concatenated in order (store_dir.go). Empty: one file.
+	Files []nodeapi.CopyFile
 }
 
 // Put writes size bytes from src into a tier, making room by the budget
@@ -363,6 +381,23 @@ func (s *Store) write(req PutRequest, src io.Reader) (nodeapi.Entry, error) {
 		return nodeapi.Entry{}, err
 	}
 	path := s.Path(req.Key, req.Tier)
+	if len(req.Files) > 0 {
+		tmp, d, n, err := s.writeDir(dir, req, src)
+		if err != nil {
+			return nodeapi.Entry{}, err
+		}
+		if req.Digest != "" {
+			want, err := arena.ParseDigest(req.Digest)
+			if err == nil && d != want {
+				err = &arena.MismatchError{Source: "the copy into " + string(req.Tier), Want: want, Got: d, Bytes: n}
+			}
+			if err != nil {
+				_ = os.RemoveAll(tmp)
+				return nodeapi.Entry{}, err
+			}
+		}
+		return s.place(req, tmp, path, d, n)
+	}
 	f, err := os.CreateTemp(dir, "."+req.Key.Name+".tmp-*")
 	if err != nil {
 		return nodeapi.Entry{}, fmt.Errorf("creating a temporary file in %s: %w", dir, err)
@@ -400,25 +435,44 @@ func (s *Store) write(req PutRequest, src io.Reader) (nodeapi.Entry, error) {
 	if err := f.Close(); err != nil {
 		return fail(fmt.Errorf("closing %s: %w", tmp, err))
 	}
+	return s.place(req, tmp, path, d, n)
+}
+
+// place records the copy written and verified at tmp (a file, or a
+// directory copy) and renames it into place at path, its metadata first.
+func (s *Store) place(req PutRequest, tmp, path string, d arena.Digest, n int64) (nodeapi.Entry, error) {
 	now := s.now()
-	e := nodeapi.Entry{Key: req.Key, Tier: req.Tier, Bytes: n, Digest: d.String(), Priority: req.Priority, LastUsed: now, VerifiedAt: now, SHA256: req.SHA256}
+	e := nodeapi.Entry{Key: req.Key, Tier: req.Tier, Bytes: n, Digest: d.String(), Priority: req.Priority, LastUsed: now, VerifiedAt: now, SHA256: req.SHA256, Files: len(req.Files)}
+	id := entryID{req.Key, req.Tier}
+	s.mu.Lock()
+	if len(req.Files) > 0 {
+		s.files[id] = req.Files
+	} else {
+		delete(s.files, id)
+	}
+	s.mu.Unlock()
 	if err := s.writeMeta(e); err != nil {
-		_ = os.Remove(tmp)
+		_ = os.RemoveAll(tmp)
 		return nodeapi.Entry{}, err
 	}
+	if fi, err := os.Lstat(path); err == nil && (fi.IsDir() || len(req.Files) > 0) {
+		// A rename replaces a file, not a directory: the copy it
+		// replaces (another model under the same name) goes first.
+		_ = os.RemoveAll(path)
+	}
 	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
+		_ = os.RemoveAll(tmp)
 		return nodeapi.Entry{}, fmt.Errorf("renaming into %s: %w", path, err)
 	}
 	s.mu.Lock()
-	s.entries[entryID{req.Key, req.Tier}] = &e
+	s.entries[id] = &e
 	s.mu.Unlock()
 	s.log.Info("artifact stored", "key", req.Key.String(), "tier", req.Tier, "bytes", n, "digest", e.Digest)
 	return e, nil
 }
 
 func (s *Store) writeMeta(e nodeapi.Entry) error {
-	b, _ := json.Marshal(nodeapi.CopyMeta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt, SHA256: e.SHA256})
+	b, _ := json.Marshal(nodeapi.CopyMeta{Digest: e.Digest, Bytes: e.Bytes, Priority: e.Priority, LastUsed: e.LastUsed, VerifiedAt: e.VerifiedAt, SHA256: e.SHA256, Files: s.filesOf(e.Key, e.Tier)})
 	return s.writeShared(s.metaPath(e.Key, e.Tier), b, e.Tier == v1alpha1.TierWarm)
 }
 
@@ -448,21 +502,22 @@ func (s *Store) apply(plan []nodeapi.Action) error {
 
 // copyTier copies e into tier to, verifying against e's digest.
 func (s *Store) copyTier(e nodeapi.Entry, to v1alpha1.Tier) (nodeapi.Entry, error) {
-	f, err := os.Open(s.Path(e.Key, e.Tier))
+	f, err := s.openCopy(e, false)
 	if err != nil {
 		return nodeapi.Entry{}, err
 	}
 	defer func() { _ = f.Close() }()
-	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest, SHA256: e.SHA256}, f)
+	return s.write(PutRequest{Key: e.Key, Tier: to, Bytes: e.Bytes, Priority: e.Priority, Digest: e.Digest, SHA256: e.SHA256, Files: s.filesOf(e.Key, e.Tier)}, f)
 }
 
 // Remove deletes the copy of k in t.
 func (s *Store) Remove(k nodeapi.Key, t v1alpha1.Tier) error {
 	s.mu.Lock()
 	delete(s.entries, entryID{k, t})
+	delete(s.files, entryID{k, t})
 	s.mu.Unlock()
 	for _, p := range []string{s.Path(k, t), s.metaPath(k, t)} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.RemoveAll(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("removing %s: %w", p, err)
 		}
 	}
@@ -521,49 +576,9 @@ func (s *Store) promote(ctx context.Context, k nodeapi.Key, to v1alpha1.Tier, co
 		return nodeapi.Entry{}, err
 	}
 	defer func() { _ = f.Close() }() // read-only
-	return s.put(PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want, SHA256: manifestSHA256(cold)}, f, keep)
-}
-
-// Touch marks every copy of k as used now (LRU).
-func (s *Store) Touch(k nodeapi.Key) {
-	s.mu.Lock()
-	var touched []nodeapi.Entry
-	for id, e := range s.entries {
-		if id.Key == k {
-			e.LastUsed = s.now()
-			touched = append(touched, *e)
-		}
+	req := PutRequest{Key: k, Tier: to, Bytes: n, Priority: priority, Digest: want, SHA256: manifestSHA256(cold)}
+	if d, ok := cold.(DirSource); ok {
+		req.Files = d.CopyFiles()
 	}
-	s.mu.Unlock()
-	for _, e := range touched {
-		_ = s.writeMeta(e)
-	}
-}
-
-// Restore reads k from the fastest tier holding it into a (which must be
-// e.Bytes long), verifying the bytes. Warm reads bypass the page cache.
-func (s *Store) Restore(k nodeapi.Key, a *arena.Arena) (nodeapi.Entry, arena.FillStats, error) {
-	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
-		e, ok := s.Lookup(k, t)
-		if !ok {
-			continue
-		}
-		want, err := arena.ParseDigest(e.Digest)
-		if err != nil {
-			return e, arena.FillStats{}, err
-		}
-		_, st, err := arena.FillFile(a, s.Path(k, t), arena.FileOptions{Direct: t == v1alpha1.TierWarm, Expect: &want})
-		if err != nil {
-			return e, st, err
-		}
-		s.mu.Lock()
-		if p, ok := s.entries[entryID{k, t}]; ok {
-			p.VerifiedAt, p.LastUsed = s.now(), s.now()
-			e = *p
-		}
-		s.mu.Unlock()
-		_ = s.writeMeta(e)
-		return e, st, nil
-	}
-	return nodeapi.Entry{}, arena.FillStats{}, fmt.Errorf("restoring %s: %w", k, ErrNotFound)
+	return s.put(req, f, keep)
 }

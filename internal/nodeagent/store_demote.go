@@ -73,6 +73,9 @@ func (s *Store) Demote(k nodeapi.Key, want string, priority int32) (nodeapi.Entr
 			return nodeapi.Entry{}, "", fmt.Errorf("demoting %s from the engine's offload: %w", k, ErrDigestRequired)
 		}
 	}
+	if haveHot && hot.Files > 0 {
+		return s.demoteDir(hot, priority)
+	}
 	f, err := os.Open(src)
 	if errors.Is(err, os.ErrNotExist) {
 		return nodeapi.Entry{}, "", fmt.Errorf("demoting %s: %w: neither the store's hot copy nor the engine's offload %s exists", k, ErrNotFound, src)
@@ -139,7 +142,7 @@ func (s *Store) verifyOne(e nodeapi.Entry) nodeapi.Verification {
 		v.Digest, v.Error = cur.Digest, "replaced or removed while verifying"
 		return v
 	}
-	got, err := hashFile(s.Path(e.Key, e.Tier), e.Bytes, e.Tier == v1alpha1.TierWarm)
+	got, err := s.hashCopy(e)
 	want, perr := arena.ParseDigest(e.Digest)
 	switch {
 	case err != nil:

@@ -18,7 +18,8 @@
 // /metrics) stay open to what the NetworkPolicy admits.
 //
 // Files:
-//   - auth.go: TokenFile, Authorize, RequireCaller.
+//   - auth.go: TokenFile, Authorize, RequireCaller, Caller (the token
+//     on any method: the sidecar's GET /model/files).
 //   - client.go: the paths and THE client (Client.Call), which the
 //     lifecycle leader calls every node agent with.
 //   - tiers.go: Tier, Key, Entry, Budgets, the planned Action, and the
@@ -27,8 +28,8 @@
 //   - report.go: NodeReport (GET /report) and what it is made of:
 //     tier, criu, runtime, cold-source, verification and promotion
 //     reports, Bandwidth, Prediction.
-//   - copies.go: CopyMeta, the metadata file beside each copy on disk,
-//     which the sidecar reads.
+//   - copies.go: CopyMeta (with CopyFile for a directory copy), the
+//     metadata file beside each copy on disk, which the sidecar reads.
 package nodeapi
 
 import (
@@ -78,21 +79,31 @@ func mutating(r *http.Request) bool {
 // with the token in f; refuse writes the refusal (status, message).
 func RequireCaller(f TokenFile, next http.Handler, refuse func(w http.ResponseWriter, status int, msg string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !mutating(r) {
+		if !mutating(r) || Caller(f, w, r, refuse) {
 			next.ServeHTTP(w, r)
-			return
 		}
-		want, err := f.Read()
-		if err != nil {
-			refuse(w, http.StatusServiceUnavailable, fmt.Sprintf("%s %s refused: the agent has %v yet", r.Method, r.URL.Path, err))
-			return
-		}
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="orchestra-agent"`)
-			refuse(w, http.StatusUnauthorized, fmt.Sprintf("%s %s refused: only the release's lifecycle leader may call it (Authorization: Bearer <the release's caller token>)", r.Method, r.URL.Path))
-			return
-		}
-		next.ServeHTTP(w, r)
 	})
+}
+
+// Caller checks that r carries the token in f, whatever its method (a
+// read that hands out the model's bytes requires it too); when it does
+// not, it writes the refusal (503 while f has no token, else 401) and
+// returns false.
+func Caller(f TokenFile, w http.ResponseWriter, r *http.Request, refuse func(w http.ResponseWriter, status int, msg string)) bool {
+	want, err := f.Read()
+	if err != nil {
+		refuse(w, http.StatusServiceUnavailable, fmt.Sprintf("%s %s refused: the agent has %v yet", r.Method, r.URL.Path, err))
+		return false
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="orchestra-agent"`)
+		who := "only the release's lifecycle leader may call it"
+		if !mutating(r) {
+			who = "only the release's node agent may read it"
+		}
+		refuse(w, http.StatusUnauthorized, fmt.Sprintf("%s %s refused: %s (Authorization: Bearer <the release's caller token>)", r.Method, r.URL.Path, who))
+		return false
+	}
+	return true
 }

@@ -46,6 +46,10 @@ type Entry struct {
 	// The sidecar points an engine only at a copy whose SHA256 is the
 	// manifest's sha256 of its model file (internal/sidecar's ModelCopies).
 	SHA256 string `json:"sha256,omitempty"`
+	// Files is the number of files of a directory copy (a vLLM model:
+	// each file verified against the manifest's sha256, listed in the
+	// copy's metadata, CopyMeta.Files); 0 for a copy of one file.
+	Files int `json:"files,omitempty"`
 	// Pinned copies are being read or written and are never evicted.
 	Pinned bool `json:"pinned,omitempty"`
 	// Offload marks an engine's level-1 offload (EngineOffloadName) in
@@ -154,6 +158,13 @@ type PromoteRequest struct {
 	// with ColdS3.
 	Digest   string `json:"digest,omitempty"`
 	Priority int32  `json:"priority,omitempty"`
+	// Sidecar is the base URL (http://<pod IP>:<port>) of the sidecar of
+	// an engine on the agent's node, which hands out the model's files
+	// from its model cache (sidecarapi.PathModelFiles): the cold copy
+	// where the agent does not mount the cache. Exclusive with ColdPath
+	// and ColdS3; the agent verifies every byte against the manifest
+	// sha256 the sidecar names (sidecar.go).
+	Sidecar string `json:"sidecar,omitempty"`
 }
 
 // DemoteRequest is the body of POST /demote: move an artifact's weights

@@ -285,7 +285,8 @@ func TestColdPath(t *testing.T) {
 
 // TestModelCopies pins which engines load the hottest verified copy of
 // their model file: Ollama and llama.cpp that sleep outside a seat group
-// with a model file the node agent can read.
+// with a model file the fetcher's manifest vouches for, whatever the
+// cache's access mode.
 func TestModelCopies(t *testing.T) {
 	app := func(engine v1alpha1.Engine, mutate func(*v1alpha1.Application)) v1alpha1.Application {
 		a := v1alpha1.Application{
@@ -306,9 +307,18 @@ func TestModelCopies(t *testing.T) {
 		{"ollama", app(v1alpha1.EngineOllama, nil), true},
 		{"llama.cpp", app(v1alpha1.EngineLlamaCPP, nil), true},
 		{"the simulator reads the tiers itself", app(v1alpha1.EngineSimulator, func(a *v1alpha1.Application) { a.Runtime.Args = []string{"--weights-file=/models/m.gguf"} }), false},
-		{"vllm", app(v1alpha1.EngineVLLM, nil), false},
-		{"ollama, ReadWriteOnce cache: the agent cannot read it", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Cache.AccessMode = corev1.ReadWriteOnce }), false},
-		{"ollama in a seat group", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.Seat = &v1alpha1.SeatSpec{Group: "g"} }), false},
+		{"vllm: its model directory", app(v1alpha1.EngineVLLM, func(a *v1alpha1.Application) { a.Model.File = "llama" }), true},
+		{"vllm: the whole cache", app(v1alpha1.EngineVLLM, func(a *v1alpha1.Application) { a.Model.File = "" }), true},
+		{"multi-node vllm loads the model on every node", app(v1alpha1.EngineVLLM, func(a *v1alpha1.Application) { a.Model.File, a.Runtime.Workers = "", 1 }), false},
+		{"ollama, ReadWriteOnce cache: the agent reads it through the sidecar", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Cache.AccessMode = corev1.ReadWriteOnce }), true},
+		{"llama.cpp, the default cache", app(v1alpha1.EngineLlamaCPP, func(a *v1alpha1.Application) { a.Model.Cache = nil }), true},
+		{"ollama, an existing claim", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Cache.ExistingClaim = "models" }), true},
+		{"ollama, a pvc:// source: no fetcher manifest vouches for a copy", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.Source, a.Model.Cache = "pvc://models/gguf", nil }), false},
+		{"ollama without a model file", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Model.File = "" }), false},
+		{"ollama in a seat group", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.Seat = &v1alpha1.SeatSpec{Group: "g"} }), true},
+		{"vllm in a seat group, without sleepAfter", app(v1alpha1.EngineVLLM, func(a *v1alpha1.Application) {
+			a.Model.File, a.Lifecycle.SleepAfter, a.Lifecycle.Seat = "", nil, &v1alpha1.SeatSpec{Group: "g"}
+		}), true},
 		{"ollama that does not sleep", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) { a.Lifecycle.SleepAfter = nil }), false},
 		{"ollama, cold tier S3", app(v1alpha1.EngineOllama, func(a *v1alpha1.Application) {
 			a.Lifecycle.Tiers = &v1alpha1.CheckpointTiers{Cold: v1alpha1.ColdTierS3}

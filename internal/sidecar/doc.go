@@ -20,7 +20,9 @@
 //   - metrics.go: the sidecar's metrics.
 //   - restart.go: restarting the engine in place (POST /restart).
 //   - modelcopy.go: ModelCopies, pointing the engine at the hottest
-//     verified copy of its model file.
+//     verified copy of its model (a file, or vLLM's directory).
+//   - modelfiles.go: GET /model/files, the model's files handed to the
+//     node agent (with the caller token) where it cannot mount the cache.
 //   - engine.go: the Engine interface, EngineConfig, NewEngine.
 //   - vllm.go, ollama.go, llamacpp.go: one adapter per engine (the
 //     simulator speaks vLLM's API).

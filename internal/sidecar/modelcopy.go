@@ -25,6 +25,8 @@ package sidecar
 // opens the old or the new copy, never a missing file.
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -35,8 +37,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -70,13 +70,14 @@ func (c ModelCopiesConfig) validate(engine string) []error {
 		return nil
 	}
 	var errs []error
-	if engine != sidecarapi.EngineOllama && engine != sidecarapi.EngineLlamaCPP {
-		errs = append(errs, fmt.Errorf("model link: the sidecar points only Ollama and llama.cpp at a copy of their model file (they re-open it at each load), not %s", engine))
+	if engine != sidecarapi.EngineOllama && engine != sidecarapi.EngineLlamaCPP && engine != sidecarapi.EngineVLLM {
+		errs = append(errs, fmt.Errorf("model link: the sidecar points only Ollama and llama.cpp (they re-open their model file at each load) and vLLM (its model directory, read at start and by a level-2 wake's reload_weights) at a copy, not %s", engine))
 	}
 	if !filepath.IsAbs(c.Link) || !filepath.IsAbs(c.ModelDir) {
 		errs = append(errs, fmt.Errorf("model link %q and model dir %q must be absolute paths", c.Link, c.ModelDir))
 	}
-	if f := filepath.Clean(c.File); c.File == "" || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
+	// vLLM's model may be the whole cache (an empty file: the cache's root).
+	if f := filepath.Clean(c.File); (c.File == "" && engine != sidecarapi.EngineVLLM) || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
 		errs = append(errs, fmt.Errorf("model file %q must be a path inside the model dir", c.File))
 	}
 	if (c.HotDir != "" || c.WarmDir != "") && (c.Name == "" || strings.ContainsAny(c.Name, "/\x00") || strings.HasPrefix(c.Name, ".")) {
@@ -107,10 +108,9 @@ func (m *ModelCopies) Choose() (sidecarapi.ModelCopy, error) {
 
 // choose is Choose, with why each faster tier did not qualify.
 func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
-	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
-	want, listed, err := m.manifest()
-	if err != nil {
-		return sidecarapi.ModelCopy{}, nil, err
+	want, listErr := ModelFilesOf(m.cfg.ModelDir, m.cfg.File)
+	if listErr != nil && !errors.Is(listErr, errNotVouched) {
+		return sidecarapi.ModelCopy{}, nil, listErr
 	}
 	var passed []string
 	for _, t := range []struct {
@@ -120,8 +120,8 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 		if t.dir == "" {
 			continue
 		}
-		if !listed {
-			passed = append(passed, fmt.Sprintf("%s: the cache's manifest does not list %s complete with a sha256, so nothing vouches for a copy", t.tier, m.cfg.File))
+		if listErr != nil {
+			passed = append(passed, fmt.Sprintf("%s: nothing vouches for a copy (%v)", t.tier, listErr))
 			continue
 		}
 		c, err := tierCopy(t.dir, m.cfg.Name, want)
@@ -131,37 +131,35 @@ func (m *ModelCopies) choose() (sidecarapi.ModelCopy, []string, error) {
 		}
 		passed = append(passed, fmt.Sprintf("%s: %v", t.tier, err))
 	}
-	fi, err := os.Stat(cold)
-	if err != nil {
-		return sidecarapi.ModelCopy{}, passed, fmt.Errorf("the model file in the cache: %w", err)
-	}
-	return sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size(), SHA256: strings.ToLower(want.SHA256)}, passed, nil
+	c, err := m.cold(want, listErr == nil)
+	return c, passed, err
 }
 
-// manifest is the fetcher's entry of the model file; listed is false when
-// the cache has no complete manifest listing it with a sha256 (then only
-// the cache's file qualifies: nothing vouches for a copy).
-func (m *ModelCopies) manifest() (fetch.ManifestFile, bool, error) {
-	man, err := fetch.ReadManifest(m.cfg.ModelDir)
+// cold is the model in the cache itself; want, when listed, is what the
+// fetcher's manifest records for it.
+func (m *ModelCopies) cold(want sidecarapi.ModelFiles, listed bool) (sidecarapi.ModelCopy, error) {
+	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
+	fi, err := os.Stat(cold)
 	if err != nil {
-		return fetch.ManifestFile{}, false, err
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the model in the cache: %w", err)
 	}
-	if man == nil || !man.Complete {
-		return fetch.ManifestFile{}, false, nil
+	c := sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size()}
+	switch {
+	case fi.IsDir() && listed:
+		c.Bytes, c.Files = want.Bytes(), len(want.Files)
+	case fi.IsDir():
+		c.Bytes = 0 // unknown: no manifest lists the directory's files
+	case listed && !want.Dir:
+		c.SHA256 = want.Files[0].SHA256
 	}
-	rel := filepath.ToSlash(filepath.Clean(m.cfg.File))
-	for _, f := range man.Files {
-		if f.Path == rel && f.SHA256 != "" {
-			return f, true, nil
-		}
-	}
-	return fetch.ManifestFile{}, false, nil
+	return c, nil
 }
 
 // tierCopy is the node agent's copy name in dir when its metadata records
-// the manifest's size and sha256 and the file has that size; the error
-// says why it does not qualify.
-func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, error) {
+// the manifest's files (one file: its size and sha256; a directory: every
+// file of the model with its size and sha256, nothing else) and the copy
+// holds them with those sizes; the error says why it does not qualify.
+func tierCopy(dir, name string, want sidecarapi.ModelFiles) (sidecarapi.ModelCopy, error) {
 	b, err := os.ReadFile(filepath.Join(dir, nodeapi.CopyMetaName(name)))
 	if errors.Is(err, os.ErrNotExist) {
 		return sidecarapi.ModelCopy{}, errors.New("the node agent holds no copy")
@@ -170,13 +168,29 @@ func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, 
 		return sidecarapi.ModelCopy{}, fmt.Errorf("reading the copy's metadata: %w", err)
 	}
 	var md nodeapi.CopyMeta
-	switch err := json.Unmarshal(b, &md); {
-	case err != nil:
+	if err := json.Unmarshal(b, &md); err != nil {
 		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata: %w", err)
-	case md.Bytes != want.Size || md.SHA256 == "" || !strings.EqualFold(md.SHA256, want.SHA256):
-		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata records %d bytes with sha256 %q, the manifest %d bytes with %q", md.Bytes, md.SHA256, want.Size, want.SHA256)
 	}
 	p := filepath.Join(dir, name)
+	if want.Dir {
+		if err := sameFiles(md, want); err != nil {
+			return sidecarapi.ModelCopy{}, err
+		}
+		for _, f := range md.Files {
+			fi, err := os.Stat(filepath.Join(p, filepath.FromSlash(f.Path)))
+			if err != nil {
+				return sidecarapi.ModelCopy{}, err
+			}
+			if !fi.Mode().IsRegular() || fi.Size() != f.Bytes {
+				return sidecarapi.ModelCopy{}, fmt.Errorf("%s in %s is not a regular file of %d bytes", f.Path, p, f.Bytes)
+			}
+		}
+		return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, Files: len(md.Files)}, nil
+	}
+	w := want.Files[0]
+	if len(md.Files) > 0 || md.Bytes != w.Bytes || md.SHA256 == "" || !strings.EqualFold(md.SHA256, w.SHA256) {
+		return sidecarapi.ModelCopy{}, fmt.Errorf("the copy's metadata records %d bytes with sha256 %q, the manifest %d bytes with %q", md.Bytes, md.SHA256, w.Bytes, w.SHA256)
+	}
 	fi, err := os.Stat(p)
 	switch {
 	case err != nil:
@@ -185,6 +199,25 @@ func tierCopy(dir, name string, want fetch.ManifestFile) (sidecarapi.ModelCopy, 
 		return sidecarapi.ModelCopy{}, fmt.Errorf("%s is not a regular file of %d bytes", p, md.Bytes)
 	}
 	return sidecarapi.ModelCopy{Path: p, Bytes: md.Bytes, SHA256: strings.ToLower(md.SHA256)}, nil
+}
+
+// sameFiles reports how a directory copy's recorded files differ from
+// the manifest's files of the model, if they do.
+func sameFiles(md nodeapi.CopyMeta, want sidecarapi.ModelFiles) error {
+	got := map[string]nodeapi.CopyFile{}
+	for _, f := range md.Files {
+		got[f.Path] = f
+	}
+	if len(md.Files) != len(want.Files) {
+		return fmt.Errorf("the copy's metadata lists %d files, the manifest %d", len(md.Files), len(want.Files))
+	}
+	for _, w := range want.Files {
+		g, ok := got[w.Path]
+		if !ok || g.Bytes != w.Bytes || !strings.EqualFold(g.SHA256, w.SHA256) {
+			return fmt.Errorf("the copy's metadata records %s as %d bytes with sha256 %q, the manifest %d bytes with %q", w.Path, g.Bytes, g.SHA256, w.Bytes, w.SHA256)
+		}
+	}
+	return nil
 }
 
 // Point points the link at the hottest qualifying copy and returns it.
@@ -211,14 +244,10 @@ func (m *ModelCopies) PassedOver() string {
 // PointCold points the link at the model cache's file, whatever the tiers
 // hold: the fallback of a wake that could not load a tier's copy.
 func (m *ModelCopies) PointCold() (sidecarapi.ModelCopy, error) {
-	cold := filepath.Join(m.cfg.ModelDir, m.cfg.File)
-	fi, err := os.Stat(cold)
-	if err != nil {
-		return sidecarapi.ModelCopy{}, fmt.Errorf("the model file in the cache: %w", err)
-	}
-	c := sidecarapi.ModelCopy{Tier: v1alpha1.TierCold, Path: cold, Bytes: fi.Size()}
-	if want, listed, err := m.manifest(); err == nil && listed {
-		c.SHA256 = strings.ToLower(want.SHA256)
+	want, err := ModelFilesOf(m.cfg.ModelDir, m.cfg.File)
+	c, cerr := m.cold(want, err == nil)
+	if cerr != nil {
+		return c, cerr
 	}
 	return c, m.point(c)
 }
@@ -291,6 +320,17 @@ func withModelCopies(engine Engine, copies *ModelCopies, log *slog.Logger) Engin
 // timeout) says nothing about the copy: that wake fails as it is, the link
 // stays on the copy, and the caller's next attempt loads it.
 func (e *copyEngine) Wake(ctx context.Context) error {
+	if !e.readsCopy() {
+		// vLLM after a level-1 sleep: its weights come back from its own
+		// CPU RAM (the offload inside its process); no copy is read.
+		if err := e.Engine.Wake(ctx); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		e.last = &sidecarapi.Transfer{Tier: v1alpha1.TierHot}
+		e.mu.Unlock()
+		return nil
+	}
 	c, err := e.copies.Point()
 	if err != nil {
 		return err
@@ -319,7 +359,7 @@ func (e *copyEngine) Wake(ctx context.Context) error {
 	// Every candidate was verified against the fetcher's manifest sha256:
 	// a hot or warm copy by the node agent as it copied it (and by its
 	// periodic re-hash since), the cache's file by the fetcher.
-	e.last = &sidecarapi.Transfer{Tier: c.Tier, Bytes: c.Bytes, Verified: c.SHA256 != ""}
+	e.last = &sidecarapi.Transfer{Tier: c.Tier, Bytes: c.Bytes, Verified: c.SHA256 != "" || c.Files > 0}
 	e.mu.Unlock()
 	return nil
 }
@@ -345,16 +385,43 @@ func (e *copyEngine) LastTransfer() *sidecarapi.Transfer {
 }
 
 // ModelCopy implements ModelCopyReporter: awake, the copy the engine
-// loaded; otherwise the copy its next wake will load.
+// loaded; otherwise the copy its next wake will load, or, for vLLM asleep
+// at level 1, its own RAM (tier hot, no path: the offload inside its
+// process, of the loaded copy's size).
 func (e *copyEngine) ModelCopy(awake bool) *sidecarapi.ModelCopy {
 	if awake {
 		return e.copies.Current()
+	}
+	if !e.readsCopy() {
+		c := sidecarapi.ModelCopy{Tier: v1alpha1.TierHot}
+		if cur := e.copies.Current(); cur != nil {
+			c.Bytes = cur.Bytes
+		}
+		return &c
 	}
 	c, err := e.copies.Choose()
 	if err != nil {
 		return e.copies.Current()
 	}
 	return &c
+}
+
+// WeightsReloader is implemented by engines whose wake loads their
+// weights from their model's files only after some sleeps: vLLM re-reads
+// its --model directory (reload_weights) after a level-2 sleep, and
+// restores its own CPU RAM copy after a level-1 sleep.
+type WeightsReloader interface {
+	// ReloadsWeights reports whether the next wake reads the model's
+	// files.
+	ReloadsWeights() bool
+}
+
+// readsCopy reports whether the engine's next wake reads the copy the
+// link points at (always, for engines that load their model at each
+// wake: Ollama, llama.cpp).
+func (e *copyEngine) readsCopy() bool {
+	r, ok := e.Engine.(WeightsReloader)
+	return !ok || r.ReloadsWeights()
 }
 
 // ModelCopyReporter is implemented by engines the sidecar points at a

@@ -31,5 +31,5 @@ func Start(ctx context.Context, cfg Config, reg *prometheus.Registry, log *slog.
 	}
 	sidecar := New(cfg, engine, reg, log)
 	go sidecar.Watch(ctx, max(cfg.PollInterval, time.Second))
-	return sidecar.Handler(reg), nil
+	return withModelFiles(sidecar.Handler(reg), cfg.Model, cfg.CallerTokenFile), nil
 }

@@ -49,6 +49,18 @@ func transferOf(b []byte) *sidecarapi.Transfer {
 	return nil
 }
 
+// ReloadsWeights implements WeightsReloader: after a level-2 sleep the
+// wake reloads the weights from the --model path (POST /collective_rpc
+// {"method":"reload_weights"}, which reads the model's files again: with
+// model copies the sidecar's link, pointed at the hottest verified copy
+// just before); after a level-1 sleep they come back from vLLM's own CPU
+// RAM.
+func (v *VLLM) ReloadsWeights() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.level == 2
+}
+
 // Name implements Engine.
 func (v *VLLM) Name() string { return v.kind }
 

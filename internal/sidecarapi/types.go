@@ -16,11 +16,15 @@
 //	                     501 when the engine cannot be restarted in place
 //	GET  /readyz         200 only when Awake (the engine container's readiness)
 //	GET  /healthz        200 while the sidecar runs
+//	GET  /model/files[/{path}]  with model copies: the model's files, for the node agent
+//	                     (caller token required; modelfiles.go)
 //
 // Files:
 //   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
 //   - engines.go: the engine kinds.
 //   - client.go: Client, Error, ErrConflict.
+//   - modelfiles.go: ModelFiles, GET /model/files and the client's
+//     ModelFiles and OpenModelFile.
 package sidecarapi
 
 import (
@@ -132,7 +136,8 @@ type Status struct {
 	LastRestart *RestartReport `json:"lastRestart,omitempty"`
 }
 
-// ModelCopy is one copy of an engine's model file on its node.
+// ModelCopy is one copy of an engine's model (a file, or vLLM's
+// directory) on its node.
 type ModelCopy struct {
 	// Tier is Hot (the node agent's RAM tier), Warm (its disk tier) or
 	// Cold (the model cache).
@@ -142,8 +147,11 @@ type ModelCopy struct {
 	// Bytes is the file's size.
 	Bytes int64 `json:"bytes"`
 	// SHA256 is the fetcher's manifest sha256 the copy was verified
-	// against (empty when the manifest lists none).
+	// against (empty when the manifest lists none, and for a directory).
 	SHA256 string `json:"sha256,omitempty"`
+	// Files is the number of files of a model directory (vLLM's), each
+	// verified against the manifest's sha256; 0 for one model file.
+	Files int `json:"files,omitempty"`
 }
 
 // Restart routes (RestartReport.Via).

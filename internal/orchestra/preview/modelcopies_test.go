@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/utils/ptr"
 )
 
@@ -45,6 +46,10 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 		s := apps[app].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)
 		s["coldPath"], s["modelCopies"] = app+"/"+file, true
 	}
+	// vLLM's model directory (the whole cache: no model.file), on a cache
+	// the agent does not mount: no coldPath, its copies come through the
+	// sidecar.
+	apps["vllm"].(map[string]any)["lifecycle"].(map[string]any)["sleep"].(map[string]any)["modelCopies"] = true
 	const group = 5005 // global.agent.copyGroup, not the default
 	vals["global"].(map[string]any)["agent"].(map[string]any)["copyGroup"] = group
 	objs := renderObjects(t, vals)
@@ -130,11 +135,52 @@ func TestEnginesLoadTheHottestCopy(t *testing.T) {
 	objs.get(t, "StatefulSet", "x-llama", &sts)
 	if llama := container(t, sts.Spec.Template.Spec, "engine"); len(llama.Command) < 3 || !strings.Contains(llama.Command[2], "until [ -e /var/run/model-orchestra/link/model ]") {
 		t.Errorf("llama.cpp command %q; want it to wait for the link", llama.Command)
+	} else if args := strings.Join(llama.Args, " "); !strings.Contains(args, "--models-preset /etc/orchestra/llama/models.ini") || !strings.Contains(args, "--port 8080") {
+		// The wrapper passes the server's arguments on ("$@").
+		t.Errorf("llama.cpp args %q; want the server's own (its router's preset, its port)", llama.Args)
+	}
+
+	// vLLM loads its model directory through the link, once the sidecar
+	// placed it; its sidecar serves the files the agent copies.
+	objs.get(t, "StatefulSet", "x-vllm", &sts)
+	vpod := sts.Spec.Template.Spec
+	vllm, vseat := container(t, vpod, "engine"), container(t, vpod, "sidecar")
+	if len(vllm.Command) < 3 || !strings.Contains(vllm.Command[2], "until [ -e /var/run/model-orchestra/link/model ]") || !slices.Contains(vllm.Args, "--model=/var/run/model-orchestra/link/model") {
+		t.Errorf("vllm command %q args %q; want it to wait for the link and load --model from it", vllm.Command, vllm.Args)
+	}
+	for _, m := range tierMounts {
+		if !slices.Contains(vllm.VolumeMounts, m) || !slices.Contains(vseat.VolumeMounts, m) {
+			t.Errorf("vllm: engine mounts %+v, seat %+v; want both %+v", vllm.VolumeMounts, vseat.VolumeMounts, m)
+		}
+	}
+	for _, a := range []string{"--engine=vllm", "--model-link=/var/run/model-orchestra/link/model", "--model-dir=/models", "--model-file=", "--copy-name=x-vllm"} {
+		if !slices.Contains(vseat.Args, a) {
+			t.Errorf("vllm: seat args %q; want %s", vseat.Args, a)
+		}
+	}
+	for _, m := range agent.VolumeMounts {
+		if m.Name == "cold-vllm" {
+			t.Errorf("the agent mounts vllm's cache %+v; its copies come through the sidecar", m)
+		}
+	}
+	// The agents reach the sidecars' ports, to read the model's files.
+	var np networkingv1.NetworkPolicy
+	objs.get(t, "NetworkPolicy", "x-engines", &np)
+	agentIn := false
+	for _, rule := range np.Spec.Ingress {
+		for _, from := range rule.From {
+			if from.PodSelector != nil && from.PodSelector.MatchLabels["app.kubernetes.io/component"] == "checkpoint-agent" {
+				agentIn = len(rule.Ports) == 1 && rule.Ports[0].Port != nil && rule.Ports[0].Port.IntValue() == 9300
+			}
+		}
+	}
+	if !agentIn {
+		t.Errorf("the engines' NetworkPolicy %+v does not admit the node agents to the sidecar's port 9300 only", np.Spec.Ingress)
 	}
 
 	var cfgMap corev1.ConfigMap
 	objs.get(t, "ConfigMap", "x-dispatcher", &cfgMap)
-	if cfg := cfgMap.Data["dispatcher.yaml"]; strings.Count(cfg, "modelCopies: true") != 2 {
+	if cfg := cfgMap.Data["dispatcher.yaml"]; strings.Count(cfg, "modelCopies: true") != 3 {
 		t.Errorf("dispatcher configuration has %d modelCopies; want one per application:\n%s", strings.Count(cfg, "modelCopies: true"), cfg)
 	}
 }

@@ -85,14 +85,16 @@ func TestSeatGroupSidecarsCanRestartTheirEngines(t *testing.T) {
 		// The seat runs as its engine's user and group: our Ollama image's
 		// 65532 (code), the upstream images' root (chat: vLLM, summarise:
 		// llama.cpp), whose user the engine container leaves to its image.
+		// Each engine loads copies of its model, so both run with the
+		// copies' group (64000), which reads the node agent's tiers.
 		sc, esc := seat.SecurityContext, engine.SecurityContext
-		wantUser := map[string]int64{"code": 65532}[app]
-		if sc == nil || !cmp.Equal(sc.RunAsUser, &wantUser) || !cmp.Equal(sc.RunAsGroup, &wantUser) {
-			t.Errorf("sidecar-%s must run as its engine's user and group %d: seat %+v", app, wantUser, sc)
+		wantUser, wantGroup := map[string]int64{"code": 65532}[app], int64(64000)
+		if sc == nil || !cmp.Equal(sc.RunAsUser, &wantUser) || !cmp.Equal(sc.RunAsGroup, &wantGroup) {
+			t.Errorf("sidecar-%s must run as its engine's user %d and group %d: sidecar %+v", app, wantUser, wantGroup, sc)
 			continue
 		}
-		if wantUser == 0 && (esc.RunAsUser != nil || esc.RunAsGroup != nil) || wantUser != 0 && (!cmp.Equal(esc.RunAsUser, &wantUser) || !cmp.Equal(esc.RunAsGroup, &wantUser)) {
-			t.Errorf("engine-%s runs as user %v group %v; want its sidecar's %d (unset: the image's root)", app, esc.RunAsUser, esc.RunAsGroup, wantUser)
+		if wantUser == 0 && (esc.RunAsUser != nil || !cmp.Equal(esc.RunAsGroup, &wantGroup)) || wantUser != 0 && (!cmp.Equal(esc.RunAsUser, &wantUser) || !cmp.Equal(esc.RunAsGroup, &wantGroup)) {
+			t.Errorf("engine-%s runs as user %v group %v; want its sidecar's %d (unset: the image's root) and group %d", app, esc.RunAsUser, esc.RunAsGroup, wantUser, wantGroup)
 		}
 		if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
 			t.Errorf("sidecar-%s: want no privilege escalation and every capability dropped, got %+v", app, sc)
@@ -140,8 +142,9 @@ func podSecurity(t *testing.T, level psapi.Level, spec *corev1.PodSpec) []string
 // pods from the restricted level is known and unchanged: the vLLM and
 // llama.cpp engines, and the seats that restart them, run as the upstream
 // images' root user (with every capability dropped; Ollama and its sidecar
-// run as 65532), and the simulators mount the node agent's
-// tier directories (hostPath, which also rules out baseline). The same pod
+// run as 65532), and the simulators and the engines that load copies of
+// their model mount the node agent's tier directories (hostPath, which also
+// rules out baseline). The same pod
 // with every container run as a non-root user passes the restricted level
 // but for those volumes.
 func TestSeatGroupPodSecurity(t *testing.T) {
@@ -154,7 +157,9 @@ func TestSeatGroupPodSecurity(t *testing.T) {
 		spec    corev1.PodSpec
 		volumes []string // forbidden for the pod's volumes, whatever its users
 	}{
-		{"vllm, ollama, llamacpp", gpu.Spec.Template.Spec, nil},
+		// Engines that load copies of their model mount the agent's
+		// tiers, as the simulators do.
+		{"vllm, ollama, llamacpp", gpu.Spec.Template.Spec, tierVolumes},
 		{"simulators", simSeatGroupPod(t), tierVolumes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

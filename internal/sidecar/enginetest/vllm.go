@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 )
@@ -22,6 +24,30 @@ import (
 //     garbage weights.
 //
 // Once crashed, every request's connection is dropped.
+//
+// The requests, as vLLM's sleep-mode documentation (docs/features/
+// sleep_mode.md, "Online Serving") gives them:
+//
+//	curl -X POST 'http://localhost:8000/sleep?level=1'
+//	curl -X POST 'http://localhost:8000/wake_up'
+//
+//	curl -X POST 'http://localhost:8000/sleep?level=2'
+//	# Reallocate weights memory only
+//	curl -X POST 'http://localhost:8000/wake_up?tags=weights'
+//	# Load weights in-place
+//	curl -X POST 'http://localhost:8000/collective_rpc' -H 'Content-Type: application/json' -d '{"method":"reload_weights"}'
+//	# Reallocate KV cache
+//	curl -X POST 'http://localhost:8000/wake_up?tags=kv_cache'
+//
+// and "GET /is_sleeping — Check if the model is sleeping" ({"is_sleeping":
+// bool}, true "until all sleeping memory tags are restored"). Level 1
+// backs the weights up in CPU memory; level 2 discards them, and
+// reload_weights loads them in place from the model path vLLM was started
+// with (the model runner's model_loader.load_weights(model,
+// model_config=...), model_config.model being --model). With SetModel the
+// fake reads that path at each reload_weights: every *.safetensors file
+// of the directory (following a symlink, as Python's open does), and
+// fails the call as vLLM would when it cannot.
 type VLLM struct {
 	srv *httptest.Server
 
@@ -33,6 +59,47 @@ type VLLM struct {
 	inFlight     int
 	crashed      string
 	calls        []string
+	model        string   // the --model path reload_weights reads ("": not read)
+	reloads      []Reload // what each reload_weights read
+}
+
+// Reload is one reload_weights: the directory the model path resolved to
+// and the bytes of the safetensors files read from it.
+type Reload struct {
+	Dir   string
+	Bytes int64
+}
+
+// SetModel makes reload_weights read the model directory at path.
+func (v *VLLM) SetModel(path string) { v.mu.Lock(); v.model = path; v.mu.Unlock() }
+
+// Reloads lists what each reload_weights read.
+func (v *VLLM) Reloads() []Reload {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]Reload(nil), v.reloads...)
+}
+
+// readModel reads the safetensors files of the model directory at path,
+// resolved.
+func readModel(path string) (Reload, error) {
+	dir, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return Reload{}, err
+	}
+	shards, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	if err != nil || len(shards) == 0 {
+		return Reload{}, fmt.Errorf("no *.safetensors in %s (%v)", dir, err)
+	}
+	r := Reload{Dir: dir}
+	for _, s := range shards {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			return Reload{}, err
+		}
+		r.Bytes += int64(len(b))
+	}
+	return r, nil
 }
 
 // ModelName is the model the fake vLLM serves (GET /v1/models).
@@ -125,6 +192,14 @@ func (v *VLLM) serve(w http.ResponseWriter, r *http.Request) {
 		if !v.weightsAwake {
 			http.Error(w, "weights are asleep", http.StatusInternalServerError)
 			return
+		}
+		if v.model != "" {
+			r, err := readModel(v.model)
+			if err != nil {
+				http.Error(w, `{"error":{"message":"reload_weights: `+strings.ReplaceAll(err.Error(), `"`, `'`)+`"}}`, http.StatusInternalServerError)
+				return
+			}
+			v.reloads = append(v.reloads, r)
 		}
 		v.weightsValid = true
 		writeJSON(w, map[string]any{"results": []any{nil}})

@@ -259,13 +259,15 @@ lifecycle:
 name: {{ default "engine" .engineContainer }}
 image: {{ include "mo.engineImage" . | quote }}
 imagePullPolicy: {{ default "IfNotPresent" $rt.imagePullPolicy }}
-{{- if and (eq $rt.engine "llamacpp") (include "mo.modelCopies" .) }}
+{{- if eq $rt.engine "llamacpp" }}
+{{- if include "mo.modelCopies" . }}
 {{- /* The preset's model path is the sidecar's link to the hottest verified
 copy of the model file (mo.modelCopies): the server starts once the link
-exists. */}}
+exists, with the same arguments. */}}
 command: ["/bin/sh", "-c", "until [ -e /var/run/model-orchestra/link/model ]; do sleep 0.2; done; exec /app/llama-server \"$@\"", "llama-server"]
-{{- else if eq $rt.engine "llamacpp" }}
+{{- else }}
 command: ["/app/llama-server"]
+{{- end }}
 {{- /* llama.cpp's argument parser takes each value as the next argument:
 it refuses --flag=value ("invalid argument"). A sleeping application's
 server runs in router mode, which the sidecar unloads and loads
@@ -338,7 +340,12 @@ args:
   - {{ . | quote }}
   {{- end }}
 {{- else if eq $rt.engine "vllm" }}
-{{- $vargs := list "--host=0.0.0.0" (printf "--port=%d" $port) (printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/") (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
+{{- /* With model copies (mo.modelCopies) --model is the sidecar's link to the
+hottest verified copy of the model directory, which vLLM reads at start and
+at a level-2 wake's reload_weights. */}}
+{{- $vmodel := printf "--model=/models/%s" (default "" $m.file) | trimSuffix "/" }}
+{{- if include "mo.modelCopies" . }}{{ $vmodel = "--model=/var/run/model-orchestra/link/model" }}{{ end }}
+{{- $vargs := list "--host=0.0.0.0" (printf "--port=%d" $port) $vmodel (printf "--served-model-name=%s" $served) (printf "--max-num-seqs=%d" (int $sv.maxConcurrency)) }}
 {{- with $sv.contextLength }}{{ $vargs = append $vargs (printf "--max-model-len=%d" (int .)) }}{{ end }}
 {{- $gpus := int (default 0 $rt.gpu.count) }}
 {{- if gt $gpus 1 }}{{ $vargs = append $vargs (printf "--tensor-parallel-size=%d" $gpus) }}{{ end }}
@@ -360,6 +367,13 @@ args:
     until [ "$(python3 -c 'import ray; ray.init(address="auto", logging_level="ERROR"); print(sum(1 for n in ray.nodes() if n["Alive"]))')" -ge {{ add1 $workers }} ]; do sleep 5; done
     exec python3 -m vllm.entrypoints.openai.api_server "$@"
   - vllm
+  {{- range $vargs }}
+  - {{ . | quote }}
+  {{- end }}
+{{- else if include "mo.modelCopies" . }}
+{{- /* The server starts once the sidecar placed the link. */}}
+command: ["/bin/sh", "-c", "until [ -e /var/run/model-orchestra/link/model ]; do sleep 0.2; done; exec python3 -m vllm.entrypoints.openai.api_server \"$@\"", "vllm"]
+args:
   {{- range $vargs }}
   - {{ . | quote }}
   {{- end }}
@@ -581,12 +595,13 @@ volumeMounts:
 {{- end -}}
 
 {{/* "true" when the engine loads the hottest verified copy of its model
-file on its node (the operator's lifecycle.sleep.modelCopies: Ollama and
-llama.cpp outside seat groups, with a model cache the node agent reads):
+on its node (the operator's lifecycle.sleep.modelCopies: Ollama and
+llama.cpp, their GGUF, and single-node vLLM, its model directory, also as
+members of a seat group, with a fetched model cache of any access mode):
 the sidecar points the link /var/run/model-orchestra/link/model at the node
 agent's hot copy, else its warm copy, else the model cache. Empty otherwise. */}}
 {{- define "mo.modelCopies" -}}
-{{- if and .sleep .sleep.modelCopies (not .seatGroup) }}true{{ end -}}
+{{- if and .sleep .sleep.modelCopies }}true{{ end -}}
 {{- end -}}
 
 {{/* The mounts of the engine and its sidecar with model copies: the
@@ -601,7 +616,7 @@ writes them) and the link's directory, an emptyDir the sidecar writes. */}}
   mountPath: /var/run/model-orchestra/warm
   readOnly: true
 {{- end }}
-- name: model-link
+- name: model-link{{ default "" .volumeSuffix }}
   mountPath: /var/run/model-orchestra/link
 {{- end -}}
 
@@ -691,7 +706,7 @@ volumeMounts:
     readOnly: true
   {{- end }}
   {{- if include "mo.modelCopies" . }}
-  - name: model
+  - name: model{{ default "" .volumeSuffix }}
     mountPath: /models
     readOnly: true
   {{- include "mo.modelCopyMounts" . | nindent 2 }}
@@ -703,28 +718,30 @@ volumeMounts:
 their open files, which the kernel allows without any capability only to a
 process of the same user and group: the sidecar runs as the engine's user and
 group (mo.engineUserContext: 65532 for Ollama, or runtime.runAsUser and
-runAsGroup), with every capability dropped like the engine. Where the
+runAsGroup), with every capability dropped like the engine; with model
+copies it reads the agent's tiers as a member of the copies' group (the
+engine's group, or the pod's supplementary group). Where the
 engine runs as its image's user (vLLM and llama.cpp without
 runtime.runAsUser: the upstream images' root), the sidecar runs as root,
-root's group, without any capability either. */}}
+with the engine's group (root's, or the copies' group with model copies),
+without any capability either. */}}
 securityContext:
   {{- if $engineUser }}
-  {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec) | trim | nindent 2 }}
+  {{- include "mo.engineUserContext" (dict "root" .root "spec" .spec "sleep" .sleep) | trim | nindent 2 }}
   {{- if not (include "mo.nonRootEngine" .) }}
   readOnlyRootFilesystem: true
   {{- end }}
   {{- else }}
   runAsUser: 0
-  runAsGroup: 0
+  runAsGroup: {{ default 0 (include "mo.engineGroup" (dict "root" .root "spec" .spec "sleep" .sleep)) }}
   runAsNonRoot: false
   readOnlyRootFilesystem: true
   {{- include "mo.engineSecurityContext" .root | nindent 2 }}
   {{- end }}
 {{- else }}
-{{- /* Else it runs as our image's user; with model copies (never in a seat
-group) it reads the node agent's tier directories and the copies' metadata
-as a member of their group (global.agent.copyGroup, a supplementary group
-of the pod). */}}
+{{- /* Else it runs as our image's user; with model copies it reads the
+node agent's tier directories and the copies' metadata as a member of their
+group (global.agent.copyGroup, a supplementary group of the pod). */}}
 securityContext:
   runAsUser: 65532
   runAsGroup: 65532
