@@ -215,7 +215,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 
 	// The sidecar.
 	scfg := agent.Default()
-	scfg.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
+	scfg.Sidecar.Engine = sidecar.EngineConfig{Kind: v1alpha1.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
 	scfg.Sidecar.PollInterval, scfg.Sidecar.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if o.ollama != nil {
 		o.ollama.sidecar(&scfg.Sidecar, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))

@@ -90,8 +90,8 @@ type Transfer struct {
 
 // Status is the body of GET /state.
 type Status struct {
-	State  State  `json:"state"`
-	Engine string `json:"engine"`
+	State  State           `json:"state"`
+	Engine v1alpha1.Engine `json:"engine"`
 	// Level is the sleep level while not Awake.
 	Level     int         `json:"level,omitempty"`
 	Since     time.Time   `json:"since"`
