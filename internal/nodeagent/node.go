@@ -305,13 +305,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		n.updateGauges()
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", agenthttp.MetricsHandler(reg))
-	if n.cfg.CallerTokenFile == "" {
-		n.log.Warn("no --caller-token-file: the agent's mutating endpoints accept any caller the network lets through")
-		return mux
-	}
-	return nodeapi.RequireCaller(nodeapi.TokenFile(n.cfg.CallerTokenFile), mux, agenthttp.WriteError)
+	return agenthttp.Finish(mux, reg, n.cfg.CallerTokenFile, n.log, "the agent's")
 }
 
 func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
