@@ -200,9 +200,7 @@ func (c Config) Defaulted() Config {
 			if m.SleepLevel == 0 {
 				m.SleepLevel = v1alpha1.DefaultSleepLevel
 			}
-			if m.AgentPort == 0 {
-				m.AgentPort = DefaultAgentPort
-			}
+			m.AgentPort = agentPortOrDefault(m.AgentPort)
 		}
 	}
 	return c

@@ -17,6 +17,16 @@ import (
 // none.
 const DefaultAgentPort = 9301
 
+// agentPortOrDefault is the node agent's port p, or DefaultAgentPort when
+// p is 0: the one default of every agentPort (an application's sleep and a
+// seat group member's).
+func agentPortOrDefault(p int32) int32 {
+	if p == 0 {
+		return DefaultAgentPort
+	}
+	return p
+}
+
 // DefaultSidecarPort is the per-engine sidecar's port in a root pod when
 // the configuration names none (the chart's mo.sidecarPort).
 const DefaultSidecarPort = 9300
@@ -128,9 +138,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 	if d.SidecarPort == 0 {
 		d.SidecarPort = DefaultSidecarPort
 	}
-	if d.AgentPort == 0 {
-		d.AgentPort = DefaultAgentPort
-	}
+	d.AgentPort = agentPortOrDefault(d.AgentPort)
 	if d.SLO.ResumeRAMSeconds == 0 {
 		d.SLO.ResumeRAMSeconds = v1alpha1.DefaultResumeRAMSeconds
 	}
