@@ -388,12 +388,14 @@ func agentHistory(warmDir, name string) (nodeagent.WakeHistory, error) {
 func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
 	s := &lifecycle.SleepConfig{
 		After: metav1.Duration{Duration: 300 * time.Millisecond}, Level: 1,
-		SidecarPort:     port(p.e.t, p.sidecar),
-		AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
-		AgentPort:       port(p.e.t, p.agent),
-		ModelCheckpoint: "demo-chat",
-		ColdPath:        "weights.bin",
-		WakeTimeout:     metav1.Duration{Duration: 20 * time.Second},
+		SidecarPort: port(p.e.t, p.sidecar),
+		Weights: lifecycle.Weights{
+			AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
+			AgentPort:       port(p.e.t, p.agent),
+			ModelCheckpoint: "demo-chat",
+			ColdPath:        "weights.bin",
+		},
+		WakeTimeout: metav1.Duration{Duration: 20 * time.Second},
 	}
 	if mut != nil {
 		mut(s)
