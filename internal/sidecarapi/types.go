@@ -21,7 +21,6 @@
 //
 // Files:
 //   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
-//   - engines.go: the engine kinds.
 //   - client.go: Client, Error, ErrConflict.
 //   - modelfiles.go: ModelFiles, GET /model/files and the client's
 //     ModelFiles and OpenModelFile.
