@@ -1,5 +1,5 @@
 // Package sidecarapi is the wire protocol of the per-engine sidecar
-// (orchestra-agent --role sidecar, internal/sidecar): the engine kinds, the
+// (orchestra-agent --role sidecar, internal/sidecar): the
 // states and the status it reports, and the one client the lifecycle
 // leader and the seat groups drive it with. Both sides import it; it
 // imports nothing of either.
