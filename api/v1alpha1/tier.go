@@ -1,6 +1,38 @@
 package v1alpha1
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
+
+// tierOrder is the one speed order of the tiers, fastest first.
+var tierOrder = [...]Tier{TierAccelerator, TierHot, TierWarm, TierCold}
+
+// nodeTiers are the tiers a node agent stores copies in, fastest first:
+// Hot (node RAM) and Warm (node-local disk).
+var nodeTiers = [...]Tier{TierHot, TierWarm}
+
+// Tiers returns every tier, fastest first.
+func Tiers() []Tier { return slices.Clone(tierOrder[:]) }
+
+// NodeTiers returns the tiers a node agent stores copies in, fastest
+// first: Hot and Warm.
+func NodeTiers() []Tier { return slices.Clone(nodeTiers[:]) }
+
+// OnNode reports whether t is a tier a node agent stores copies in.
+func (t Tier) OnNode() bool { return slices.Contains(nodeTiers[:], t) }
+
+// SlowerThan reports whether t is slower than u in the speed order
+// Accelerator, Hot, Warm, Cold. A value that names no tier (one of a
+// later release) counts as slower than every tier.
+func (t Tier) SlowerThan(u Tier) bool { return t.rank() > u.rank() }
+
+func (t Tier) rank() int {
+	if i := slices.Index(tierOrder[:], t); i >= 0 {
+		return i
+	}
+	return len(tierOrder)
+}
 
 // UnmarshalText reads a tier case-insensitively: "hot" is TierHot. It is
 // the one tier vocabulary of the status, the node agent's and the
@@ -19,7 +51,7 @@ func (t *Tier) UnmarshalText(b []byte) error {
 // ParseTier returns the tier s names case-insensitively, or s unchanged
 // when it names none.
 func ParseTier(s string) Tier {
-	for _, t := range []Tier{TierAccelerator, TierHot, TierWarm, TierCold} {
+	for _, t := range tierOrder {
 		if strings.EqualFold(s, string(t)) {
 			return t
 		}

@@ -38,7 +38,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "listen address of the agent API, /readyz and /metrics")
 
 	s := &cfg.Sidecar
-	fs.StringVar(&s.Engine.Kind, "engine", s.Engine.Kind, "sidecar: engine kind (vllm, simulator, ollama, llamacpp)")
+	fs.StringVar((*string)(&s.Engine.Kind), "engine", string(s.Engine.Kind), "sidecar: engine kind (vllm, simulator, ollama, llamacpp)")
 	fs.StringVar(&s.Engine.URL, "engine-url", s.Engine.URL, "sidecar: the engine's base URL (localhost)")
 	fs.StringVar(&s.Engine.Model, "model", s.Engine.Model, "sidecar: model name (ollama, llamacpp router)")
 	fs.StringVar(&s.Engine.KeepAlive, "keep-alive", s.Engine.KeepAlive, "sidecar: ollama keep_alive of the preload on wake")

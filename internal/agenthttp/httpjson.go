@@ -1,11 +1,13 @@
 // Package agenthttp holds what both roles of orchestra-agent answer HTTP
 // with: JSON answers, the error body the clients of internal/nodeapi and
 // internal/sidecarapi read ({"error":{"message","code"}}), request body
-// decoding, and the metrics registry and its handler.
+// decoding, the metrics registry and its handler, and the common end of
+// both roles' APIs (/healthz, /metrics, the caller-token check).
 //
 // Files:
 //   - httpjson.go: WriteJSON, WriteError, ReadBody, NewRegistry,
 //     MetricsHandler.
+//   - finish.go: Finish.
 package agenthttp
 
 import (

@@ -236,7 +236,7 @@ func TestMergeRoots(t *testing.T) {
 	pod := func(ip string, ready, terminating bool) lifecycle.RootPod {
 		p := &corev1.Pod{
 			Spec: corev1.PodSpec{Containers: []corev1.Container{
-				{Name: "seat", Ports: []corev1.ContainerPort{{Name: "seat", ContainerPort: 9300}}},
+				{Name: "sidecar", Ports: []corev1.ContainerPort{{Name: "sidecar", ContainerPort: 9300}}},
 				{Name: "engine", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8001}}},
 			}},
 			Status: corev1.PodStatus{PodIP: ip, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}},

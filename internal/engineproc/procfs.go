@@ -21,7 +21,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/model-orchestra/operator/internal/sidecarapi"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Proc is one process as /proc shows it.
@@ -184,8 +184,8 @@ type EngineMatcher func(cmdline []string) bool
 //   - llama.cpp: `llama-server …` (the router; its model instances are
 //     llama-server children);
 //   - the simulator: `orchestra-sim …`.
-var matchers = map[string]EngineMatcher{
-	sidecarapi.EngineVLLM: func(c []string) bool {
+var matchers = map[v1alpha1.Engine]EngineMatcher{
+	v1alpha1.EngineVLLM: func(c []string) bool {
 		for i, a := range c {
 			if strings.Contains(a, "vllm.entrypoints") || (filepath.Base(a) == "vllm" && i+1 < len(c) && c[i+1] == "serve") {
 				return true
@@ -193,11 +193,11 @@ var matchers = map[string]EngineMatcher{
 		}
 		return false
 	},
-	sidecarapi.EngineOllama: func(c []string) bool {
+	v1alpha1.EngineOllama: func(c []string) bool {
 		return len(c) >= 2 && filepath.Base(c[0]) == "ollama" && c[1] == "serve"
 	},
-	sidecarapi.EngineLlamaCPP: func(c []string) bool { return len(c) >= 1 && filepath.Base(c[0]) == "llama-server" },
-	sidecarapi.EngineSimulator: func(c []string) bool {
+	v1alpha1.EngineLlamaCPP: func(c []string) bool { return len(c) >= 1 && filepath.Base(c[0]) == "llama-server" },
+	v1alpha1.EngineSimulator: func(c []string) bool {
 		return len(c) >= 1 && filepath.Base(c[0]) == "orchestra-sim"
 	},
 }
@@ -223,7 +223,7 @@ func IsEngineProcess(fs ProcFS, pid int) error {
 
 // Matcher is the matcher of an engine kind's serving process; false for a
 // kind without one.
-func Matcher(kind string) (EngineMatcher, bool) {
+func Matcher(kind v1alpha1.Engine) (EngineMatcher, bool) {
 	m, ok := matchers[kind]
 	return m, ok
 }

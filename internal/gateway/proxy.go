@@ -166,20 +166,17 @@ func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply 
 		}
 		// What already arrived is written before the flush: one write and
 		// one wake-up of the client for chunks that piled up, none delayed.
-		var c queue.Chunk
-		ready := false
-		var err error
-		if poller != nil {
-			c, ready, err = poller.Poll()
-		}
-		if !ready && err == nil {
+		c, flushErr, err := nextChunk(ctx, reply, poller, func() error {
 			if s.wrote {
 				if err := rc.Flush(); err != nil {
 					return errClientGone
 				}
 				s.wrote = false
 			}
-			c, err = reply.Next(ctx)
+			return nil
+		})
+		if flushErr != nil {
+			return flushErr
 		}
 		if errors.Is(err, io.EOF) {
 			return s.finish()
@@ -189,6 +186,26 @@ func (g *Gateway) proxyStream(ctx context.Context, w http.ResponseWriter, reply 
 		}
 		data = c.Data
 	}
+}
+
+// nextChunk is the reply's next chunk: one that already arrived
+// (queue.Poller) without a flush, else, once flush has sent what the
+// stream wrote, the next one to arrive. Both streaming relays (chat and
+// completions here, the Responses API in responses_http.go) pace their
+// writes with it. A flush's error comes back as flushErr, the reply's as
+// err (io.EOF at its end).
+func nextChunk(ctx context.Context, reply queue.Reply, poller queue.Poller, flush func() error) (c queue.Chunk, flushErr, err error) {
+	if poller != nil {
+		var ready bool
+		if c, ready, err = poller.Poll(); ready || err != nil {
+			return c, nil, err
+		}
+	}
+	if err := flush(); err != nil {
+		return queue.Chunk{}, err, nil
+	}
+	c, err = reply.Next(ctx)
+	return c, nil, err
 }
 
 // relayRefusal passes on an engine error answered to a streaming request.

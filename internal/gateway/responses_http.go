@@ -268,17 +268,9 @@ func (g *Gateway) streamResponses(ctx context.Context, w http.ResponseWriter, re
 		// What already arrived is written before the flush: one write and
 		// one wake-up of the client for the opening events and the first
 		// delta, and for chunks that piled up, none delayed.
-		var c queue.Chunk
-		ready := false
-		var err error
-		if poller != nil {
-			c, ready, err = poller.Poll()
-		}
-		if !ready && err == nil {
-			if err := ev.flush(); err != nil {
-				return err
-			}
-			c, err = reply.Next(ctx)
+		c, flushErr, err := nextChunk(ctx, reply, poller, ev.flush)
+		if flushErr != nil {
+			return flushErr
 		}
 		if errors.Is(err, io.EOF) {
 			break

@@ -72,43 +72,16 @@ type SeatMember struct {
 	MinResidency metav1.Duration `json:"minResidency,omitempty"`
 	// SleepLevel is its engine's sleep level (1 or 2). Default 1.
 	SleepLevel int32 `json:"sleepLevel,omitempty"`
-	// Level1Tier is where a level-1 sleep leaves its engine's weights
-	// (orchestra.Level1Tier, resolved by the operator): Hot, or Cold for
-	// engines that unload completely. Empty is Hot.
-	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
 	// SleepAfter puts it to sleep, freeing its seat, once it held it idle
 	// this long (lifecycle.sleepAfter); 0: it keeps its seat until
 	// another application needs it.
 	SleepAfter metav1.Duration `json:"sleepAfter,omitempty"`
 	// SidecarPort is its sidecar's port in the group's pod.
 	SidecarPort int32 `json:"sidecarPort"`
-	// AgentSelector selects the node agents' pods (one per node): the
-	// leader reports each swap's sleep and wake of the application to the
-	// agent on the group pod's node (POST /sleeps, POST /wakes), from
-	// which it predicts the next wake and promotes the weights ahead of
-	// it. Empty: nothing is reported.
-	AgentSelector string `json:"agentSelector,omitempty"`
-	// AgentPort is the node agent's port. Default 9301.
-	AgentPort int32 `json:"agentPort,omitempty"`
-	// ModelCheckpoint is the name of the application's weights in the node
-	// agent's tiers (under the orchestra's namespace; its ModelCheckpoint).
-	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
-	// ColdPath is the weights file inside the node agent's cold tier, sent
-	// with each wake so that the agent can promote from it.
-	ColdPath string `json:"coldPath,omitempty"`
-	// ColdS3 names the node agent's S3 cold source of the weights (the
-	// application's name) when its cold tier is S3; exclusive with
-	// ColdPath.
-	ColdS3 string `json:"coldS3,omitempty"`
-	// ModelCopies: its engine loads the hottest verified copy of its
-	// model on the node (Ollama, llama.cpp, vLLM: orchestra.ModelCopies),
-	// as an application's (SleepConfig.ModelCopies): when it falls asleep
-	// in a pod, the leader asks the node agent of the pod's node for a
-	// copy in the hottest tier it uses (HotTier, WarmTier), and its
-	// sidecar points its next wake at it.
-	ModelCopies bool              `json:"modelCopies,omitempty"`
-	HotTier     v1alpha1.HotTier  `json:"hotTier,omitempty"`
-	WarmTier    v1alpha1.WarmTier `json:"warmTier,omitempty"`
+	// Weights: where its weights rest and which node agents copy them,
+	// as an application's sleep (SleepConfig); its fields are this
+	// object's.
+	Weights
 }
 
 // sleep is the member's sleep as the leader's reports to the node agents
@@ -118,9 +91,7 @@ func (m SeatMember) sleep() *SleepConfig {
 	if m.AgentSelector == "" {
 		return nil
 	}
-	return &SleepConfig{Level: m.SleepLevel, Level1Tier: m.Level1Tier, AgentSelector: m.AgentSelector, AgentPort: m.AgentPort,
-		ModelCheckpoint: m.ModelCheckpoint, ColdPath: m.ColdPath, ColdS3: m.ColdS3,
-		ModelCopies: m.ModelCopies, HotTier: m.HotTier, WarmTier: m.WarmTier,
+	return &SleepConfig{Level: m.SleepLevel, Weights: m.Weights,
 		WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout}}
 }
 
@@ -200,9 +171,7 @@ func (c Config) Defaulted() Config {
 			if m.SleepLevel == 0 {
 				m.SleepLevel = v1alpha1.DefaultSleepLevel
 			}
-			if m.AgentPort == 0 {
-				m.AgentPort = DefaultAgentPort
-			}
+			m.AgentPort = agentPortOrDefault(m.AgentPort)
 		}
 	}
 	return c

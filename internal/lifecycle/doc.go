@@ -67,7 +67,7 @@
 //	earlyready.go        a starting root taken the moment its engine answers
 //	firsttoken.go        a wake's first token, published by any dispatcher
 //	sleep.go             sleepAfter: engines fall asleep in their pods and wake
-//	sleep_config.go      SleepConfig, its defaults and validation
+//	sleep_config.go      SleepConfig, Weights (shared with SeatMember), defaults, validation
 //	sleep_park.go        parkAfter: the hot offload demoted to the warm tier
 //	sleep_copies.go      model copies: the node agents asked for the hot and
 //	                     warm copies of engines that load their model file

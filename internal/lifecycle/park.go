@@ -99,7 +99,7 @@ func parkedCopies(views []nodeView) []v1alpha1.NodeCopy {
 		if v.err != nil {
 			continue
 		}
-		for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+		for _, t := range v1alpha1.NodeTiers() {
 			if _, ok := v.has(t); ok {
 				out = append(out, v1alpha1.NodeCopy{Node: v.node, Tier: t})
 				break
@@ -108,7 +108,7 @@ func parkedCopies(views []nodeView) []v1alpha1.NodeCopy {
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Tier != out[j].Tier {
-			return out[i].Tier == v1alpha1.TierHot
+			return out[j].Tier.SlowerThan(out[i].Tier)
 		}
 		return out[i].Node < out[j].Node
 	})

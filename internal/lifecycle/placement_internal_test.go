@@ -138,7 +138,7 @@ func TestNodeLabelsFollowTheAgentsCopies(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: n}, Status: corev1.PodStatus{PodIP: "127.0.0." + strconv.Itoa(i+1)}})
 	}
 	sleep := func(mc, label string) *SleepConfig {
-		return &SleepConfig{ModelCheckpoint: mc, NodeLabel: label, AgentSelector: "app.kubernetes.io/component=checkpoint-agent", AgentPort: int32(agents.port)}
+		return &SleepConfig{NodeLabel: label, Weights: Weights{ModelCheckpoint: mc, AgentSelector: "app.kubernetes.io/component=checkpoint-agent", AgentPort: int32(agents.port)}}
 	}
 	c := &Controller{
 		deps:      Deps{Kube: kube, Namespace: ns},

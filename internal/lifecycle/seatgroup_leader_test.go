@@ -274,9 +274,9 @@ seatGroups:
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "demo-seat-accel", Replicas: 1, ActiveSeats: 1, Members: []lifecycle.SeatMember{
 		{Name: "alpha", Priority: 10, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SidecarPort: 9300,
-			AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301,
-			ModelCheckpoint: "demo-alpha", ColdPath: "alpha/m.gguf"},
-		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SidecarPort: 9301, AgentPort: 9301},
+			Weights: lifecycle.Weights{AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301,
+				ModelCheckpoint: "demo-alpha", ColdPath: "alpha/m.gguf"}},
+		{Name: "beta", MinResidency: metav1.Duration{Duration: 30 * time.Second}, SleepLevel: 1, SidecarPort: 9301, Weights: lifecycle.Weights{AgentPort: 9301}},
 	}}}
 	if d := cmp.Diff(want, cfg.SeatGroups); d != "" {
 		t.Errorf("parsed and defaulted seat groups (-want +got):\n%s", d)

@@ -499,7 +499,7 @@ func startSeatEngine(ctx context.Context, t *testing.T, e *seatEngine, i int, ho
 	}
 	listen(e.engine, likeEngine)
 	ac := agent.Default()
-	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
+	ac.Sidecar.Engine = sidecar.EngineConfig{Kind: v1alpha1.EngineSimulator, URL: e.engine.URL, PollInterval: 5 * time.Millisecond}
 	ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 5*time.Millisecond, 10*time.Second
 	sh, err := agent.Start(ctx, ac, slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("seat", e.name, "addr", addr))
 	if err != nil {

@@ -125,13 +125,12 @@ func seatMemberTier(state v1alpha1.LifecycleState, level int32, level1 v1alpha1.
 // loads copies say their next wake reads (GET /state's model), or "" when
 // none says.
 func copiesTier(readings []sidecarapi.Status, oks []bool) v1alpha1.Tier {
-	rank := map[v1alpha1.Tier]int{v1alpha1.TierHot: 0, v1alpha1.TierWarm: 1, v1alpha1.TierCold: 2}
 	var tier v1alpha1.Tier
 	for i, st := range readings {
 		if !oks[i] || st.State != sidecarapi.Asleep || st.Model == nil {
 			continue
 		}
-		if t := st.Model.Tier; t != "" && (tier == "" || rank[t] > rank[tier]) {
+		if t := st.Model.Tier; t != "" && (tier == "" || t.SlowerThan(tier)) {
 			tier = t
 		}
 	}

@@ -14,7 +14,7 @@ import (
 // at parkAfter is already due.
 func TestAdoptsCopies(t *testing.T) {
 	copies := func(mod func(*SleepConfig)) *SleepConfig {
-		s := &SleepConfig{ModelCopies: true, ColdPath: "chat/model.gguf", AgentSelector: "component=checkpoint-agent"}
+		s := &SleepConfig{Weights: Weights{ModelCopies: true, ColdPath: "chat/model.gguf", AgentSelector: "component=checkpoint-agent"}}
 		if mod != nil {
 			mod(s)
 		}

@@ -17,6 +17,16 @@ import (
 // none.
 const DefaultAgentPort = 9301
 
+// agentPortOrDefault is the node agent's port p, or DefaultAgentPort when
+// p is 0: the one default of every agentPort (an application's sleep and a
+// seat group member's).
+func agentPortOrDefault(p int32) int32 {
+	if p == 0 {
+		return DefaultAgentPort
+	}
+	return p
+}
+
 // DefaultSidecarPort is the per-engine sidecar's port in a root pod when
 // the configuration names none (the chart's mo.sidecarPort).
 const DefaultSidecarPort = 9300
@@ -34,11 +44,6 @@ type SleepConfig struct {
 	// hot tier (RAM), 2 drops them (a wake reloads them from the warm or
 	// cold tier). Default 1.
 	Level int32 `json:"level,omitempty"`
-	// Level1Tier is where a level-1 sleep leaves the weights the engine's
-	// wake reads (orchestra.Level1Tier, resolved by the operator): Hot, or
-	// Cold for engines that unload completely (Ollama, llama.cpp). Empty
-	// is Hot (a configuration rendered before the field existed).
-	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
 	// ParkAfter is how long engines sleep before the application is
 	// parked: an engine's own level-1 offload is demoted (the weights leave
 	// the hot tier, and the engines sleep at level 2 with the node agent
@@ -52,48 +57,9 @@ type SleepConfig struct {
 	NodeLabel string `json:"nodeLabel,omitempty"`
 	// SidecarPort is the sidecar's port in each root pod. Default 9300.
 	SidecarPort int32 `json:"sidecarPort,omitempty"`
-	// AgentSelector selects the node agents' pods (one per node); the
-	// agent on a root pod's node reports its tiers and places warm copies.
-	// Empty: no node agent; the resident tier is then known only from the
-	// sleep level.
-	AgentSelector string `json:"agentSelector,omitempty"`
-	// AgentPort is the node agent's port. Default 9301.
-	AgentPort int32 `json:"agentPort,omitempty"`
-	// ModelCheckpoint is the application's ModelCheckpoint, whose status
-	// the leader writes; it is also the name of the weights in the node
-	// agent's tiers (under the orchestra's namespace) and the engine's
-	// weights name, whose level-1 offload a demotion copies. Empty: no
-	// status is written.
-	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
-	// ColdPath is the weights file inside the node agent's cold tier (its
-	// --cold-dir, the model cache). A demotion copies the engine's level-1
-	// offload from the agent's hot tier into its warm tier (POST /demote);
-	// only when that fails and ColdPath is set does it ask the agent for a
-	// warm copy from the cold tier instead. Without either, a demoted
-	// engine wakes from the cold tier.
-	ColdPath string `json:"coldPath,omitempty"`
-	// ModelCopies: the engines load the hottest verified copy of their
-	// model file on their node (orchestra.ModelCopies: Ollama and
-	// llama.cpp). The leader asks each root's node agent for a copy when
-	// the engines fall asleep, from the model cache the agent mounts at
-	// ColdPath or else through a root's sidecar, and demotes it to warm
-	// after ParkAfter (sleep_copies.go); the sidecars point the engines at
-	// it.
-	ModelCopies bool `json:"modelCopies,omitempty"`
-	// HotTier is the application's tiers.hot, resolved by the operator:
-	// empty (RAM), or None when no copy is placed in the hot tier.
-	HotTier v1alpha1.HotTier `json:"hotTier,omitempty"`
-	// ColdS3 names the node agent's S3 cold source holding the weights
-	// (its --cold-s3, the application's name), when the application's
-	// cold tier is S3; it stands for ColdPath (exclusive with it).
-	ColdS3 string `json:"coldS3,omitempty"`
-	// WarmTier is the application's tiers.warm, resolved by the operator:
-	// Disk, or None when the engines mount no warm tier. With None a
-	// demotion places no warm copy (the engines could not read it) and the
-	// demoted weights rest in the hot tier when every node agent holds a
-	// copy there, else in the cold tier. Empty is Disk (a configuration
-	// rendered before the field existed).
-	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
+	// Weights: where the weights rest and which node agents copy them
+	// (shared with a seat group member; its fields are this object's).
+	Weights
 	// SLO is the resume time the application should meet, per tier.
 	SLO SleepSLO `json:"slo,omitempty"`
 	// SleepTimeout bounds one sidecar's sleep (its drain included). Default
@@ -106,6 +72,65 @@ type SleepConfig struct {
 	// than the sidecar's own bound of the engine's wake, so the leader
 	// never gives up on a wake the sidecar still runs.
 	WakeTimeout metav1.Duration `json:"wakeTimeout,omitempty"`
+}
+
+// Weights is what an application's sleep (SleepConfig) and a seat group
+// member (SeatMember) share: where a level-1 sleep leaves the weights, and
+// where the leader finds the node agents that hold and copy them. Both
+// embed it, so its fields are theirs in JSON.
+type Weights struct {
+	// Level1Tier is where a level-1 sleep leaves the weights the engine's
+	// wake reads (orchestra.Level1Tier, resolved by the operator): Hot, or
+	// Cold for engines that unload completely (Ollama, llama.cpp). Empty
+	// is Hot (a configuration rendered before the field existed).
+	Level1Tier v1alpha1.Tier `json:"level1Tier,omitempty"`
+	// AgentSelector selects the node agents' pods (one per node). For an
+	// application, the agent on a root pod's node reports its tiers and
+	// places warm copies; for a seat group member, the leader reports each
+	// swap's sleep and wake to the agent on the group pod's node (POST
+	// /sleeps, POST /wakes), from which it predicts the next wake and
+	// promotes the weights ahead of it. Empty: no node agent (an
+	// application's resident tier is then known only from the sleep level;
+	// a member's swaps are not reported).
+	AgentSelector string `json:"agentSelector,omitempty"`
+	// AgentPort is the node agent's port. Default 9301.
+	AgentPort int32 `json:"agentPort,omitempty"`
+	// ModelCheckpoint is the application's ModelCheckpoint: the name of
+	// the weights in the node agent's tiers (under the orchestra's
+	// namespace) and the engine's weights name, whose level-1 offload a
+	// demotion copies. For an application the leader also writes its
+	// status; empty: no status is written.
+	ModelCheckpoint string `json:"modelCheckpoint,omitempty"`
+	// ColdPath is the weights file inside the node agent's cold tier (its
+	// --cold-dir, the model cache), sent with each wake so that the agent
+	// can promote from it. A demotion copies the engine's level-1 offload
+	// from the agent's hot tier into its warm tier (POST /demote); only
+	// when that fails and ColdPath is set does it ask the agent for a warm
+	// copy from the cold tier instead. Without either, a demoted engine
+	// wakes from the cold tier.
+	ColdPath string `json:"coldPath,omitempty"`
+	// ColdS3 names the node agent's S3 cold source holding the weights
+	// (its --cold-s3, the application's name), when the application's
+	// cold tier is S3; it stands for ColdPath (exclusive with it).
+	ColdS3 string `json:"coldS3,omitempty"`
+	// ModelCopies: the engines load the hottest verified copy of their
+	// model on their node (orchestra.ModelCopies: Ollama, llama.cpp,
+	// vLLM). The leader asks the node agent of each asleep pod's node for
+	// a copy in the hottest tier it uses (HotTier, WarmTier), from the
+	// model cache the agent mounts at ColdPath or else through a root's
+	// sidecar, and demotes it to warm after ParkAfter (sleep_copies.go);
+	// the sidecars point the engines' next wake at it.
+	ModelCopies bool `json:"modelCopies,omitempty"`
+	// HotTier is the application's tiers.hot, resolved by the operator:
+	// empty (RAM), or None when no copy is placed in the hot tier.
+	HotTier v1alpha1.HotTier `json:"hotTier,omitempty"`
+	// WarmTier is the application's tiers.warm, resolved by the operator:
+	// Disk, or None when the engines mount no warm tier. With None a
+	// demotion places no warm copy (the engines could not read it) and the
+	// demoted weights rest in the hot tier when every node agent holds a
+	// copy there, else in the cold tier. Empty is Disk (a configuration
+	// rendered before the field existed).
+	WarmTier v1alpha1.WarmTier `json:"warmTier,omitempty"`
 }
 
 // SleepSLO is the resume time objective, in seconds, per tier.
@@ -128,9 +153,7 @@ func (s *SleepConfig) defaulted() *SleepConfig {
 	if d.SidecarPort == 0 {
 		d.SidecarPort = DefaultSidecarPort
 	}
-	if d.AgentPort == 0 {
-		d.AgentPort = DefaultAgentPort
-	}
+	d.AgentPort = agentPortOrDefault(d.AgentPort)
 	if d.SLO.ResumeRAMSeconds == 0 {
 		d.SLO.ResumeRAMSeconds = v1alpha1.DefaultResumeRAMSeconds
 	}

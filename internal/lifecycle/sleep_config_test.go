@@ -45,10 +45,10 @@ apps:
 	}
 	want := &lifecycle.SleepConfig{
 		After: metav1.Duration{Duration: 5 * time.Minute}, Level: 1, ParkAfter: metav1.Duration{Duration: time.Hour},
-		SidecarPort: 9300, AgentPort: 9301, ModelCheckpoint: "demo-chat",
-		AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent",
-		SLO:           lifecycle.SleepSLO{ResumeRAMSeconds: 1, ResumeNVMeSeconds: 5},
-		SleepTimeout:  metav1.Duration{Duration: 3 * time.Minute}, WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout},
+		SidecarPort: 9300, Weights: lifecycle.Weights{AgentPort: 9301, ModelCheckpoint: "demo-chat",
+			AgentSelector: "app.kubernetes.io/instance=demo,app.kubernetes.io/component=checkpoint-agent"},
+		SLO:          lifecycle.SleepSLO{ResumeRAMSeconds: 1, ResumeNVMeSeconds: 5},
+		SleepTimeout: metav1.Duration{Duration: 3 * time.Minute}, WakeTimeout: metav1.Duration{Duration: v1alpha1.WakeCallTimeout},
 	}
 	if d := cmp.Diff(want, cfg.Apps[0].Sleep); d != "" {
 		t.Errorf("parsed and defaulted sleep (-want +got):\n%s", d)
@@ -94,7 +94,7 @@ func TestSleepConfigValidation(t *testing.T) {
 			a := lifecycle.App{Name: "chat", RootStatefulSet: "demo-chat", MinReplicas: 0, MaxReplicas: 1,
 				ZeroAfter: metav1.Duration{Duration: 10 * time.Minute}, TargetQueuePerReplica: 1,
 				Sleep: &lifecycle.SleepConfig{After: metav1.Duration{Duration: time.Minute}, Level: 1, ParkAfter: metav1.Duration{Duration: time.Hour},
-					SidecarPort: 9300, AgentPort: 9301, AgentSelector: "app=agent", ColdPath: "model.bin"}}
+					SidecarPort: 9300, Weights: lifecycle.Weights{AgentPort: 9301, AgentSelector: "app=agent", ColdPath: "model.bin"}}}
 			if tc.mut != nil {
 				tc.mut(&a)
 			}

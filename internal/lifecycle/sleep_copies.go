@@ -201,7 +201,6 @@ func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v
 	if len(sidecars) == 0 {
 		return "", 0, false
 	}
-	rank := map[v1alpha1.Tier]int{v1alpha1.TierHot: 0, v1alpha1.TierWarm: 1, v1alpha1.TierCold: 2}
 	var tier v1alpha1.Tier
 	var bytes int64
 	for _, r := range c.readStates(ctx, sidecars) {
@@ -212,7 +211,7 @@ func (c *Controller) sidecarsTier(ctx context.Context, sidecars []sidecarRef) (v
 		if t == "" {
 			return "", 0, false
 		}
-		if tier == "" || rank[t] > rank[tier] {
+		if tier == "" || t.SlowerThan(tier) {
 			tier = t
 		}
 		bytes = r.st.Model.Bytes

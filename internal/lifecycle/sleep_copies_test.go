@@ -20,7 +20,6 @@ import (
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // copyLoader is an Ollama engine (enginetest's fake of its residency API)
@@ -84,7 +83,7 @@ func (l *copyLoader) handler(t *testing.T, next http.Handler, cold string, weigh
 
 // sidecar makes the sidecar drive the fake and point its link.
 func (l *copyLoader) sidecar(s *sidecar.Config, cold, hot, warm string) {
-	s.Engine.Kind, s.Engine.Model = sidecarapi.EngineOllama, copyModel
+	s.Engine.Kind, s.Engine.Model = v1alpha1.EngineOllama, copyModel
 	s.Model = sidecar.ModelCopiesConfig{Link: l.link, ModelDir: filepath.Join(cold, "chat"), File: "weights.bin", HotDir: hot, WarmDir: warm, Name: "demo-chat"}
 }
 

@@ -215,7 +215,7 @@ func newSleepPlane(t *testing.T, o planeOptions) *sleepPlane {
 
 	// The sidecar.
 	scfg := agent.Default()
-	scfg.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
+	scfg.Sidecar.Engine = sidecar.EngineConfig{Kind: v1alpha1.EngineSimulator, URL: p.engine.URL, PollInterval: 5 * time.Millisecond}
 	scfg.Sidecar.PollInterval, scfg.Sidecar.DrainTimeout = 5*time.Millisecond, 5*time.Second
 	if o.ollama != nil {
 		o.ollama.sidecar(&scfg.Sidecar, cold, filepath.Join(agentHot, ns), filepath.Join(agentWarm, ns))
@@ -388,12 +388,14 @@ func agentHistory(warmDir, name string) (nodeagent.WakeHistory, error) {
 func (p *sleepPlane) config(mut func(*lifecycle.SleepConfig)) lifecycle.Config {
 	s := &lifecycle.SleepConfig{
 		After: metav1.Duration{Duration: 300 * time.Millisecond}, Level: 1,
-		SidecarPort:     port(p.e.t, p.sidecar),
-		AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
-		AgentPort:       port(p.e.t, p.agent),
-		ModelCheckpoint: "demo-chat",
-		ColdPath:        "weights.bin",
-		WakeTimeout:     metav1.Duration{Duration: 20 * time.Second},
+		SidecarPort: port(p.e.t, p.sidecar),
+		Weights: lifecycle.Weights{
+			AgentSelector:   "app.kubernetes.io/instance=" + orch + ",app.kubernetes.io/component=checkpoint-agent",
+			AgentPort:       port(p.e.t, p.agent),
+			ModelCheckpoint: "demo-chat",
+			ColdPath:        "weights.bin",
+		},
+		WakeTimeout: metav1.Duration{Duration: 20 * time.Second},
 	}
 	if mut != nil {
 		mut(s)

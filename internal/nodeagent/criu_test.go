@@ -24,8 +24,9 @@ import (
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // fakeCRIU writes a criu stand-in that prints out and exits with code on
@@ -363,8 +364,8 @@ func TestNodeSnapshotsASimulator(t *testing.T) {
 	port := enginetest.FreePort(t)
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
 	cmd := exec.Command(enginetest.SelfExe())
-	cmd.Args = enginetest.Args(sidecarapi.EngineSimulator, port)
-	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+sidecarapi.EngineSimulator, enginetest.PortEnv+"="+strconv.Itoa(port),
+	cmd.Args = enginetest.Args(v1alpha1.EngineSimulator, port)
+	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+string(v1alpha1.EngineSimulator), enginetest.PortEnv+"="+strconv.Itoa(port),
 		enginetest.HotDirEnv+"="+t.TempDir(), enginetest.LoadedEnv+"=1")
 	cmd.SysProcAttr = ownSession()
 	if err := cmd.Start(); err != nil { // stdio: /dev/null, nothing criu must reconnect

@@ -104,7 +104,7 @@ func (n *Node) Store() *Store { return n.store }
 func (n *Node) updateGauges() { n.setGauges(usedBy(n.store.Entries())) }
 
 func (n *Node) setGauges(used map[v1alpha1.Tier]int64) {
-	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+	for _, t := range v1alpha1.NodeTiers() {
 		n.m.tierBytes.WithLabelValues(string(t)).Set(float64(used[t]))
 	}
 }
@@ -121,7 +121,7 @@ func (n *Node) Measure(ctx context.Context) nodeapi.NodeReport {
 		} else {
 			n.log.Warn("measuring memcpy", "err", err)
 		}
-		for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+		for _, t := range v1alpha1.NodeTiers() {
 			m, err := MeasureRead(string(t), n.store.dir(t), b, arena.FileOptions{Direct: t == v1alpha1.TierWarm})
 			if err != nil {
 				n.log.Warn("measuring tier read bandwidth", "tier", t, "err", err)
@@ -286,7 +286,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 	mux.HandleFunc("DELETE /tiers/{tier}/{namespace}/{name}", func(w http.ResponseWriter, r *http.Request) {
 		t := v1alpha1.ParseTier(r.PathValue("tier"))
 		k := nodeapi.Key{Namespace: r.PathValue("namespace"), Name: r.PathValue("name")}
-		if t != v1alpha1.TierHot && t != v1alpha1.TierWarm {
+		if !t.OnNode() {
 			agenthttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf("want /tiers/hot|warm/<namespace>/<name>, got tier %q", t))
 			return
 		}
@@ -305,13 +305,7 @@ func (n *Node) Handler(reg *prometheus.Registry) http.Handler {
 		n.updateGauges()
 		w.WriteHeader(http.StatusNoContent)
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", agenthttp.MetricsHandler(reg))
-	if n.cfg.CallerTokenFile == "" {
-		n.log.Warn("no --caller-token-file: the agent's mutating endpoints accept any caller the network lets through")
-		return mux
-	}
-	return nodeapi.RequireCaller(nodeapi.TokenFile(n.cfg.CallerTokenFile), mux, agenthttp.WriteError)
+	return agenthttp.Finish(mux, reg, n.cfg.CallerTokenFile, n.log, "the agent's")
 }
 
 func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
@@ -323,7 +317,7 @@ func (n *Node) handlePromote(w http.ResponseWriter, r *http.Request) {
 		agenthttp.WriteError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	if req.To != v1alpha1.TierHot && req.To != v1alpha1.TierWarm {
+	if !req.To.OnNode() {
 		agenthttp.WriteError(w, http.StatusBadRequest, fmt.Sprintf("to must be hot or warm, got %q", req.To))
 		return
 	}

@@ -32,7 +32,7 @@ var ErrNoRoom = errors.New("no room in the tier")
 // of in.Key already in the tier is replaced. The plan is pure: it reads
 // entries and returns actions, so the IO that applies it stays separate.
 func PlanAdmit(entries []nodeapi.Entry, b nodeapi.Budgets, in nodeapi.Entry) ([]nodeapi.Action, error) {
-	if in.Tier != v1alpha1.TierHot && in.Tier != v1alpha1.TierWarm {
+	if !in.Tier.OnNode() {
 		return nil, fmt.Errorf("the agent stores only the hot and warm tiers, not %q", in.Tier)
 	}
 	p := planner{budgets: b}

@@ -113,7 +113,7 @@ func (s *Store) namespaces(t v1alpha1.Tier) ([]string, error) {
 // hold. A file without valid metadata (an interrupted copy) is removed.
 func OpenStore(cfg StoreConfig, log *slog.Logger) (*Store, error) {
 	s := &Store{cfg: cfg, log: log, now: time.Now, entries: map[entryID]*nodeapi.Entry{}, files: map[entryID][]nodeapi.CopyFile{}, noWarm: map[nodeapi.Key]bool{}}
-	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+	for _, t := range v1alpha1.NodeTiers() {
 		root := s.dir(t)
 		if err := os.MkdirAll(root, 0o711); err != nil {
 			return nil, fmt.Errorf("creating the %s tier %s: %w", t, root, err)

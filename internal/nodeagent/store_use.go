@@ -31,7 +31,7 @@ func (s *Store) Touch(k nodeapi.Key) {
 // Restore reads k from the fastest tier holding it into a (which must be
 // e.Bytes long), verifying the bytes. Warm reads bypass the page cache.
 func (s *Store) Restore(k nodeapi.Key, a *arena.Arena) (nodeapi.Entry, arena.FillStats, error) {
-	for _, t := range []v1alpha1.Tier{v1alpha1.TierHot, v1alpha1.TierWarm} {
+	for _, t := range v1alpha1.NodeTiers() {
 		e, ok := s.Lookup(k, t)
 		if !ok {
 			continue

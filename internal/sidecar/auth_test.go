@@ -19,6 +19,8 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // TestSidecarRefusesForbiddenCalls puts an Ollama engine's sidecar to
@@ -31,7 +33,7 @@ func TestSidecarRefusesForbiddenCalls(t *testing.T) {
 	engine := enginetest.NewOllama("tiny")
 	defer engine.Close()
 	cfg := agent.Default().Sidecar
-	cfg.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineOllama, URL: engine.URL(), Model: "tiny", KeepAlive: "5m", PollInterval: cfg.Engine.PollInterval}
+	cfg.Engine = sidecar.EngineConfig{Kind: v1alpha1.EngineOllama, URL: engine.URL(), Model: "tiny", KeepAlive: "5m", PollInterval: cfg.Engine.PollInterval}
 	cfg.SleepTimeout, cfg.WakeTimeout, cfg.DrainTimeout = 10*time.Second, 10*time.Second, 10*time.Second
 	dir := t.TempDir()
 	cfg.CallerTokenFile = filepath.Join(dir, "token")

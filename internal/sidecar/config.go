@@ -9,7 +9,6 @@ import (
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/engineproc"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // Config configures the sidecar (orchestra-agent --role sidecar).
@@ -74,7 +73,7 @@ func enginePort(raw string) int {
 // DefaultConfig returns the sidecar's defaults.
 func DefaultConfig() Config {
 	return Config{
-		Engine:       EngineConfig{Kind: sidecarapi.EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
+		Engine:       EngineConfig{Kind: v1alpha1.EngineVLLM, URL: "http://127.0.0.1:8000", KeepAlive: "-1", PollInterval: 100 * time.Millisecond},
 		SleepLevel:   int(v1alpha1.DefaultSleepLevel),
 		DrainTimeout: v1alpha1.EngineDrainTimeout,
 		SleepTimeout: v1alpha1.EngineSleepTimeout,

@@ -14,6 +14,8 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // fakeNvidiaSMI installs an nvidia-smi on PATH that answers the sidecar's
@@ -39,9 +41,9 @@ cat <<'EOF'
 }
 
 func TestNvidiaSMIAttributesDeviceMemoryToTheEnginesProcesses(t *testing.T) {
-	k := runEngine(t, sidecarapi.EngineVLLM)
-	other := runEngine(t, sidecarapi.EngineVLLM)
-	p, _ := sidecar.NewEngineProcess(sidecarapi.EngineVLLM, k.port, time.Second)
+	k := runEngine(t, v1alpha1.EngineVLLM)
+	other := runEngine(t, v1alpha1.EngineVLLM)
+	p, _ := sidecar.NewEngineProcess(v1alpha1.EngineVLLM, k.port, time.Second)
 	var pids []int
 	eventually(t, 5*time.Second, func() error {
 		var err error
@@ -118,7 +120,7 @@ func TestNvidiaSMIAttributesDeviceMemoryToTheEnginesProcesses(t *testing.T) {
 
 func TestSidecarStateSaysWhichMemorySourceItUsed(t *testing.T) {
 	t.Run("nvidia-smi, then the engine's silence", func(t *testing.T) {
-		k := runEngine(t, sidecarapi.EngineVLLM)
+		k := runEngine(t, v1alpha1.EngineVLLM)
 		var core int
 		eventually(t, 5*time.Second, func() error {
 			c := children(t, k.pid())

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/sidecarapi"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // Engine drives one inference engine's own sleep and wake API over
@@ -21,7 +21,7 @@ import (
 // holds them while the engine sleeps.
 type Engine interface {
 	// Name is the engine kind, as in spec.applications.<app>.runtime.engine.
-	Name() string
+	Name() v1alpha1.Engine
 	// InFlight is the number of requests the engine is running or queueing,
 	// or -1 when the engine cannot tell.
 	InFlight(ctx context.Context) (int, error)
@@ -46,7 +46,7 @@ var ErrBusy = errors.New("engine has requests in flight")
 // EngineConfig selects and configures an adapter.
 type EngineConfig struct {
 	// Kind is the engine (vllm, simulator, ollama, llamacpp).
-	Kind string `json:"kind"`
+	Kind v1alpha1.Engine `json:"kind"`
 	// URL is the engine's base URL, normally http://127.0.0.1:<port>.
 	URL string `json:"url"`
 	// Model is the model name the engine serves (Ollama, llama.cpp router).
@@ -72,9 +72,9 @@ func NewEngine(cfg EngineConfig, client *http.Client) (Engine, error) {
 	}
 	h := httpEngine{base: strings.TrimSuffix(cfg.URL, "/"), client: client, poll: cfg.PollInterval}
 	switch cfg.Kind {
-	case sidecarapi.EngineVLLM, sidecarapi.EngineSimulator:
+	case v1alpha1.EngineVLLM, v1alpha1.EngineSimulator:
 		return &VLLM{httpEngine: h, kind: cfg.Kind}, nil
-	case sidecarapi.EngineOllama:
+	case v1alpha1.EngineOllama:
 		if cfg.Model == "" {
 			return nil, errors.New("the ollama adapter needs the model name")
 		}
@@ -83,12 +83,12 @@ func NewEngine(cfg EngineConfig, client *http.Client) (Engine, error) {
 			keep = "-1"
 		}
 		return &Ollama{httpEngine: h, model: cfg.Model, keepAlive: keep}, nil
-	case sidecarapi.EngineLlamaCPP:
+	case v1alpha1.EngineLlamaCPP:
 		if cfg.Model == "" {
 			return nil, errors.New("the llamacpp adapter needs the model name (router mode)")
 		}
 		return &LlamaCPP{httpEngine: h, model: cfg.Model, slotSave: cfg.SlotSave}, nil
-	case sidecarapi.EngineDllama:
+	case v1alpha1.EngineDllama:
 		return nil, fmt.Errorf("%w: spec.applications.<app>.runtime.engine is dllama, and distributed-llama has no sleep or unload API; leave spec.applications.<app>.lifecycle.sleepAfter unset (0) for it", ErrUnsupportedEngine)
 	default:
 		return nil, fmt.Errorf("%w: unknown engine %q (want vllm, simulator, ollama or llamacpp)", ErrUnsupportedEngine, cfg.Kind)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/model-orchestra/operator/internal/sidecarapi"
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // LlamaCPP drives llama-server in router mode: POST /models/unload and
@@ -21,7 +21,7 @@ type LlamaCPP struct {
 }
 
 // Name implements Engine.
-func (l *LlamaCPP) Name() string { return sidecarapi.EngineLlamaCPP }
+func (l *LlamaCPP) Name() v1alpha1.Engine { return v1alpha1.EngineLlamaCPP }
 
 // InFlight reads llamacpp:requests_processing + llamacpp:requests_deferred.
 func (l *LlamaCPP) InFlight(ctx context.Context) (int, error) {

@@ -65,19 +65,19 @@ type ModelCopiesConfig struct {
 func (c ModelCopiesConfig) Enabled() bool { return c.Link != "" }
 
 // validate reports every invalid field of an enabled configuration.
-func (c ModelCopiesConfig) validate(engine string) []error {
+func (c ModelCopiesConfig) validate(engine v1alpha1.Engine) []error {
 	if !c.Enabled() {
 		return nil
 	}
 	var errs []error
-	if engine != sidecarapi.EngineOllama && engine != sidecarapi.EngineLlamaCPP && engine != sidecarapi.EngineVLLM {
+	if engine != v1alpha1.EngineOllama && engine != v1alpha1.EngineLlamaCPP && engine != v1alpha1.EngineVLLM {
 		errs = append(errs, fmt.Errorf("model link: the sidecar points only Ollama and llama.cpp (they re-open their model file at each load) and vLLM (its model directory, read at start and by a level-2 wake's reload_weights) at a copy, not %s", engine))
 	}
 	if !filepath.IsAbs(c.Link) || !filepath.IsAbs(c.ModelDir) {
 		errs = append(errs, fmt.Errorf("model link %q and model dir %q must be absolute paths", c.Link, c.ModelDir))
 	}
 	// vLLM's model may be the whole cache (an empty file: the cache's root).
-	if f := filepath.Clean(c.File); (c.File == "" && engine != sidecarapi.EngineVLLM) || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
+	if f := filepath.Clean(c.File); (c.File == "" && engine != v1alpha1.EngineVLLM) || filepath.IsAbs(c.File) || f == ".." || strings.HasPrefix(f, "../") {
 		errs = append(errs, fmt.Errorf("model file %q must be a path inside the model dir", c.File))
 	}
 	if (c.HotDir != "" || c.WarmDir != "") && (c.Name == "" || strings.ContainsAny(c.Name, "/\x00") || strings.HasPrefix(c.Name, ".")) {

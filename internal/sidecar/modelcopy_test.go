@@ -19,7 +19,6 @@ import (
 	"github.com/model-orchestra/operator/internal/fetch"
 	"github.com/model-orchestra/operator/internal/nodeagent"
 	"github.com/model-orchestra/operator/internal/nodeapi"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // linkReader is an engine that, like Ollama and llama.cpp's router, opens
@@ -36,7 +35,7 @@ type linkReader struct {
 	down bool
 }
 
-func (e *linkReader) Name() string                           { return sidecarapi.EngineOllama }
+func (e *linkReader) Name() v1alpha1.Engine                  { return v1alpha1.EngineOllama }
 func (e *linkReader) InFlight(context.Context) (int, error)  { return 0, nil }
 func (e *linkReader) Sleep(context.Context, int) error       { e.asleep, e.loaded = true, nil; return nil }
 func (e *linkReader) Sleeping(context.Context) (bool, error) { return e.asleep, nil }
@@ -78,7 +77,7 @@ func TestTheEngineLoadsTheHottestVerifiedCopy(t *testing.T) {
 		Link: filepath.Join(linkDir, "model"), ModelDir: cache, File: "tiny.gguf",
 		HotDir: filepath.Join(cfg.HotDir, "ns"), WarmDir: filepath.Join(cfg.WarmDir, "ns"), Name: k.Name,
 	})
-	if errs := copies.cfg.validate(sidecarapi.EngineOllama); len(errs) > 0 {
+	if errs := copies.cfg.validate(v1alpha1.EngineOllama); len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	inner := &linkReader{link: copies.cfg.Link}

@@ -66,13 +66,13 @@ func TestVLLMLoadsTheHottestVerifiedCopyOfItsModelDirectory(t *testing.T) {
 		Link: filepath.Join(t.TempDir(), "model"), ModelDir: cache, File: "llama",
 		HotDir: filepath.Join(cfg.HotDir, "ns"), WarmDir: filepath.Join(cfg.WarmDir, "ns"), Name: k.Name,
 	})
-	if errs := copies.cfg.validate(sidecarapi.EngineVLLM); len(errs) > 0 {
+	if errs := copies.cfg.validate(v1alpha1.EngineVLLM); len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	f := enginetest.NewVLLM()
 	defer f.Close()
 	f.SetModel(copies.cfg.Link)
-	inner, err := NewEngine(EngineConfig{Kind: sidecarapi.EngineVLLM, URL: f.URL()}, http.DefaultClient)
+	inner, err := NewEngine(EngineConfig{Kind: v1alpha1.EngineVLLM, URL: f.URL()}, http.DefaultClient)
 	if err != nil {
 		t.Fatal(err)
 	}

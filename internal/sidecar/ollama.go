@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
 // Ollama unloads and preloads a model through Ollama's own API: an empty
@@ -24,7 +23,7 @@ type Ollama struct {
 }
 
 // Name implements Engine.
-func (o *Ollama) Name() string { return sidecarapi.EngineOllama }
+func (o *Ollama) Name() v1alpha1.Engine { return v1alpha1.EngineOllama }
 
 // InFlight is unknown: Ollama exposes no request gauge. The sidecar relies on
 // the dispatcher's drain fence.

@@ -13,7 +13,8 @@ import (
 	"github.com/model-orchestra/operator/internal/ollamatest"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // The Ollama adapter's contract, against the real engine: the pinned
@@ -31,7 +32,7 @@ func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
 	if err := s.Create(ctx, "tiny", model.Bytes()); err != nil {
 		t.Fatal(err)
 	}
-	e, err := sidecar.NewEngine(sidecar.EngineConfig{Kind: sidecarapi.EngineOllama, URL: s.URL, Model: "tiny", KeepAlive: "-1"}, nil)
+	e, err := sidecar.NewEngine(sidecar.EngineConfig{Kind: v1alpha1.EngineOllama, URL: s.URL, Model: "tiny", KeepAlive: "-1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
 	}
 	// The tagged name and another case are the same model to Ollama.
 	for _, name := range []string{"tiny:latest", "TINY"} {
-		other, _ := sidecar.NewEngine(sidecar.EngineConfig{Kind: sidecarapi.EngineOllama, URL: s.URL, Model: name}, nil)
+		other, _ := sidecar.NewEngine(sidecar.EngineConfig{Kind: v1alpha1.EngineOllama, URL: s.URL, Model: name}, nil)
 		if asleep, err := other.Sleeping(ctx); err != nil || asleep {
 			t.Errorf("model %q: Sleeping = %v, %v; want false", name, asleep, err)
 		}
@@ -74,7 +75,7 @@ func TestOllamaAdapterAgainstRealOllama(t *testing.T) {
 
 	// A model Ollama does not have: the wake waits for it to be created
 	// (as the engine's start does) and fails at its deadline, saying so.
-	absent, _ := sidecar.NewEngine(sidecar.EngineConfig{Kind: sidecarapi.EngineOllama, URL: s.URL, Model: "absent", PollInterval: 50 * time.Millisecond}, nil)
+	absent, _ := sidecar.NewEngine(sidecar.EngineConfig{Kind: v1alpha1.EngineOllama, URL: s.URL, Model: "absent", PollInterval: 50 * time.Millisecond}, nil)
 	actx, acancel := context.WithTimeout(ctx, time.Second)
 	defer acancel()
 	if err := absent.Wake(actx); err == nil || !strings.Contains(err.Error(), "ollama to have the model absent") {

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"github.com/model-orchestra/operator/internal/engineproc"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
@@ -35,7 +36,7 @@ var ErrEngineNotRunning = fmt.Errorf("%w: nothing listens on the engine's port",
 // EngineProcess finds one engine's processes in a shared process namespace
 // and stops them.
 type EngineProcess struct {
-	Kind string
+	Kind v1alpha1.Engine
 	// Port is the engine's TCP port, which only its process listens on.
 	Port  int
 	Proc  engineproc.ProcFS
@@ -49,7 +50,7 @@ type EngineProcess struct {
 }
 
 // NewEngineProcess returns the finder of kind's process listening on port.
-func NewEngineProcess(kind string, port int, grace time.Duration) (*EngineProcess, error) {
+func NewEngineProcess(kind v1alpha1.Engine, port int, grace time.Duration) (*EngineProcess, error) {
 	m, ok := engineproc.Matcher(kind)
 	if !ok {
 		return nil, fmt.Errorf("no process matcher for engine %q", kind)

@@ -21,7 +21,8 @@ import (
 	"github.com/model-orchestra/operator/internal/engineproc"
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecar/enginetest"
-	"github.com/model-orchestra/operator/internal/sidecarapi"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // The tests below run fake engines as real processes (enginetest.RunFakeEngine)
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 // ends, until the test ends.
 type kubelet struct {
 	t    *testing.T
-	kind string
+	kind v1alpha1.Engine
 	port int
 	env  []string
 
@@ -50,7 +51,7 @@ type kubelet struct {
 
 // runEngine starts a fake engine of kind on a free port under a kubelet
 // and waits until it answers.
-func runEngine(t *testing.T, kind string, env ...string) *kubelet {
+func runEngine(t *testing.T, kind v1alpha1.Engine, env ...string) *kubelet {
 	t.Helper()
 	k := &kubelet{t: t, kind: kind, port: enginetest.FreePort(t), env: env}
 	k.start(true)
@@ -70,13 +71,13 @@ func runEngine(t *testing.T, kind string, env ...string) *kubelet {
 func (k *kubelet) start(first bool) {
 	cmd := exec.Command(enginetest.SelfExe())
 	cmd.Args = enginetest.Args(k.kind, k.port)
-	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+k.kind, enginetest.PortEnv+"="+strconv.Itoa(k.port))
-	if k.kind == sidecarapi.EngineOllama {
+	cmd.Env = append(os.Environ(), enginetest.EngineEnv+"="+string(k.kind), enginetest.PortEnv+"="+strconv.Itoa(k.port))
+	if k.kind == v1alpha1.EngineOllama {
 		cmd.Env = append(cmd.Env, "OLLAMA_HOST=127.0.0.1:"+strconv.Itoa(k.port))
 	}
 	// A first start loads the model; a restarted Ollama has none loaded, and
 	// llama.cpp's router loads it again (load-on-startup).
-	if first || k.kind != sidecarapi.EngineOllama {
+	if first || k.kind != v1alpha1.EngineOllama {
 		cmd.Env = append(cmd.Env, enginetest.LoadedEnv+"=1")
 	}
 	if first {
@@ -133,7 +134,7 @@ func (k *kubelet) url() string { return "http://127.0.0.1:" + strconv.Itoa(k.por
 
 func (k *kubelet) waitAnswers() {
 	k.t.Helper()
-	path := map[string]string{sidecarapi.EngineVLLM: "/is_sleeping", sidecarapi.EngineSimulator: "/is_sleeping", sidecarapi.EngineOllama: "/api/ps", sidecarapi.EngineLlamaCPP: "/models"}[k.kind]
+	path := map[v1alpha1.Engine]string{v1alpha1.EngineVLLM: "/is_sleeping", v1alpha1.EngineSimulator: "/is_sleeping", v1alpha1.EngineOllama: "/api/ps", v1alpha1.EngineLlamaCPP: "/models"}[k.kind]
 	eventually(k.t, 10*time.Second, func() error {
 		resp, err := http.Get(k.url() + path)
 		if err != nil {
@@ -177,11 +178,11 @@ func TestEngineMatchersKnowEachEnginesServingProcess(t *testing.T) {
 		"simulator":        {"/orchestra-sim", "--addr=:8082", "--restartable"},
 		"the sidecar":      {"/orchestra-agent", "--role=sidecar", "--engine=vllm", "--engine-url=http://127.0.0.1:8080"},
 	}
-	want := map[string][]string{
-		sidecarapi.EngineVLLM:      {"vllm module", "vllm serve"},
-		sidecarapi.EngineOllama:    {"ollama serve"},
-		sidecarapi.EngineLlamaCPP:  {"llama-server"},
-		sidecarapi.EngineSimulator: {"simulator"},
+	want := map[v1alpha1.Engine][]string{
+		v1alpha1.EngineVLLM:      {"vllm module", "vllm serve"},
+		v1alpha1.EngineOllama:    {"ollama serve"},
+		v1alpha1.EngineLlamaCPP:  {"llama-server"},
+		v1alpha1.EngineSimulator: {"simulator"},
 	}
 	for kind, w := range want {
 		p, err := sidecar.NewEngineProcess(kind, 8080, time.Second)
@@ -199,19 +200,19 @@ func TestEngineMatchersKnowEachEnginesServingProcess(t *testing.T) {
 			t.Errorf("%s matches (-want +got):\n%s", kind, d)
 		}
 	}
-	if _, err := sidecar.NewEngineProcess(sidecarapi.EngineDllama, 8080, time.Second); err == nil {
+	if _, err := sidecar.NewEngineProcess(v1alpha1.EngineDllama, 8080, time.Second); err == nil {
 		t.Error("distributed-llama has no process matcher, want an error")
 	}
 }
 
 func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
-	a := runEngine(t, sidecarapi.EngineVLLM)
-	b := runEngine(t, sidecarapi.EngineVLLM)
-	o := runEngine(t, sidecarapi.EngineOllama)
-	l := runEngine(t, sidecarapi.EngineLlamaCPP)
+	a := runEngine(t, v1alpha1.EngineVLLM)
+	b := runEngine(t, v1alpha1.EngineVLLM)
+	o := runEngine(t, v1alpha1.EngineOllama)
+	l := runEngine(t, v1alpha1.EngineLlamaCPP)
 
 	for _, k := range []*kubelet{a, b, o, l} {
-		t.Run(k.kind, func(t *testing.T) {
+		t.Run(string(k.kind), func(t *testing.T) {
 			p, err := sidecar.NewEngineProcess(k.kind, k.port, time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -228,7 +229,7 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 				}
 				return nil
 			})
-			if k.kind != sidecarapi.EngineLlamaCPP && len(got) != 2 {
+			if k.kind != v1alpha1.EngineLlamaCPP && len(got) != 2 {
 				t.Errorf("%s: want the server and its child (engine core, model runner), got %v", k.kind, got)
 			}
 		})
@@ -236,14 +237,14 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 
 	// Another kind's matcher on vLLM's port finds nothing, and says what
 	// listens there.
-	p, _ := sidecar.NewEngineProcess(sidecarapi.EngineOllama, a.port, time.Second)
+	p, _ := sidecar.NewEngineProcess(v1alpha1.EngineOllama, a.port, time.Second)
 	_, err := p.PIDs()
 	if !errors.Is(err, sidecar.ErrEngineProcessNotFound) || !strings.Contains(err.Error(), "vllm serve") {
 		t.Errorf("an ollama matcher on vLLM's port: want ErrEngineProcessNotFound naming vllm serve, got %v", err)
 	}
 	// A port where nothing listens: the engine is not running, and there
 	// is nothing to stop.
-	p, _ = sidecar.NewEngineProcess(sidecarapi.EngineVLLM, enginetest.FreePort(t), time.Second)
+	p, _ = sidecar.NewEngineProcess(v1alpha1.EngineVLLM, enginetest.FreePort(t), time.Second)
 	if _, err := p.PIDs(); !errors.Is(err, sidecar.ErrEngineNotRunning) {
 		t.Errorf("a free port: want ErrEngineNotRunning, got %v", err)
 	}
@@ -251,7 +252,7 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 		t.Errorf("stopping on a free port: %+v, %v; want nothing stopped and no error", rep, err)
 	}
 	// Another kind listening on the port is not stopped.
-	p, _ = sidecar.NewEngineProcess(sidecarapi.EngineLlamaCPP, a.port, time.Second)
+	p, _ = sidecar.NewEngineProcess(v1alpha1.EngineLlamaCPP, a.port, time.Second)
 	if _, err := p.Stop(context.Background()); !errors.Is(err, sidecar.ErrEngineProcessNotFound) || errors.Is(err, sidecar.ErrEngineNotRunning) || !alive(a.pid()) {
 		t.Errorf("stopping llama.cpp on vLLM's port: %v (vLLM alive: %v); want ErrEngineProcessNotFound and vLLM untouched", err, alive(a.pid()))
 	}
@@ -260,7 +261,7 @@ func TestEngineProcessFindsOnlyItsApplicationsEngine(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	defer srv.Close()
 	port, _ := strconv.Atoi(srv.URL[strings.LastIndexByte(srv.URL, ':')+1:])
-	p, _ = sidecar.NewEngineProcess(sidecarapi.EngineVLLM, port, time.Second)
+	p, _ = sidecar.NewEngineProcess(v1alpha1.EngineVLLM, port, time.Second)
 	p.Match = func([]string) bool { return true }
 	if _, err := p.PIDs(); err == nil || !strings.Contains(err.Error(), "the agent itself") {
 		t.Errorf("a port the agent listens on: want a refusal, got %v", err)
@@ -277,10 +278,10 @@ func TestEngineProcessStopTermsThenKillsTheWholeTree(t *testing.T) {
 		{"ignores SIGTERM", []string{enginetest.NoTermEnv + "=1"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			k := runEngine(t, sidecarapi.EngineVLLM, tc.env...)
-			bystander := runEngine(t, sidecarapi.EngineVLLM)
+			k := runEngine(t, v1alpha1.EngineVLLM, tc.env...)
+			bystander := runEngine(t, v1alpha1.EngineVLLM)
 			bystanderPIDs := append([]int{bystander.pid()}, children(t, bystander.pid())...)
-			p, err := sidecar.NewEngineProcess(sidecarapi.EngineVLLM, k.port, 300*time.Millisecond)
+			p, err := sidecar.NewEngineProcess(v1alpha1.EngineVLLM, k.port, 300*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
 			}

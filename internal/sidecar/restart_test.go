@@ -1,6 +1,7 @@
 package sidecar_test
 
 import (
+	"github.com/model-orchestra/operator/api/v1alpha1"
 	"net/http"
 	"slices"
 	"strings"
@@ -28,8 +29,8 @@ func startProcessSidecar(t *testing.T, k *kubelet, mut func(*agent.Config)) *sid
 }
 
 func TestSidecarRestartsEachEngineThroughItsProcesses(t *testing.T) {
-	for _, kind := range []string{sidecarapi.EngineVLLM, sidecarapi.EngineOllama, sidecarapi.EngineLlamaCPP} {
-		t.Run(kind, func(t *testing.T) {
+	for _, kind := range []v1alpha1.Engine{v1alpha1.EngineVLLM, v1alpha1.EngineOllama, v1alpha1.EngineLlamaCPP} {
+		t.Run(string(kind), func(t *testing.T) {
 			k := runEngine(t, kind)
 			other := runEngine(t, kind)
 			otherPID := other.pid()
@@ -98,7 +99,7 @@ func TestSidecarRestartsEachEngineThroughItsProcesses(t *testing.T) {
 }
 
 func TestSidecarRestartNeedsAWay(t *testing.T) {
-	k := runEngine(t, sidecarapi.EngineVLLM)
+	k := runEngine(t, v1alpha1.EngineVLLM)
 	e := startProcessSidecar(t, k, func(c *agent.Config) { c.Sidecar.RestartProcess = false })
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
@@ -114,7 +115,7 @@ func TestSidecarRestartNeedsAWay(t *testing.T) {
 }
 
 func TestSidecarRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
-	k := runEngine(t, sidecarapi.EngineVLLM)
+	k := runEngine(t, v1alpha1.EngineVLLM)
 	e := startProcessSidecar(t, k, func(c *agent.Config) { c.Sidecar.WakeTimeout = 500 * time.Millisecond })
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {
@@ -136,7 +137,7 @@ func TestSidecarRestartFailsWhenTheEngineDoesNotComeBack(t *testing.T) {
 // restarts it by its process. The restarted simulator loads its weights
 // awake, the sidecar puts it to sleep at level 2, and its memory reads freed.
 func TestSidecarRestartsALeakingSimulatorWithoutRestartableByItsProcess(t *testing.T) {
-	k := runEngine(t, sidecarapi.EngineSimulator, enginetest.HotDirEnv+"="+t.TempDir())
+	k := runEngine(t, v1alpha1.EngineSimulator, enginetest.HotDirEnv+"="+t.TempDir())
 	e := startProcessSidecar(t, k, nil)
 	e.waitState(sidecarapi.Awake)
 	if code, body := e.do("POST", "/sleep?level=1"); code != http.StatusOK {

@@ -13,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/model-orchestra/operator/internal/agenthttp"
-	"github.com/model-orchestra/operator/internal/nodeapi"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
 
@@ -474,13 +473,7 @@ func (s *Sidecar) Handler(reg *prometheus.Registry) http.Handler {
 		}
 		w.WriteHeader(http.StatusOK)
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", agenthttp.MetricsHandler(reg))
-	if s.cfg.CallerTokenFile == "" {
-		s.log.Warn("no --caller-token-file: the sidecar's mutating endpoints accept any caller the network lets through")
-		return mux
-	}
-	return nodeapi.RequireCaller(nodeapi.TokenFile(s.cfg.CallerTokenFile), mux, agenthttp.WriteError)
+	return agenthttp.Finish(mux, reg, s.cfg.CallerTokenFile, s.log, "the sidecar's")
 }
 
 // Watch keeps the sidecar in step with the engine until ctx ends.

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/model-orchestra/operator/internal/sidecarapi"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // VLLM drives vLLM's sleep mode (also the simulator's, which mimics it). It
@@ -17,7 +19,7 @@ import (
 // must stay pod-local: the sidecar reaches them over localhost.
 type VLLM struct {
 	httpEngine
-	kind string
+	kind v1alpha1.Engine
 
 	mu    sync.Mutex
 	level int // the level of the last sleep, which decides the wake sequence
@@ -62,7 +64,7 @@ func (v *VLLM) ReloadsWeights() bool {
 }
 
 // Name implements Engine.
-func (v *VLLM) Name() string { return v.kind }
+func (v *VLLM) Name() v1alpha1.Engine { return v.kind }
 
 // Restart implements Restarter for the simulator run with --restartable
 // (POST /orchestra/restart); vLLM itself, and a simulator without
@@ -70,7 +72,7 @@ func (v *VLLM) Name() string { return v.kind }
 // then stops its processes when it may). The restarted engine starts on
 // its next wake, with a plain /wake_up.
 func (v *VLLM) Restart(ctx context.Context) error {
-	if v.kind != sidecarapi.EngineSimulator {
+	if v.kind != v1alpha1.EngineSimulator {
 		return fmt.Errorf("%w: %s has no in-place restart; only its container's restart would free its memory", ErrRestartUnsupported, v.kind)
 	}
 	if err := v.call(ctx, http.MethodPost, "/orchestra/restart", nil, nil); err != nil {
@@ -192,7 +194,7 @@ func (v *VLLM) Sleeping(ctx context.Context) (bool, error) {
 // Weights implements WeightsReporter: the simulator reports its weights
 // (GET /orchestra/weights); vLLM has no such endpoint.
 func (v *VLLM) Weights(ctx context.Context) (EngineWeights, bool, error) {
-	if v.kind != sidecarapi.EngineSimulator {
+	if v.kind != v1alpha1.EngineSimulator {
 		return EngineWeights{}, false, nil
 	}
 	var w EngineWeights

@@ -1,5 +1,5 @@
 // Package sidecarapi is the wire protocol of the per-engine sidecar
-// (orchestra-agent --role sidecar, internal/sidecar): the engine kinds, the
+// (orchestra-agent --role sidecar, internal/sidecar): the
 // states and the status it reports, and the one client the lifecycle
 // leader and the seat groups drive it with. Both sides import it; it
 // imports nothing of either.
@@ -21,7 +21,6 @@
 //
 // Files:
 //   - types.go: State, Status, Transition, Transfer, ModelCopy, RestartReport, StopReport.
-//   - engines.go: the engine kinds.
 //   - client.go: Client, Error, ErrConflict.
 //   - modelfiles.go: ModelFiles, GET /model/files and the client's
 //     ModelFiles and OpenModelFile.
@@ -90,8 +89,8 @@ type Transfer struct {
 
 // Status is the body of GET /state.
 type Status struct {
-	State  State  `json:"state"`
-	Engine string `json:"engine"`
+	State  State           `json:"state"`
+	Engine v1alpha1.Engine `json:"engine"`
 	// Level is the sleep level while not Awake.
 	Level     int         `json:"level,omitempty"`
 	Since     time.Time   `json:"since"`

@@ -288,8 +288,8 @@ func TestSeatGroupSampleConfiguresTheLeader(t *testing.T) {
 	// pod's node, under the name its engine gives its weights; a level-1
 	// sleep of the simulator leaves them in the hot tier (its own offload).
 	member := func(name string, priority, port int32) lifecycle.SeatMember {
-		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, Level1Tier: v1alpha1.TierHot, SidecarPort: port,
-			AgentSelector: "app.kubernetes.io/instance=shared,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301, ModelCheckpoint: "shared-" + name}
+		return lifecycle.SeatMember{Name: name, Priority: priority, MinResidency: metav1.Duration{Duration: 10 * time.Second}, SleepLevel: 1, SidecarPort: port,
+			Weights: lifecycle.Weights{Level1Tier: v1alpha1.TierHot, AgentSelector: "app.kubernetes.io/instance=shared,app.kubernetes.io/component=checkpoint-agent", AgentPort: 9301, ModelCheckpoint: "shared-" + name}}
 	}
 	want := []lifecycle.SeatGroup{{Name: "accel", StatefulSet: "shared-seat-accel", Replicas: 1, ActiveSeats: 1,
 		Members: []lifecycle.SeatMember{member("alpha", 10, 9300), member("beta", 0, 9301), member("gamma", 0, 9302)}}}

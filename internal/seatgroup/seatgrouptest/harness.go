@@ -20,6 +20,8 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // AppOptions describes one application of the group.
@@ -136,7 +138,7 @@ func Start(opts Options) (*Harness, error) {
 		h.servers = append(h.servers, engSrv)
 
 		ac := agent.Default()
-		ac.Sidecar.Engine = sidecar.EngineConfig{Kind: sidecarapi.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
+		ac.Sidecar.Engine = sidecar.EngineConfig{Kind: v1alpha1.EngineSimulator, URL: engSrv.URL, PollInterval: 2 * time.Millisecond}
 		ac.Sidecar.PollInterval, ac.Sidecar.DrainTimeout = 2*time.Millisecond, 10*time.Second
 		if err := ac.Validate(); err != nil {
 			h.Close()

@@ -16,13 +16,15 @@ import (
 	"github.com/model-orchestra/operator/internal/sidecar"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 const weights = 4 << 20
 
 // start runs a restartable simulator that leaks its memory at every sleep
 // (vllm#47654) and a sidecar of kind in front of it.
-func start(t *testing.T, kind string) (*simengine.Engine, sidecarapi.Client) {
+func start(t *testing.T, kind v1alpha1.Engine) (*simengine.Engine, sidecarapi.Client) {
 	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	cfg := sim.Default()
@@ -77,7 +79,7 @@ func memory(t *testing.T, seat sidecarapi.Client) seatgroup.MemoryReading {
 // it again with its weights loaded and verified, and it serves. A restart
 // is refused while the engine is awake.
 func TestSidecarRestartsALeakingEngineInPlace(t *testing.T) {
-	eng, seat := start(t, sidecarapi.EngineSimulator)
+	eng, seat := start(t, v1alpha1.EngineSimulator)
 	ctx := context.Background()
 	if r := memory(t, seat); r.ResidentBytes != weights || r.WeightsBytes != weights {
 		t.Fatalf("awake: reading %+v, want %d resident of %d", r, weights, weights)
@@ -129,7 +131,7 @@ func TestSidecarRestartsALeakingEngineInPlace(t *testing.T) {
 // TestSeatRefusesARestartItCannotMake: vLLM has no in-place restart; its
 // seat answers 501 and stays Asleep.
 func TestSeatRefusesARestartItCannotMake(t *testing.T) {
-	_, seat := start(t, sidecarapi.EngineVLLM)
+	_, seat := start(t, v1alpha1.EngineVLLM)
 	ctx := context.Background()
 	if err := seat.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -146,7 +148,7 @@ func TestSeatRefusesARestartItCannotMake(t *testing.T) {
 // TestStoppedEngineAnswersAsAsleep: a restarted engine refuses requests
 // other than the sleep API's and the health check until it is woken.
 func TestStoppedEngineAnswersAsAsleep(t *testing.T) {
-	eng, seat := start(t, sidecarapi.EngineSimulator)
+	eng, seat := start(t, v1alpha1.EngineSimulator)
 	ctx := context.Background()
 	if err := seat.Sleep(ctx, 1); err != nil {
 		t.Fatal(err)

@@ -28,9 +28,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 	"golang.org/x/sys/unix"
+
+	"github.com/model-orchestra/operator/api/v1alpha1"
 )
 
 // The fake engine process's environment.
@@ -47,7 +48,7 @@ const (
 // RunFakeEngine is the fake engine process's main: kind's fake (or the
 // real simulator) serving on PortEnv until SIGTERM; it returns the exit
 // code.
-func RunFakeEngine(kind string) int {
+func RunFakeEngine(kind v1alpha1.Engine) int {
 	if os.Getenv(NoTermEnv) == "1" {
 		signal.Ignore(syscall.SIGTERM)
 	}
@@ -58,10 +59,10 @@ func RunFakeEngine(kind string) int {
 	var child []string
 	loaded := os.Getenv(LoadedEnv) == "1"
 	switch kind {
-	case sidecarapi.EngineVLLM:
+	case v1alpha1.EngineVLLM:
 		v := NewVLLM() // vLLM starts awake, its weights loaded
 		h, child = v.Handler(), []string{"VLLM::EngineCore"}
-	case sidecarapi.EngineOllama:
+	case v1alpha1.EngineOllama:
 		var models []string
 		if loaded {
 			models = []string{Model}
@@ -70,9 +71,9 @@ func RunFakeEngine(kind string) int {
 		o := NewOllama(models...)
 		o.Create(Model) // the chart's script created it as the engine started
 		h = o.Handler()
-	case sidecarapi.EngineLlamaCPP:
+	case v1alpha1.EngineLlamaCPP:
 		h = NewLlamaCPP(Model).Handler() // load-on-startup
-	case sidecarapi.EngineSimulator:
+	case v1alpha1.EngineSimulator:
 		// The simulator itself, without --restartable, leaking its memory
 		// on every sleep of its first start (vllm#47654).
 		sc := sim.Default()
@@ -127,14 +128,14 @@ func SelfExe() string {
 }
 
 // Args is each kind's command line on port.
-func Args(kind string, port int) []string {
+func Args(kind v1alpha1.Engine, port int) []string {
 	p := strconv.Itoa(port)
 	switch kind {
-	case sidecarapi.EngineVLLM:
+	case v1alpha1.EngineVLLM:
 		return []string{"/usr/bin/python3", "/usr/local/bin/vllm", "serve", "/models/m", "--port", p, "--enable-sleep-mode"}
-	case sidecarapi.EngineOllama:
+	case v1alpha1.EngineOllama:
 		return []string{"ollama", "serve"}
-	case sidecarapi.EngineSimulator:
+	case v1alpha1.EngineSimulator:
 		return []string{"/orchestra-sim", "--addr=:" + p, "--enable-sleep-mode", "--fault-sleep-leak"}
 	default:
 		return []string{"/app/llama-server", "--host", "0.0.0.0", "--port", p, "--models-preset", "/etc/llama/models.ini"}
@@ -160,6 +161,6 @@ func FreePort(t testing.TB) int {
 func MainIfFakeEngine() {
 	_ = unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC)
 	if kind := os.Getenv(EngineEnv); kind != "" {
-		os.Exit(RunFakeEngine(kind))
+		os.Exit(RunFakeEngine(v1alpha1.Engine(kind)))
 	}
 }

@@ -60,7 +60,7 @@ checkpoint-agent
 {{- end -}}
 
 {{/* The applications of one seat group, comma-separated and sorted: an
-application's index in this list places its engine and its seat in the
+application's index in this list places its engine and its sidecar in the
 group's pod (mo.seatGroupEnginePort, mo.seatGroupSidecarPort).
 {{- $apps := include "mo.seatGroupApps" (dict "root" $ "group" $g) | splitList "," | compact }} */}}
 {{- define "mo.seatGroupApps" -}}
@@ -88,7 +88,7 @@ containerPort: {{ include "mo.seatGroupEnginePort" $i }} */}}
 {{- add 8080 (int .) -}}
 {{- end -}}
 
-{{/* The port of the i-th seat of a seat group's pod: mo.sidecarPort + i, so
+{{/* The port of the i-th sidecar of a seat group's pod: mo.sidecarPort + i, so
 9300-9315.
 containerPort: {{ include "mo.seatGroupSidecarPort" (dict "root" $ "index" $i) }} */}}
 {{- define "mo.seatGroupSidecarPort" -}}

@@ -11,15 +11,15 @@ and returns one container (a YAML mapping, not a list item).
 Every root container serves the OpenAI API on port 8080 ("http"). In a seat
 group's pod (seatgroup.yaml), where several engines share the pod, the dict
 also carries
-  port:            the engine's port (else 8080)
-  portName:        its container port's name (else "http")
-  engineContainer: the engine container's name (else "engine")
+  port:             the engine's port (else 8080)
+  portName:         its container port's name (else "http")
+  engineContainer:  the engine container's name (else "engine")
   sidecarContainer: the sidecar container's name (else "sidecar")
   sidecarPort:      the sidecar's port (else mo.sidecarPort)
   sidecarPortName:  its container port's name (else "sidecar")
-  volumeSuffix:    appended to the names of the engine's own volumes
-                   (model, tmp, llama-preset)
-  seatGroup:       the group's name
+  volumeSuffix:     appended to the names of the engine's own volumes
+                    (model, tmp, llama-preset)
+  seatGroup:        the group's name
 */}}
 
 {{/* The ready-made engine image: runtime.image, else the chart's default. */}}
@@ -95,7 +95,7 @@ issue 11607). */}}
 {{- end -}}
 
 {{/* The security context of an engine container (and, in a seat group, of
-its seat, which must run as the same user and group to signal the engine's
+its sidecar, which must run as the same user and group to signal the engine's
 processes): the user and group where the chart sets them (mo.engineUser,
 mo.engineGroup), not root where that user is not 0, and Ollama and the
 simulator with a read-only root filesystem; no capability and no
