@@ -218,33 +218,26 @@ func Provision(ctx context.Context, js jetstream.JetStream, s StreamSpec, consum
 		return fmt.Errorf("provisioning stream %s: %w", s.DeadLetterStream(), err)
 	}
 	for _, c := range consumers {
-		_, err := js.CreateOrUpdateConsumer(ctx, s.Stream(), jetstream.ConsumerConfig{
-			Durable:       s.Consumer(c.App),
-			Description:   "requests of application " + c.App,
-			FilterSubject: s.Request(c.App),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       c.AckWait,
-			MaxDeliver:    -1,
-			MaxAckPending: c.MaxAckPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
-			return fmt.Errorf("provisioning consumer %s: %w", s.Consumer(c.App), err)
-		}
-		// Lease requests (lease.go): one at a time per dispatcher pull, a
-		// held lease unacknowledged until it is returned.
-		_, err = js.CreateOrUpdateConsumer(ctx, s.Stream(), jetstream.ConsumerConfig{
-			Durable:       s.LeaseConsumer(c.App),
-			Description:   "engine slot leases of application " + c.App,
-			FilterSubject: s.Lease(c.App),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       c.AckWait,
-			MaxDeliver:    -1,
-			MaxAckPending: c.MaxAckPending,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
-			return fmt.Errorf("provisioning consumer %s: %w", s.LeaseConsumer(c.App), err)
+		// The application's requests, and its lease requests (lease.go):
+		// one at a time per dispatcher pull, a held lease unacknowledged
+		// until it is returned. The two differ only in what they select.
+		for _, k := range []struct{ durable, description, subject string }{
+			{s.Consumer(c.App), "requests of application " + c.App, s.Request(c.App)},
+			{s.LeaseConsumer(c.App), "engine slot leases of application " + c.App, s.Lease(c.App)},
+		} {
+			_, err := js.CreateOrUpdateConsumer(ctx, s.Stream(), jetstream.ConsumerConfig{
+				Durable:       k.durable,
+				Description:   k.description,
+				FilterSubject: k.subject,
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       c.AckWait,
+				MaxDeliver:    -1,
+				MaxAckPending: c.MaxAckPending,
+				DeliverPolicy: jetstream.DeliverAllPolicy,
+			})
+			if err != nil {
+				return fmt.Errorf("provisioning consumer %s: %w", k.durable, err)
+			}
 		}
 	}
 	return nil
