@@ -50,7 +50,9 @@ type Config struct {
 // gateway (a lease), instead of through the queue.
 type DirectConfig struct {
 	// LeaseIdle is how long an unused lease is kept before it is given
-	// back. Default 2s.
+	// back while the application serves (an unused lease holds off no
+	// sleep or scale to zero: its use is reported to the lifecycle
+	// leader). Default 10m (DefaultLeaseIdle).
 	LeaseIdle metav1.Duration `json:"leaseIdle,omitempty"`
 }
 

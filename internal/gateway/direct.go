@@ -9,9 +9,19 @@ package gateway
 // embeddings and Batch APIs, and applications whose routing chooses among
 // several roots. A lease is asked for in the background when traffic comes
 // and none is held (the request that asks takes the queue: nothing waits
-// for a lease), kept while it is used, and given back after
-// DirectConfig.LeaseIdle unused, when the application leaves serving, or
-// when the engine fails on it.
+// for a lease), and kept while the application serves, across idle gaps,
+// up to DirectConfig.LeaseIdle unused. It is given back when the
+// application leaves serving (after the request running on it ends), when
+// the engine fails on it, and at its MaxAge, when the dispatcher ends it: a
+// lease used within LeaseIdle is then asked for again at once, so that the
+// next request finds one.
+//
+// A held lease holds off no sleep and no scale to zero: the gateway
+// reports its use to the lifecycle leader (queue.Lease.Report: when a
+// request starts and ends on it, and every second while one runs), which
+// counts an idle lease as no demand; the sleep or drain then waits for the
+// gateway to give the lease back, which it does once the application
+// leaves serving.
 //
 // Durability differs: a queued request survives restarts of the gateway,
 // the dispatcher and NATS; a direct request lives in the gateway only. An
@@ -34,8 +44,14 @@ import (
 	"github.com/model-orchestra/operator/internal/queue"
 )
 
-// DefaultLeaseIdle is how long an unused lease is kept.
-const DefaultLeaseIdle = 2 * time.Second
+// DefaultLeaseIdle is how long an unused lease is kept: long enough that
+// a user at concurrency 1 who pauses between requests (a chat's think
+// time, a batch script's gaps) still finds the lane open, and short enough
+// that a gateway stops renewing the lease of an application nobody uses.
+// Keeping one is cheap: it holds off no sleep or scale to zero (the use
+// reports), and the dispatcher takes it back as soon as queued requests
+// wait for its slot.
+const DefaultLeaseIdle = 10 * time.Minute
 
 // HeaderLane names a request's lane: a client may send "queue" to have a
 // request queued (durable) although the direct lane is open, and every
@@ -63,6 +79,13 @@ const (
 	leaseRetry   = time.Second
 	leaseRefused = 30 * time.Second
 )
+
+// keepTick paces the checks of a held lease: the application still
+// serves, the heartbeat of a busy one, unused for LeaseIdle.
+const keepTick = 100 * time.Millisecond
+
+// reportEvery is the heartbeat of a busy lease's use report.
+const reportEvery = time.Second
 
 // laneAction is what a request does about the direct lane.
 type laneAction int
@@ -99,15 +122,55 @@ func decideLane(s laneState) laneAction {
 	return laneTakeQueue
 }
 
+// keepAction is what the keeper of a held lease does (decideKeep).
+type keepAction int
+
+const (
+	keepHold   keepAction = iota // nothing now
+	keepReport                   // the heartbeat of a busy lease
+	keepReturn                   // give the lease back
+	keepRenew                    // give it back and ask for a new one at once
+)
+
+// keepState is a held lease as the keeper sees it.
+type keepState struct {
+	serving, busy, expired, revoked bool
+	// unused is the time since the lease was last used (a request ended
+	// on it, or the request that asked for it); idle the limit.
+	unused, idle time.Duration
+	// sinceReport is the time since the last use report.
+	sinceReport time.Duration
+}
+
+// decideKeep is the pure choice of what to do about a held lease between
+// requests: a busy one is only reported (what ends it is decided when its
+// request ends); an idle one is kept while the application serves, up to
+// the idle limit unused, and renewed at its MaxAge.
+func decideKeep(s keepState) keepAction {
+	switch {
+	case s.busy && s.sinceReport >= reportEvery:
+		return keepReport
+	case s.busy:
+		return keepHold
+	case s.revoked || !s.serving || s.unused >= s.idle:
+		return keepReturn
+	case s.expired:
+		return keepRenew
+	}
+	return keepHold
+}
+
 // lane is one application's lease, held by this gateway.
 type lane struct {
 	mu         sync.Mutex
+	model      *ModelConfig // of the request that last took or asked
 	lease      *queue.Lease
 	busy       bool
 	asking     bool
+	keeping    bool // a keeper runs (keep)
 	lastUsed   time.Time
+	reported   time.Time
 	retryAfter time.Time
-	idle       *time.Timer
 }
 
 // lanes holds the direct lanes of the gateway's applications.
@@ -155,35 +218,25 @@ func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) 
 	serving := ls.serves(m)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.model = m
 	for {
 		s := laneState{enabled: m.DirectLane, serving: serving, held: l.lease != nil, busy: l.busy,
 			asking: l.asking, now: ls.now(), retryAfter: l.retryAfter}
 		if l.lease != nil {
-			s.expired = !s.now.Before(l.lease.Expires)
-			select {
-			case <-l.lease.Revoked:
-				s.revoked = true
-			default:
-			}
+			s.expired, s.revoked = l.ended(s.now)
 		}
 		switch decideLane(s) {
 		case laneTakeDirect:
 			l.busy = true
+			l.report(s.now, true)
 			return l, l.lease, nil
 		case laneAskLease:
 			l.asking = true
 			asking, app := l, m.App // l, a named result, is nil once returned
-			return nil, nil, func() { go ls.ask(app, asking) }
+			return nil, nil, func() { go ls.ask(app, asking, false) }
 		case laneDropLease:
 			if !l.busy {
-				l.lease.Return(false)
-				l.lease = nil
-				if s.revoked {
-					// Taken back for queued requests (or its root left):
-					// asking again at once would take the slot back from
-					// them.
-					l.retryAfter = s.now.Add(leaseRetry)
-				}
+				l.giveBack(s.now, false, s.revoked)
 				continue
 			}
 			return nil, nil, nil
@@ -193,61 +246,111 @@ func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) 
 	}
 }
 
-// done ends a request on l's lease; failed gives the lease back as failed
-// (the engine failed on it), and a new one is asked for after leaseRetry.
-func (ls *lanes) done(l *lane, failed bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.busy = false
-	l.lastUsed = ls.now()
-	if l.lease == nil {
-		return
-	}
-	if failed {
-		l.lease.Return(true)
-		l.lease = nil
-		l.retryAfter = ls.now().Add(leaseRetry)
-		return
-	}
-	l.armIdle(ls)
-}
-
-// armIdle (re)starts the check that gives an unused lease back; l.mu held.
-func (l *lane) armIdle(ls *lanes) {
-	if l.idle != nil {
-		l.idle.Stop()
-	}
-	l.idle = time.AfterFunc(ls.idle, func() { ls.checkIdle(l) })
-}
-
-// checkIdle gives l's lease back when it was not used for the idle time,
-// or has expired or been revoked.
-func (ls *lanes) checkIdle(l *lane) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lease == nil || l.busy {
-		return
-	}
-	revoked := false
+// ended reports whether l's lease reached its MaxAge or was revoked;
+// l.mu held, a lease held.
+func (l *lane) ended(now time.Time) (expired, revoked bool) {
 	select {
 	case <-l.lease.Revoked:
 		revoked = true
 	default:
 	}
-	now := ls.now()
-	if rest := ls.idle - now.Sub(l.lastUsed); rest > 0 && !revoked && now.Before(l.lease.Expires) {
-		l.idle = time.AfterFunc(rest, func() { ls.checkIdle(l) })
-		return
+	return !now.Before(l.lease.Expires), revoked
+}
+
+// report sends the lease's use report; l.mu held, a lease held.
+func (l *lane) report(now time.Time, busy bool) {
+	l.reported = now
+	if l.lease.Report != nil {
+		l.lease.Report(busy)
 	}
-	l.lease.Return(false)
+}
+
+// giveBack returns l's lease; l.mu held, a lease held, none running on it.
+// A revoked lease was taken back for queued requests (or its root left):
+// asking again at once would take the slot back from them.
+func (l *lane) giveBack(now time.Time, failed, revoked bool) {
+	l.lease.Return(failed)
 	l.lease = nil
-	if revoked {
+	if failed || revoked {
 		l.retryAfter = now.Add(leaseRetry)
 	}
 }
 
-// ask asks app's dispatchers for a lease.
-func (ls *lanes) ask(app string, l *lane) {
+// done ends a request on l's lease; failed gives the lease back as failed
+// (the engine failed on it), and a new one is asked for after leaseRetry.
+// A lease whose application left serving meanwhile is given back now, one
+// that reached its MaxAge is renewed.
+func (ls *lanes) done(l *lane, failed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := ls.now()
+	l.busy = false
+	l.lastUsed = now
+	if l.lease == nil {
+		return
+	}
+	l.report(now, false)
+	if failed {
+		l.giveBack(now, true, false)
+		return
+	}
+	ls.keepLocked(l, now)
+}
+
+// keepLocked applies decideKeep to l once; l.mu held. It starts the
+// keeper of a lease that stays held.
+func (ls *lanes) keepLocked(l *lane, now time.Time) {
+	if l.lease == nil {
+		return
+	}
+	s := keepState{busy: l.busy, unused: now.Sub(l.lastUsed), idle: ls.idle, sinceReport: now.Sub(l.reported),
+		serving: l.model == nil || ls.serves(l.model)}
+	s.expired, s.revoked = l.ended(now)
+	ls.mu.Lock()
+	closed := ls.closed
+	ls.mu.Unlock()
+	switch decideKeep(s) {
+	case keepReport:
+		l.report(now, true)
+	case keepReturn:
+		l.giveBack(now, false, s.revoked)
+		return
+	case keepRenew:
+		l.giveBack(now, false, false)
+		if !l.asking && !closed && l.model != nil {
+			l.asking = true
+			go ls.ask(l.model.App, l, true)
+		}
+		return
+	}
+	if !l.keeping && !closed {
+		l.keeping = true
+		go ls.keep(l)
+	}
+}
+
+// keep checks l's lease every keepTick while one is held.
+func (ls *lanes) keep(l *lane) {
+	t := time.NewTicker(keepTick)
+	defer t.Stop()
+	for range t.C {
+		l.mu.Lock()
+		ls.mu.Lock()
+		closed := ls.closed
+		ls.mu.Unlock()
+		if l.lease == nil || closed {
+			l.keeping = false
+			l.mu.Unlock()
+			return
+		}
+		ls.keepLocked(l, ls.now())
+		l.mu.Unlock()
+	}
+}
+
+// ask asks app's dispatchers for a lease. A renewal (renew) keeps the
+// time the last lease was used: only requests extend a lane's life.
+func (ls *lanes) ask(app string, l *lane, renew bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	lease, err := ls.leaser.Lease(ctx, app)
 	cancel()
@@ -269,8 +372,10 @@ func (ls *lanes) ask(app string, l *lane) {
 		return
 	}
 	l.lease = &lease
-	l.lastUsed = ls.now()
-	l.armIdle(ls)
+	if !renew {
+		l.lastUsed = ls.now()
+	}
+	ls.keepLocked(l, ls.now())
 }
 
 // close gives every lease back (the gateway stops).
@@ -290,9 +395,6 @@ func (ls *lanes) close() {
 		if l.lease != nil {
 			l.lease.Return(false)
 			l.lease = nil
-		}
-		if l.idle != nil {
-			l.idle.Stop()
 		}
 		l.mu.Unlock()
 	}

@@ -43,6 +43,114 @@ func TestDecideLane(t *testing.T) {
 	}
 }
 
+func TestDecideKeep(t *testing.T) {
+	idle := 10 * time.Minute
+	on := keepState{serving: true, idle: idle, unused: time.Second}
+	with := func(f func(*keepState)) keepState { s := on; f(&s); return s }
+	for _, c := range []struct {
+		name string
+		s    keepState
+		want keepAction
+	}{
+		{"idle, serving, within leaseIdle: kept", on, keepHold},
+		{"unused for leaseIdle: given back", with(func(s *keepState) { s.unused = idle }), keepReturn},
+		{"application left serving: given back", with(func(s *keepState) { s.serving = false }), keepReturn},
+		{"revoked: given back", with(func(s *keepState) { s.revoked = true }), keepReturn},
+		{"MaxAge, used within leaseIdle: renewed", with(func(s *keepState) { s.expired = true }), keepRenew},
+		{"MaxAge, unused for leaseIdle: given back", with(func(s *keepState) { s.expired, s.unused = true, idle }), keepReturn},
+		{"busy, reported just now: held", with(func(s *keepState) { s.busy, s.sinceReport = true, 10 * time.Millisecond }), keepHold},
+		{"busy, a second since the report: heartbeat", with(func(s *keepState) { s.busy, s.sinceReport = true, reportEvery }), keepReport},
+		{"busy while the application leaves serving: the request finishes", with(func(s *keepState) { s.busy, s.serving = true, false }), keepHold},
+		{"busy at MaxAge: decided when the request ends", with(func(s *keepState) { s.busy, s.expired = true, true }), keepHold},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := decideKeep(c.s); got != c.want {
+				t.Errorf("decideKeep(%+v) = %v, want %v", c.s, got, c.want)
+			}
+		})
+	}
+}
+
+// TestLeaseKeptAcrossGaps: an unused lease is kept across gaps while the
+// application serves, its use is reported (start, heartbeat, end), a
+// lease at its MaxAge that was used is renewed at once without a request,
+// and one left serving is given back only after its running request ends.
+func TestLeaseKeptAcrossGaps(t *testing.T) {
+	f := &fakeLeaser{maxAge: 600 * time.Millisecond}
+	serving := &servingFlag{on: true}
+	ls := &lanes{leaser: f, serving: serving, idle: time.Minute, now: time.Now, byApp: map[string]*lane{}}
+	defer ls.close()
+	m := &ModelConfig{Name: "m", App: "a", DirectLane: true, MaxWait: metav1.Duration{Duration: time.Minute}}
+	held := func() string {
+		ln := ls.get("a")
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		if ln.lease == nil {
+			return ""
+		}
+		return ln.lease.ID
+	}
+	if _, _, ask := ls.take(m); ask != nil {
+		ask()
+	}
+	waitFor(t, "the lease", func() bool { return held() == "1" })
+	ln, lease, _ := ls.take(m)
+	if lease == nil {
+		t.Fatal("a free lease was not used")
+	}
+	ls.done(ln, false)
+	// In the gap the lease reaches its MaxAge (600 ms): it is given back
+	// and renewed at once, without a request.
+	waitFor(t, "the renewed lease", func() bool { return held() == "2" })
+	if _, r := f.state(); len(r) != 1 || r[0] {
+		t.Fatalf("returns %v; want the expired lease given back once, not failed", r)
+	}
+	if got := f.reported(); !slices.Equal(got, []string{"1 busy", "1 idle"}) {
+		t.Errorf("reports %v; want the start and the end of the request", got)
+	}
+	// A request running on it reports a heartbeat every second.
+	ln, lease, _ = ls.take(m)
+	if lease == nil || lease.ID != "2" {
+		t.Fatal("the renewed lease was not used")
+	}
+	waitFor(t, "a heartbeat", func() bool { return len(f.reported()) >= 4 })
+	// The application leaves serving while the request runs: the lease
+	// stays until the request ends, then is given back, and not renewed.
+	serving.set(false)
+	time.Sleep(3 * keepTick)
+	if held() != "2" {
+		t.Fatal("a lease a request runs on was given back when the application left serving")
+	}
+	ls.done(ln, false)
+	if held() != "" {
+		t.Error("the lease was kept after its request ended while the application does not serve")
+	}
+	if got := f.reported(); got[2] != "2 busy" || got[3] != "2 busy" || got[len(got)-1] != "2 idle" {
+		t.Errorf("reports %v; want start, heartbeat and end of the second request", got)
+	}
+	time.Sleep(f.maxAge)
+	if a, _ := f.state(); a != 2 {
+		t.Errorf("%d asks; want none after the application left serving", a)
+	}
+}
+
+// TestIdleLeaseGivenBackWhenNotServing: an unused lease is given back
+// within a few checks once the application leaves serving (the sleep
+// waits for it), without a request.
+func TestIdleLeaseGivenBackWhenNotServing(t *testing.T) {
+	f := &fakeLeaser{}
+	serving := &servingFlag{on: true}
+	ls := &lanes{leaser: f, serving: serving, idle: time.Minute, now: time.Now, byApp: map[string]*lane{}}
+	defer ls.close()
+	m := &ModelConfig{Name: "m", App: "a", DirectLane: true, MaxWait: metav1.Duration{Duration: time.Minute}}
+	if _, _, ask := ls.take(m); ask != nil {
+		ask()
+	}
+	waitFor(t, "the lease", func() bool { ln := ls.get("a"); ln.mu.Lock(); defer ln.mu.Unlock(); return ln.lease != nil })
+	serving.set(false)
+	waitFor(t, "the lease given back", func() bool { _, r := f.state(); return len(r) == 1 })
+}
+
 // fakeLeaser grants leases and records their returns.
 type fakeLeaser struct {
 	mu       sync.Mutex
@@ -50,6 +158,8 @@ type fakeLeaser struct {
 	returned []bool // failed flags, in order
 	refuse   error
 	revoke   chan struct{}
+	maxAge   time.Duration // 0: an hour
+	reports  []string      // "<lease> busy" or "<lease> idle", in order
 }
 
 func (f *fakeLeaser) Lease(_ context.Context, app string) (queue.Lease, error) {
@@ -61,7 +171,17 @@ func (f *fakeLeaser) Lease(_ context.Context, app string) (queue.Lease, error) {
 	}
 	f.revoke = make(chan struct{})
 	var once sync.Once
-	return queue.Lease{ID: fmt.Sprint(f.asked), Root: "http://engine", Roots: 1, Expires: time.Now().Add(time.Hour), Revoked: f.revoke,
+	maxAge := f.maxAge
+	if maxAge == 0 {
+		maxAge = time.Hour
+	}
+	id := fmt.Sprint(f.asked)
+	return queue.Lease{ID: id, Root: "http://engine", Roots: 1, Expires: time.Now().Add(maxAge), Revoked: f.revoke,
+		Report: func(busy bool) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.reports = append(f.reports, id+map[bool]string{true: " busy", false: " idle"}[busy])
+		},
 		Return: func(failed bool) {
 			once.Do(func() {
 				f.mu.Lock()
@@ -69,6 +189,12 @@ func (f *fakeLeaser) Lease(_ context.Context, app string) (queue.Lease, error) {
 				f.mu.Unlock()
 			})
 		}}, nil
+}
+
+func (f *fakeLeaser) reported() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.reports)
 }
 
 func (f *fakeLeaser) state() (asked int, returned []bool) {

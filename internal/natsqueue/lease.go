@@ -27,6 +27,23 @@ package natsqueue
 // on Orch-Reply, when the root leaves or the dispatcher stops. A request
 // past its deadline is acknowledged and dropped; one the dispatcher cannot
 // serve (routing must choose the root: Orch-Refusal: routing) is refused.
+//
+// # Use reports
+//
+// A held lease counts as in flight on the lease consumer whether or not a
+// request runs on it, and a gateway keeps an unused lease while the
+// application serves. So that an idle lease does not keep an application
+// awake, the gateway tells the lifecycle leader how it uses each lease: a
+// LeaseUse (JSON) published on core NATS (outside the stream) on
+// Names.LeaseUse(app) when a request starts on the lease (Busy true), when
+// it ends (Busy false), and every LeaseUseEvery while one runs. The leader
+// counts a held lease as active demand only while a report younger than
+// LeaseUseStale says a request runs on it, and every report as use of the
+// application (internal/lifecycle, demand.go). Reports are best effort:
+// a lost one delays sleep by at most LeaseUseStale, and a held lease still
+// holds off the sleep or drain itself until it is given back (the gateway
+// gives it back once the application leaves serving, after the request it
+// runs ends).
 
 import (
 	"context"
@@ -98,6 +115,48 @@ func (n Names) LeaseConsumer(app string) string { return "lease-" + app }
 // LeaseReturn is where gateways give leases of an application back.
 func (n Names) LeaseReturn(app string) string {
 	return "orchestra." + n.token() + ".lease-return." + app
+}
+
+// LeaseUse is a gateway's report of how it uses a lease (see Use reports
+// above).
+type LeaseUse struct {
+	// Instance is the gateway instance holding the lease.
+	Instance string `json:"instance"`
+	// Lease is the lease's ID.
+	Lease string `json:"lease"`
+	// Busy: a request runs on the lease now.
+	Busy bool `json:"busy"`
+}
+
+// LeaseUseEvery is how often a gateway reports a lease that a request
+// runs on (a heartbeat).
+const LeaseUseEvery = time.Second
+
+// LeaseUseStale is the age after which a report no longer counts: three
+// heartbeats.
+const LeaseUseStale = 3 * LeaseUseEvery
+
+// LeaseUse is where gateways report their use of an application's
+// leases: core NATS, outside the request stream (whose subjects are
+// Request and Lease).
+func (n Names) LeaseUse(app string) string {
+	return "orchestra." + n.token() + ".lease-use." + app
+}
+
+// LeaseUseWildcard matches every application's use reports; the
+// application is the subject's last token.
+func (n Names) LeaseUseWildcard() string { return "orchestra." + n.token() + ".lease-use.*" }
+
+// ParseLeaseUse reads a use report.
+func ParseLeaseUse(b []byte) (LeaseUse, error) {
+	var u LeaseUse
+	if err := json.Unmarshal(b, &u); err != nil {
+		return LeaseUse{}, fmt.Errorf("malformed lease use report: %w", err)
+	}
+	if u.Instance == "" || u.Lease == "" {
+		return LeaseUse{}, errors.New("malformed lease use report: instance and lease are required")
+	}
+	return u, nil
 }
 
 // leaseWait bounds how long a gateway waits for a grant: a lease is only
@@ -196,6 +255,7 @@ func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
 	}
 	var ret sync.Once
 	subject := c.names.LeaseReturn(app)
+	useSubject := c.names.LeaseUse(app)
 	return queue.Lease{
 		ID:      g.ID,
 		Root:    g.Root,
@@ -211,6 +271,10 @@ func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
 				_ = c.nc.Publish(subject, []byte(body))
 				_ = sub.Unsubscribe()
 			})
+		},
+		Report: func(busy bool) {
+			b, _ := json.Marshal(LeaseUse{Instance: c.cfg.Instance, Lease: g.ID, Busy: busy})
+			_ = c.nc.Publish(useSubject, b)
 		},
 	}, nil
 }

@@ -116,6 +116,11 @@ type Lease struct {
 	// the dispatcher counts against the root as it counts its own
 	// failures. It is safe to call more than once; only the first counts.
 	Return func(failed bool)
+	// Report tells the application's lifecycle leader how the lease is
+	// used: busy when a request runs on it now. The gateway reports when
+	// a request starts and ends, and every second while one runs; nil
+	// when the queue has no lifecycle to tell.
+	Report func(busy bool)
 }
 
 // Leaser is implemented by queues whose dispatchers lend engine slots.
