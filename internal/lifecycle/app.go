@@ -37,6 +37,9 @@ type appState struct {
 	// lastRequest is when a request for the application was last seen
 	// published (unix nanoseconds), while it was not awake.
 	lastRequest atomic.Int64
+	// lastDirect is when a gateway last reported a request on a lease of
+	// the application (unix nanoseconds; leaseuse.go).
+	lastDirect atomic.Int64
 	// firstToken is the start (unix nanoseconds) of the last wake whose
 	// first_token stage this dispatcher observed.
 	firstToken atomic.Int64
@@ -236,6 +239,36 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 	return o
 }
 
+// awaitLeases closes in on a drain or sleep decided at decided: it reads
+// the consumer and, while the only thing in flight is leases held by
+// gateways' direct lanes (idle: a request on one would have cancelled
+// the decision), waits up to leaseReturnWait for them to be given back,
+// which the gateways do once they see the application leave serving.
+func (c *Controller) awaitLeases(ctx context.Context, a *appState, root *appsv1.StatefulSet, decided time.Time) observation {
+	obs := c.observe(ctx, a, root, true)
+	for end := time.Now().Add(leaseReturnWait); obs.infoOK && obs.demand.Leases > 0 && obs.pending+obs.ackPending == obs.demand.Leases &&
+		!a.requestSince(decided) && !a.directSince(decided) && time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return obs
+		case <-time.After(50 * time.Millisecond):
+		}
+		obs = c.observe(ctx, a, root, true)
+	}
+	return obs
+}
+
+// leasesHeld keeps a drain or sleep waiting (state Draining, the gate
+// closed) for leases the gateways still hold: the next step looks again.
+// A gateway gives its lease back once the application leaves serving,
+// after the request it runs ends; the dispatcher ends a lease at its
+// MaxAge at the latest (a gateway that is gone). A request meanwhile,
+// queued or on a direct lane, cancels the drain or sleep.
+func (c *Controller) leasesHeld(a *appState, obs observation) error {
+	c.log.Info("waiting for gateways to give their direct lane leases back", "app", a.Name, "leases", obs.demand.Leases)
+	return nil
+}
+
 // scaleWithBacklog runs ceil(load / target) replicas within
 // [max(min, 1), max]: more at once, fewer once the backlog has asked for
 // fewer for the stabilization window. With the KEDA scaler it only keeps
@@ -246,7 +279,7 @@ func (c *Controller) scaleWithBacklog(ctx context.Context, a *appState, obs obse
 		a.status.Replicas = cur
 		return c.syncWorkers(ctx, a, cur)
 	}
-	load := obs.pending + obs.ackPending
+	load := obs.demand.ActiveLoad() // an idle lease is no load
 	target := uint64(a.TargetQueuePerReplica)
 	want := int32(min((load+target-1)/target, uint64(a.MaxReplicas)))
 	want = max(want, a.MinReplicas, 1)
@@ -326,14 +359,18 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		_ = cancelDrain("pausing its consumer failed: " + err.Error())
 		return err
 	}
-	obs := c.observe(ctx, a, root, true)
+	obs := c.awaitLeases(ctx, a, root, decided)
 	switch {
 	case !obs.infoOK:
 		return cancelDrain("its backlog could not be read")
-	case obs.pending+obs.ackPending > 0:
-		return cancelDrain(fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending))
+	case obs.pending+obs.ackPending > obs.demand.Leases:
+		return cancelDrain(fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending-obs.demand.Leases))
 	case time.Unix(0, a.lastRequest.Load()).After(decided):
 		return cancelDrain("a request arrived")
+	case a.directSince(decided):
+		return cancelDrain("a request arrived on a gateway's direct lane")
+	case obs.demand.Leases > 0:
+		return c.leasesHeld(a, obs)
 	}
 	a.zeroAt = decided
 	if err := c.setReplicas(ctx, a, 0); err != nil {

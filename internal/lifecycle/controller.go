@@ -115,6 +115,10 @@ type Controller struct {
 	kv       jetstream.KeyValue
 	labeller *nodeLabeller          // the node labels, while this replica leads (placement.go)
 	states   *lifecyclestate.States // every replica's view of the bucket
+
+	// leaseUse holds the gateways' reports of their leases' use, heard
+	// while this replica leads (leaseuse.go).
+	leaseUse leaseUses
 }
 
 // RootPod is a root pod of an application with a lifecycle, and whether it
@@ -355,6 +359,11 @@ func (c *Controller) lead(ctx context.Context) {
 	}
 	if stop, err := c.subscribeFirstTokens(); err != nil {
 		c.log.Warn("subscribing to the first tokens of wakes; lastWake.firstTokenSeconds stays empty", "err", err)
+	} else {
+		defer stop()
+	}
+	if stop, err := c.subscribeLeaseUse(); err != nil {
+		c.log.Warn("subscribing to the gateways' lease use reports; every held lease counts as busy", "err", err)
 	} else {
 		defer stop()
 	}

@@ -42,6 +42,9 @@ type metrics struct {
 	drains      *prometheus.CounterVec
 	leader      prometheus.Gauge
 	queueWait   *prometheus.HistogramVec
+	// leases and leaseReports: the gateways' direct lanes (leaseuse.go).
+	leases       *prometheus.GaugeVec
+	leaseReports *prometheus.CounterVec
 }
 
 // metricsNamespace prefixes every metric of the leader's lifecycle.
@@ -70,8 +73,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "queue_wait_seconds",
 			Help:    "Time from a request being stored to its first delivery by this dispatcher; cold: it was stored while its application was not awake.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}}, []string{"app", "cold"}),
+		leases: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "direct_leases",
+			Help: "Engine slots lent to gateways' direct lanes at the last reading, by use (busy: a request runs on it, or the leader cannot tell yet; idle: held for the next request, holding off no sleep or scale to zero)."}, []string{"app", "use"}),
+		leaseReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "direct_lease_reports_total",
+			Help: "Gateways' reports of their leases' use received by the leader (a request starts or ends on a lease, and a heartbeat every second while one runs)."}, []string{"app"}),
 	}
-	reg.MustRegister(m.state, m.replicas, m.wakes, m.wakeSeconds, m.waiting, m.scalings, m.drains, m.leader, m.queueWait)
+	reg.MustRegister(m.state, m.replicas, m.wakes, m.wakeSeconds, m.waiting, m.scalings, m.drains, m.leader, m.queueWait, m.leases, m.leaseReports)
 	return m
 }
 

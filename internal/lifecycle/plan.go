@@ -320,8 +320,11 @@ func Decide(o Observation) []Action {
 		if !d.OK {
 			return append(plan, Action{Kind: ActFail, Reason: "reading the consumer's backlog failed"})
 		}
+		// An idle lease held by a gateway's direct lane is no demand here
+		// (Active): it holds off neither the sleep nor the drain, which
+		// then wait for it to be given back.
 		idle := o.Idle
-		if o.Used || d.Busy() {
+		if o.Used || d.Active() {
 			add(Action{Kind: ActMarkActive})
 			idle = 0
 		}
@@ -329,10 +332,10 @@ func Decide(o Observation) []Action {
 			// Scaled to zero by someone else: requests now wait for a wake.
 			return append(plan, Action{Kind: ActFollowZero})
 		}
-		if o.Sleep != nil && !d.Busy() && idle >= o.Sleep.After && !o.Sleep.SleepHeld {
+		if o.Sleep != nil && !d.Active() && idle >= o.Sleep.After && !o.Sleep.SleepHeld {
 			return append(plan, Action{Kind: ActBeginSleep})
 		}
-		if o.App.MinReplicas == 0 && !d.Busy() && idle >= o.App.ZeroAfter {
+		if o.App.MinReplicas == 0 && !d.Active() && idle >= o.App.ZeroAfter {
 			return append(plan, Action{Kind: ActBeginDrain})
 		}
 		if asleep := asleepNotServing(o.Sidecars); len(asleep) > 0 {

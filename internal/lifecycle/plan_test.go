@@ -7,8 +7,65 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 )
+
+// TestActiveLoad: what keeps an application awake and sizes it, and what
+// counts as use between two readings (usage.update).
+func TestActiveLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		r          consumerReading
+		load       uint64
+		busy, used bool
+	}{
+		{"nothing", consumerReading{OK: true}, 0, false, false},
+		{"queued and in flight", consumerReading{OK: true, Queued: 2, InFlight: 1}, 3, true, true},
+		{"an idle lease: no load, still in flight for a drain", consumerReading{OK: true, InFlight: 1, Leases: 1}, 0, true, false},
+		{"a busy lease", consumerReading{OK: true, InFlight: 1, Leases: 1, Direct: directUse{Busy: 1}}, 1, true, true},
+		{"two leases, one busy", consumerReading{OK: true, InFlight: 3, Leases: 2, Direct: directUse{Busy: 1}}, 2, true, true},
+		{"blind: every held lease is busy", consumerReading{OK: true, InFlight: 2, Leases: 2, Direct: directUse{Blind: true}}, 2, true, true},
+		{"a report since the last reading is use", consumerReading{OK: true, InFlight: 1, Leases: 1, Direct: directUse{Received: 1}}, 0, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.r.ActiveLoad(); got != tc.load {
+				t.Errorf("ActiveLoad() = %d, want %d", got, tc.load)
+			}
+			if got := tc.r.Busy(); got != tc.busy {
+				t.Errorf("Busy() = %v, want %v", got, tc.busy)
+			}
+			var u usage
+			if got := u.update(time.Unix(100, 0), tc.r); got != tc.used {
+				t.Errorf("usage.update = %v, want %v", got, tc.used)
+			}
+		})
+	}
+}
+
+// TestLeaseUses: the leader's view of the gateways' reports: fresh busy
+// reports count, stale ones are forgotten, and it is blind for
+// LeaseUseStale after it subscribed.
+func TestLeaseUses(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	u := leaseUses{since: t0}
+	if d := u.of("a", t0.Add(time.Second)); !d.Blind {
+		t.Error("not blind a second after subscribing")
+	}
+	u.record("a", natsqueue.LeaseUse{Instance: "gw-1", Lease: "l1", Busy: true}, t0.Add(4*time.Second))
+	u.record("a", natsqueue.LeaseUse{Instance: "gw-2", Lease: "l2", Busy: false}, t0.Add(4*time.Second))
+	u.record("b", natsqueue.LeaseUse{Instance: "gw-1", Lease: "l3", Busy: true}, t0.Add(4*time.Second))
+	if d := u.of("a", t0.Add(5*time.Second)); d.Blind || d.Busy != 1 || d.Received != 2 {
+		t.Errorf("of(a) = %+v; want 1 busy, 2 received, not blind", d)
+	}
+	u.record("a", natsqueue.LeaseUse{Instance: "gw-1", Lease: "l1", Busy: false}, t0.Add(6*time.Second))
+	if d := u.of("a", t0.Add(6*time.Second)); d.Busy != 0 || d.Received != 3 {
+		t.Errorf("after the end report: %+v; want none busy", d)
+	}
+	if d := u.of("b", t0.Add(4*time.Second).Add(natsqueue.LeaseUseStale)); d.Busy != 0 {
+		t.Errorf("a report %v old still counts: %+v", natsqueue.LeaseUseStale, d)
+	}
+}
 
 // TestDecide: every transition of an application's step, from what the
 // step observed to what it does.
@@ -110,6 +167,26 @@ func TestDecide(t *testing.T) {
 			[]Action{act(ActScale)}},
 		{"awake: idle past sleep.after sleeps", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Idle = sleepAfter }),
 			[]Action{act(ActBeginSleep)}},
+		// Leases of gateways' direct lanes: in flight on the lease consumer,
+		// active only while a fresh report says a request runs on one.
+		{"awake: an idle held lease does not hold off the sleep", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) {
+			o.Idle, o.Demand.InFlight, o.Demand.Leases = sleepAfter, 1, 1
+		}), []Action{act(ActBeginSleep)}},
+		{"awake: an idle held lease does not hold off the drain", obs(v1alpha1.LifecycleAwake, func(o *Observation) {
+			o.Idle, o.Demand.InFlight, o.Demand.Leases = zeroAfter, 1, 1
+		}), []Action{act(ActBeginDrain)}},
+		{"awake: a lease a request runs on is active", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) {
+			o.Idle, o.Demand.InFlight, o.Demand.Leases, o.Demand.Direct.Busy = sleepAfter, 1, 1, 1
+		}), []Action{act(ActMarkActive), act(ActScale)}},
+		{"awake: a request on a lease the dispatcher ended at its MaxAge is active", obs(v1alpha1.LifecycleAwake, func(o *Observation) {
+			o.Idle, o.Demand.Direct.Busy = zeroAfter, 1
+		}), []Action{act(ActMarkActive), act(ActScale)}},
+		{"awake: just after the leader started, every held lease is active", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) {
+			o.Idle, o.Demand.InFlight, o.Demand.Leases, o.Demand.Direct.Blind = sleepAfter, 1, 1, true
+		}), []Action{act(ActMarkActive), act(ActScale)}},
+		{"awake: a queued request beside an idle lease is active", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) {
+			o.Idle, o.Demand.InFlight, o.Demand.Leases, o.Demand.Queued = sleepAfter, 1, 1, 1
+		}), []Action{act(ActMarkActive), act(ActScale)}},
 		{"awake: a failed sleep holds off the next", obs(v1alpha1.LifecycleAwake, sleeps, func(o *Observation) { o.Idle, o.Sleep.SleepHeld = sleepAfter, true }),
 			[]Action{act(ActScale)}},
 		{"awake: scaled to zero by someone else", obs(v1alpha1.LifecycleAwake, func(o *Observation) { o.Replicas = 0 }),

@@ -119,14 +119,18 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 	if err := c.closeGate(ctx, &a.consumerGate); err != nil {
 		return c.cancelSleep(ctx, a, root, sidecars, "pausing its consumer failed: "+err.Error(), false)
 	}
-	obs := c.observe(ctx, a, root, true)
+	obs := c.awaitLeases(ctx, a, root, decided)
 	switch {
 	case !obs.infoOK:
 		return c.cancelSleep(ctx, a, root, sidecars, "its backlog could not be read", false)
-	case obs.pending+obs.ackPending > 0:
-		return c.cancelSleep(ctx, a, root, sidecars, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending), true)
+	case obs.pending+obs.ackPending > obs.demand.Leases:
+		return c.cancelSleep(ctx, a, root, sidecars, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending-obs.demand.Leases), true)
 	case a.requestSince(decided):
 		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived", true)
+	case a.directSince(decided):
+		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived on a gateway's direct lane", true)
+	case obs.demand.Leases > 0:
+		return c.leasesHeld(a, obs)
 	}
 
 	sctx, stop := context.WithCancel(ctx)
@@ -143,7 +147,7 @@ wait:
 		case res = <-done:
 			break wait
 		case <-a.kick:
-			if a.requestSince(decided) && !cancelled {
+			if (a.requestSince(decided) || a.directSince(decided)) && !cancelled {
 				cancelled = true
 				stop() // the sidecars abandon their drain; the wake below undoes the rest
 			}
@@ -154,7 +158,7 @@ wait:
 		}
 	}
 	a.kickNow() // what the loop consumed
-	if cancelled || a.requestSince(decided) {
+	if cancelled || a.requestSince(decided) || a.directSince(decided) {
 		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived while the engines fell asleep", true)
 	}
 	if failed := failures(res); len(failed) > 0 {
