@@ -23,13 +23,20 @@ import (
 	"github.com/model-orchestra/operator/internal/dispatch"
 	"github.com/model-orchestra/operator/internal/natsqueue"
 	"github.com/model-orchestra/operator/internal/queue"
+	"github.com/model-orchestra/operator/internal/sim"
 )
 
 // dataPlane runs a real dispatcher (with its lifecycle) and a simulator
 // engine behind the fake cluster's root Service.
 func (e *env) dataPlane(cfgLC func(*dispatch.Config)) (*natsqueue.Client, *prometheus.Registry) {
 	e.t.Helper()
-	engine, err := dataplanetest.StartEngine(dataplanetest.FastSim())
+	return e.dataPlaneWith(dataplanetest.FastSim(), cfgLC)
+}
+
+// dataPlaneWith is dataPlane with the simulator configured by simCfg.
+func (e *env) dataPlaneWith(simCfg sim.Config, cfgLC func(*dispatch.Config)) (*natsqueue.Client, *prometheus.Registry) {
+	e.t.Helper()
+	engine, err := dataplanetest.StartEngine(simCfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
