@@ -347,7 +347,8 @@ func benchFirstTokens(ctx context.Context, t *testing.T, ns, name, base, token s
 	}
 	// measure sends one request of path; a request meant for the
 	// gateway's direct lane that the gateway queued (its lease not held
-	// yet, or given back after an idle pause) is repeated, not counted.
+	// yet, or being renewed at the dispatcher's leaseMaxAge) is repeated, not
+	// counted.
 	measure := func(path, prompt string) (time.Duration, float64, error) {
 		url, tok, h := target(path)
 		for try := 0; ; try++ {

@@ -229,6 +229,33 @@ func TestOllama(t *testing.T) {
 		if _, err := stack.StreamChatOnceReachable(ctx, base, token, model, "hello", 8, nil, 30*time.Second); err != nil {
 			t.Fatalf("first chat: %v", err)
 		}
+		// The gateway keeps its lease across an idle gap longer than the
+		// old 2 s lease idle time (shorter than sleepAfter): the request
+		// after the gap still takes the direct lane, and the engine still
+		// sleeps at sleepAfter below, the lease held meanwhile.
+		lane := func() (string, error) {
+			res, err := rawStream(ctx, base, token, "/chat/completions", map[string]any{
+				"model": model, "stream": true, "max_tokens": 4,
+				"messages": []map[string]string{{"role": "user", "content": chatPrompt}},
+			})
+			if err != nil {
+				return "", err
+			}
+			if !res.Done || res.Content == "" {
+				return "", fmt.Errorf("answer %q, done %v; want content and [DONE]", res.Content, res.Done)
+			}
+			return res.Header.Get(gateway.HeaderLane), nil
+		}
+		eventually(t, 30*time.Second, func() error {
+			if l, err := lane(); err != nil || l != "direct" {
+				return fmt.Errorf("lane %q (%v); want direct", l, err)
+			}
+			return nil
+		})
+		time.Sleep(3 * time.Second)
+		if l, err := lane(); err != nil || l != "direct" {
+			t.Errorf("the chat after a 3 s gap took lane %q (%v); want direct: the gateway kept its lease", l, err)
+		}
 		eventually(t, 90*time.Second, func() error {
 			st, err := appStatus(ctx, ns, name, ollamaSleepy)
 			if err != nil {
