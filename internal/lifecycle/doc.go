@@ -58,6 +58,7 @@
 //	plan.go              Observation, Action, Decide: the pure step
 //	step.go              observeStep, execute: one step of an application
 //	demand.go            readConsumer: the one reader of a consumer's demand
+//	leaseuse.go          the gateways' direct-lane lease use reports
 //	gate.go              the gates, their one owner: the consumer pause
 //	                     (consumerGate), a group pod's gates and the
 //	                     SeatServingAnnotation (applyGates)
