@@ -135,10 +135,10 @@ func StartEngineAt(cfg sim.Config, addr string) (*Engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		_ = e.Server.Listener.Close()
-		e.Server.Listener = ln
+		_ = e.Listener.Close()
+		e.Listener = ln
 	}
-	e.Server.Start()
+	e.Start()
 	return e, nil
 }
 
