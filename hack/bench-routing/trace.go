@@ -126,10 +126,10 @@ func explain(w io.Writer, o options, workload, routing string, samples []sample)
 	}
 	p90 := percentile(ttft, 0.9)
 	type agg struct {
-		n                   int
-		prefill, wait       time.Duration
-		gap                 int
-		firstTurn, overflow int
+		n             int
+		prefill, wait time.Duration
+		gap           int
+		firstTurn     int
 	}
 	var slow, all agg
 	outcomes := map[string]int{}

@@ -93,7 +93,7 @@ func Check(dir string, t Type) error {
 	if err != nil {
 		return err
 	}
-	defer ck.Close()
+	defer func() { _ = ck.Close() }()
 	tk, err := hfllama.ReadTokenizer(dir)
 	if err != nil {
 		return err
@@ -147,7 +147,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	defer ck.Close()
+	defer func() { _ = ck.Close() }()
 	tk, err := hfllama.ReadTokenizer(o.Dir)
 	if err != nil {
 		return Result{}, err
@@ -181,7 +181,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	defer w.f.Close()
+	defer func() { _ = w.f.Close() }()
 	if w.resumeAt > 0 {
 		o.Log.Info("resuming conversion", "output", o.Output, "bytes", w.resumeAt, "total", total)
 	}
@@ -473,6 +473,6 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	return d.Sync()
 }

@@ -139,7 +139,7 @@ func TestConvertedLogitsMatchCheckpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref, err := ck.Load()
-		ck.Close()
+		_ = ck.Close()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -229,13 +229,6 @@ func encodeRows(b []byte, typ gguf.Type, x []float32) []byte {
 	return b
 }
 
-func tensorShape(p tensorPlan) []int64 {
-	if p.rows == 1 {
-		return []int64{p.cols}
-	}
-	return []int64{p.rows, p.cols}
-}
-
 type zeros struct{}
 
 func (zeros) Read(p []byte) (int, error) {

@@ -87,7 +87,7 @@ func readLines(t *testing.T, ctx context.Context, c openai.Client, fileID string
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	data, err := io.ReadAll(res.Body)
 	if err != nil {
 		t.Fatal(err)
@@ -186,8 +186,14 @@ func TestBatchCompletesLineForLine(t *testing.T) {
 		"retrieve batch": func() error { _, err := other.Batches.Get(ctx, b.ID); return err },
 		"cancel batch":   func() error { _, err := other.Batches.Cancel(ctx, b.ID); return err },
 		"retrieve file":  func() error { _, err := other.Files.Get(ctx, f.ID); return err },
-		"file content":   func() error { _, err := other.Files.Content(ctx, b.OutputFileID); return err },
-		"delete file":    func() error { _, err := other.Files.Delete(ctx, f.ID); return err },
+		"file content": func() error {
+			res, err := other.Files.Content(ctx, b.OutputFileID)
+			if res != nil {
+				_ = res.Body.Close()
+			}
+			return err
+		},
+		"delete file": func() error { _, err := other.Files.Delete(ctx, f.ID); return err },
 		"batch on file": func() error {
 			_, err := other.Batches.New(ctx, openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
 				CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
@@ -229,7 +235,7 @@ func upload(t *testing.T, url, purpose string, data []byte) (int, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	var e struct {
 		Error struct {
 			Message string `json:"message"`

@@ -67,6 +67,11 @@ type Engine struct {
 	// Refuse, while above zero, answers that many more POSTs with 503
 	// (an engine briefly overloaded) before the simulator sees them.
 	Refuse atomic.Int64
+	// BreakOff, while above zero, answers that many more POSTs with 200,
+	// the first bytes of an answer (an SSE chunk with content when the
+	// request streams, a cut JSON object when not) and then a closed
+	// connection (an engine that crashed mid-answer).
+	BreakOff atomic.Int64
 	// Seen, when set before requests arrive, is called with every POST
 	// body as the engine receives it.
 	Seen func(body []byte)
@@ -94,6 +99,11 @@ func StartEngineAt(cfg sim.Config, addr string) (*Engine, error) {
 				return
 			}
 			e.Refuse.Store(0)
+			if e.BreakOff.Add(-1) >= 0 {
+				breakOff(w, r)
+				return
+			}
+			e.BreakOff.Store(0)
 			if e.Seen != nil {
 				body, err := io.ReadAll(r.Body)
 				if err != nil {
@@ -125,10 +135,10 @@ func StartEngineAt(cfg sim.Config, addr string) (*Engine, error) {
 		if err != nil {
 			return nil, err
 		}
-		_ = e.Server.Listener.Close()
-		e.Server.Listener = ln
+		_ = e.Listener.Close()
+		e.Listener = ln
 	}
-	e.Server.Start()
+	e.Start()
 	return e, nil
 }
 
@@ -139,4 +149,23 @@ func FastSim() sim.Config {
 	cfg.InterTokenLatency = 0
 	cfg.OutputTokens = 16
 	return cfg
+}
+
+// breakOff starts an answer to r and drops the connection before its end.
+func breakOff(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if bytes.Contains(body, []byte(`"stream":true`)) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `data: {"id":"chatcmpl-broken","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"}}]}`+"\n\n")
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"id":"chatcmpl-broken","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`)
+	}
+	w.(http.Flusher).Flush()
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err == nil {
+		_ = conn.Close()
+	}
 }

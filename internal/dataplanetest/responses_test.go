@@ -29,7 +29,7 @@ func TestResponsesThroughTheDataPlane(t *testing.T) {
 	defer cancel()
 
 	first, err := client.Responses.New(ctx, responses.ResponseNewParams{
-		Model: responses.ResponsesModel(simCfg.Model),
+		Model: simCfg.Model,
 		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Tell me about queues.")},
 	})
 	if err != nil {
@@ -40,7 +40,7 @@ func TestResponsesThroughTheDataPlane(t *testing.T) {
 	}
 
 	stream := client.Responses.NewStreaming(ctx, responses.ResponseNewParams{
-		Model:              responses.ResponsesModel(simCfg.Model),
+		Model:              simCfg.Model,
 		PreviousResponseID: openai.String(first.ID),
 		Input:              responses.ResponseNewParamsInputUnion{OfString: openai.String("And then?")},
 	})
@@ -81,7 +81,7 @@ func TestResponsesThroughTheDataPlane(t *testing.T) {
 	var third *responses.Response
 	eventually(t, 15*time.Second, func() error {
 		third, err = client.Responses.New(ctx, responses.ResponseNewParams{
-			Model:              responses.ResponsesModel(simCfg.Model),
+			Model:              simCfg.Model,
 			PreviousResponseID: openai.String(second.ID),
 			Input:              responses.ResponseNewParamsInputUnion{OfString: openai.String("Last one.")},
 		})

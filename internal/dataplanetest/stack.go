@@ -2,7 +2,6 @@ package dataplanetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -284,11 +283,19 @@ func (s *Stack) StartDispatcher() (*Dispatcher, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	rd := &Dispatcher{Dispatcher: d, nc: nc, cancel: cancel, done: make(chan error, 1)}
 	go func() { rd.done <- d.Run(ctx) }()
-	deadline := time.Now().Add(10 * time.Second)
+	// Generous: on a loaded machine (CI beside other work) provisioning
+	// JetStream's file store has taken several seconds.
+	deadline := time.Now().Add(30 * time.Second)
 	for !d.Ready() {
+		select {
+		case err := <-rd.done:
+			nc.Close()
+			return nil, fmt.Errorf("dispatcher stopped before it was ready: %w", err)
+		default:
+		}
 		if time.Now().After(deadline) {
-			_ = rd.Stop() // the readiness failure is the error to report
-			return nil, errors.New("dispatcher did not become ready")
+			err := rd.Stop()
+			return nil, fmt.Errorf("dispatcher did not become ready within 30 s (its run ended with: %v)", err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -19,7 +19,7 @@ const PhaseConverting Phase = "Converting"
 func convertModel(ctx context.Context, cfg Config, dir string, t *tracker, log *slog.Logger) error {
 	typ, err := convert.ParseType(cfg.Convert)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	out := cfg.ConvertOutput
 	if out == "" {
@@ -37,7 +37,7 @@ func convertModel(ctx context.Context, cfg Config, dir string, t *tracker, log *
 	}})
 	switch {
 	case errors.Is(err, convert.ErrUnsupported):
-		return fmt.Errorf("%w: cannot convert to GGUF: %v", ErrVerification, err)
+		return fmt.Errorf("%w: cannot convert to GGUF: %w", ErrVerification, err)
 	case err != nil:
 		return fmt.Errorf("converting to GGUF: %w", err)
 	}

@@ -53,7 +53,7 @@ func SizingPath(dir string) string { return filepath.Join(dir, metaDir, "sizing.
 func sizeModel(cfg Config, dir string, t *tracker, log *slog.Logger) error {
 	path := filepath.Join(dir, cfg.SizeFile)
 	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("%w: the model file %s is not in the cache: %v", ErrVerification, cfg.SizeFile, err)
+		return fmt.Errorf("%w: the model file %s is not in the cache: %w", ErrVerification, cfg.SizeFile, err)
 	}
 	s, err := modelsize.Read(path, cfg.SizeContext, cfg.SizeParallel, cfg.GPUs)
 	if err != nil {

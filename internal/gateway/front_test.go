@@ -125,7 +125,7 @@ func TestEveryAnswerIsOpenAIShaped(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp, body := rawExchange(t, h.srv.URL, tt.req)
+			resp, body := rawExchange(t, h.srv.URL, tt.req) //nolint:bodyclose // rawExchange read it and closed the connection
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status %d, want %d; body %q", resp.StatusCode, tt.status, body)
 			}

@@ -287,15 +287,16 @@ func (r *responsesRequest) parseTools(m map[string]json.RawMessage) error {
 	if json.Unmarshal(v, &tools) != nil {
 		return invalidRequest("tools", "Invalid type for 'tools': expected an array of tool objects.")
 	}
-	for i, t := range tools {
-		if t.Type == "function" {
-			return invalidRequest(fmt.Sprintf("tools[%d]", i), "Function tools are not supported by this gateway's Responses API yet; "+
-				"use /v1/chat/completions with tools.")
-		}
-		return invalidRequest(fmt.Sprintf("tools[%d].type", i), "The built-in tool '%s' is not supported by this gateway: "+
-			"it serves the Responses API by translating it to the model's chat completions, which run no tools.", t.Type)
+	if len(tools) == 0 {
+		return nil
 	}
-	return nil
+	// The first tool is the one reported: none is supported.
+	if tools[0].Type == "function" {
+		return invalidRequest("tools[0]", "Function tools are not supported by this gateway's Responses API yet; "+
+			"use /v1/chat/completions with tools.")
+	}
+	return invalidRequest("tools[0].type", "The built-in tool '%s' is not supported by this gateway: "+
+		"it serves the Responses API by translating it to the model's chat completions, which run no tools.", tools[0].Type)
 }
 
 // parseText reads text.format into the chat response_format.
@@ -535,7 +536,9 @@ func validResponseID(id string) bool {
 		return false
 	}
 	for _, c := range []byte(id) {
-		if !(c == '_' || c == '-' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+		switch {
+		case c == '_', c == '-', c >= '0' && c <= '9', c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+		default:
 			return false
 		}
 	}

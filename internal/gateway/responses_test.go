@@ -133,7 +133,7 @@ func TestResponsesWithSDK(t *testing.T) {
 		if len(m.Content) == 0 {
 			t.Fatalf("item %+v has no content", it)
 		}
-		texts = append(texts, string(it.Role)+": "+m.Content[0].Text)
+		texts = append(texts, it.Role+": "+m.Content[0].Text)
 	}
 	if diff := cmp.Diff([]string{"user: Hi", "assistant: " + answer, "user: And again?"}, texts); diff != "" {
 		t.Errorf("input items (-want +got):\n%s", diff)

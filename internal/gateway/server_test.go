@@ -162,7 +162,7 @@ func TestDrainClosesKeptAliveConnectionsAfterAnAnswer(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp, reused
 	}
-	if resp, _ := get(); resp.StatusCode != http.StatusOK || resp.Close {
+	if resp, _ := get(); resp.StatusCode != http.StatusOK || resp.Close { //nolint:bodyclose // get closed it
 		t.Fatalf("before the drain: status %d, close %v; want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
 	}
 	stop() // SIGTERM
@@ -174,11 +174,11 @@ func TestDrainClosesKeptAliveConnectionsAfterAnAnswer(t *testing.T) {
 		_ = r.Body.Close()
 		return r.StatusCode == http.StatusServiceUnavailable
 	}))
-	resp, reused := get()
+	resp, reused := get() //nolint:bodyclose // get closed it
 	if resp.StatusCode != http.StatusOK || !reused || !resp.Close {
 		t.Errorf("while draining: status %d on a reused connection %v, Connection: close %v; want 200, true, true", resp.StatusCode, reused, resp.Close)
 	}
-	if _, reused := get(); reused {
+	if _, reused := get(); reused { //nolint:bodyclose // get closed it
 		t.Error("the connection answered with Connection: close was used again")
 	}
 }

@@ -136,7 +136,7 @@ func ReadConfig(dir string) (Config, error) {
 		return c, err
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return c, fmt.Errorf("%w: config.json: %v", ErrUnsupported, err)
+		return c, fmt.Errorf("%w: config.json: %w", ErrUnsupported, err)
 	}
 	return c, nil
 }

@@ -48,7 +48,7 @@ func TestPreTokenizeMatchesPattern(t *testing.T) {
 		fixed = append(fixed, sb.String())
 	}
 	for _, s := range fixed {
-		if got, want := PreTokenize(s), split(s); !reflect.DeepEqual(got, want) && !(len(got) == 0 && len(want) == 0) {
+		if got, want := PreTokenize(s), split(s); !reflect.DeepEqual(got, want) && (len(got) != 0 || len(want) != 0) {
 			t.Fatalf("PreTokenize(%q) = %q, the pattern splits %q", s, got, want)
 		}
 	}
@@ -174,7 +174,7 @@ func TestGreedyTiedAndUntied(t *testing.T) {
 			ids = append(ids, s.Token)
 		}
 		t.Logf("tied %v: %v %q", tied, steps, tk.Decode(ids))
-		ck.Close()
+		_ = ck.Close()
 	}
 }
 

@@ -109,7 +109,7 @@ func ReadTokenizer(dir string) (*Tokenizer, error) {
 	}
 	var tj tokenizerJSON
 	if err := json.Unmarshal(b, &tj); err != nil {
-		return nil, fmt.Errorf("%w: tokenizer.json: %v", ErrUnsupported, err)
+		return nil, fmt.Errorf("%w: tokenizer.json: %w", ErrUnsupported, err)
 	}
 	if tj.Model.Type != "BPE" {
 		return nil, fmt.Errorf("%w: tokenizer model %q (only byte-level BPE)", ErrUnsupported, tj.Model.Type)
@@ -144,7 +144,7 @@ func ReadTokenizer(dir string) (*Tokenizer, error) {
 	if err := json.Unmarshal(tj.Model.Merges, &strMerges); err != nil {
 		var pairs [][2]string
 		if err := json.Unmarshal(tj.Model.Merges, &pairs); err != nil {
-			return nil, fmt.Errorf("%w: tokenizer merges: %v", ErrUnsupported, err)
+			return nil, fmt.Errorf("%w: tokenizer merges: %w", ErrUnsupported, err)
 		}
 		for _, p := range pairs {
 			strMerges = append(strMerges, p[0]+" "+p[1])

@@ -356,7 +356,7 @@ func (s *Store) demoteDir(hot nodeapi.Entry, priority int32) (nodeapi.Entry, nod
 	if err := s.Remove(hot.Key, v1alpha1.TierHot); err != nil {
 		return e, nodeapi.DemoteFromStore, err
 	}
-	s.log.Info("demoted to the warm tier", "key", hot.Key.String(), "from", nodeapi.DemoteFromStore, "bytes", e.Bytes, "files", e.Files, "digest", e.Digest)
+	s.log.Info("demoted to the warm tier", "key", hot.String(), "from", nodeapi.DemoteFromStore, "bytes", e.Bytes, "files", e.Files, "digest", e.Digest)
 	return e, nodeapi.DemoteFromStore, nil
 }
 

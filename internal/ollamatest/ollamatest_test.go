@@ -54,7 +54,7 @@ func TestRealOllamaServesTheGeneratedModel(t *testing.T) {
 		} `json:"details"`
 		ModelInfo map[string]any `json:"model_info"`
 	}
-	resp := post(t, s.URL+"/api/show", map[string]any{"model": "tiny"})
+	resp := post(t, s.URL+"/api/show", map[string]any{"model": "tiny"}) //nolint:bodyclose // post closes it at cleanup
 	if err := json.NewDecoder(resp.Body).Decode(&show); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/api/show: %d %v", resp.StatusCode, err)
 	}
@@ -74,7 +74,7 @@ func TestRealOllamaServesTheGeneratedModel(t *testing.T) {
 		PromptEvalCount int  `json:"prompt_eval_count"`
 		EvalCount       int  `json:"eval_count"`
 	}
-	resp = post(t, s.URL+"/api/chat", map[string]any{
+	resp = post(t, s.URL+"/api/chat", map[string]any{ //nolint:bodyclose // post closes it at cleanup
 		"model": "tiny", "stream": false,
 		"messages": []map[string]string{{"role": "user", "content": "Tell me about the orchestra."}},
 		"options":  map[string]any{"num_predict": 16, "seed": 1, "temperature": 0},
@@ -87,7 +87,7 @@ func TestRealOllamaServesTheGeneratedModel(t *testing.T) {
 	}
 
 	// OpenAI-compatible, streamed, with usage: chunks, usage, [DONE].
-	resp = post(t, s.URL+"/v1/chat/completions", map[string]any{
+	resp = post(t, s.URL+"/v1/chat/completions", map[string]any{ //nolint:bodyclose // post closes it at cleanup
 		"model": "tiny", "stream": true, "max_tokens": 16, "seed": 1,
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "user", "content": "Hello"}},

@@ -32,7 +32,7 @@ func TestWriteThenOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sf.Close()
+	defer func() { _ = sf.Close() }()
 	if sf.Metadata["format"] != "pt" || len(sf.Tensors) != 2 {
 		t.Fatalf("metadata %v tensors %v", sf.Metadata, sf.Tensors)
 	}

@@ -17,7 +17,7 @@ func chatUsage(t *testing.T, url string, messages ...map[string]string) (prompt,
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	raw, _ := io.ReadAll(res.Body)
 	var out struct {
 		Usage struct {
@@ -58,7 +58,7 @@ func TestPrefixCacheReportsCachedTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	metrics, _ := io.ReadAll(res.Body)
 	for _, want := range []string{`vllm:prefix_cache_hits_total{model_name="sim-model"} ` + itoa(c2+c3), `vllm:prefix_cache_queries_total{model_name="sim-model"}`, `orchestra_sim_prefix_cache_tokens`} {
 		if !strings.Contains(string(metrics), want) {
@@ -78,7 +78,7 @@ func TestPrefixCacheOff(t *testing.T) {
 			t.Fatal(err)
 		}
 		raw, _ := io.ReadAll(res.Body)
-		res.Body.Close()
+		_ = res.Body.Close()
 		if strings.Contains(string(raw), "prompt_tokens_details") {
 			t.Errorf("prefix cache off, yet the usage reports cached tokens: %s", raw)
 		}

@@ -29,7 +29,7 @@ var tinyHF = sync.OnceValue(func() map[string][]byte {
 	if err != nil {
 		panic(fmt.Sprintf("generating the tiny checkpoint: %v", err))
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	if err := hfllama.WriteTiny(dir, hfllama.TinyOptions{Seed: 1}); err != nil {
 		panic(fmt.Sprintf("generating the tiny checkpoint: %v", err))
 	}

@@ -141,10 +141,13 @@ func TestVersionsSideBySideUnderRealOLM(t *testing.T) {
 	eventually(t, 60*time.Second, func() error {
 		var old v1alpha1.ClusterServiceVersion
 		err := cl.Get(ctx, client.ObjectKey{Namespace: "team-b", Name: csvV0}, &old)
-		if apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
 			return nil
+		case err != nil:
+			return fmt.Errorf("reading the replaced CSV %s: %w", csvV0, err)
 		}
-		return fmt.Errorf("the replaced CSV %s is still there (%v): %s", csvV0, err, old.Status.Phase)
+		return fmt.Errorf("the replaced CSV %s is still there: %s", csvV0, old.Status.Phase)
 	})
 	checkDeployment(t, cl, "team-b", imageV1, csvV1)
 

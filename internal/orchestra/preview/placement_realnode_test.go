@@ -219,7 +219,7 @@ gateway: {auth: {anonymous: true}}
 		waitFor("the woken root to be scheduled and Ready", 3*time.Minute, func() (bool, error) {
 			p, err := c.cs.CoreV1().Pods(sleepNS).Get(ctx, "x-sim-0", metav1.GetOptions{})
 			if err != nil {
-				return false, nil
+				return false, nil //nolint:nilerr // not created yet: keep waiting
 			}
 			node = p.Spec.NodeName
 			return node != "" && ready(p), nil

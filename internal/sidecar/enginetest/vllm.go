@@ -88,8 +88,11 @@ func readModel(path string) (Reload, error) {
 		return Reload{}, err
 	}
 	shards, err := filepath.Glob(filepath.Join(dir, "*.safetensors"))
-	if err != nil || len(shards) == 0 {
-		return Reload{}, fmt.Errorf("no *.safetensors in %s (%v)", dir, err)
+	if err != nil {
+		return Reload{}, fmt.Errorf("listing the *.safetensors in %s: %w", dir, err)
+	}
+	if len(shards) == 0 {
+		return Reload{}, fmt.Errorf("no *.safetensors in %s", dir)
 	}
 	r := Reload{Dir: dir}
 	for _, s := range shards {
