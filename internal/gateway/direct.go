@@ -479,7 +479,7 @@ func (r *directReply) Next(ctx context.Context) (queue.Chunk, error) {
 			return queue.Chunk{}, ctx.Err()
 		}
 		r.failed = true
-		return queue.Chunk{}, fmt.Errorf("%w: the engine broke off its answer: %v", queue.ErrRetriedAfterPartial, err)
+		return queue.Chunk{}, fmt.Errorf("%w: the engine broke off its answer: %w", queue.ErrRetriedAfterPartial, err)
 	}
 	return c, nil
 }

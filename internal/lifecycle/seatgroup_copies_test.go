@@ -35,7 +35,7 @@ func TestSeatGroupMembersGetACopyWhenTheyFallAsleep(t *testing.T) {
 	hot := filepath.Join(p.agentHot, ns)
 	eventually(t, 15*time.Second, func() error {
 		if _, err := os.Stat(filepath.Join(hot, "demo-alpha")); err != nil {
-			return fmt.Errorf("alpha asleep, the agent's hot copy: %v", err)
+			return fmt.Errorf("alpha asleep, the agent's hot copy: %w", err)
 		}
 		if n := seatAgentMetric(t, p.agent.URL, `orchestra_agent_promotions_total{result="ok",tier="Hot"}`); n < 1 {
 			return fmt.Errorf("orchestra_agent_promotions_total{tier=hot,result=ok} = %v; want the leader's placement", n)

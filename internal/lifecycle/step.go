@@ -103,7 +103,7 @@ func (c *Controller) observeStep(ctx context.Context, a *appState, root *appsv1.
 func (c *Controller) sidecarsNeeded(a *appState, o Observation, obs observation) bool {
 	switch o.State {
 	case v1alpha1.LifecycleAsleep:
-		return !o.RequestSeen && o.Replicas > 0 && !(o.Demand.OK && o.Demand.Busy())
+		return !o.RequestSeen && o.Replicas > 0 && (!o.Demand.OK || !o.Demand.Busy())
 	case v1alpha1.LifecycleWaking:
 		return !o.EngineWake && !o.RootsConfirmed && o.Replicas > 0 && o.Demand.OK
 	case v1alpha1.LifecycleAwake:

@@ -217,7 +217,7 @@ func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
 	msg := &nats.Msg{Subject: c.names.Lease(app), Header: h}
 	if _, err := c.js.PublishMsg(ctx, msg); err != nil {
 		_ = sub.Unsubscribe()
-		return queue.Lease{}, fmt.Errorf("%w: asking for a lease: %v", queue.ErrNoLease, err)
+		return queue.Lease{}, fmt.Errorf("%w: asking for a lease: %w", queue.ErrNoLease, err)
 	}
 	var m *nats.Msg
 	select {
@@ -251,7 +251,7 @@ func (c *Client) Lease(ctx context.Context, app string) (queue.Lease, error) {
 	}
 	if err := m.Respond([]byte(LeaseTaken)); err != nil {
 		_ = sub.Unsubscribe()
-		return queue.Lease{}, fmt.Errorf("%w: taking the grant: %v", queue.ErrNoLease, err)
+		return queue.Lease{}, fmt.Errorf("%w: taking the grant: %w", queue.ErrNoLease, err)
 	}
 	var ret sync.Once
 	subject := c.names.LeaseReturn(app)
