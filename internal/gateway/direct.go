@@ -17,8 +17,9 @@ package gateway
 // next request finds one.
 //
 // A held lease holds off no sleep and no scale to zero: the gateway
-// reports its use to the lifecycle leader (queue.Lease.Report: when a
-// request starts and ends on it, and every second while one runs), which
+// reports its use to the lifecycle leader (queue.Lease.Report: within
+// keepTick of a request's start, every second while it runs, and at its
+// end), which
 // counts an idle lease as no demand; the sleep or drain then waits for the
 // gateway to give the lease back, which it does once the application
 // leaves serving.
@@ -84,7 +85,8 @@ const (
 // serves, the heartbeat of a busy one, unused for LeaseIdle.
 const keepTick = 100 * time.Millisecond
 
-// reportEvery is the heartbeat of a busy lease's use report.
+// reportEvery is the heartbeat of a busy lease's use report (the first
+// one goes out at the keeper's next check after the request started).
 const reportEvery = time.Second
 
 // laneAction is what a request does about the direct lane.
@@ -228,7 +230,9 @@ func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) 
 		switch decideLane(s) {
 		case laneTakeDirect:
 			l.busy = true
-			l.report(s.now, true)
+			// The busy report goes out from the keeper, within keepTick:
+			// nothing but the request itself on the first token's path.
+			l.reported = time.Time{}
 			return l, l.lease, nil
 		case laneAskLease:
 			l.asking = true

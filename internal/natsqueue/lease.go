@@ -35,8 +35,9 @@ package natsqueue
 // application serves. So that an idle lease does not keep an application
 // awake, the gateway tells the lifecycle leader how it uses each lease: a
 // LeaseUse (JSON) published on core NATS (outside the stream) on
-// Names.LeaseUse(app) when a request starts on the lease (Busy true), when
-// it ends (Busy false), and every LeaseUseEvery while one runs. The leader
+// Names.LeaseUse(app) soon after a request starts on the lease (Busy true;
+// beside the request, off its path), every LeaseUseEvery while it runs,
+// and when it ends (Busy false). The leader
 // counts a held lease as active demand only while a report younger than
 // LeaseUseStale says a request runs on it, and every report as use of the
 // application (internal/lifecycle, demand.go). Reports are best effort:

@@ -117,8 +117,9 @@ type Lease struct {
 	// failures. It is safe to call more than once; only the first counts.
 	Return func(failed bool)
 	// Report tells the application's lifecycle leader how the lease is
-	// used: busy when a request runs on it now. The gateway reports when
-	// a request starts and ends, and every second while one runs; nil
+	// used: busy when a request runs on it now. The gateway reports soon
+	// after a request starts, every second while it runs, and when it
+	// ends; nil
 	// when the queue has no lifecycle to tell.
 	Report func(busy bool)
 }
