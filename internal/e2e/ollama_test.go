@@ -247,8 +247,12 @@ func TestOllama(t *testing.T) {
 			return res.Header.Get(gateway.HeaderLane), nil
 		}
 		eventually(t, 30*time.Second, func() error {
-			if l, err := lane(); err != nil || l != "direct" {
-				return fmt.Errorf("lane %q (%v); want direct", l, err)
+			l, err := lane()
+			if err != nil {
+				return err
+			}
+			if l != "direct" {
+				return fmt.Errorf("lane %q; want direct", l)
 			}
 			return nil
 		})
