@@ -310,6 +310,9 @@ func (ls *lanes) keepLocked(l *lane, now time.Time) {
 	s := keepState{busy: l.busy, unused: now.Sub(l.lastUsed), idle: ls.idle, sinceReport: now.Sub(l.reported),
 		serving: l.model == nil || ls.serves(l.model)}
 	s.expired, s.revoked = l.ended(now)
+	// Renewed within the last check before its MaxAge, so that a request
+	// does not find it expired in the meantime.
+	s.expired = s.expired || !now.Before(l.lease.Expires.Add(-keepTick))
 	ls.mu.Lock()
 	closed := ls.closed
 	ls.mu.Unlock()

@@ -85,9 +85,6 @@ func (u *leaseUses) of(app string, now time.Time) directUse {
 // until the returned function is called.
 func (c *Controller) subscribeLeaseUse() (func(), error) {
 	prefix := strings.TrimSuffix(c.names.LeaseUseWildcard(), "*")
-	c.leaseUse.mu.Lock()
-	c.leaseUse.since = c.now()
-	c.leaseUse.mu.Unlock()
 	sub, err := c.deps.NC.Subscribe(prefix+"*", func(m *nats.Msg) {
 		name := strings.TrimPrefix(m.Subject, prefix)
 		a := c.app(name)
@@ -102,9 +99,17 @@ func (c *Controller) subscribeLeaseUse() (func(), error) {
 		a.kickNow()
 	})
 	if err != nil {
-		return nil, err
+		return nil, err // never subscribed: every held lease stays busy (Blind)
 	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	c.leaseUse.mu.Lock()
+	c.leaseUse.since = c.now()
+	c.leaseUse.mu.Unlock()
+	return func() {
+		_ = sub.Unsubscribe()
+		c.leaseUse.mu.Lock()
+		c.leaseUse.since = time.Time{} // the next leadership starts blind
+		c.leaseUse.mu.Unlock()
+	}, nil
 }
 
 // directSince reports whether a gateway reported a request on a lease of
