@@ -2,6 +2,7 @@ package dataplanetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -294,8 +295,10 @@ func (s *Stack) StartDispatcher() (*Dispatcher, error) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			err := rd.Stop()
-			return nil, fmt.Errorf("dispatcher did not become ready within 30 s (its run ended with: %v)", err)
+			if err := rd.Stop(); err != nil {
+				return nil, fmt.Errorf("dispatcher did not become ready within 30 s: %w", err)
+			}
+			return nil, errors.New("dispatcher did not become ready within 30 s (its run had no error)")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -491,7 +491,7 @@ func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token st
 			return fmt.Errorf("%s: lifecycle %s; want Asleep", s.sleep, lifecycleJSON(st.Lifecycle))
 		}
 		if sc, err := sidecarState(ctx, ns, name+"-"+s.sleep+"-0"); err != nil || sc.State != sidecarapi.Asleep {
-			return fmt.Errorf("%s: sidecar %+v (%v); want Asleep", s.sleep, sc, err)
+			return fmt.Errorf("%s: sidecar %+v (%v); want Asleep", s.sleep, sc, err) //nolint:errorlint // err may be nil: what the poll saw
 		}
 		return nil
 	})
@@ -535,7 +535,7 @@ func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
 		}
 		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
 		if err != nil || len(pods.Items) > 0 {
-			return fmt.Errorf("%s: %d root pods (%v)", app, len(pods.Items), err)
+			return fmt.Errorf("%s: %d root pods (%v)", app, len(pods.Items), err) //nolint:errorlint // err may be nil: what the poll saw
 		}
 		return nil
 	})

@@ -276,7 +276,7 @@ func TestOllama(t *testing.T) {
 				return fmt.Errorf("sidecar %s; want Asleep", sc.State)
 			}
 			if loaded, err := ollamaLoaded(ctx, sleepyRoot); err != nil || len(loaded) != 0 {
-				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)
+				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err) //nolint:errorlint // err may be nil: what the poll saw
 			}
 			return inEndpointSlice(ctx, ns, name+"-"+ollamaSleepy, sleepyRoot.Name)
 		})
@@ -297,7 +297,7 @@ func TestOllama(t *testing.T) {
 				return fmt.Errorf("lifecycle %s; want Awake after wake %d", lifecycleJSON(st.Lifecycle), wakes+1)
 			}
 			if loaded, err := ollamaLoaded(ctx, sleepyRoot); err != nil || len(loaded) != 1 {
-				return fmt.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err)
+				return fmt.Errorf("awake, Ollama has %q loaded (%v); want the model", loaded, err) //nolint:errorlint // err may be nil: what the poll saw
 			}
 			return nil
 		})
@@ -337,7 +337,7 @@ func TestOllama(t *testing.T) {
 	// Last: it restarts the engine.
 	t.Run("an Ollama crash mid-stream cuts that stream only", func(t *testing.T) {
 		for attempt := 1; ; attempt++ {
-			restarts, cut, others := crashMidStream(ctx, t, ns, base, token, root, served)
+			restarts, others, cut := crashMidStream(ctx, t, ns, base, token, root, served)
 			waitContainerRestarted(ctx, t, ns, root.Name, "engine", restarts)
 			if cut == nil {
 				if attempt < 3 {
@@ -528,7 +528,7 @@ func postJSON(ctx context.Context, t *testing.T, base, token, path string, body 
 // at the stream's first content, and returns the container's restarts
 // before the kill, how the stream ended (nil when it completed before the
 // kill landed) and the queued requests that were not answered whole.
-func crashMidStream(ctx context.Context, t *testing.T, ns, base, token string, root *corev1.Pod, served string) (int32, error, []string) {
+func crashMidStream(ctx context.Context, t *testing.T, ns, base, token string, root *corev1.Pod, served string) (restarts int32, others []string, cut error) {
 	t.Helper()
 	firstDelta := make(chan struct{})
 	streamDone := make(chan error, 1)
@@ -556,7 +556,8 @@ func crashMidStream(ctx context.Context, t *testing.T, ns, base, token string, r
 	if err != nil {
 		t.Fatal(err)
 	}
-	return restarts, <-streamDone, <-othersDone
+	cut = <-streamDone
+	return restarts, <-othersDone, cut
 }
 
 func waitContainerRestarted(ctx context.Context, t *testing.T, ns, pod, container string, before int32) {

@@ -81,7 +81,7 @@ func TestOllamaWakesFromAVerifiedHotCopy(t *testing.T) {
 				return fmt.Errorf("sidecar %s, next wake loads %+v; want Asleep, loading %s (%d bytes)", sc.State, sc.Model, path, size)
 			}
 			if loaded, err := ollamaLoaded(ctx, root); err != nil || len(loaded) != 0 {
-				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err)
+				return fmt.Errorf("asleep, Ollama still has %q loaded (%v)", loaded, err) //nolint:errorlint // err may be nil: what the poll saw
 			}
 			return nil
 		})

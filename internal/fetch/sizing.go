@@ -57,7 +57,7 @@ func sizeModel(cfg Config, dir string, t *tracker, log *slog.Logger) error {
 	}
 	s, err := modelsize.Read(path, cfg.SizeContext, cfg.SizeParallel, cfg.GPUs)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrVerification, err)
+		return fmt.Errorf("%w: %w", ErrVerification, err)
 	}
 	sz := &Sizing{Size: s, MemoryLimitBytes: cfg.MemoryLimit, MarginPercent: cfg.MemoryMargin, Fits: true, Overridden: cfg.IgnoreMemoryLimit, GPUProduct: cfg.GPUProduct}
 	sz.GPUProductMemoryBytes, _ = modelsize.GPUMemory(cfg.GPUProduct)

@@ -167,7 +167,7 @@ func ReadTokenizer(dir string) (*Tokenizer, error) {
 	var tc tokenizerConfigJSON
 	if b, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json")); err == nil {
 		if err := json.Unmarshal(b, &tc); err != nil {
-			return nil, fmt.Errorf("%w: tokenizer_config.json: %v", ErrUnsupported, err)
+			return nil, fmt.Errorf("%w: tokenizer_config.json: %w", ErrUnsupported, err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -206,7 +206,7 @@ func ReadTokenizer(dir string) (*Tokenizer, error) {
 func preTokenizerName(raw json.RawMessage) (string, error) {
 	var p preTokenizerJSON
 	if err := json.Unmarshal(raw, &p); err != nil {
-		return "", fmt.Errorf("%w: pre_tokenizer: %v", ErrUnsupported, err)
+		return "", fmt.Errorf("%w: pre_tokenizer: %w", ErrUnsupported, err)
 	}
 	if p.Type == "Sequence" && len(p.Pretokenizers) == 2 {
 		s, bl := p.Pretokenizers[0], p.Pretokenizers[1]
