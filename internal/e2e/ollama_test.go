@@ -502,25 +502,36 @@ func rawStream(ctx context.Context, base, token, path string, body map[string]an
 // postJSON posts body through the gateway and decodes a 200 answer into out.
 func postJSON(ctx context.Context, t *testing.T, base, token, path string, body map[string]any, out any) (int, string) {
 	t.Helper()
+	status, raw, err := tryPostJSON(ctx, base, token, path, body)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	if status == http.StatusOK {
+		if err := json.Unmarshal([]byte(raw), out); err != nil {
+			t.Errorf("decoding %s: %v", raw, err)
+		}
+	}
+	return status, raw
+}
+
+// tryPostJSON is postJSON's exchange, with a failed connection as an error
+// (a poll across a gateway rollout meets one: the old pod closes its
+// connections).
+func tryPostJSON(ctx context.Context, base, token, path string, body map[string]any) (int, string, error) {
 	b, _ := json.Marshal(body)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(b))
 	if err != nil {
-		t.Fatal(err)
+		return 0, "", err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
+		return 0, "", err
 	}
 	defer func() { _ = resp.Body.Close() }()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode == http.StatusOK {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Errorf("decoding %s: %v", raw, err)
-		}
-	}
-	return resp.StatusCode, string(raw)
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw), err
 }
 
 // crashMidStream starts a long stream on the root (one request at a time)
