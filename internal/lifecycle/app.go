@@ -246,8 +246,8 @@ func (c *Controller) observe(ctx context.Context, a *appState, root *appsv1.Stat
 // which the gateways do once they see the application leave serving.
 func (c *Controller) awaitLeases(ctx context.Context, a *appState, root *appsv1.StatefulSet, decided time.Time) observation {
 	obs := c.observe(ctx, a, root, true)
-	for end := time.Now().Add(leaseReturnWait); obs.infoOK && obs.demand.Leases > 0 && obs.pending+obs.ackPending == obs.demand.Leases &&
-		!a.requestSince(decided) && !a.directSince(decided) && time.Now().Before(end); {
+	for end := time.Now().Add(leaseReturnWait); obs.infoOK && obs.demand.Leases > 0 && a.demandSince(obs, decided) == "" &&
+		time.Now().Before(end); {
 		select {
 		case <-ctx.Done():
 			return obs
@@ -256,6 +256,22 @@ func (c *Controller) awaitLeases(ctx context.Context, a *appState, root *appsv1.
 		obs = c.observe(ctx, a, root, true)
 	}
 	return obs
+}
+
+// demandSince tells why a drain or sleep decided at decided is to be
+// cancelled, given obs read with the gate closed ("" for no reason):
+// requests queued or in flight beyond the leases gateways hold, or a
+// request seen since, through the queue or on a direct lane.
+func (a *appState) demandSince(obs observation, decided time.Time) string {
+	switch {
+	case obs.pending+obs.ackPending > obs.demand.Leases:
+		return fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending-obs.demand.Leases)
+	case a.requestSince(decided):
+		return "a request arrived"
+	case a.directSince(decided):
+		return "a request arrived on a gateway's direct lane"
+	}
+	return ""
 }
 
 // leasesHeld keeps a drain or sleep waiting (state Draining, the gate
@@ -360,15 +376,11 @@ func (c *Controller) drain(ctx context.Context, a *appState, root *appsv1.Statef
 		return err
 	}
 	obs := c.awaitLeases(ctx, a, root, decided)
-	switch {
+	switch arrived := a.demandSince(obs, decided); {
 	case !obs.infoOK:
 		return cancelDrain("its backlog could not be read")
-	case obs.pending+obs.ackPending > obs.demand.Leases:
-		return cancelDrain(fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending-obs.demand.Leases))
-	case time.Unix(0, a.lastRequest.Load()).After(decided):
-		return cancelDrain("a request arrived")
-	case a.directSince(decided):
-		return cancelDrain("a request arrived on a gateway's direct lane")
+	case arrived != "":
+		return cancelDrain(arrived)
 	case obs.demand.Leases > 0:
 		return c.leasesHeld(a, obs)
 	}

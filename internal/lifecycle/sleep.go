@@ -120,15 +120,11 @@ func (c *Controller) fallAsleep(ctx context.Context, a *appState, root *appsv1.S
 		return c.cancelSleep(ctx, a, root, sidecars, "pausing its consumer failed: "+err.Error(), false)
 	}
 	obs := c.awaitLeases(ctx, a, root, decided)
-	switch {
+	switch arrived := a.demandSince(obs, decided); {
 	case !obs.infoOK:
 		return c.cancelSleep(ctx, a, root, sidecars, "its backlog could not be read", false)
-	case obs.pending+obs.ackPending > obs.demand.Leases:
-		return c.cancelSleep(ctx, a, root, sidecars, fmt.Sprintf("%d requests queued, %d in flight", obs.pending, obs.ackPending-obs.demand.Leases), true)
-	case a.requestSince(decided):
-		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived", true)
-	case a.directSince(decided):
-		return c.cancelSleep(ctx, a, root, sidecars, "a request arrived on a gateway's direct lane", true)
+	case arrived != "":
+		return c.cancelSleep(ctx, a, root, sidecars, arrived, true)
 	case obs.demand.Leases > 0:
 		return c.leasesHeld(a, obs)
 	}
