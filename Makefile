@@ -23,6 +23,8 @@ BENCH_ROUNDS ?= 15
 # Rounds and the larger generated model of bench-engine.
 BENCH_ENGINE_ROUNDS ?= 3
 BENCH_ENGINE_LARGE ?= 256MiB
+# Wakes from zero, and as many plain scales, a model and round of bench-engine.
+BENCH_ENGINE_WAKES ?= 3
 # BENCH_ENGINE_TTFT=1: bench-engine measures only the first token (tiny
 # model; direct, one and three relay pods, gateway + queue): minutes.
 BENCH_ENGINE_TTFT ?= 0
@@ -197,8 +199,8 @@ bench-lifecycle: tools images ## Wake from zero (real-node cluster, root; BENCH_
 	$(if $(filter 0,$(BENCH_TIERS)),,$(MAKE) bench-tiers)
 
 .PHONY: bench-engine
-bench-engine: tools images ## The real Ollama engine on two generated models (real-node cluster, root): wake from zero vs a plain scale, sleep -> wake vs cold, gateway + queue vs direct. BENCH_ENGINE_ROUNDS (default 3), BENCH_ENGINE_LARGE (default 256MiB), BENCH_ENGINE_TTFT=1 (first token only).
-	flock /tmp/mo-bench.lock $(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-ttft=$(BENCH_ENGINE_TTFT) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
+bench-engine: tools images ## The real Ollama engine on two generated models (real-node cluster, root): wake from zero vs a plain scale, sleep -> wake vs cold, gateway + queue vs direct. BENCH_ENGINE_ROUNDS (default 3), BENCH_ENGINE_WAKES (default 3 a round), BENCH_ENGINE_LARGE (default 256MiB), BENCH_ENGINE_TTFT=1 (first token only).
+	flock /tmp/mo-bench.lock $(GO) test ./internal/e2e -run TestEngineBenchmark -engine-bench -engine-bench-rounds $(BENCH_ENGINE_ROUNDS) -engine-bench-wakes $(BENCH_ENGINE_WAKES) -engine-bench-large $(BENCH_ENGINE_LARGE) -engine-bench-ttft=$(BENCH_ENGINE_TTFT) -engine-bench-docs docs/benchmarks.md -v -count=1 -timeout 90m
 
 .PHONY: bench-reconcile
 bench-reconcile: tools ## 50 and 200 custom resources to Deployed, CPU per no-op reconcile, RSS: ours and helm-operator-plugins (default and tuned), interleaved, with ratios.

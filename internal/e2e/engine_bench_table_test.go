@@ -39,18 +39,45 @@ func p50f(v []float64) float64 {
 }
 
 // engineTable is the wake table: wake from zero against the plain scale,
-// and the wake from sleep.
+// and the wake from sleep; then where the time of each went.
 func engineTable(sizes []*engineSize, loadBefore, loadAfter string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Measured by `make bench-engine` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n-engine-bench-rounds %d -engine-bench-large %s`) on the real-node local cluster (%d CPUs; load\naverage %s before, %s after), real Ollama (the pinned build, CPU only) on two generated models.\n\n", *benchEngineRounds, *benchEngineLarge, runtime.NumCPU(), loadBefore, loadAfter)
+	fmt.Fprintf(&b, "Measured by `make bench-engine` (`go test ./internal/e2e -run TestEngineBenchmark -engine-bench\n-engine-bench-rounds %d -engine-bench-wakes %d -engine-bench-large %s`) on the real-node local cluster (%d CPUs; load\naverage %s before, %s after), real Ollama (the pinned build, CPU only) on two generated models;\n%d wakes from zero and %d plain scales a model, alternating, each from zero pods on a settled node.\n\n",
+		*benchEngineRounds, *benchEngineWakes, *benchEngineLarge, runtime.NumCPU(), loadBefore, loadAfter, *benchEngineRounds**benchEngineWakes, *benchEngineRounds**benchEngineWakes)
 	b.WriteString("| Model | wake from zero -> first token | plain scale 0 -> 1 -> first answer | ratio (target <= 1.1) | sleep -> wake -> first token | sleep wake / wake from zero |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range sizes {
-		w, bl, sw := p50(s.wake), p50(s.baseline), p50(s.sleepWake)
-		fmt.Fprintf(&b, "| %s (%d bytes) | %s (max %s) | %s (max %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
-			msd(w), msd(maxOf(s.wake)), msd(bl), msd(maxOf(s.baseline)), float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
+		wake, plain := firsts(s.wake), firsts(s.baseline)
+		w, bl, sw := p50(wake), p50(plain), p50(s.sleepWake)
+		fmt.Fprintf(&b, "| %s (%d bytes) | %s (p10 – p90 %s – %s) | %s (p10 – p90 %s – %s) | %.2f | %s (max %s) | %.2f |\n", s.label, s.bytes,
+			msd(w), msd(quantile(wake, 10)), msd(quantile(wake, 90)), msd(bl), msd(quantile(plain, 10)), msd(quantile(plain, 90)),
+			float64(w)/float64(bl), msd(sw), msd(maxOf(s.sleepWake)), float64(sw)/float64(w))
 	}
-	fmt.Fprintf(&b, "\nMedians of %d rounds.\n", *benchEngineRounds)
+	fmt.Fprintf(&b, "\nMedians; sleep -> wake: one a model and round, %d in all.\n\n", *benchEngineRounds)
+	b.WriteString("Where the time went, each step from the start (the request sent, the scale asked), as a watch from the test saw the root pod; medians of each column on its own:\n\n")
+	b.WriteString("| Model | start | -> root pod created | -> root pod running (with its IP) | -> first token | running -> first token |\n| --- | --- | ---: | ---: | ---: | ---: |\n")
+	for _, s := range sizes {
+		for _, row := range []struct {
+			what string
+			v    []startTimes
+		}{{"wake from zero (the request)", s.wake}, {"plain scale (the scale)", s.baseline}} {
+			var created, running, first, served []time.Duration
+			for _, x := range row.v {
+				created, running, first = append(created, x.created), append(running, x.running), append(first, x.first)
+				served = append(served, x.first-x.running)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", s.label, row.what, msd(p50(created)), msd(p50(running)), msd(p50(first)), msd(p50(served)))
+		}
+	}
 	return b.String()
+}
+
+// firsts are the first-token times of ws.
+func firsts(ws []startTimes) []time.Duration {
+	out := make([]time.Duration, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, w.first)
+	}
+	return out
 }
 
 // firstTokenRows are the first-token table's rows: path, what it crosses.

@@ -25,6 +25,7 @@ import (
 	"github.com/model-orchestra/operator/internal/gateway"
 	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/modelgen"
+	"github.com/model-orchestra/operator/internal/polltest"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/ssetest"
 )
@@ -34,6 +35,7 @@ var (
 	benchEngineRounds = flag.Int("engine-bench-rounds", 3, "rounds of the real-engine benchmark")
 	benchEngineLarge  = flag.String("engine-bench-large", "256MiB", "size of the larger generated model of the real-engine benchmark")
 	benchEngineDocs   = flag.String("engine-bench-docs", "", "write the real-engine benchmark's tables between the bench-engine markers of this file (relative to the module root)")
+	benchEngineWakes  = flag.Int("engine-bench-wakes", 3, "wakes from zero, and as many plain scales, a model and round of the real-engine benchmark, in alternating order")
 	benchEngineTTFT   = flag.Bool("engine-bench-ttft", false, "measure only the first token (tiny model: direct, one relay pod, three relay pods, gateway + queue), no wakes and no larger model")
 )
 
@@ -78,7 +80,8 @@ type engineSize struct {
 	bytes       int64
 	zero, sleep string // applications
 	// measured
-	wake, baseline, sleepWake []time.Duration
+	wake, baseline []startTimes
+	sleepWake      []time.Duration
 	// first token and tokens/s by path (firstTokenPaths), in set order
 	first map[string][]time.Duration
 	rate  map[string][]float64
@@ -262,24 +265,60 @@ func benchEngineResource(t *testing.T, ns, name, largeHub string, sizes []*engin
 	return obj
 }
 
-// benchZeroRound times one wake from zero through the gateway and one
-// plain scale 0 -> 1 of the same StatefulSet to its engine's first answer,
-// then the first-token sets on that root (benchFirstTokens).
+// benchZeroRound times -engine-bench-wakes wakes from zero through the
+// gateway and as many plain scales 0 -> 1 of the same StatefulSet to its
+// engine's first answer, in alternating order, then the first-token sets on
+// the root the last of them left (benchFirstTokens).
 func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token string, relays []string, s *engineSize, round int) {
 	t.Helper()
-	sts := name + "-" + s.zero
-	toZero(ctx, t, ns, name, s.zero, sts)
+	for i := range 2 * *benchEngineWakes {
+		// They alternate, so that each follows the other as often.
+		if i%2 == 0 {
+			benchWake(ctx, t, ns, name, base, token, s, round, i/2)
+		} else {
+			benchPlainScale(ctx, t, ns, name, s, round, i/2)
+		}
+	}
+	benchFirstTokens(ctx, t, ns, name, base, token, relays, s, round)
+}
+
+// benchWake times one wake from zero: a streamed chat through the gateway
+// at zero pods to its first non-empty content.
+func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round, i int) {
+	t.Helper()
+	toZero(ctx, t, ns, name, s.zero, name+"-"+s.zero)
+	pods := watchRoot(ctx, t, ns, name, s.zero)
 	sent := time.Now()
-	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, fmt.Sprintf("wake %d", round))
+	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, fmt.Sprintf("wake %d %d", round, i))
+	tl := pods.stop(sent)
 	if err != nil {
 		t.Fatalf("%s round %d: the wake: %v", s.label, round, err)
 	}
-	s.wake = append(s.wake, ttft)
+	tl.first = ttft
+	s.wake = append(s.wake, tl)
+	t.Logf("%s round %d: wake -> first token %v (pod created %v, running %v after the request)", s.label, round, ttft, tl.created, tl.running)
+}
 
+// benchPlainScale times one plain scale 0 -> 1, as kubectl scale does, to
+// the engine's first answer, asked directly (pod IP) every 20 ms from the
+// moment a watch sees the pod run.
+func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engineSize, round, i int) {
+	t.Helper()
+	sts := name + "-" + s.zero
 	toZero(ctx, t, ns, name, s.zero, sts)
+	pods := watchRoot(ctx, t, ns, name, s.zero)
 	start := time.Now()
 	if err := lifecycle.Scale(ctx, env.cs, ns, sts, 1); err != nil {
 		t.Fatal(err)
+	}
+	// The pod's address comes from the watch that times it, which runs
+	// during the wakes too: both pay for it alike.
+	var ip string
+	select {
+	case <-pods.ran:
+		ip = pods.ip
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("%s round %d: the plainly scaled root did not run within 5 minutes", s.label, round)
 	}
 	var first time.Duration
 	deadline := start.Add(5 * time.Minute)
@@ -287,22 +326,78 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 		if time.Now().After(deadline) {
 			t.Fatalf("%s round %d: the plainly scaled root did not answer within 5 minutes", s.label, round)
 		}
-		ip := rootIP(ctx, ns, name, s.zero)
-		if ip == "" {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
 		reqSent := time.Now()
-		ttft, _, err := streamTimed(ctx, "http://"+net.JoinHostPort(ip, "8080")+"/v1/chat/completions", "", s.zero, fmt.Sprintf("baseline %d", round))
+		ttft, _, err := streamTimed(ctx, "http://"+net.JoinHostPort(ip, "8080")+"/v1/chat/completions", "", s.zero, fmt.Sprintf("plain %d %d", round, i))
 		if err != nil {
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
 		first = reqSent.Sub(start) + ttft
 	}
-	s.baseline = append(s.baseline, first)
-	t.Logf("%s round %d: wake -> first token %v (sent %s); plain scale -> first answer %v", s.label, round, ttft, sent.UTC().Format(time.StampMilli), first)
-	benchFirstTokens(ctx, t, ns, name, base, token, relays, s, round)
+	tl := pods.stop(start)
+	tl.first = first
+	s.baseline = append(s.baseline, tl)
+	t.Logf("%s round %d: plain scale -> first answer %v (pod created %v, running %v after the scale)", s.label, round, first, tl.created, tl.running)
+}
+
+// startTimes is one wake or plain scale, each step from its start (the
+// request sent, the scale asked): the root pod's creation and its running
+// with an IP, as a watch from the test saw them, and the first token.
+type startTimes struct{ created, running, first time.Duration }
+
+// rootWatch records when an application's new root pod appears and runs.
+type rootWatch struct {
+	done             chan struct{}
+	cancel           context.CancelFunc
+	created, running time.Time
+	// ran is closed when the pod runs, at address ip.
+	ran chan struct{}
+	ip  string
+}
+
+// watchRoot watches the application's root pods (there are none: toZero)
+// until stop.
+func watchRoot(ctx context.Context, t *testing.T, ns, name, app string) *rootWatch {
+	t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := env.cs.CoreV1().Pods(ns).Watch(wctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + name + ",modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	rw := &rootWatch{done: make(chan struct{}), cancel: cancel, ran: make(chan struct{})}
+	go func() {
+		defer close(rw.done)
+		defer w.Stop()
+		for ev := range w.ResultChan() {
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok || p.DeletionTimestamp != nil {
+				continue
+			}
+			now := time.Now()
+			if rw.created.IsZero() {
+				rw.created = now
+			}
+			if rw.running.IsZero() && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				rw.running, rw.ip = now, p.Status.PodIP
+				close(rw.ran)
+			}
+		}
+	}()
+	return rw
+}
+
+// stop ends the watch and returns its times from start.
+func (rw *rootWatch) stop(start time.Time) startTimes {
+	rw.cancel()
+	<-rw.done
+	since := func(at time.Time) time.Duration {
+		if at.IsZero() {
+			return 0
+		}
+		return at.Sub(start)
+	}
+	return startTimes{created: since(rw.created), running: since(rw.running)}
 }
 
 // benchFirstTokens runs benchPairs sets of streamed chats to the awake
@@ -510,11 +605,18 @@ func appendRate(r []float64, v float64) []float64 {
 	return r
 }
 
+// zeroSettle is how long toZero waits after the last root pod is gone:
+// the kubelet still tears the pod's sandbox down after the API server
+// deleted it, and a pod started meanwhile would share the node's CPU with
+// that, so that wake and plain scale both start from a settled node.
+const zeroSettle = 3 * time.Second
+
 // toZero brings an application to zero pods by a plain scale once its
-// lifecycle is awake (as TestWakeBenchmark does), and waits for it Idle.
+// lifecycle is awake (as TestWakeBenchmark does), waits for it Idle with
+// no root pod, then zeroSettle.
 func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
 	t.Helper()
-	eventually(t, 2*time.Minute, func() error {
+	polltest.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() error {
 		st, err := appStatus(ctx, ns, name, app)
 		if err != nil {
 			return err
@@ -529,16 +631,14 @@ func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
 		}
 		return fmt.Errorf("%s: phase %s, lifecycle %s; want Idle", app, st.Phase, lifecycleJSON(st.Lifecycle))
 	})
-	eventually(t, 2*time.Minute, func() error {
-		if ip := rootIP(ctx, ns, name, app); ip != "" {
-			return fmt.Errorf("%s still runs a root pod", app)
-		}
+	polltest.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() error {
 		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
 		if err != nil || len(pods.Items) > 0 {
 			return fmt.Errorf("%s: %d root pods (%v)", app, len(pods.Items), err) //nolint:errorlint // err may be nil: what the poll saw
 		}
 		return nil
 	})
+	time.Sleep(zeroSettle)
 }
 
 // rootIP is the pod IP of the application's root pod, "" while it has none.
