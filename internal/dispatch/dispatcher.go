@@ -276,6 +276,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribing to lease returns: %w", err)
 	}
 	defer func() { _ = returns.Unsubscribe() }()
+	uses, err := d.nc.Subscribe(d.names.LeaseUseWildcard(), d.onLeaseUse)
+	if err != nil {
+		return fmt.Errorf("subscribing to lease use reports: %w", err)
+	}
+	defer func() { _ = uses.Unsubscribe() }()
 	unshare, err := d.shareRoutes()
 	if err != nil {
 		return fmt.Errorf("subscribing to routing decisions: %w", err)

@@ -27,22 +27,40 @@ const grantTimeout = time.Second
 // requests waiting for a slot.
 const leaseCheck = 50 * time.Millisecond
 
-// leases are the leases this dispatcher has lent, by ID: each waits for
-// its return on its channel (true: the engine failed on it).
+// leaseEndGrace is how long a lease taken back (at its maxAge or for
+// queued requests) that no fresh use report says busy keeps its slot while
+// the dispatcher waits for the gateway to give it back. A gateway reports a
+// request within 0.1 s of its start and gives back a revoked idle lease
+// within 0.1 s: the grace covers a request that started just before the
+// revoke and is not reported yet, and bounds the wait for a gateway that
+// is gone.
+const leaseEndGrace = 500 * time.Millisecond
+
+// leases are the leases this dispatcher has lent, by ID.
 type leases struct {
 	mu   sync.Mutex
-	byID map[string]chan bool
+	byID map[string]*lent
+}
+
+// lent is one lease lent: the channel its return arrives on (true: the
+// engine failed on it) and the gateway's latest use report.
+type lent struct {
+	returns chan bool
+	// reported is when the latest use report arrived (zero: none yet);
+	// busy what it said.
+	reported time.Time
+	busy     bool
 }
 
 func (l *leases) add(id string) chan bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byID == nil {
-		l.byID = map[string]chan bool{}
+		l.byID = map[string]*lent{}
 	}
-	ch := make(chan bool, 1)
-	l.byID[id] = ch
-	return ch
+	ln := &lent{returns: make(chan bool, 1)}
+	l.byID[id] = ln
+	return ln.returns
 }
 
 func (l *leases) remove(id string) {
@@ -56,14 +74,46 @@ func (l *leases) remove(id string) {
 func (l *leases) returned(id string, failed bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ch, ok := l.byID[id]
+	ln, ok := l.byID[id]
 	if ok {
 		select {
-		case ch <- failed:
+		case ln.returns <- failed:
 		default:
 		}
 	}
 	return ok
+}
+
+// used records a use report of a lease this dispatcher lent, received at
+// now; reports of other dispatchers' leases are ignored.
+func (l *leases) used(id string, busy bool, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ln, ok := l.byID[id]; ok {
+		ln.reported, ln.busy = now, busy
+	}
+}
+
+// use returns what the reports say of a lease at now: busy while a report
+// still fresh (natsqueue.LeaseUseFresh) says a request runs on it, and
+// when the latest report arrived (zero: none).
+func (l *leases) use(id string, now time.Time) (busy bool, reported time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln, ok := l.byID[id]
+	if !ok {
+		return false, time.Time{}
+	}
+	return ln.busy && natsqueue.LeaseUseFresh(ln.reported, now), ln.reported
+}
+
+// onLeaseUse takes a gateway's use report of a lease (natsqueue.LeaseUse).
+func (d *Dispatcher) onLeaseUse(m *nats.Msg) {
+	u, err := natsqueue.ParseLeaseUse(m.Data)
+	if err != nil {
+		return
+	}
+	d.leases.used(u.Lease, u.Busy, time.Now())
 }
 
 // onLeaseReturn takes a gateway's return of a lease.
@@ -187,11 +237,65 @@ func seqOf(md *jetstream.MsgMetadata) uint64 {
 	return md.Sequence.Stream
 }
 
-// hold keeps a lent slot until the gateway returns it, it reaches maxAge,
-// its root leaves the pool or is ejected, queued requests wait for a slot,
-// or the dispatcher stops (the last three revoke it; a request the gateway
-// has on the engine then finishes there). Meanwhile the lease request stays
-// unacknowledged, reported in progress every AckWait/3.
+// heldState is a lent slot as hold sees it at one check.
+type heldState struct {
+	// returned: the gateway gave the lease back.
+	returned bool
+	// stopping: the dispatcher stops; rootGone: the lease's root left
+	// the pool or is ejected. The slot is then freed at once, even under a
+	// running request (its root is gone, or the process ends).
+	stopping, rootGone bool
+	// maxAge: the lease reached leaseMaxAge; queueWaits: queued requests
+	// wait and no slot is free. Either takes the lease back.
+	maxAge, queueWaits bool
+	// revoked: the lease is being taken back (the gateway was told).
+	revoked bool
+	// busy: a fresh use report says a request runs on the lease.
+	busy bool
+	// quiet is the time since the later of the revoke and the latest use
+	// report.
+	quiet time.Duration
+}
+
+// heldAction is what hold does about a lent slot (decideHeld).
+type heldAction int
+
+const (
+	heldKeep          heldAction = iota // nothing now
+	heldRevoke                          // tell the gateway; keep the slot until it is given back
+	heldRelease                         // free the slot (the gateway knows)
+	heldRevokeRelease                   // tell the gateway and free the slot
+)
+
+// decideHeld is the pure choice of what to do about a lent slot. A lease
+// is taken back at its maxAge and when queued requests wait for a slot
+// (queued requests come first); either way the slot stays the lease's
+// while its use reports say a request runs on it, because that request
+// runs on the engine until it ends: freeing the slot would let the root
+// serve maxConcurrency+1. The slot is freed when the gateway gives the
+// lease back (after its request), or once no fresh report says busy for
+// leaseEndGrace (the request ended and the return was lost, or the gateway
+// is gone: its reports stop, and a busy one goes stale after
+// natsqueue.LeaseUseStale).
+func decideHeld(s heldState) heldAction {
+	switch {
+	case s.returned:
+		return heldRelease
+	case s.stopping || s.rootGone:
+		if s.revoked {
+			return heldRelease
+		}
+		return heldRevokeRelease
+	case !s.revoked && (s.maxAge || s.queueWaits):
+		return heldRevoke
+	case s.revoked && !s.busy && s.quiet >= leaseEndGrace:
+		return heldRelease
+	}
+	return heldKeep
+}
+
+// hold keeps a lent slot until decideHeld frees it, and meanwhile the
+// lease request unacknowledged, reported in progress every AckWait/3.
 func (d *Dispatcher) hold(ctx context.Context, a *app, m jetstream.Msg, rt lease, id, reply string, maxAge time.Duration, returns chan bool) {
 	defer d.leases.remove(id)
 	gauge := d.m.leases.WithLabelValues(a.Name)
@@ -203,12 +307,48 @@ func (d *Dispatcher) hold(ctx context.Context, a *app, m jetstream.Msg, rt lease
 	defer progress.Stop()
 	check := time.NewTicker(leaseCheck)
 	defer check.Stop()
-	revoke := func() {
-		_ = d.nc.PublishMsg(&nats.Msg{Subject: reply, Header: nats.Header{natsqueue.HeaderKind: []string{natsqueue.KindRevoked}}})
-	}
+	var (
+		s         heldState
+		failed    bool
+		revokedAt time.Time
+		// cause is why the lease is taken back (a label of
+		// lease_busy_takebacks_total), counted once when found busy.
+		cause   string
+		counted bool
+	)
 	for {
 		select {
-		case failed := <-returns:
+		case failed = <-returns:
+			s.returned = true
+		case <-ctx.Done():
+			s.stopping = true
+		case <-end.C:
+			s.maxAge = true
+		case <-check.C:
+		case <-progress.C:
+			_ = m.InProgress()
+			continue
+		}
+		now := time.Now()
+		// Queued requests come first: a lease is taken back when they
+		// wait for a slot (the gateway's requests then queue too).
+		s.rootGone = !a.pool.usable(rt)
+		s.queueWaits = a.held.len() > 0 && a.pool.free() == 0
+		var reported time.Time
+		s.busy, reported = d.leases.use(id, now)
+		s.quiet = now.Sub(later(revokedAt, reported))
+		act := decideHeld(s)
+		if act == heldRevoke || act == heldRevokeRelease {
+			_ = d.nc.PublishMsg(&nats.Msg{Subject: reply, Header: nats.Header{natsqueue.HeaderKind: []string{natsqueue.KindRevoked}}})
+		}
+		switch act {
+		case heldRevoke:
+			s.revoked, revokedAt = true, now
+			cause = "queued"
+			if s.maxAge {
+				cause = "max_age"
+			}
+		case heldRelease, heldRevokeRelease:
 			if failed {
 				d.m.failed.WithLabelValues(a.Name, "direct_lane").Inc()
 				a.pool.release(rt, false, true)
@@ -217,26 +357,18 @@ func (d *Dispatcher) hold(ctx context.Context, a *app, m jetstream.Msg, rt lease
 			}
 			_ = m.Ack()
 			return
-		case <-end.C:
-			a.pool.release(rt, true, false)
-			_ = m.Ack()
-			return
-		case <-ctx.Done():
-			revoke()
-			a.pool.release(rt, true, false)
-			_ = m.Ack()
-			return
-		case <-check.C:
-			// Queued requests come first: a lease is taken back when they
-			// wait for a slot (the gateway's requests then queue too).
-			if !a.pool.usable(rt) || (a.held.len() > 0 && a.pool.free() == 0) {
-				revoke()
-				a.pool.release(rt, true, false)
-				_ = m.Ack()
-				return
-			}
-		case <-progress.C:
-			_ = m.InProgress()
+		}
+		if s.revoked && s.busy && !counted {
+			counted = true
+			d.m.leaseBusyTakebacks.WithLabelValues(a.Name, cause).Inc()
 		}
 	}
+}
+
+// later returns the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

@@ -22,6 +22,9 @@ type metrics struct {
 	cancelled    *prometheus.CounterVec
 	leases       *prometheus.GaugeVec
 	leaseGrants  *prometheus.CounterVec
+	// leaseBusyTakebacks counts leases taken back while a request ran on
+	// them (their slot kept until it ended).
+	leaseBusyTakebacks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -56,8 +59,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Engine slots this dispatcher lends to gateways' direct lanes, per application."}, []string{"app"}),
 		leaseGrants: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_requests_total",
 			Help: "Lease requests by outcome: granted, busy (no free slot: only spare capacity is lent), refused (routing must choose the root), expired (past the gateway's deadline) or unwanted (the gateway no longer waited)."}, []string{"app", "outcome"}),
+		leaseBusyTakebacks: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "lease_busy_takebacks_total",
+			Help: "Leases taken back while the gateway reported a request running on them, by cause: max_age (leaseMaxAge) or queued (queued requests waited for a slot); their slot stayed lent until the request ended."}, []string{"app", "cause"}),
 	}
-	reg.MustRegister(m.leases, m.leaseGrants, m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
+	reg.MustRegister(m.leases, m.leaseGrants, m.leaseBusyTakebacks, m.backlog, m.ackPending, m.inflight, m.queueWait, m.engineTime, m.rootHealthy,
 		m.dispatched, m.completed, m.failed, m.redelivered, m.deadLettered, m.cancelled)
 	return m
 }

@@ -12,17 +12,18 @@ package gateway
 // for a lease), and kept while the application serves, across idle gaps,
 // up to DirectConfig.LeaseIdle unused. It is given back when the
 // application leaves serving (after the request running on it ends), when
-// the engine fails on it, and at its MaxAge, when the dispatcher ends it: a
-// lease used within LeaseIdle is then asked for again at once, so that the
-// next request finds one.
+// the engine fails on it, when the dispatcher revokes it (after the request
+// running on it ends: the dispatcher keeps its slot while the use reports
+// say busy), and at its MaxAge (likewise): a lease used within LeaseIdle is
+// then asked for again at once, so that the next request finds one.
 //
 // A held lease holds off no sleep and no scale to zero: the gateway
-// reports its use to the lifecycle leader (queue.Lease.Report: within
-// keepTick of a request's start, every second while it runs, and at its
-// end), which
-// counts an idle lease as no demand; the sleep or drain then waits for the
-// gateway to give the lease back, which it does once the application
-// leaves serving.
+// reports its use (queue.Lease.Report: within keepTick of a request's
+// start, every second while it runs, and at its end) to the lifecycle
+// leader, which counts an idle lease as no demand (the sleep or drain then
+// waits for the gateway to give the lease back, which it does once the
+// application leaves serving), and to the dispatcher, which keeps a busy
+// lease's slot lent when it takes the lease back.
 //
 // Durability differs: a queued request survives restarts of the gateway,
 // the dispatcher and NATS; a direct request lives in the gateway only. An
@@ -147,17 +148,21 @@ type keepState struct {
 // decideKeep is the pure choice of what to do about a held lease between
 // requests: a busy one is only reported (what ends it is decided when its
 // request ends); an idle one is kept while the application serves, up to
-// the idle limit unused, and renewed at its MaxAge.
+// the idle limit unused, and renewed at its MaxAge, also when the
+// dispatcher revoked it then (it revokes a lease at its MaxAge too);
+// revoked before, it is given back.
 func decideKeep(s keepState) keepAction {
 	switch {
 	case s.busy && s.sinceReport >= reportEvery:
 		return keepReport
 	case s.busy:
 		return keepHold
-	case s.revoked || !s.serving || s.unused >= s.idle:
+	case !s.serving || s.unused >= s.idle:
 		return keepReturn
 	case s.expired:
 		return keepRenew
+	case s.revoked:
+		return keepReturn
 	}
 	return keepHold
 }
@@ -240,7 +245,8 @@ func (ls *lanes) take(m *ModelConfig) (l *lane, lease *queue.Lease, ask func()) 
 			return nil, nil, func() { go ls.ask(app, asking, false) }
 		case laneDropLease:
 			if !l.busy {
-				l.giveBack(s.now, false, s.revoked)
+				// Revoked at its MaxAge, a lease is renewed, not backed off.
+				l.giveBack(s.now, false, s.revoked && !s.expired)
 				continue
 			}
 			return nil, nil, nil
@@ -270,8 +276,8 @@ func (l *lane) report(now time.Time, busy bool) {
 }
 
 // giveBack returns l's lease; l.mu held, a lease held, none running on it.
-// A revoked lease was taken back for queued requests (or its root left):
-// asking again at once would take the slot back from them.
+// A lease revoked before its MaxAge was taken back for queued requests (or
+// its root left): asking again at once would take the slot back from them.
 func (l *lane) giveBack(now time.Time, failed, revoked bool) {
 	l.lease.Return(failed)
 	l.lease = nil

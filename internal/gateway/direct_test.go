@@ -58,6 +58,8 @@ func TestDecideKeep(t *testing.T) {
 		{"revoked: given back", with(func(s *keepState) { s.revoked = true }), keepReturn},
 		{"MaxAge, used within leaseIdle: renewed", with(func(s *keepState) { s.expired = true }), keepRenew},
 		{"MaxAge, unused for leaseIdle: given back", with(func(s *keepState) { s.expired, s.unused = true, idle }), keepReturn},
+		{"revoked at MaxAge (a busy lease's request ended): renewed", with(func(s *keepState) { s.expired, s.revoked = true, true }), keepRenew},
+		{"revoked at MaxAge, not serving: given back", with(func(s *keepState) { s.expired, s.revoked, s.serving = true, true, false }), keepReturn},
 		{"busy, reported just now: held", with(func(s *keepState) { s.busy, s.sinceReport = true, 10*time.Millisecond }), keepHold},
 		{"busy, a second since the report: heartbeat", with(func(s *keepState) { s.busy, s.sinceReport = true, reportEvery }), keepReport},
 		{"busy while the application leaves serving: the request finishes", with(func(s *keepState) { s.busy, s.serving = true, false }), keepHold},

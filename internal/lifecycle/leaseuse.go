@@ -71,8 +71,8 @@ func (u *leaseUses) of(app string, now time.Time) directUse {
 	defer u.mu.Unlock()
 	d := directUse{Received: u.received[app], Blind: u.since.IsZero() || now.Sub(u.since) < natsqueue.LeaseUseStale}
 	for inst, r := range u.byApp[app] {
-		switch age := now.Sub(r.at); {
-		case age >= natsqueue.LeaseUseStale:
+		switch {
+		case !natsqueue.LeaseUseFresh(r.at, now):
 			delete(u.byApp[app], inst)
 		case r.busy:
 			d.Busy++

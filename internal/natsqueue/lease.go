@@ -22,18 +22,27 @@ package natsqueue
 // unacknowledged (progress every AckWait/3). The gateway gives the lease
 // back on Names.LeaseReturn(app) with the lease ID as the body, followed
 // by " failed" when the engine failed on it; the dispatcher then frees
-// the slot and acknowledges the request. A lease ends at its MaxAge at the
-// latest; the dispatcher takes it back early, with a KindRevoked message
-// on Orch-Reply, when the root leaves or the dispatcher stops. A request
-// past its deadline is acknowledged and dropped; one the dispatcher cannot
-// serve (routing must choose the root: Orch-Refusal: routing) is refused.
+// the slot and acknowledges the request. The dispatcher takes a lease back,
+// with a KindRevoked message on Orch-Reply, at its MaxAge, when queued
+// requests wait for a slot, when its root leaves or is ejected, and when
+// the dispatcher stops. Taken back at MaxAge or for queued requests, a
+// lease keeps its slot while the gateway's use reports (below) say a
+// request runs on it, since that request runs on the engine until it ends:
+// the slot is freed when the gateway gives the lease back (it does after
+// that request), or once no report younger than LeaseUseStale says busy
+// and none came for a short grace (the return was lost, or the gateway is
+// gone). A root that left or a dispatcher that stops frees the
+// slot at once. A request past its deadline is acknowledged and dropped;
+// one the dispatcher cannot serve (routing must choose the root:
+// Orch-Refusal: routing) is refused.
 //
 // # Use reports
 //
 // A held lease counts as in flight on the lease consumer whether or not a
 // request runs on it, and a gateway keeps an unused lease while the
 // application serves. So that an idle lease does not keep an application
-// awake, the gateway tells the lifecycle leader how it uses each lease: a
+// awake, the gateway tells the lifecycle leader (and the dispatcher that
+// lent the lease, see above) how it uses each lease: a
 // LeaseUse (JSON) published on core NATS (outside the stream) on
 // Names.LeaseUse(app) soon after a request starts on the lease (Busy true;
 // beside the request, off its path), every LeaseUseEvery while it runs,
@@ -136,6 +145,11 @@ const LeaseUseEvery = time.Second
 // LeaseUseStale is the age after which a report no longer counts: three
 // heartbeats.
 const LeaseUseStale = 3 * LeaseUseEvery
+
+// LeaseUseFresh reports whether a use report received at `at` still counts
+// at now: the one rule by which the lifecycle leader and the dispatchers
+// read the reports.
+func LeaseUseFresh(at, now time.Time) bool { return now.Sub(at) < LeaseUseStale }
 
 // LeaseUse is where gateways report their use of an application's
 // leases: core NATS, outside the request stream (whose subjects are
