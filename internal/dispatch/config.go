@@ -61,8 +61,10 @@ type Config struct {
 	// MaxResponseBytes bounds a non-streamed answer.
 	MaxResponseBytes int64  `json:"maxResponseBytes"`
 	Health           Health `json:"health"`
-	// LeaseMaxAge bounds how long a gateway may hold an engine slot lent
-	// for its direct lane (lease.go); it asks again after. Default 1m.
+	// LeaseMaxAge is how long a gateway may hold an engine slot lent for
+	// its direct lane (lease.go) before the dispatcher takes it back (a
+	// request running on it keeps the slot until it ends); the gateway
+	// asks again after. Default 1m.
 	LeaseMaxAge metav1.Duration `json:"leaseMaxAge,omitempty"`
 	// Lifecycle scales applications with their demand (internal/lifecycle).
 	Lifecycle *lifecycle.Config `json:"lifecycle,omitempty"`

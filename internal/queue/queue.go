@@ -108,16 +108,19 @@ type Lease struct {
 	// Expires is when the lease ends at the latest: the gateway sends no
 	// request on it from then on.
 	Expires time.Time
-	// Revoked is closed when the dispatcher takes the lease back early
-	// (its root left, or the dispatcher stops).
+	// Revoked is closed when the dispatcher takes the lease back: at
+	// Expires, when queued requests wait for its slot, when its root
+	// leaves, or when the dispatcher stops. The holder sends no request on
+	// it from then on and gives it back once the request running on it
+	// ends (the dispatcher keeps the slot lent while Report says busy).
 	Revoked <-chan struct{}
 	// Return gives the lease back. failed reports that the engine failed
 	// on it (unreachable, or an overload status before any answer), which
 	// the dispatcher counts against the root as it counts its own
 	// failures. It is safe to call more than once; only the first counts.
 	Return func(failed bool)
-	// Report tells the application's lifecycle leader how the lease is
-	// used: busy when a request runs on it now. The gateway reports soon
+	// Report tells the application's lifecycle leader and the lending
+	// dispatcher how the lease is used: busy when a request runs on it now. The gateway reports soon
 	// after a request starts, every second while it runs, and when it
 	// ends; nil
 	// when the queue has no lifecycle to tell.
