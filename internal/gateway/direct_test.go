@@ -305,3 +305,46 @@ type servingFlag struct {
 
 func (s *servingFlag) Serving(string) bool { s.mu.Lock(); defer s.mu.Unlock(); return s.on }
 func (s *servingFlag) set(v bool)          { s.mu.Lock(); s.on = v; s.mu.Unlock() }
+
+// TestABusyLeaseRevokedAtMaxAgeIsRenewed: the dispatcher revokes a lease
+// at its MaxAge and keeps the slot while a request runs on it; once the
+// request ends, the gateway gives the lease back and asks for a new one at
+// once, without a request (as at a MaxAge without the revoke), rather than
+// backing off as after a lease revoked for queued requests.
+func TestABusyLeaseRevokedAtMaxAgeIsRenewed(t *testing.T) {
+	f := &fakeLeaser{maxAge: 300 * time.Millisecond}
+	ls := &lanes{leaser: f, serving: &servingFlag{on: true}, idle: time.Minute, now: time.Now, byApp: map[string]*lane{}}
+	defer ls.close()
+	m := &ModelConfig{Name: "m", App: "a", DirectLane: true, MaxWait: metav1.Duration{Duration: time.Minute}}
+	held := func() string {
+		ln := ls.get("a")
+		ln.mu.Lock()
+		defer ln.mu.Unlock()
+		if ln.lease == nil {
+			return ""
+		}
+		return ln.lease.ID
+	}
+	if _, _, ask := ls.take(m); ask != nil {
+		ask()
+	}
+	waitFor(t, "the lease", func() bool { return held() == "1" })
+	ln, lease, _ := ls.take(m)
+	if lease == nil {
+		t.Fatal("a free lease was not used")
+	}
+	// The request outlives the lease's MaxAge; the dispatcher revokes it.
+	time.Sleep(time.Until(lease.Expires))
+	f.mu.Lock()
+	close(f.revoke)
+	f.mu.Unlock()
+	time.Sleep(2 * keepTick)
+	if held() != "1" {
+		t.Fatal("a lease a request runs on was given back before the request ended")
+	}
+	ls.done(ln, false)
+	waitFor(t, "the renewed lease", func() bool { return held() == "2" })
+	if _, r := f.state(); len(r) != 1 || r[0] {
+		t.Errorf("returns %v; want the revoked lease given back once, not failed", r)
+	}
+}
