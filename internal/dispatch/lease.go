@@ -23,8 +23,8 @@ import (
 // grantTimeout bounds the wait for a gateway to take a grant.
 const grantTimeout = time.Second
 
-// leaseCheck paces the checks of a held lease: its root, and queued
-// requests waiting for a slot.
+// leaseCheck paces the checks of a held lease: its root, queued requests
+// waiting for a slot, and its use reports.
 const leaseCheck = 50 * time.Millisecond
 
 // leaseEndGrace is how long a lease taken back (at its maxAge or for

@@ -69,7 +69,7 @@ func (u *leaseUses) record(app string, r natsqueue.LeaseUse, now time.Time) {
 func (u *leaseUses) of(app string, now time.Time) directUse {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	d := directUse{Received: u.received[app], Blind: u.since.IsZero() || now.Sub(u.since) < natsqueue.LeaseUseStale}
+	d := directUse{Received: u.received[app], Blind: u.since.IsZero() || natsqueue.LeaseUseFresh(u.since, now)}
 	for inst, r := range u.byApp[app] {
 		switch {
 		case !natsqueue.LeaseUseFresh(r.at, now):

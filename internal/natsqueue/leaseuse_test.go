@@ -27,6 +27,24 @@ func TestParseLeaseUse(t *testing.T) {
 	}
 }
 
+func TestLeaseUseFresh(t *testing.T) {
+	at := time.Unix(1000, 0)
+	for _, c := range []struct {
+		age  time.Duration
+		want bool
+	}{
+		{0, true},
+		{natsqueue.LeaseUseEvery, true},
+		{natsqueue.LeaseUseStale - time.Millisecond, true},
+		{natsqueue.LeaseUseStale, false},
+		{time.Hour, false},
+	} {
+		if got := natsqueue.LeaseUseFresh(at, at.Add(c.age)); got != c.want {
+			t.Errorf("a report %v old: fresh %v, want %v", c.age, got, c.want)
+		}
+	}
+}
+
 // TestLeaseUseIsNotStored: the use reports are core NATS only: the request
 // stream captures no report (a report is never a request, and never
 // wakes anything).
