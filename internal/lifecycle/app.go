@@ -277,8 +277,9 @@ func (a *appState) demandSince(obs observation, decided time.Time) string {
 // leasesHeld keeps a drain or sleep waiting (state Draining, the gate
 // closed) for leases the gateways still hold: the next step looks again.
 // A gateway gives its lease back once the application leaves serving,
-// after the request it runs ends; the dispatcher ends a lease at its
-// MaxAge at the latest (a gateway that is gone). A request meanwhile,
+// after the request it runs ends; the dispatcher takes a lease back at its
+// MaxAge and frees it once no use report says busy (a gateway that is
+// gone). A request meanwhile,
 // queued or on a direct lane, cancels the drain or sleep.
 func (c *Controller) leasesHeld(a *appState, obs observation) error {
 	c.log.Info("waiting for gateways to give their direct lane leases back", "app", a.Name, "leases", obs.demand.Leases)

@@ -45,7 +45,8 @@ func (r consumerReading) Busy() bool { return r.Queued+r.InFlight > 0 }
 // ActiveLeases counts the held leases a request runs on: those a fresh
 // report says busy, and every held lease while the leader cannot tell yet
 // (Direct.Blind). A busy report counts even when its lease is no longer
-// held (the dispatcher ended it at its MaxAge while the request runs).
+// held (its dispatcher freed it while the request runs: the root left,
+// or the dispatcher stopped).
 func (r consumerReading) ActiveLeases() uint64 {
 	if r.Direct.Blind {
 		return max(r.Leases, r.Direct.Busy)
