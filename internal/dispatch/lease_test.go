@@ -173,6 +173,7 @@ func TestALeaseWhoseReportsStopIsFreed(t *testing.T) {
 	l := takeLease(t, client)
 	l.Report(true)
 	lastReport := time.Now()
+	eventually(t, 5*time.Second, holds("the revoke at leaseMaxAge", revoked(l)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r, err := client.Submit(ctx, chatJob("job-after-a-silent-lease", "wait", false))
@@ -180,7 +181,6 @@ func TestALeaseWhoseReportsStopIsFreed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = r.Close() }()
-	eventually(t, 5*time.Second, holds("the revoke at leaseMaxAge", revoked(l)))
 	consistently(t, time.Until(lastReport.Add(natsqueue.LeaseUseStale-300*time.Millisecond)), func() error {
 		if n := e.engine.Requests.Load(); n != 0 {
 			return fmt.Errorf("the queued request reached the engine while the busy report was fresh (%d requests)", n)
