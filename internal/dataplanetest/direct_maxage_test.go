@@ -55,7 +55,7 @@ func TestALongDirectStreamKeepsItsSlotPastMaxAge(t *testing.T) {
 
 	// The long stream must take the direct lane; it takes the queue when
 	// it comes in the instant the gateway renews its lease: then again.
-	var res *http.Response
+	var streamed <-chan string
 	for attempt := 1; ; attempt++ {
 		polltest.Eventually(t, 10*time.Second, 200*time.Millisecond, func() error {
 			if leasesHeld(d) == 1 {
@@ -66,28 +66,16 @@ func TestALongDirectStreamKeepsItsSlotPastMaxAge(t *testing.T) {
 			}
 			return fmt.Errorf("no lease held yet")
 		})
-		req, _ := http.NewRequest("POST", s.Gateway.URL+"/v1/chat/completions", bytes.NewReader([]byte(chatStream)))
-		req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
-		req.Header.Set("Content-Type", "application/json")
-		var err error
-		if res, err = http.DefaultClient.Do(req); err != nil {
-			t.Fatal(err)
-		}
-		if res.Header.Get(gateway.HeaderLane) == "direct" {
+		var lane string
+		lane, streamed = startStream(s.Gateway.URL+"/v1/chat/completions", chatStream)
+		if lane == "direct" {
 			break
 		}
-		_, _ = io.Copy(io.Discard, res.Body)
-		_ = res.Body.Close()
+		<-streamed
 		if attempt == 3 {
-			t.Fatal("the long stream took the queue three times, with a lease held before each")
+			t.Fatalf("the long stream took lane %q three times, with a lease held before each", lane)
 		}
 	}
-	streamed := make(chan string, 1)
-	go func() {
-		defer func() { _ = res.Body.Close() }()
-		b, _ := io.ReadAll(res.Body)
-		streamed <- string(b)
-	}()
 	// At maxAge the dispatcher takes the lease back, finding it busy.
 	eventually(t, 5*time.Second, func() error {
 		if n := dispatcherMetric(d, "orchestra_dispatcher_lease_busy_takebacks_total"); n != 1 {
@@ -109,4 +97,27 @@ func TestALongDirectStreamKeepsItsSlotPastMaxAge(t *testing.T) {
 	if n := most.Load(); n > 1 {
 		t.Errorf("the engine ran %d requests at once; the root's maxConcurrency is 1", n)
 	}
+}
+
+// startStream posts body to url and returns the lane the answer says it
+// took, once its headers came, and the answer, once it ended (or the
+// error).
+func startStream(url, body string) (lane string, answer <-chan string) {
+	lanes, answers := make(chan string, 1), make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", url, bytes.NewReader([]byte(body)))
+		req.Header.Set("Authorization", "Bearer "+dataplanetest.APIKey)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			lanes <- ""
+			answers <- err.Error()
+			return
+		}
+		defer func() { _ = res.Body.Close() }()
+		lanes <- res.Header.Get(gateway.HeaderLane)
+		b, _ := io.ReadAll(res.Body)
+		answers <- string(b)
+	}()
+	return <-lanes, answers
 }
