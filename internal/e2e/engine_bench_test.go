@@ -611,9 +611,11 @@ func appendRate(r []float64, v float64) []float64 {
 // that, so that wake and plain scale both start from a settled node.
 const zeroSettle = 3 * time.Second
 
-// toZero brings an application to zero pods by a plain scale once its
-// lifecycle is awake (as TestWakeBenchmark does), waits for it Idle with
-// no root pod, then zeroSettle.
+// toZero brings an application to zero pods by a plain scale while its
+// lifecycle is not waking (as TestWakeBenchmark does), waits for it Idle
+// with no root pod, then zeroSettle. The phase alone does not do: the
+// operator's status can still say Idle while the leader has taken a root
+// that a plain scale started as awake.
 func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
 	t.Helper()
 	polltest.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() error {
@@ -621,22 +623,25 @@ func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
 		if err != nil {
 			return err
 		}
-		if st.Phase == v1alpha1.PhaseIdle {
+		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
+		if err != nil {
+			return err
+		}
+		if st.Phase == v1alpha1.PhaseIdle && len(pods.Items) == 0 {
 			return nil
 		}
-		if lc := st.Lifecycle; lc != nil && lc.State == v1alpha1.LifecycleAwake {
+		var seen []string
+		running := false
+		for _, p := range pods.Items {
+			seen = append(seen, fmt.Sprintf("%s %s deleting=%t", p.Name, p.Status.Phase, p.DeletionTimestamp != nil))
+			running = running || p.DeletionTimestamp == nil
+		}
+		if lc := st.Lifecycle; running && (lc == nil || lc.State != v1alpha1.LifecycleWaking) {
 			if err := lifecycle.Scale(ctx, env.cs, ns, sts, 0); err != nil {
 				return err
 			}
 		}
-		return fmt.Errorf("%s: phase %s, lifecycle %s; want Idle", app, st.Phase, lifecycleJSON(st.Lifecycle))
-	})
-	polltest.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() error {
-		pods, err := env.cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "modelorchestra.io/application=" + app + ",app.kubernetes.io/component=root"})
-		if err != nil || len(pods.Items) > 0 {
-			return fmt.Errorf("%s: %d root pods (%v)", app, len(pods.Items), err) //nolint:errorlint // err may be nil: what the poll saw
-		}
-		return nil
+		return fmt.Errorf("%s: phase %s, lifecycle %s, root pods %v; want Idle and none", app, st.Phase, lifecycleJSON(st.Lifecycle), seen)
 	})
 	time.Sleep(zeroSettle)
 }
