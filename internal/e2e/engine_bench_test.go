@@ -286,7 +286,7 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 // at zero pods to its first non-empty content.
 func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round, i int) {
 	t.Helper()
-	toZero(ctx, t, ns, name, s.zero, name+"-"+s.zero)
+	toZero(ctx, t, ns, name, s.zero)
 	pods := watchRoot(ctx, t, ns, name, s.zero)
 	sent := time.Now()
 	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, fmt.Sprintf("wake %d %d", round, i))
@@ -305,7 +305,7 @@ func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, 
 func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engineSize, round, i int) {
 	t.Helper()
 	sts := name + "-" + s.zero
-	toZero(ctx, t, ns, name, s.zero, sts)
+	toZero(ctx, t, ns, name, s.zero)
 	pods := watchRoot(ctx, t, ns, name, s.zero)
 	start := time.Now()
 	if err := lifecycle.Scale(ctx, env.cs, ns, sts, 1); err != nil {
@@ -616,8 +616,9 @@ const zeroSettle = 3 * time.Second
 // with no root pod, then zeroSettle. The phase alone does not do: the
 // operator's status can still say Idle while the leader has taken a root
 // that a plain scale started as awake.
-func toZero(ctx context.Context, t *testing.T, ns, name, app, sts string) {
+func toZero(ctx context.Context, t *testing.T, ns, name, app string) {
 	t.Helper()
+	sts := name + "-" + app // the root StatefulSet
 	polltest.Eventually(t, 2*time.Minute, 100*time.Millisecond, func() error {
 		st, err := appStatus(ctx, ns, name, app)
 		if err != nil {
