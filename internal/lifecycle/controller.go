@@ -183,6 +183,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.startInformers(ctx); err != nil {
 		return err
 	}
+	unsubscribe, err := c.subscribeWoken()
+	if err != nil {
+		return fmt.Errorf("subscribing to woken engines: %w", err)
+	}
+	defer unsubscribe()
 	states, err := lifecyclestate.Watch(ctx, c.deps.NC, c.deps.Orchestra, c.log)
 	if err != nil {
 		return err

@@ -35,8 +35,11 @@ import (
 // count (httpGet and tcpSocket): a pod with an exec or gRPC probe, or with
 // readiness gates, waits for the kubelet. A container that restarts after
 // the answer, or a kubelet that has not agreed within earlyReadyGrace,
-// ends the early answer; a pod that was Ready once since its containers
-// started is never probed early again.
+// ends the early answer. A pod that was Ready once since its containers
+// started is probed early again only after the leader woke its engine from
+// sleep (woken.go): its sidecar failed its readiness while the engine
+// slept, and the kubelet would say it serves again only at the sidecar's
+// next readiness probe, up to a probe period after the wake.
 
 const (
 	earlyProbeMin  = 10 * time.Millisecond
@@ -158,16 +161,21 @@ func containerPort(c *corev1.Container, port intstr.IntOrString) (int, error) {
 
 // earlyProbeable reports whether the kubelet may not have said yet what
 // the pod's probes would say now: it is not terminating, every container
-// runs, and it has not been Ready since they started. A pod that was
-// Ready and is not any more (a failing readiness probe, a sleeping
-// engine's sidecar) is the kubelet's alone.
-func earlyProbeable(p *corev1.Pod) bool {
+// runs, and it has not been Ready since they started, or, when the leader
+// woke its engine from sleep at woken (zero: not lately), since then. A
+// pod that was Ready and is not any more (a failing readiness probe, a
+// sleeping engine's sidecar) is otherwise the kubelet's alone.
+func earlyProbeable(p *corev1.Pod, woken time.Time) bool {
 	if p.DeletionTimestamp != nil || !allRunning(p) {
 		return false
 	}
+	since := runningSince(p)
+	if woken.After(since) {
+		since = woken
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
-			return c.Status != corev1.ConditionTrue && !c.LastTransitionTime.After(runningSince(p))
+			return c.Status != corev1.ConditionTrue && !c.LastTransitionTime.After(since)
 		}
 	}
 	return true
@@ -218,9 +226,10 @@ type earlyAnswer struct {
 	at       time.Time
 }
 
-// stands reports whether the answer still makes p serve at now.
-func (a earlyAnswer) stands(p *corev1.Pod, now time.Time) bool {
-	return earlyProbeable(p) && restarts(p) == a.restarts && now.Sub(a.at) < earlyReadyGrace
+// stands reports whether the answer still makes p serve at now (woken as
+// for earlyProbeable).
+func (a earlyAnswer) stands(p *corev1.Pod, now, woken time.Time) bool {
+	return earlyProbeable(p, woken) && restarts(p) == a.restarts && now.Sub(a.at) < earlyReadyGrace
 }
 
 // earlyReady runs the probes of the starting root and worker pods it is
@@ -238,6 +247,9 @@ type earlyReady struct {
 	ctx     context.Context
 	probing map[types.UID]probing
 	answers map[types.UID]earlyAnswer
+	// woken is when the leader said a pod's engine woke from sleep
+	// (wokeUp); it counts for earlyReadyGrace.
+	woken map[types.UID]time.Time
 }
 
 type probing struct {
@@ -261,6 +273,7 @@ func newEarlyReady(log *slog.Logger, now func() time.Time, answered func(*corev1
 		},
 		probing: map[types.UID]probing{},
 		answers: map[types.UID]earlyAnswer{},
+		woken:   map[types.UID]time.Time{},
 	}
 }
 
@@ -279,19 +292,43 @@ func (e *earlyReady) serves(p *corev1.Pod) bool {
 // answeredAt is when p's probes all passed, while that answer stands;
 // zero otherwise.
 func (e *earlyReady) answeredAt(p *corev1.Pod) time.Time {
+	now := e.now()
 	e.mu.Lock()
 	a, ok := e.answers[p.UID]
+	woken := e.wokenAt(p, now)
 	e.mu.Unlock()
-	if !ok || !a.stands(p, e.now()) {
+	if !ok || !a.stands(p, now, woken) {
 		return time.Time{}
 	}
 	return a.at
+}
+
+// wokenAt is when the leader last said p's engine woke from sleep, within
+// earlyReadyGrace of now; zero otherwise. e.mu is held.
+func (e *earlyReady) wokenAt(p *corev1.Pod, now time.Time) time.Time {
+	w, ok := e.woken[p.UID]
+	if !ok || now.Sub(w) >= earlyReadyGrace {
+		return time.Time{}
+	}
+	return w
+}
+
+// wokeUp tells that the leader woke the engine of root pod p from sleep at
+// at: p, which turned unready while its engine slept, is probed again,
+// and serves once its probes pass, before the kubelet's next probe says
+// so.
+func (e *earlyReady) wokeUp(p *corev1.Pod, at time.Time) {
+	e.mu.Lock()
+	e.woken[p.UID] = at
+	e.mu.Unlock()
+	e.track(p, false)
 }
 
 // track looks at a root or worker pod's new state (gone: deleted): it starts
 // probing a pod that runs and is not Ready, and stops, and forgets its
 // answer, once the kubelet has spoken or the pod changed.
 func (e *earlyReady) track(p *corev1.Pod, gone bool) {
+	now := e.now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	cur, probingNow := e.probing[p.UID]
@@ -301,9 +338,14 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 			delete(e.probing, p.UID)
 		}
 	}
-	if gone || !earlyProbeable(p) {
+	woken := e.wokenAt(p, now)
+	if woken.IsZero() {
+		delete(e.woken, p.UID)
+	}
+	if gone || !earlyProbeable(p, woken) {
 		stop()
 		delete(e.answers, p.UID)
+		delete(e.woken, p.UID)
 		return
 	}
 	if a, ok := e.answers[p.UID]; ok {
@@ -324,14 +366,25 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 		e.log.Debug("pod left to the kubelet's probes", "pod", p.Name, "reason", err)
 		return
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if !woken.IsZero() && !earlyProbeable(p, time.Time{}) {
+		// Probed for the wake alone: no longer than the wake counts.
+		ctx, cancel = context.WithDeadline(e.ctx, woken.Add(earlyReadyGrace))
+	} else {
+		ctx, cancel = context.WithCancel(e.ctx)
+	}
 	e.probing[p.UID] = probing{restarts: restarts(p), ip: p.Status.PodIP, cancel: cancel}
-	go e.probe(ctx, p, checks)
+	go e.probe(ctx, p, checks, woken)
 }
 
-// probe runs checks until they all pass at once or ctx ends.
-func (e *earlyReady) probe(ctx context.Context, p *corev1.Pod, checks []probeCheck) {
+// probe runs checks until they all pass at once or ctx ends; woken is when
+// the pod's engine woke from sleep (zero: a starting pod).
+func (e *earlyReady) probe(ctx context.Context, p *corev1.Pod, checks []probeCheck, woken time.Time) {
 	since := runningSince(p)
+	if woken.After(since) {
+		since = woken
+	}
 	if since.IsZero() {
 		since = e.now()
 	}
@@ -356,8 +409,13 @@ func (e *earlyReady) probe(ctx context.Context, p *corev1.Pod, checks []probeChe
 		delete(e.probing, p.UID)
 	}
 	e.mu.Unlock()
-	e.log.Info("pod answers its probes before the kubelet says Ready", "pod", p.Name,
-		"sinceRunning", at.Sub(since).Round(time.Millisecond))
+	if woken.IsZero() {
+		e.log.Info("pod answers its probes before the kubelet says Ready", "pod", p.Name,
+			"sinceRunning", at.Sub(since).Round(time.Millisecond))
+	} else {
+		e.log.Info("woken pod answers its probes before the kubelet says Ready", "pod", p.Name,
+			"sinceWake", at.Sub(since).Round(time.Millisecond))
+	}
 	e.answered(p)
 	// An answer the kubelet never confirms ends at earlyReadyGrace: tell
 	// again then, so that the pod stops counting as serving.

@@ -115,26 +115,42 @@ func TestEarlyProbePeriodIsAShareOfTheStart(t *testing.T) {
 func TestAnEarlyAnswerStandsUntilTheKubeletSpeaksOrThePodChanges(t *testing.T) {
 	at := time.Unix(1000, 0)
 	ans := earlyAnswer{restarts: 0, at: at}
+	// wentUnready: the pod was Ready after its containers started, and
+	// turned unready (a failing readiness probe, a sleeping engine's
+	// sidecar) at a whole second, as the API's times are.
+	wentUnready := func(p *corev1.Pod) {
+		started := p.Status.ContainerStatuses[0].State.Running.StartedAt.Time
+		p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(started.Add(2 * time.Second).Truncate(time.Second))
+	}
+	unreadyAt := func(p *corev1.Pod) time.Time { return p.Status.Conditions[0].LastTransitionTime.Time }
 	tests := []struct {
 		name   string
 		change func(p *corev1.Pod)
 		now    time.Time
-		want   bool
+		// woken is when the leader said the engine woke, from the time the
+		// pod turned unready (nil: it did not).
+		woken *time.Duration
+		want  bool
 	}{
-		{"just answered", nil, at.Add(time.Second), true},
-		{"the kubelet has not agreed within the grace", nil, at.Add(earlyReadyGrace), false},
-		{"the engine restarted since", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount = 1 }, at, false},
+		{"just answered", nil, at.Add(time.Second), nil, true},
+		{"the kubelet has not agreed within the grace", nil, at.Add(earlyReadyGrace), nil, false},
+		{"the engine restarted since", func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount = 1 }, at, nil, false},
 		{"a container stopped", func(p *corev1.Pod) {
 			p.Status.ContainerStatuses[0].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1}}
-		}, at, false},
-		{"terminating", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: at} }, at, false},
-		{"Ready: the kubelet's word counts", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionTrue }, at, false},
-		{"Ready once since its containers started, not any more: the kubelet's word counts", func(p *corev1.Pod) {
-			p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(p.Status.ContainerStatuses[0].State.Running.StartedAt.Add(time.Second))
-		}, at, false},
+		}, at, nil, false},
+		{"terminating", func(p *corev1.Pod) { p.DeletionTimestamp = &metav1.Time{Time: at} }, at, nil, false},
+		{"Ready: the kubelet's word counts", func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionTrue }, at, nil, false},
+		{"Ready once since its containers started, not any more: the kubelet's word counts", wentUnready, at, nil, false},
 		{"a container restarted after the pod turned unready", func(p *corev1.Pod) {
 			p.Status.Conditions[0].LastTransitionTime = metav1.NewTime(p.Status.ContainerStatuses[0].State.Running.StartedAt.Add(-time.Second))
-		}, at, true},
+		}, at, nil, true},
+		{"unready while its engine slept, woken since", wentUnready, at, ptr.To(10 * time.Second), true},
+		{"woken within the second it turned unready", wentUnready, at, ptr.To(300 * time.Millisecond), true},
+		{"unready again after the wake: the kubelet's word counts", wentUnready, at, ptr.To(-time.Second), false},
+		{"woken, and Ready: the kubelet's word counts", func(p *corev1.Pod) {
+			wentUnready(p)
+			p.Status.Conditions[0].Status = corev1.ConditionTrue
+		}, at, ptr.To(10 * time.Second), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,7 +158,11 @@ func TestAnEarlyAnswerStandsUntilTheKubeletSpeaksOrThePodChanges(t *testing.T) {
 			if tt.change != nil {
 				tt.change(p)
 			}
-			if got := ans.stands(p, tt.now); got != tt.want {
+			var woken time.Time
+			if tt.woken != nil {
+				woken = unreadyAt(p).Add(*tt.woken)
+			}
+			if got := ans.stands(p, tt.now, woken); got != tt.want {
 				t.Errorf("stands = %v, want %v", got, tt.want)
 			}
 		})
@@ -233,5 +253,100 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 	defer e.mu.Unlock()
 	if len(e.probing) != 0 || len(e.answers) != 0 {
 		t.Errorf("after the pod was deleted: %d probing, %d answers; want none", len(e.probing), len(e.answers))
+	}
+}
+
+// TestAWokenRootServesOnceItsProbesPass: a root that was Ready and turned
+// unready while its engine slept is not probed early, until the leader
+// says its engine woke: then it serves as soon as its probes pass, before
+// the kubelet's next probe, and the kubelet's word counts again once it
+// speaks. A wake said longer ago than earlyReadyGrace no longer counts.
+func TestAWokenRootServesOnceItsProbesPass(t *testing.T) {
+	var sidecarAwake atomic.Bool
+	var sidecarProbes atomic.Int64
+	engine := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer engine.Close()
+	sidecar := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sidecarProbes.Add(1)
+		if r.URL.Path != "/readyz" || !sidecarAwake.Load() {
+			http.Error(w, "asleep", http.StatusServiceUnavailable)
+		}
+	}))
+	defer sidecar.Close()
+	port := func(s *httptest.Server) int32 {
+		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
+		n, _ := strconv.Atoi(p)
+		return int32(n)
+	}
+	// The root ran, was Ready, and turned unready 2 s later when its
+	// engine fell asleep.
+	asleep := startingRoot("127.0.0.1", port(engine), port(sidecar))
+	started := time.Now().Add(-time.Minute)
+	for i := range asleep.Status.ContainerStatuses {
+		asleep.Status.ContainerStatuses[i].Started = ptr.To(true)
+		asleep.Status.ContainerStatuses[i].State.Running.StartedAt = metav1.NewTime(started)
+	}
+	asleep.Status.Conditions[0].LastTransitionTime = metav1.NewTime(started.Add(2 * time.Second))
+
+	now := time.Now
+	answered := make(chan *corev1.Pod, 4)
+	e := newEarlyReady(slog.New(slog.DiscardHandler), now, func(p *corev1.Pod) { answered <- p })
+	e.start(t.Context())
+
+	// Asleep: the kubelet's alone.
+	e.track(asleep, false)
+	time.Sleep(100 * time.Millisecond)
+	if n := sidecarProbes.Load(); n != 0 || e.serves(asleep) {
+		t.Fatalf("a root that went unready was probed %d times (serves: %v) before any wake", n, e.serves(asleep))
+	}
+
+	// The leader woke it: the sidecar answers, and the root serves at
+	// once.
+	sidecarAwake.Store(true)
+	woke := time.Now()
+	e.wokeUp(asleep, now())
+	select {
+	case <-answered:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the woken root did not answer its probes within 2 s")
+	}
+	if d := time.Since(woke); d > 500*time.Millisecond {
+		t.Errorf("the woken root served %v after the wake was said", d)
+	}
+	if !e.serves(asleep) {
+		t.Fatal("the woken root does not serve after answering its probes")
+	}
+	// A pod update the kubelet makes meanwhile (the same unready pod) keeps
+	// the answer.
+	e.track(asleep.DeepCopy(), false)
+	if !e.serves(asleep) {
+		t.Fatal("the woken root's answer was dropped by an update of the same unready pod")
+	}
+
+	// The kubelet marks it Ready: its word counts, the wake is forgotten.
+	ready := asleep.DeepCopy()
+	ready.Status.Conditions[0].Status = corev1.ConditionTrue
+	ready.Status.Conditions[0].LastTransitionTime = metav1.NewTime(time.Now())
+	e.track(ready, false)
+	if e.serves(ready) {
+		t.Error("the early answer outlived the kubelet's Ready")
+	}
+	e.mu.Lock()
+	woken, probing, answers := len(e.woken), len(e.probing), len(e.answers)
+	e.mu.Unlock()
+	if woken+probing+answers != 0 {
+		t.Errorf("after the kubelet's Ready: %d woken, %d probing, %d answers; want none", woken, probing, answers)
+	}
+
+	// It sleeps again (unready after that wake), and a wake said longer ago
+	// than the grace does not make it probed.
+	again := asleep.DeepCopy()
+	again.UID = "u2"
+	sidecarAwake.Store(false)
+	e.wokeUp(again, now().Add(-earlyReadyGrace))
+	probes := sidecarProbes.Load()
+	time.Sleep(100 * time.Millisecond)
+	if n := sidecarProbes.Load() - probes; n != 0 || e.serves(again) {
+		t.Errorf("a wake said %v ago made the root probed %d times (serves: %v)", earlyReadyGrace, n, e.serves(again))
 	}
 }

@@ -310,6 +310,7 @@ func (c *Controller) enginesAwake(ctx context.Context, a *appState, root *appsv1
 	if err := c.openGate(ctx, &a.consumerGate); err != nil {
 		return err // retried on the next step (the sidecars answer at once)
 	}
+	c.publishWoken(a.Name)
 	obs := c.observe(ctx, a, root, true)
 	lw := a.status.LastWake
 	if lw == nil {

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	"github.com/model-orchestra/operator/api/v1alpha1"
+	"github.com/model-orchestra/operator/internal/lifecycle"
 	"github.com/model-orchestra/operator/internal/sidecarapi"
 	"github.com/model-orchestra/operator/internal/sim"
 )
@@ -30,6 +31,12 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 		t.Fatal("sleeping removed the pod")
 	}
 
+	// The leader tells every dispatcher when the engines woke, so that they
+	// take the woken roots before the kubelet's next probe (woken.go).
+	woken, err := p.e.nc.SubscribeSync(lifecycle.WokenSubject(orch, app))
+	if err != nil {
+		t.Fatal(err)
+	}
 	const n = 16
 	if err := sendBatch(p.client, "asleep", n); err != nil {
 		t.Fatalf("requests sent to sleeping engines were lost or failed:\n%v", err)
@@ -37,6 +44,12 @@ func TestEnginesSleepWhenIdleAndWakeOnTheNextRequest(t *testing.T) {
 	p.lastWake(fmt.Sprintf("a wake by a request from the hot tier restoring %d bytes, with its speed", weightsBytes), func(lw *v1alpha1.WakeStatus) bool {
 		return lw.FromTier == v1alpha1.TierHot && lw.Bytes == weightsBytes && lw.BytesPerSecond > 0 && lw.Seconds != "" && lw.Trigger == "request"
 	})
+	if _, err := woken.NextMsg(time.Second); err != nil {
+		t.Errorf("the leader did not say on %s that the engines woke: %v", lifecycle.WokenSubject(orch, app), err)
+	}
+	if m, err := woken.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("the leader said twice that the engines woke (%s)", m.Subject)
+	}
 	if st := p.e.state(); st.Wakes != 1 {
 		t.Errorf("%d wakes, want 1", st.Wakes)
 	}
