@@ -283,26 +283,62 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 }
 
 // benchWake times one wake from zero: a streamed chat through the gateway
-// at zero pods to its first non-empty content.
+// at zero pods to its first non-empty content. A wake whose answer has no
+// content (the generated model drew the end token first) has no first
+// token: it is timed again, from zero, with another prompt.
 func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round, i int) {
 	t.Helper()
-	toZero(ctx, t, ns, name, s.zero)
-	pods := watchRoot(ctx, t, ns, name, s.zero)
-	sent := time.Now()
-	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, fmt.Sprintf("wake %d %d", round, i))
-	tl := pods.stop(sent)
-	if err != nil {
-		t.Fatalf("%s round %d: the wake: %v", s.label, round, err)
+	for attempt := range contentAttempts {
+		toZero(ctx, t, ns, name, s.zero)
+		pods := watchRoot(ctx, t, ns, name, s.zero)
+		sent := time.Now()
+		ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, attemptPrompt(fmt.Sprintf("wake %d %d", round, i), attempt))
+		tl := pods.stop(sent)
+		if errors.Is(err, errNoContent) && attempt+1 < contentAttempts {
+			t.Logf("%s round %d: the wake's answer had no content; timing the wake again with another prompt", s.label, round)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s round %d: the wake: %v", s.label, round, err)
+		}
+		tl.first = ttft
+		s.wake = append(s.wake, tl)
+		t.Logf("%s round %d: wake -> first token %v (pod created %v, running %v after the request)", s.label, round, ttft, tl.created, tl.running)
+		return
 	}
-	tl.first = ttft
-	s.wake = append(s.wake, tl)
-	t.Logf("%s round %d: wake -> first token %v (pod created %v, running %v after the request)", s.label, round, ttft, tl.created, tl.running)
+}
+
+// contentAttempts bounds the times a wake or a plain scale is timed again
+// because its answer had no content.
+const contentAttempts = 3
+
+// attemptPrompt is prompt for the first attempt, and for a later one the
+// prompt with its last character changed (the same length).
+func attemptPrompt(prompt string, attempt int) string {
+	if attempt == 0 {
+		return prompt
+	}
+	return prompt[:len(prompt)-1] + string(rune('a'+attempt))
 }
 
 // benchPlainScale times one plain scale 0 -> 1, as kubectl scale does, to
 // the engine's first answer, asked directly (pod IP) every 20 ms from the
 // moment a watch sees the pod run.
+// An answer without content is timed again from zero, as a wake's is.
 func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engineSize, round, i int) {
+	t.Helper()
+	for attempt := range contentAttempts {
+		if benchPlainScaleOnce(ctx, t, ns, name, s, round, attemptPrompt(fmt.Sprintf("plain %d %d", round, i), attempt)) {
+			return
+		}
+		t.Logf("%s round %d: the plainly scaled root's answer had no content; timing the scale again with another prompt", s.label, round)
+	}
+	t.Fatalf("%s round %d: the plainly scaled root answered %d times without content", s.label, round, contentAttempts)
+}
+
+// benchPlainScaleOnce is one plain scale asked prompt; false when the
+// engine's answer had no content.
+func benchPlainScaleOnce(ctx context.Context, t *testing.T, ns, name string, s *engineSize, round int, prompt string) bool {
 	t.Helper()
 	sts := name + "-" + s.zero
 	toZero(ctx, t, ns, name, s.zero)
@@ -327,7 +363,11 @@ func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engi
 			t.Fatalf("%s round %d: the plainly scaled root did not answer within 5 minutes", s.label, round)
 		}
 		reqSent := time.Now()
-		ttft, _, err := streamTimed(ctx, "http://"+net.JoinHostPort(ip, "8080")+"/v1/chat/completions", "", s.zero, fmt.Sprintf("plain %d %d", round, i))
+		ttft, _, err := streamTimed(ctx, "http://"+net.JoinHostPort(ip, "8080")+"/v1/chat/completions", "", s.zero, prompt)
+		if errors.Is(err, errNoContent) {
+			pods.stop(start)
+			return false
+		}
 		if err != nil {
 			time.Sleep(20 * time.Millisecond)
 			continue
@@ -338,6 +378,7 @@ func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engi
 	tl.first = first
 	s.baseline = append(s.baseline, tl)
 	t.Logf("%s round %d: plain scale -> first answer %v (pod created %v, running %v after the scale)", s.label, round, first, tl.created, tl.running)
+	return true
 }
 
 // startTimes is one wake or plain scale, each step from its start (the
@@ -575,7 +616,22 @@ func (p *podProbe) during(t *testing.T, f func()) []time.Duration {
 }
 
 // benchSleepRound times a wake from sleep through the gateway.
+// A wake whose answer had no content is timed again once the application
+// sleeps again, with another prompt.
 func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
+	t.Helper()
+	for attempt := range contentAttempts {
+		if benchSleepWakeOnce(ctx, t, ns, name, base, token, s, round, attemptPrompt(fmt.Sprintf("sleep wake %d", round), attempt)) {
+			return
+		}
+		t.Logf("%s round %d: the wake from sleep's answer had no content; timing it again with another prompt once the application sleeps", s.label, round)
+	}
+	t.Fatalf("%s round %d: the wake from sleep answered %d times without content", s.label, round, contentAttempts)
+}
+
+// benchSleepWakeOnce waits for the application to sleep and times one wake
+// asked prompt; false when the answer had no content.
+func benchSleepWakeOnce(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int, prompt string) bool {
 	t.Helper()
 	eventually(t, 2*time.Minute, func() error {
 		st, err := appStatus(ctx, ns, name, s.sleep)
@@ -590,12 +646,16 @@ func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token st
 		}
 		return nil
 	})
-	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.sleep, fmt.Sprintf("sleep wake %d", round))
+	ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.sleep, prompt)
+	if errors.Is(err, errNoContent) {
+		return false
+	}
 	if err != nil {
 		t.Fatalf("%s round %d: the wake from sleep: %v", s.label, round, err)
 	}
 	s.sleepWake = append(s.sleepWake, ttft)
 	t.Logf("%s round %d: sleep -> wake -> first token %v", s.label, round, ttft)
+	return true
 }
 
 func appendRate(r []float64, v float64) []float64 {
@@ -707,10 +767,7 @@ func streamContentVia(ctx context.Context, url, token, via, model, prompt string
 func streamContentWith(ctx context.Context, url, token string, h http.Header, model, prompt string) (time.Duration, float64, string, error) {
 	var err error
 	for k := range 5 {
-		p := prompt
-		if k > 0 {
-			p = prompt[:len(prompt)-1] + string(rune('a'+k))
-		}
+		p := attemptPrompt(prompt, k)
 		var first time.Duration
 		var rate float64
 		var lane string
