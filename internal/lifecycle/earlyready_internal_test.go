@@ -188,12 +188,7 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 		}
 	}))
 	defer sidecar.Close()
-	port := func(s *httptest.Server) int32 {
-		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
-		n, _ := strconv.Atoi(p)
-		return int32(n)
-	}
-	p := startingRoot("127.0.0.1", port(engine), port(sidecar))
+	p := startingRoot("127.0.0.1", listenerPort(engine), listenerPort(sidecar))
 
 	answered := make(chan *corev1.Pod, 4)
 	e := newEarlyReady(slog.New(slog.DiscardHandler), time.Now, func(p *corev1.Pod) { answered <- p })
@@ -210,14 +205,7 @@ func TestEarlyReadyServesAStartingRootTheMomentItAnswers(t *testing.T) {
 	}
 	up := time.Now()
 	engineUp.Store(true)
-	select {
-	case <-answered:
-	case <-time.After(2 * time.Second):
-		t.Fatal("no answer 2 s after the engine came up")
-	}
-	if d := time.Since(up); d > 500*time.Millisecond {
-		t.Errorf("answered %v after the engine came up", d)
-	}
+	awaitAnswer(t, answered, up, "after the engine came up")
 	if !e.serves(p) {
 		t.Fatal("the pod does not serve after answering its probes")
 	}
@@ -273,14 +261,9 @@ func TestAWokenRootServesOnceItsProbesPass(t *testing.T) {
 		}
 	}))
 	defer sidecar.Close()
-	port := func(s *httptest.Server) int32 {
-		_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
-		n, _ := strconv.Atoi(p)
-		return int32(n)
-	}
 	// The root ran, was Ready, and turned unready 2 s later when its
 	// engine fell asleep.
-	asleep := startingRoot("127.0.0.1", port(engine), port(sidecar))
+	asleep := startingRoot("127.0.0.1", listenerPort(engine), listenerPort(sidecar))
 	started := time.Now().Add(-time.Minute)
 	for i := range asleep.Status.ContainerStatuses {
 		asleep.Status.ContainerStatuses[i].Started = ptr.To(true)
@@ -305,14 +288,7 @@ func TestAWokenRootServesOnceItsProbesPass(t *testing.T) {
 	sidecarAwake.Store(true)
 	woke := time.Now()
 	e.wokeUp(asleep, now())
-	select {
-	case <-answered:
-	case <-time.After(2 * time.Second):
-		t.Fatal("the woken root did not answer its probes within 2 s")
-	}
-	if d := time.Since(woke); d > 500*time.Millisecond {
-		t.Errorf("the woken root served %v after the wake was said", d)
-	}
+	awaitAnswer(t, answered, woke, "after the wake was said")
 	if !e.serves(asleep) {
 		t.Fatal("the woken root does not serve after answering its probes")
 	}
@@ -348,5 +324,26 @@ func TestAWokenRootServesOnceItsProbesPass(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := sidecarProbes.Load() - probes; n != 0 || e.serves(again) {
 		t.Errorf("a wake said %v ago made the root probed %d times (serves: %v)", earlyReadyGrace, n, e.serves(again))
+	}
+}
+
+// listenerPort is the port a test server listens on.
+func listenerPort(s *httptest.Server) int32 {
+	_, p, _ := net.SplitHostPort(s.Listener.Addr().String())
+	n, _ := strconv.Atoi(p)
+	return int32(n)
+}
+
+// awaitAnswer waits for a pod's early answer, which must come within 2 s
+// and should within 500 ms of since (what says when since was).
+func awaitAnswer(t *testing.T, answered <-chan *corev1.Pod, since time.Time, what string) {
+	t.Helper()
+	select {
+	case <-answered:
+	case <-time.After(2 * time.Second):
+		t.Fatalf("no answer within 2 s %s", what)
+	}
+	if d := time.Since(since); d > 500*time.Millisecond {
+		t.Errorf("answered %v %s", d, what)
 	}
 }
