@@ -255,7 +255,10 @@ type earlyReady struct {
 type probing struct {
 	restarts int32
 	ip       string
-	cancel   context.CancelFunc
+	// ctx ends when the probing stops: cancelled, or, for a woken pod,
+	// at the end of the wake's grace.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 func newEarlyReady(log *slog.Logger, now func() time.Time, answered func(*corev1.Pod)) *earlyReady {
@@ -354,7 +357,7 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 		}
 		delete(e.answers, p.UID) // restarted since: probe again
 	}
-	if probingNow && cur.restarts == restarts(p) && cur.ip == p.Status.PodIP {
+	if probingNow && cur.restarts == restarts(p) && cur.ip == p.Status.PodIP && cur.ctx.Err() == nil {
 		return
 	}
 	stop()
@@ -374,7 +377,7 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 	} else {
 		ctx, cancel = context.WithCancel(e.ctx)
 	}
-	e.probing[p.UID] = probing{restarts: restarts(p), ip: p.Status.PodIP, cancel: cancel}
+	e.probing[p.UID] = probing{restarts: restarts(p), ip: p.Status.PodIP, ctx: ctx, cancel: cancel}
 	go e.probe(ctx, p, checks, woken)
 }
 

@@ -325,6 +325,18 @@ func TestAWokenRootServesOnceItsProbesPass(t *testing.T) {
 	if n := sidecarProbes.Load() - probes; n != 0 || e.serves(again) {
 		t.Errorf("a wake said %v ago made the root probed %d times (serves: %v)", earlyReadyGrace, n, e.serves(again))
 	}
+
+	// A wake whose probes never passed within the grace does not keep the
+	// next wake from probing the root again.
+	e.wokeUp(again, now().Add(-earlyReadyGrace+100*time.Millisecond))
+	time.Sleep(300 * time.Millisecond) // the first wake's probing ended meanwhile
+	sidecarAwake.Store(true)
+	woke = time.Now()
+	e.wokeUp(again, now())
+	awaitAnswer(t, answered, woke, "after the next wake was said")
+	if !e.serves(again) {
+		t.Error("the root woken again does not serve after answering its probes")
+	}
 }
 
 // listenerPort is the port a test server listens on.
