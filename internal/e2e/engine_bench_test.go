@@ -283,20 +283,17 @@ func benchZeroRound(ctx context.Context, t *testing.T, ns, name, base, token str
 }
 
 // benchWake times one wake from zero: a streamed chat through the gateway
-// at zero pods to its first non-empty content. A wake whose answer has no
-// content (the generated model drew the end token first) has no first
-// token: it is timed again, from zero, with another prompt.
+// at zero pods to its first non-empty content.
 func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round, i int) {
 	t.Helper()
-	for attempt := range contentAttempts {
+	timedWithContent(t, s, round, "the wake", fmt.Sprintf("wake %d %d", round, i), func(prompt string) bool {
 		toZero(ctx, t, ns, name, s.zero)
 		pods := watchRoot(ctx, t, ns, name, s.zero)
 		sent := time.Now()
-		ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, attemptPrompt(fmt.Sprintf("wake %d %d", round, i), attempt))
+		ttft, _, err := streamTimed(ctx, base+"/chat/completions", token, s.zero, prompt)
 		tl := pods.stop(sent)
-		if errors.Is(err, errNoContent) && attempt+1 < contentAttempts {
-			t.Logf("%s round %d: the wake's answer had no content; timing the wake again with another prompt", s.label, round)
-			continue
+		if errors.Is(err, errNoContent) {
+			return false
 		}
 		if err != nil {
 			t.Fatalf("%s round %d: the wake: %v", s.label, round, err)
@@ -304,8 +301,24 @@ func benchWake(ctx context.Context, t *testing.T, ns, name, base, token string, 
 		tl.first = ttft
 		s.wake = append(s.wake, tl)
 		t.Logf("%s round %d: wake -> first token %v (pod created %v, running %v after the request)", s.label, round, ttft, tl.created, tl.running)
-		return
+		return true
+	})
+}
+
+// timedWithContent runs one timing (a wake or a plain scale, from its
+// start) asked prompt until its answer has content, with the prompt's last
+// character changed each time, up to contentAttempts times: an answer
+// without content (the generated model drew the end token first) has no
+// first token. timed reports false for such an answer.
+func timedWithContent(t *testing.T, s *engineSize, round int, what, prompt string, timed func(prompt string) bool) {
+	t.Helper()
+	for attempt := range contentAttempts {
+		if timed(attemptPrompt(prompt, attempt)) {
+			return
+		}
+		t.Logf("%s round %d: %s: the answer had no content; timing it again from its start with another prompt", s.label, round, what)
 	}
+	t.Fatalf("%s round %d: %s: %d answers without content", s.label, round, what, contentAttempts)
 }
 
 // contentAttempts bounds the times a wake or a plain scale is timed again
@@ -324,16 +337,11 @@ func attemptPrompt(prompt string, attempt int) string {
 // benchPlainScale times one plain scale 0 -> 1, as kubectl scale does, to
 // the engine's first answer, asked directly (pod IP) every 20 ms from the
 // moment a watch sees the pod run.
-// An answer without content is timed again from zero, as a wake's is.
 func benchPlainScale(ctx context.Context, t *testing.T, ns, name string, s *engineSize, round, i int) {
 	t.Helper()
-	for attempt := range contentAttempts {
-		if benchPlainScaleOnce(ctx, t, ns, name, s, round, attemptPrompt(fmt.Sprintf("plain %d %d", round, i), attempt)) {
-			return
-		}
-		t.Logf("%s round %d: the plainly scaled root's answer had no content; timing the scale again with another prompt", s.label, round)
-	}
-	t.Fatalf("%s round %d: the plainly scaled root answered %d times without content", s.label, round, contentAttempts)
+	timedWithContent(t, s, round, "the plain scale", fmt.Sprintf("plain %d %d", round, i), func(prompt string) bool {
+		return benchPlainScaleOnce(ctx, t, ns, name, s, round, prompt)
+	})
 }
 
 // benchPlainScaleOnce is one plain scale asked prompt; false when the
@@ -615,18 +623,13 @@ func (p *podProbe) during(t *testing.T, f func()) []time.Duration {
 	return <-got
 }
 
-// benchSleepRound times a wake from sleep through the gateway.
-// A wake whose answer had no content is timed again once the application
-// sleeps again, with another prompt.
+// benchSleepRound times a wake from sleep through the gateway; one whose
+// answer had no content is timed again once the application sleeps again.
 func benchSleepRound(ctx context.Context, t *testing.T, ns, name, base, token string, s *engineSize, round int) {
 	t.Helper()
-	for attempt := range contentAttempts {
-		if benchSleepWakeOnce(ctx, t, ns, name, base, token, s, round, attemptPrompt(fmt.Sprintf("sleep wake %d", round), attempt)) {
-			return
-		}
-		t.Logf("%s round %d: the wake from sleep's answer had no content; timing it again with another prompt once the application sleeps", s.label, round)
-	}
-	t.Fatalf("%s round %d: the wake from sleep answered %d times without content", s.label, round, contentAttempts)
+	timedWithContent(t, s, round, "the wake from sleep", fmt.Sprintf("sleep wake %d", round), func(prompt string) bool {
+		return benchSleepWakeOnce(ctx, t, ns, name, base, token, s, round, prompt)
+	})
 }
 
 // benchSleepWakeOnce waits for the application to sleep and times one wake

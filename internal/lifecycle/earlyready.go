@@ -169,16 +169,24 @@ func earlyProbeable(p *corev1.Pod, woken time.Time) bool {
 	if p.DeletionTimestamp != nil || !allRunning(p) {
 		return false
 	}
-	since := runningSince(p)
-	if woken.After(since) {
-		since = woken
-	}
+	since := probedSince(p, woken)
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status != corev1.ConditionTrue && !c.LastTransitionTime.After(since)
 		}
 	}
 	return true
+}
+
+// probedSince is when the pod's probes began to count: when its
+// containers started running, or when the leader woke its engine (woken),
+// whichever is later.
+func probedSince(p *corev1.Pod, woken time.Time) time.Time {
+	since := runningSince(p)
+	if woken.After(since) {
+		return woken
+	}
+	return since
 }
 
 func allRunning(p *corev1.Pod) bool {
@@ -384,10 +392,7 @@ func (e *earlyReady) track(p *corev1.Pod, gone bool) {
 // probe runs checks until they all pass at once or ctx ends; woken is when
 // the pod's engine woke from sleep (zero: a starting pod).
 func (e *earlyReady) probe(ctx context.Context, p *corev1.Pod, checks []probeCheck, woken time.Time) {
-	since := runningSince(p)
-	if woken.After(since) {
-		since = woken
-	}
+	since := probedSince(p, woken)
 	if since.IsZero() {
 		since = e.now()
 	}
